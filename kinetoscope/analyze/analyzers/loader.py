@@ -1,0 +1,116 @@
+"""Loader stalls: time the training loop waits in ``next(DataLoader)``."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from kinetoscope.analyze import intervals as iv
+from kinetoscope.analyze.config import AnalysisConfig
+from kinetoscope.analyze.findings import Finding
+from kinetoscope.analyze.registry import AnalysisResult, register
+from kinetoscope.analyze.timeline import any_gpu_busy, intervals_of, loader_spans, window
+from kinetoscope.analyze.trace import RankTrace
+from kinetoscope.analyze.units import frac, us
+
+
+def _per_step(trace: RankTrace, spans: iv.Intervals, idle_cost: iv.Intervals | None) -> pd.DataFrame:
+    steps = trace.steps
+    if steps.empty:
+        return pd.DataFrame(columns=["step", "step_us", "loader_us", "loader_fraction", "gpu_idle_cost_us"])
+    s, e = steps["start_ns"].to_numpy(), steps["end_ns"].to_numpy()
+    loader_ns = iv.overlap_each(s, e, spans)
+    out = pd.DataFrame(
+        {
+            "step": steps["step"].to_numpy(),
+            "step_us": steps["dur_ns"].to_numpy() / 1000.0,
+            "loader_us": loader_ns / 1000.0,
+            "loader_fraction": np.where(steps["dur_ns"] > 0, loader_ns / np.maximum(steps["dur_ns"], 1), 0.0),
+        }
+    )
+    out["gpu_idle_cost_us"] = iv.overlap_each(s, e, idle_cost) / 1000.0 if idle_cost is not None else np.nan
+    return out
+
+
+def _recommendation(names: set[str], pageable_h2d: bool, first_step_share: float) -> str:
+    tips = []
+    multiprocess = any("MultiProcessing" in n for n in names)
+    if any("SingleProcess" in n for n in names):
+        tips.append(
+            "the DataLoader runs in the training process (num_workers=0): set num_workers to the "
+            "number of free CPU cores (e.g. 4-8 per GPU) so batches are prepared in parallel"
+        )
+    elif any("MultiProcessing" in n for n in names):
+        tips.append(
+            "the worker processes cannot keep up: raise num_workers, raise prefetch_factor (default 2), "
+            "and make the Dataset's __getitem__ cheaper (decode/augment on the GPU, cache preprocessed data)"
+        )
+    else:
+        tips.append("the input pipeline cannot keep up: parallelise it and prefetch batches ahead of the step")
+    if multiprocess and first_step_share > 0.5:
+        tips.append("most of the wait is in the first step: set persistent_workers=True so workers survive epochs")
+    if pageable_h2d:
+        tips.append("set pin_memory=True and copy with .to(device, non_blocking=True)")
+    return "; ".join(tips) + "."
+
+
+@register("loader", "Loader stalls")
+def analyze_loader(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
+    """Time in enumerate(DataLoader)/DataPipe spans, per step and in total, and the GPU idle it caused."""
+    w = window(trace)
+    frame = loader_spans(trace)
+    spans = intervals_of(frame, w)
+    loader_ns = iv.measure(spans)
+    has_gpu = trace.has_gpu
+    idle_cost = iv.subtract(spans, any_gpu_busy(trace)) if has_gpu else None
+    cost_ns = iv.measure(idle_cost) if idle_cost is not None else None
+    per_step = _per_step(trace, spans, idle_cost)
+    names = set(frame["name"].astype(str).unique())
+    metrics = {
+        "time_us": us(loader_ns),
+        "fraction": frac(loader_ns, w.dur_ns),
+        "fraction_of": "window",
+        "calls": int(len(frame)),
+        "gpu_idle_cost_us": us(cost_ns),
+        "gpu_idle_cost_fraction": frac(cost_ns, w.dur_ns) if cost_ns is not None else None,
+        "iterator": sorted(n.split("#", 1)[-1] for n in names),
+        "max_step_us": float(per_step["loader_us"].max()) if len(per_step) else None,
+    }
+    findings = []
+    # On a GPU run what matters is the GPU time the wait cost (a prefetched
+    # pipeline overlaps it with compute); on a CPU-only run, the wait itself.
+    basis_ns = cost_ns if cost_ns is not None else loader_ns
+    share = basis_ns / w.dur_ns if w.dur_ns else 0.0
+    if len(frame) and share >= config.loader_fraction_warning:
+        from kinetoscope.analyze.analyzers.copies import h2d_copies
+
+        pageable = bool(h2d_copies(trace)["pageable"].any()) if has_gpu else False
+        # worker start-up shows as a long first wait; it needs several steps to tell apart
+        first = (per_step["loader_us"].iloc[0] / per_step["loader_us"].sum()
+                 if len(per_step) >= 3 and per_step["loader_us"].sum() else 0.0)
+        worst = per_step.sort_values("loader_us", ascending=False).head(3)
+        severity = "critical" if share >= config.loader_fraction_critical else "warning"
+        what = "GPU idle while waiting for data" if cost_ns is not None else "waiting for data"
+        findings.append(
+            Finding(
+                id="loader_stall",
+                severity=severity,
+                rank=trace.rank,
+                title=f"Data loading stalls the step: {share:.0%} of the window {what}",
+                evidence={
+                    "loader_time_us": us(loader_ns),
+                    "loader_fraction_of_window": frac(loader_ns, w.dur_ns),
+                    "gpu_idle_cost_us": us(cost_ns),
+                    "calls": int(len(frame)),
+                    "iterator": metrics["iterator"],
+                    "worst_steps": [
+                        {"step": int(r.step), "loader_us": round(float(r.loader_us), 3), "step_us": round(float(r.step_us), 3)}
+                        for r in worst.itertuples()
+                    ],
+                    "window_us": us(w.dur_ns),
+                },
+                recommendation=_recommendation(names, pageable, float(first)),
+                impact_us=float(basis_ns) / 1000.0,
+            )
+        )
+    return AnalysisResult(key="loader", metrics={"loader": metrics}, tables={"loader_per_step": per_step}, findings=tuple(findings))

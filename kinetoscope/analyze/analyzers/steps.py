@@ -1,0 +1,31 @@
+"""Profiler steps and the analysis window."""
+
+from __future__ import annotations
+
+from kinetoscope.analyze.config import AnalysisConfig
+from kinetoscope.analyze.registry import AnalysisResult, register
+from kinetoscope.analyze.timeline import window
+from kinetoscope.analyze.trace import RankTrace
+from kinetoscope.analyze.units import us
+
+
+@register("steps", "Steps and window")
+def analyze_steps(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
+    """ProfilerStep count and times, and the window every fraction refers to."""
+    w = window(trace)
+    steps = trace.steps
+    table = steps.assign(dur_us=steps["dur_ns"] / 1000.0)
+    steps_metrics = {
+        "count": int(len(steps)),
+        "mean_us": us(steps["dur_ns"].mean()) if len(steps) else None,
+        "min_us": us(steps["dur_ns"].min()) if len(steps) else None,
+        "max_us": us(steps["dur_ns"].max()) if len(steps) else None,
+        "first": int(steps["step"].iloc[0]) if len(steps) else None,
+        "last": int(steps["step"].iloc[-1]) if len(steps) else None,
+    }
+    metrics = {
+        "window_us": us(w.dur_ns),
+        "window": {"start_us": us(w.start_ns), "end_us": us(w.end_ns), "basis": w.basis, "description": w.describe()},
+        "steps": steps_metrics,
+    }
+    return AnalysisResult(key="steps", metrics=metrics, tables={"steps": table})

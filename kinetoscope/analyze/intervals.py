@@ -1,0 +1,102 @@
+"""Interval arithmetic on int64 nanosecond intervals.
+
+Busy time is always the measure of a union, never a sum of durations:
+overlapping kernels on two streams must not count twice.
+An interval set is a pair of sorted int64 arrays ``(starts, ends)`` with
+``starts[i] < ends[i] <= starts[i+1]`` (disjoint, half-open).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+Intervals = tuple[np.ndarray, np.ndarray]
+
+EMPTY: Intervals = (np.empty(0, np.int64), np.empty(0, np.int64))
+
+
+def union(starts: np.ndarray, ends: np.ndarray) -> Intervals:
+    """Merge possibly overlapping intervals into a disjoint sorted set."""
+    starts = np.asarray(starts, dtype=np.int64)
+    ends = np.asarray(ends, dtype=np.int64)
+    keep = ends > starts
+    starts, ends = starts[keep], ends[keep]
+    if starts.size == 0:
+        return EMPTY
+    order = np.argsort(starts, kind="stable")
+    starts, ends = starts[order], ends[order]
+    running_end = np.maximum.accumulate(ends)
+    # a new run begins where the start lies beyond every earlier end
+    new_run = np.empty(starts.size, dtype=bool)
+    new_run[0] = True
+    new_run[1:] = starts[1:] > running_end[:-1]
+    run_id = np.cumsum(new_run) - 1
+    out_starts = starts[new_run]
+    out_ends = np.zeros(out_starts.size, dtype=np.int64)
+    np.maximum.at(out_ends, run_id, running_end)
+    return out_starts, out_ends
+
+
+def measure(s: Intervals) -> int:
+    return int((s[1] - s[0]).sum())
+
+
+def clip(s: Intervals, lo: int, hi: int) -> Intervals:
+    starts = np.clip(s[0], lo, hi)
+    ends = np.clip(s[1], lo, hi)
+    keep = ends > starts
+    return starts[keep], ends[keep]
+
+
+def complement(s: Intervals, lo: int, hi: int) -> Intervals:
+    """The gaps of ``s`` inside [lo, hi)."""
+    s = clip(s, lo, hi)
+    starts = np.concatenate(([lo], s[1]))
+    ends = np.concatenate((s[0], [hi]))
+    keep = ends > starts
+    return starts[keep].astype(np.int64), ends[keep].astype(np.int64)
+
+
+def covered_before(s: Intervals, t: np.ndarray) -> np.ndarray:
+    """For each time t, the measure of ``s`` in (-inf, t)."""
+    t = np.asarray(t, dtype=np.int64)
+    if s[0].size == 0:
+        return np.zeros(t.shape, dtype=np.int64)
+    lengths = s[1] - s[0]
+    prefix = np.concatenate(([0], np.cumsum(lengths)))
+    idx = np.searchsorted(s[0], t, side="right")  # intervals starting at or before t
+    full = prefix[np.maximum(idx - 1, 0)]
+    last = np.maximum(idx - 1, 0)
+    partial = np.clip(t - s[0][last], 0, lengths[last])
+    return np.where(idx > 0, full + partial, 0)
+
+
+def overlap_each(starts: np.ndarray, ends: np.ndarray, s: Intervals) -> np.ndarray:
+    """For each query interval, the measure of its intersection with set ``s``."""
+    starts = np.asarray(starts, dtype=np.int64)
+    ends = np.maximum(np.asarray(ends, dtype=np.int64), starts)
+    return covered_before(s, ends) - covered_before(s, starts)
+
+
+def intersect(a: Intervals, b: Intervals) -> Intervals:
+    """Intersection of two disjoint sorted sets."""
+    if a[0].size == 0 or b[0].size == 0:
+        return EMPTY
+    # boundaries of both; an elementary piece is inside both when covered by each
+    points = np.unique(np.concatenate((a[0], a[1], b[0], b[1])))
+    lo, hi = points[:-1], points[1:]
+    inside_a = (covered_before(a, hi) - covered_before(a, lo)) == (hi - lo)
+    inside_b = (covered_before(b, hi) - covered_before(b, lo)) == (hi - lo)
+    both = inside_a & inside_b
+    return union(lo[both], hi[both])
+
+
+def subtract(a: Intervals, b: Intervals) -> Intervals:
+    """``a`` minus ``b``."""
+    if a[0].size == 0:
+        return EMPTY
+    if b[0].size == 0:
+        return a
+    lo = int(a[0].min())
+    hi = int(a[1].max())
+    return intersect(a, complement(b, lo, hi))

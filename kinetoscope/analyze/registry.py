@@ -1,0 +1,59 @@
+"""The registry of analyzers: the CLI, the report, the app and batch all iterate it.
+
+An analyzer is a pure function ``(trace, config) -> AnalysisResult``. Rank
+analyzers take one ``RankTrace``; job analyzers take the whole ``Trace`` and
+see every rank. Adding an analysis is one module and one ``register`` call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal
+
+import pandas as pd
+
+from kinetoscope.analyze.config import AnalysisConfig
+from kinetoscope.analyze.findings import Finding
+
+
+@dataclass(frozen=True)
+class AnalysisResult:
+    #: the analyzer's registry key
+    key: str
+    #: this result's fragment of the rank's report entry, JSON-ready
+    #: (``{"loader": {...}}``); a value is ``None`` where it does not apply
+    metrics: dict[str, Any]
+    tables: dict[str, pd.DataFrame] = field(default_factory=dict)
+    findings: tuple[Finding, ...] = ()
+
+
+@dataclass(frozen=True)
+class Analyzer:
+    key: str
+    title: str
+    scope: Literal["rank", "job"]
+    fn: Callable[..., AnalysisResult]
+    doc: str
+
+
+_REGISTRY: dict[str, Analyzer] = {}
+
+
+def register(key: str, title: str, scope: Literal["rank", "job"] = "rank") -> Callable[[Callable[..., AnalysisResult]], Callable[..., AnalysisResult]]:
+    def wrap(fn: Callable[..., AnalysisResult]) -> Callable[..., AnalysisResult]:
+        if key in _REGISTRY:
+            raise ValueError(f"analyzer {key!r} registered twice")
+        _REGISTRY[key] = Analyzer(key=key, title=title, scope=scope, fn=fn, doc=(fn.__doc__ or "").strip())
+        return fn
+
+    return wrap
+
+
+def analyzers() -> tuple[Analyzer, ...]:
+    from kinetoscope.analyze import analyzers as _  # noqa: F401  (registers the built-ins)
+
+    return tuple(_REGISTRY.values())
+
+
+def run_rank(analyzer: Analyzer, trace: Any, config: AnalysisConfig) -> AnalysisResult:
+    return analyzer.fn(trace, config)

@@ -1,0 +1,115 @@
+"""Run every registered analyzer over a job and collect one report.
+
+The JSON form (``Report.to_dict``) is the stable machine-readable contract;
+see ``docs/report.md``. ``schema_version`` changes only when a key is removed
+or changes meaning; new keys may appear at any time.
+"""
+
+from __future__ import annotations
+
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+from kinetoscope import __version__
+from kinetoscope.analyze.config import DEFAULT_CONFIG, AnalysisConfig
+from kinetoscope.analyze.findings import Finding, rank_findings
+from kinetoscope.analyze.registry import AnalysisResult, analyzers
+from kinetoscope.analyze.trace import RankTrace, Trace
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class AnalyzerFailure:
+    analyzer: str
+    rank: int | None
+    error: str
+    detail: str
+
+
+@dataclass(frozen=True)
+class Report:
+    source: str
+    ranks: tuple[dict[str, Any], ...]
+    findings: tuple[Finding, ...]
+    job: dict[str, Any]
+    #: full results (with DataFrames) for renderers that show tables, by rank then analyzer key
+    results: dict[int, dict[str, AnalysisResult]] = field(repr=False, default_factory=dict)
+    job_results: dict[str, AnalysisResult] = field(repr=False, default_factory=dict)
+    failures: tuple[AnalyzerFailure, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "tool": {"name": "kinetoscope", "version": __version__},
+            "source": self.source,
+            "ranks": list(self.ranks),
+            "job": self.job,
+            "findings": [f.to_dict() for f in self.findings],
+            "analysis_errors": [
+                {"analyzer": f.analyzer, "rank": f.rank, "error": f.error} for f in self.failures
+            ],
+        }
+
+
+def _rank_header(r: RankTrace) -> dict[str, Any]:
+    m = r.meta
+    return {
+        "rank": r.rank,
+        "rank_source": m.rank_source,
+        "world_size": m.world_size,
+        "file": m.source,
+        "devices": [p.get("name") for p in m.device_properties] or None,
+        "events": int(len(r.events)),
+        "memory_events": int(len(r.memory)),
+        "warnings": list(m.warnings),
+        "unhandled_events": dict(m.unhandled_events),
+    }
+
+
+def build_report(trace: Trace, config: AnalysisConfig = DEFAULT_CONFIG) -> Report:
+    """Run the registry over every rank, then the job-level analyzers."""
+    entries: list[dict[str, Any]] = []
+    findings: list[Finding] = []
+    results: dict[int, dict[str, AnalysisResult]] = {}
+    failures: list[AnalyzerFailure] = []
+    registered = analyzers()
+    for r in trace.ranks:
+        entry = _rank_header(r)
+        results[r.rank] = {}
+        for a in registered:
+            if a.scope != "rank":
+                continue
+            try:
+                res = a.fn(r, config)
+            except Exception as exc:  # one broken analyzer must not sink the report
+                failures.append(AnalyzerFailure(a.key, r.rank, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+                continue
+            results[r.rank][a.key] = res
+            entry.update(res.metrics)
+            findings.extend(res.findings)
+        entries.append(entry)
+    job: dict[str, Any] = {"ranks": len(trace.ranks), "world_size": trace.world_size}
+    job_results: dict[str, AnalysisResult] = {}
+    for a in registered:
+        if a.scope != "job":
+            continue
+        try:
+            res = a.fn(trace, config)
+        except Exception as exc:
+            failures.append(AnalyzerFailure(a.key, None, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+            continue
+        job_results[a.key] = res
+        if res.metrics:
+            job[a.key] = res.metrics
+        findings.extend(res.findings)
+    return Report(
+        source=trace.source,
+        ranks=tuple(entries),
+        findings=tuple(rank_findings(findings)),
+        job=job,
+        results=results,
+        job_results=job_results,
+        failures=tuple(failures),
+    )

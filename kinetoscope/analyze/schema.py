@@ -1,0 +1,140 @@
+"""The one place where the columns of a loaded trace are declared.
+
+Time unit: every timestamp and duration is an **int64 nanosecond** count
+(`*_ns` columns). Kineto writes microseconds with up to three decimals; keeping
+integer nanoseconds preserves that precision exactly and makes interval
+arithmetic exact (no negative durations from rounding). Reports convert to
+microseconds (`*_us`) at the edge.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    dtype: str
+    doc: str
+
+
+#: Complete events (``ph: "X"``): CPU ops, annotations, runtime calls, GPU work.
+EVENT_COLUMNS: tuple[Column, ...] = (
+    Column("ts_ns", "int64", "start time, ns (trace clock)"),
+    Column("dur_ns", "int64", "duration, ns"),
+    Column("end_ns", "int64", "ts_ns + dur_ns"),
+    Column("name", "category", "event name, decoded"),
+    Column("cat", "category", "normalised category (see CATEGORY_ALIASES)"),
+    Column("kind", "category", "coarse kind: one of KINDS"),
+    Column("pid", "category", "process id as written (int or label), as text"),
+    Column("tid", "category", "thread id / GPU track as written, as text"),
+    Column("device", "Int64", "GPU device index (GPU events), else <NA>"),
+    Column("stream", "Int64", "CUDA/HIP stream (GPU events), else <NA>"),
+    Column("correlation", "Int64", "runtime <-> GPU correlation id, else <NA>"),
+    Column("external_id", "Int64", "CPU op <-> runtime external id, else <NA>"),
+    Column("bytes", "Int64", "bytes moved (memcpy/memset), else <NA>"),
+)
+
+#: ``[memory]`` instant events from ``profile_memory=True`` (HTA drops these).
+MEMORY_COLUMNS: tuple[Column, ...] = (
+    Column("ts_ns", "int64", "time of the allocation or free, ns"),
+    Column("bytes", "int64", "signed size: + allocation, - free"),
+    Column("total_allocated_bytes", "Int64", "allocator's allocated total after the event (<NA> in 2021 traces)"),
+    Column("total_reserved_bytes", "Int64", "allocator's reserved total after the event (<NA> in 2021 traces)"),
+    Column("device_type", "int64", "0 = CPU, 1 = CUDA/HIP (c10 DeviceType)"),
+    Column("device_id", "int64", "device index, -1 for CPU"),
+    Column("addr", "Int64", "address of the block, when recorded"),
+    Column("tid", "category", "thread that allocated"),
+)
+
+#: Counter events (``ph: "C"``), long format: one row per (event, series).
+COUNTER_COLUMNS: tuple[Column, ...] = (
+    Column("ts_ns", "int64", "sample time, ns"),
+    Column("name", "category", "counter track name"),
+    Column("series", "category", "the key inside args"),
+    Column("value", "float64", "sample value"),
+    Column("pid", "category", "process id as written, as text"),
+)
+
+#: Flow events (``ph: "s"/"f"/"t"``): runtime -> GPU links and fwd -> bwd links.
+FLOW_COLUMNS: tuple[Column, ...] = (
+    Column("ts_ns", "int64", "time, ns"),
+    Column("id", "Int64", "flow id (the correlation id for ac2g flows)"),
+    Column("phase", "category", "s (start), f (finish), t (step)"),
+    Column("cat", "category", "normalised flow category (ac2g, fwdbwd, ...)"),
+    Column("pid", "category", "process id as text"),
+    Column("tid", "category", "thread id as text"),
+)
+
+KINDS = (
+    "kernel", "memcpy", "memset", "runtime", "driver", "cpu_op", "annotation",
+    "gpu_annotation", "python", "sync", "trace", "other",
+)
+
+#: 2021 traces wrote capitalised categories; newer ones use these names.
+CATEGORY_ALIASES: dict[str, str] = {
+    "Kernel": "kernel",
+    "Runtime": "cuda_runtime",
+    "Driver": "cuda_driver",
+    "Operator": "cpu_op",
+    "Memcpy": "gpu_memcpy",
+    "Memset": "gpu_memset",
+    "Python": "python_function",
+    "User Annotation": "user_annotation",
+    "GPU User Annotation": "gpu_user_annotation",
+    "Trace": "trace",
+    "async": "ac2g",  # 2021 runtime->GPU flows
+}
+
+CATEGORY_KIND: dict[str, str] = {
+    "kernel": "kernel",
+    "gpu_memcpy": "memcpy",
+    "gpu_memset": "memset",
+    "cuda_runtime": "runtime",
+    "cuda_driver": "driver",
+    "cpu_op": "cpu_op",
+    "user_annotation": "annotation",
+    "gpu_user_annotation": "gpu_annotation",
+    "python_function": "python",
+    "cuda_sync": "sync",
+    "trace": "trace",
+}
+
+#: Kinds that occupy a GPU stream (busy time is their union).
+GPU_BUSY_KINDS = ("kernel", "memcpy", "memset")
+
+
+def normalise_category(raw: str | None) -> str:
+    if not raw:
+        return ""
+    return CATEGORY_ALIASES.get(raw, raw.lower())
+
+
+def empty_frame(columns: tuple[Column, ...]) -> pd.DataFrame:
+    return pd.DataFrame({c.name: pd.Series([], dtype=c.dtype) for c in columns})
+
+
+def check_frame(df: pd.DataFrame, columns: tuple[Column, ...], table: str) -> None:
+    """Assert that ``df`` has exactly the declared columns and dtypes (cheap, at load)."""
+    expected = [c.name for c in columns]
+    if list(df.columns) != expected:
+        raise AssertionError(f"{table}: columns {list(df.columns)} != schema {expected}")
+    for c in columns:
+        actual = str(df[c.name].dtype)
+        if actual != c.dtype:
+            raise AssertionError(f"{table}.{c.name}: dtype {actual} != schema {c.dtype}")
+
+
+def us_to_ns(values: np.ndarray) -> np.ndarray:
+    """Microseconds (float, up to 3 decimals) to exact int64 nanoseconds.
+
+    Splitting off the integer part first keeps epoch-scale timestamps
+    (1.7e15 us) exact: multiplying them by 1000 as floats would not be.
+    """
+    values = np.asarray(values, dtype=np.float64)
+    whole = np.floor(values)
+    return whole.astype(np.int64) * 1000 + np.rint((values - whole) * 1000.0).astype(np.int64)

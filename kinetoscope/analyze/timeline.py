@@ -1,0 +1,128 @@
+"""Derived views of a rank shared by several analyzers, computed once per trace.
+
+Everything here is a pure function of the ``RankTrace``; the cache is keyed on
+the trace object's identity (``RankTrace`` is frozen), so it never goes stale.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+import pandas as pd
+
+from kinetoscope.analyze import intervals as iv
+from kinetoscope.analyze.schema import GPU_BUSY_KINDS
+from kinetoscope.analyze.trace import RankTrace
+
+LOADER_RE = re.compile(r"^enumerate\((DataLoader|DataPipe)\)#")
+#: host calls that block until the device catches up
+SYNC_RUNTIME_RE = re.compile(
+    r"^(cuda|hip)(DeviceSynchronize|StreamSynchronize|EventSynchronize|Memcpy|MemcpyWithStream|Memset)$"
+)
+SYNC_OP_NAMES = frozenset({"aten::item", "aten::_local_scalar_dense"})
+
+
+@dataclass(frozen=True)
+class Window:
+    start_ns: int
+    end_ns: int
+    basis: str  # "profiler_steps" | "gpu_activity" | "all_events"
+
+    @property
+    def dur_ns(self) -> int:
+        return self.end_ns - self.start_ns
+
+    def describe(self) -> str:
+        return {
+            "profiler_steps": "first ProfilerStep start to last ProfilerStep end",
+            "gpu_activity": "span of all GPU activity (trace has no ProfilerStep spans)",
+            "all_events": "span of all events (no ProfilerStep spans, no GPU activity)",
+        }[self.basis]
+
+
+@lru_cache(maxsize=16)
+def window(trace: RankTrace) -> Window:
+    steps = trace.steps
+    if len(steps):
+        return Window(int(steps["start_ns"].min()), int(steps["end_ns"].max()), "profiler_steps")
+    gpu = trace.gpu_events
+    if len(gpu):
+        return Window(int(gpu["ts_ns"].min()), int(gpu["end_ns"].max()), "gpu_activity")
+    ev = trace.events
+    if len(ev):
+        return Window(int(ev["ts_ns"].min()), int(ev["end_ns"].max()), "all_events")
+    mem = trace.memory
+    return Window(int(mem["ts_ns"].min()), int(mem["ts_ns"].max()), "all_events")
+
+
+def _set(frame: pd.DataFrame, w: Window) -> iv.Intervals:
+    return iv.clip(iv.union(frame["ts_ns"].to_numpy(), frame["end_ns"].to_numpy()), w.start_ns, w.end_ns)
+
+
+@lru_cache(maxsize=16)
+def gpu_work(trace: RankTrace) -> pd.DataFrame:
+    """Kernels, copies and memsets with a device and stream, sorted by start."""
+    gpu = trace.events[trace.events["kind"].isin(GPU_BUSY_KINDS)]
+    gpu = gpu[gpu["device"].notna()]
+    return gpu.assign(device=gpu["device"].astype(np.int64), stream=gpu["stream"].fillna(-1).astype(np.int64))
+
+
+@lru_cache(maxsize=16)
+def device_busy(trace: RankTrace) -> dict[int, iv.Intervals]:
+    """Per device: union of all its streams' work, clipped to the window."""
+    w = window(trace)
+    return {int(d): _set(g, w) for d, g in gpu_work(trace).groupby("device", sort=True)}
+
+
+@lru_cache(maxsize=16)
+def any_gpu_busy(trace: RankTrace) -> iv.Intervals:
+    gpu = gpu_work(trace)
+    return _set(gpu, window(trace)) if len(gpu) else iv.EMPTY
+
+
+@lru_cache(maxsize=16)
+def loader_spans(trace: RankTrace) -> pd.DataFrame:
+    ev = trace.events
+    names = ev["name"].cat.categories
+    hits = [n for n in names if LOADER_RE.match(n)]
+    return ev[ev["name"].isin(hits) & ~ev["kind"].isin(("gpu_annotation",))]
+
+
+@lru_cache(maxsize=16)
+def sync_calls(trace: RankTrace) -> pd.DataFrame:
+    ev = trace.events
+    names = ev["name"].cat.categories
+    runtime_hits = [n for n in names if SYNC_RUNTIME_RE.match(n)]
+    is_sync = (ev["kind"].isin(("runtime", "driver")) & ev["name"].isin(runtime_hits)) | (
+        ev["kind"].eq("cpu_op") & ev["name"].isin(list(SYNC_OP_NAMES))
+    )
+    return ev[is_sync]
+
+
+@lru_cache(maxsize=16)
+def host_busy(trace: RankTrace) -> iv.Intervals:
+    """Host threads that issue GPU work, busy in ops or runtime calls."""
+    ev = trace.events
+    runtime = ev[ev["kind"].isin(("runtime", "driver"))]
+    launching = set(runtime["tid"].astype(str).unique())
+    work = ev[ev["kind"].isin(("cpu_op", "runtime", "driver")) & ev["tid"].astype(str).isin(launching)]
+    return _set(work, window(trace))
+
+
+def intervals_of(frame: pd.DataFrame, w: Window) -> iv.Intervals:
+    return _set(frame, w)
+
+
+def step_at(trace: RankTrace, ts_ns: np.ndarray) -> np.ndarray:
+    """The ProfilerStep number containing each time, or -1."""
+    steps = trace.steps
+    ts_ns = np.asarray(ts_ns, dtype=np.int64)
+    if steps.empty:
+        return np.full(ts_ns.shape, -1, dtype=np.int64)
+    starts = steps["start_ns"].to_numpy()
+    idx = np.searchsorted(starts, ts_ns, side="right") - 1
+    ok = (idx >= 0) & (ts_ns < steps["end_ns"].to_numpy()[np.maximum(idx, 0)])
+    return np.where(ok, steps["step"].to_numpy()[np.maximum(idx, 0)], -1)

@@ -1,0 +1,75 @@
+"""The one Trace model every analyzer takes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+
+@dataclass(frozen=True)
+class TraceMeta:
+    """What a trace says about itself, plus what the loader noticed."""
+
+    source: str
+    rank_source: str  # "distributedInfo" | "filename" | "default"
+    world_size: int | None = None
+    schema_version: int | None = None
+    trace_name: str | None = None
+    base_time_ns: int | None = None
+    device_properties: tuple[dict[str, Any], ...] = ()
+    distributed_info: dict[str, Any] | None = None
+    process_names: dict[str, str] = field(default_factory=dict)
+    thread_names: dict[tuple[str, str], str] = field(default_factory=dict)
+    other: dict[str, Any] = field(default_factory=dict)
+    #: events we read but do not analyse, by phase/kind ("B": 12); never silently lost
+    unhandled_events: dict[str, int] = field(default_factory=dict)
+    warnings: tuple[str, ...] = ()
+    n_events: int = 0
+    bytes_read: int = 0
+    load_seconds: float = 0.0
+
+
+@dataclass(frozen=True, eq=False)
+class RankTrace:
+    """One rank's trace as typed columnar tables (see ``schema`` for columns)."""
+
+    rank: int
+    meta: TraceMeta
+    events: pd.DataFrame
+    memory: pd.DataFrame
+    counters: pd.DataFrame
+    flows: pd.DataFrame
+    instants: pd.DataFrame
+    #: ``ProfilerStep#N`` spans: step, start_ns, end_ns, dur_ns; sorted by start
+    steps: pd.DataFrame
+
+    @property
+    def gpu_events(self) -> pd.DataFrame:
+        from kinetoscope.analyze.schema import GPU_BUSY_KINDS
+
+        return self.events[self.events["kind"].isin(GPU_BUSY_KINDS)]
+
+    @property
+    def has_gpu(self) -> bool:
+        return bool(self.events["kind"].isin(("kernel", "memcpy", "memset")).any())
+
+
+@dataclass(frozen=True, eq=False)
+class Trace:
+    """One job: the rank traces of a single training run."""
+
+    source: str
+    ranks: tuple[RankTrace, ...]
+
+    def rank(self, rank: int) -> RankTrace:
+        for r in self.ranks:
+            if r.rank == rank:
+                return r
+        raise KeyError(rank)
+
+    @property
+    def world_size(self) -> int:
+        sizes = [r.meta.world_size for r in self.ranks if r.meta.world_size]
+        return max(sizes) if sizes else len(self.ranks)

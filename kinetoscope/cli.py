@@ -1,0 +1,137 @@
+"""The ``kinetoscope`` command. Errors become one line on stderr and an exit code here, and only here."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+from typing import Callable, Sequence
+
+from kinetoscope import __version__
+from kinetoscope.errors import KinetoscopeError
+
+EXIT_OK, EXIT_INTERNAL, EXIT_USAGE = 0, 1, 2
+
+
+def _cmd_analyze(args: argparse.Namespace) -> int:
+    from kinetoscope.analyze.loader import load_trace
+    from kinetoscope.analyze.report import build_report
+    from kinetoscope.render.json import report_to_json
+    from kinetoscope.render.text import render_text
+
+    status = EXIT_OK
+    for i, path in enumerate(args.paths):
+        try:
+            report = build_report(load_trace(path))
+        except KinetoscopeError as exc:
+            _error(str(exc))
+            status = max(status, exc.exit_code)
+            continue
+        except Exception as exc:  # an internal bug on one input must not lose the others
+            _internal(exc, args.debug, context=str(path))
+            status = EXIT_INTERNAL if status == EXIT_OK else status
+            continue
+        if args.format == "json":
+            sys.stdout.write(report_to_json(report, indent=args.indent) + "\n")
+        else:
+            if i:
+                sys.stdout.write("\n")
+            sys.stdout.write(render_text(report))
+        for failure in report.failures:
+            _error(f"{path}: analyzer {failure.analyzer} failed on rank {failure.rank}: {failure.error}")
+            if args.debug:
+                sys.stderr.write(failure.detail)
+            status = EXIT_INTERNAL if status == EXIT_OK else status
+    return status
+
+
+def _cmd_app(args: argparse.Namespace) -> int:
+    from kinetoscope.app.launch import launch
+
+    return launch(args.paths, port=args.port, headless=args.headless)
+
+
+def _error(message: str) -> None:
+    sys.stderr.write(f"kinetoscope: error: {message}\n")
+
+
+def _internal(exc: BaseException, debug: bool, context: str = "") -> None:
+    where = f"{context}: " if context else ""
+    _error(f"{where}internal error ({type(exc).__name__}: {exc}); rerun with --debug and report it")
+    if debug:
+        traceback.print_exception(exc)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kinetoscope",
+        description="Find what makes PyTorch training steps slow, from Kineto (torch.profiler) traces.",
+    )
+    parser.add_argument("--version", action="version", version=f"kinetoscope {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show full tracebacks for internal errors")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    analyze = sub.add_parser(
+        "analyze",
+        help="analyse trace files or rank directories and print a report",
+        description=(
+            "Analyse each PATH (a .json/.json.gz trace, or a directory holding one job's rank files) and print "
+            "a report: findings ranked by severity, then per-rank numbers. A broken PATH is reported on stderr "
+            "and the others are still analysed. Exit codes: 0 ok, 2 bad input, 1 internal error."
+        ),
+    )
+    analyze.add_argument("paths", nargs="+", metavar="PATH", help="trace file or directory of rank traces")
+    analyze.add_argument("--format", choices=("text", "json"), default="text",
+                         help="text (default) or json: one JSON report per PATH, one per line")
+    analyze.add_argument("--indent", type=int, default=None, help="pretty-print JSON with this indent")
+    analyze.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    analyze.set_defaults(func=_cmd_analyze)
+
+    app = sub.add_parser(
+        "app",
+        help="open the Streamlit app (on the bundled sample traces unless PATHs are given)",
+        description="Start the Kinetoscope web app. With no PATH it opens the bundled sample traces.",
+    )
+    app.add_argument("paths", nargs="*", metavar="PATH", help="traces or rank directories to open")
+    app.add_argument("--port", type=int, default=8501, help="port to serve on (default 8501)")
+    app.add_argument("--headless", action="store_true", help="do not open a browser")
+    app.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    app.set_defaults(func=_cmd_app)
+
+    _register_extra_commands(sub)
+    return parser
+
+
+def _register_extra_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Commands contributed by subpackages (capture) without importing them eagerly."""
+    try:
+        from kinetoscope.capture.cli import add_capture_command
+    except ImportError:
+        return
+    add_capture_command(sub)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    func: Callable[[argparse.Namespace], int] | None = getattr(args, "func", None)
+    if func is None:
+        parser.print_help()
+        return EXIT_USAGE
+    try:
+        return func(args)
+    except KinetoscopeError as exc:
+        _error(str(exc))
+        return exc.exit_code
+    except KeyboardInterrupt:
+        _error("interrupted")
+        return 130
+    except BrokenPipeError:
+        return EXIT_OK
+    except Exception as exc:
+        _internal(exc, args.debug)
+        return EXIT_INTERNAL
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

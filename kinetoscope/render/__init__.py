@@ -1,0 +1,1 @@
+"""Renderers turn a finished ``Report`` into text; they never compute."""

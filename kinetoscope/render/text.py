@@ -1,0 +1,85 @@
+"""A readable report for a terminal: findings first (most severe first), then numbers per rank."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kinetoscope.analyze.report import Report
+
+_MARK = {"critical": "CRITICAL", "warning": "WARNING ", "info": "info    "}
+
+
+def _ms(us_value: Any) -> str:
+    return "n/a" if us_value is None else f"{us_value / 1000:,.2f} ms"
+
+
+def _pct(value: Any) -> str:
+    return "n/a" if value is None else f"{value:.1%}"
+
+
+def _mib(value: Any) -> str:
+    return "n/a" if value is None else f"{value / 2**20:,.1f} MiB"
+
+
+def render_text(report: Report) -> str:
+    out: list[str] = [f"Kinetoscope report: {report.source}", ""]
+    if report.findings:
+        out.append(f"Findings ({len(report.findings)}), most severe first:")
+        for f in report.findings:
+            out.append(f"  [{_MARK[f.severity]}] rank {f.rank}: {f.title}  ({f.id})")
+            out.append(f"      fix: {f.recommendation}")
+    else:
+        out.append("Findings: none - no loader stalls, idle GPU, copy, sync, memory or straggler problems found.")
+    for r in report.ranks:
+        out.append("")
+        names = [d for d in (r.get("devices") or []) if d]
+        devices = ", ".join(f"{names.count(n)}x {n}" if names.count(n) > 1 else n for n in dict.fromkeys(names)) or "no device info"
+        out.append(f"Rank {r['rank']} ({r['rank_source']}) - {r['file']} - {devices}")
+        window = r.get("window") or {}
+        out.append(f"  window         {_ms(r.get('window_us'))}  ({window.get('description', '')})")
+        steps = r.get("steps") or {}
+        if steps.get("count"):
+            out.append(f"  steps          {steps['count']} (#{steps['first']}-#{steps['last']}), mean {_ms(steps['mean_us'])}")
+        else:
+            out.append("  steps          none recorded (no ProfilerStep spans)")
+        loader = r.get("loader") or {}
+        if loader.get("calls"):
+            out.append(
+                f"  data loading   {_ms(loader['time_us'])} = {_pct(loader['fraction'])} of window"
+                + (f"; GPU idle meanwhile {_ms(loader['gpu_idle_cost_us'])}" if loader.get("gpu_idle_cost_us") is not None else "")
+            )
+        gpu = r.get("gpu")
+        if gpu:
+            for d in gpu["devices"]:
+                causes = ", ".join(f"{k.replace('_', ' ')} {_ms(v)}" for k, v in d["idle_by_cause_us"].items() if v)
+                out.append(f"  GPU {d['device']} idle     {_pct(d['idle_fraction'])} of window ({causes or 'no idle time'})")
+            for s in gpu["streams"]:
+                out.append(
+                    f"    stream {s['stream']:<6} busy {_ms(s['busy_us'])}, idle {_pct(s['idle_fraction'])}, "
+                    f"largest gap {_ms(s['largest_gap_us'])} ({s['kernels']} kernels, {s['copies']} copies)"
+                )
+        elif gpu is None:
+            out.append("  GPU            no GPU activity in this trace")
+        for key, label in (("h2d", "H2D copies"), ("d2h", "D2H copies")):
+            c = r.get(key)
+            if c:
+                out.append(
+                    f"  {label:<14} {c['count']} copies, {_ms(c['time_us'])}, {_mib(c['bytes'])}, "
+                    f"{c['bandwidth_gb_per_s']} GB/s, pageable {_pct(c['pageable_fraction'])}, overlapped {_pct(c['overlap_fraction'])}"
+                )
+        mem = r.get("memory")
+        if mem:
+            for d in mem["devices"]:
+                growth = d["growth_bytes_per_step"]
+                out.append(
+                    f"  memory {d['device']:<7} peak {_mib(d['peak_allocated_bytes'])}"
+                    + (f" at {d['peak_op']}" if d.get("peak_op") else "")
+                    + (f", growth {_mib(growth)}/step (R^2 {d['growth_r2']:.2f})" if growth is not None else "")
+                )
+        for w in r.get("warnings") or []:
+            out.append(f"  note: {w}")
+    if report.failures:
+        out.append("")
+        for f in report.failures:
+            out.append(f"  analysis error in {f.analyzer} (rank {f.rank}): {f.error}")
+    return "\n".join(out) + "\n"
