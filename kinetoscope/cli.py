@@ -14,15 +14,23 @@ EXIT_OK, EXIT_INTERNAL, EXIT_USAGE = 0, 1, 2
 
 
 def _cmd_analyze(args: argparse.Namespace) -> int:
-    from kinetoscope.analyze.loader import load_trace
+    from kinetoscope.analyze.loader import find_jobs, load_job
     from kinetoscope.analyze.report import build_report
     from kinetoscope.render.json import report_to_json
     from kinetoscope.render.text import render_text
 
     status = EXIT_OK
-    for i, path in enumerate(args.paths):
+    jobs = []
+    for path in args.paths:
         try:
-            report = build_report(load_trace(path))
+            jobs.extend(find_jobs(path))
+        except KinetoscopeError as exc:
+            _error(str(exc))
+            status = max(status, exc.exit_code)
+    for i, job in enumerate(jobs):
+        path = job.name
+        try:
+            report = build_report(load_job(job))
         except KinetoscopeError as exc:
             _error(str(exc))
             status = max(status, exc.exit_code)

@@ -11,8 +11,12 @@ import os
 import re
 import time
 import zlib
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
+
+import msgspec
+import numpy as np
+import pandas as pd
 
 from kinetoscope.analyze.build import build_rank_trace
 from kinetoscope.analyze.parser import parse_bytes
@@ -20,24 +24,64 @@ from kinetoscope.analyze.trace import RankTrace, Trace
 from kinetoscope.errors import TraceFormatError, TraceSourceError
 
 TRACE_SUFFIXES = (".json", ".json.gz")
+#: files a capture writes beside its traces; they are not traces
+SIDECAR_SUFFIXES = (".manifest.json", ".steps.json")
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
+#: ``rank-0.step-3-5.pt.trace.json.gz``: one capture window of one rank
+_WINDOW_IN_NAME = re.compile(r"\.step-(\d+)-(\d+)\.")
+
+
+@dataclass(frozen=True)
+class Job:
+    """One job to analyse: a name and the files of its ranks."""
+
+    name: str
+    files: tuple[Path, ...]
 
 
 def is_trace_file(path: Path) -> bool:
-    return path.is_file() and path.name.lower().endswith(TRACE_SUFFIXES) and not path.name.startswith(".")
+    name = path.name.lower()
+    return (
+        path.is_file()
+        and name.endswith(TRACE_SUFFIXES)
+        and not name.endswith(SIDECAR_SUFFIXES)
+        and not name.startswith(".")
+    )
 
 
-def resolve(path: str | os.PathLike[str]) -> list[Path]:
-    """The trace files of one job at ``path`` (a file or a directory of rank files)."""
+def find_jobs(path: str | os.PathLike[str]) -> list[Job]:
+    """The jobs at ``path``: a file is one job; a directory is one job, or one per capture window."""
     p = Path(path)
     if not p.exists():
         raise TraceSourceError(f"{p}: no such file or directory")
     if p.is_file():
-        return [p]
+        return [Job(str(p), (p,))]
     files = sorted(f for f in p.iterdir() if is_trace_file(f))
     if not files:
         raise TraceSourceError(f"{p}: directory holds no .json or .json.gz trace files")
-    return files
+    windows: dict[str, list[Path]] = {}
+    for f in files:
+        m = _WINDOW_IN_NAME.search(f.name)
+        windows.setdefault(f"steps {m.group(1)}-{m.group(2)}" if m else "", []).append(f)
+    if len(windows) == 1:
+        return [Job(str(p), tuple(files))]
+    return [Job(f"{p} ({w or 'other files'})", tuple(fs)) for w, fs in sorted(windows.items(), key=lambda kv: _window_key(kv[0]))]
+
+
+def _window_key(label: str) -> tuple[int, str]:
+    digits = re.findall(r"\d+", label)
+    return (int(digits[0]) if digits else -1, label)
+
+
+def resolve(path: str | os.PathLike[str]) -> list[Path]:
+    """The trace files of the one job at ``path``."""
+    jobs = find_jobs(path)
+    if len(jobs) > 1:
+        raise TraceSourceError(
+            f"{path}: holds {len(jobs)} capture windows ({', '.join(j.name for j in jobs)}); "
+            "analyse them with 'kinetoscope analyze' (one report per window) or pass one window's files"
+        )
+    return list(jobs[0].files)
 
 
 def read_bytes(path: Path) -> bytes:
@@ -80,16 +124,49 @@ def load_rank(path: Path, *, default_rank: int = 0) -> RankTrace:
     trace = build_rank_trace(parsed, source=str(path), rank=rank, rank_source=rank_source, bytes_read=size)
     if trace.events.empty and trace.memory.empty:
         raise TraceFormatError(str(path), "trace holds no timed events (nothing to analyse)")
-    return replace(trace, meta=replace(trace.meta, load_seconds=time.perf_counter() - started))
+    run_steps, note = _run_steps(path, rank)
+    meta = replace(trace.meta, load_seconds=time.perf_counter() - started,
+                   warnings=trace.meta.warnings + ((note,) if note else ()))
+    return replace(trace, meta=meta, run_steps=run_steps)
+
+
+class _StepTimes(msgspec.Struct):
+    step_wall_ns: list[int]
+    data_wait_ns: list[int]
+    profiled: list[bool] = []
+
+
+def _run_steps(path: Path, rank: int) -> tuple[pd.DataFrame | None, str | None]:
+    """The capture's always-on step timings beside a captured trace, if present."""
+    if not _WINDOW_IN_NAME.search(path.name):
+        return None, None
+    sidecar = path.with_name(f"rank-{rank}.steps.json")
+    if not sidecar.is_file():
+        return None, None
+    try:
+        times = msgspec.json.decode(sidecar.read_bytes(), type=_StepTimes)
+    except (OSError, msgspec.DecodeError) as exc:
+        return None, f"ignored {sidecar.name}: {exc}"
+    n = min(len(times.step_wall_ns), len(times.data_wait_ns))
+    profiled = (list(times.profiled) + [False] * n)[:n]
+    return pd.DataFrame({
+        "step": np.arange(n, dtype=np.int64),
+        "wall_ns": np.asarray(times.step_wall_ns[:n], dtype=np.int64),
+        "data_wait_ns": np.asarray(times.data_wait_ns[:n], dtype=np.int64),
+        "profiled": np.asarray(profiled, dtype=bool),
+    }), None
 
 
 def load_trace(path: str | os.PathLike[str]) -> Trace:
     """Load one job: a trace file, or a directory holding that job's rank files."""
-    files = resolve(path)
-    ranks = [load_rank(f, default_rank=i) for i, f in enumerate(files)]
+    return load_job(Job(str(path), tuple(resolve(path))))
+
+
+def load_job(job: Job) -> Trace:
+    ranks = [load_rank(f, default_rank=i) for i, f in enumerate(job.files)]
     _check_distinct_ranks(ranks)
     ranks.sort(key=lambda r: r.rank)
-    return Trace(source=str(path), ranks=tuple(ranks))
+    return Trace(source=job.name, ranks=tuple(ranks))
 
 
 def _check_distinct_ranks(ranks: list[RankTrace]) -> None:

@@ -44,6 +44,9 @@ class RankTrace:
     instants: pd.DataFrame
     #: ``ProfilerStep#N`` spans: step, start_ns, end_ns, dur_ns; sorted by start
     steps: pd.DataFrame
+    #: every step of the run timed by the capture's host clocks (step, wall_ns, data_wait_ns,
+    #: profiled), from ``rank-<r>.steps.json`` beside the trace; None when absent
+    run_steps: pd.DataFrame | None = None
 
     @property
     def gpu_events(self) -> pd.DataFrame:

@@ -17,7 +17,7 @@ def us(ns: Any) -> float | None:
 
 
 def frac(part: float, whole: float) -> float | None:
-    """A fraction in [0, 1] rounded to 6 places; None when the whole is empty."""
+    """A fraction clamped to [0, 1]; None when the whole is empty."""
     if not whole:
         return None
-    return round(min(max(float(part) / float(whole), 0.0), 1.0), 6)
+    return min(max(float(part) / float(whole), 0.0), 1.0)

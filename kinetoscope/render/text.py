@@ -48,6 +48,9 @@ def render_text(report: Report) -> str:
                 f"  data loading   {_ms(loader['time_us'])} = {_pct(loader['fraction'])} of window"
                 + (f"; GPU idle meanwhile {_ms(loader['gpu_idle_cost_us'])}" if loader.get("gpu_idle_cost_us") is not None else "")
             )
+        run = loader.get("run") if loader else None
+        if run:
+            out.append(f"  whole run      {run['steps']} steps timed, waiting for data {_pct(run['data_wait_fraction'])} of wall time")
         gpu = r.get("gpu")
         if gpu:
             for d in gpu["devices"]:

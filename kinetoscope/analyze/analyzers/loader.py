@@ -54,6 +54,23 @@ def _recommendation(names: set[str], pageable_h2d: bool, first_step_share: float
     return "; ".join(tips) + "."
 
 
+def _whole_run(trace: RankTrace) -> dict[str, object] | None:
+    """Data wait over every step of the run, from the capture's host clocks (not only profiled steps)."""
+    rs = trace.run_steps
+    if rs is None or rs.empty:
+        return None
+    wall = int(rs["wall_ns"].sum())
+    wait = int(rs["data_wait_ns"].sum())
+    return {
+        "steps": int(len(rs)),
+        "wall_us": us(wall),
+        "data_wait_us": us(wait),
+        "data_wait_fraction": frac(wait, wall),
+        "fraction_of": "wall time of every step of the run (host clocks)",
+        "mean_step_us": us(wall / len(rs)),
+    }
+
+
 @register("loader", "Loader stalls")
 def analyze_loader(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
     """Time in enumerate(DataLoader)/DataPipe spans, per step and in total, and the GPU idle it caused."""
@@ -75,6 +92,7 @@ def analyze_loader(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
         "gpu_idle_cost_fraction": frac(cost_ns, w.dur_ns) if cost_ns is not None else None,
         "iterator": sorted(n.split("#", 1)[-1] for n in names),
         "max_step_us": float(per_step["loader_us"].max()) if len(per_step) else None,
+        "run": _whole_run(trace),
     }
     findings = []
     # On a GPU run what matters is the GPU time the wait cost (a prefetched

@@ -1,0 +1,282 @@
+"""Wrap a training loop in torch.profiler with scheduled windows, safely.
+
+Two ways in::
+
+    from kinetoscope.capture import profile_loop
+    for x, y in profile_loop(loader, out_dir="traces"):
+        ...                                   # one iteration = one step
+
+    from kinetoscope.capture import Profiler
+    with Profiler(out_dir="traces") as prof:
+        for x, y in loader:
+            ...
+            prof.step()
+
+Between profiled windows every step's wall time and the time spent waiting
+for the data iterator are recorded with host clocks (no profiler), so a
+report can say how loader-bound the *whole* run was.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Iterable, Iterator, TypeVar
+
+from kinetoscope.capture._safety import log, never_raises, warn_once
+from kinetoscope.capture.dist import RankInfo, rank_info
+from kinetoscope.capture.output import base_time_ns, finish_trace, trace_name, write_manifest, write_step_times
+from kinetoscope.capture.telemetry import TelemetrySampler
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """torch.profiler's schedule. Default: steps 3-5 profiled (skip 1, wait 1, warm up 1, record 3)."""
+
+    skip_first: int = 1
+    wait: int = 1
+    warmup: int = 1
+    active: int = 3
+    repeat: int = 1
+
+    def __post_init__(self) -> None:
+        for name, value in asdict(self).items():
+            if not isinstance(value, int) or value < 0:
+                raise ValueError(f"schedule {name} must be an integer >= 0, got {value!r}")
+        if self.active < 1:
+            raise ValueError("schedule active must be >= 1")
+
+    @property
+    def period(self) -> int:
+        return self.wait + self.warmup + self.active
+
+    def is_active(self, step: int) -> bool:
+        if step < self.skip_first:
+            return False
+        cycle, k = divmod(step - self.skip_first, self.period)
+        if self.repeat and cycle >= self.repeat:
+            return False
+        return k >= self.wait + self.warmup
+
+    def window_of(self, step: int) -> tuple[int, int]:
+        """The (first, last) active steps of the window containing ``step``."""
+        cycle = (step - self.skip_first) // self.period
+        first = self.skip_first + cycle * self.period + self.wait + self.warmup
+        return first, first + self.active - 1
+
+
+class Profiler:
+    """Scheduled torch.profiler capture that writes rank-aware gzipped traces and never breaks training."""
+
+    def __init__(
+        self,
+        out_dir: str | os.PathLike[str] = "kinetoscope_traces",
+        *,
+        schedule: Schedule | None = None,
+        cuda: bool | None = None,
+        record_shapes: bool = False,
+        profile_memory: bool = True,
+        with_stack: bool = False,
+        telemetry: bool = True,
+        telemetry_interval_s: float = 0.5,
+    ) -> None:
+        self.out_dir = Path(out_dir)
+        self.schedule = schedule or Schedule()
+        self.cuda = cuda
+        self.record_shapes = record_shapes
+        self.profile_memory = profile_memory
+        self.with_stack = with_stack
+        self.telemetry_enabled = telemetry
+        self.sampler = TelemetrySampler(interval_s=telemetry_interval_s)
+        self.rank: RankInfo = RankInfo(0, 1, 0, "default")
+        self.traces: list[Path] = []
+        self.step_num = 0
+        self._prof: Any = None
+        self._writable = False
+        self._exiting = False
+        self._step_start_ns = 0
+        self._step_unix_start: dict[int, int] = {}
+        self._data_wait_ns = 0
+        self._step_wall_ns: list[int] = []
+        self._step_wait_ns: list[int] = []
+        self._started_unix_ns = 0
+        self._step_abandoned = False
+
+    # --- lifecycle -----------------------------------------------------------------
+    def __enter__(self) -> "Profiler":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        self.rank = rank_info()
+        self._writable = self._prepare_dir()
+        self._started_unix_ns = time.time_ns()
+        self._step_start_ns = time.perf_counter_ns()
+        self._step_unix_start[0] = self._started_unix_ns
+        if self._writable:
+            self._start_profiler()
+            if self.telemetry_enabled:
+                self._start_telemetry()
+
+    @never_raises("output directory")
+    def _prepare_dir(self) -> bool:
+        try:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            probe = self.out_dir / f".kinetoscope-probe-{os.getpid()}"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as exc:
+            warn_once("output directory", f"cannot write to {self.out_dir} ({exc.strerror or exc}); profiling is off, training continues")
+            return False
+        return True
+
+    @never_raises("profiler start")
+    def _start_profiler(self) -> None:
+        import torch
+        from torch.profiler import ProfilerActivity, profile, schedule
+
+        use_cuda = torch.cuda.is_available() if self.cuda is None else self.cuda
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if use_cuda else [])
+        s = self.schedule
+        prof = profile(
+            activities=activities,
+            schedule=schedule(skip_first=s.skip_first, wait=s.wait, warmup=s.warmup, active=s.active, repeat=s.repeat),
+            on_trace_ready=self._on_trace_ready,
+            record_shapes=self.record_shapes,
+            profile_memory=self.profile_memory,
+            with_stack=self.with_stack,
+        )
+        prof.start()
+        self._prof = prof
+
+    @never_raises("telemetry")
+    def _start_telemetry(self) -> None:
+        self.sampler.start()
+
+    def stop(self) -> None:
+        self._close_step()
+        self._exiting = True
+        if self._prof is not None:
+            prof, self._prof = self._prof, None
+            self._stop_profiler(prof)
+        self._stop_telemetry()
+        if self._writable:
+            self._write_sidecars()
+
+    @never_raises("profiler stop")
+    def _stop_profiler(self, prof: Any) -> None:
+        prof.stop()
+
+    @never_raises("telemetry stop")
+    def _stop_telemetry(self) -> None:
+        self.sampler.stop()
+
+    # --- per step --------------------------------------------------------------------
+    def add_data_wait(self, ns: int) -> None:
+        """Time the loop spent waiting for the next batch during this step."""
+        self._data_wait_ns += ns
+
+    def abandon_step(self) -> None:
+        """The loop ended: the step just opened never ran, so it is not recorded."""
+        self._step_abandoned = True
+
+    def _close_step(self) -> None:
+        now = time.perf_counter_ns()
+        if self._step_abandoned:
+            return
+        if now > self._step_start_ns and (self.step_num > len(self._step_wall_ns) - 1):
+            self._step_wall_ns.append(now - self._step_start_ns)
+            self._step_wait_ns.append(self._data_wait_ns)
+
+    def step(self) -> None:
+        """Mark the end of a training step."""
+        self._close_step()
+        self.step_num += 1
+        self._data_wait_ns = 0
+        self._step_start_ns = time.perf_counter_ns()
+        self._step_unix_start[self.step_num] = time.time_ns()
+        self._step_unix_start.pop(self.step_num - 4 * self.schedule.period - 2, None)
+        if self._prof is not None:
+            self._profiler_step()
+
+    def _profiler_step(self) -> None:
+        try:
+            self._prof.step()
+        except Exception as exc:  # noqa: BLE001
+            warn_once("profiler step", f"profiler failed ({type(exc).__name__}: {exc}); profiling is off, training continues")
+            prof, self._prof = self._prof, None
+            self._stop_profiler(prof)
+
+    # --- output ------------------------------------------------------------------------
+    def _on_trace_ready(self, prof: Any) -> None:
+        try:
+            last = self.step_num if self._exiting else self.step_num - 1
+            first, _ = self.schedule.window_of(last)
+            first = max(first, 0)
+            raw = self.out_dir / f".rank-{self.rank.rank}.{os.getpid()}.raw.json"
+            prof.export_chrome_trace(str(raw))
+            base = base_time_ns(raw)
+            start = self._step_unix_start.get(first, self._started_unix_ns)
+            counters = self.sampler.counter_events(base, start, time.time_ns()) if base and self.sampler.enabled else []
+            dist = None
+            if self.rank.source == "environment":
+                dist = {"rank": self.rank.rank, "world_size": self.rank.world_size, "backend": "unknown",
+                        "note": "added by kinetoscope from RANK/WORLD_SIZE"}
+            final = self.out_dir / trace_name(self.rank.rank, first, last)
+            finish_trace(raw, final, extra_events=counters, distributed_info=dist)
+            self.traces.append(final)
+            log.info("kinetoscope: wrote %s", final)
+        except Exception as exc:  # noqa: BLE001 - a full disk must not stop training
+            warn_once("trace export", f"could not write a trace ({type(exc).__name__}: {exc}); training continues")
+
+    @never_raises("manifest")
+    def _write_sidecars(self) -> None:
+        r = self.rank.rank
+        write_step_times(self.out_dir, r, {
+            "rank": r,
+            "unit": "ns",
+            "step_wall_ns": self._step_wall_ns,
+            "data_wait_ns": self._step_wait_ns,
+            "profiled": [self.schedule.is_active(i) for i in range(len(self._step_wall_ns))],
+        })
+        write_manifest(self.out_dir, r, {
+            "world_size": self.rank.world_size,
+            "local_rank": self.rank.local_rank,
+            "rank_source": self.rank.source,
+            "schedule": asdict(self.schedule),
+            "options": {"record_shapes": self.record_shapes, "profile_memory": self.profile_memory,
+                        "with_stack": self.with_stack, "telemetry": self.sampler.enabled},
+            "steps_run": len(self._step_wall_ns),
+            "traces": [p.name for p in self.traces],
+            "step_times": f"rank-{r}.steps.json",
+        })
+
+
+def profile_loop(iterable: Iterable[T], out_dir: str | os.PathLike[str] = "kinetoscope_traces", **options: Any) -> Iterator[T]:
+    """Yield from ``iterable``, one profiler step per item, timing the wait for each item."""
+    prof = Profiler(out_dir, **options)
+    prof.start()
+    try:
+        it = iter(iterable)
+        first = True
+        while True:
+            if not first:
+                prof.step()
+            t0 = time.perf_counter_ns()
+            try:
+                item = next(it)
+            except StopIteration:
+                prof.abandon_step()
+                return
+            prof.add_data_wait(time.perf_counter_ns() - t0)
+            first = False
+            yield item
+    finally:
+        prof.stop()
