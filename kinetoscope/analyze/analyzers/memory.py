@@ -171,7 +171,10 @@ def _growth_finding(trace: RankTrace, config: AnalysisConfig, m: dict[str, Any],
         recommendation=(
             "Something keeps a reference every step. Usual causes: accumulating a loss or output tensor that "
             "still holds its graph (use loss.item() or .detach() when logging), appending tensors to a list, "
-            "caches keyed by step. Compare torch.cuda.memory_snapshot() between steps to find the allocation site."
+            "caches keyed by step. "
+            + ("Compare torch.cuda.memory_snapshot() between steps to find the allocation site."
+               if device_type != 0 else
+               "Profile with record_shapes=True and with_stack=True to see which op allocates what is never freed.")
         ),
         impact_us=0.0,
     )

@@ -1,0 +1,246 @@
+"""Capture: a real CPU training loop through the wrapper and through `kinetoscope capture`."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch.utils.data import DataLoader, Dataset  # noqa: E402
+
+from kinetoscope.analyze.loader import load_trace  # noqa: E402
+from kinetoscope.analyze.report import build_report  # noqa: E402
+from kinetoscope.capture import Profiler, Schedule, profile_loop  # noqa: E402
+from kinetoscope.capture import output as capture_output  # noqa: E402
+from kinetoscope.capture.telemetry import TelemetrySampler  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+SCHEDULE = Schedule(skip_first=0, wait=1, warmup=1, active=2, repeat=1)
+
+
+class SlowData(Dataset):
+    def __init__(self, n=40, delay_s=0.003):
+        self.n, self.delay_s = n, delay_s
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        time.sleep(self.delay_s)
+        return torch.randn(16), torch.randn(1)
+
+
+def train(batches):
+    net = torch.nn.Linear(16, 1)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    steps = 0
+    for x, y in batches:
+        loss = torch.nn.functional.mse_loss(net(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        steps += 1
+    return steps
+
+
+def test_wrapper_writes_named_gzipped_traces_manifest_and_step_times(tmp_path):
+    steps = train(profile_loop(DataLoader(SlowData(), batch_size=4), tmp_path, schedule=SCHEDULE, telemetry=False))
+    assert steps == 10
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert files == ["rank-0.manifest.json", "rank-0.step-2-3.pt.trace.json.gz", "rank-0.steps.json"]
+    doc = json.loads(gzip.decompress((tmp_path / "rank-0.step-2-3.pt.trace.json.gz").read_bytes()))
+    names = [e.get("name", "") for e in doc["traceEvents"]]
+    assert {"ProfilerStep#2", "ProfilerStep#3"} <= set(names)
+    assert any(n.startswith("enumerate(DataLoader)#") for n in names)
+    assert any(n == "[memory]" for n in names)
+    manifest = json.loads((tmp_path / "rank-0.manifest.json").read_text())
+    assert manifest["schedule"]["active"] == 2 and manifest["traces"] == ["rank-0.step-2-3.pt.trace.json.gz"]
+    assert manifest["versions"]["torch"] == torch.__version__ and manifest["world_size"] == 1
+    times = json.loads((tmp_path / "rank-0.steps.json").read_text())
+    assert len(times["step_wall_ns"]) == 10 and times["profiled"][2:4] == [True, True]
+    assert all(w >= d for w, d in zip(times["step_wall_ns"], times["data_wait_ns"]))
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary files left
+
+
+def test_captured_loader_bound_run_reports_loader_stall(tmp_path):
+    train(profile_loop(DataLoader(SlowData(delay_s=0.005), batch_size=4), tmp_path, schedule=SCHEDULE, telemetry=False))
+    report = build_report(load_trace(tmp_path))
+    assert "loader_stall" in {f.id for f in report.findings}
+    run = report.ranks[0]["loader"]["run"]
+    assert run["steps"] == 10 and run["data_wait_fraction"] > 0.5
+
+
+def test_context_manager_with_step_and_repeat_windows(tmp_path):
+    sched = Schedule(skip_first=0, wait=0, warmup=1, active=1, repeat=2)
+    with Profiler(tmp_path, schedule=sched, telemetry=False) as prof:
+        for _ in range(6):
+            torch.randn(8, 8).sum()
+            prof.step()
+    names = sorted(p.name for p in tmp_path.glob("*.pt.trace.json.gz"))
+    assert names == ["rank-0.step-1-1.pt.trace.json.gz", "rank-0.step-3-3.pt.trace.json.gz"]
+
+
+def test_rank_from_the_launcher_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    train(profile_loop(DataLoader(SlowData(n=24, delay_s=0), batch_size=4), tmp_path, schedule=SCHEDULE, telemetry=False))
+    (trace,) = tmp_path.glob("rank-3.step-*.pt.trace.json.gz")
+    doc = json.loads(gzip.decompress(trace.read_bytes()))
+    assert doc["distributedInfo"]["rank"] == 3 and doc["distributedInfo"]["world_size"] == 4
+    assert load_trace(trace).ranks[0].rank == 3
+
+
+def test_zero_code_capture_of_an_unmodified_script(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import time, torch\n"
+        "from torch.utils.data import DataLoader, Dataset\n"
+        "class D(Dataset):\n"
+        "    def __len__(self): return 40\n"
+        "    def __getitem__(self, i):\n"
+        "        time.sleep(0.004); return torch.randn(16), torch.randn(1)\n"
+        "net = torch.nn.Linear(16, 1); opt = torch.optim.SGD(net.parameters(), lr=0.1)\n"
+        "for x, y in DataLoader(D(), batch_size=4):\n"
+        "    loss = torch.nn.functional.mse_loss(net(x), y); opt.zero_grad(); loss.backward(); opt.step()\n"
+        "print('done training')\n"
+    )
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, "-m", "kinetoscope.cli", "capture", "--out", str(out), "--skip-first", "1", "--wait", "0",
+         "--warmup", "1", "--active", "3", "--", sys.executable, str(script)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "done training" in proc.stdout
+    assert sorted(p.name for p in out.iterdir()) == [
+        "rank-0.manifest.json", "rank-0.step-2-4.pt.trace.json.gz", "rank-0.steps.json"]
+    report = build_report(load_trace(out))
+    assert report.ranks[0]["steps"]["count"] == 3
+    assert "loader_stall" in {f.id for f in report.findings}
+    times = json.loads((out / "rank-0.steps.json").read_text())
+    assert len(times["step_wall_ns"]) == 9 and sum(times["data_wait_ns"]) > 0
+
+
+def test_capture_without_a_command_is_a_usage_error():
+    proc = subprocess.run([sys.executable, "-m", "kinetoscope.cli", "capture", "--"], capture_output=True, text=True)
+    assert proc.returncode == 2 and "needs a command" in proc.stderr and "Traceback" not in proc.stderr
+
+
+# --- faults: the training loop always finishes ---------------------------------------------
+def test_unwritable_output_directory_leaves_training_running(tmp_path, caplog):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with caplog.at_level(logging.WARNING, logger="kinetoscope.capture"):
+        steps = train(profile_loop(DataLoader(SlowData(delay_s=0), batch_size=4), blocker / "out", schedule=SCHEDULE))
+    assert steps == 10
+    assert "cannot write" in caplog.text
+
+
+def test_telemetry_sampler_failure_leaves_training_running(tmp_path, monkeypatch, caplog):
+    def broken(self):
+        raise RuntimeError("NVML exploded")
+
+    monkeypatch.setattr(TelemetrySampler, "start", broken)
+    with caplog.at_level(logging.WARNING, logger="kinetoscope.capture"):
+        steps = train(profile_loop(DataLoader(SlowData(delay_s=0), batch_size=4), tmp_path, schedule=SCHEDULE))
+    assert steps == 10 and "NVML exploded" in caplog.text
+    assert list(tmp_path.glob("*.pt.trace.json.gz"))
+
+
+def test_full_disk_during_export_leaves_training_running(tmp_path, monkeypatch, caplog):
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("kinetoscope.capture.profiler.finish_trace", full)
+    with caplog.at_level(logging.WARNING, logger="kinetoscope.capture"):
+        steps = train(profile_loop(DataLoader(SlowData(delay_s=0), batch_size=4), tmp_path, schedule=SCHEDULE, telemetry=False))
+    assert steps == 10 and "No space left" in caplog.text
+
+
+def test_profiler_failing_mid_run_leaves_training_running(tmp_path, caplog):
+    prof = Profiler(tmp_path, schedule=SCHEDULE, telemetry=False)
+    prof.start()
+
+    class Exploding:
+        def step(self):
+            raise RuntimeError("kineto crashed")
+
+        def stop(self):
+            raise RuntimeError("and again")
+
+    prof._prof = Exploding()
+    with caplog.at_level(logging.WARNING, logger="kinetoscope.capture"):
+        for _ in range(5):
+            prof.step()
+        prof.stop()
+    assert "kineto crashed" in caplog.text
+    assert (tmp_path / "rank-0.steps.json").exists()
+
+
+def test_atomic_write_never_leaves_partial_files(tmp_path, monkeypatch):
+    target = tmp_path / "x.json.gz"
+
+    class Boom(Exception):
+        pass
+
+    def explode(*a, **k):
+        raise Boom()
+
+    monkeypatch.setattr(capture_output.os, "replace", explode)
+    with pytest.raises(Boom):
+        capture_output.atomic_write(target, b"data")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_nvml_indices_follow_cuda_visible_devices(monkeypatch):
+    from kinetoscope.capture.telemetry import visible_nvml_handles
+
+    class FakeNvml:
+        def nvmlDeviceGetCount(self):
+            return 4
+
+        def nvmlDeviceGetHandleByIndex(self, i):
+            return f"nvml{i}"
+
+        def nvmlDeviceGetHandleByUUID(self, uuid):
+            return f"uuid:{uuid}"
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,0")
+    assert visible_nvml_handles(FakeNvml()) == [(0, "nvml2"), (1, "nvml0")]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-abc")
+    assert visible_nvml_handles(FakeNvml()) == [(0, "uuid:GPU-abc")]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,9,2")
+    assert visible_nvml_handles(FakeNvml()) == [(0, "nvml1")]
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert len(visible_nvml_handles(FakeNvml())) == 4
+
+
+def test_telemetry_samples_become_counter_events_on_the_trace_clock():
+    from kinetoscope.capture.telemetry import Sample
+
+    s = TelemetrySampler()
+    s.samples = [Sample(1_000_000_500_000, 0, {"gpu_util_pct": 50.0}), Sample(5, 0, {"gpu_util_pct": 1.0})]
+    events = s.counter_events(base_time_ns=1_000_000_000_000, start_unix_ns=100, end_unix_ns=2_000_000_000_000)
+    assert events == [{"ph": "C", "name": "GPU 0 telemetry", "pid": "GPU 0", "tid": 0, "ts": 500.0,
+                       "args": {"gpu_util_pct": 50.0}}]
+
+
+def test_capture_side_does_not_import_streamlit_or_dask():
+    code = ("import sys, kinetoscope.capture; "
+            "bad = [m for m in sys.modules if m.split('.')[0] in ('streamlit', 'dask', 'pandas', 'hta')]; "
+            "print(bad); sys.exit(1 if bad else 0)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout
+
+
+def test_analyze_side_does_not_import_torch():
+    code = ("import sys, kinetoscope.analyze.report, kinetoscope.analyze.loader, kinetoscope.analyze.registry as r; "
+            "r.analyzers(); sys.exit(1 if 'torch' in sys.modules else 0)")
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0

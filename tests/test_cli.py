@@ -1,0 +1,87 @@
+"""The command line as a user meets it: reports, one-line errors, exit codes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tracebuilder import TraceBuilder
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLES = ROOT / "sample_traces"
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "kinetoscope.cli", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_help_documents_every_command():
+    out = run("--help").stdout
+    for command in ("analyze", "app", "capture"):
+        assert command in out
+    assert "--format" in run("analyze", "--help").stdout
+
+
+def test_text_report_lists_findings_then_ranks():
+    proc = run("analyze", str(SAMPLES / "real" / "v100_resnet50_2021.json.gz"))
+    assert proc.returncode == 0, proc.stderr
+    text = proc.stdout
+    assert text.index("Findings") < text.index("Rank 0")
+    assert "loader_stall" in text and "CRITICAL" in text
+
+
+def test_json_report_is_one_object_per_job_with_the_documented_keys():
+    proc = run("analyze", "--format", "json", str(SAMPLES / "real" / "hta_2rank"), str(SAMPLES / "cpu" / "leak"))
+    assert proc.returncode == 0, proc.stderr
+    reports = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert len(reports) == 2
+    two_rank = reports[0]
+    assert two_rank["schema_version"] == 1
+    assert [r["rank"] for r in two_rank["ranks"]] == [0, 1]
+    rank = two_rank["ranks"][0]
+    for key in ("window_us", "steps", "loader", "gpu", "h2d", "memory"):
+        assert key in rank
+    assert set(rank["steps"]) >= {"count", "mean_us"}
+    assert set(rank["gpu"]) >= {"idle_fraction", "streams"}
+    assert set(rank["gpu"]["streams"][0]) >= {"device", "stream", "idle_fraction"}
+    assert set(rank["h2d"]) >= {"time_us", "bytes", "overlap_fraction", "pageable_fraction"}
+    assert rank["memory"] is None  # no memory events in this trace
+    assert set(rank["loader"]) >= {"time_us", "fraction", "gpu_idle_cost_us"}
+    leak = reports[1]
+    (finding,) = [f for f in leak["findings"] if f["id"] == "memory_growth"]
+    assert set(finding) >= {"id", "severity", "rank", "title", "evidence", "recommendation"}
+
+
+def test_bad_input_is_one_line_on_stderr_and_exit_2(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{ nope")
+    proc = run("analyze", str(bad))
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert proc.stderr.startswith("kinetoscope: error:")
+
+
+def test_one_broken_file_does_not_lose_the_others(tmp_path):
+    bad = tmp_path / "bad.json.gz"
+    bad.write_bytes(b"\x1f\x8b\x08\x00garbage")
+    good = TraceBuilder().step(1, 0, 100).kernel(0, 50).write(tmp_path / "good.json")
+    proc = run("analyze", "--format", "json", str(bad), str(good), str(tmp_path / "missing.json"))
+    assert proc.returncode == 2
+    assert len(proc.stdout.splitlines()) == 1 and json.loads(proc.stdout)["ranks"][0]["window_us"] == 100
+    assert len(proc.stderr.strip().splitlines()) == 2 and "Traceback" not in proc.stderr
+
+
+def test_no_command_prints_help_and_exits_2():
+    proc = run()
+    assert proc.returncode == 2 and "analyze" in proc.stdout
+
+
+def test_capture_directory_with_several_windows_gives_one_report_each(tmp_path):
+    for window in ("step-2-3", "step-7-8"):
+        TraceBuilder().step(1, 0, 100).write(tmp_path / f"rank-0.{window}.pt.trace.json.gz")
+    proc = run("analyze", "--format", "json", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    sources = [json.loads(line)["source"] for line in proc.stdout.splitlines()]
+    assert [s.rsplit("(", 1)[1] for s in sources] == ["steps 2-3)", "steps 7-8)"]

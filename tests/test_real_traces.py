@@ -1,0 +1,81 @@
+"""Invariants over every real trace we have: bundled samples always, ../shared when present."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from kinetoscope.analyze.loader import find_jobs, load_job
+from kinetoscope.analyze.report import build_report
+from kinetoscope.errors import KinetoscopeError
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared" / "traces"
+
+
+def _real_paths() -> list[Path]:
+    paths = sorted((ROOT / "sample_traces" / "real").glob("*.json*"))
+    paths += [ROOT / "sample_traces" / "real" / "hta_2rank"]
+    paths += sorted(p for p in (ROOT / "sample_traces" / "cpu").iterdir() if p.is_dir())
+    if SHARED.is_dir():
+        paths += sorted(SHARED.rglob("*.json*"))
+        paths += [SHARED / "HolisticTraceAnalysis" / "tests" / "data" / "trace_filter"]
+    return paths
+
+
+def _fractions(obj, path=""):
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            if (k.endswith("fraction") or k.endswith("_share")) and isinstance(v, (int, float)):
+                yield f"{path}.{k}", v
+            yield from _fractions(v, f"{path}.{k}")
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            yield from _fractions(v, f"{path}[{i}]")
+
+
+@pytest.fixture(scope="module", params=_real_paths(), ids=lambda p: p.name)
+def report(request):
+    (job,) = find_jobs(request.param)
+    try:
+        return build_report(load_job(job))
+    except KinetoscopeError as exc:  # pragma: no cover - every shared trace is analysable today
+        pytest.fail(f"{request.param}: {exc}")
+
+
+def test_no_analyzer_fails(report):
+    assert report.failures == ()
+
+
+def test_fractions_are_in_unit_interval(report):
+    for where, value in _fractions(report.to_dict()):
+        assert 0.0 <= value <= 1.0, where
+
+
+def test_busy_plus_idle_is_the_window_per_stream_and_device(report):
+    for r in report.ranks:
+        gpu = r["gpu"]
+        if not gpu:
+            continue
+        window = r["window_us"]
+        for s in gpu["streams"]:
+            assert math.isclose(s["busy_us"] + s["idle_us"], window, abs_tol=1e-3)
+        for d in gpu["devices"]:
+            assert math.isclose(d["busy_us"] + d["idle_us"], window, abs_tol=1e-3)
+            assert math.isclose(sum(d["idle_by_cause_us"].values()), d["idle_us"], abs_tol=2e-3)
+            # the device is busy at least as long as its busiest stream, at most their sum
+            streams = [s for s in gpu["streams"] if s["device"] == d["device"]]
+            assert d["busy_us"] + 1e-3 >= max(s["busy_us"] for s in streams)
+            assert d["busy_us"] <= sum(s["busy_us"] for s in streams) + 1e-3
+
+
+def test_loader_time_within_window_and_findings_well_formed(report):
+    for r in report.ranks:
+        loader = r["loader"]
+        assert loader["time_us"] <= r["window_us"] + 1e-3
+        if loader["gpu_idle_cost_us"] is not None:
+            assert loader["gpu_idle_cost_us"] <= loader["time_us"] + 1e-3
+    for f in report.findings:
+        assert f.severity in ("critical", "warning", "info") and f.title and f.recommendation
