@@ -79,3 +79,15 @@ def test_loader_time_within_window_and_findings_well_formed(report):
             assert loader["gpu_idle_cost_us"] <= loader["time_us"] + 1e-3
     for f in report.findings:
         assert f.severity in ("critical", "warning", "info") and f.title and f.recommendation
+
+
+def test_device_idle_matches_hta_under_its_definition():
+    """On an integer-microsecond trace HTA's rounding is a no-op, so the numbers agree exactly."""
+    pytest.importorskip("hta")
+    from kinetoscope.analyze.hta_adapter import hta_style_idle, hta_temporal_breakdown
+    from kinetoscope.analyze.loader import load_trace
+
+    path = ROOT / "sample_traces" / "real" / "v100_resnet50_2021.json.gz"
+    hta = hta_temporal_breakdown([path])[0]
+    ours = hta_style_idle(load_trace(path).ranks[0])
+    assert (ours.idle_us, ours.window_us) == (hta.idle_us, hta.window_us) == (327463.0, 830494.0)
