@@ -18,7 +18,7 @@ from kinetoscope.app import data
 from kinetoscope.app.launch import PATHS_ENV
 from kinetoscope.errors import KinetoscopeError
 
-SEVERITY_ICON = {"critical": "🔴", "warning": "🟠", "info": "🔵"}
+SEVERITY_LABEL = {"critical": ":red[**CRITICAL**]", "warning": ":orange[**WARNING**]", "info": ":blue[info]"}
 
 
 @st.cache_resource(show_spinner="Analysing trace…", max_entries=16)
@@ -64,7 +64,7 @@ def show_findings(report: Report) -> None:
     if not report.findings:
         st.success("No problems found: no loader stalls, idle GPU, copy, sync, memory or straggler findings.")
     for f in report.findings:
-        with st.expander(f"{SEVERITY_ICON[f.severity]} {f.severity.upper()} · rank {f.rank} · {f.title}", expanded=f.severity == "critical"):
+        with st.expander(f"{SEVERITY_LABEL[f.severity]} · rank {f.rank} · {f.title}", expanded=f.severity == "critical"):
             st.markdown(f"**Fix:** {f.recommendation}")
             st.caption(f"id `{f.id}`")
             st.json(f.evidence, expanded=False)
@@ -127,7 +127,7 @@ def show_rank(report: Report, entry: dict[str, Any]) -> None:
 
 
 def main() -> None:
-    st.set_page_config(page_title="Kinetoscope", page_icon="🎞️", layout="wide")
+    st.set_page_config(page_title="Kinetoscope", layout="wide")
     st.title("Kinetoscope")
     st.caption("Why is this training step slow? Loader stalls, idle CUDA streams, blocking copies, memory growth.")
     try:
