@@ -244,3 +244,30 @@ def test_analyze_side_does_not_import_torch():
     code = ("import sys, kinetoscope.analyze.report, kinetoscope.analyze.loader, kinetoscope.analyze.registry as r; "
             "r.analyzers(); sys.exit(1 if 'torch' in sys.modules else 0)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_capture_under_torchrun_writes_one_trace_per_rank(tmp_path):
+    script = tmp_path / "ddp.py"
+    script.write_text(
+        "import time, torch, torch.distributed as dist\n"
+        "from torch.nn.parallel import DistributedDataParallel as DDP\n"
+        "dist.init_process_group('gloo')\n"
+        "rank = dist.get_rank()\n"
+        "net = DDP(torch.nn.Linear(64, 1)); opt = torch.optim.SGD(net.parameters(), lr=0.1)\n"
+        "for i in range(9):\n"
+        "    if rank == 1: time.sleep(0.01)\n"
+        "    loss = net(torch.randn(32, 64)).pow(2).mean(); opt.zero_grad(); loss.backward(); opt.step()\n"
+        "dist.destroy_process_group()\n"
+    )
+    out = tmp_path / "out"
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29533"]
+    proc = subprocess.run([sys.executable, "-m", "kinetoscope.cli", "capture", "--out", str(out), "--", *torchrun, str(script)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    traces = sorted(p.name for p in out.glob("*.pt.trace.json.gz"))
+    assert traces == ["rank-0.step-3-5.pt.trace.json.gz", "rank-1.step-3-5.pt.trace.json.gz"]
+    trace = load_trace(out)
+    assert [r.rank for r in trace.ranks] == [0, 1]
+    assert all(r.meta.rank_source == "distributedInfo" and r.meta.world_size == 2 for r in trace.ranks)
+    stragglers = [f for f in build_report(trace).findings if f.id == "straggler"]
+    assert [f.rank for f in stragglers] == [1]
