@@ -266,3 +266,12 @@ def test_healthy_pinned_prefetched_run_has_no_findings(tmp_path):
 def test_thresholds_come_from_the_config(tmp_path):
     rep = build_report(load_built(tmp_path, loader_trace()), AnalysisConfig(loader_fraction_warning=0.5))
     assert "loader_stall" not in ids(rep)
+
+
+def test_config_rejects_out_of_range_thresholds():
+    from kinetoscope.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="fraction"):
+        AnalysisConfig(gpu_idle_warning=1.5)
+    with pytest.raises(ConfigError, match=">= 0"):
+        AnalysisConfig(min_gap_us=-1)

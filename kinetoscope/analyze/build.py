@@ -266,7 +266,7 @@ def build_rank_trace(
         other={k: v for k, v in meta_in.items() if k not in known},
         unhandled_events=dict(unhandled),
         warnings=tuple(warnings),
-        n_events=len(parsed.events) + len(parsed.counters) * 0,
+        n_events=len(parsed.events),
         bytes_read=bytes_read,
     )
     return RankTrace(

@@ -54,9 +54,16 @@ class AnalysisConfig:
             value = getattr(self, f.name)
             if value < 0:
                 raise ConfigError(f"config {f.name} must be >= 0, got {value}")
-            if (f.name.endswith("fraction") or f.name.endswith("share") or "fraction_" in f.name
-                    or f.name.endswith("_r2") or f.name.startswith("gpu_idle")) and value > 1:
+            if f.name in _FRACTIONS and value > 1:
                 raise ConfigError(f"config {f.name} is a fraction and must be <= 1, got {value}")
+
+
+_FRACTIONS = frozenset({
+    "loader_fraction_warning", "loader_fraction_critical", "gpu_idle_warning", "gpu_idle_critical",
+    "sync_idle_fraction", "pageable_min_fraction", "overlap_min_fraction", "copy_min_fraction",
+    "short_kernel_share", "launch_idle_share", "memory_growth_min_r2", "memory_growth_min_rising_share",
+    "straggler_min_spread_fraction",
+})
 
 
 DEFAULT_CONFIG = AnalysisConfig()

@@ -12,7 +12,6 @@ from typing import Any, Callable, Literal
 
 import pandas as pd
 
-from kinetoscope.analyze.config import AnalysisConfig
 from kinetoscope.analyze.findings import Finding
 
 
@@ -54,6 +53,3 @@ def analyzers() -> tuple[Analyzer, ...]:
 
     return tuple(_REGISTRY.values())
 
-
-def run_rank(analyzer: Analyzer, trace: Any, config: AnalysisConfig) -> AnalysisResult:
-    return analyzer.fn(trace, config)

@@ -7,6 +7,8 @@ from typing import Any
 
 import pandas as pd
 
+from kinetoscope.analyze.schema import GPU_BUSY_KINDS
+
 
 @dataclass(frozen=True)
 class TraceMeta:
@@ -50,13 +52,12 @@ class RankTrace:
 
     @property
     def gpu_events(self) -> pd.DataFrame:
-        from kinetoscope.analyze.schema import GPU_BUSY_KINDS
-
+        """Kernels, copies and memsets: the work that occupies a GPU stream."""
         return self.events[self.events["kind"].isin(GPU_BUSY_KINDS)]
 
     @property
     def has_gpu(self) -> bool:
-        return bool(self.events["kind"].isin(("kernel", "memcpy", "memset")).any())
+        return bool(self.events["kind"].isin(GPU_BUSY_KINDS).any())
 
 
 @dataclass(frozen=True, eq=False)
