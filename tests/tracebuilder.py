@@ -40,11 +40,11 @@ class TraceBuilder:
         it = "_MultiProcessingDataLoaderIter" if multiprocess else "_SingleProcessDataLoaderIter"
         return self.op(f"enumerate(DataLoader)#{it}.__next__", ts, dur, cat="user_annotation")
 
-    def runtime(self, name: str, ts: float, dur: float, correlation: int | None = None) -> "TraceBuilder":
+    def runtime(self, name: str, ts: float, dur: float, correlation: int | None = None, *, tid: int = MAIN_TID) -> "TraceBuilder":
         args = {"cbid": 1}
         if correlation is not None:
             args["correlation"] = correlation
-        return self.op(name, ts, dur, cat="cuda_runtime", **args)
+        return self.op(name, ts, dur, cat="cuda_runtime", tid=tid, **args)
 
     # --- device side ---------------------------------------------------------------
     def _next_corr(self) -> int:
@@ -52,10 +52,10 @@ class TraceBuilder:
         return self._corr
 
     def kernel(self, ts: float, dur: float, *, stream: int = 7, device: int = 0, name: str = "gemm_kernel",
-               launch_at: float | None = None, launch_dur: float = 5.0) -> "TraceBuilder":
+               launch_at: float | None = None, launch_dur: float = 5.0, launch_tid: int = MAIN_TID) -> "TraceBuilder":
         corr = self._next_corr()
         if launch_at is not None:
-            self.runtime("cudaLaunchKernel", launch_at, launch_dur, corr)
+            self.runtime("cudaLaunchKernel", launch_at, launch_dur, corr, tid=launch_tid)
         self.events.append({"ph": "X", "cat": "kernel", "name": name, "pid": device, "tid": stream, "ts": ts, "dur": dur,
                             "args": {"device": device, "stream": stream, "correlation": corr}})
         return self

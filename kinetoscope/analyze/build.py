@@ -189,7 +189,7 @@ def build_steps(events: pd.DataFrame) -> pd.DataFrame:
     host = events[events["kind"].isin(("annotation", "cpu_op", "other"))]
     names = host["name"].astype(str)
     match = names.str.extract(_STEP_RE, expand=False)
-    spans = host.loc[match.notna(), ["ts_ns", "end_ns"]].copy()
+    spans = host.loc[match.notna(), ["ts_ns", "end_ns", "tid"]].copy()
     spans["step"] = match[match.notna()].astype(np.int64)
     spans = spans.sort_values(["step", "ts_ns"]).drop_duplicates("step", keep="first")
     spans = spans.sort_values("ts_ns", ignore_index=True)
@@ -199,6 +199,7 @@ def build_steps(events: pd.DataFrame) -> pd.DataFrame:
             "start_ns": spans["ts_ns"].to_numpy(np.int64),
             "end_ns": spans["end_ns"].to_numpy(np.int64),
             "dur_ns": (spans["end_ns"] - spans["ts_ns"]).to_numpy(np.int64),
+            "tid": spans["tid"].astype(str).to_numpy(object),
         }
     )
 

@@ -112,6 +112,29 @@ def host_busy(trace: RankTrace) -> iv.Intervals:
     return _set(work, window(trace))
 
 
+@lru_cache(maxsize=16)
+def main_thread(trace: RankTrace) -> str | None:
+    """The training loop's thread: the one holding the ProfilerStep spans, else the busiest launcher."""
+    if len(trace.steps):
+        return str(trace.steps["tid"].mode().iloc[0])
+    ev = trace.events
+    launches = ev[ev["kind"].isin(("runtime", "driver"))]
+    pool = launches if len(launches) else ev[ev["kind"] == "cpu_op"]
+    if pool.empty:
+        return None
+    return str(pool["tid"].astype(str).value_counts().index[0])
+
+
+def top_level(frame: pd.DataFrame) -> pd.DataFrame:
+    """Events of one thread not nested inside another of them (sorted by start, longest first)."""
+    if frame.empty:
+        return frame
+    f = frame.sort_values(["ts_ns", "dur_ns"], ascending=[True, False], kind="stable")
+    ends = f["end_ns"].to_numpy()
+    prior_max = np.concatenate(([np.iinfo(np.int64).min], np.maximum.accumulate(ends)[:-1]))
+    return f[ends > prior_max]
+
+
 def intervals_of(frame: pd.DataFrame, w: Window) -> iv.Intervals:
     return _set(frame, w)
 

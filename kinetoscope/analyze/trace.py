@@ -44,7 +44,7 @@ class RankTrace:
     counters: pd.DataFrame
     flows: pd.DataFrame
     instants: pd.DataFrame
-    #: ``ProfilerStep#N`` spans: step, start_ns, end_ns, dur_ns; sorted by start
+    #: ``ProfilerStep#N`` spans: step, start_ns, end_ns, dur_ns, tid (the training thread); sorted by start
     steps: pd.DataFrame
     #: every step of the run timed by the capture's host clocks (step, wall_ns, data_wait_ns,
     #: profiled), from ``rank-<r>.steps.json`` beside the trace; None when absent

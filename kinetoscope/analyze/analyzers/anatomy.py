@@ -1,0 +1,218 @@
+"""Step anatomy: what each step of ``for x, y in loader:`` spends, on the host and on the device.
+
+Host phases come from what PyTorch records on the training thread:
+  data_wait  ``enumerate(DataLoader)#...`` spans
+  zero_grad  ``Optimizer.zero_grad#...`` annotations
+  optimizer  ``Optimizer.step#...`` annotations
+  sync       ``aten::item``/``_local_scalar_dense``/``cuda*Synchronize``/``cudaMemcpy`` on the training thread
+  backward   from the step's first to its last autograd op (``autograd::engine::evaluate_function``,
+             or a bare ``...Backward`` node in 2021 traces), on any thread
+  h2d        top-level ``aten::to``/``_to_copy``/``copy_`` before backward (GPU runs only)
+  forward    from the step's first other top-level op to the start of backward
+  other      the rest of the window (Python between phases, untraced work); on the device, also
+             work whose launching call is not in the trace (launched before recording began)
+Each nanosecond of the window belongs to exactly one phase (first match in that order), so the
+host fractions sum to 1. Device time is attributed by following each kernel/copy back to the
+runtime call that launched it (correlation id) and taking the host phase at that call.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from kinetoscope.analyze import intervals as iv
+from kinetoscope.analyze.config import AnalysisConfig
+from kinetoscope.analyze.registry import AnalysisResult, register
+from kinetoscope.analyze.timeline import (
+    SYNC_OP_NAMES,
+    SYNC_RUNTIME_RE,
+    Window,
+    gpu_work,
+    loader_spans,
+    main_thread,
+    top_level,
+    window,
+)
+from kinetoscope.analyze.trace import RankTrace
+from kinetoscope.analyze.units import frac, us
+
+PHASES = ("data_wait", "zero_grad", "optimizer", "sync", "backward", "h2d", "forward", "other")
+OPTIMIZER_STEP_RE = re.compile(r"^Optimizer\.step#")
+ZERO_GRAD_RE = re.compile(r"^Optimizer\.zero_grad#")
+#: autograd work: the engine's wrapper (2022+) or a bare autograd node (2021: "AddmmBackward")
+BACKWARD_RE = re.compile(r"^autograd::engine::evaluate_function:|^[A-Za-z0-9_:]*Backward\d*$")
+COPY_OPS = frozenset({"aten::to", "aten::_to_copy", "aten::copy_"})
+
+
+def _names(ev: pd.DataFrame, pattern: re.Pattern[str]) -> pd.Series:
+    hits = [n for n in ev["name"].cat.categories if pattern.match(n)]
+    return ev["name"].isin(hits)
+
+
+@lru_cache(maxsize=16)
+def phase_events(trace: RankTrace) -> dict[str, pd.DataFrame]:
+    """The raw events behind each phase (before precedence), for analyzers that need them."""
+    ev = trace.events
+    tid = main_thread(trace)
+    host = ev[~ev["kind"].isin(("python", "gpu_annotation", "kernel", "memcpy", "memset", "sync", "trace"))]
+    main = host[host["tid"].astype(str) == tid] if tid is not None else host.iloc[0:0]
+    is_sync_op = (main["kind"].isin(("runtime", "driver")) & _names(main, SYNC_RUNTIME_RE)) | (
+        main["kind"].eq("cpu_op") & main["name"].isin(list(SYNC_OP_NAMES)))
+    backward = host[_names(host, BACKWARD_RE) & host["kind"].eq("cpu_op")]
+    return {
+        "data_wait": loader_spans(trace),
+        "zero_grad": host[_names(host, ZERO_GRAD_RE)],
+        "optimizer": host[_names(host, OPTIMIZER_STEP_RE)],
+        "sync": main[is_sync_op],
+        "backward": backward,
+        "main": main,
+    }
+
+
+def _step_envelopes(steps: pd.DataFrame, frame: pd.DataFrame) -> iv.Intervals:
+    """Per step: [first start, last end] of the frame's events starting inside the step."""
+    if frame.empty or steps.empty:
+        return iv.EMPTY
+    idx = np.searchsorted(steps["start_ns"].to_numpy(), frame["ts_ns"].to_numpy(), side="right") - 1
+    inside = (idx >= 0) & (frame["ts_ns"].to_numpy() < steps["end_ns"].to_numpy()[np.maximum(idx, 0)])
+    if not inside.any():
+        return iv.EMPTY
+    g = pd.DataFrame({"i": idx[inside], "s": frame["ts_ns"].to_numpy()[inside], "e": frame["end_ns"].to_numpy()[inside]})
+    agg = g.groupby("i").agg(s=("s", "min"), e=("e", "max"))
+    return iv.union(agg["s"].to_numpy(), agg["e"].to_numpy())
+
+
+def _steps_or_window(trace: RankTrace, w: Window) -> pd.DataFrame:
+    if len(trace.steps):
+        return trace.steps
+    return pd.DataFrame({"step": [-1], "start_ns": [w.start_ns], "end_ns": [w.end_ns], "dur_ns": [w.dur_ns]})
+
+
+@lru_cache(maxsize=16)
+def host_phases(trace: RankTrace) -> dict[str, iv.Intervals]:
+    """Disjoint host intervals per phase, covering the window exactly."""
+    w = window(trace)
+    raw = phase_events(trace)
+    steps = _steps_or_window(trace, w)
+    sets: dict[str, iv.Intervals] = {}
+    for name in ("data_wait", "zero_grad", "optimizer", "sync"):
+        frame = raw[name]
+        sets[name] = iv.clip(iv.union(frame["ts_ns"].to_numpy(), frame["end_ns"].to_numpy()), w.start_ns, w.end_ns)
+    sets["backward"] = iv.clip(_step_envelopes(steps, raw["backward"]), w.start_ns, w.end_ns)
+
+    main = raw["main"]
+    step_names = [n for n in main["name"].cat.categories if n.startswith("ProfilerStep#")]
+    candidates = main[~main["name"].isin(step_names) & ~main.index.isin(raw["data_wait"].index)]
+    # user annotations (record_function ranges) are containers, not work: look at the ops inside
+    tops = top_level(candidates[candidates["kind"].isin(("cpu_op", "runtime", "driver"))])
+    claimed = sets["data_wait"], sets["zero_grad"], sets["optimizer"], sets["sync"], sets["backward"]
+    busy_elsewhere = iv.union(np.concatenate([c[0] for c in claimed]), np.concatenate([c[1] for c in claimed]))
+    # ops that start before backward and are not already another phase
+    bwd_start_at = _backward_start_per_op(steps, tops, sets["backward"])
+    before_bwd = tops["ts_ns"].to_numpy() < bwd_start_at
+    free = iv.overlap_each(tops["ts_ns"].to_numpy(), tops["end_ns"].to_numpy(), busy_elsewhere) < tops["dur_ns"].to_numpy()
+    fwd_ops = tops[before_bwd & free]
+    copies = fwd_ops["name"].isin(list(COPY_OPS)) & trace.has_gpu
+    sets["h2d"] = iv.clip(iv.union(fwd_ops.loc[copies, "ts_ns"].to_numpy(), fwd_ops.loc[copies, "end_ns"].to_numpy()),
+                          w.start_ns, w.end_ns)
+    compute = fwd_ops[~copies]
+    # forward: from the step's first compute op to backward's start (or to its last compute op)
+    env = _step_envelopes(steps, compute)
+    if env[0].size:
+        bwd_cut = _backward_start_per_op(steps, pd.DataFrame({"ts_ns": env[0]}), sets["backward"])
+        ends = np.where(bwd_cut < np.iinfo(np.int64).max, np.maximum(bwd_cut, env[0]), env[1])
+        env = iv.union(env[0], ends)
+    sets["forward"] = iv.clip(env, w.start_ns, w.end_ns)
+
+    out: dict[str, iv.Intervals] = {}
+    taken = iv.EMPTY
+    for name in PHASES[:-1]:
+        mine = iv.subtract(sets[name], taken) if taken[0].size else sets[name]
+        out[name] = mine
+        taken = iv.union(np.concatenate((taken[0], mine[0])), np.concatenate((taken[1], mine[1])))
+    out["other"] = iv.complement(taken, w.start_ns, w.end_ns)
+    return out
+
+
+def _backward_start_per_op(steps: pd.DataFrame, frame: pd.DataFrame, backward: iv.Intervals) -> np.ndarray:
+    """For each event, the start of backward in its step (int64 max when the step has none)."""
+    big = np.iinfo(np.int64).max
+    ts = frame["ts_ns"].to_numpy()
+    if backward[0].size == 0 or ts.size == 0:
+        return np.full(ts.shape, big, dtype=np.int64)
+    starts, ends = steps["start_ns"].to_numpy(), steps["end_ns"].to_numpy()
+    step_idx = np.searchsorted(starts, ts, side="right") - 1
+    bwd_step = np.searchsorted(starts, backward[0], side="right") - 1
+    first_bwd = np.full(len(starts), big, dtype=np.int64)
+    valid = bwd_step >= 0
+    np.minimum.at(first_bwd, bwd_step[valid], backward[0][valid])
+    out = np.where(step_idx >= 0, first_bwd[np.maximum(step_idx, 0)], big)
+    out = np.where((step_idx >= 0) & (ts < ends[np.maximum(step_idx, 0)]), out, big)
+    return out
+
+
+def _phase_lookup(phases: dict[str, iv.Intervals]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    starts = np.concatenate([phases[p][0] for p in PHASES])
+    ends = np.concatenate([phases[p][1] for p in PHASES])
+    labels = np.concatenate([np.full(phases[p][0].size, i) for i, p in enumerate(PHASES)])
+    order = np.argsort(starts, kind="stable")
+    return starts[order], ends[order], labels[order]
+
+
+def gpu_phase_of(trace: RankTrace) -> pd.Series:
+    """For each GPU work event (index of gpu_work), the host phase that launched it."""
+    work = gpu_work(trace)
+    ev = trace.events
+    runtime = ev[ev["kind"].isin(("runtime", "driver")) & ev["correlation"].notna()].drop_duplicates("correlation")
+    launch_ts = work["correlation"].map(runtime.set_index("correlation")["ts_ns"])
+    starts, ends, labels = _phase_lookup(host_phases(trace))
+    t = launch_ts.fillna(-1).to_numpy(np.int64)
+    idx = np.searchsorted(starts, t, side="right") - 1
+    ok = (idx >= 0) & (t < ends[np.maximum(idx, 0)]) & launch_ts.notna().to_numpy()
+    names = np.asarray(PHASES, dtype=object)[np.where(ok, labels[np.maximum(idx, 0)], PHASES.index("other"))]
+    return pd.Series(names, index=work.index)
+
+
+@register("phases", "Step anatomy")
+def analyze_phases(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
+    """Host time per step phase (data wait, copy launch, forward, backward, optimizer, zero_grad, sync, other) and GPU time launched from each."""
+    w = window(trace)
+    phases = host_phases(trace)
+    steps = _steps_or_window(trace, w)
+    rows = []
+    for s in steps.itertuples():
+        row: dict[str, Any] = {"step": int(s.step), "step_us": s.dur_ns / 1000.0}
+        for p in PHASES:
+            row[f"{p}_us"] = iv.measure(iv.clip(phases[p], int(s.start_ns), int(s.end_ns))) / 1000.0
+        rows.append(row)
+    per_step = pd.DataFrame(rows)
+    gpu_time: dict[str, int] | None = None
+    if trace.has_gpu:
+        work = gpu_work(trace)
+        phase_of = gpu_phase_of(trace)
+        gpu_time = {}
+        for p in PHASES:
+            sel = work[phase_of == p]
+            gpu_time[p] = iv.measure(iv.clip(iv.union(sel["ts_ns"].to_numpy(), sel["end_ns"].to_numpy()), w.start_ns, w.end_ns))
+    metrics: dict[str, Any] = {}
+    for p in PHASES:
+        host_ns = iv.measure(phases[p])
+        metrics[p] = {
+            "time_us": us(host_ns),
+            "fraction": frac(host_ns, w.dur_ns),
+            "gpu_time_us": us(gpu_time[p]) if gpu_time is not None else None,
+            "gpu_fraction": frac(gpu_time[p], w.dur_ns) if gpu_time is not None else None,
+        }
+    per_step_json = [
+        {"step": int(r["step"]), **{p: round(float(r[f"{p}_us"]), 3) for p in PHASES}} for r in rows
+    ]
+    return AnalysisResult(
+        key="phases",
+        metrics={"phases": metrics, "phases_per_step_us": per_step_json},
+        tables={"phases_per_step": per_step},
+    )
