@@ -1,10 +1,14 @@
 """Record the CPU sample traces in sample_traces/cpu/ with kinetoscope.capture.
 
 Each run is a small real training loop with one planted behaviour:
-  loader_bound  Dataset.__getitem__ sleeps 2 ms, num_workers=0      -> loader_stall
-  healthy       cheap data, 2 persistent workers, prefetching       -> no findings
-  leak          each step's output, graph attached, kept in a list  -> memory_growth (CPU)
-Run: python scripts/record_sample_traces.py [OUT_DIR]   (default sample_traces/cpu)
+  loader_bound     Dataset.__getitem__ sleeps 2 ms, num_workers=0        -> loader_stall
+  healthy          ready batches, a persistent worker, prefetching       -> no findings
+  leak             an activation per step kept in a list                -> memory_growth (CPU)
+  no_zero_grad     optimizer.zero_grad() never called                    -> zero_grad_missing
+  item_every_step  loss.item() logged every step                         -> sync_in_loop
+  respawn_workers  a new 2-worker DataLoader iterator every 3 steps      -> worker_respawn
+  recompile        torch.compile(aot_eager) fed a new batch shape often  -> recompile
+Run: python scripts/record_sample_traces.py [OUT_DIR [RUN ...]]   (default sample_traces/cpu, every run)
 """
 
 from __future__ import annotations
@@ -58,19 +62,42 @@ def model(dim: int, hidden: int) -> nn.Module:
     return nn.Sequential(nn.Linear(dim, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 1))
 
 
-def train(loader: DataLoader, out: Path, *, leak: bool = False, dim: int = 256, hidden: int = 512) -> None:
+def train(loader, out: Path, *, leak: bool = False, dim: int = 256, hidden: int = 512,
+          zero_grad: bool = True, log_item: bool = False, compiled: bool = False) -> None:
     net = model(dim, hidden)
+    forward = torch.compile(net, backend="aot_eager", dynamic=False) if compiled else net
     opt = torch.optim.SGD(net.parameters(), lr=0.01)
     kept = []
     for x, y in profile_loop(loader, out, schedule=SCHEDULE, telemetry=False):
         x = x.clone()  # own the batch (a ready-made batch is shared between steps)
-        pred = net(x)
+        pred = forward(x)
         loss = nn.functional.mse_loss(pred, y)
-        opt.zero_grad()
+        if zero_grad:
+            opt.zero_grad()
         loss.backward()
         opt.step()
+        if log_item:
+            print(f"loss {loss.item():.4f}", end="\r")  # a host-device sync on a GPU
         if leak:
             kept.append(net[0](x) * 1.0)  # an activation per step, never freed
+
+
+def fresh_iterators(dataset: Dataset, every: int, steps: int):
+    """A new (non-persistent) multi-worker DataLoader every few steps: workers start over each time."""
+    done = 0
+    while done < steps:
+        for i, batch in enumerate(DataLoader(dataset, batch_size=None, num_workers=2)):
+            if i == every or done == steps:
+                break
+            done += 1
+            yield batch
+
+
+def changing_shapes(steps: int, dim: int):
+    g = torch.Generator().manual_seed(0)
+    for i in range(steps):
+        rows = 64 + 8 * (i // 2)  # a new batch size every other step
+        yield torch.randn(rows, dim, generator=g), torch.randn(rows, 1, generator=g)
 
 
 def main(out_root: Path) -> None:
@@ -81,8 +108,15 @@ def main(out_root: Path) -> None:
             DataLoader(Batches(12, 256, 256), batch_size=None, num_workers=1, persistent_workers=True,
                        prefetch_factor=4), out, hidden=2048),
         "leak": lambda out: train(DataLoader(Batches(12, 1024, 256), batch_size=None), out, leak=True),
+        "no_zero_grad": lambda out: train(DataLoader(Batches(12, 256, 256), batch_size=None), out, zero_grad=False),
+        "item_every_step": lambda out: train(DataLoader(Batches(12, 256, 256), batch_size=None), out, log_item=True),
+        "respawn_workers": lambda out: train(fresh_iterators(Batches(100, 256, 256), every=3, steps=12), out),
+        "recompile": lambda out: train(changing_shapes(12, 256), out, compiled=True),
     }
+    only = set(sys.argv[2:])
     for name, run in runs.items():
+        if only and name not in only:
+            continue
         out = out_root / name
         shutil.rmtree(out, ignore_errors=True)
         run(out)

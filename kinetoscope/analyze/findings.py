@@ -18,6 +18,12 @@ FINDING_IDS = (
     "memory_growth",
     "launch_bound",
     "straggler",
+    "zero_grad_missing",
+    "optimizer_step_mismatch",
+    "no_backward",
+    "sync_in_loop",
+    "worker_respawn",
+    "recompile",
 )
 
 

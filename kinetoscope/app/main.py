@@ -84,7 +84,17 @@ def show_rank(report: Report, entry: dict[str, Any]) -> None:
     for w in entry.get("warnings") or []:
         st.caption(f"note: {w}")
 
-    tabs = st.tabs(["Steps & loader", "GPU streams", "Copies", "Memory"])
+    tabs = st.tabs(["Step anatomy", "Steps & loader", "GPU streams", "Copies", "Memory"])
+    with tabs[0]:
+        anatomy = results.get("phases")
+        if anatomy is not None:
+            table = anatomy.tables["phases_per_step"]
+            phase_cols = [c for c in table.columns if c.endswith("_us") and c != "step_us"]
+            st.bar_chart(table.set_index("step")[phase_cols], y_label="µs on the host", x_label="step")
+            summary = pd.DataFrame(entry["phases"]).T
+            st.dataframe(summary, use_container_width=True)
+            st.caption("Host time of the training thread per phase (each µs counted once); GPU time by the phase that launched the work.")
+    tabs = tabs[1:]
     with tabs[0]:
         per_step = results.get("loader").tables.get("loader_per_step") if "loader" in results else None
         if per_step is not None and len(per_step):

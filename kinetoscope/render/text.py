@@ -42,6 +42,13 @@ def render_text(report: Report) -> str:
             out.append(f"  steps          {steps['count']} (#{steps['first']}-#{steps['last']}), mean {_ms(steps['mean_us'])}")
         else:
             out.append("  steps          none recorded (no ProfilerStep spans)")
+        phases = r.get("phases")
+        if phases:
+            host = ", ".join(f"{k.replace('_', ' ')} {_pct(v['fraction'])}" for k, v in phases.items() if v["fraction"])
+            out.append(f"  step anatomy   host: {host}")
+            if any(v["gpu_fraction"] for v in phases.values()):
+                gpu_line = ", ".join(f"{k.replace('_', ' ')} {_pct(v['gpu_fraction'])}" for k, v in phases.items() if v["gpu_fraction"])
+                out.append(f"                 GPU work launched from: {gpu_line}")
         loader = r.get("loader") or {}
         if loader.get("calls"):
             out.append(

@@ -1,0 +1,276 @@
+"""Training-loop hygiene: the classic bugs of ``for x, y in loader:`` visible in a trace.
+
+Each check looks at the profiled steps one by one, using the step anatomy's raw events.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from kinetoscope.analyze import intervals as iv
+from kinetoscope.analyze.analyzers.anatomy import phase_events
+from kinetoscope.analyze.config import AnalysisConfig
+from kinetoscope.analyze.findings import Finding
+from kinetoscope.analyze.registry import AnalysisResult, register
+from kinetoscope.analyze.timeline import any_gpu_busy, loader_spans, main_thread, step_at, top_level, window
+from kinetoscope.analyze.trace import RankTrace
+from kinetoscope.analyze.units import us
+
+_COMPILE_SPAN_RE = re.compile(r"^(_compile\.compile_inner|entire_frame_compile)")
+_COMPILE_ID_RE = re.compile(r"compile_id=(\d+)/(\d+)")
+#: DataLoader iterators draw a shared seed when created or reset: empty().random_().item()
+_SEED_GAP_NS = 1_000_000
+
+
+def _per_step(trace: RankTrace, frame: pd.DataFrame) -> set[int]:
+    if frame.empty:
+        return set()
+    steps = step_at(trace, frame["ts_ns"].to_numpy())
+    return {int(s) for s in steps if s >= 0}
+
+
+def _accumulating_steps(trace: RankTrace) -> set[int]:
+    """Steps whose AccumulateGrad nodes add into an existing .grad (``aten::add_`` inside them)."""
+    ev = trace.events
+    acc = ev[ev["name"] == "torch::autograd::AccumulateGrad"]
+    if acc.empty:
+        return set()
+    adds = ev[(ev["name"] == "aten::add_")]
+    hits = set()
+    for tid, group in acc.groupby(acc["tid"].astype(str), observed=True):
+        inner = adds[adds["tid"].astype(str) == tid]
+        if inner.empty:
+            continue
+        covered = iv.overlap_each(inner["ts_ns"].to_numpy(), inner["end_ns"].to_numpy(),
+                                  iv.union(group["ts_ns"].to_numpy(), group["end_ns"].to_numpy()))
+        nested = inner[covered == inner["dur_ns"].to_numpy()]
+        hits |= _per_step(trace, nested)
+    return hits
+
+
+def _seed_draws(trace: RankTrace) -> pd.DataFrame:
+    """``aten::random_`` immediately followed by ``aten::item`` on the training thread: an iterator was created."""
+    ev = trace.events
+    tid = main_thread(trace)
+    main = ev[ev["tid"].astype(str) == tid] if tid is not None else ev.iloc[0:0]
+    rnd = main[main["name"] == "aten::random_"]
+    items = main[main["name"] == "aten::item"]
+    if rnd.empty or items.empty:
+        return rnd.iloc[0:0]
+    nxt = np.searchsorted(items["ts_ns"].to_numpy(), rnd["end_ns"].to_numpy())
+    ok = nxt < len(items)
+    gap = np.where(ok, items["ts_ns"].to_numpy()[np.minimum(nxt, len(items) - 1)] - rnd["end_ns"].to_numpy(), _SEED_GAP_NS + 1)
+    return rnd[gap <= _SEED_GAP_NS]
+
+
+def _sync_ops(trace: RankTrace) -> pd.DataFrame:
+    """Synchronising calls of the loop itself: not inside optimizer/zero_grad/DataLoader, not a seed draw."""
+    raw = phase_events(trace)
+    sync = raw["sync"]
+    if sync.empty:
+        return sync
+    excluded = pd.concat([raw["optimizer"], raw["zero_grad"], loader_spans(trace)])
+    inside = iv.overlap_each(sync["ts_ns"].to_numpy(), sync["end_ns"].to_numpy(),
+                             iv.union(excluded["ts_ns"].to_numpy(), excluded["end_ns"].to_numpy())) > 0
+    seeds = _seed_draws(trace)
+    after_seed = np.zeros(len(sync), dtype=bool)
+    if len(seeds):
+        prev = np.searchsorted(seeds["end_ns"].to_numpy(), sync["ts_ns"].to_numpy(), side="right") - 1
+        ok = prev >= 0
+        after_seed = ok & (sync["ts_ns"].to_numpy() - seeds["end_ns"].to_numpy()[np.maximum(prev, 0)] <= _SEED_GAP_NS)
+    return top_level(sync[~inside & ~after_seed])
+
+
+def _step_list(steps: set[int]) -> list[int]:
+    return sorted(steps)[:20]
+
+
+@register("hygiene", "Training-loop hygiene")
+def analyze_hygiene(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
+    """zero_grad missing or misplaced, optimizer steps vs training steps, no backward, a sync every step,
+    DataLoader workers re-spawned, torch.compile recompiling."""
+    steps = trace.steps
+    if steps.empty:
+        return AnalysisResult(key="hygiene", metrics={"hygiene": None})
+    raw = phase_events(trace)
+    # a step with no op at all is the stub the profiler opens as it stops: not a training step
+    all_steps = _per_step(trace, raw["main"][raw["main"]["kind"] == "cpu_op"])
+    bwd = _per_step(trace, raw["backward"])
+    opt = _per_step(trace, raw["optimizer"])
+    zero = _per_step(trace, raw["zero_grad"])
+    findings: list[Finding] = []
+    findings += _zero_grad(trace, raw, bwd, opt, zero)
+    findings += _optimizer_mismatch(trace, all_steps, bwd, opt)
+    no_bwd = (opt - bwd) & all_steps
+    if no_bwd:
+        findings.append(Finding(
+            id="no_backward", severity="warning", rank=trace.rank,
+            title=f"{len(no_bwd)} of {len(all_steps)} steps run an optimizer step without any backward pass",
+            evidence={"steps": _step_list(no_bwd), "optimizer_steps": len(opt), "backward_steps": len(bwd)},
+            recommendation="Call loss.backward() before optimizer.step(); without it the parameters do not change "
+                           "(or change only by weight decay/momentum).",
+        ))
+    findings += _sync_in_loop(trace, all_steps)
+    findings += _worker_respawn(trace)
+    findings += _recompile(trace)
+    metrics = {
+        "steps": len(all_steps),
+        "backward_steps": len(bwd),
+        "optimizer_steps": len(opt),
+        "zero_grad_steps": len(zero),
+        "checks": sorted({"zero_grad_missing", "optimizer_step_mismatch", "no_backward", "sync_in_loop",
+                          "worker_respawn", "recompile"}),
+    }
+    return AnalysisResult(key="hygiene", metrics={"hygiene": metrics}, findings=tuple(findings))
+
+
+def _zero_grad(trace: RankTrace, raw: dict[str, pd.DataFrame], bwd: set[int], opt: set[int], zero: set[int]) -> list[Finding]:
+    out = []
+    accumulating = _accumulating_steps(trace)
+    ordered = sorted(trace.steps["step"].astype(int))
+    missing = set()
+    for i, s in enumerate(ordered):
+        # only after a step we saw update the weights: the first profiled step may end an accumulation
+        previous_stepped = i > 0 and ordered[i - 1] in opt
+        if s in bwd and s in opt and s not in zero and s in accumulating and previous_stepped:
+            missing.add(s)
+    if missing:
+        out.append(Finding(
+            id="zero_grad_missing", severity="warning", rank=trace.rank,
+            title=f"Gradients are never cleared: {len(missing)} steps add into the previous step's gradients",
+            evidence={"steps": _step_list(missing), "zero_grad_calls": len(raw["zero_grad"]),
+                      "signal": "AccumulateGrad adds into an existing .grad (aten::add_) after an optimizer step"},
+            recommendation="Call optimizer.zero_grad(set_to_none=True) once per step, before loss.backward(). If "
+                           "accumulating on purpose, step and clear only every N micro-batches.",
+        ))
+    # zero_grad between the end of backward and the optimizer step wipes the gradients it is about to use
+    misplaced = []
+    bwd_ev, opt_ev, zero_ev = raw["backward"], raw["optimizer"], raw["zero_grad"]
+    for s in sorted(bwd & opt & zero):
+        b = bwd_ev[step_at(trace, bwd_ev["ts_ns"].to_numpy()) == s]
+        o = opt_ev[step_at(trace, opt_ev["ts_ns"].to_numpy()) == s]
+        z = zero_ev[step_at(trace, zero_ev["ts_ns"].to_numpy()) == s]
+        if ((z["ts_ns"] >= b["end_ns"].max()) & (z["end_ns"] <= o["ts_ns"].min())).any():
+            misplaced.append(s)
+    if misplaced:
+        out.append(Finding(
+            id="zero_grad_missing", severity="critical", rank=trace.rank,
+            title=f"zero_grad runs between backward and the optimizer step in {len(misplaced)} steps: the update uses zeroed gradients",
+            evidence={"steps": misplaced[:20]},
+            recommendation="Move optimizer.zero_grad() before loss.backward() (or right after optimizer.step()).",
+        ))
+    return out
+
+
+def _optimizer_mismatch(trace: RankTrace, all_steps: set[int], bwd: set[int], opt: set[int]) -> list[Finding]:
+    if not opt or opt == all_steps or len(all_steps) < 2:
+        return []
+    ordered = sorted(all_steps)
+    stepped = [s for s in ordered if s in opt]
+    gaps = np.diff([ordered.index(s) for s in stepped]) if len(stepped) > 1 else np.array([])
+    regular = len(gaps) > 0 and len(set(gaps.tolist())) == 1 and gaps[0] > 1 and bwd >= all_steps - {ordered[0]}
+    every = int(gaps[0]) if regular else None
+    return [Finding(
+        id="optimizer_step_mismatch",
+        severity="info" if regular else "warning",
+        rank=trace.rank,
+        title=(f"Gradient accumulation: the optimizer steps every {every} training steps" if regular else
+               f"{len(opt)} optimizer steps for {len(all_steps)} training steps"),
+        evidence={"training_steps": len(all_steps), "optimizer_steps": len(opt), "steps_with_optimizer": stepped[:20],
+                  "accumulation_every": every},
+        recommendation=("Expected with gradient accumulation; scale the loss by 1/N and clear gradients only after each "
+                        "optimizer step." if regular else
+                        "Check the loop: an optimizer.step() that is skipped (an early continue, an AMP scaler skipping "
+                        "inf/NaN steps) or called twice per batch."),
+    )]
+
+
+def _sync_in_loop(trace: RankTrace, all_steps: set[int]) -> list[Finding]:
+    sync = _sync_ops(trace)
+    hit = _per_step(trace, sync)
+    if len(all_steps) < 2 or len(hit) < 0.8 * len(all_steps):
+        return []
+    w = window(trace)
+    names = sync.groupby("name", observed=True)["dur_ns"].agg(["count", "sum"]).sort_values("sum", ascending=False)
+    blocked_ns = int(iv.measure(iv.union(sync["ts_ns"].to_numpy(), sync["end_ns"].to_numpy())))
+    idle_ns = None
+    if trace.has_gpu:
+        idle_ns = iv.measure(iv.subtract(iv.clip(iv.union(sync["ts_ns"].to_numpy(), sync["end_ns"].to_numpy()),
+                                                 w.start_ns, w.end_ns), any_gpu_busy(trace)))
+    # on a GPU it drains the launch queue; it matters once it costs 1% of the window
+    costly = trace.has_gpu and max(blocked_ns, idle_ns or 0) >= 0.01 * w.dur_ns
+    return [Finding(
+        id="sync_in_loop",
+        severity="warning" if costly else "info",
+        rank=trace.rank,
+        title=(f"A host-device sync runs every step ({', '.join(str(n) for n in names.index[:3])})"
+               + ("" if trace.has_gpu else "; harmless on this CPU run, it stalls the launch queue on a GPU")),
+        evidence={"steps_with_sync": len(hit), "steps": len(all_steps),
+                  "ops": [{"name": str(n), "count": int(r["count"]), "time_us": us(r["sum"])} for n, r in names.iterrows()],
+                  "host_blocked_us": us(blocked_ns), "gpu_idle_during_sync_us": us(idle_ns) if idle_ns is not None else None},
+        recommendation="Keep metrics on the device and read them every N steps: accumulate loss.detach() into a tensor, "
+                       "call .item()/.cpu()/print only when logging; avoid data-dependent Python branching on tensors.",
+        impact_us=blocked_ns / 1000.0,
+    )]
+
+
+def _worker_respawn(trace: RankTrace) -> list[Finding]:
+    loaders = loader_spans(trace)
+    multi = loaders[loaders["name"].astype(str).str.contains("MultiProcessing")]
+    seeds = _seed_draws(trace)
+    if multi.empty or seeds.empty:
+        return []
+    seeds = seeds[step_at(trace, seeds["ts_ns"].to_numpy()) >= 0]
+    typical = float(multi["dur_ns"].median())
+    starts = multi["ts_ns"].to_numpy()
+    events: list[dict[str, Any]] = []
+    for t in seeds["end_ns"].to_numpy():
+        i = np.searchsorted(starts, t)
+        if i >= len(multi):
+            continue
+        first = multi.iloc[i]
+        if first["dur_ns"] >= max(2_000_000, 3 * typical):
+            events.append({"step": int(step_at(trace, np.array([t]))[0]), "startup_wait_us": us(first["dur_ns"]),
+                           "typical_wait_us": us(typical)})
+    if not events:
+        return []
+    cost = sum(e["startup_wait_us"] - e["typical_wait_us"] for e in events)
+    return [Finding(
+        id="worker_respawn", severity="warning", rank=trace.rank,
+        title=f"DataLoader workers were started {len(events)} time(s) inside the profiled steps",
+        evidence={"respawns": events[:20], "startup_cost_us": round(cost, 3)},
+        recommendation="Create the DataLoader once with persistent_workers=True (workers then survive across epochs "
+                       "and iterators); do not build a new DataLoader or iter(loader) inside the step loop.",
+        impact_us=cost,
+    )]
+
+
+def _recompile(trace: RankTrace) -> list[Finding]:
+    ev = trace.events
+    names = ev["name"].cat.categories
+    spans = ev[ev["name"].isin([n for n in names if _COMPILE_SPAN_RE.match(n)])]
+    spans = spans[step_at(trace, spans["ts_ns"].to_numpy()) >= 0]
+    if spans.empty:
+        return []
+    ids = sorted({m.group(0).split("=", 1)[1] for n in names for m in [_COMPILE_ID_RE.search(n)] if m})
+    recompiles = [i for i in ids if not i.endswith("/0")]
+    compile_ns = iv.measure(iv.union(spans["ts_ns"].to_numpy(), spans["end_ns"].to_numpy()))
+    w = window(trace)
+    return [Finding(
+        id="recompile",
+        severity="warning" if recompiles else "info",
+        rank=trace.rank,
+        title=(f"torch.compile recompiled {len(recompiles)} time(s) inside the profiled steps "
+               f"({compile_ns / max(w.dur_ns, 1):.0%} of the window compiling)" if recompiles else
+               "torch.compile compiled for the first time inside the profiled steps"),
+        evidence={"compile_ids": ids, "steps": _step_list(_per_step(trace, spans)), "compile_time_us": us(compile_ns)},
+        recommendation=("Recompiles usually follow changing shapes or Python values: mark varying dims dynamic "
+                        "(torch._dynamo.mark_dynamic or dynamic=True), pad to a few fixed shapes, and run with "
+                        "TORCH_LOGS=recompiles to see the failing guard." if recompiles else
+                        "Profile after warm-up (a larger skip_first/wait) so compilation is not mistaken for step time."),
+        impact_us=compile_ns / 1000.0,
+    )]
