@@ -37,7 +37,17 @@ def _int_or_none(value: Any) -> int | None:
 
 
 def _nullable(values: Iterable[Any]) -> pd.arrays.IntegerArray:
-    return pd.array([_int_or_none(v) for v in values], dtype="Int64")
+    """A nullable Int64 column. Fast path for the usual ints and None; odd values go one by one."""
+    objects = np.array(list(values), dtype=object)
+    missing = np.equal(objects, None)
+    try:
+        filled = np.where(missing, 0, objects).astype(np.int64)
+        exact = np.equal(filled, np.where(missing, 0, objects)).all()
+    except (TypeError, ValueError, OverflowError):
+        exact = False
+    if not exact:  # strings ("0x0"), floats, huge numbers: coerce each value
+        return pd.array([_int_or_none(v) for v in objects], dtype="Int64")
+    return pd.arrays.IntegerArray(filled, missing)
 
 
 def _categorical(values: list[Any]) -> pd.Categorical:
