@@ -1,30 +1,114 @@
-"""The app through streamlit.testing: it opens on the bundled samples and shows findings."""
+"""The app through streamlit.testing: every page, uploads (good, broken, multi-rank), no tracebacks.
+
+The app's pages are functions, which AppTest cannot switch between, so each test sets the widgets'
+state and the start page before the first run; tests/test_browser.py clicks through a real browser.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
-APP = Path(__file__).resolve().parents[1] / "kinetoscope" / "app" / "main.py"
+ROOT = Path(__file__).resolve().parents[1]
+APP = ROOT / "kinetoscope" / "app" / "main.py"
+SAMPLES = ROOT / "sample_traces"
+PAGES = ["overview", "steps", "streams", "copies", "memory", "timeline", "ranks", "compare", "metadata", "export"]
+
+
+def open_app(page: str | None = None, **state: Any) -> AppTest:
+    at = AppTest.from_file(str(APP), default_timeout=120)
+    for key, value in state.items():
+        at.session_state[key] = value
+    if page:
+        at.session_state["start_page"] = page
+    return at.run()
 
 
 def test_opens_on_the_bundled_samples_with_findings():
-    at = AppTest.from_file(str(APP), default_timeout=120).run()
-    assert not at.exception
-    assert at.title[0].value == "Kinetoscope"
-    labels = [e.label for e in at.expander]
-    assert any("loader" in label.lower() or "data loading" in label.lower() for label in labels), labels
+    at = open_app()
+    assert not at.exception and not at.error
+    assert any("DataLoader stalls cost" in e.label for e in at.expander)
+    assert [m.label for m in at.metric][:3] == ["Mean step", "GPU idle", "Data loading"]
 
 
-@pytest.mark.parametrize("needle", ["hta_2rank", "cpu/healthy", "rank-34"])
-def test_every_kind_of_sample_renders(needle):
-    at = AppTest.from_file(str(APP), default_timeout=120).run()
-    box = at.selectbox(key="trace")
-    option = next(o for o in box.options if needle in o)
-    at = box.select(option).run()
-    assert not at.exception
+@pytest.mark.parametrize("page", PAGES)
+def test_every_page_renders_for_a_gpu_trace(page):
+    at = open_app(page)
+    assert not at.exception, at.exception
     assert not at.error
+
+
+@pytest.mark.parametrize("page", ["overview", "steps", "streams", "copies", "memory", "timeline", "metadata"])
+def test_pages_handle_a_cpu_only_trace(page):
+    at = open_app(page, trace="cpu/leak")
+    assert not at.exception and not at.error
+    assert "cpu/leak" in at.session_state["analysis"].label
+
+
+def test_memory_page_shows_the_leak():
+    at = open_app("memory", trace="cpu/leak")
+    assert [m.label for m in at.metric][:2] == ["Peak allocated", "Growth"]
+    assert at.metric[1].value.startswith("3.0 MiB")
+
+
+def test_multi_rank_job_has_a_rank_selector_and_ranks_page():
+    at = open_app("ranks", trace="real/hta_2rank", rank=1)
+    assert at.selectbox(key="rank").value == 1 and at.selectbox(key="rank").options == ["0", "1"]
+    assert not at.exception and not at.error
+    assert list(at.dataframe[0].value["rank"]) == [0, 1]
+
+
+def test_upload_of_a_real_loader_bound_trace_shows_the_stall():
+    trace = next((SAMPLES / "cpu" / "loader_bound").glob("*.pt.trace.json.gz"))
+    at = open_app(source="Upload", pending_uploads=[(trace.name, trace.read_bytes())])
+    assert not at.exception and not at.error
+    assert any("Data loading takes" in e.label for e in at.expander)
+
+
+def test_upload_of_a_multi_rank_job():
+    files = sorted((SAMPLES / "real" / "hta_2rank").glob("*.json.gz"))
+    at = open_app("ranks", source="Upload", pending_uploads=[(f.name, f.read_bytes()) for f in files])
+    assert not at.exception and not at.error
+    assert len(at.dataframe[0].value) == 2
+
+
+def test_a_broken_upload_is_one_clear_error_and_the_other_files_are_analysed():
+    good = SAMPLES / "real" / "hta_2rank" / "sampled_rank-0.json.gz"
+    at = open_app(source="Upload", pending_uploads=[(good.name, good.read_bytes()),
+                                                    ("broken.json.gz", b"\x1f\x8b\x08\x00 not really gzip")])
+    errors = [e.value for e in at.error]
+    assert len(errors) == 1 and "broken.json.gz" in errors[0] and "gzip" in errors[0]
+    assert "Traceback" not in errors[0] and not at.exception
+    assert at.metric[0].label == "Mean step"  # the good file was still analysed
+
+
+def test_an_upload_with_only_broken_files_says_so():
+    at = open_app(source="Upload", pending_uploads=[("empty.json", b"")])
+    assert not at.exception
+    assert any("empty" in e.value for e in at.error)
+
+
+def test_an_upload_of_the_wrong_kind_of_file_is_refused():
+    at = open_app(source="Upload", pending_uploads=[("notes.txt", b"hello")])
+    assert not at.exception
+    assert any("only .json and .json.gz" in e.value for e in at.error)
+
+
+def test_metadata_page_redacts_secrets():
+    at = open_app("metadata", trace="real/h100_bert-small.json.gz")
+    assert not at.exception
+    dumped = "\n".join(str(j.value) for j in at.json)
+    assert "hf_Ejxfcd" not in dumped and '"HF_TOKEN": "[redacted]"' in dumped
+
+
+def test_compare_page_lists_changes():
+    at = open_app("compare", trace="cpu/healthy", compare_with="cpu/loader_bound")
+    assert not at.exception and not at.error
+    table = at.dataframe[0].value
+    row = table[table["metric"] == "data loading, fraction of window"].iloc[0]
+    assert row["after"] < row["before"] and bool(row["better"])

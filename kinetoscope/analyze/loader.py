@@ -21,7 +21,7 @@ import pandas as pd
 from kinetoscope.analyze.build import build_rank_trace
 from kinetoscope.analyze.parser import parse_bytes
 from kinetoscope.analyze.trace import RankTrace, Trace
-from kinetoscope.errors import TraceFormatError, TraceSourceError
+from kinetoscope.errors import KinetoscopeError, TraceFormatError, TraceSourceError
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 #: files a capture writes beside its traces; they are not traces
@@ -167,6 +167,22 @@ def load_job(job: Job) -> Trace:
     _check_distinct_ranks(ranks)
     ranks.sort(key=lambda r: r.rank)
     return Trace(source=job.name, ranks=tuple(ranks))
+
+
+def load_job_tolerant(job: Job) -> tuple[Trace | None, list[tuple[Path, str]]]:
+    """Load what can be loaded: broken rank files are returned as (path, reason), the rest form the Trace."""
+    ranks: list[RankTrace] = []
+    failed: list[tuple[Path, str]] = []
+    for i, f in enumerate(job.files):
+        try:
+            ranks.append(load_rank(f, default_rank=i))
+        except KinetoscopeError as exc:
+            failed.append((f, str(exc)))
+    if not ranks:
+        return None, failed
+    _check_distinct_ranks(ranks)
+    ranks.sort(key=lambda r: r.rank)
+    return Trace(source=job.name, ranks=tuple(ranks)), failed
 
 
 def _check_distinct_ranks(ranks: list[RankTrace]) -> None:

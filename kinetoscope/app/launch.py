@@ -12,6 +12,8 @@ from kinetoscope.errors import KinetoscopeError
 APP = Path(__file__).resolve().parent / "main.py"
 #: how ``kinetoscope app PATH ...`` hands its paths to the Streamlit script
 PATHS_ENV = "KINETOSCOPE_APP_PATHS"
+#: the upload cap the page states (the analysis side enforces it too)
+MAX_UPLOAD_MB = 512
 
 
 def bundled_samples() -> Path | None:
@@ -37,6 +39,7 @@ def launch(paths: list[str], *, port: int = 8501, headless: bool = False) -> int
         "--server.port", str(port),
         "--server.headless", "true" if headless else "false",
         "--browser.gatherUsageStats", "false",
+        "--server.maxUploadSize", str(MAX_UPLOAD_MB),
     ]
     env = dict(os.environ)
     env[PATHS_ENV] = os.pathsep.join(str(Path(p).resolve()) for p in paths)

@@ -134,7 +134,18 @@ def analyze_gpu(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
     }
     gaps_all = pd.concat(gap_tables, ignore_index=True) if gap_tables else pd.DataFrame()
     findings += _launch_bound(trace, config, w, devices)
-    return AnalysisResult(key="gpu", metrics={"gpu": metrics}, tables={"streams": streams, "gaps": gaps_all}, findings=tuple(findings))
+    tables = {"streams": streams, "gaps": gaps_all, "gpu_per_step": _per_step(trace)}
+    return AnalysisResult(key="gpu", metrics={"gpu": metrics}, tables=tables, findings=tuple(findings))
+
+
+def _per_step(trace: RankTrace) -> pd.DataFrame:
+    """Per step and device: busy (union of all streams) and idle, in us."""
+    rows = []
+    for device, busy in device_busy(trace).items():
+        for s in trace.steps.itertuples():
+            b = iv.measure(iv.clip(busy, int(s.start_ns), int(s.end_ns)))
+            rows.append({"step": int(s.step), "device": device, "busy_us": b / 1000.0, "idle_us": (s.dur_ns - b) / 1000.0})
+    return pd.DataFrame(rows, columns=["step", "device", "busy_us", "idle_us"])
 
 
 def _device_findings(trace: RankTrace, config: AnalysisConfig, w: Window, device: int, idle_ns: int,

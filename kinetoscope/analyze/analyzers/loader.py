@@ -108,13 +108,16 @@ def analyze_loader(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
                  if len(per_step) >= 3 and per_step["loader_us"].sum() else 0.0)
         worst = per_step.sort_values("loader_us", ascending=False).head(3)
         severity = "critical" if share >= config.loader_fraction_critical else "warning"
-        what = "GPU idle while waiting for data" if cost_ns is not None else "waiting for data"
+        waits = per_step["loader_us"]
+        typical = f"; each step waits {waits.median() / 1000:.1f} ms for data" if len(waits) else ""
+        title = (f"DataLoader stalls cost {share:.0%} of the window in GPU idle time{typical}" if cost_ns is not None
+                 else f"Data loading takes {share:.0%} of the window{typical}")
         findings.append(
             Finding(
                 id="loader_stall",
                 severity=severity,
                 rank=trace.rank,
-                title=f"Data loading stalls the step: {share:.0%} of the window {what}",
+                title=title,
                 evidence={
                     "loader_time_us": us(loader_ns),
                     "loader_fraction_of_window": frac(loader_ns, w.dur_ns),

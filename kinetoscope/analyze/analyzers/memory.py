@@ -58,6 +58,21 @@ def _op_at(trace: RankTrace, ts_ns: int, tid: str) -> str | None:
     return str(hit.loc[hit["dur_ns"].idxmin(), "name"])
 
 
+TIMELINE_POINTS = 2000
+
+
+def _timeline(ts: np.ndarray, allocated: np.ndarray, reserved: np.ndarray | None, label: str) -> pd.DataFrame:
+    """Allocated/reserved over time, at most TIMELINE_POINTS per device (each bin keeps its maximum)."""
+    n = len(ts)
+    bins = max(1, int(np.ceil(n / TIMELINE_POINTS)))
+    idx = np.arange(n) // bins
+    frame = pd.DataFrame({"bin": idx, "ts_us": ts / 1000.0, "allocated_bytes": allocated,
+                          "reserved_bytes": reserved if reserved is not None else np.nan})
+    out = frame.groupby("bin").agg(ts_us=("ts_us", "first"), allocated_bytes=("allocated_bytes", "max"),
+                                   reserved_bytes=("reserved_bytes", "max"))
+    return out.reset_index(drop=True).assign(device=label)
+
+
 def _device_metrics(trace: RankTrace, group: pd.DataFrame, config: AnalysisConfig) -> tuple[dict[str, Any], pd.DataFrame]:
     w = window(trace)
     ts = group["ts_ns"].to_numpy(np.int64)
@@ -106,7 +121,14 @@ def _device_metrics(trace: RankTrace, group: pd.DataFrame, config: AnalysisConfi
         "fragmentation_bytes_max": int(per_step["fragmentation_bytes"].max()) if per_step["fragmentation_bytes"].notna().any() else None,
         "steps_fitted": int(len(fit)),
     }
-    return metrics, per_step.assign(device=metrics["device"])
+    if slope is not None:
+        x = fit["step"].to_numpy(np.float64)
+        intercept = float(fit["allocated_bytes"].mean() - slope * x.mean())
+        per_step["growth_fit_bytes"] = intercept + slope * per_step["step"].to_numpy(np.float64)
+    else:
+        per_step["growth_fit_bytes"] = np.nan
+    timeline = _timeline(ts, allocated, reserved.to_numpy(np.float64) if has_reserved else None, metrics["device"])
+    return metrics, per_step.assign(device=metrics["device"]), timeline
 
 
 def _total_memory(trace: RankTrace, device_id: int) -> int | None:
@@ -122,11 +144,12 @@ def analyze_memory(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
     mem = trace.memory
     if mem.empty:
         return AnalysisResult(key="memory", metrics={"memory": None})
-    devices, tables, findings = [], [], []
+    devices, tables, timelines, findings = [], [], [], []
     for (device_type, device_id), group in mem.groupby(["device_type", "device_id"], sort=True):
-        metrics, per_step = _device_metrics(trace, group, config)
+        metrics, per_step, timeline = _device_metrics(trace, group, config)
         devices.append(metrics)
         tables.append(per_step)
+        timelines.append(timeline)
         if metrics["steady_growth"]:
             findings.append(_growth_finding(trace, config, metrics, int(device_type), int(device_id)))
     gpu = [d for d in devices if d["device"] != "cpu"] or devices
@@ -140,7 +163,8 @@ def analyze_memory(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
     return AnalysisResult(
         key="memory",
         metrics={"memory": summary},
-        tables={"memory_per_step": pd.concat(tables, ignore_index=True)},
+        tables={"memory_per_step": pd.concat(tables, ignore_index=True),
+                "memory_timeline": pd.concat(timelines, ignore_index=True)},
         findings=tuple(findings),
     )
 

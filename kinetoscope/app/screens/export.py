@@ -1,0 +1,30 @@
+"""Export: the JSON report, CSV tables, and the way to Perfetto."""
+
+from pathlib import Path
+
+import streamlit as st
+
+from kinetoscope.app import state
+from kinetoscope.render.json import report_to_json
+
+
+def render() -> None:
+    analysis = state.current()
+    report = analysis.report
+    st.header("Export")
+    st.download_button("JSON report", report_to_json(report, indent=2), file_name="kinetoscope-report.json",
+                       mime="application/json", key="dl_json")
+    tables = {f"rank {rank} · {key} · {name}": table
+              for rank, results in report.results.items() for key, res in results.items() for name, table in res.tables.items()
+              if len(table)}
+    if tables:
+        choice = st.selectbox("Table", list(tables), key="dl_table")
+        st.download_button("CSV", tables[choice].to_csv(index=False), file_name=f"{choice.replace(' · ', '-').replace(' ', '_')}.csv",
+                           mime="text/csv", key="dl_csv")
+    st.subheader("Open in Perfetto")
+    st.markdown("Open [ui.perfetto.dev](https://ui.perfetto.dev), choose *Open trace file* and pick the file below "
+                "(it reads Kineto JSON and gzip directly, in your browser).")
+    for f in analysis.trace.ranks:
+        path = Path(f.meta.source)
+        if path.is_file():
+            st.download_button(f"Trace file: {path.name}", path.read_bytes(), file_name=path.name, key=f"dl_trace_{f.rank}")

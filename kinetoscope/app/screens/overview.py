@@ -1,0 +1,41 @@
+"""Overview: the findings, ranked, and the headline numbers."""
+
+import streamlit as st
+
+from kinetoscope.app import state
+
+SEVERITY = {"critical": ":red[**CRITICAL**]", "warning": ":orange[**WARNING**]", "info": ":blue[info]"}
+
+
+def render() -> None:
+    analysis = state.current()
+    report = analysis.report
+    entry = state.rank_entry(analysis)
+    st.title("Kinetoscope")
+    st.caption(f"{analysis.label} · {len(report.ranks)} rank(s) · window: {entry['window']['description']}")
+
+    cols = st.columns(5)
+    steps = entry.get("steps") or {}
+    cols[0].metric("Mean step", state.ms(steps.get("mean_us")), help=f"{steps.get('count', 0)} profiled steps")
+    gpu = entry.get("gpu")
+    cols[1].metric("GPU idle", state.pct(gpu["idle_fraction"]) if gpu else "no GPU", help="fraction of the window no stream was busy")
+    loader = entry.get("loader") or {}
+    cols[2].metric("Data loading", state.pct(loader.get("fraction")), help="time in next(DataLoader), fraction of the window")
+    h2d = entry.get("h2d")
+    cols[3].metric("H2D overlapped", state.pct(h2d["overlap_fraction"]) if h2d else "no copies", help="copy time with a kernel on another stream")
+    mem = entry.get("memory")
+    cols[4].metric("Memory growth / step", state.mib(mem["growth_bytes_per_step"]) if mem else "n/a",
+                   help="least-squares slope of allocated memory at step ends")
+
+    st.subheader(f"Findings ({len(report.findings)})")
+    if not report.findings:
+        st.success("No problems found: no loader stalls, idle GPU, copy, sync, memory, loop-hygiene or straggler findings.")
+    for f in report.findings:
+        with st.expander(f"{SEVERITY[f.severity]} · rank {f.rank} · {f.title}", expanded=f.severity == "critical"):
+            st.markdown(f"**What to do:** {f.recommendation}")
+            st.caption(f"finding id `{f.id}` · estimated cost {state.ms(f.impact_us)} of the window")
+            st.json(f.evidence, expanded=False)
+    for w in entry.get("warnings") or []:
+        st.caption(f"note: {w}")
+    for failure in report.failures:
+        st.error(f"The {failure.analyzer} analysis failed on rank {failure.rank}: {failure.error}")
