@@ -6,7 +6,9 @@ from typing import Any
 
 import streamlit as st
 
+from kinetoscope.analyze.registry import AnalysisResult
 from kinetoscope.app.data import Analysis
+from kinetoscope.render.format import mib, ms, pct  # noqa: F401  (re-exported for the screens)
 
 CURRENT = "analysis"
 COMPARE = "compare_analysis"
@@ -27,13 +29,9 @@ def rank_entry(analysis: Analysis) -> dict[str, Any]:
     return analysis.report.ranks[ranks.index(chosen)] if chosen in ranks else analysis.report.ranks[0]
 
 
-def ms(us: Any) -> str:
-    return "n/a" if us is None else f"{us / 1000:,.2f} ms"
-
-
-def pct(x: Any) -> str:
-    return "n/a" if x is None else f"{x:.1%}"
-
-
-def mib(x: Any) -> str:
-    return "n/a" if x is None else f"{x / 2**20:,.1f} MiB"
+def page(title: str) -> tuple[Analysis, dict[str, Any], dict[str, AnalysisResult]]:
+    """The preamble of a per-rank page: the analysis, the chosen rank's entry and results, and a header."""
+    analysis = current()
+    entry = rank_entry(analysis)
+    st.header(f"{title} · rank {entry['rank']}")
+    return analysis, entry, analysis.report.results.get(entry["rank"], {})

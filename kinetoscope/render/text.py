@@ -2,23 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from kinetoscope.analyze.report import Report
+from kinetoscope.render.format import mib as _mib
+from kinetoscope.render.format import ms as _ms
+from kinetoscope.render.format import pct as _pct
 
 _MARK = {"critical": "CRITICAL", "warning": "WARNING ", "info": "info    "}
-
-
-def _ms(us_value: Any) -> str:
-    return "n/a" if us_value is None else f"{us_value / 1000:,.2f} ms"
-
-
-def _pct(value: Any) -> str:
-    return "n/a" if value is None else f"{value:.1%}"
-
-
-def _mib(value: Any) -> str:
-    return "n/a" if value is None else f"{value / 2**20:,.1f} MiB"
 
 
 def render_text(report: Report) -> str:

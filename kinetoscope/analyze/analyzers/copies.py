@@ -6,7 +6,6 @@ import re
 from functools import lru_cache
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from kinetoscope.analyze import intervals as iv

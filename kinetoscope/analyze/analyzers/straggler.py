@@ -12,7 +12,6 @@ from kinetoscope.analyze.findings import Finding
 from kinetoscope.analyze.registry import AnalysisResult, register
 from kinetoscope.analyze.timeline import gpu_work, intervals_of, loader_spans, window
 from kinetoscope.analyze.trace import RankTrace, Trace
-from kinetoscope.analyze.units import us
 
 _COLLECTIVE_RE = re.compile(r"nccl|rccl|gloo", re.IGNORECASE)
 

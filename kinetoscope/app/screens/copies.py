@@ -7,10 +7,7 @@ from kinetoscope.app import state
 
 
 def render() -> None:
-    analysis = state.current()
-    entry = state.rank_entry(analysis)
-    results = analysis.report.results.get(entry["rank"], {})
-    st.header(f"Copies · rank {entry['rank']}")
+    _, entry, results = state.page("Copies")
     for key, label in (("h2d", "Host → device"), ("d2h", "Device → host")):
         c = entry.get(key)
         st.subheader(label)

@@ -7,10 +7,7 @@ from kinetoscope.app import state
 
 
 def render() -> None:
-    analysis = state.current()
-    entry = state.rank_entry(analysis)
-    results = analysis.report.results.get(entry["rank"], {})
-    st.header(f"Memory · rank {entry['rank']}")
+    _, entry, results = state.page("Memory")
     mem = entry.get("memory")
     if not mem:
         st.write("No [memory] events in this trace (capture with profile_memory=True).")

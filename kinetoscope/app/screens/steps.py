@@ -7,10 +7,7 @@ from kinetoscope.app import state
 
 
 def render() -> None:
-    analysis = state.current()
-    entry = state.rank_entry(analysis)
-    results = analysis.report.results.get(entry["rank"], {})
-    st.header(f"Step breakdown · rank {entry['rank']}")
+    _, entry, results = state.page("Step breakdown")
     anatomy = results.get("phases")
     if anatomy is None or anatomy.tables["phases_per_step"].empty:
         st.write("No steps to break down.")

@@ -7,10 +7,7 @@ from kinetoscope.app import state
 
 
 def render() -> None:
-    analysis = state.current()
-    entry = state.rank_entry(analysis)
-    results = analysis.report.results.get(entry["rank"], {})
-    st.header(f"CUDA streams · rank {entry['rank']}")
+    _, entry, results = state.page("CUDA streams")
     gpu = entry.get("gpu")
     if not gpu:
         st.write("No GPU activity in this trace.")
