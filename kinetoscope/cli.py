@@ -111,12 +111,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _register_extra_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    """Commands contributed by subpackages (capture) without importing them eagerly."""
-    try:
-        from kinetoscope.capture.cli import add_capture_command
-    except ImportError:
-        return
+    """Commands contributed by subpackages; their heavy imports (torch, Dask) happen only when they run."""
+    from kinetoscope.batch.cli import add_batch_commands
+    from kinetoscope.capture.cli import add_capture_command
+
     add_capture_command(sub)
+    add_batch_commands(sub)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

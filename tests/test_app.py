@@ -112,3 +112,22 @@ def test_compare_page_lists_changes():
     table = at.dataframe[0].value
     row = table[table["metric"] == "data loading, fraction of window"].iloc[0]
     assert row["after"] < row["before"] and bool(row["better"])
+
+
+def test_fleet_view_of_a_batch_store(tmp_path, monkeypatch):
+    pytest.importorskip("pyarrow")
+    from kinetoscope.batch.store import open_store
+    from kinetoscope.batch.task import analyze_file
+
+    store = open_store(tmp_path / "store", create=True)
+    analyze_file(str(SAMPLES / "real" / "v100_resnet50_2021.json.gz"), "job-v100", 0, str(store))
+    broken = tmp_path / "broken.json"
+    broken.write_text("{")
+    analyze_file(str(broken), "job-broken", 0, str(store))
+    monkeypatch.setenv("KINETOSCOPE_APP_PATHS", str(store))
+    at = open_app(fleet_job="job-v100")
+    assert not at.exception and not at.error
+    jobs = at.dataframe[0].value
+    assert list(jobs["job"]) == ["job-broken", "job-v100"]  # failed first
+    assert "loader_stall" in jobs.columns
+    assert any("DataLoader stalls" in e.label for e in at.expander)

@@ -107,7 +107,12 @@ def rank_from_name(path: Path) -> int | None:
 def load_rank(path: Path, *, default_rank: int = 0) -> RankTrace:
     """Load one rank file. Rank: distributedInfo, else ``rank-N`` in the name, else default."""
     started = time.perf_counter()
-    data = read_bytes(path)
+    return rank_from_bytes(read_bytes(path), path, default_rank=default_rank, started=started)
+
+
+def rank_from_bytes(data: bytes, path: Path, *, default_rank: int = 0, started: float | None = None) -> RankTrace:
+    """Build a rank from a trace's (already gunzipped) JSON bytes; ``path`` names it and locates sidecars."""
+    started = time.perf_counter() if started is None else started
     parsed = parse_bytes(data, str(path))
     dist = parsed.metadata.get("distributedInfo")
     rank, rank_source = None, "default"

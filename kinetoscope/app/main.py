@@ -14,7 +14,10 @@ import streamlit as st
 from kinetoscope.app import data, state
 from kinetoscope.app.cache import analyse
 from kinetoscope.app.launch import PATHS_ENV
-from kinetoscope.app.screens import compare, copies, export, memory, metadata, overview, ranks, steps, streams, timeline
+from kinetoscope.batch.store import is_store
+from kinetoscope.app.screens import (
+    compare, copies, export, fleet, memory, metadata, overview, ranks, steps, streams, timeline,
+)
 from kinetoscope.errors import KinetoscopeError
 
 #: tests (and scripts) may put uploads here instead of going through the browser widget
@@ -26,6 +29,10 @@ START_PAGE = "start_page"
 def sidebar() -> None:
     st.sidebar.title("Kinetoscope")
     given = [p for p in os.environ.get(PATHS_ENV, "").split(os.pathsep) if p]
+    stores = [p for p in given if is_store(p)]
+    if stores:
+        st.session_state[fleet.STORE_KEY] = stores[0]
+        given = [p for p in given if p not in stores]
     try:
         choices = data.path_choices(given) if given else data.sample_choices()
     except KinetoscopeError as exc:
@@ -83,8 +90,9 @@ PAGES = [
     ("compare", "Compare", compare.render),
     ("metadata", "Metadata", metadata.render),
     ("export", "Export", export.render),
+    ("fleet", "Fleet (batch store)", fleet.render),
 ]
 # Pages are functions in screens/ (not pages/: Streamlit then also runs its old multipage mode
 # and drops widget changes), and AppTest cannot switch between them: tests pick START_PAGE.
-start_page = st.session_state.get(START_PAGE, "overview")
+start_page = st.session_state.get(START_PAGE, "fleet" if st.session_state.get(fleet.STORE_KEY) else "overview")
 st.navigation([st.Page(fn, title=title, url_path=name, default=name == start_page) for name, title, fn in PAGES]).run()

@@ -35,3 +35,9 @@ def page(title: str) -> tuple[Analysis, dict[str, Any], dict[str, AnalysisResult
     entry = rank_entry(analysis)
     st.header(f"{title} · rank {entry['rank']}")
     return analysis, entry, analysis.report.results.get(entry["rank"], {})
+
+
+def quote(path: str) -> str:
+    import shlex
+
+    return shlex.quote(path)

@@ -1,0 +1,50 @@
+"""Find the jobs under some roots: rank files of one job are grouped, a lone trace is a job of one rank."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from kinetoscope.analyze.loader import Job, is_trace_file
+from kinetoscope.errors import TraceSourceError
+
+_RANK = re.compile(r"rank[-_]?\d+", re.IGNORECASE)
+
+
+def _group_key(name: str) -> str | None:
+    """Files of one job differ only in their rank number: ``x.rank-3.json`` -> ``x.rank-*.json``."""
+    return _RANK.sub("rank-*", name) if _RANK.search(name) else None
+
+
+def discover(roots: list[str | os.PathLike[str]]) -> list[Job]:
+    """Every job under the roots, in a stable order. Files named with a rank (``rank-N``) that share the
+    rest of their name in one directory form one job; any other trace file is a job of its own."""
+    jobs: list[Job] = []
+    for root in roots:
+        root = Path(root)
+        if not root.exists():
+            raise TraceSourceError(f"{root}: no such file or directory")
+        if root.is_file():
+            jobs.append(Job(str(root), (root,)))
+            continue
+        for folder, dirs, files in os.walk(root):
+            dirs.sort()
+            here = Path(folder)
+            groups: dict[str, list[Path]] = {}
+            for name in sorted(files):
+                path = here / name
+                if not is_trace_file(path):
+                    continue
+                key = _group_key(name)
+                if key is None:
+                    jobs.append(Job(str(path), (path,)))
+                else:
+                    groups.setdefault(key, []).append(path)
+            for key, paths in sorted(groups.items()):
+                if len(paths) == 1:
+                    name = str(paths[0])
+                else:
+                    name = str(here) if len(groups) == 1 else str(here / key)
+                jobs.append(Job(name, tuple(paths)))
+    return jobs

@@ -1,0 +1,62 @@
+"""A text summary of a batch store (``kinetoscope report STORE``)."""
+
+from __future__ import annotations
+
+import os
+
+import pandas as pd
+
+from kinetoscope.batch.store import open_store, read_table
+
+SEVERITY_RANK = {"critical": 0, "warning": 1, "info": 2}
+
+
+def fleet(store: str | os.PathLike[str]) -> pd.DataFrame:
+    """Jobs x findings: one row per job, a column per finding id (count), worst jobs first."""
+    root = open_store(store)
+    traces = read_table(root, "traces")
+    findings = read_table(root, "findings")
+    if traces.empty:
+        return pd.DataFrame(columns=["job", "files", "failed", "critical", "warnings"])
+    jobs = traces.groupby("job").agg(files=("path", "count"), failed=("status", lambda s: int((s != "ok").sum())))
+    if len(findings):
+        counts = findings.pivot_table(index="job", columns="id", values="key", aggfunc="count", fill_value=0)
+        sev = findings.assign(critical=findings["severity"].eq("critical"), warnings=findings["severity"].eq("warning"))
+        sev = sev.groupby("job")[["critical", "warnings"]].sum()
+        jobs = jobs.join(sev, how="left").join(counts, how="left")
+    else:
+        jobs["critical"] = 0
+        jobs["warnings"] = 0
+    jobs = jobs.fillna(0)
+    for col in jobs.columns:
+        jobs[col] = jobs[col].astype(int)
+    return jobs.sort_values(["failed", "critical", "warnings"], ascending=False).reset_index()
+
+
+def store_report(store: str | os.PathLike[str]) -> str:
+    root = open_store(store)
+    traces = read_table(root, "traces")
+    findings = read_table(root, "findings")
+    out = [f"Kinetoscope batch store: {root}"]
+    ok = int((traces["status"] == "ok").sum())
+    out.append(f"{traces['job'].nunique()} jobs, {len(traces)} files: {ok} ok, {len(traces) - ok} failed")
+    if len(findings):
+        out.append("")
+        out.append("Findings by id:")
+        for fid, n in findings["id"].value_counts().items():
+            out.append(f"  {fid:<26} {n}")
+        out.append("")
+        out.append("Worst jobs:")
+        table = fleet(root).head(10)
+        for r in table.itertuples():
+            out.append(f"  {r.job}: {r.critical} critical, {r.warnings} warnings, {r.failed} failed files")
+        straggler = findings[findings["id"] == "straggler"]
+        for r in straggler.itertuples():
+            out.append(f"  straggler in {r.job}: rank {r.rank} - {r.title}")
+    failed = traces[traces["status"] != "ok"]
+    if len(failed):
+        out.append("")
+        out.append("Failed files:")
+        for r in failed.itertuples():
+            out.append(f"  {r.path}: {r.error}")
+    return "\n".join(out) + "\n"

@@ -1,0 +1,167 @@
+"""Run the batch on Dask: one task per trace file, results written by the workers into the store."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from kinetoscope.analyze.analyzers.straggler import straggler_finding
+from kinetoscope.analyze.config import DEFAULT_CONFIG, AnalysisConfig
+from kinetoscope.analyze.loader import Job
+from kinetoscope.batch.discover import discover
+from kinetoscope.batch.store import open_store, write_rows
+from kinetoscope.batch.task import analyze_file, file_key
+
+
+@dataclass
+class BatchSummary:
+    store: str
+    jobs: int = 0
+    files: int = 0
+    ok: int = 0
+    failed: int = 0
+    skipped: int = 0
+    seconds: float = 0.0
+    top_findings: list[tuple[str, int]] = field(default_factory=list)
+    failures: list[tuple[str, str]] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        out = [f"{self.jobs} jobs, {self.files} files: {self.ok} ok, {self.failed} failed"
+               + (f" ({self.skipped} already in the store)" if self.skipped else "")
+               + f", {self.seconds:.1f} s; store: {self.store}"]
+        if self.top_findings:
+            out.append("top findings: " + ", ".join(f"{fid} x{n}" for fid, n in self.top_findings))
+        for path, reason in self.failures[:10]:
+            out.append(f"failed: {reason if reason.startswith(path) else f'{path}: {reason}'}")
+        if len(self.failures) > 10:
+            out.append(f"... and {len(self.failures) - 10} more failed files (kinetoscope report {self.store})")
+        return out
+
+
+def _job_key(job: Job) -> str:
+    return "job-" + hashlib.sha256(job.name.encode()).hexdigest()[:32]
+
+
+def _client(scheduler: str | None, workers: int | None) -> tuple[Any, Any]:
+    try:
+        from dask.distributed import Client, LocalCluster
+    except ImportError:
+        from kinetoscope.errors import KinetoscopeError
+
+        raise KinetoscopeError("batch needs Dask: pip install 'kinetoscope[cluster]'") from None
+    if scheduler:
+        return Client(scheduler, timeout="30s"), None
+    cluster = LocalCluster(n_workers=workers or os.cpu_count() or 1, threads_per_worker=1, processes=True,
+                           dashboard_address=None, host="127.0.0.1")
+    return Client(cluster), cluster
+
+
+def run_batch(
+    roots: list[str | os.PathLike[str]],
+    store: str | os.PathLike[str],
+    *,
+    scheduler: str | None = None,
+    workers: int | None = None,
+    resume: bool = False,
+    client: Any = None,
+    config: AnalysisConfig = DEFAULT_CONFIG,
+    on_result: Callable[[dict[str, Any]], None] | None = None,
+) -> BatchSummary:
+    """Analyse every trace under ``roots`` on Dask and write the results into ``store``."""
+    from dask.distributed import as_completed
+
+    started = time.perf_counter()
+    root = open_store(store, create=True)
+    jobs = discover(roots)
+    owned = None
+    if client is None:
+        client, owned = _client(scheduler, workers)
+    summary = BatchSummary(store=str(root), jobs=len(jobs))
+    try:
+        futures = {}
+        for job in jobs:
+            for index, path in enumerate(job.files):
+                fut = client.submit(analyze_file, str(path), job.name, index, str(root), resume,
+                                    key=f"kinetoscope-{file_key(str(path), 'task')}", retries=2, pure=False)
+                futures[fut] = (job, str(path), index)
+        summary.files = len(futures)
+        rows_by_job: dict[str, list[dict[str, Any]]] = {job.name: [] for job in jobs}
+        for fut in as_completed(list(futures)):
+            job, path, index = futures[fut]
+            try:
+                row = fut.result()
+            except Exception as exc:  # noqa: BLE001 - the task died (e.g. its workers kept crashing)
+                row = {"job": job.name, "path": path, "rank": index, "status": "failed",
+                       "error": f"task failed: {type(exc).__name__}: {exc}", "key": file_key(path, "task-failed")}
+                write_rows(root, "traces", row["key"], [row])
+            rows_by_job[job.name].append(row)
+            summary.skipped += bool(row.get("skipped"))
+            if row["status"] == "ok":
+                summary.ok += 1
+            else:
+                summary.failed += 1
+                summary.failures.append((path, row.get("error") or "unknown error"))
+            if on_result is not None:
+                on_result(row)
+        _cross_rank(root, jobs, rows_by_job, config)
+    finally:
+        if owned is not None:
+            client.close()
+            owned.close()
+    summary.top_findings = _top_findings(root)
+    summary.seconds = time.perf_counter() - started
+    return summary
+
+
+def _cross_rank(root: Path, jobs: list[Job], rows_by_job: dict[str, list[dict[str, Any]]], config: AnalysisConfig) -> None:
+    """Job-level findings (straggler) from the per-rank rows of each multi-rank job."""
+    for job in jobs:
+        rows = [r for r in rows_by_job[job.name] if r["status"] == "ok" and r.get("collective_us") is not None]
+        if len(rows) < 2:
+            continue
+        summaries = [{"rank": int(r["rank"]), "collective_us": r["collective_us"], "loader_us": r["loader_us"] or 0.0,
+                      "mean_step_us": r["mean_step_us"] or r["window_us"] or 0.0} for r in rows]
+        finding = straggler_finding(summaries, config)
+        path_of = {int(r["rank"]): r["path"] for r in rows}
+        findings = [] if finding is None else [{
+            "key": _job_key(job), "job": job.name, "path": path_of.get(finding.rank, job.name), "rank": finding.rank,
+            "id": finding.id, "severity": finding.severity, "title": finding.title, "impact_us": finding.impact_us,
+            "evidence_json": json.dumps(finding.evidence, default=str)}]
+        write_rows(root, "findings", _job_key(job), findings)
+
+
+def _top_findings(root: Path) -> list[tuple[str, int]]:
+    from kinetoscope.batch.store import read_table
+
+    findings = read_table(root, "findings")
+    return Counter(findings["id"]).most_common(5) if len(findings) else []
+
+
+def print_progress_factory(total: int) -> Callable[[dict[str, Any]], None]:
+    """A one-line progress printer for terminals (rich when available)."""
+    try:
+        from rich.console import Console
+
+        console = Console(stderr=True)
+    except ImportError:  # pragma: no cover
+        console = None
+    done = {"n": 0}
+
+    def show(row: dict[str, Any]) -> None:
+        done["n"] += 1
+        status = "skip" if row.get("skipped") else row["status"]
+        text = f"[{done['n']}/{total}] {status:6s} {row['path']}"
+        if console is not None:
+            style = {"ok": "green", "failed": "red", "skip": "dim"}[status]
+            console.print(text, style=style, highlight=False)
+        else:  # pragma: no cover
+            print(text, file=sys.stderr)
+
+    return show

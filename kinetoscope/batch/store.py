@@ -1,0 +1,120 @@
+"""The batch results store: Parquet files written once each, atomically, safe with many writers.
+
+Layout (query with DuckDB: ``SELECT * FROM read_parquet('STORE/traces/*.parquet')``)::
+
+    STORE/store.json          what this is, and the tool version that created it
+    STORE/traces/<key>.parquet    one row per input file (status ok | failed)
+    STORE/findings/<key>.parquet  one row per finding of that file; job-<key>.parquet for cross-rank ones
+    STORE/steps/<key>.parquet     one row per profiled step of that file
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+
+from kinetoscope import __version__
+from kinetoscope.errors import TraceSourceError
+
+STORE_KIND = "kinetoscope-store"
+TABLES = ("traces", "findings", "steps")
+
+SCHEMAS: dict[str, pa.Schema] = {
+    "traces": pa.schema([
+        ("key", pa.string()), ("job", pa.string()), ("path", pa.string()), ("rank", pa.int64()),
+        ("status", pa.string()), ("error", pa.string()), ("size_bytes", pa.int64()), ("events", pa.int64()),
+        ("parse_s", pa.float64()), ("analyze_s", pa.float64()), ("content_sha256", pa.string()),
+        ("tool_version", pa.string()), ("window_us", pa.float64()), ("steps", pa.int64()),
+        ("mean_step_us", pa.float64()), ("gpu_idle_fraction", pa.float64()), ("loader_fraction", pa.float64()),
+        ("loader_gpu_idle_cost_us", pa.float64()), ("h2d_overlap_fraction", pa.float64()),
+        ("h2d_pageable_fraction", pa.float64()), ("memory_growth_bytes_per_step", pa.float64()),
+        ("peak_allocated_bytes", pa.float64()), ("collective_us", pa.float64()), ("loader_us", pa.float64()),
+        ("findings", pa.int64()), ("critical", pa.int64()), ("warnings", pa.int64()),
+    ]),
+    "findings": pa.schema([
+        ("key", pa.string()), ("job", pa.string()), ("path", pa.string()), ("rank", pa.int64()), ("id", pa.string()),
+        ("severity", pa.string()), ("title", pa.string()), ("impact_us", pa.float64()), ("evidence_json", pa.string()),
+    ]),
+    "steps": pa.schema([
+        ("key", pa.string()), ("job", pa.string()), ("path", pa.string()), ("rank", pa.int64()), ("step", pa.int64()),
+        ("dur_us", pa.float64()), ("loader_us", pa.float64()), ("gpu_idle_us", pa.float64()),
+    ]),
+}
+
+
+def open_store(path: str | os.PathLike[str], *, create: bool = False) -> Path:
+    root = Path(path)
+    marker = root / "store.json"
+    if marker.is_file():
+        try:
+            kind = json.loads(marker.read_text()).get("kind")
+        except (OSError, ValueError):
+            kind = None
+        if kind != STORE_KIND:
+            raise TraceSourceError(f"{root}: store.json is not a Kinetoscope store")
+    elif create:
+        if root.exists() and any(root.iterdir()):
+            raise TraceSourceError(f"{root}: exists and is not a Kinetoscope store (refusing to write into it)")
+        root.mkdir(parents=True, exist_ok=True)
+        atomic_write(marker, json.dumps({"kind": STORE_KIND, "created_by": __version__}).encode())
+    else:
+        raise TraceSourceError(f"{root}: not a Kinetoscope store (no store.json)")
+    for table in TABLES:
+        (root / table).mkdir(exist_ok=True)
+    return root
+
+
+def is_store(path: str | os.PathLike[str]) -> bool:
+    try:
+        open_store(path)
+    except TraceSourceError:
+        return False
+    return True
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_rows(root: Path, table: str, name: str, rows: list[dict[str, Any]]) -> None:
+    """Write one Parquet file of rows (to a temporary name, then renamed: never half a file)."""
+    arrow = pa.Table.from_pylist(rows, schema=SCHEMAS[table])
+    target = root / table / f"{name}.parquet"
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        pq.write_table(arrow, tmp)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_rows(root: Path, table: str, name: str) -> list[dict[str, Any]] | None:
+    path = root / table / f"{name}.parquet"
+    if not path.is_file():
+        return None
+    return pq.read_table(path, schema=SCHEMAS[table]).to_pylist()
+
+
+def read_table(root: str | os.PathLike[str], table: str):  # -> pandas.DataFrame
+    """A whole table of the store as a DataFrame (temporary files are ignored)."""
+    folder = Path(root) / table
+    files = sorted(str(p) for p in folder.glob("*.parquet"))
+    if not files:
+        return SCHEMAS[table].empty_table().to_pandas()
+    return ds.dataset(files, format="parquet", schema=SCHEMAS[table]).to_table().to_pandas()

@@ -1,0 +1,123 @@
+"""The unit of batch work: one trace file in, its rows in the store out. Runs on a Dask worker.
+
+Never raises for a bad trace: every failure becomes a ``failed`` row with its reason.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from kinetoscope import __version__
+from kinetoscope.analyze.analyzers.straggler import rank_summary
+from kinetoscope.analyze.loader import read_bytes, rank_from_bytes
+from kinetoscope.analyze.report import build_report
+from kinetoscope.analyze.trace import Trace
+from kinetoscope.batch.store import read_rows, write_rows
+from kinetoscope.errors import KinetoscopeError
+
+
+def file_key(path: str, content_sha256: str, version: str = __version__) -> str:
+    """Identity of a result: the file's path and content, and the tool version that analysed it."""
+    return hashlib.sha256(f"{path}\0{content_sha256}\0{version}".encode()).hexdigest()[:40]
+
+
+def _nested(entry: dict[str, Any], *keys: str) -> Any:
+    value: Any = entry
+    for k in keys:
+        value = value.get(k) if isinstance(value, dict) else None
+    return value
+
+
+def analyze_file(path: str, job: str, index: int, store: str, resume: bool = False) -> dict[str, Any]:
+    """Analyse one file of a job and write its rows; returns the trace row (with ``skipped`` if resumed)."""
+    root = Path(store)
+    base: dict[str, Any] = {"job": job, "path": path, "rank": index, "tool_version": __version__}
+    started = time.perf_counter()
+    try:
+        data = read_bytes(Path(path))
+    except KinetoscopeError as exc:  # missing, unreadable, or not even valid gzip
+        try:
+            st = Path(path).stat()
+            identity = f"unreadable:{st.st_size}:{st.st_mtime_ns}"
+        except OSError:
+            identity = "missing"
+        key = file_key(path, identity)
+        if resume and (existing := read_rows(root, "traces", key)):
+            return {**existing[0], "skipped": True}
+        row = {**base, "key": key, "status": "failed", "error": str(exc)}
+        write_rows(root, "traces", key, [row])
+        return row
+    sha = hashlib.sha256(data).hexdigest()
+    key = file_key(path, sha)
+    if resume:
+        existing = read_rows(root, "traces", key)
+        if existing:
+            return {**existing[0], "skipped": True}
+    base.update(key=key, content_sha256=sha, size_bytes=len(data))
+    try:
+        rank = rank_from_bytes(data, Path(path), default_rank=index)
+        del data
+        parsed = time.perf_counter()
+        report = build_report(Trace(source=job, ranks=(rank,)))
+    except KinetoscopeError as exc:
+        row = {**base, "status": "failed", "error": str(exc), "parse_s": time.perf_counter() - started}
+        write_rows(root, "traces", key, [row])
+        return row
+    except Exception as exc:  # noqa: BLE001 - an internal bug on one file must not sink the batch
+        row = {**base, "status": "failed", "error": f"internal error: {type(exc).__name__}: {exc}",
+               "parse_s": time.perf_counter() - started}
+        write_rows(root, "traces", key, [row])
+        return row
+    entry = report.ranks[0]
+    severities = [f.severity for f in report.findings]
+    summary = rank_summary(rank)
+    row = {
+        **base,
+        "rank": rank.rank,
+        "status": "ok" if not report.failures else "failed",
+        "error": "; ".join(f"{f.analyzer}: {f.error}" for f in report.failures) or None,
+        "events": entry["events"],
+        "parse_s": parsed - started,
+        "analyze_s": time.perf_counter() - parsed,
+        "window_us": entry["window_us"],
+        "steps": _nested(entry, "steps", "count"),
+        "mean_step_us": _nested(entry, "steps", "mean_us"),
+        "gpu_idle_fraction": _nested(entry, "gpu", "idle_fraction"),
+        "loader_fraction": _nested(entry, "loader", "fraction"),
+        "loader_gpu_idle_cost_us": _nested(entry, "loader", "gpu_idle_cost_us"),
+        "h2d_overlap_fraction": _nested(entry, "h2d", "overlap_fraction"),
+        "h2d_pageable_fraction": _nested(entry, "h2d", "pageable_fraction"),
+        "memory_growth_bytes_per_step": _nested(entry, "memory", "growth_bytes_per_step"),
+        "peak_allocated_bytes": _nested(entry, "memory", "peak_allocated_bytes"),
+        "collective_us": summary["collective_us"],
+        "loader_us": summary["loader_us"],
+        "findings": len(report.findings),
+        "critical": severities.count("critical"),
+        "warnings": severities.count("warning"),
+    }
+    findings = [
+        {"key": key, "job": job, "path": path, "rank": f.rank, "id": f.id, "severity": f.severity, "title": f.title,
+         "impact_us": f.impact_us, "evidence_json": json.dumps(f.evidence, default=str)}
+        for f in report.findings
+    ]
+    loader_steps = report.results[rank.rank]["loader"].tables["loader_per_step"] if "loader" in report.results[rank.rank] else None
+    gpu_steps = report.results[rank.rank]["gpu"].tables.get("gpu_per_step") if "gpu" in report.results[rank.rank] else None
+    idle = {} if gpu_steps is None or gpu_steps.empty else gpu_steps.groupby("step")["idle_us"].max().to_dict()
+    steps = [
+        {"key": key, "job": job, "path": path, "rank": rank.rank, "step": int(s.step), "dur_us": s.dur_ns / 1000.0,
+         "loader_us": None, "gpu_idle_us": idle.get(int(s.step))}
+        for s in rank.steps.itertuples()
+    ]
+    if loader_steps is not None and len(loader_steps):
+        by_step = dict(zip(loader_steps["step"].astype(int), loader_steps["loader_us"]))
+        for s in steps:
+            s["loader_us"] = by_step.get(s["step"])
+    # findings and steps first, the trace row last: a row in traces/ means the file is complete
+    write_rows(root, "findings", key, findings)
+    write_rows(root, "steps", key, steps)
+    write_rows(root, "traces", key, [row])
+    return row
