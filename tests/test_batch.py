@@ -68,6 +68,9 @@ def test_local_cluster_batch_rows_statuses_straggler_and_resume(dump, tmp_path):
     steps = read_table(store, "steps")
     assert len(steps[steps["job"].str.endswith("job-a")]) == 9
     assert "straggler in" in store_report(store)
+    duckdb = pytest.importorskip("duckdb")
+    counts = duckdb.sql(f"SELECT status, count(*) FROM read_parquet('{store}/traces/*.parquet') GROUP BY status ORDER BY status").fetchall()
+    assert counts == [("failed", 2), ("ok", 4)]
     table = fleet(store)
     assert set(table.columns) >= {"job", "files", "failed", "critical", "warnings", "straggler"}
 
