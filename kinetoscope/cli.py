@@ -14,11 +14,13 @@ EXIT_OK, EXIT_INTERNAL, EXIT_USAGE = 0, 1, 2
 
 
 def _cmd_analyze(args: argparse.Namespace) -> int:
+    from kinetoscope.analyze.limits import LoadLimits, parse_size
     from kinetoscope.analyze.loader import find_jobs, load_job
     from kinetoscope.analyze.report import build_report
     from kinetoscope.render.json import report_to_json
     from kinetoscope.render.text import render_text
 
+    limits = LoadLimits(max_decompressed_bytes=parse_size(args.max_size), max_events=args.max_events)
     status = EXIT_OK
     jobs = []
     for path in args.paths:
@@ -30,7 +32,7 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     for i, job in enumerate(jobs):
         path = job.name
         try:
-            report = build_report(load_job(job))
+            report = build_report(load_job(job, limits))
         except KinetoscopeError as exc:
             _error(str(exc))
             status = max(status, exc.exit_code)
@@ -92,6 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--format", choices=("text", "json"), default="text",
                          help="text (default) or json: one JSON report per PATH, one per line")
     analyze.add_argument("--indent", type=int, default=None, help="pretty-print JSON with this indent")
+    analyze.add_argument("--max-size", default="8G", help="refuse traces larger than this once gunzipped (default 8G)")
+    analyze.add_argument("--max-events", type=int, default=200_000_000, help="refuse traces with more events (default 200M)")
     analyze.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
     analyze.set_defaults(func=_cmd_analyze)
 

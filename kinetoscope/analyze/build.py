@@ -16,7 +16,7 @@ from kinetoscope.analyze.trace import RankTrace, TraceMeta
 _EMPTY_ARGS = Args()
 _STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
 _STREAM_RE = re.compile(r"(\d+)\s*$")
-_INT64_NA = pd.NA
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
 def _int_or_none(value: Any) -> int | None:
@@ -31,9 +31,10 @@ def _int_or_none(value: Any) -> int | None:
             except ValueError:
                 return None
     try:
-        return int(value)
+        number = int(value)
     except (TypeError, ValueError, OverflowError):
         return None
+    return number if _INT64_MIN <= number <= _INT64_MAX else None  # beyond int64: not an id we can use
 
 
 def _nullable(values: Iterable[Any]) -> pd.arrays.IntegerArray:
@@ -61,6 +62,24 @@ def _recode(values: pd.Categorical, fn: Any, categories: list[str] | None = None
     return pd.Categorical(mapped[codes], categories=categories)
 
 
+_MAX_US = 9.0e15  # int64 nanoseconds hold +-9.2e15 us
+
+
+def _usable(values: np.ndarray) -> np.ndarray:
+    return np.isfinite(values) & (np.abs(values) < _MAX_US)
+
+
+def _with_usable_time(events: list[Event], kind: str, warnings: list[str]) -> tuple[list[Event], np.ndarray]:
+    """The events whose timestamp can be placed, and their times; the rest are counted in ``warnings``."""
+    ts, _ = _times(events)
+    ok = _usable(ts)
+    if not ok.all():
+        warnings.append(f"{int((~ok).sum())} {kind} events had no usable timestamp and were not analysed")
+        events = [e for e, keep in zip(events, ok) if keep]
+        ts = ts[ok]
+    return events, ts
+
+
 def _times(events: list[Event]) -> tuple[np.ndarray, np.ndarray]:
     ts = np.fromiter((e.ts for e in events), dtype=np.float64, count=len(events))
     dur = np.fromiter((e.dur for e in events), dtype=np.float64, count=len(events))
@@ -79,7 +98,8 @@ def _stream_of(e: Event, a: Args) -> int | None:
 def build_events(events: list[Event]) -> tuple[pd.DataFrame, list[str]]:
     warnings: list[str] = []
     ts, dur = _times(events)
-    bad = ~np.isfinite(ts) | ~np.isfinite(dur)
+    # no time, or a time/duration int64 nanoseconds cannot hold (|t| >= ~106 days of us): unusable
+    bad = ~_usable(ts) | ~_usable(dur)
     if bad.any():
         warnings.append(f"{int(bad.sum())} complete events had no usable timestamp and were not analysed")
         keep = np.flatnonzero(~bad)
@@ -122,11 +142,11 @@ def build_events(events: list[Event]) -> tuple[pd.DataFrame, list[str]]:
     return df, warnings
 
 
-def build_memory(events: list[Event]) -> pd.DataFrame:
+def build_memory(events: list[Event], warnings: list[str]) -> pd.DataFrame:
+    events, ts = _with_usable_time(events, "memory", warnings)
     if not events:
         return schema.empty_frame(schema.MEMORY_COLUMNS)
     args = [e.args or _EMPTY_ARGS for e in events]
-    ts, _ = _times(events)
     df = pd.DataFrame(
         {
             "ts_ns": schema.us_to_ns(ts),
@@ -148,7 +168,7 @@ def build_counters(parsed: ParsedTrace) -> pd.DataFrame:
     rows: list[tuple[float, str, str, float, str]] = []
     for c in parsed.counters:
         for key, value in (c.args or {}).items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and abs(c.ts) < _MAX_US:
                 rows.append((c.ts, c.name, key, float(value), str(c.pid)))
     if not rows:
         return schema.empty_frame(schema.COUNTER_COLUMNS)
@@ -165,10 +185,10 @@ def build_counters(parsed: ParsedTrace) -> pd.DataFrame:
     return df.sort_values("ts_ns", kind="stable", ignore_index=True)
 
 
-def build_flows(events: list[Event]) -> pd.DataFrame:
+def build_flows(events: list[Event], warnings: list[str]) -> pd.DataFrame:
+    events, ts = _with_usable_time(events, "flow", warnings)
     if not events:
         return schema.empty_frame(schema.FLOW_COLUMNS)
-    ts, _ = _times(events)
     return pd.DataFrame(
         {
             "ts_ns": schema.us_to_ns(ts),
@@ -181,8 +201,8 @@ def build_flows(events: list[Event]) -> pd.DataFrame:
     )
 
 
-def build_instants(events: list[Event]) -> pd.DataFrame:
-    ts, _ = _times(events)
+def build_instants(events: list[Event], warnings: list[str]) -> pd.DataFrame:
+    events, ts = _with_usable_time(events, "instant", warnings)
     return pd.DataFrame(
         {
             "ts_ns": schema.us_to_ns(ts) if len(ts) else np.array([], dtype=np.int64),
@@ -250,11 +270,17 @@ def build_rank_trace(
             by_phase["M"].append(e)
         elif ph == "C":
             pass  # decoded in the counter pass
+        elif ph == "<not an object>":
+            pass  # reported by the parser
         else:
             unhandled[f"ph={ph or '?'}"] += 1
 
     events, warnings = build_events(by_phase["X"])
     warnings = list(parsed.notes) + warnings
+    memory = build_memory(by_phase["mem"], warnings)
+    flows = build_flows(by_phase["flow"], warnings)
+    instants = build_instants(by_phase["i"], warnings)
+    counters = build_counters(parsed)
     if unhandled:
         listed = ", ".join(f"{k}: {v}" for k, v in sorted(unhandled.items()))
         warnings.append(f"events of phases this version does not analyse were kept out of the analysis ({listed})")
@@ -284,9 +310,9 @@ def build_rank_trace(
         rank=rank,
         meta=meta,
         events=events,
-        memory=build_memory(by_phase["mem"]),
-        counters=build_counters(parsed),
-        flows=build_flows(by_phase["flow"]),
-        instants=build_instants(by_phase["i"]),
+        memory=memory,
+        counters=counters,
+        flows=flows,
+        instants=instants,
         steps=build_steps(events),
     )

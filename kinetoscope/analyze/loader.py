@@ -6,7 +6,6 @@ directory is one job whose ``*.json``/``*.json.gz`` files are its ranks.
 
 from __future__ import annotations
 
-import gzip
 import os
 import re
 import time
@@ -19,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from kinetoscope.analyze.build import build_rank_trace
+from kinetoscope.analyze.limits import DEFAULT_LIMITS, LoadLimits
 from kinetoscope.analyze.parser import parse_bytes
 from kinetoscope.analyze.trace import RankTrace, Trace
 from kinetoscope.errors import KinetoscopeError, TraceFormatError, TraceSourceError
@@ -84,19 +84,48 @@ def resolve(path: str | os.PathLike[str]) -> list[Path]:
     return list(jobs[0].files)
 
 
-def read_bytes(path: Path) -> bytes:
-    """The trace's JSON bytes, gunzipped when the file is gzip (by magic, not name)."""
+def read_bytes(path: Path, limits: LoadLimits = DEFAULT_LIMITS) -> bytes:
+    """The trace's JSON bytes, gunzipped when the file is gzip (by magic, not name), within the size limit."""
     try:
+        size = path.stat().st_size
+        if size > limits.max_decompressed_bytes:
+            raise TraceFormatError(str(path), f"file is {_gib(size)}, above the {_gib(limits.max_decompressed_bytes)} limit")
         with open(path, "rb") as fh:
             data = fh.read()
     except OSError as exc:
         raise TraceSourceError(f"{path}: cannot read ({exc.strerror or exc})") from None
     if data[:2] == b"\x1f\x8b":
-        try:
-            return gzip.decompress(data)
-        except (OSError, EOFError, zlib.error) as exc:
-            raise TraceFormatError(str(path), f"corrupt or truncated gzip ({exc})") from None
+        return _gunzip(data, str(path), limits.max_decompressed_bytes)
     return data
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def _gunzip(data: bytes, source: str, limit: int) -> bytes:
+    """Decompress every gzip member, stopping as soon as the output passes ``limit`` (gzip bombs)."""
+    out = bytearray()
+    rest = data
+    try:
+        while rest:
+            d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+            chunk = rest
+            while not d.eof:
+                produced = d.decompress(chunk, limit + 1 - len(out))
+                out += produced
+                if len(out) > limit:
+                    raise TraceFormatError(source, f"decompresses to more than the {_gib(limit)} limit (a gzip bomb, "
+                                           "or raise the limit with --max-size)")
+                chunk = d.unconsumed_tail
+                if not chunk and not produced:
+                    break
+            if not d.eof:
+                raise TraceFormatError(source, "corrupt or truncated gzip (the stream ends early)")
+            rest = d.unused_data.lstrip(b"\0")
+    except zlib.error as exc:
+        raise TraceFormatError(source, f"corrupt or truncated gzip ({exc})") from None
+    return bytes(out)
 
 
 def rank_from_name(path: Path) -> int | None:
@@ -104,16 +133,17 @@ def rank_from_name(path: Path) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def load_rank(path: Path, *, default_rank: int = 0) -> RankTrace:
+def load_rank(path: Path, *, default_rank: int = 0, limits: LoadLimits = DEFAULT_LIMITS) -> RankTrace:
     """Load one rank file. Rank: distributedInfo, else ``rank-N`` in the name, else default."""
     started = time.perf_counter()
-    return rank_from_bytes(read_bytes(path), path, default_rank=default_rank, started=started)
+    return rank_from_bytes(read_bytes(path, limits), path, default_rank=default_rank, started=started, limits=limits)
 
 
-def rank_from_bytes(data: bytes, path: Path, *, default_rank: int = 0, started: float | None = None) -> RankTrace:
+def rank_from_bytes(data: bytes, path: Path, *, default_rank: int = 0, started: float | None = None,
+                    limits: LoadLimits = DEFAULT_LIMITS) -> RankTrace:
     """Build a rank from a trace's (already gunzipped) JSON bytes; ``path`` names it and locates sidecars."""
     started = time.perf_counter() if started is None else started
-    parsed = parse_bytes(data, str(path))
+    parsed = parse_bytes(data, str(path), limits)
     dist = parsed.metadata.get("distributedInfo")
     rank, rank_source = None, "default"
     if isinstance(dist, dict) and isinstance(dist.get("rank"), int):
@@ -162,25 +192,25 @@ def _run_steps(path: Path, rank: int) -> tuple[pd.DataFrame | None, str | None]:
     }), None
 
 
-def load_trace(path: str | os.PathLike[str]) -> Trace:
+def load_trace(path: str | os.PathLike[str], limits: LoadLimits = DEFAULT_LIMITS) -> Trace:
     """Load one job: a trace file, or a directory holding that job's rank files."""
-    return load_job(Job(str(path), tuple(resolve(path))))
+    return load_job(Job(str(path), tuple(resolve(path))), limits)
 
 
-def load_job(job: Job) -> Trace:
-    ranks = [load_rank(f, default_rank=i) for i, f in enumerate(job.files)]
+def load_job(job: Job, limits: LoadLimits = DEFAULT_LIMITS) -> Trace:
+    ranks = [load_rank(f, default_rank=i, limits=limits) for i, f in enumerate(job.files)]
     _check_distinct_ranks(ranks)
     ranks.sort(key=lambda r: r.rank)
     return Trace(source=job.name, ranks=tuple(ranks))
 
 
-def load_job_tolerant(job: Job) -> tuple[Trace | None, list[tuple[Path, str]]]:
+def load_job_tolerant(job: Job, limits: LoadLimits = DEFAULT_LIMITS) -> tuple[Trace | None, list[tuple[Path, str]]]:
     """Load what can be loaded: broken rank files are returned as (path, reason), the rest form the Trace."""
     ranks: list[RankTrace] = []
     failed: list[tuple[Path, str]] = []
     for i, f in enumerate(job.files):
         try:
-            ranks.append(load_rank(f, default_rank=i))
+            ranks.append(load_rank(f, default_rank=i, limits=limits))
         except KinetoscopeError as exc:
             failed.append((f, str(exc)))
     if not ranks:

@@ -10,11 +10,14 @@ still load. Nothing from a trace is ever evaluated or unpickled.
 
 from __future__ import annotations
 
+import contextlib
+import sys
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any, Iterator, Union
 
 import msgspec
 
+from kinetoscope.analyze.limits import DEFAULT_LIMITS, LoadLimits
 from kinetoscope.errors import TraceFormatError
 
 Number = Union[int, float]
@@ -42,7 +45,7 @@ class Event(msgspec.Struct, gc=False):
     ph: str = ""
     name: str = ""
     cat: str = ""
-    ts: float = 0.0
+    ts: float = float("nan")  # an event without a timestamp cannot be placed: dropped, and counted
     dur: float = 0.0
     pid: Union[int, str] = ""
     tid: Union[int, str] = ""
@@ -55,10 +58,13 @@ class CounterEvent(msgspec.Struct, gc=False):
 
     ph: str = ""
     name: str = ""
-    ts: float = 0.0
+    ts: float = float("nan")
     pid: Union[int, str] = ""
     args: Union[dict[str, Any], None] = None
 
+
+#: marks an item of traceEvents that was not a JSON object
+_NOT_AN_OBJECT = "<not an object>"
 
 _events_decoder = msgspec.json.Decoder(list[Event])
 _counter_decoder = msgspec.json.Decoder(list[CounterEvent])
@@ -75,8 +81,45 @@ class ParsedTrace:
     notes: list[str] = field(default_factory=list)
 
 
-def parse_bytes(data: bytes, source: str) -> ParsedTrace:
+@contextlib.contextmanager
+def _depth_limit(max_depth: int) -> Iterator[None]:
+    """msgspec bounds nesting with Python's recursion limit: set it to ``max_depth`` levels below here."""
+    frame, depth = sys._getframe(), 0
+    while frame is not None:
+        depth += 1
+        frame = frame.f_back
+    old = sys.getrecursionlimit()
+    sys.setrecursionlimit(depth + max_depth + 20)
+    try:
+        yield
+    finally:
+        sys.setrecursionlimit(old)
+
+
+def _json_error(source: str, exc: Exception) -> TraceFormatError:
+    text = str(exc)
+    if "trailing characters" in text:
+        return TraceFormatError(source, f"extra data after the JSON document ({text}): two traces concatenated?")
+    if "truncated" in text.lower():
+        return TraceFormatError(source, "the JSON ends early (a truncated file: an interrupted copy or a crashed writer)")
+    return TraceFormatError(source, f"not valid JSON ({text})")
+
+
+def parse_bytes(data: bytes, source: str, limits: LoadLimits = DEFAULT_LIMITS) -> ParsedTrace:
     """Decode a whole trace document (``{"traceEvents": [...]}`` or a bare array)."""
+    try:
+        with _depth_limit(limits.max_depth):
+            parsed = _parse(data, source)
+    except RecursionError:
+        raise TraceFormatError(source, f"JSON nested deeper than {limits.max_depth} levels (limit max_depth)") from None
+    if len(parsed.events) > limits.max_events:
+        raise TraceFormatError(source, f"{len(parsed.events):,} events, above the {limits.max_events:,} limit (max_events)")
+    return parsed
+
+
+def _parse(data: bytes, source: str) -> ParsedTrace:
+    if data[:3] == b"\xef\xbb\xbf":  # a UTF-8 byte-order mark some editors add
+        data = data[3:]
     start = data[:64].lstrip()
     if not start:
         raise TraceFormatError(source, "file is empty")
@@ -87,8 +130,11 @@ def parse_bytes(data: bytes, source: str) -> ParsedTrace:
         try:
             top = _top_decoder.decode(data)
         except msgspec.DecodeError as exc:
-            raise TraceFormatError(source, f"not valid JSON ({exc})") from None
+            raise _json_error(source, exc) from None
         if "traceEvents" not in top:
+            if "nodes" in top and "schema" in top:
+                raise TraceFormatError(source, "a PyTorch execution trace (ExecutionTraceObserver), not a Kineto "
+                                       "trace: capture with torch.profiler instead")
             raise TraceFormatError(
                 source, "JSON object without 'traceEvents': not a Chrome/Kineto trace"
             )
@@ -111,7 +157,13 @@ def parse_bytes(data: bytes, source: str) -> ParsedTrace:
         lenient = True
         notes.append(f"unusual field types ({exc}); decoded leniently")
     except msgspec.DecodeError as exc:
-        raise TraceFormatError(source, f"not valid JSON ({exc})") from None
+        raise _json_error(source, exc) from None
+    skipped = sum(1 for e in events if e.ph == _NOT_AN_OBJECT)
+    if skipped:
+        if skipped == len(events):
+            raise TraceFormatError(source, "a JSON array whose items are not trace events (a memory timeline or "
+                                   "another tool's export?)")
+        notes.append(f"{skipped} items of traceEvents were not JSON objects and were skipped")
 
     counters: list[CounterEvent] = []
     if any(e.ph == "C" for e in events):
@@ -126,7 +178,7 @@ def _lenient_events(raw: bytes | msgspec.Raw, source: str) -> list[Event]:
     try:
         items = _any_decoder.decode(raw)
     except msgspec.DecodeError as exc:
-        raise TraceFormatError(source, f"not valid JSON ({exc})") from None
+        raise _json_error(source, exc) from None
     if not isinstance(items, list):
         raise TraceFormatError(source, "'traceEvents' is not a list")
     out = []
@@ -134,7 +186,7 @@ def _lenient_events(raw: bytes | msgspec.Raw, source: str) -> list[Event]:
         if isinstance(item, dict):
             out.append(_coerce_event(item))
         else:
-            out.append(Event(ph="?"))  # counted as unhandled downstream
+            out.append(Event(ph=_NOT_AN_OBJECT))  # counted and reported, never silently lost
     return out
 
 
@@ -182,7 +234,7 @@ def _coerce_event(item: dict[str, Any]) -> Event:
         ph=str(item.get("ph", "")),
         name=str(item.get("name", "")),
         cat=str(item.get("cat", "") or ""),
-        ts=float(ts) if ts is not None else float("nan"),
+        ts=float(ts) if ts is not None else float("nan"),  # no usable time: dropped downstream, and counted
         dur=float(dur) if dur is not None else 0.0,
         pid=_ident(item.get("pid")),
         tid=_ident(item.get("tid")),

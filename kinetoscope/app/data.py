@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from kinetoscope.analyze.limits import LoadLimits, parse_size
 from kinetoscope.analyze.loader import Job, find_jobs, load_job_tolerant
 from kinetoscope.analyze.report import Report, build_report
 from kinetoscope.analyze.trace import Trace
@@ -93,9 +95,14 @@ def save_uploads(files: list[tuple[str, bytes]]) -> tuple[str, Job]:
     return key, Job(label, tuple(sorted(paths)))
 
 
+def app_limits() -> LoadLimits:
+    """The app's load limits: KINETOSCOPE_MAX_SIZE (e.g. 2G) caps the gunzipped size of one file."""
+    return LoadLimits(max_decompressed_bytes=parse_size(os.environ.get("KINETOSCOPE_MAX_SIZE", "4G")))
+
+
 def analyse(label: str, job: Job) -> Analysis:
     """Load every rank that can be loaded and analyse them; broken files are reported, not fatal."""
-    trace, failed = load_job_tolerant(job)
+    trace, failed = load_job_tolerant(job, app_limits())
     if trace is None:
         reasons = "; ".join(reason for _, reason in failed)
         raise KinetoscopeError(f"no file could be analysed: {reasons}")

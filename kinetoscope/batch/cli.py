@@ -25,6 +25,7 @@ def add_batch_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore
     b.add_argument("--workers", type=int, help="local worker processes (default: one per core)")
     b.add_argument("--resume", action="store_true", help="skip files already in the store (same content and version)")
     b.add_argument("--quiet", action="store_true", help="no per-file progress lines")
+    b.add_argument("--max-size", default="8G", help="refuse traces larger than this once gunzipped (default 8G)")
     b.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
     b.set_defaults(func=run_batch_command)
 
@@ -36,6 +37,7 @@ def add_batch_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore
 
 
 def run_batch_command(args: argparse.Namespace) -> int:
+    from kinetoscope.analyze.limits import LoadLimits, parse_size
     from kinetoscope.batch.discover import discover
     from kinetoscope.batch.run import print_progress_factory, run_batch
 
@@ -43,8 +45,9 @@ def run_batch_command(args: argparse.Namespace) -> int:
         raise ConfigError("--workers must be >= 1")
     total = sum(len(j.files) for j in discover(args.roots))
     progress = None if args.quiet else print_progress_factory(total)
+    limits = LoadLimits(max_decompressed_bytes=parse_size(args.max_size))
     summary = run_batch(args.roots, args.store, scheduler=args.scheduler, workers=args.workers, resume=args.resume,
-                        on_result=progress)
+                        limits=limits, on_result=progress)
     for line in summary.lines():
         print(line)
     return 0

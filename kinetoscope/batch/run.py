@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 from kinetoscope.analyze.analyzers.straggler import straggler_finding
 from kinetoscope.analyze.config import DEFAULT_CONFIG, AnalysisConfig
+from kinetoscope.analyze.limits import DEFAULT_LIMITS, LoadLimits
 from kinetoscope.analyze.loader import Job
 from kinetoscope.batch.discover import discover
 from kinetoscope.batch.store import open_store, write_rows
@@ -72,6 +73,7 @@ def run_batch(
     resume: bool = False,
     client: Any = None,
     config: AnalysisConfig = DEFAULT_CONFIG,
+    limits: LoadLimits = DEFAULT_LIMITS,
     on_result: Callable[[dict[str, Any]], None] | None = None,
 ) -> BatchSummary:
     """Analyse every trace under ``roots`` on Dask and write the results into ``store``."""
@@ -88,7 +90,7 @@ def run_batch(
         futures = {}
         for job in jobs:
             for index, path in enumerate(job.files):
-                fut = client.submit(analyze_file, str(path), job.name, index, str(root), resume,
+                fut = client.submit(analyze_file, str(path), job.name, index, str(root), resume, limits,
                                     key=f"kinetoscope-{file_key(str(path), 'task')}", retries=2, pure=False)
                 futures[fut] = (job, str(path), index)
         summary.files = len(futures)

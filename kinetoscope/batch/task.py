@@ -13,7 +13,8 @@ from typing import Any
 
 from kinetoscope import __version__
 from kinetoscope.analyze.analyzers.straggler import rank_summary
-from kinetoscope.analyze.loader import read_bytes, rank_from_bytes
+from kinetoscope.analyze.limits import DEFAULT_LIMITS, LoadLimits
+from kinetoscope.analyze.loader import rank_from_bytes, read_bytes
 from kinetoscope.analyze.report import build_report
 from kinetoscope.analyze.trace import Trace
 from kinetoscope.batch.store import read_rows, write_rows
@@ -32,13 +33,14 @@ def _nested(entry: dict[str, Any], *keys: str) -> Any:
     return value
 
 
-def analyze_file(path: str, job: str, index: int, store: str, resume: bool = False) -> dict[str, Any]:
+def analyze_file(path: str, job: str, index: int, store: str, resume: bool = False,
+                 limits: LoadLimits = DEFAULT_LIMITS) -> dict[str, Any]:
     """Analyse one file of a job and write its rows; returns the trace row (with ``skipped`` if resumed)."""
     root = Path(store)
     base: dict[str, Any] = {"job": job, "path": path, "rank": index, "tool_version": __version__}
     started = time.perf_counter()
     try:
-        data = read_bytes(Path(path))
+        data = read_bytes(Path(path), limits)
     except KinetoscopeError as exc:  # missing, unreadable, or not even valid gzip
         try:
             st = Path(path).stat()
@@ -59,7 +61,7 @@ def analyze_file(path: str, job: str, index: int, store: str, resume: bool = Fal
             return {**existing[0], "skipped": True}
     base.update(key=key, content_sha256=sha, size_bytes=len(data))
     try:
-        rank = rank_from_bytes(data, Path(path), default_rank=index)
+        rank = rank_from_bytes(data, Path(path), default_rank=index, limits=limits)
         del data
         parsed = time.perf_counter()
         report = build_report(Trace(source=job, ranks=(rank,)))

@@ -171,6 +171,8 @@ def gpu_phase_of(trace: RankTrace) -> pd.Series:
     runtime = ev[ev["kind"].isin(("runtime", "driver")) & ev["correlation"].notna()].drop_duplicates("correlation")
     launch_ts = work["correlation"].map(runtime.set_index("correlation")["ts_ns"])
     starts, ends, labels = _phase_lookup(host_phases(trace))
+    if starts.size == 0:  # an empty window: nothing to attribute to
+        return pd.Series("other", index=work.index, dtype=object)
     t = launch_ts.fillna(-1).to_numpy(np.int64)
     idx = np.searchsorted(starts, t, side="right") - 1
     ok = (idx >= 0) & (t < ends[np.maximum(idx, 0)]) & launch_ts.notna().to_numpy()
