@@ -20,7 +20,8 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     from kinetoscope.render.json import report_to_json
     from kinetoscope.render.text import render_text
 
-    limits = LoadLimits(max_decompressed_bytes=parse_size(args.max_size), max_events=args.max_events)
+    limits = LoadLimits(max_decompressed_bytes=parse_size(args.max_size), max_events=args.max_events,
+                        max_depth=args.max_depth)
     status = EXIT_OK
     jobs = []
     for path in args.paths:
@@ -96,6 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--indent", type=int, default=None, help="pretty-print JSON with this indent")
     analyze.add_argument("--max-size", default="8G", help="refuse traces larger than this once gunzipped (default 8G)")
     analyze.add_argument("--max-events", type=int, default=200_000_000, help="refuse traces with more events (default 200M)")
+    analyze.add_argument("--max-depth", type=int, default=512, help="refuse JSON nested deeper than about this many levels (default 512)")
     analyze.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
     analyze.set_defaults(func=_cmd_analyze)
 

@@ -131,3 +131,17 @@ def test_fleet_view_of_a_batch_store(tmp_path, monkeypatch):
     assert list(jobs["job"]) == ["job-broken", "job-v100"]  # failed first
     assert "loader_stall" in jobs.columns
     assert any("DataLoader stalls" in e.label for e in at.expander)
+
+
+def test_exported_trace_files_have_their_secrets_redacted():
+    import json as _json
+
+    at = open_app("export", trace="real/h100_bert-small.json.gz")
+    assert not at.exception and not at.error
+    from kinetoscope.analyze.loader import read_bytes
+    from kinetoscope.analyze.redact import redacted_trace
+
+    original = read_bytes(SAMPLES / "real" / "h100_bert-small.json.gz")
+    cleaned = _json.loads(redacted_trace(original))
+    assert b"hf_Ejxfcd" in original and "hf_Ejxfcd" not in _json.dumps(cleaned)
+    assert cleaned["traceEvents"] == _json.loads(original)["traceEvents"]

@@ -271,3 +271,33 @@ def test_capture_under_torchrun_writes_one_trace_per_rank(tmp_path):
     assert all(r.meta.rank_source == "distributedInfo" and r.meta.world_size == 2 for r in trace.ranks)
     stragglers = [f for f in build_report(trace).findings if f.id == "straggler"]
     assert [f.rank for f in stragglers] == [1]
+
+
+def test_sigterm_mid_write_leaves_no_file_under_the_final_name(tmp_path):
+    """A process killed while writing a trace leaves only a hidden temporary file, never a corrupt trace."""
+    script = (
+        "import os, sys, time\n"
+        "from pathlib import Path\n"
+        "from kinetoscope.capture import output\n"
+        "real = os.fdopen\n"
+        "class Slow:\n"
+        "    def __init__(self, fh): self.fh = fh\n"
+        "    def __enter__(self): return self\n"
+        "    def __exit__(self, *a): self.fh.close()\n"
+        "    def write(self, data):\n"
+        "        for i in range(0, len(data), 4096):\n"
+        "            self.fh.write(data[i:i + 4096]); self.fh.flush(); time.sleep(0.01)\n"
+        "output.os.fdopen = lambda fd, mode: Slow(real(fd, mode))\n"
+        "print('writing', flush=True)\n"
+        "output.atomic_write(Path(sys.argv[1]), b'x' * 4096 * 1000)\n"
+    )
+    target = tmp_path / "rank-0.step-1-3.pt.trace.json.gz"
+    proc = subprocess.Popen([sys.executable, "-c", script, str(target)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "writing"
+    time.sleep(0.5)
+    proc.terminate()
+    proc.wait(timeout=30)
+    assert proc.returncode != 0
+    assert not target.exists()
+    leftovers = [p.name for p in tmp_path.iterdir()]
+    assert all(name.startswith(".") and name.endswith(".tmp") for name in leftovers) and leftovers

@@ -37,3 +37,21 @@ def redact(value: Any, key: str = "") -> Any:
             return REDACTED
         return _ASSIGNMENT.sub(lambda m: f"{m.group(1)}={REDACTED}", value)
     return value
+
+
+def redacted_trace(data: bytes) -> bytes:
+    """A trace's JSON with its top-level metadata redacted; ``traceEvents`` passes through untouched."""
+    import msgspec
+
+    try:
+        top = msgspec.json.decode(data, type=dict[str, msgspec.Raw])
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return data  # a bare array or not a JSON object: it carries no metadata block
+    out: dict[str, Any] = {}
+    for key, raw in top.items():
+        if key == "traceEvents":
+            out[key] = raw
+            continue
+        value = msgspec.json.decode(raw)
+        out[key] = REDACTED if is_secret_key(key) and not isinstance(value, (dict, list)) else redact(value, key)
+    return msgspec.json.encode(out)

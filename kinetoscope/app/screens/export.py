@@ -4,6 +4,8 @@ from pathlib import Path
 
 import streamlit as st
 
+from kinetoscope.analyze.loader import read_bytes
+from kinetoscope.analyze.redact import redacted_trace
 from kinetoscope.app import state
 from kinetoscope.render.json import report_to_json
 
@@ -24,7 +26,10 @@ def render() -> None:
     st.subheader("Open in Perfetto")
     st.markdown("Open [ui.perfetto.dev](https://ui.perfetto.dev), choose *Open trace file* and pick the file below "
                 "(it reads Kineto JSON and gzip directly, in your browser).")
+    st.caption("The trace files below have their metadata's secret-looking values (tokens, keys) redacted.")
     for f in analysis.trace.ranks:
         path = Path(f.meta.source)
         if path.is_file():
-            st.download_button(f"Trace file: {path.name}", path.read_bytes(), file_name=path.name, key=f"dl_trace_{f.rank}")
+            name = path.name[:-3] if path.name.endswith(".gz") else path.name
+            st.download_button(f"Trace file: {name}", redacted_trace(read_bytes(path)), file_name=name,
+                               mime="application/json", key=f"dl_trace_{f.rank}")
