@@ -6,6 +6,8 @@ directory is one job whose ``*.json``/``*.json.gz`` files are its ranks.
 
 from __future__ import annotations
 
+import gzip
+import io
 import os
 import re
 import time
@@ -103,29 +105,29 @@ def _gib(n: int) -> str:
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
+_GUNZIP_BLOCK = 256 * 2**20
+
+
 def _gunzip(data: bytes, source: str, limit: int) -> bytes:
-    """Decompress every gzip member, stopping as soon as the output passes ``limit`` (gzip bombs)."""
-    out = bytearray()
-    rest = data
+    """Decompress every gzip member, stopping as soon as the output passes ``limit`` (gzip bombs).
+
+    Reads in 256 MiB blocks: a trace smaller than that is never copied after decompression.
+    """
+    parts: list[bytes] = []
+    total = 0
     try:
-        while rest:
-            d = zlib.decompressobj(16 + zlib.MAX_WBITS)
-            chunk = rest
-            while not d.eof:
-                produced = d.decompress(chunk, limit + 1 - len(out))
-                out += produced
-                if len(out) > limit:
+        with gzip.GzipFile(fileobj=io.BytesIO(data)) as stream:
+            while block := stream.read(min(_GUNZIP_BLOCK, limit + 1 - total)):
+                parts.append(block)
+                total += len(block)
+                if total > limit:
                     raise TraceFormatError(source, f"decompresses to more than the {_gib(limit)} limit (a gzip bomb, "
                                            "or raise the limit with --max-size)")
-                chunk = d.unconsumed_tail
-                if not chunk and not produced:
-                    break
-            if not d.eof:
-                raise TraceFormatError(source, "corrupt or truncated gzip (the stream ends early)")
-            rest = d.unused_data.lstrip(b"\0")
-    except zlib.error as exc:
+    except EOFError:
+        raise TraceFormatError(source, "corrupt or truncated gzip (the stream ends early)") from None
+    except (OSError, zlib.error) as exc:
         raise TraceFormatError(source, f"corrupt or truncated gzip ({exc})") from None
-    return bytes(out)
+    return b"".join(parts)
 
 
 def rank_from_name(path: Path) -> int | None:
