@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 import traceback
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from kinetoscope import __version__
 from kinetoscope.errors import KinetoscopeError
 
-EXIT_OK, EXIT_INTERNAL, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_INTERNAL, EXIT_USAGE, EXIT_GATE = 0, 1, 2, 3
+SEVERITY_LEVEL = {"info": 2, "warning": 1, "critical": 0}
 
 
 def _cmd_analyze(args: argparse.Namespace) -> int:
@@ -48,12 +49,88 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
             if i:
                 sys.stdout.write("\n")
             sys.stdout.write(render_text(report))
+        if args.fail_on and any(SEVERITY_LEVEL[f.severity] <= SEVERITY_LEVEL[args.fail_on] for f in report.findings):
+            worst = report.findings[0]
+            _error(f"{path}: {worst.severity} finding {worst.id} (--fail-on {args.fail_on})")
+            status = max(status, EXIT_GATE) if status != EXIT_INTERNAL else status
         for failure in report.failures:
             _error(f"{path}: analyzer {failure.analyzer} failed on rank {failure.rank}: {failure.error}")
             if args.debug:
                 sys.stderr.write(failure.detail)
             status = EXIT_INTERNAL if status == EXIT_OK else status
     return status
+
+
+def _parse_fraction(text: str) -> float:
+    from kinetoscope.errors import ConfigError
+
+    try:
+        value = float(text.rstrip("%")) / (100.0 if text.endswith("%") else 1.0)
+    except ValueError:
+        raise ConfigError(f"not a fraction: {text!r} (examples: 5%, 0.05)") from None
+    if value < 0:
+        raise ConfigError("--max-regression must be >= 0")
+    return value
+
+
+def _cmd_diff(args: argparse.Namespace) -> int:
+    import json
+
+    from kinetoscope.analyze.compare import compare_reports, finding_changes, name_changes
+    from kinetoscope.analyze.loader import load_trace
+    from kinetoscope.analyze.report import build_report
+    from kinetoscope.render.json import _clean
+
+    limit = _parse_fraction(args.max_regression) if args.max_regression else None
+    before, after = load_trace(args.before), load_trace(args.after)
+    rb, ra = build_report(before), build_report(after)
+    metrics = compare_reports(rb, ra)
+    findings = finding_changes(rb, ra)
+    kernels = name_changes(before, after, ("kernel", "memcpy", "memset"))
+    ops = name_changes(before, after, ("cpu_op",))
+    step = metrics[metrics["metric"] == "mean step (us)"].iloc[0]
+    if step["change"] is None or step["change"] != step["change"]:
+        step = metrics[metrics["metric"] == "window (us)"].iloc[0]
+    regressed = limit is not None and step["change"] is not None and step["change"] > limit
+    if args.format == "json":
+        doc = {"before": args.before, "after": args.after, "metrics": metrics.to_dict("records"),
+               "findings": findings.to_dict("records"), "kernels": kernels.to_dict("records"),
+               "ops": ops.to_dict("records"), "step_change": step["change"], "max_regression": limit,
+               "regressed": bool(regressed)}
+        sys.stdout.write(json.dumps(_clean(doc)) + "\n")
+    else:
+        sys.stdout.write(render_diff(args.before, args.after, metrics, findings, kernels, ops))
+    if regressed:
+        _error(f"{step['metric']} grew {step['change']:+.1%}, above the allowed {limit:.1%}")
+        return EXIT_GATE
+    return EXIT_OK
+
+
+def render_diff(before: str, after: str, metrics, findings, kernels, ops) -> str:  # type: ignore[no-untyped-def]
+    out = [f"Kinetoscope diff: {before} -> {after}", ""]
+    def number(value: Any, metric: str) -> str:
+        if value is None or value != value:
+            return "n/a"
+        return f"{value:.1%}" if "fraction" in metric else f"{value:,.1f}"
+
+    for r in metrics.itertuples():
+        if number(r.before, "") == "n/a" and number(r.after, "") == "n/a":
+            continue
+        change = "" if r.change is None or r.change != r.change else f"{r.change:+.1%}"
+        verdict = {True: "better", False: "worse"}.get(r.better, "")
+        out.append(f"  {r.metric:<40} {number(r.before, r.metric):>14} -> {number(r.after, r.metric):<14} {change:>8} {verdict}")
+    if len(findings):
+        out.append("")
+        out.append("Findings:")
+        for f in findings.itertuples():
+            out.append(f"  {f.status:<12} rank {f.rank}: {f.title} ({f.id})")
+    for label, table in (("GPU kernels", kernels), ("CPU ops", ops)):
+        if len(table):
+            out.append("")
+            out.append(f"{label} whose time per step changed most (us per step):")
+            for k in table.itertuples():
+                out.append(f"  {k.change_us_per_step:+12.1f}  {k.before_us_per_step:12.1f} -> {k.after_us_per_step:<12.1f} {k.name[:90]}")
+    return "\n".join(out) + "\n"
 
 
 def _cmd_app(args: argparse.Namespace) -> int:
@@ -98,8 +175,24 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--max-size", default="8G", help="refuse traces larger than this once gunzipped (default 8G)")
     analyze.add_argument("--max-events", type=int, default=200_000_000, help="refuse traces with more events (default 200M)")
     analyze.add_argument("--max-depth", type=int, default=512, help="refuse JSON nested deeper than about this many levels (default 512)")
+    analyze.add_argument("--fail-on", choices=("info", "warning", "critical"),
+                         help="exit 3 when a finding of this severity or worse is found (a CI gate)")
     analyze.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
     analyze.set_defaults(func=_cmd_analyze)
+
+    diff = sub.add_parser(
+        "diff",
+        help="compare two traces (or jobs): what got faster or slower, findings that appeared or disappeared",
+        description=("Compare BEFORE and AFTER: step time and every analysis' headline numbers, the kernels and ops "
+                     "whose time per step changed most, and the findings that appeared or disappeared. With "
+                     "--max-regression, exit 3 when the mean step time grew by more than that (a CI gate)."),
+    )
+    diff.add_argument("before", metavar="BEFORE")
+    diff.add_argument("after", metavar="AFTER")
+    diff.add_argument("--max-regression", help="allowed growth of the mean step time, e.g. 5%% or 0.05")
+    diff.add_argument("--format", choices=("text", "json"), default="text")
+    diff.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    diff.set_defaults(func=_cmd_diff)
 
     app = sub.add_parser(
         "app",

@@ -1,8 +1,9 @@
 """Cross-check device idle time against HTA's temporal breakdown on real traces.
 
-Prints a Markdown table: HTA's idle, ours under HTA's definition (same events,
+Prints Markdown tables: HTA's idle, ours under HTA's definition (same events,
 same window) and ours under Kinetoscope's definition (window = first to last
-ProfilerStep, last step included; per device).
+ProfilerStep, last step included; per device); then HTA's communication /
+computation overlap beside ours for every trace with collectives.
 Run: python scripts/compare_hta.py [PATH ...]   (default: every trace in ../shared/traces)
 """
 
@@ -12,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from kinetoscope.analyze.hta_adapter import HtaUnavailable, hta_style_idle, hta_temporal_breakdown
+from kinetoscope.analyze.hta_adapter import HtaUnavailable, hta_comm_comp_overlap, hta_style_idle, hta_temporal_breakdown
 from kinetoscope.analyze.loader import find_jobs, load_job
 from kinetoscope.analyze.report import build_report
 from kinetoscope.errors import KinetoscopeError
@@ -57,5 +58,34 @@ def main(paths: list[Path]) -> None:
                 print(f"| {path.name} | {r.rank} | {hta_cell} | {mine_cell} | {ours} | {hta_s:.2f} | {ours_s:.2f} |")
 
 
+def comm_table(paths: list[Path]) -> None:
+    """Communication/computation overlap: HTA's get_comm_comp_overlap beside ours, for traces with collectives."""
+    print()
+    print("| trace | rank | collectives | HTA comm overlapped by compute | ours (fraction of collective time) |")
+    print("|---|---|---|---|---|")
+    for path in paths:
+        for job in find_jobs(path):
+            try:
+                report = build_report(load_job(job))
+            except KinetoscopeError:
+                continue
+            if not any(r.get("comm") for r in report.ranks):
+                continue
+            try:
+                hta = hta_comm_comp_overlap(list(job.files))
+                err = None
+            except HtaUnavailable as exc:
+                hta, err = {}, str(exc)[:80]
+            for r in report.ranks:
+                comm = r.get("comm")
+                if not comm:
+                    continue
+                h = hta.get(r["rank"])
+                hta_cell = err or (f"{100 * h:.2f}%" if h is not None else "no row")
+                print(f"| {path.name} | {r['rank']} | {comm['collectives']} | {hta_cell} | {100 * comm['overlap_fraction']:.2f}% |")
+
+
 if __name__ == "__main__":
-    main([Path(p) for p in sys.argv[1:]] or default_paths())
+    chosen = [Path(p) for p in sys.argv[1:]] or default_paths()
+    main(chosen)
+    comm_table(chosen)

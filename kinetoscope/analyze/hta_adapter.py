@@ -39,8 +39,9 @@ class HtaIdle:
         return self.idle_us / self.window_us if self.window_us else float("nan")
 
 
-def hta_temporal_breakdown(files: list[Path]) -> dict[int, HtaIdle]:
-    """Run HTA's ``get_temporal_breakdown`` on the given rank files."""
+def hta_run(files: list[Path], method: str, **kwargs: object) -> object:
+    """Load the rank files into HTA's TraceAnalysis and call one of its analyses; HTA's failures
+    (several analyses crash under pandas 3) become ``HtaUnavailable``."""
     try:
         from hta.trace_analysis import TraceAnalysis
     except ImportError as exc:
@@ -53,12 +54,44 @@ def hta_temporal_breakdown(files: list[Path]) -> dict[int, HtaIdle]:
         try:
             with contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
                 analysis = TraceAnalysis(trace_dir=tmp)
-                table = analysis.get_temporal_breakdown(visualize=False)
+                return getattr(analysis, method)(**kwargs)
         except Exception as exc:  # noqa: BLE001 - HTA's own failure, reported as such
-            raise HtaUnavailable(f"HTA failed: {type(exc).__name__}: {exc}") from None
+            raise HtaUnavailable(f"HTA {method} unavailable: {type(exc).__name__}: {str(exc)[:120]}") from None
+
+
+#: HTA analyses worth having beside ours, with the arguments that keep them from plotting
+HTA_ANALYSES = {
+    "temporal_breakdown": ("get_temporal_breakdown", {"visualize": False}),
+    "kernel_breakdown": ("get_gpu_kernel_breakdown", {"visualize": False}),
+    "comm_comp_overlap": ("get_comm_comp_overlap", {"visualize": False}),
+    "launch_stats": ("get_cuda_kernel_launch_stats", {"visualize": False}),
+    "queue_length": ("get_queue_length_summary", {}),
+}
+
+
+def hta_breakdowns(files: list[Path]) -> dict[str, object]:
+    """Every analysis in HTA_ANALYSES: its result, or the reason it is unavailable (never an exception)."""
+    out: dict[str, object] = {}
+    for name, (method, kwargs) in HTA_ANALYSES.items():
+        try:
+            out[name] = hta_run(files, method, **kwargs)
+        except HtaUnavailable as exc:
+            out[name] = str(exc)
+    return out
+
+
+def hta_comm_comp_overlap(files: list[Path]) -> dict[int, float]:
+    """HTA's per-rank share of communication time overlapped with computation, as a fraction."""
+    table = hta_run(files, "get_comm_comp_overlap", visualize=False)
+    return {int(r["rank"]): float(r["comp_comm_overlap_pctg"]) / 100.0 for _, r in table.iterrows()}  # type: ignore[union-attr]
+
+
+def hta_temporal_breakdown(files: list[Path]) -> dict[int, HtaIdle]:
+    """Run HTA's ``get_temporal_breakdown`` on the given rank files."""
+    table = hta_run(files, "get_temporal_breakdown", visualize=False)
     return {
         int(row["rank"]): HtaIdle(int(row["rank"]), float(row["idle_time(us)"]), float(row["kernel_time(us)"]))
-        for _, row in table.iterrows()
+        for _, row in table.iterrows()  # type: ignore[union-attr]
     }
 
 

@@ -66,6 +66,10 @@ def render_text(report: Report) -> str:
                     f"  {label:<14} {c['count']} copies, {_ms(c['time_us'])}, {_mib(c['bytes'])}, "
                     f"{c['bandwidth_gb_per_s']} GB/s, pageable {_pct(c['pageable_fraction'])}, overlapped {_pct(c['overlap_fraction'])}"
                 )
+        comm = r.get("comm")
+        if comm:
+            out.append(f"  collectives    {comm['collectives']} calls, {_ms(comm['time_us'])}, overlapped with compute "
+                       f"{_pct(comm['overlap_fraction'])}, exposed {_ms(comm['exposed_us'])}")
         mem = r.get("memory")
         if mem:
             for d in mem["devices"]:
@@ -77,6 +81,14 @@ def render_text(report: Report) -> str:
                 )
         for w in r.get("warnings") or []:
             out.append(f"  note: {w}")
+    coll = report.job.get("collectives")
+    if coll:
+        out.append("")
+        out.append(f"Collectives across ranks ({coll['matched']} matched; clocks aligned on collective ends):")
+        for r in coll["ranks"]:
+            out.append(f"  rank {r['rank']}: clock skew {_ms(r['clock_skew_us'])}, waiting {_ms(r['wait_us'])}, "
+                       f"waited for {r['waited_for_count']} times")
+        out.append(f"  most waited-for rank: {coll['most_waited_for_rank']}")
     if report.failures:
         out.append("")
         for f in report.failures:
