@@ -275,3 +275,16 @@ def test_config_rejects_out_of_range_thresholds():
         AnalysisConfig(gpu_idle_warning=1.5)
     with pytest.raises(ConfigError, match=">= 0"):
         AnalysisConfig(min_gap_us=-1)
+
+
+def test_telemetry_counters_are_summarised_over_the_window(tmp_path):
+    b = TraceBuilder().step(1, 0, 1000)
+    for ts, util in ((-500, 0), (100, 50), (600, 90), (2000, 0)):
+        b.raw({"ph": "C", "name": "GPU 0 telemetry", "pid": "GPU 0", "tid": 0, "ts": ts,
+               "args": {"gpu_util_pct": util, "power_w": 300.0}})
+    tel = report_of(tmp_path, b).ranks[0]["telemetry"]
+    assert tel["GPU 0 telemetry"]["gpu_util_pct"] == {"mean": 70.0, "min": 50.0, "max": 90.0, "samples": 2}
+
+
+def test_no_counters_gives_null_telemetry(tmp_path):
+    assert report_of(tmp_path, TraceBuilder().step(1, 0, 10)).ranks[0]["telemetry"] is None

@@ -301,3 +301,29 @@ def test_sigterm_mid_write_leaves_no_file_under_the_final_name(tmp_path):
     assert not target.exists()
     leftovers = [p.name for p in tmp_path.iterdir()]
     assert all(name.startswith(".") and name.endswith(".tmp") for name in leftovers) and leftovers
+
+
+def test_telemetry_samples_land_in_the_trace_and_the_report(tmp_path, monkeypatch):
+    """NVML is absent here: a fake sampler stands in, the merge into the trace and the analysis are real."""
+    from kinetoscope.capture.telemetry import Sample
+
+    def fake_start(self):
+        self.enabled = True
+        return True
+
+    def fake_counter_events(self, base_time_ns, start_unix_ns, end_unix_ns):
+        now = time.time_ns()
+        self.samples = [Sample(now - 100_000 * k, 0, {"gpu_util_pct": 80.0 + k, "power_w": 250.0}) for k in range(5)]
+        return TelemetrySampler.__dict__["_real_counter_events"](self, base_time_ns, start_unix_ns, end_unix_ns)
+
+    monkeypatch.setattr(TelemetrySampler, "_real_counter_events", TelemetrySampler.counter_events, raising=False)
+    monkeypatch.setattr(TelemetrySampler, "start", fake_start)
+    monkeypatch.setattr(TelemetrySampler, "counter_events", fake_counter_events)
+    train(profile_loop(DataLoader(SlowData(delay_s=0.002), batch_size=4), tmp_path, schedule=SCHEDULE))
+    (trace,) = tmp_path.glob("*.pt.trace.json.gz")
+    doc = json.loads(gzip.decompress(trace.read_bytes()))
+    counters = [e for e in doc["traceEvents"] if e.get("ph") == "C"]
+    assert len(counters) == 5 and counters[0]["name"] == "GPU 0 telemetry"
+    report = build_report(load_trace(tmp_path))
+    tel = report.ranks[0]["telemetry"]["GPU 0 telemetry"]
+    assert tel["power_w"]["mean"] == 250.0

@@ -64,18 +64,26 @@ def finish_trace(raw_path: Path, final_path: Path, *, extra_events: list[dict[st
 
 
 def base_time_ns(raw_path: Path) -> int | None:
-    """``baseTimeNanoseconds`` from a raw export (Kineto writes it near the end of the file)."""
+    """``baseTimeNanoseconds`` from a raw export: Kineto writes it among the metadata at the start
+    (older versions at the end), so both ends are searched; the events in between are never read."""
+    key = '"baseTimeNanoseconds":'
     with open(raw_path, "rb") as fh:
+        head = fh.read(65536).decode("utf-8", "replace")
         fh.seek(0, os.SEEK_END)
         size = fh.tell()
-        fh.seek(max(0, size - 4096))
+        fh.seek(max(0, size - 65536))
         tail = fh.read().decode("utf-8", "replace")
-    key = '"baseTimeNanoseconds":'
-    at = tail.rfind(key)
-    if at < 0:
-        return None
-    digits = "".join(ch for ch in tail[at + len(key):at + len(key) + 32].strip() if ch.isdigit())
-    return int(digits) if digits else None
+    for text in (head, tail):
+        at = text.find(key)
+        if at >= 0:
+            digits = ""
+            for ch in text[at + len(key):at + len(key) + 40].lstrip():
+                if not ch.isdigit():
+                    break
+                digits += ch
+            if digits:
+                return int(digits)
+    return None
 
 
 def versions() -> dict[str, Any]:

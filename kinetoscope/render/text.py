@@ -66,6 +66,9 @@ def render_text(report: Report) -> str:
                     f"  {label:<14} {c['count']} copies, {_ms(c['time_us'])}, {_mib(c['bytes'])}, "
                     f"{c['bandwidth_gb_per_s']} GB/s, pageable {_pct(c['pageable_fraction'])}, overlapped {_pct(c['overlap_fraction'])}"
                 )
+        for track, series in (r.get("telemetry") or {}).items():
+            shown = ", ".join(f"{k} mean {v['mean']:g} (max {v['max']:g})" for k, v in sorted(series.items()))
+            out.append(f"  telemetry      {track}: {shown}")
         comm = r.get("comm")
         if comm:
             out.append(f"  collectives    {comm['collectives']} calls, {_ms(comm['time_us'])}, overlapped with compute "
