@@ -312,8 +312,7 @@ def test_telemetry_samples_land_in_the_trace_and_the_report(tmp_path, monkeypatc
         return True
 
     def fake_counter_events(self, base_time_ns, start_unix_ns, end_unix_ns):
-        now = time.time_ns()
-        self.samples = [Sample(now - 100_000 * k, 0, {"gpu_util_pct": 80.0 + k, "power_w": 250.0}) for k in range(5)]
+        self.samples = [Sample(end_unix_ns - 100_000 * k, 0, {"gpu_util_pct": 80.0 + k, "power_w": 250.0}) for k in range(5)]
         return TelemetrySampler.__dict__["_real_counter_events"](self, base_time_ns, start_unix_ns, end_unix_ns)
 
     monkeypatch.setattr(TelemetrySampler, "_real_counter_events", TelemetrySampler.counter_events, raising=False)
