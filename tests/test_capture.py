@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader, Dataset  # noqa: E402
 from kinetoscope.analyze.loader import load_trace  # noqa: E402
 from kinetoscope.analyze.report import build_report  # noqa: E402
 from kinetoscope.capture import Profiler, Schedule, profile_loop  # noqa: E402
+from kinetoscope import fsutil  # noqa: E402
 from kinetoscope.capture import output as capture_output  # noqa: E402
 from kinetoscope.capture.telemetry import TelemetrySampler  # noqa: E402
 
@@ -193,7 +194,7 @@ def test_atomic_write_never_leaves_partial_files(tmp_path, monkeypatch):
     def explode(*a, **k):
         raise Boom()
 
-    monkeypatch.setattr(capture_output.os, "replace", explode)
+    monkeypatch.setattr(fsutil.os, "replace", explode)
     with pytest.raises(Boom):
         capture_output.atomic_write(target, b"data")
     assert list(tmp_path.iterdir()) == []
@@ -278,8 +279,9 @@ def test_sigterm_mid_write_leaves_no_file_under_the_final_name(tmp_path):
     script = (
         "import os, sys, time\n"
         "from pathlib import Path\n"
-        "from kinetoscope.capture import output\n"
-        "real = os.fdopen\n"
+        "from kinetoscope import fsutil\n"
+        "import builtins\n"
+        "real = builtins.open\n"
         "class Slow:\n"
         "    def __init__(self, fh): self.fh = fh\n"
         "    def __enter__(self): return self\n"
@@ -287,9 +289,9 @@ def test_sigterm_mid_write_leaves_no_file_under_the_final_name(tmp_path):
         "    def write(self, data):\n"
         "        for i in range(0, len(data), 4096):\n"
         "            self.fh.write(data[i:i + 4096]); self.fh.flush(); time.sleep(0.01)\n"
-        "output.os.fdopen = lambda fd, mode: Slow(real(fd, mode))\n"
+        "fsutil.open = lambda path, mode: Slow(real(path, mode))\n"
         "print('writing', flush=True)\n"
-        "output.atomic_write(Path(sys.argv[1]), b'x' * 4096 * 1000)\n"
+        "fsutil.atomic_write(Path(sys.argv[1]), b'x' * 4096 * 1000)\n"
     )
     target = tmp_path / "rank-0.step-1-3.pt.trace.json.gz"
     proc = subprocess.Popen([sys.executable, "-c", script, str(target)], stdout=subprocess.PIPE, text=True)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ import pyarrow.parquet as pq
 
 from kinetoscope import __version__
 from kinetoscope.errors import TraceSourceError
+from kinetoscope.fsutil import atomic_target, atomic_write
 
 STORE_KIND = "kinetoscope-store"
 TABLES = ("traces", "findings", "steps")
@@ -79,29 +79,11 @@ def is_store(path: str | os.PathLike[str]) -> bool:
     return True
 
 
-def atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_rows(root: Path, table: str, name: str, rows: list[dict[str, Any]]) -> None:
     """Write one Parquet file of rows (to a temporary name, then renamed: never half a file)."""
     arrow = pa.Table.from_pylist(rows, schema=SCHEMAS[table])
-    target = root / table / f"{name}.parquet"
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
+    with atomic_target(root / table / f"{name}.parquet") as tmp:
         pq.write_table(arrow, tmp)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def read_rows(root: Path, table: str, name: str) -> list[dict[str, Any]] | None:

@@ -13,39 +13,18 @@ import os
 import platform
 import socket
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
+from kinetoscope.fsutil import atomic_write
+
 MANIFEST_VERSION = 1
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def trace_name(rank: int, first_step: int, last_step: int) -> str:
     return f"rank-{rank}.step-{first_step}-{last_step}.pt.trace.json.gz"
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write to a temporary file in the same directory, then rename: readers never see half a file."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
 
 
 def finish_trace(raw_path: Path, final_path: Path, *, extra_events: list[dict[str, Any]],
