@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import traceback
 from typing import Any, Callable, Sequence
@@ -23,6 +24,11 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
 
     limits = LoadLimits(max_decompressed_bytes=parse_size(args.max_size), max_events=args.max_events,
                         max_depth=args.max_depth)
+    cache = None
+    if args.cache or os.environ.get("KINETOSCOPE_CACHE_DIR"):
+        from kinetoscope.analyze.cache import default_dir
+
+        cache = default_dir()
     status = EXIT_OK
     jobs = []
     for path in args.paths:
@@ -34,7 +40,7 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     for i, job in enumerate(jobs):
         path = job.name
         try:
-            report = build_report(load_job(job, limits))
+            report = build_report(load_job(job, limits, cache))
         except KinetoscopeError as exc:
             _error(str(exc))
             status = max(status, exc.exit_code)
@@ -175,6 +181,9 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--max-size", default="8G", help="refuse traces larger than this once gunzipped (default 8G)")
     analyze.add_argument("--max-events", type=int, default=200_000_000, help="refuse traces with more events (default 200M)")
     analyze.add_argument("--max-depth", type=int, default=512, help="refuse JSON nested deeper than about this many levels (default 512)")
+    analyze.add_argument("--cache", action="store_true",
+                         help="keep parsed traces as Parquet in ~/.cache/kinetoscope (or $KINETOSCOPE_CACHE_DIR) "
+                              "and reopen them from there")
     analyze.add_argument("--fail-on", choices=("info", "warning", "critical"),
                          help="exit 3 when a finding of this severity or worse is found (a CI gate)")
     analyze.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)

@@ -135,10 +135,25 @@ def rank_from_name(path: Path) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def load_rank(path: Path, *, default_rank: int = 0, limits: LoadLimits = DEFAULT_LIMITS) -> RankTrace:
-    """Load one rank file. Rank: distributedInfo, else ``rank-N`` in the name, else default."""
+def load_rank(path: Path, *, default_rank: int = 0, limits: LoadLimits = DEFAULT_LIMITS,
+              cache: Path | None = None) -> RankTrace:
+    """Load one rank file. Rank: distributedInfo, else ``rank-N`` in the name, else default.
+
+    With ``cache`` (a directory), a trace parsed before is reopened from its Parquet tables.
+    """
     started = time.perf_counter()
-    return rank_from_bytes(read_bytes(path, limits), path, default_rank=default_rank, started=started, limits=limits)
+    key = None
+    if cache is not None:
+        from kinetoscope.analyze import cache as columnar
+
+        key = columnar.key_for(path, default_rank)
+        hit = columnar.load(key, cache)
+        if hit is not None:
+            return replace(hit, meta=replace(hit.meta, load_seconds=time.perf_counter() - started))
+    trace = rank_from_bytes(read_bytes(path, limits), path, default_rank=default_rank, started=started, limits=limits)
+    if key is not None:
+        columnar.save(trace, key, cache)
+    return trace
 
 
 def rank_from_bytes(data: bytes, path: Path, *, default_rank: int = 0, started: float | None = None,
@@ -194,13 +209,13 @@ def _run_steps(path: Path, rank: int) -> tuple[pd.DataFrame | None, str | None]:
     }), None
 
 
-def load_trace(path: str | os.PathLike[str], limits: LoadLimits = DEFAULT_LIMITS) -> Trace:
+def load_trace(path: str | os.PathLike[str], limits: LoadLimits = DEFAULT_LIMITS, cache: Path | None = None) -> Trace:
     """Load one job: a trace file, or a directory holding that job's rank files."""
-    return load_job(Job(str(path), tuple(resolve(path))), limits)
+    return load_job(Job(str(path), tuple(resolve(path))), limits, cache)
 
 
-def load_job(job: Job, limits: LoadLimits = DEFAULT_LIMITS) -> Trace:
-    ranks = [load_rank(f, default_rank=i, limits=limits) for i, f in enumerate(job.files)]
+def load_job(job: Job, limits: LoadLimits = DEFAULT_LIMITS, cache: Path | None = None) -> Trace:
+    ranks = [load_rank(f, default_rank=i, limits=limits, cache=cache) for i, f in enumerate(job.files)]
     _check_distinct_ranks(ranks)
     ranks.sort(key=lambda r: r.rank)
     return Trace(source=job.name, ranks=tuple(ranks))
