@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from kinetoscope.analyze.loader import find_jobs, load_job
@@ -91,3 +92,30 @@ def test_device_idle_matches_hta_under_its_definition():
     hta = hta_temporal_breakdown([path])[0]
     ours = hta_style_idle(load_trace(path).ranks[0])
     assert (ours.idle_us, ours.window_us) == (hta.idle_us, hta.window_us) == (327463.0, 830494.0)
+
+
+def _reference_paths() -> list[Path]:
+    paths = sorted((ROOT / "sample_traces" / "real").glob("*.json*"))
+    paths += sorted((ROOT / "sample_traces" / "real" / "hta_2rank").glob("*.json*"))
+    if SHARED.is_dir():  # the smaller shared traces too (the reference parser is slow on purpose)
+        paths += sorted(p for p in SHARED.rglob("*.json*") if p.stat().st_size < 1_200_000)
+    return paths
+
+
+@pytest.mark.parametrize("path", _reference_paths(), ids=lambda p: p.name)
+def test_fast_loader_matches_the_plain_json_reference(path):
+    from reference_loader import reference_events
+
+    from kinetoscope.analyze.loader import load_trace
+
+    ev = load_trace(path).ranks[0].events
+
+    def none(v):
+        return None if v is pd.NA or v != v else int(v)
+
+    fast = sorted(
+        ((int(r.ts_ns), int(r.dur_ns), str(r.name), str(r.cat), none(r.device), none(r.stream), none(r.correlation))
+         for r in ev.itertuples()),
+        key=lambda r: (r[0], r[1], r[2], r[3]),
+    )
+    assert fast == reference_events(path)
