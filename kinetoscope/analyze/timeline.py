@@ -108,7 +108,7 @@ def host_busy(trace: RankTrace) -> iv.Intervals:
     ev = trace.events
     runtime = ev[ev["kind"].isin(("runtime", "driver"))]
     launching = set(runtime["tid"].astype(str).unique())
-    work = ev[ev["kind"].isin(("cpu_op", "runtime", "driver")) & ev["tid"].astype(str).isin(launching)]
+    work = ev[ev["kind"].isin(("cpu_op", "runtime", "driver")) & ev["tid"].isin(launching)]
     return _set(work, window(trace))
 
 

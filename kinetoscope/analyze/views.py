@@ -41,7 +41,7 @@ def timeline_spans(trace: RankTrace, first_step: int | None = None, last_step: i
     tid = main_thread(trace)
     if tid is not None:
         ev = trace.events
-        ops = ev[(ev["tid"].astype(str) == tid) & ev["kind"].isin(("cpu_op", "runtime", "driver"))
+        ops = ev[(ev["tid"] == tid) & ev["kind"].isin(("cpu_op", "runtime", "driver"))
                  & (ev["end_ns"] > lo) & (ev["ts_ns"] < hi)]
         parts.append(pd.DataFrame({"lane": "host: ops", "name": ops["name"].astype(str), "kind": ops["kind"].astype(str),
                                    "ts_ns": ops["ts_ns"], "end_ns": ops["end_ns"]}))

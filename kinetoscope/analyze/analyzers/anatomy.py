@@ -60,7 +60,7 @@ def phase_events(trace: RankTrace) -> dict[str, pd.DataFrame]:
     ev = trace.events
     tid = main_thread(trace)
     host = ev[~ev["kind"].isin(("python", "gpu_annotation", "kernel", "memcpy", "memset", "sync", "trace"))]
-    main = host[host["tid"].astype(str) == tid] if tid is not None else host.iloc[0:0]
+    main = host[host["tid"] == tid] if tid is not None else host.iloc[0:0]
     is_sync_op = (main["kind"].isin(("runtime", "driver")) & _names(main, SYNC_RUNTIME_RE)) | (
         main["kind"].eq("cpu_op") & main["name"].isin(list(SYNC_OP_NAMES)))
     backward = host[_names(host, BACKWARD_RE) & host["kind"].eq("cpu_op")]

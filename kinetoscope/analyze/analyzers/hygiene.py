@@ -42,7 +42,7 @@ def _accumulating_steps(trace: RankTrace) -> set[int]:
     adds = ev[(ev["name"] == "aten::add_")]
     hits = set()
     for tid, group in acc.groupby(acc["tid"].astype(str), observed=True):
-        inner = adds[adds["tid"].astype(str) == tid]
+        inner = adds[adds["tid"] == tid]
         if inner.empty:
             continue
         covered = iv.overlap_each(inner["ts_ns"].to_numpy(), inner["end_ns"].to_numpy(),
@@ -56,7 +56,7 @@ def _seed_draws(trace: RankTrace) -> pd.DataFrame:
     """``aten::random_`` immediately followed by ``aten::item`` on the training thread: an iterator was created."""
     ev = trace.events
     tid = main_thread(trace)
-    main = ev[ev["tid"].astype(str) == tid] if tid is not None else ev.iloc[0:0]
+    main = ev[ev["tid"] == tid] if tid is not None else ev.iloc[0:0]
     rnd = main[main["name"] == "aten::random_"]
     items = main[main["name"] == "aten::item"]
     if rnd.empty or items.empty:

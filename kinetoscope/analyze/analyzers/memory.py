@@ -52,7 +52,7 @@ def _fit(steps: np.ndarray, values: np.ndarray) -> tuple[float, float]:
 
 def _op_at(trace: RankTrace, ts_ns: int, tid: str) -> str | None:
     ev = trace.events
-    hit = ev[(ev["kind"] == "cpu_op") & (ev["tid"].astype(str) == tid) & (ev["ts_ns"] <= ts_ns) & (ev["end_ns"] >= ts_ns)]
+    hit = ev[(ev["kind"] == "cpu_op") & (ev["tid"] == tid) & (ev["ts_ns"] <= ts_ns) & (ev["end_ns"] >= ts_ns)]
     if hit.empty:
         return None
     return str(hit.loc[hit["dur_ns"].idxmin(), "name"])
