@@ -40,7 +40,7 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     for i, job in enumerate(jobs):
         path = job.name
         try:
-            report = build_report(load_job(job, limits, cache))
+            report = build_report(load_job(job, limits, cache, processes=args.processes))
         except KinetoscopeError as exc:
             _error(str(exc))
             status = max(status, exc.exit_code)
@@ -181,6 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--max-size", default="8G", help="refuse traces larger than this once gunzipped (default 8G)")
     analyze.add_argument("--max-events", type=int, default=200_000_000, help="refuse traces with more events (default 200M)")
     analyze.add_argument("--max-depth", type=int, default=512, help="refuse JSON nested deeper than about this many levels (default 512)")
+    analyze.add_argument("--processes", type=int, default=1,
+                         help="parse the rank files of a job in this many processes (default 1)")
     analyze.add_argument("--cache", action="store_true",
                          help="keep parsed traces as Parquet in ~/.cache/kinetoscope (or $KINETOSCOPE_CACHE_DIR) "
                               "and reopen them from there")

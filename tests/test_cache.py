@@ -56,3 +56,12 @@ def test_cli_cache_flag(tmp_path):
     assert first.returncode == second.returncode == 0
     assert json.loads(first.stdout)["findings"] == json.loads(second.stdout)["findings"]
     assert len(list((tmp_path / "c").iterdir())) == 1
+
+
+def test_parallel_rank_loading_gives_the_same_report():
+    from kinetoscope.analyze.loader import find_jobs, load_job
+
+    (job,) = find_jobs(ROOT / "sample_traces" / "real" / "hta_2rank")
+    serial = json.loads(report_to_json(build_report(load_job(job))))
+    parallel = json.loads(report_to_json(build_report(load_job(job, processes=2))))
+    assert parallel == serial

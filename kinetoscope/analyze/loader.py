@@ -214,11 +214,45 @@ def load_trace(path: str | os.PathLike[str], limits: LoadLimits = DEFAULT_LIMITS
     return load_job(Job(str(path), tuple(resolve(path))), limits, cache)
 
 
-def load_job(job: Job, limits: LoadLimits = DEFAULT_LIMITS, cache: Path | None = None) -> Trace:
-    ranks = [load_rank(f, default_rank=i, limits=limits, cache=cache) for i, f in enumerate(job.files)]
+def load_job(job: Job, limits: LoadLimits = DEFAULT_LIMITS, cache: Path | None = None, processes: int = 1) -> Trace:
+    """Load a job's rank files; with ``processes`` > 1, ranks are parsed in parallel worker processes
+    that hand back Parquet tables (the parent never holds a rank's raw JSON)."""
+    if processes > 1 and len(job.files) > 1:
+        ranks = _load_in_processes(job, limits, processes)
+    else:
+        ranks = [load_rank(f, default_rank=i, limits=limits, cache=cache) for i, f in enumerate(job.files)]
     _check_distinct_ranks(ranks)
     ranks.sort(key=lambda r: r.rank)
     return Trace(source=job.name, ranks=tuple(ranks))
+
+
+def _parse_to_parquet(path: str, default_rank: int, limits: LoadLimits, out: str) -> str:
+    """Worker side of parallel loading: parse one rank and write it as columnar tables under ``out``."""
+    from kinetoscope.analyze import cache as columnar
+
+    key = f"rank-{default_rank}"
+    columnar.save(load_rank(Path(path), default_rank=default_rank, limits=limits), key, Path(out))
+    return key
+
+
+def _load_in_processes(job: Job, limits: LoadLimits, processes: int) -> list[RankTrace]:
+    import multiprocessing
+    import tempfile
+    from concurrent.futures import ProcessPoolExecutor
+
+    from kinetoscope.analyze import cache as columnar
+
+    with tempfile.TemporaryDirectory(prefix="kinetoscope-ranks-") as tmp:
+        # spawn, not fork: the caller may be a threaded app
+        with ProcessPoolExecutor(max_workers=min(processes, len(job.files)),
+                                 mp_context=multiprocessing.get_context("spawn")) as pool:
+            keys = list(pool.map(_parse_to_parquet, [str(f) for f in job.files], range(len(job.files)),
+                                 [limits] * len(job.files), [tmp] * len(job.files)))
+        ranks = [columnar.load(key, Path(tmp)) for key in keys]
+    missing = [str(f) for f, r in zip(job.files, ranks) if r is None]
+    if missing:
+        raise TraceSourceError(f"parallel load lost {', '.join(missing)}; rerun without --processes")
+    return [r for r in ranks if r is not None]
 
 
 def load_job_tolerant(job: Job, limits: LoadLimits = DEFAULT_LIMITS) -> tuple[Trace | None, list[tuple[Path, str]]]:
