@@ -85,3 +85,12 @@ def test_capture_directory_with_several_windows_gives_one_report_each(tmp_path):
     assert proc.returncode == 0, proc.stderr
     sources = [json.loads(line)["source"] for line in proc.stdout.splitlines()]
     assert [s.rsplit("(", 1)[1] for s in sources] == ["steps 2-3)", "steps 7-8)"]
+
+
+def test_cli_start_up_stays_light():
+    """Building the parser (every --help, every capture) must not load pandas, pyarrow, Dask or torch."""
+    code = ("import sys, kinetoscope.cli as c; c.build_parser(); "
+            "heavy = [m for m in ('pandas', 'pyarrow', 'dask', 'torch') if m in sys.modules]; print(heavy); "
+            "sys.exit(1 if heavy else 0)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout
