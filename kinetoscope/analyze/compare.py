@@ -6,7 +6,7 @@ from typing import Any
 
 import pandas as pd
 
-from kinetoscope.analyze.report import Report
+from kinetoscope.analyze.report import Report, entry_value
 from kinetoscope.analyze.trace import Trace
 
 #: (label, path into a rank entry, lower is better; None: a composition, neither better nor worse)
@@ -26,11 +26,7 @@ HEADLINES: tuple[tuple[str, tuple[str, ...], bool | None], ...] = (
 
 
 def _get(entry: dict[str, Any], path: tuple[str, ...]) -> float | None:
-    value: Any = entry
-    for key in path:
-        if not isinstance(value, dict):
-            return None
-        value = value.get(key)
+    value = entry_value(entry, *path)
     return float(value) if isinstance(value, (int, float)) else None
 
 

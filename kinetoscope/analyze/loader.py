@@ -221,9 +221,7 @@ def load_job(job: Job, limits: LoadLimits = DEFAULT_LIMITS, cache: Path | None =
         ranks = _load_in_processes(job, limits, processes)
     else:
         ranks = [load_rank(f, default_rank=i, limits=limits, cache=cache) for i, f in enumerate(job.files)]
-    _check_distinct_ranks(ranks)
-    ranks.sort(key=lambda r: r.rank)
-    return Trace(source=job.name, ranks=tuple(ranks))
+    return _assemble(job, ranks)
 
 
 def _parse_to_parquet(path: str, default_rank: int, limits: LoadLimits, out: str) -> str:
@@ -266,9 +264,12 @@ def load_job_tolerant(job: Job, limits: LoadLimits = DEFAULT_LIMITS) -> tuple[Tr
             failed.append((f, str(exc)))
     if not ranks:
         return None, failed
+    return _assemble(job, ranks), failed
+
+
+def _assemble(job: Job, ranks: list[RankTrace]) -> Trace:
     _check_distinct_ranks(ranks)
-    ranks.sort(key=lambda r: r.rank)
-    return Trace(source=job.name, ranks=tuple(ranks)), failed
+    return Trace(source=job.name, ranks=tuple(sorted(ranks, key=lambda r: r.rank)))
 
 
 def _check_distinct_ranks(ranks: list[RankTrace]) -> None:

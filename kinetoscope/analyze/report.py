@@ -53,6 +53,14 @@ class Report:
         }
 
 
+def entry_value(entry: dict[str, Any], *keys: str) -> Any:
+    """A value deep in a rank entry (``entry_value(r, "steps", "mean_us")``), None where any level is missing."""
+    value: Any = entry
+    for key in keys:
+        value = value.get(key) if isinstance(value, dict) else None
+    return value
+
+
 def _rank_header(r: RankTrace) -> dict[str, Any]:
     m = r.meta
     return {

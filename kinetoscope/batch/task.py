@@ -15,7 +15,7 @@ from kinetoscope import __version__
 from kinetoscope.analyze.analyzers.straggler import rank_summary
 from kinetoscope.analyze.limits import DEFAULT_LIMITS, LoadLimits
 from kinetoscope.analyze.loader import rank_from_bytes, read_bytes
-from kinetoscope.analyze.report import build_report
+from kinetoscope.analyze.report import build_report, entry_value
 from kinetoscope.analyze.trace import Trace
 from kinetoscope.batch.store import read_rows, write_rows
 from kinetoscope.errors import KinetoscopeError
@@ -24,13 +24,6 @@ from kinetoscope.errors import KinetoscopeError
 def file_key(path: str, content_sha256: str, version: str = __version__) -> str:
     """Identity of a result: the file's path and content, and the tool version that analysed it."""
     return hashlib.sha256(f"{path}\0{content_sha256}\0{version}".encode()).hexdigest()[:40]
-
-
-def _nested(entry: dict[str, Any], *keys: str) -> Any:
-    value: Any = entry
-    for k in keys:
-        value = value.get(k) if isinstance(value, dict) else None
-    return value
 
 
 def analyze_file(path: str, job: str, index: int, store: str, resume: bool = False,
@@ -86,15 +79,15 @@ def analyze_file(path: str, job: str, index: int, store: str, resume: bool = Fal
         "parse_s": parsed - started,
         "analyze_s": time.perf_counter() - parsed,
         "window_us": entry["window_us"],
-        "steps": _nested(entry, "steps", "count"),
-        "mean_step_us": _nested(entry, "steps", "mean_us"),
-        "gpu_idle_fraction": _nested(entry, "gpu", "idle_fraction"),
-        "loader_fraction": _nested(entry, "loader", "fraction"),
-        "loader_gpu_idle_cost_us": _nested(entry, "loader", "gpu_idle_cost_us"),
-        "h2d_overlap_fraction": _nested(entry, "h2d", "overlap_fraction"),
-        "h2d_pageable_fraction": _nested(entry, "h2d", "pageable_fraction"),
-        "memory_growth_bytes_per_step": _nested(entry, "memory", "growth_bytes_per_step"),
-        "peak_allocated_bytes": _nested(entry, "memory", "peak_allocated_bytes"),
+        "steps": entry_value(entry, "steps", "count"),
+        "mean_step_us": entry_value(entry, "steps", "mean_us"),
+        "gpu_idle_fraction": entry_value(entry, "gpu", "idle_fraction"),
+        "loader_fraction": entry_value(entry, "loader", "fraction"),
+        "loader_gpu_idle_cost_us": entry_value(entry, "loader", "gpu_idle_cost_us"),
+        "h2d_overlap_fraction": entry_value(entry, "h2d", "overlap_fraction"),
+        "h2d_pageable_fraction": entry_value(entry, "h2d", "pageable_fraction"),
+        "memory_growth_bytes_per_step": entry_value(entry, "memory", "growth_bytes_per_step"),
+        "peak_allocated_bytes": entry_value(entry, "memory", "peak_allocated_bytes"),
         "collective_us": summary["collective_us"],
         "loader_us": summary["loader_us"],
         "findings": len(report.findings),

@@ -13,6 +13,7 @@ from kinetoscope.analyze.findings import Finding
 from kinetoscope.analyze.registry import AnalysisResult, register
 from kinetoscope.analyze.timeline import (
     Window,
+    any_gpu_busy,
     device_busy,
     gpu_work,
     host_busy,
@@ -100,12 +101,14 @@ def analyze_gpu(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
         "host_launch": host_busy(trace),
     }
     devices: list[dict[str, Any]] = []
+    idle_by_device: list[int] = []
     gap_tables = []
     findings: list[Finding] = []
     for device, busy in device_busy(trace).items():
         idle = iv.complement(busy, w.start_ns, w.end_ns)
         parts = _attribute(idle, causes)
         idle_ns = iv.measure(idle)
+        idle_by_device.append(idle_ns)
         gaps = _gap_table(trace, device, idle, parts, config)
         gap_tables.append(gaps)
         by_cause_ns = {c: iv.measure(parts[c]) for c in CAUSES}
@@ -123,10 +126,9 @@ def analyze_gpu(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
             }
         )
         findings += _device_findings(trace, config, w, device, idle_ns, by_cause_ns, gaps)
-    all_idle = iv.complement(iv.union(np.concatenate([b[0] for b in device_busy(trace).values()]),
-                                      np.concatenate([b[1] for b in device_busy(trace).values()])), w.start_ns, w.end_ns)
+    all_idle = iv.complement(any_gpu_busy(trace), w.start_ns, w.end_ns)
     metrics = {
-        "idle_fraction": frac(max(d["idle_us"] for d in devices) * 1000, w.dur_ns) if devices else None,
+        "idle_fraction": frac(max(idle_by_device), w.dur_ns) if idle_by_device else None,
         "fraction_of": "window",
         "any_device_idle_us": us(iv.measure(all_idle)),
         "devices": devices,

@@ -10,20 +10,21 @@ from kinetoscope.analyze import intervals as iv
 from kinetoscope.analyze.config import AnalysisConfig
 from kinetoscope.analyze.findings import Finding
 from kinetoscope.analyze.registry import AnalysisResult, register
-from kinetoscope.analyze.timeline import gpu_work, intervals_of, loader_spans, window
+from kinetoscope.analyze.analyzers.comm import collectives
+from kinetoscope.analyze.timeline import intervals_of, loader_spans, window
 from kinetoscope.analyze.trace import RankTrace, Trace
 
-_COLLECTIVE_RE = re.compile(r"nccl|rccl|gloo", re.IGNORECASE)
+#: host-side collective annotations of CPU-only runs ("gloo:all_reduce", "nccl:all_reduce")
+_COLLECTIVE_ANNOTATION_RE = re.compile(r"nccl|rccl|gloo", re.IGNORECASE)
 
 
 def collective_ns(trace: RankTrace) -> int:
     """Union of collective kernels (GPU) or collective annotations (CPU-only gloo runs) in the window."""
     w = window(trace)
-    gpu = gpu_work(trace)
-    frame = gpu[gpu["name"].astype(str).str.contains(_COLLECTIVE_RE)] if len(gpu) else gpu
+    frame = collectives(trace)
     if frame.empty:
         ev = trace.events
-        frame = ev[ev["kind"].isin(("annotation", "cpu_op")) & ev["name"].astype(str).str.contains(_COLLECTIVE_RE)]
+        frame = ev[ev["kind"].isin(("annotation", "cpu_op")) & ev["name"].astype(str).str.contains(_COLLECTIVE_ANNOTATION_RE)]
     return iv.measure(intervals_of(frame, w))
 
 
