@@ -1,22 +1,29 @@
-"""Turn decoded events into the typed tables of a ``RankTrace``."""
+"""Turn decoded columns (``RawColumns``) into the typed tables of a ``RankTrace``.
+
+All of it is vectorised: rows are selected by phase with numpy masks, categorical columns are
+re-coded from the decoder's string codes (categories in order of first appearance, as
+``pd.factorize`` gives them), and the sparse args fields are scattered into nullable columns.
+Only distinct values (categories, identifiers, the rare odd-typed field value) pass through Python.
+"""
 
 from __future__ import annotations
 
 import re
 from collections import Counter
-from typing import Any, Iterable
+from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
 
 from kinetoscope.analyze import schema
-from kinetoscope.analyze.parser import Args, Event, ParsedTrace
+from kinetoscope.analyze.raw import F, RawColumns
 from kinetoscope.analyze.trace import RankTrace, TraceMeta
 
-_EMPTY_ARGS = Args()
 _STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
 _STREAM_RE = re.compile(r"(\d+)\s*$")
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+_MAX_US = 9.0e15  # int64 nanoseconds hold +-9.2e15 us
+_NOT_AN_OBJECT = "<not an object>"
 
 
 def _int_or_none(value: Any) -> int | None:
@@ -37,34 +44,82 @@ def _int_or_none(value: Any) -> int | None:
     return number if _INT64_MIN <= number <= _INT64_MAX else None  # beyond int64: not an id we can use
 
 
-def _nullable(values: Iterable[Any]) -> pd.arrays.IntegerArray:
-    """A nullable Int64 column. Fast path for the usual ints and None; odd values go one by one."""
-    objects = np.array(list(values), dtype=object)
-    missing = np.equal(objects, None)
-    try:
-        filled = np.where(missing, 0, objects).astype(np.int64)
-        exact = np.equal(filled, np.where(missing, 0, objects)).all()
-    except (TypeError, ValueError, OverflowError):
-        exact = False
-    if not exact:  # strings ("0x0"), floats, huge numbers: coerce each value
-        return pd.array([_int_or_none(v) for v in objects], dtype="Int64")
-    return pd.arrays.IntegerArray(filled, missing)
+def _usable(values: np.ndarray) -> np.ndarray:
+    return np.isfinite(values) & (np.abs(values) < _MAX_US)
 
 
-def _categorical(values: list[Any]) -> pd.Categorical:
-    """Values (ids may be ints or labels) as a categorical of text.
+class _Fields:
+    """The sparse args fields of a trace, scattered on demand into the rows of one table."""
 
-    ``pd.factorize`` hashes the Python objects in C: ~5x faster than ``pd.Categorical(list)``,
-    which infers a string dtype element by element.
-    """
-    codes, uniques = pd.factorize(np.asarray(values, dtype=object))
-    labels = [u if isinstance(u, str) else str(u) for u in uniques]
+    def __init__(self, raw: RawColumns) -> None:
+        order = np.argsort(raw.f_id, kind="stable")
+        bounds = np.searchsorted(raw.f_id[order], np.arange(len(F) + 1))
+        self._events = {f: raw.f_event[order[bounds[f]:bounds[f + 1]]] for f in range(len(F))}
+        self._values = {f: raw.f_value[order[bounds[f]:bounds[f + 1]]] for f in range(len(F))}
+        self._odd: dict[int, list[tuple[int, Any]]] = {}
+        for event, fid, value in raw.odd:
+            self._odd.setdefault(fid, []).append((event, value))
+
+    def get(self, name: str, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(value, valid, present) for ``rows`` (sorted event indices): present = the key held a
+        non-null value; valid = that value is usable as an int64 (odd values coerced like ``int()``)."""
+        f = F[name]
+        value = np.zeros(len(rows), dtype=np.int64)
+        valid = np.zeros(len(rows), dtype=bool)
+        present = np.zeros(len(rows), dtype=bool)
+        for events, values in ((self._events[f], self._values[f]), *self._odd_arrays(f)):
+            if not len(events) or not len(rows):
+                continue
+            pos = np.searchsorted(rows, events)
+            hit = pos < len(rows)
+            hit[hit] = rows[pos[hit]] == events[hit]
+            if values.dtype == object:  # odd values: coerce each (rare)
+                coerced = [_int_or_none(v) for v in values[hit]]
+                ok = np.array([c is not None for c in coerced], dtype=bool)
+                value[pos[hit][ok]] = np.array([c for c in coerced if c is not None], dtype=np.int64)
+                valid[pos[hit][ok]] = True
+            else:
+                value[pos[hit]] = values[hit]
+                valid[pos[hit]] = True
+            present[pos[hit]] = True
+        return value, valid, present
+
+    def _odd_arrays(self, f: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        items = self._odd.get(f)
+        if not items:
+            return []
+        events = np.array([e for e, _ in items], dtype=np.int64)
+        values = np.empty(len(items), dtype=object)
+        values[:] = [v for _, v in items]
+        return [(events, values)]
+
+
+def _nullable(value: np.ndarray, valid: np.ndarray) -> pd.arrays.IntegerArray:
+    return pd.arrays.IntegerArray(np.where(valid, value, 0), ~valid)
+
+
+def _first_appearance(codes: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """(used codes in order of first appearance, new codes): what ``pd.factorize`` gives, in O(n)."""
+    n = len(codes)
+    first = np.full(size, n, dtype=np.int64)
+    first[codes[::-1]] = np.arange(n - 1, -1, -1, dtype=np.int64)  # the last write wins: the first index
+    used = np.flatnonzero(first < n)
+    used = used[np.argsort(first[used], kind="stable")]
+    lookup = np.full(size, -1, dtype=np.int64)
+    lookup[used] = np.arange(len(used))
+    return used, lookup[codes]
+
+
+def _categorical(codes: np.ndarray, values: list[Any]) -> pd.Categorical:
+    """Codes into ``values`` (text, or ids that may be ints) as a categorical of text."""
+    used, new = _first_appearance(codes, len(values))
+    labels = [v if isinstance(v, str) else str(v) for v in (values[c] for c in used)]
     if len(set(labels)) != len(labels):  # 7 and "7" in one column: merge them as text
-        return pd.Categorical([v if isinstance(v, str) else str(v) for v in values])
-    return pd.Categorical.from_codes(codes, categories=pd.Index(labels, dtype=object))
+        return pd.Categorical([labels[c] for c in new])
+    return pd.Categorical.from_codes(new, categories=pd.Index(labels, dtype=object))
 
 
-def _recode(values: pd.Categorical, fn: Any, categories: list[str] | None = None) -> pd.Categorical:
+def _recode(values: pd.Categorical, fn: Callable[[str], str], categories: list[str] | None = None) -> pd.Categorical:
     """Map each category through ``fn`` (once per distinct value) and remap the codes in numpy."""
     mapped = [fn(c) for c in values.categories]
     target = categories if categories is not None else list(dict.fromkeys(mapped))
@@ -73,154 +128,154 @@ def _recode(values: pd.Categorical, fn: Any, categories: list[str] | None = None
     return pd.Categorical.from_codes(lookup[np.asarray(values.codes)], categories=pd.Index(target, dtype=object))
 
 
-_MAX_US = 9.0e15  # int64 nanoseconds hold +-9.2e15 us
-
-
-def _usable(values: np.ndarray) -> np.ndarray:
-    return np.isfinite(values) & (np.abs(values) < _MAX_US)
-
-
-def _with_usable_time(events: list[Event], kind: str, warnings: list[str]) -> tuple[list[Event], np.ndarray]:
-    """The events whose timestamp can be placed, and their times; the rest are counted in ``warnings``."""
-    ts, _ = _times(events)
-    ok = _usable(ts)
+def _with_usable_time(raw: RawColumns, rows: np.ndarray, kind: str, warnings: list[str]) -> np.ndarray:
+    """The rows whose timestamp can be placed; the rest are counted in ``warnings``."""
+    ok = _usable(raw.ts[rows])
     if not ok.all():
         warnings.append(f"{int((~ok).sum())} {kind} events had no usable timestamp and were not analysed")
-        events = [e for e, keep in zip(events, ok) if keep]
-        ts = ts[ok]
-    return events, ts
+        rows = rows[ok]
+    return rows
 
 
-def _times(events: list[Event]) -> tuple[np.ndarray, np.ndarray]:
-    ts = np.fromiter((e.ts for e in events), dtype=np.float64, count=len(events))
-    dur = np.fromiter((e.dur for e in events), dtype=np.float64, count=len(events))
-    return ts, dur
+def _ident_ints(idents: list[Any]) -> tuple[np.ndarray, np.ndarray]:
+    """Per identifier code: its value as an int64 and whether it is one (an int pid/tid)."""
+    ok = np.array([isinstance(v, int) and _INT64_MIN <= v <= _INT64_MAX for v in idents], dtype=bool)
+    return np.array([v if good else 0 for v, good in zip(idents, ok)], dtype=np.int64), ok
 
 
-def _stream_of(e: Event, a: Args) -> int | None:
-    if a.stream is not None:
-        return _int_or_none(a.stream)
-    if isinstance(e.tid, int):
-        return e.tid
-    m = _STREAM_RE.search(e.tid) if isinstance(e.tid, str) else None
-    return int(m.group(1)) if m else None
+def _tid_streams(idents: list[Any]) -> tuple[np.ndarray, np.ndarray]:
+    """Per identifier code: the stream a GPU event's tid names ("stream 7" -> 7), when no args.stream."""
+    out = []
+    for v in idents:
+        if isinstance(v, int):
+            out.append(v if _INT64_MIN <= v <= _INT64_MAX else None)
+        else:
+            m = _STREAM_RE.search(v) if isinstance(v, str) else None
+            out.append(_int_or_none(m.group(1)) if m else None)
+    ok = np.array([o is not None for o in out], dtype=bool)
+    return np.array([o if o is not None else 0 for o in out], dtype=np.int64), ok
 
 
-def build_events(events: list[Event]) -> tuple[pd.DataFrame, list[str]]:
+def build_events(raw: RawColumns, rows: np.ndarray, fields: _Fields) -> tuple[pd.DataFrame, list[str]]:
     warnings: list[str] = []
-    ts, dur = _times(events)
+    ts, dur = raw.ts[rows], raw.dur[rows]
     # no time, or a time/duration int64 nanoseconds cannot hold (|t| >= ~106 days of us): unusable
     bad = ~_usable(ts) | ~_usable(dur)
     if bad.any():
         warnings.append(f"{int(bad.sum())} complete events had no usable timestamp and were not analysed")
-        keep = np.flatnonzero(~bad)
-        events = [events[i] for i in keep]
-        ts, dur = ts[~bad], dur[~bad]
+        rows, ts, dur = rows[~bad], ts[~bad], dur[~bad]
     neg = dur < 0
     if neg.any():
         warnings.append(f"{int(neg.sum())} events had a negative duration; clamped to 0")
         dur = np.where(neg, 0.0, dur)
     ts_ns = schema.us_to_ns(ts)
     dur_ns = np.rint(dur * 1000.0).astype(np.int64)
-    cat = _recode(_categorical([e.cat for e in events]), schema.normalise_category)
+    cat = _recode(_categorical(raw.cat[rows], raw.strings), schema.normalise_category)
     kind = _recode(cat, lambda c: schema.CATEGORY_KIND.get(c, "other"), categories=list(schema.KINDS))
-    args = [e.args or _EMPTY_ARGS for e in events]
-    is_gpu = np.isin(np.asarray(kind.codes), [list(schema.KINDS).index(k) for k in ("kernel", "memcpy", "memset", "gpu_annotation", "sync")])
-    device = [
-        (_int_or_none(a.device) if a.device is not None else (e.pid if isinstance(e.pid, int) else None)) if g else None
-        for e, a, g in zip(events, args, is_gpu)
-    ]
-    stream = [_stream_of(e, a) if g else None for e, a, g in zip(events, args, is_gpu)]
-    external = [a.external_id if a.external_id is not None else a.external_id_legacy for a in args]
+    gpu_kinds = [list(schema.KINDS).index(k) for k in ("kernel", "memcpy", "memset", "gpu_annotation", "sync")]
+    is_gpu = np.isin(np.asarray(kind.codes), gpu_kinds)
+    pid_codes, tid_codes = raw.pid[rows], raw.tid[rows]
+
+    # device: args.device, else an integer pid; GPU events only
+    dev, dev_ok, dev_present = fields.get("device", rows)
+    pid_int, pid_is_int = _ident_ints(raw.idents)
+    device = np.where(dev_present, dev, pid_int[pid_codes])
+    device_ok = np.where(dev_present, dev_ok, pid_is_int[pid_codes]) & is_gpu
+    # stream: args.stream, else the tid (an int, or the trailing number of "stream 7")
+    stream, stream_ok, stream_present = fields.get("stream", rows)
+    tid_stream, tid_stream_ok = _tid_streams(raw.idents)
+    stream = np.where(stream_present, stream, tid_stream[tid_codes])
+    stream_ok = np.where(stream_present, stream_ok, tid_stream_ok[tid_codes]) & is_gpu
+    ext, ext_ok, ext_present = fields.get("external_id", rows)
+    legacy, legacy_ok, _ = fields.get("external_id_legacy", rows)
+    external = np.where(ext_present, ext, legacy)
+    external_ok = np.where(ext_present, ext_ok, legacy_ok)
     df = pd.DataFrame(
         {
             "ts_ns": ts_ns,
             "dur_ns": dur_ns,
             "end_ns": ts_ns + dur_ns,
-            "name": _categorical([e.name for e in events]),
+            "name": _categorical(raw.name[rows], raw.strings),
             "cat": cat,
             "kind": kind,
-            "pid": _categorical([e.pid for e in events]),
-            "tid": _categorical([e.tid for e in events]),
-            "device": _nullable(device),
-            "stream": _nullable(stream),
-            "correlation": _nullable(a.correlation for a in args),
-            "external_id": _nullable(external),
-            "bytes": _nullable(a.bytes for a in args),
+            "pid": _categorical(pid_codes, raw.idents),
+            "tid": _categorical(tid_codes, raw.idents),
+            "device": _nullable(device, device_ok),
+            "stream": _nullable(stream, stream_ok),
+            "correlation": _nullable(*fields.get("correlation", rows)[:2]),
+            "external_id": _nullable(external, external_ok),
+            "bytes": _nullable(*fields.get("bytes", rows)[:2]),
         }
     )
     df = df.sort_values("ts_ns", kind="stable", ignore_index=True)
     return df, warnings
 
 
-def build_memory(events: list[Event], warnings: list[str]) -> pd.DataFrame:
-    events, ts = _with_usable_time(events, "memory", warnings)
-    if not events:
+def build_memory(raw: RawColumns, rows: np.ndarray, fields: _Fields, warnings: list[str]) -> pd.DataFrame:
+    rows = _with_usable_time(raw, rows, "memory", warnings)
+    if not len(rows):
         return schema.empty_frame(schema.MEMORY_COLUMNS)
-    args = [e.args or _EMPTY_ARGS for e in events]
+    mem_bytes, mem_ok, _ = fields.get("mem_bytes", rows)
+    dtype, dtype_ok, _ = fields.get("device_type", rows)
+    dev_id, dev_id_ok, _ = fields.get("device_id", rows)
     df = pd.DataFrame(
         {
-            "ts_ns": schema.us_to_ns(ts),
-            "bytes": np.array([_int_or_none(a.mem_bytes) or 0 for a in args], dtype=np.int64),
-            "total_allocated_bytes": _nullable(a.total_allocated for a in args),
-            "total_reserved_bytes": _nullable(a.total_reserved for a in args),
-            "device_type": np.array([_int_or_none(a.device_type) or 0 for a in args], dtype=np.int64),
-            "device_id": np.array(
-                [-1 if a.device_id is None else _int_or_none(a.device_id) for a in args], dtype=np.int64
-            ),
-            "addr": _nullable(a.addr for a in args),
-            "tid": _categorical([e.tid for e in events]),
+            "ts_ns": schema.us_to_ns(raw.ts[rows]),
+            "bytes": np.where(mem_ok, mem_bytes, 0),
+            "total_allocated_bytes": _nullable(*fields.get("total_allocated", rows)[:2]),
+            "total_reserved_bytes": _nullable(*fields.get("total_reserved", rows)[:2]),
+            "device_type": np.where(dtype_ok, dtype, 0),
+            "device_id": np.where(dev_id_ok, dev_id, -1),
+            "addr": _nullable(*fields.get("addr", rows)[:2]),
+            "tid": _categorical(raw.tid[rows], raw.idents),
         }
     )
     return df.sort_values("ts_ns", kind="stable", ignore_index=True)
 
 
-def build_counters(parsed: ParsedTrace) -> pd.DataFrame:
-    rows: list[tuple[float, str, str, float, str]] = []
-    for c in parsed.counters:
-        for key, value in (c.args or {}).items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and abs(c.ts) < _MAX_US:
-                rows.append((c.ts, c.name, key, float(value), str(c.pid)))
-    if not rows:
+def build_counters(raw: RawColumns) -> pd.DataFrame:
+    keep = np.abs(raw.c_ts) < _MAX_US  # NaN (no timestamp) compares False
+    if not keep.any():
         return schema.empty_frame(schema.COUNTER_COLUMNS)
-    ts = np.array([r[0] for r in rows], dtype=np.float64)
+    strings = np.array(raw.strings, dtype=object)
+    pids = np.array([str(v) for v in raw.idents], dtype=object)
     df = pd.DataFrame(
         {
-            "ts_ns": schema.us_to_ns(ts),
-            "name": pd.Categorical([r[1] for r in rows]),
-            "series": pd.Categorical([r[2] for r in rows]),
-            "value": np.array([r[3] for r in rows], dtype=np.float64),
-            "pid": pd.Categorical([r[4] for r in rows]),
+            "ts_ns": schema.us_to_ns(raw.c_ts[keep]),
+            "name": pd.Categorical(strings[raw.c_name[keep]]),
+            "series": pd.Categorical(strings[raw.c_series[keep]]),
+            "value": raw.c_value[keep],
+            "pid": pd.Categorical(pids[raw.c_pid[keep]]),
         }
     )
     return df.sort_values("ts_ns", kind="stable", ignore_index=True)
 
 
-def build_flows(events: list[Event], warnings: list[str]) -> pd.DataFrame:
-    events, ts = _with_usable_time(events, "flow", warnings)
-    if not events:
+def build_flows(raw: RawColumns, rows: np.ndarray, fields: _Fields, warnings: list[str]) -> pd.DataFrame:
+    rows = _with_usable_time(raw, rows, "flow", warnings)
+    if not len(rows):
         return schema.empty_frame(schema.FLOW_COLUMNS)
     return pd.DataFrame(
         {
-            "ts_ns": schema.us_to_ns(ts),
-            "id": _nullable(e.id if not isinstance(e.id, str) else _int_or_none(e.id) for e in events),
-            "phase": _categorical([e.ph for e in events]),
-            "cat": _recode(_categorical([e.cat for e in events]), schema.normalise_category),
-            "pid": _categorical([e.pid for e in events]),
-            "tid": _categorical([e.tid for e in events]),
+            "ts_ns": schema.us_to_ns(raw.ts[rows]),
+            "id": _nullable(*fields.get("id", rows)[:2]),
+            "phase": _categorical(raw.ph[rows], raw.strings),
+            "cat": _recode(_categorical(raw.cat[rows], raw.strings), schema.normalise_category),
+            "pid": _categorical(raw.pid[rows], raw.idents),
+            "tid": _categorical(raw.tid[rows], raw.idents),
         }
     )
 
 
-def build_instants(events: list[Event], warnings: list[str]) -> pd.DataFrame:
-    events, ts = _with_usable_time(events, "instant", warnings)
+def build_instants(raw: RawColumns, rows: np.ndarray, warnings: list[str]) -> pd.DataFrame:
+    rows = _with_usable_time(raw, rows, "instant", warnings)
     return pd.DataFrame(
         {
-            "ts_ns": schema.us_to_ns(ts) if len(ts) else np.array([], dtype=np.int64),
-            "name": _categorical([e.name for e in events]),
-            "cat": _recode(_categorical([e.cat for e in events]), schema.normalise_category),
-            "pid": _categorical([e.pid for e in events]),
-            "tid": _categorical([e.tid for e in events]),
+            "ts_ns": schema.us_to_ns(raw.ts[rows]) if len(rows) else np.array([], dtype=np.int64),
+            "name": _categorical(raw.name[rows], raw.strings),
+            "cat": _recode(_categorical(raw.cat[rows], raw.strings), schema.normalise_category),
+            "pid": _categorical(raw.pid[rows], raw.idents),
+            "tid": _categorical(raw.tid[rows], raw.idents),
         }
     )
 
@@ -245,59 +300,61 @@ def build_steps(events: pd.DataFrame) -> pd.DataFrame:
     )
 
 
-def _metadata_names(meta_events: list[Event]) -> tuple[dict[str, str], dict[tuple[str, str], str]]:
+def _metadata_names(raw: RawColumns, rows: np.ndarray, fields: _Fields) -> tuple[dict[str, str], dict[tuple[str, str], str]]:
     processes: dict[str, str] = {}
     threads: dict[tuple[str, str], str] = {}
-    for e in meta_events:
-        label = e.args.name if e.args else None
-        if not label:
+    label, has_label, _ = fields.get("name", rows)
+    for i in np.flatnonzero(has_label):
+        text = raw.strings[label[i]]
+        if not text:
             continue
-        if e.name == "process_name":
-            processes[str(e.pid)] = label
-        elif e.name == "thread_name":
-            threads[(str(e.pid), str(e.tid))] = label
+        row = rows[i]
+        kind = raw.strings[raw.name[row]]
+        pid = str(raw.idents[raw.pid[row]])
+        if kind == "process_name":
+            processes[pid] = text
+        elif kind == "thread_name":
+            threads[(pid, str(raw.idents[raw.tid[row]]))] = text
     return processes, threads
 
 
-def build_rank_trace(
-    parsed: ParsedTrace,
-    *,
-    source: str,
-    rank: int,
-    rank_source: str,
-    bytes_read: int,
-) -> RankTrace:
-    by_phase: dict[str, list[Event]] = {"X": [], "M": [], "mem": [], "flow": [], "i": []}
-    unhandled: Counter[str] = Counter()
-    for e in parsed.events:
-        ph = e.ph
-        if ph == "X":
-            by_phase["X"].append(e)
-        elif ph in ("i", "I", "n"):
-            (by_phase["mem"] if e.name == "[memory]" else by_phase["i"]).append(e)
-        elif ph in ("s", "f", "t"):
-            by_phase["flow"].append(e)
-        elif ph == "M":
-            by_phase["M"].append(e)
-        elif ph == "C":
-            pass  # decoded in the counter pass
-        elif ph == "<not an object>":
-            pass  # reported by the parser
-        else:
-            unhandled[f"ph={ph or '?'}"] += 1
+#: phases and what becomes of them
+_PHASES = {"X": "X", "i": "i", "I": "i", "n": "i", "s": "flow", "f": "flow", "t": "flow", "M": "M",
+           "C": "counter", _NOT_AN_OBJECT: "skipped"}
 
-    events, warnings = build_events(by_phase["X"])
-    warnings = list(parsed.notes) + warnings
-    memory = build_memory(by_phase["mem"], warnings)
-    flows = build_flows(by_phase["flow"], warnings)
-    instants = build_instants(by_phase["i"], warnings)
-    counters = build_counters(parsed)
+
+def build_rank_trace(raw: RawColumns, *, source: str, rank: int, rank_source: str, bytes_read: int) -> RankTrace:
+    phase_codes = np.unique(raw.ph)
+    groups: dict[str, list[int]] = {}
+    unhandled: Counter[str] = Counter()
+    counts = np.bincount(raw.ph, minlength=int(phase_codes.max()) + 1 if len(phase_codes) else 0)
+    for code in phase_codes:
+        ph = raw.strings[code]
+        group = _PHASES.get(ph)
+        if group is None:
+            unhandled[f"ph={ph or '?'}"] += int(counts[code])
+        else:
+            groups.setdefault(group, []).append(int(code))
+
+    def rows_of(group: str) -> np.ndarray:
+        return np.flatnonzero(np.isin(raw.ph, groups.get(group, [])))
+
+    fields = _Fields(raw)
+    instant_rows = rows_of("i")
+    memory_code = {s: i for i, s in enumerate(raw.strings)}.get("[memory]", -1)
+    is_memory = raw.name[instant_rows] == memory_code
+    events, warnings = build_events(raw, rows_of("X"), fields)
+    warnings = list(raw.notes) + warnings
+    memory = build_memory(raw, instant_rows[is_memory], fields, warnings)
+    flows = build_flows(raw, rows_of("flow"), fields, warnings)
+    instants = build_instants(raw, instant_rows[~is_memory], warnings)
+    counters = build_counters(raw)
     if unhandled:
         listed = ", ".join(f"{k}: {v}" for k, v in sorted(unhandled.items()))
         warnings.append(f"events of phases this version does not analyse were kept out of the analysis ({listed})")
-    meta_in = parsed.metadata
+    meta_in = raw.metadata
     dist = meta_in.get("distributedInfo") if isinstance(meta_in.get("distributedInfo"), dict) else None
-    processes, threads = _metadata_names(by_phase["M"])
+    processes, threads = _metadata_names(raw, rows_of("M"), fields)
     known = {"schemaVersion", "traceName", "baseTimeNanoseconds", "deviceProperties", "distributedInfo"}
     props = meta_in.get("deviceProperties")
     meta = TraceMeta(
@@ -314,7 +371,7 @@ def build_rank_trace(
         other={k: v for k, v in meta_in.items() if k not in known},
         unhandled_events=dict(unhandled),
         warnings=tuple(warnings),
-        n_events=len(parsed.events),
+        n_events=raw.n,
         bytes_read=bytes_read,
     )
     return RankTrace(

@@ -19,9 +19,11 @@ import msgspec
 import numpy as np
 import pandas as pd
 
+from kinetoscope.analyze import scan
 from kinetoscope.analyze.build import build_rank_trace
 from kinetoscope.analyze.limits import DEFAULT_LIMITS, LoadLimits
 from kinetoscope.analyze.parser import parse_bytes
+from kinetoscope.analyze.raw import RawColumns, from_parsed
 from kinetoscope.analyze.trace import RankTrace, Trace
 from kinetoscope.errors import KinetoscopeError, TraceFormatError, TraceSourceError
 
@@ -139,7 +141,9 @@ def load_rank(path: Path, *, default_rank: int = 0, limits: LoadLimits = DEFAULT
               cache: Path | None = None) -> RankTrace:
     """Load one rank file. Rank: distributedInfo, else ``rank-N`` in the name, else default.
 
-    With ``cache`` (a directory), a trace parsed before is reopened from its Parquet tables.
+    The file is streamed through the columnar scanner (bounded memory); the reference decoder
+    takes over for anything the scanner leaves to it. With ``cache`` (a directory), a trace
+    parsed before is reopened from its Parquet tables.
     """
     started = time.perf_counter()
     key = None
@@ -150,7 +154,12 @@ def load_rank(path: Path, *, default_rank: int = 0, limits: LoadLimits = DEFAULT
         hit = columnar.load(key, cache)
         if hit is not None:
             return replace(hit, meta=replace(hit.meta, load_seconds=time.perf_counter() - started))
-    trace = rank_from_bytes(read_bytes(path, limits), path, default_rank=default_rank, started=started, limits=limits)
+    scanned = scan.scan_file(path, limits)
+    if scanned is None:
+        data = read_bytes(path, limits)
+        scanned = from_parsed(parse_bytes(data, str(path), limits)), len(data)
+        del data
+    trace = _rank_from_raw(*scanned, path, default_rank=default_rank, started=started)
     if key is not None:
         columnar.save(trace, key, cache)
     return trace
@@ -160,8 +169,15 @@ def rank_from_bytes(data: bytes, path: Path, *, default_rank: int = 0, started: 
                     limits: LoadLimits = DEFAULT_LIMITS) -> RankTrace:
     """Build a rank from a trace's (already gunzipped) JSON bytes; ``path`` names it and locates sidecars."""
     started = time.perf_counter() if started is None else started
-    parsed = parse_bytes(data, str(path), limits)
-    dist = parsed.metadata.get("distributedInfo")
+    scanned = scan.scan_bytes(data, str(path), limits)
+    if scanned is None:
+        scanned = from_parsed(parse_bytes(data, str(path), limits)), len(data)
+    del data
+    return _rank_from_raw(*scanned, path, default_rank=default_rank, started=started)
+
+
+def _rank_from_raw(raw: RawColumns, size: int, path: Path, *, default_rank: int, started: float) -> RankTrace:
+    dist = raw.metadata.get("distributedInfo")
     rank, rank_source = None, "default"
     if isinstance(dist, dict) and isinstance(dist.get("rank"), int):
         rank, rank_source = dist["rank"], "distributedInfo"
@@ -171,9 +187,7 @@ def rank_from_bytes(data: bytes, path: Path, *, default_rank: int = 0, started: 
             rank, rank_source = named, "filename"
     if rank is None:
         rank = default_rank
-    size = len(data)
-    del data
-    trace = build_rank_trace(parsed, source=str(path), rank=rank, rank_source=rank_source, bytes_read=size)
+    trace = build_rank_trace(raw, source=str(path), rank=rank, rank_source=rank_source, bytes_read=size)
     if trace.events.empty and trace.memory.empty:
         raise TraceFormatError(str(path), "trace holds no timed events (nothing to analyse)")
     run_steps, note = _run_steps(path, rank)

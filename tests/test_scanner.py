@@ -1,0 +1,171 @@
+"""The compiled columnar scanner agrees with the reference msgspec decoder, on every real trace,
+at every chunk boundary, and on every number form; what it does not handle goes to the reference."""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kinetoscope.analyze import scan
+from kinetoscope.analyze.build import build_rank_trace
+from kinetoscope.analyze.limits import LoadLimits
+from kinetoscope.analyze.loader import is_trace_file, read_bytes
+from kinetoscope.analyze.parser import parse_bytes
+from kinetoscope.analyze.raw import from_parsed
+from kinetoscope.errors import TraceFormatError
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared" / "traces"
+_scan = pytest.importorskip("kinetoscope.analyze._scan", reason="the C scanner is not built")
+
+
+def test_the_scanner_is_built_and_used():
+    assert scan.available()
+
+
+def _paths() -> list[Path]:
+    roots = [ROOT / "sample_traces"] + ([SHARED] if SHARED.is_dir() else [])
+    return sorted(p for r in roots for p in r.rglob("*") if is_trace_file(p))
+
+
+def _tables(raw, size):
+    t = build_rank_trace(raw, source="x", rank=0, rank_source="default", bytes_read=size)
+    return t, dataclasses.asdict(t.meta)
+
+
+def _assert_same(a, b):
+    (ta, ma), (tb, mb) = a, b
+    for name in ("events", "memory", "counters", "flows", "instants", "steps"):
+        pd.testing.assert_frame_equal(getattr(ta, name), getattr(tb, name), check_exact=True)
+    assert ma == mb
+
+
+def _reference(path: Path):
+    data = read_bytes(path)
+    return from_parsed(parse_bytes(data, str(path))), len(data)
+
+
+@pytest.mark.parametrize("path", _paths(), ids=lambda p: p.name)
+def test_scanner_tables_equal_the_reference_on_real_traces(path):
+    scanned = scan.scan_file(path)
+    assert scanned is not None, "a real Kineto trace should never need the reference decoder"
+    assert scanned[0].decoder == "scanner"
+    _assert_same(_tables(*scanned), _tables(*_reference(path)))
+
+
+def test_tiny_chunks_carry_events_across_boundaries(monkeypatch):
+    path = ROOT / "sample_traces" / "real" / "h100_tiny_before_fix_trace.json"
+    whole = scan.scan_file(path)
+    monkeypatch.setattr(scan, "CHUNK_BYTES", 7)  # every event straddles chunks; the buffer must grow
+    _assert_same(_tables(*scan.scan_file(path)), _tables(*whole))
+
+
+DOC = json.dumps({
+    "schemaVersion": 1,
+    "deviceProperties": [{"id": 0, "name": "H100 \u00e9"}],
+    "traceEvents": [
+        {"ph": "M", "name": "process_name", "pid": 7, "tid": 0, "args": {"name": "python \u2603"}},
+        {"ph": "X", "cat": "kernel", "name": "k\u00e9rnel \"q\" \\ \U0001F680 RAW", "pid": 0, "tid": "stream 7",
+         "ts": 1419104476613.318, "dur": 5.54, "args": {"device": 0, "stream": "0x7", "correlation": 12,
+                                                       "bytes": 1.5, "External id": 2 ** 70, "skip": [1, {"a": None}]}},
+        {"ph": "C", "name": "mem", "pid": 7, "ts": 12.5, "args": {"allocated": 3, "label": "x", "frac": 0.25}},
+        {"ph": "s", "id": "0x10", "pid": 7, "tid": 7, "ts": 1, "cat": "ac2g"},
+        {"ph": "i", "name": "[memory]", "pid": 7, "tid": 7, "ts": 2, "s": "t",
+         "args": {"Bytes": -64, "Total Allocated": 128, "Device Id": 0, "Device Type": 1, "Addr": 140}},
+        {"ph": "Q", "name": "unknown phase", "ts": 3},
+    ],
+    "distributedInfo": {"rank": 3, "world_size": 8},
+}, indent=1).encode().replace(b"RAW", "\u00e9\u2603\U0001F680".encode())  # escapes and raw UTF-8
+
+
+def test_every_split_point_gives_the_same_columns():
+    expect = None
+    for cut in range(0, len(DOC) + 1, 3):
+        s = _scan.Scanner()
+        used = s.feed(DOC[:cut], False)
+        assert used >= 0, s.reason
+        assert s.feed(DOC[used:], True) >= 0, s.reason
+        out = s.finish()
+        got = (out["n"], out["ts"], out["f_value"], out["strings"], out["idents"], out["odd"], out["c_value"], out["meta"])
+        expect = expect or got
+        assert got == expect
+
+
+def test_small_document_matches_the_reference_field_by_field(tmp_path):
+    path = tmp_path / "t.json"
+    path.write_bytes(DOC)
+    scanned = scan.scan_file(path)
+    assert scanned is not None
+    _assert_same(_tables(*scanned), _tables(*_reference(path)))
+    raw = scanned[0]
+    assert raw.metadata["distributedInfo"] == {"rank": 3, "world_size": 8}
+    assert sorted(raw.c_value.tolist()) == [0.25, 3.0]
+
+
+@pytest.mark.parametrize("doc, why", [
+    (b'{"traceEvents": [{"ph": "X", "ts": "12"}]}', "ts as a string"),
+    (b'{"traceEvents": [{"ph": "X", "ts": 1, "pid": 1.5}]}', "float pid"),
+    (b'{"traceEvents": [1, {"ph": "X", "ts": 1}]}', "an item that is not an object"),
+    (b'{"traceEvents": [{"ph": "X", "ts": 1, "name": "a\x01"}]}', "raw control character"),
+    (b'{"traceEvents": [{"ph": "X", "ts": 1, "name": "\\ud800"}]}', "lone surrogate"),
+    (b'{"traceEvents": [{"ph": "X", "ts": 1, "name": "\xff"}]}', "invalid UTF-8"),
+    (b'{"traceEvents": [{"ph": "X", "ts": 1e400}]}', "number out of range"),
+    (b'{"traceEvents": [{"ph": "X", "ts": 1, "ts": 2}]}', "repeated key"),
+    (b'{"traceEvents": [{"ph": "X", "ts": 1}]} {}', "two documents"),
+    (b'{"traceEvents": [{"ph": "X", "ts": 1}]', "truncated"),
+    (b'{"nodes": [], "schema": "1.0"}', "no traceEvents"),
+    (b'{"traceEvents": [{"ph": "X", "ts": 1, "args": {"x": ' + b"[" * 600 + b"]" * 600 + b"}}]}", "too deep"),
+])
+def test_what_the_scanner_does_not_handle_goes_to_the_reference(doc, why):
+    assert scan.scan_bytes(doc, "t.json") is None, why
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(
+    st.floats(allow_nan=False, allow_infinity=False, min_value=-1e300, max_value=1e300).map(repr),
+    st.integers(min_value=-(2**70), max_value=2**70).map(str),
+    st.tuples(st.integers(0, 10**17), st.integers(0, 999_999)).map(lambda t: f"{t[0]}.{t[1]:06d}"),
+    st.tuples(st.integers(0, 10**6), st.integers(0, 99), st.integers(-30, 30)).map(lambda t: f"{t[0]}.{t[1]}e{t[2]}"),
+))
+def test_numbers_are_correctly_rounded(text):
+    doc = f'[{{"ph": "X", "ts": {text}, "dur": {text}}}]'.encode()
+    s = _scan.Scanner()
+    assert s.feed(doc, True) >= 0, s.reason
+    out = s.finish()
+    expect = float(text)
+    assert np.frombuffer(out["ts"], dtype=np.float64)[0] == expect
+    assert np.frombuffer(out["dur"], dtype=np.float64)[0] == expect
+
+
+def test_gzip_is_streamed_with_the_size_limit(tmp_path):
+    path = tmp_path / "t.json.gz"
+    path.write_bytes(gzip.compress(DOC))
+    raw, size = scan.scan_file(path)
+    assert size == len(DOC) and raw.n == 6
+    with pytest.raises(TraceFormatError, match="gzip bomb"):
+        scan.scan_file(path, LoadLimits(max_decompressed_bytes=100))
+    plain = tmp_path / "t.json"
+    plain.write_bytes(DOC)
+    with pytest.raises(TraceFormatError, match="above the"):
+        scan.scan_file(plain, LoadLimits(max_decompressed_bytes=100))
+
+
+def test_corrupt_gzip_goes_to_the_reference_which_reports_it(tmp_path):
+    path = tmp_path / "t.json.gz"
+    path.write_bytes(gzip.compress(DOC)[:-30])
+    assert scan.scan_file(path) is None
+
+
+def test_the_reference_decoder_can_be_forced(monkeypatch, tmp_path):
+    monkeypatch.setenv("KINETOSCOPE_DECODER", "reference")
+    path = tmp_path / "t.json"
+    path.write_bytes(DOC)
+    assert scan.scan_file(path) is None
