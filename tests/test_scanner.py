@@ -169,3 +169,45 @@ def test_the_reference_decoder_can_be_forced(monkeypatch, tmp_path):
     path = tmp_path / "t.json"
     path.write_bytes(DOC)
     assert scan.scan_file(path) is None
+
+
+def _plain_copies(tmp_path: Path) -> list[Path]:
+    sources = [p for p in _paths() if p.stat().st_size > 20_000][:12]
+    out = []
+    for i, src in enumerate(sources):
+        dst = tmp_path / f"{i}-{src.name.removesuffix('.gz')}"
+        dst.write_bytes(read_bytes(src))
+        out.append(dst)
+    return out
+
+
+def test_two_halves_scanned_at_once_equal_the_reference(tmp_path, monkeypatch):
+    monkeypatch.setattr(scan, "PARALLEL_MIN_BYTES", 0)
+    copies = _plain_copies(tmp_path)
+    assert copies
+    for path in copies:
+        _assert_same(_tables(*scan.scan_file(path)), _tables(*_reference(path)))
+
+
+def test_a_wrong_guess_at_the_middle_falls_back_to_one_pass(tmp_path, monkeypatch):
+    """The middle of this file lies inside an args list of objects: '},{' there is no item boundary."""
+    monkeypatch.setattr(scan, "PARALLEL_MIN_BYTES", 0)
+    inner = ",".join('{"k": %d}' % i for i in range(20_000))
+    doc = ('{"traceEvents": [{"ph": "X", "name": "a", "ts": 1, "dur": 2, "args": {"list": [%s]}},'
+           ' {"ph": "X", "name": "b", "ts": 5, "dur": 1}], "traceName": "t"}' % inner).encode()
+    path = tmp_path / "t.json"
+    path.write_bytes(doc)
+    raw, size = scan.scan_file(path)
+    assert raw.n == 2 and size == len(doc) and raw.metadata == {"traceName": "t"}
+    _assert_same(_tables(raw, size), _tables(*_reference(path)))
+
+
+def test_two_halves_of_a_bare_array_trace(tmp_path, monkeypatch):
+    monkeypatch.setattr(scan, "PARALLEL_MIN_BYTES", 0)
+    events = [{"ph": "X", "name": f"op{i % 7}", "pid": 1, "tid": i % 3, "ts": i * 10, "dur": 5,
+               "args": {"External id": i}} for i in range(5000)]
+    path = tmp_path / "bare.json"
+    path.write_bytes(json.dumps(events, indent=2).encode())
+    raw, size = scan.scan_file(path)
+    assert raw.n == 5000
+    _assert_same(_tables(raw, size), _tables(*_reference(path)))

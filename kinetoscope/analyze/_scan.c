@@ -22,6 +22,11 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+#if defined(__GLIBC__)
+#include <locale.h>
+#include <stdlib.h>
+static locale_t c_locale; /* glibc's strtod_l is correctly rounded and thread-safe: no GIL needed */
+#endif
 
 enum { OK = 0, NEED = 1, BAIL = 2 };
 #define ERR (-1) /* a Python exception is set */
@@ -47,7 +52,7 @@ static int buf_reserve(Buf *b, Py_ssize_t extra) {
     Py_ssize_t cap = b->cap ? b->cap : 4096;
     while (cap < b->len + extra) cap += cap / 2 + 4096;
     char *d = PyMem_RawRealloc(b->data, (size_t)cap);
-    if (!d) { PyErr_NoMemory(); return -1; }
+    if (!d) return -1; /* out of memory: reported by feed() once it holds the GIL again */
     b->data = d;
     b->cap = cap;
     return 0;
@@ -70,8 +75,9 @@ typedef struct {
 typedef struct {
     Slot *slots;
     size_t mask, used;
-    Buf arena;
-    PyObject *values; /* list: code -> Python object */
+    Buf arena;  /* per entry: kind byte + key bytes */
+    Buf index;  /* code -> offset of its entry in arena (Py_ssize_t) */
+    int32_t count;
 } Table;
 
 static uint64_t hash_bytes(const char *s, Py_ssize_t n) {
@@ -94,23 +100,24 @@ static uint64_t hash_bytes(const char *s, Py_ssize_t n) {
 static int table_init(Table *t) {
     t->mask = 1023;
     t->used = 0;
+    t->count = 0;
     t->slots = PyMem_RawMalloc(sizeof(Slot) * (t->mask + 1));
-    if (!t->slots) { PyErr_NoMemory(); return -1; }
+    if (!t->slots) return -1;
     for (size_t i = 0; i <= t->mask; i++) t->slots[i].code = -1;
     memset(&t->arena, 0, sizeof(Buf));
-    t->values = PyList_New(0);
-    return t->values ? 0 : -1;
+    memset(&t->index, 0, sizeof(Buf));
+    return 0;
 }
 static void table_free(Table *t) {
     PyMem_RawFree(t->slots);
     t->slots = NULL;
     buf_free(&t->arena);
-    Py_CLEAR(t->values);
+    buf_free(&t->index);
 }
 static int table_grow(Table *t) {
     size_t nmask = t->mask * 2 + 1;
     Slot *ns = PyMem_RawMalloc(sizeof(Slot) * (nmask + 1));
-    if (!ns) { PyErr_NoMemory(); return -1; }
+    if (!ns) return -1;
     for (size_t i = 0; i <= nmask; i++) ns[i].code = -1;
     for (size_t i = 0; i <= t->mask; i++) {
         if (t->slots[i].code < 0) continue;
@@ -124,7 +131,8 @@ static int table_grow(Table *t) {
     return 0;
 }
 
-/* kind 's': key is UTF-8 text -> str; kind 'i': key is an int64 -> int. Returns the code or -1 (error set). */
+/* kind 's': key is UTF-8 text (validated) -> str; kind 'i': key is an int64 -> int. Returns the code, or
+ * -1 when out of memory. No Python objects: the values are made by finish(). */
 static int32_t table_get(Table *t, const char *key, Py_ssize_t n, char kind) {
     uint64_t h = hash_bytes(key, n) + (uint64_t)kind;
     size_t j = h & t->mask;
@@ -135,20 +143,11 @@ static int32_t table_get(Table *t, const char *key, Py_ssize_t n, char kind) {
             return s->code;
         j = (j + 1) & t->mask;
     }
-    PyObject *v;
-    if (kind == 's') {
-        v = PyUnicode_DecodeUTF8(key, n, "strict");
-    } else {
-        int64_t x;
-        memcpy(&x, key, sizeof x);
-        v = PyLong_FromLongLong(x);
-    }
-    if (!v) return -1;
-    int32_t code = (int32_t)PyList_GET_SIZE(t->values);
-    if (PyList_Append(t->values, v) < 0) { Py_DECREF(v); return -1; }
-    Py_DECREF(v);
+    int32_t code = t->count;
     Py_ssize_t off = t->arena.len;
-    if (buf_put(&t->arena, &kind, 1) < 0 || buf_put(&t->arena, key, n) < 0) return -1;
+    if (buf_put(&t->arena, &kind, 1) < 0 || buf_put(&t->arena, key, n) < 0 || buf_put(&t->index, &off, sizeof off) < 0)
+        return -1;
+    t->count++;
     Slot *s = &t->slots[j];
     s->hash = h; s->off = off; s->len = n + 1; s->code = code;
     if (++t->used * 2 > t->mask && table_grow(t) < 0) return -1;
@@ -166,9 +165,12 @@ typedef struct {
     Buf f_event, f_id, f_value;             /* sparse fields */
     Buf c_event, c_series, c_value;         /* counter rows */
     Buf scratch;                            /* unescaped strings */
-    PyObject *odd;                          /* list of (event, field, object) */
-    PyObject *meta;                         /* list of (key, raw bytes) */
+    Buf ev_odd;                             /* odd values of the event being parsed */
+    Buf odd;                                /* records: event, field, kind, length, bytes */
+    Buf meta;                               /* records: key length, key, value length, raw value */
     int32_t code_empty, code_C, ident_empty;
+    PyThreadState *tstate;                  /* while feed() runs without the GIL */
+    int busy;
 } Scanner;
 
 #define BAILR(s, why) do { (s)->reason = (why); return BAIL; } while (0)
@@ -417,8 +419,21 @@ slow:;
     memcpy(tmp, p, (size_t)n);
     tmp[n] = 0;
     char *stop = NULL;
-    double v = PyOS_string_to_double(tmp, &stop, NULL);
-    if (v == -1.0 && PyErr_Occurred()) { PyErr_Clear(); BAILR(s, "bad number"); }
+    double v;
+#if defined(__GLIBC__)
+    if (c_locale) {
+        v = strtod_l(tmp, &stop, c_locale);
+    } else
+#endif
+    {
+        /* Python's conversion (dtoa) shares state: take the GIL back for it */
+        if (s->tstate) PyEval_RestoreThread(s->tstate);
+        v = PyOS_string_to_double(tmp, &stop, NULL);
+        int failed = v == -1.0 && PyErr_Occurred();
+        if (failed) PyErr_Clear();
+        if (s->tstate) s->tstate = PyEval_SaveThread();
+        if (failed) BAILR(s, "bad number");
+    }
     if (stop != tmp + n) BAILR(s, "bad number");
     if (Py_IS_INFINITY(v)) BAILR(s, "number out of range");
     *out = v;
@@ -477,11 +492,15 @@ static int skip_value(Scanner *s, const char **pp, const char *end, int depth) {
     case 'f': return literal(s, pp, end, "false");
     case 'n': return literal(s, pp, end, "null");
     default: {
-        /* skipped numbers are checked for range too: the reference decoder rejects 1e400 */
+        /* skipped numbers are checked for range too (the reference decoder rejects 1e400): only an
+         * exponent, or more digits than a double's range, can overflow */
         const char *start = p;
         int is_int;
         CHECK(scan_number(s, pp, end, &is_int));
-        if (!is_int || *pp - start > 18) {
+        int exp = 0;
+        if (!is_int)
+            for (const char *q = start; q < *pp; q++) exp |= (*q == 'e' || *q == 'E');
+        if (exp || *pp - start > 300) {
             double d;
             CHECK(token_double(s, start, *pp, &d));
         }
@@ -497,16 +516,9 @@ typedef struct {
     int nf;
     uint8_t fid[N_FIELDS];
     int64_t fval[N_FIELDS];
-    int nodd;
-    uint8_t odd_fid[N_FIELDS];
-    PyObject *odd_val[N_FIELDS];
+    int nodd; /* odd values, recorded in the scanner's ev_odd buffer */
     const char *args_start, *args_end;
 } Ev;
-
-static void ev_clear(Ev *ev) {
-    for (int i = 0; i < ev->nodd; i++) Py_CLEAR(ev->odd_val[i]);
-    ev->nodd = 0;
-}
 
 
 static int key_is(const char *k, Py_ssize_t n, const char *lit) {
@@ -540,10 +552,14 @@ static int intern_string(Scanner *s, Table *t, const char **pp, const char *end,
     return *code < 0 ? ERR : OK;
 }
 
-static int add_odd(Ev *ev, int field, PyObject *v) {
-    if (!v) return ERR;
-    ev->odd_fid[ev->nodd] = (uint8_t)field;
-    ev->odd_val[ev->nodd++] = v;
+/* an odd value: kind 's' (text), 'i' (an integer beyond int64), 'f' (a float), as bytes */
+static int add_odd(Scanner *s, Ev *ev, int field, char kind, const char *b, Py_ssize_t n) {
+    uint8_t f = (uint8_t)field;
+    int64_t len = n;
+    if (buf_put(&s->ev_odd, &f, 1) < 0 || buf_put(&s->ev_odd, &kind, 1) < 0 || buf_put(&s->ev_odd, &len, 8) < 0 ||
+        buf_put(&s->ev_odd, b, n) < 0)
+        return ERR;
+    ev->nodd++;
     return OK;
 }
 
@@ -557,7 +573,7 @@ static int read_int_field(Scanner *s, Ev *ev, int field, const char **pp, const 
         int esc;
         CHECK(scan_string(s, pp, end, &cs, &ce, &esc));
         if (string_bytes(s, cs, ce, esc, &b, &bn) < 0) return ERR;
-        return add_odd(ev, field, PyUnicode_DecodeUTF8(b, bn, "strict"));
+        return add_odd(s, ev, field, 's', b, bn);
     }
     if (*p == '-' || (*p >= '0' && *p <= '9')) {
         int is_int;
@@ -569,19 +585,10 @@ static int read_int_field(Scanner *s, Ev *ev, int field, const char **pp, const 
             return OK;
         }
         if (!allow_float) BAILR(s, "an id that is not an int64");
-        if (is_int) {
-            Py_ssize_t n = *pp - p;
-            char *tmp = PyMem_RawMalloc((size_t)n + 1);
-            if (!tmp) { PyErr_NoMemory(); return ERR; }
-            memcpy(tmp, p, (size_t)n);
-            tmp[n] = 0;
-            PyObject *big = PyLong_FromString(tmp, NULL, 10);
-            PyMem_RawFree(tmp);
-            return add_odd(ev, field, big);
-        }
+        if (is_int) return add_odd(s, ev, field, 'i', p, *pp - p);
         double d;
-        CHECK(token_double(s, p, *pp, &d));
-        return add_odd(ev, field, PyFloat_FromDouble(d));
+        CHECK(token_double(s, p, *pp, &d)); /* validates the range */
+        return add_odd(s, ev, field, 'f', p, *pp - p);
     }
     BAILR(s, "an args field of unusual type");
 }
@@ -767,10 +774,14 @@ static int commit(Scanner *s, Ev *ev) {
             buf_put(&s->f_value, &ev->fval[i], 8) < 0)
             return ERR;
     }
-    for (int i = 0; i < ev->nodd; i++) {
-        PyObject *t = Py_BuildValue("(LiO)", (long long)idx, (int)ev->odd_fid[i], ev->odd_val[i]);
-        if (!t || PyList_Append(s->odd, t) < 0) { Py_XDECREF(t); return ERR; }
-        Py_DECREF(t);
+    if (ev->nodd) { /* each record: event, then the field/kind/length/bytes written by add_odd */
+        const char *q = s->ev_odd.data, *qe = q + s->ev_odd.len;
+        while (q < qe) {
+            int64_t len;
+            memcpy(&len, q + 2, 8);
+            if (buf_put(&s->odd, &idx, 8) < 0 || buf_put(&s->odd, q, 10 + len) < 0) return ERR;
+            q += 10 + len;
+        }
     }
     s->n++;
     return OK;
@@ -783,10 +794,10 @@ static int parse_event(Scanner *s, const char **pp, const char *end) {
     ev.dur = 0.0;
     ev.nf = ev.nodd = 0;
     ev.args_start = ev.args_end = NULL;
+    s->ev_odd.len = 0;
     if (**pp != '{') { s->reason = "an item of traceEvents that is not an object"; return BAIL; }
     int r = parse_event_body(s, &ev, pp, end, s->bare ? 1 : 2);
     if (r == OK) r = commit(s, &ev);
-    ev_clear(&ev);
     return r;
 }
 
@@ -814,14 +825,14 @@ static int step(Scanner *s, const char **pp, const char *end) {
             *pp = p + 1;
             return OK;
         }
-        PyObject *key = PyUnicode_DecodeUTF8(k, kn, "strict");
-        if (!key) return ERR;
+        int64_t klen = kn;
+        Py_ssize_t mark = s->meta.len;
+        if (buf_put(&s->meta, &klen, 8) < 0 || buf_put(&s->meta, k, kn) < 0) return ERR;
         const char *v = p;
         int r = skip_value(s, &p, end, 2);
-        if (r != OK) { Py_DECREF(key); return r; }
-        PyObject *t = Py_BuildValue("(Ny#)", key, v, (Py_ssize_t)(p - v));
-        if (!t || PyList_Append(s->meta, t) < 0) { Py_XDECREF(t); return ERR; }
-        Py_DECREF(t);
+        if (r != OK) { s->meta.len = mark; return r; }
+        int64_t vlen = p - v;
+        if (buf_put(&s->meta, &vlen, 8) < 0 || buf_put(&s->meta, v, vlen) < 0) return ERR;
         s->state = ST_TOP_AFTER;
         *pp = p;
         return OK;
@@ -857,14 +868,24 @@ static PyObject *Scanner_feed(Scanner *s, PyObject *args) {
     if (!PyArg_ParseTuple(args, "y*p", &view, &final)) return NULL;
     const char *start = view.buf, *p = start, *end = start + view.len;
     int r = OK;
+    if (s->busy) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_RuntimeError, "Scanner.feed called from two threads at once");
+        return NULL;
+    }
     if (s->reason) { PyBuffer_Release(&view); return PyLong_FromLong(-1); }
+    s->busy = 1;
+    s->tstate = PyEval_SaveThread(); /* scanning touches no Python object: other threads run meanwhile */
     while (r == OK) {
         const char *q = p;
         r = step(s, &q, end);
         if (r == OK || r == NEED) p = q; /* a unit cut by the chunk's end restarts from its first byte */
     }
+    PyEval_RestoreThread(s->tstate);
+    s->tstate = NULL;
+    s->busy = 0;
     PyBuffer_Release(&view);
-    if (r == ERR) return NULL;
+    if (r == ERR) return PyErr_NoMemory();
     if (r == BAIL) return PyLong_FromLong(-1);
     /* NEED: everything up to p is consumed */
     if (final && (s->state != ST_DONE || !s->seen_events)) {
@@ -881,19 +902,86 @@ static PyObject *bytes_of(Buf *b) {
     return o;
 }
 
+static PyObject *table_values(Table *t) {
+    PyObject *list = PyList_New(t->count);
+    if (!list) return NULL;
+    const Py_ssize_t *offs = (const Py_ssize_t *)t->index.data;
+    for (int32_t c = 0; c < t->count; c++) {
+        Py_ssize_t off = offs[c];
+        Py_ssize_t end = c + 1 < t->count ? offs[c + 1] : t->arena.len;
+        const char *key = t->arena.data + off;
+        PyObject *v;
+        if (key[0] == 's') {
+            v = PyUnicode_DecodeUTF8(key + 1, end - off - 1, "strict");
+        } else {
+            int64_t x;
+            memcpy(&x, key + 1, sizeof x);
+            v = PyLong_FromLongLong(x);
+        }
+        if (!v) { Py_DECREF(list); return NULL; }
+        PyList_SET_ITEM(list, c, v);
+    }
+    return list;
+}
+
+static PyObject *odd_values(Buf *b) {
+    PyObject *list = PyList_New(0);
+    const char *q = b->data, *qe = q + b->len;
+    while (list && q < qe) {
+        int64_t idx, len;
+        memcpy(&idx, q, 8);
+        uint8_t field = (uint8_t)q[8];
+        char kind = q[9];
+        memcpy(&len, q + 10, 8);
+        const char *v = q + 18;
+        PyObject *obj;
+        if (kind == 's') {
+            obj = PyUnicode_DecodeUTF8(v, len, "strict");
+        } else {
+            PyObject *text = PyUnicode_DecodeASCII(v, len, "strict");
+            obj = !text ? NULL : kind == 'i' ? PyLong_FromUnicodeObject(text, 10) : PyFloat_FromString(text);
+            Py_XDECREF(text);
+        }
+        PyObject *t = obj ? Py_BuildValue("(LiN)", (long long)idx, (int)field, obj) : NULL;
+        if (!t || PyList_Append(list, t) < 0) { Py_XDECREF(t); Py_CLEAR(list); break; }
+        Py_DECREF(t);
+        q += 18 + len;
+    }
+    return list;
+}
+
+static PyObject *meta_items(Buf *b) {
+    PyObject *list = PyList_New(0);
+    const char *q = b->data, *qe = q + b->len;
+    while (list && q < qe) {
+        int64_t klen, vlen;
+        memcpy(&klen, q, 8);
+        const char *k = q + 8;
+        memcpy(&vlen, k + klen, 8);
+        const char *v = k + klen + 8;
+        PyObject *t = Py_BuildValue("(s#y#)", k, (Py_ssize_t)klen, v, (Py_ssize_t)vlen);
+        if (!t || PyList_Append(list, t) < 0) { Py_XDECREF(t); Py_CLEAR(list); break; }
+        Py_DECREF(t);
+        q = v + vlen;
+    }
+    return list;
+}
+
 static PyObject *Scanner_finish(Scanner *s, PyObject *Py_UNUSED(ignored)) {
+    if (s->busy) { PyErr_SetString(PyExc_RuntimeError, "Scanner.finish called during feed"); return NULL; }
     PyObject *d = Py_BuildValue(
-        "{s:n,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:O,s:O,s:N,s:N,s:N,s:O,s:N,s:N,s:N,s:O}",
+        "{s:n,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N}",
         "n", s->n, "ph", bytes_of(&s->ph), "name", bytes_of(&s->name), "cat", bytes_of(&s->cat),
         "ts", bytes_of(&s->ts), "dur", bytes_of(&s->dur), "pid", bytes_of(&s->pid), "tid", bytes_of(&s->tid),
-        "strings", s->strings.values, "idents", s->idents.values, "f_event", bytes_of(&s->f_event),
-        "f_id", bytes_of(&s->f_id), "f_value", bytes_of(&s->f_value), "odd", s->odd,
+        "strings", table_values(&s->strings), "idents", table_values(&s->idents), "f_event", bytes_of(&s->f_event),
+        "f_id", bytes_of(&s->f_id), "f_value", bytes_of(&s->f_value), "odd", odd_values(&s->odd),
         "c_event", bytes_of(&s->c_event), "c_series", bytes_of(&s->c_series), "c_value", bytes_of(&s->c_value),
-        "meta", s->meta);
+        "meta", meta_items(&s->meta));
     return d;
 }
 
 static PyObject *Scanner_get_n(Scanner *s, void *c) { return PyLong_FromSsize_t(s->n); }
+static PyObject *Scanner_get_at_item(Scanner *s, void *c) { return PyBool_FromLong(s->state == ST_EV_NEXT); }
 static PyObject *Scanner_get_reason(Scanner *s, void *c) {
     if (!s->reason) Py_RETURN_NONE;
     return PyUnicode_FromString(s->reason);
@@ -903,28 +991,28 @@ static void Scanner_dealloc(Scanner *s) {
     table_free(&s->strings);
     table_free(&s->idents);
     Buf *bufs[] = {&s->ph, &s->name, &s->cat, &s->ts, &s->dur, &s->pid, &s->tid, &s->f_event, &s->f_id,
-                   &s->f_value, &s->c_event, &s->c_series, &s->c_value, &s->scratch};
+                   &s->f_value, &s->c_event, &s->c_series, &s->c_value, &s->scratch, &s->ev_odd, &s->odd, &s->meta};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) buf_free(bufs[i]);
-    Py_CLEAR(s->odd);
-    Py_CLEAR(s->meta);
     Py_TYPE(s)->tp_free((PyObject *)s);
 }
 
 static int Scanner_init(Scanner *s, PyObject *args, PyObject *kw) {
-    static char *kwlist[] = {"max_depth", NULL};
-    int max_depth = 512;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|i", kwlist, &max_depth)) return -1;
-    if (s->strings.values) { PyErr_SetString(PyExc_RuntimeError, "Scanner already initialised"); return -1; }
+    static char *kwlist[] = {"max_depth", "resume", NULL};
+    int max_depth = 512, resume = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|ii", kwlist, &max_depth, &resume)) return -1;
+    if (s->strings.slots) { PyErr_SetString(PyExc_RuntimeError, "Scanner already initialised"); return -1; }
     s->max_depth = max_depth;
     s->state = ST_START;
-    if (table_init(&s->strings) < 0 || table_init(&s->idents) < 0) return -1;
-    s->odd = PyList_New(0);
-    s->meta = PyList_New(0);
-    if (!s->odd || !s->meta) return -1;
+    if (resume) { /* start at an item of traceEvents (1: inside the top-level object, 2: a bare array) */
+        s->state = ST_EV_NEXT;
+        s->seen_events = 1;
+        s->bare = resume == 2;
+    }
+    if (table_init(&s->strings) < 0 || table_init(&s->idents) < 0) { PyErr_NoMemory(); return -1; }
     s->code_empty = table_get(&s->strings, "", 0, 's');
     s->code_C = table_get(&s->strings, "C", 1, 's');
     s->ident_empty = table_get(&s->idents, "", 0, 's');
-    if (s->code_empty < 0 || s->code_C < 0 || s->ident_empty < 0) return -1;
+    if (s->code_empty < 0 || s->code_C < 0 || s->ident_empty < 0) { PyErr_NoMemory(); return -1; }
     return 0;
 }
 
@@ -936,6 +1024,7 @@ static PyMethodDef Scanner_methods[] = {
 
 static PyGetSetDef Scanner_getset[] = {
     {"n", (getter)Scanner_get_n, NULL, "events scanned", NULL},
+    {"at_item", (getter)Scanner_get_at_item, NULL, "whether the next byte must start an item of traceEvents", NULL},
     {"reason", (getter)Scanner_get_reason, NULL, "why the scanner gave up, or None", NULL},
     {NULL, NULL, NULL, NULL, NULL}};
 
@@ -955,6 +1044,9 @@ static struct PyModuleDef scanmodule = {PyModuleDef_HEAD_INIT, "_scan", "Columna
 
 PyMODINIT_FUNC PyInit__scan(void) {
     if (PyType_Ready(&ScannerType) < 0) return NULL;
+#if defined(__GLIBC__)
+    if (!c_locale) c_locale = newlocale(LC_NUMERIC_MASK, "C", (locale_t)0);
+#endif
     PyObject *m = PyModule_Create(&scanmodule);
     if (!m) return NULL;
     Py_INCREF(&ScannerType);

@@ -57,32 +57,36 @@ class RawColumns:
     decoder: str = "reference"
 
 
+def _array(value: Any, dtype: Any) -> np.ndarray:
+    return np.frombuffer(value, dtype=dtype) if isinstance(value, bytes) else np.asarray(value, dtype=dtype)
+
+
 def from_scanner(out: dict[str, Any], metadata: dict[str, Any]) -> RawColumns:
-    """Wrap the compiled scanner's buffers (no copies)."""
-    c_event = np.frombuffer(out["c_event"], dtype=np.int64)
-    ts = np.frombuffer(out["ts"], dtype=np.float64)
-    name = np.frombuffer(out["name"], dtype=np.int32)
-    pid = np.frombuffer(out["pid"], dtype=np.int32)
+    """Wrap the compiled scanner's buffers (bytes, wrapped without copies; or merged arrays)."""
+    c_event = _array(out["c_event"], np.int64)
+    ts = _array(out["ts"], np.float64)
+    name = _array(out["name"], np.int32)
+    pid = _array(out["pid"], np.int32)
     return RawColumns(
         n=out["n"],
-        ph=np.frombuffer(out["ph"], dtype=np.int32),
+        ph=_array(out["ph"], np.int32),
         name=name,
-        cat=np.frombuffer(out["cat"], dtype=np.int32),
+        cat=_array(out["cat"], np.int32),
         ts=ts,
-        dur=np.frombuffer(out["dur"], dtype=np.float64),
+        dur=_array(out["dur"], np.float64),
         pid=pid,
-        tid=np.frombuffer(out["tid"], dtype=np.int32),
+        tid=_array(out["tid"], np.int32),
         strings=out["strings"],
         idents=out["idents"],
-        f_event=np.frombuffer(out["f_event"], dtype=np.int64),
-        f_id=np.frombuffer(out["f_id"], dtype=np.uint8),
-        f_value=np.frombuffer(out["f_value"], dtype=np.int64),
+        f_event=_array(out["f_event"], np.int64),
+        f_id=_array(out["f_id"], np.uint8),
+        f_value=_array(out["f_value"], np.int64),
         odd=out["odd"],
         c_ts=ts[c_event],
         c_name=name[c_event],
         c_pid=pid[c_event],
-        c_series=np.frombuffer(out["c_series"], dtype=np.int32),
-        c_value=np.frombuffer(out["c_value"], dtype=np.float64),
+        c_series=_array(out["c_series"], np.int32),
+        c_value=_array(out["c_value"], np.float64),
         metadata=metadata,
         decoder="scanner",
     )

@@ -12,14 +12,17 @@ from __future__ import annotations
 import gzip
 import io
 import os
+import re
+import threading
 import zlib
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import msgspec
+import numpy as np
 
 from kinetoscope.analyze.limits import DEFAULT_LIMITS, LoadLimits
-from kinetoscope.analyze.raw import RawColumns, from_scanner
+from kinetoscope.analyze.raw import F, RawColumns, from_scanner
 from kinetoscope.errors import TraceFormatError, TraceSourceError
 
 try:
@@ -60,8 +63,10 @@ def scan_file(path: Path, limits: LoadLimits = DEFAULT_LIMITS) -> tuple[RawColum
                                        f"{_gib(limits.max_decompressed_bytes)} limit")
             if gz:
                 with gzip.GzipFile(fileobj=fh) as stream:
-                    return _scan_stream(stream, str(path), limits)
-            return _scan_stream(fh, str(path), limits)
+                    return _finish(_feed(_scan.Scanner(max_depth=limits.max_depth), stream, str(path), limits))
+            if size >= PARALLEL_MIN_BYTES and (os.cpu_count() or 1) > 1:
+                return _scan_halves(fh, size, str(path), limits)
+            return _finish(_feed(_scan.Scanner(max_depth=limits.max_depth), fh, str(path), limits))
     except OSError as exc:
         if isinstance(exc, (gzip.BadGzipFile, EOFError)) or "gzip" in str(exc).lower():
             return None  # corrupt gzip: the reference path reports it
@@ -75,49 +80,171 @@ def scan_bytes(data: bytes, source: str, limits: LoadLimits = DEFAULT_LIMITS) ->
     if not available():
         return None
     try:
-        return _scan_stream(io.BytesIO(data), source, limits)
+        return _finish(_feed(_scan.Scanner(max_depth=limits.max_depth), io.BytesIO(data), source, limits))
     except _Bail:
         return None
 
 
-def _scan_stream(stream: BinaryIO, source: str, limits: LoadLimits) -> tuple[RawColumns, int]:
-    scanner = _scan.Scanner(max_depth=limits.max_depth)
+class _Stop(Exception):
+    """The second half's scanner ends early (its start was not an item boundary after all)."""
+
+
+def _feed(scanner: Any, stream: BinaryIO, source: str, limits: LoadLimits, *, stop: int | None = None,
+          final: bool = True, at_start: bool = True, done: int = 0) -> tuple[Any, int]:
+    """Feed ``stream`` (up to ``stop`` bytes of it) through ``scanner`` in chunks; (scanner, bytes fed).
+
+    ``final``: the stream ends the document. Otherwise every byte must be consumed, ending just
+    before an item of traceEvents (checked by the caller through ``scanner.at_item``).
+    """
     buf = bytearray(CHUNK_BYTES)
     view = memoryview(buf)
-    have = total = 0
-    first = True
+    have, total = 0, 0
     try:
         while True:
             if have == len(buf):  # one item larger than the buffer: grow it
                 view.release()
                 buf.extend(bytes(len(buf)))
                 view = memoryview(buf)
-            got = stream.readinto(view[have:]) or 0  # type: ignore[attr-defined]
+            want = len(buf) - have if stop is None else min(len(buf) - have, stop - total)
+            got = (stream.readinto(view[have:have + want]) or 0) if want else 0  # type: ignore[attr-defined]
             total += got
-            if total > limits.max_decompressed_bytes:
+            if done + total > limits.max_decompressed_bytes:
                 raise TraceFormatError(source, f"decompresses to more than the {_gib(limits.max_decompressed_bytes)} "
                                        "limit (a gzip bomb, or raise the limit with --max-size)")
             have += got
             start = 0
-            if first and have >= 3:
-                first = False
+            if at_start and have >= 3:
+                at_start = False
                 if view[:3] == _BOM:
                     start = 3
-            used = scanner.feed(view[start:have], got == 0)
+            last = got == 0
+            used = scanner.feed(view[start:have], final and last)
             if used < 0:
                 raise _Bail(scanner.reason)
             if scanner.n > limits.max_events:
                 raise TraceFormatError(source, f"more than {limits.max_events:,} events, above the limit (max_events)")
-            if got == 0:
-                break
             used += start
+            if last:
+                if not final and used != have:
+                    raise _Stop
+                break
             rest = have - used
             if rest:
                 buf[:rest] = view[used:have]
             have = rest
     finally:
         view.release()
+    return scanner, total
+
+
+def _finish(fed: tuple[Any, int]) -> tuple[RawColumns, int]:
+    scanner, total = fed
     out = scanner.finish()
-    del scanner, buf
     metadata = {key: _any.decode(raw) for key, raw in out.pop("meta")}
     return from_scanner(out, metadata), total
+
+
+#: plain files from this size are scanned as two halves on two cores
+PARALLEL_MIN_BYTES = 48 * 2**20
+#: an item boundary inside traceEvents: the end of one event object, a comma, the next one's start
+_BOUNDARY = re.compile(rb"\}\s*,\s*\{")
+
+
+def _scan_halves(fh: BinaryIO, size: int, source: str, limits: LoadLimits) -> tuple[RawColumns, int]:
+    """Scan the two halves of a plain file at once (the scanner runs without the GIL).
+
+    The second scanner starts at a guessed item boundary past the middle; the guess holds only if
+    the first scanner, parsing from the true start, ends exactly there, in traceEvents, expecting an
+    item. Otherwise the second half's work is dropped and the first scanner simply carries on.
+    """
+    head = os.pread(fh.fileno(), 64, 0).lstrip(_BOM + b" \t\r\n")
+    fh.seek(size // 2)
+    m = _BOUNDARY.search(fh.read(4 * 2**20))
+    if not m or head[:1] not in (b"{", b"["):
+        fh.seek(0)
+        return _finish(_feed(_scan.Scanner(max_depth=limits.max_depth), fh, source, limits))
+    cut = size // 2 + m.end() - 1
+    resume = 2 if head[:1] == b"[" else 1
+    second: dict[str, Any] = {}
+
+    def run_second() -> None:
+        try:
+            with open(fh.name, "rb", buffering=0) as other:
+                other.seek(cut)
+                second["fed"] = _feed(_scan.Scanner(max_depth=limits.max_depth, resume=resume), other, source,
+                                      limits, at_start=False, done=cut)
+        except Exception as exc:  # noqa: BLE001 - any failure just means "no second half"
+            second["error"] = exc
+
+    worker = threading.Thread(target=run_second, name="kinetoscope-scan", daemon=True)
+    worker.start()
+    first = _scan.Scanner(max_depth=limits.max_depth)
+    fh.seek(0)
+    try:
+        _feed(first, fh, source, limits, stop=cut, final=False)
+        landed = first.at_item
+    except _Stop:
+        landed = False
+    finally:
+        worker.join()
+    if not landed:  # the guess was inside something else: scan the file in one pass after all
+        fh.seek(0)
+        return _finish(_feed(_scan.Scanner(max_depth=limits.max_depth), fh, source, limits))
+    if "fed" not in second:
+        fh.seek(cut)  # the first scanner is exactly at the cut: it carries on alone
+        _, rest = _feed(first, fh, source, limits, at_start=False, done=cut)
+        return _finish((first, cut + rest))
+    a, b = first.finish(), second["fed"][0].finish()
+    out = _merge(a, b)
+    metadata = {key: _any.decode(raw) for key, raw in out.pop("meta")}
+    return from_scanner(out, metadata), cut + second["fed"][1]
+
+
+def _remap(values: list[Any], more: list[Any]) -> tuple[list[Any], np.ndarray]:
+    """Append ``more``'s new values to ``values``; the code of each of ``more`` in the merged list."""
+    codes = {(type(v), v): i for i, v in enumerate(values)}
+    merged = list(values)
+    out = np.empty(len(more), dtype=np.int32)
+    for i, v in enumerate(more):
+        code = codes.get((type(v), v))
+        if code is None:
+            code = codes[(type(v), v)] = len(merged)
+            merged.append(v)
+        out[i] = code
+    return merged, out
+
+
+def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """One scanner's output from two: b's codes re-mapped into a's tables, b's events after a's."""
+    strings, smap = _remap(a["strings"], b["strings"])
+    idents, imap = _remap(a["idents"], b["idents"])
+    n = a["n"]
+
+    def col(key: str, dtype: Any, fn: Any = None) -> np.ndarray:
+        right = np.frombuffer(b[key], dtype=dtype)
+        return np.concatenate([np.frombuffer(a[key], dtype=dtype), fn(right) if fn else right])
+
+    b_fid = np.frombuffer(b["f_id"], dtype=np.uint8)
+    b_fval = np.frombuffer(b["f_value"], dtype=np.int64).copy()
+    names = b_fid == F["name"]
+    b_fval[names] = smap[b_fval[names]]
+    return {
+        "n": n + b["n"],
+        "ph": col("ph", np.int32, lambda c: smap[c]),
+        "name": col("name", np.int32, lambda c: smap[c]),
+        "cat": col("cat", np.int32, lambda c: smap[c]),
+        "ts": col("ts", np.float64),
+        "dur": col("dur", np.float64),
+        "pid": col("pid", np.int32, lambda c: imap[c]),
+        "tid": col("tid", np.int32, lambda c: imap[c]),
+        "strings": strings,
+        "idents": idents,
+        "f_event": col("f_event", np.int64, lambda e: e + n),
+        "f_id": col("f_id", np.uint8),
+        "f_value": np.concatenate([np.frombuffer(a["f_value"], dtype=np.int64), b_fval]),
+        "odd": a["odd"] + [(e + n, f, v) for e, f, v in b["odd"]],
+        "c_event": col("c_event", np.int64, lambda e: e + n),
+        "c_series": col("c_series", np.int32, lambda c: smap[c]),
+        "c_value": col("c_value", np.float64),
+        "meta": a["meta"] + b["meta"],
+    }
