@@ -61,18 +61,24 @@ class _Fields:
             self._odd.setdefault(fid, []).append((event, value))
 
     def get(self, name: str, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(value, valid, present) for ``rows`` (sorted event indices): present = the key held a
+        """(value, valid, present) for ``rows`` (distinct event indices): present = the key held a
         non-null value; valid = that value is usable as an int64 (odd values coerced like ``int()``)."""
         f = F[name]
         value = np.zeros(len(rows), dtype=np.int64)
         valid = np.zeros(len(rows), dtype=bool)
         present = np.zeros(len(rows), dtype=bool)
+        if not len(rows):
+            return value, valid, present
+        order = None if len(rows) < 2 or (rows[1:] > rows[:-1]).all() else np.argsort(rows, kind="stable")
+        sorted_rows = rows if order is None else rows[order]
         for events, values in ((self._events[f], self._values[f]), *self._odd_arrays(f)):
-            if not len(events) or not len(rows):
+            if not len(events):
                 continue
-            pos = np.searchsorted(rows, events)
+            pos = np.searchsorted(sorted_rows, events)
             hit = pos < len(rows)
-            hit[hit] = rows[pos[hit]] == events[hit]
+            hit[hit] = sorted_rows[pos[hit]] == events[hit]
+            if order is not None:  # back to the caller's row order
+                pos = order[np.minimum(pos, len(rows) - 1)]
             if values.dtype == object:  # odd values: coerce each (rare)
                 coerced = [_int_or_none(v) for v in values[hit]]
                 ok = np.array([c is not None for c in coerced], dtype=bool)
@@ -110,9 +116,12 @@ def _first_appearance(codes: np.ndarray, size: int) -> tuple[np.ndarray, np.ndar
     return used, lookup[codes]
 
 
-def _categorical(codes: np.ndarray, values: list[Any]) -> pd.Categorical:
-    """Codes into ``values`` (text, or ids that may be ints) as a categorical of text."""
+def _categorical(codes: np.ndarray, values: list[Any], order: np.ndarray | None = None) -> pd.Categorical:
+    """Codes into ``values`` (text, or ids that may be ints) as a categorical of text; categories in
+    order of first appearance in the file, rows then put in ``order`` (when given)."""
     used, new = _first_appearance(codes, len(values))
+    if order is not None:
+        new = new[order]
     labels = [v if isinstance(v, str) else str(v) for v in (values[c] for c in used)]
     if len(set(labels)) != len(labels):  # 7 and "7" in one column: merge them as text
         return pd.Categorical([labels[c] for c in new])
@@ -169,8 +178,14 @@ def build_events(raw: RawColumns, rows: np.ndarray, fields: _Fields) -> tuple[pd
         warnings.append(f"{int(neg.sum())} events had a negative duration; clamped to 0")
         dur = np.where(neg, 0.0, dur)
     ts_ns = schema.us_to_ns(ts)
+    # time order, settled on the row numbers before any column exists (stable: file order breaks
+    # ties); categories keep their order of first appearance in the file
+    file_rows, order = rows, None
+    if len(ts_ns) > 1 and (ts_ns[1:] < ts_ns[:-1]).any():
+        order = np.argsort(ts_ns, kind="stable")
+        rows, ts_ns, dur = rows[order], ts_ns[order], dur[order]
     dur_ns = np.rint(dur * 1000.0).astype(np.int64)
-    cat = _recode(_categorical(raw.cat[rows], raw.strings), schema.normalise_category)
+    cat = _recode(_categorical(raw.cat[file_rows], raw.strings, order), schema.normalise_category)
     kind = _recode(cat, lambda c: schema.CATEGORY_KIND.get(c, "other"), categories=list(schema.KINDS))
     gpu_kinds = [list(schema.KINDS).index(k) for k in ("kernel", "memcpy", "memset", "gpu_annotation", "sync")]
     is_gpu = np.isin(np.asarray(kind.codes), gpu_kinds)
@@ -195,11 +210,11 @@ def build_events(raw: RawColumns, rows: np.ndarray, fields: _Fields) -> tuple[pd
             "ts_ns": ts_ns,
             "dur_ns": dur_ns,
             "end_ns": ts_ns + dur_ns,
-            "name": _categorical(raw.name[rows], raw.strings),
+            "name": _categorical(raw.name[file_rows], raw.strings, order),
             "cat": cat,
             "kind": kind,
-            "pid": _categorical(pid_codes, raw.idents),
-            "tid": _categorical(tid_codes, raw.idents),
+            "pid": _categorical(raw.pid[file_rows], raw.idents, order),
+            "tid": _categorical(raw.tid[file_rows], raw.idents, order),
             "device": _nullable(device, device_ok),
             "stream": _nullable(stream, stream_ok),
             "correlation": _nullable(*fields.get("correlation", rows)[:2]),
@@ -207,7 +222,6 @@ def build_events(raw: RawColumns, rows: np.ndarray, fields: _Fields) -> tuple[pd
             "bytes": _nullable(*fields.get("bytes", rows)[:2]),
         }
     )
-    df = df.sort_values("ts_ns", kind="stable", ignore_index=True)
     return df, warnings
 
 
@@ -282,11 +296,14 @@ def build_instants(raw: RawColumns, rows: np.ndarray, warnings: list[str]) -> pd
 
 def build_steps(events: pd.DataFrame) -> pd.DataFrame:
     """ProfilerStep#N spans recorded on the host (GPU-side copies are ignored)."""
-    host = events[events["kind"].isin(("annotation", "cpu_op", "other"))]
-    names = host["name"].astype(str)
-    match = names.str.extract(_STEP_RE, expand=False)
-    spans = host.loc[match.notna(), ["ts_ns", "end_ns", "tid"]].copy()
-    spans["step"] = match[match.notna()].astype(np.int64)
+    names = events["name"].cat
+    step_of = np.array([int(m.group(1)) if (m := _STEP_RE.match(c)) else -1 for c in names.categories] + [-1],
+                       dtype=np.int64)
+    number = step_of[np.asarray(names.codes)]
+    host = np.isin(np.asarray(events["kind"].cat.codes), [list(schema.KINDS).index(k) for k in ("annotation", "cpu_op", "other")])
+    hit = np.flatnonzero((number >= 0) & host)
+    spans = events.iloc[hit][["ts_ns", "end_ns", "tid"]].copy()
+    spans["step"] = number[hit]
     spans = spans.sort_values(["step", "ts_ns"]).drop_duplicates("step", keep="first")
     spans = spans.sort_values("ts_ns", ignore_index=True)
     return pd.DataFrame(
