@@ -14,7 +14,6 @@ import numpy as np
 import pandas as pd
 
 from kinetoscope.analyze import intervals as iv
-from kinetoscope.analyze.schema import GPU_BUSY_KINDS
 from kinetoscope.analyze.trace import RankTrace
 
 LOADER_RE = re.compile(r"^enumerate\((DataLoader|DataPipe)\)#")
@@ -62,10 +61,38 @@ def _set(frame: pd.DataFrame, w: Window) -> iv.Intervals:
     return iv.clip(iv.union(frame["ts_ns"].to_numpy(), frame["end_ns"].to_numpy()), w.start_ns, w.end_ns)
 
 
+def kind_mask(frame: pd.DataFrame, kinds: tuple[str, ...] | list[str]) -> np.ndarray:
+    """Rows whose ``kind`` is one of ``kinds``, compared on the categorical codes."""
+    kind = frame["kind"].cat
+    codes = [i for i, k in enumerate(kind.categories) if k in kinds]
+    return np.isin(np.asarray(kind.codes), codes)
+
+
+def name_mask(frame: pd.DataFrame, pattern: re.Pattern[str] | None = None, names: frozenset[str] | None = None) -> np.ndarray:
+    """Rows whose ``name`` matches ``pattern`` or is one of ``names`` (tested once per distinct name)."""
+    name = frame["name"].cat
+    codes = [i for i, n in enumerate(name.categories)
+             if (pattern is not None and pattern.match(n)) or (names is not None and n in names)]
+    return np.isin(np.asarray(name.codes), codes)
+
+
+@lru_cache(maxsize=16)
+def runtime_calls(trace: RankTrace) -> pd.DataFrame:
+    """CUDA/HIP runtime and driver calls on the host."""
+    return trace.events[kind_mask(trace.events, ("runtime", "driver"))]
+
+
+@lru_cache(maxsize=16)
+def kernels(trace: RankTrace) -> pd.DataFrame:
+    """Kernels of ``gpu_work``."""
+    work = gpu_work(trace)
+    return work[kind_mask(work, ("kernel",))]
+
+
 @lru_cache(maxsize=16)
 def gpu_work(trace: RankTrace) -> pd.DataFrame:
     """Kernels, copies and memsets with a device and stream, sorted by start."""
-    gpu = trace.events[trace.events["kind"].isin(GPU_BUSY_KINDS)]
+    gpu = trace.gpu_events
     gpu = gpu[gpu["device"].notna()]
     return gpu.assign(device=gpu["device"].astype(np.int64), stream=gpu["stream"].fillna(-1).astype(np.int64))
 
@@ -86,18 +113,14 @@ def any_gpu_busy(trace: RankTrace) -> iv.Intervals:
 @lru_cache(maxsize=16)
 def loader_spans(trace: RankTrace) -> pd.DataFrame:
     ev = trace.events
-    names = ev["name"].cat.categories
-    hits = [n for n in names if LOADER_RE.match(n)]
-    return ev[ev["name"].isin(hits) & ~ev["kind"].isin(("gpu_annotation",))]
+    return ev[name_mask(ev, LOADER_RE) & ~kind_mask(ev, ("gpu_annotation",))]
 
 
 @lru_cache(maxsize=16)
 def sync_calls(trace: RankTrace) -> pd.DataFrame:
     ev = trace.events
-    names = ev["name"].cat.categories
-    runtime_hits = [n for n in names if SYNC_RUNTIME_RE.match(n)]
-    is_sync = (ev["kind"].isin(("runtime", "driver")) & ev["name"].isin(runtime_hits)) | (
-        ev["kind"].eq("cpu_op") & ev["name"].isin(list(SYNC_OP_NAMES))
+    is_sync = (kind_mask(ev, ("runtime", "driver")) & name_mask(ev, SYNC_RUNTIME_RE)) | (
+        kind_mask(ev, ("cpu_op",)) & name_mask(ev, names=SYNC_OP_NAMES)
     )
     return ev[is_sync]
 
@@ -106,9 +129,8 @@ def sync_calls(trace: RankTrace) -> pd.DataFrame:
 def host_busy(trace: RankTrace) -> iv.Intervals:
     """Host threads that issue GPU work, busy in ops or runtime calls."""
     ev = trace.events
-    runtime = ev[ev["kind"].isin(("runtime", "driver"))]
-    launching = set(runtime["tid"].astype(str).unique())
-    work = ev[ev["kind"].isin(("cpu_op", "runtime", "driver")) & ev["tid"].isin(launching)]
+    launching = np.unique(np.asarray(runtime_calls(trace)["tid"].cat.codes))  # tid shares its categories
+    work = ev[kind_mask(ev, ("cpu_op", "runtime", "driver")) & np.isin(np.asarray(ev["tid"].cat.codes), launching)]
     return _set(work, window(trace))
 
 
@@ -118,8 +140,8 @@ def main_thread(trace: RankTrace) -> str | None:
     if len(trace.steps):
         return str(trace.steps["tid"].mode().iloc[0])
     ev = trace.events
-    launches = ev[ev["kind"].isin(("runtime", "driver"))]
-    pool = launches if len(launches) else ev[ev["kind"] == "cpu_op"]
+    launches = runtime_calls(trace)
+    pool = launches if len(launches) else ev[kind_mask(ev, ("cpu_op",))]
     if pool.empty:
         return None
     return str(pool["tid"].astype(str).value_counts().index[0])

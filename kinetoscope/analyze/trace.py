@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import pandas as pd
@@ -50,14 +51,14 @@ class RankTrace:
     #: profiled), from ``rank-<r>.steps.json`` beside the trace; None when absent
     run_steps: pd.DataFrame | None = None
 
-    @property
+    @cached_property
     def gpu_events(self) -> pd.DataFrame:
         """Kernels, copies and memsets: the work that occupies a GPU stream."""
         return self.events[self.events["kind"].isin(GPU_BUSY_KINDS)]
 
-    @property
+    @cached_property
     def has_gpu(self) -> bool:
-        return bool(self.events["kind"].isin(GPU_BUSY_KINDS).any())
+        return bool(len(self.gpu_events))
 
 
 @dataclass(frozen=True, eq=False)

@@ -33,8 +33,11 @@ from kinetoscope.analyze.timeline import (
     SYNC_RUNTIME_RE,
     Window,
     gpu_work,
+    kind_mask,
     loader_spans,
     main_thread,
+    name_mask,
+    runtime_calls,
     top_level,
     window,
 )
@@ -45,13 +48,9 @@ PHASES = ("data_wait", "zero_grad", "optimizer", "sync", "backward", "h2d", "for
 OPTIMIZER_STEP_RE = re.compile(r"^Optimizer\.step#")
 ZERO_GRAD_RE = re.compile(r"^Optimizer\.zero_grad#")
 #: autograd work: the engine's wrapper (2022+) or a bare autograd node (2021: "AddmmBackward")
+_STEP_PREFIX_RE = re.compile(r"ProfilerStep#")
 BACKWARD_RE = re.compile(r"^autograd::engine::evaluate_function:|^[A-Za-z0-9_:]*Backward\d*$")
 COPY_OPS = frozenset({"aten::to", "aten::_to_copy", "aten::copy_"})
-
-
-def _names(ev: pd.DataFrame, pattern: re.Pattern[str]) -> pd.Series:
-    hits = [n for n in ev["name"].cat.categories if pattern.match(n)]
-    return ev["name"].isin(hits)
 
 
 @lru_cache(maxsize=16)
@@ -59,18 +58,18 @@ def phase_events(trace: RankTrace) -> dict[str, pd.DataFrame]:
     """The raw events behind each phase (before precedence), for analyzers that need them."""
     ev = trace.events
     tid = main_thread(trace)
-    host = ev[~ev["kind"].isin(("python", "gpu_annotation", "kernel", "memcpy", "memset", "sync", "trace"))]
-    main = host[host["tid"] == tid] if tid is not None else host.iloc[0:0]
-    is_sync_op = (main["kind"].isin(("runtime", "driver")) & _names(main, SYNC_RUNTIME_RE)) | (
-        main["kind"].eq("cpu_op") & main["name"].isin(list(SYNC_OP_NAMES)))
-    backward = host[_names(host, BACKWARD_RE) & host["kind"].eq("cpu_op")]
+    # masks on categorical codes, one copy per returned frame
+    host = ~kind_mask(ev, ("python", "gpu_annotation", "kernel", "memcpy", "memset", "sync", "trace"))
+    main = host & (ev["tid"] == tid).to_numpy(bool) if tid is not None else np.zeros(len(ev), dtype=bool)
+    is_sync_op = main & ((kind_mask(ev, ("runtime", "driver")) & name_mask(ev, SYNC_RUNTIME_RE))
+                         | (kind_mask(ev, ("cpu_op",)) & name_mask(ev, names=SYNC_OP_NAMES)))
     return {
         "data_wait": loader_spans(trace),
-        "zero_grad": host[_names(host, ZERO_GRAD_RE)],
-        "optimizer": host[_names(host, OPTIMIZER_STEP_RE)],
-        "sync": main[is_sync_op],
-        "backward": backward,
-        "main": main,
+        "zero_grad": ev[host & name_mask(ev, ZERO_GRAD_RE)],
+        "optimizer": ev[host & name_mask(ev, OPTIMIZER_STEP_RE)],
+        "sync": ev[is_sync_op],
+        "backward": ev[host & name_mask(ev, BACKWARD_RE) & kind_mask(ev, ("cpu_op",))],
+        "main": ev[main],
     }
 
 
@@ -106,10 +105,10 @@ def host_phases(trace: RankTrace) -> dict[str, iv.Intervals]:
     sets["backward"] = iv.clip(_step_envelopes(steps, raw["backward"]), w.start_ns, w.end_ns)
 
     main = raw["main"]
-    step_names = [n for n in main["name"].cat.categories if n.startswith("ProfilerStep#")]
-    candidates = main[~main["name"].isin(step_names) & ~main.index.isin(raw["data_wait"].index)]
     # user annotations (record_function ranges) are containers, not work: look at the ops inside
-    tops = top_level(candidates[candidates["kind"].isin(("cpu_op", "runtime", "driver"))])
+    candidates = (~name_mask(main, _STEP_PREFIX_RE) & ~main.index.isin(raw["data_wait"].index)
+                  & kind_mask(main, ("cpu_op", "runtime", "driver")))
+    tops = top_level(main[candidates])
     claimed = sets["data_wait"], sets["zero_grad"], sets["optimizer"], sets["sync"], sets["backward"]
     busy_elsewhere = iv.union(np.concatenate([c[0] for c in claimed]), np.concatenate([c[1] for c in claimed]))
     # ops that start before backward and are not already another phase
@@ -167,8 +166,8 @@ def _phase_lookup(phases: dict[str, iv.Intervals]) -> tuple[np.ndarray, np.ndarr
 def gpu_phase_of(trace: RankTrace) -> pd.Series:
     """For each GPU work event (index of gpu_work), the host phase that launched it."""
     work = gpu_work(trace)
-    ev = trace.events
-    runtime = ev[ev["kind"].isin(("runtime", "driver")) & ev["correlation"].notna()].drop_duplicates("correlation")
+    runtime = runtime_calls(trace)
+    runtime = runtime[runtime["correlation"].notna()].drop_duplicates("correlation")
     launch_ts = work["correlation"].map(runtime.set_index("correlation")["ts_ns"])
     starts, ends, labels = _phase_lookup(host_phases(trace))
     if starts.size == 0:  # an empty window: nothing to attribute to

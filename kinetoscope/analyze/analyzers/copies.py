@@ -12,7 +12,7 @@ from kinetoscope.analyze import intervals as iv
 from kinetoscope.analyze.config import AnalysisConfig
 from kinetoscope.analyze.findings import Finding
 from kinetoscope.analyze.registry import AnalysisResult, register
-from kinetoscope.analyze.timeline import Window, gpu_work, window
+from kinetoscope.analyze.timeline import Window, gpu_work, kernels, runtime_calls, window
 from kinetoscope.analyze.trace import RankTrace
 from kinetoscope.analyze.units import frac, us
 
@@ -30,7 +30,8 @@ def copies(trace: RankTrace) -> pd.DataFrame:
     names = mem["name"].astype(str)
     direction = names.str.extract(_DIRECTION_RE, expand=False).fillna("other")
     host_kind = names.str.extract(_HOST_MEMORY_RE, expand=False)
-    runtime = trace.events[trace.events["kind"].isin(("runtime", "driver")) & trace.events["correlation"].notna()]
+    runtime = runtime_calls(trace)
+    runtime = runtime[runtime["correlation"].notna()]
     launcher = runtime.drop_duplicates("correlation").set_index("correlation")["name"].astype(str)
     called = mem["correlation"].map(launcher)
     return mem.assign(
@@ -49,12 +50,11 @@ def h2d_copies(trace: RankTrace) -> pd.DataFrame:
 
 def _overlap_ns(trace: RankTrace, sel: pd.DataFrame, w: Window) -> tuple[int, int]:
     """(copy time, copy time with a kernel running on another stream of the same device)."""
-    work = gpu_work(trace)
-    kernels = work[work["kind"] == "kernel"]
+    k = kernels(trace)
     total = overlapped = 0
     for (device, stream), group in sel.groupby(["device", "stream"], sort=False):
         mine = iv.clip(iv.union(group["ts_ns"].to_numpy(), group["end_ns"].to_numpy()), w.start_ns, w.end_ns)
-        others = kernels[(kernels["device"] == device) & (kernels["stream"] != stream)]
+        others = k[(k["device"] == device) & (k["stream"] != stream)]
         other_set = iv.union(others["ts_ns"].to_numpy(), others["end_ns"].to_numpy())
         total += iv.measure(mine)
         overlapped += iv.measure(iv.intersect(mine, other_set))

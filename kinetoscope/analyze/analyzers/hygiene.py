@@ -6,6 +6,7 @@ Each check looks at the profiled steps one by one, using the step anatomy's raw 
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -16,7 +17,7 @@ from kinetoscope.analyze.analyzers.anatomy import phase_events
 from kinetoscope.analyze.config import AnalysisConfig
 from kinetoscope.analyze.findings import Finding
 from kinetoscope.analyze.registry import AnalysisResult, register
-from kinetoscope.analyze.timeline import any_gpu_busy, loader_spans, main_thread, step_at, top_level, window
+from kinetoscope.analyze.timeline import any_gpu_busy, loader_spans, main_thread, name_mask, step_at, top_level, window
 from kinetoscope.analyze.trace import RankTrace
 from kinetoscope.analyze.units import us
 
@@ -52,13 +53,16 @@ def _accumulating_steps(trace: RankTrace) -> set[int]:
     return hits
 
 
+@lru_cache(maxsize=16)
 def _seed_draws(trace: RankTrace) -> pd.DataFrame:
     """``aten::random_`` immediately followed by ``aten::item`` on the training thread: an iterator was created."""
     ev = trace.events
     tid = main_thread(trace)
-    main = ev[ev["tid"] == tid] if tid is not None else ev.iloc[0:0]
-    rnd = main[main["name"] == "aten::random_"]
-    items = main[main["name"] == "aten::item"]
+    if tid is None:
+        return ev.iloc[0:0]
+    on_main = (ev["tid"] == tid).to_numpy(bool)
+    rnd = ev[on_main & name_mask(ev, names=frozenset({"aten::random_"}))]
+    items = ev[on_main & name_mask(ev, names=frozenset({"aten::item"}))]
     if rnd.empty or items.empty:
         return rnd.iloc[0:0]
     nxt = np.searchsorted(items["ts_ns"].to_numpy(), rnd["end_ns"].to_numpy())
