@@ -68,11 +68,14 @@ def kind_mask(frame: pd.DataFrame, kinds: tuple[str, ...] | list[str]) -> np.nda
     return np.isin(np.asarray(kind.codes), codes)
 
 
-def name_mask(frame: pd.DataFrame, pattern: re.Pattern[str] | None = None, names: frozenset[str] | None = None) -> np.ndarray:
-    """Rows whose ``name`` matches ``pattern`` or is one of ``names`` (tested once per distinct name)."""
+def name_mask(frame: pd.DataFrame, pattern: re.Pattern[str] | None = None, names: frozenset[str] | None = None,
+              *, search: bool = False) -> np.ndarray:
+    """Rows whose ``name`` matches ``pattern`` (at the start; anywhere with ``search``) or is one of
+    ``names``, tested once per distinct name."""
     name = frame["name"].cat
+    test = (pattern.search if search else pattern.match) if pattern is not None else None
     codes = [i for i, n in enumerate(name.categories)
-             if (pattern is not None and pattern.match(n)) or (names is not None and n in names)]
+             if (test is not None and test(n)) or (names is not None and n in names)]
     return np.isin(np.asarray(name.codes), codes)
 
 

@@ -13,7 +13,7 @@ import pandas as pd
 from kinetoscope.analyze import intervals as iv
 from kinetoscope.analyze.config import AnalysisConfig
 from kinetoscope.analyze.registry import AnalysisResult, register
-from kinetoscope.analyze.timeline import gpu_work, window
+from kinetoscope.analyze.timeline import gpu_work, kernels, name_mask, window
 from kinetoscope.analyze.trace import RankTrace, Trace
 from kinetoscope.analyze.units import frac, us
 
@@ -25,10 +25,8 @@ _OP_RE = re.compile(r"(AllReduce|AllGather|ReduceScatter|Broadcast|Reduce|SendRe
 @lru_cache(maxsize=16)
 def collectives(trace: RankTrace) -> pd.DataFrame:
     """Collective kernels in the window, in start order, with their operation name."""
-    work = gpu_work(trace)
-    kernels = work[work["kind"] == "kernel"]
-    names = kernels["name"].astype(str)
-    coll = kernels[names.str.contains(COLLECTIVE_RE)]
+    k = kernels(trace)
+    coll = k[name_mask(k, COLLECTIVE_RE, search=True)]
     w = window(trace)
     coll = coll[(coll["end_ns"] > w.start_ns) & (coll["ts_ns"] < w.end_ns)].sort_values("ts_ns", kind="stable")
     op = coll["name"].astype(str).str.extract(_OP_RE, expand=False).fillna("other")
