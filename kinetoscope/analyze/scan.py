@@ -12,6 +12,7 @@ from __future__ import annotations
 import gzip
 import io
 import os
+import queue
 import re
 import threading
 import zlib
@@ -61,9 +62,9 @@ def scan_file(path: Path, limits: LoadLimits = DEFAULT_LIMITS) -> tuple[RawColum
             if not gz and size > limits.max_decompressed_bytes:
                 raise TraceFormatError(str(path), f"file is {_gib(size)}, above the "
                                        f"{_gib(limits.max_decompressed_bytes)} limit")
-            if gz:
-                with gzip.GzipFile(fileobj=fh) as stream:
-                    return _finish(_feed(_scan.Scanner(max_depth=limits.max_depth), stream, str(path), limits))
+            if gz:  # gunzip on a second thread while the scanner (which runs without the GIL) scans
+                with gzip.GzipFile(fileobj=fh) as stream, _Prefetch(stream) as ahead:
+                    return _finish(_feed(_scan.Scanner(max_depth=limits.max_depth), ahead, str(path), limits))
             if size >= PARALLEL_MIN_BYTES and (os.cpu_count() or 1) > 1:
                 return _scan_halves(fh, size, str(path), limits)
             return _finish(_feed(_scan.Scanner(max_depth=limits.max_depth), fh, str(path), limits))
@@ -83,6 +84,66 @@ def scan_bytes(data: bytes, source: str, limits: LoadLimits = DEFAULT_LIMITS) ->
         return _finish(_feed(_scan.Scanner(max_depth=limits.max_depth), io.BytesIO(data), source, limits))
     except _Bail:
         return None
+
+
+class _Prefetch:
+    """Reads the next chunk of ``stream`` on a thread while the caller scans the current one."""
+
+    _END = object()
+
+    def __init__(self, stream: Any, chunk: int = CHUNK_BYTES) -> None:
+        self._stream = stream
+        self._ready: queue.Queue[Any] = queue.Queue()
+        self._free: queue.Queue[bytearray] = queue.Queue()
+        for _ in range(2):
+            self._free.put(bytearray(chunk))
+        self._stop = threading.Event()
+        self._current: memoryview | None = None
+        self._buf: bytearray | None = None
+        self._pos = 0
+        self._thread = threading.Thread(target=self._run, name="kinetoscope-read", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                buf = self._free.get()
+                if self._stop.is_set():
+                    break
+                n = self._stream.readinto(buf)
+                if not n:
+                    self._ready.put(self._END)
+                    return
+                self._ready.put((buf, n))
+        except BaseException as exc:  # noqa: BLE001 - handed to the reading thread, raised there
+            self._ready.put(exc)
+
+    def readinto(self, view: memoryview) -> int:
+        if self._current is None:
+            item = self._ready.get()
+            if item is self._END:
+                self._ready.put(item)
+                return 0
+            if isinstance(item, BaseException):
+                raise item
+            self._buf, n = item
+            self._current, self._pos = memoryview(self._buf)[:n], 0
+        n = min(len(view), len(self._current) - self._pos)
+        view[:n] = self._current[self._pos:self._pos + n]
+        self._pos += n
+        if self._pos == len(self._current):
+            self._current.release()
+            self._current = None
+            self._free.put(self._buf)  # type: ignore[arg-type]
+        return n
+
+    def __enter__(self) -> _Prefetch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._free.put(bytearray(0))  # wake the reader if it waits for a buffer
+        self._thread.join()
 
 
 class _Stop(Exception):
