@@ -101,7 +101,10 @@ class _Fields:
 
 
 def _nullable(value: np.ndarray, valid: np.ndarray) -> pd.arrays.IntegerArray:
-    return pd.arrays.IntegerArray(np.where(valid, value, 0), ~valid)
+    """A nullable Int64 column over ``value`` (a fresh array of ours: zeroed in place where missing)."""
+    missing = ~valid
+    value[missing] = 0
+    return pd.arrays.IntegerArray(value, missing)
 
 
 def _first_appearance(codes: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -165,6 +168,31 @@ def _tid_streams(idents: list[Any]) -> tuple[np.ndarray, np.ndarray]:
     return np.array([o if o is not None else 0 for o in out], dtype=np.int64), ok
 
 
+def _device_column(raw: RawColumns, rows: np.ndarray, fields: _Fields, is_gpu: np.ndarray) -> pd.arrays.IntegerArray:
+    """args.device, else an integer pid; GPU events only."""
+    dev, dev_ok, dev_present = fields.get("device", rows)
+    pid_int, pid_is_int = _ident_ints(raw.idents)
+    pid_codes = raw.pid[rows]
+    return _nullable(np.where(dev_present, dev, pid_int[pid_codes]),
+                     np.where(dev_present, dev_ok, pid_is_int[pid_codes]) & is_gpu)
+
+
+def _stream_column(raw: RawColumns, rows: np.ndarray, fields: _Fields, is_gpu: np.ndarray) -> pd.arrays.IntegerArray:
+    """args.stream, else the tid (an int, or the trailing number of "stream 7"); GPU events only."""
+    stream, stream_ok, stream_present = fields.get("stream", rows)
+    tid_stream, tid_stream_ok = _tid_streams(raw.idents)
+    tid_codes = raw.tid[rows]
+    return _nullable(np.where(stream_present, stream, tid_stream[tid_codes]),
+                     np.where(stream_present, stream_ok, tid_stream_ok[tid_codes]) & is_gpu)
+
+
+def _external_column(rows: np.ndarray, fields: _Fields) -> pd.arrays.IntegerArray:
+    """External id, from the old lower-case key where the new one is absent."""
+    ext, ext_ok, ext_present = fields.get("external_id", rows)
+    legacy, legacy_ok, _ = fields.get("external_id_legacy", rows)
+    return _nullable(np.where(ext_present, ext, legacy), np.where(ext_present, ext_ok, legacy_ok))
+
+
 def build_events(raw: RawColumns, rows: np.ndarray, fields: _Fields) -> tuple[pd.DataFrame, list[str]]:
     warnings: list[str] = []
     ts, dur = raw.ts[rows], raw.dur[rows]
@@ -185,43 +213,28 @@ def build_events(raw: RawColumns, rows: np.ndarray, fields: _Fields) -> tuple[pd
         order = np.argsort(ts_ns, kind="stable")
         rows, ts_ns, dur = rows[order], ts_ns[order], dur[order]
     dur_ns = np.rint(dur * 1000.0).astype(np.int64)
+    del dur, ts
     cat = _recode(_categorical(raw.cat[file_rows], raw.strings, order), schema.normalise_category)
     kind = _recode(cat, lambda c: schema.CATEGORY_KIND.get(c, "other"), categories=list(schema.KINDS))
     gpu_kinds = [list(schema.KINDS).index(k) for k in ("kernel", "memcpy", "memset", "gpu_annotation", "sync")]
     is_gpu = np.isin(np.asarray(kind.codes), gpu_kinds)
-    pid_codes, tid_codes = raw.pid[rows], raw.tid[rows]
-
-    # device: args.device, else an integer pid; GPU events only
-    dev, dev_ok, dev_present = fields.get("device", rows)
-    pid_int, pid_is_int = _ident_ints(raw.idents)
-    device = np.where(dev_present, dev, pid_int[pid_codes])
-    device_ok = np.where(dev_present, dev_ok, pid_is_int[pid_codes]) & is_gpu
-    # stream: args.stream, else the tid (an int, or the trailing number of "stream 7")
-    stream, stream_ok, stream_present = fields.get("stream", rows)
-    tid_stream, tid_stream_ok = _tid_streams(raw.idents)
-    stream = np.where(stream_present, stream, tid_stream[tid_codes])
-    stream_ok = np.where(stream_present, stream_ok, tid_stream_ok[tid_codes]) & is_gpu
-    ext, ext_ok, ext_present = fields.get("external_id", rows)
-    legacy, legacy_ok, _ = fields.get("external_id_legacy", rows)
-    external = np.where(ext_present, ext, legacy)
-    external_ok = np.where(ext_present, ext_ok, legacy_ok)
-    df = pd.DataFrame(
-        {
-            "ts_ns": ts_ns,
-            "dur_ns": dur_ns,
-            "end_ns": ts_ns + dur_ns,
-            "name": _categorical(raw.name[file_rows], raw.strings, order),
-            "cat": cat,
-            "kind": kind,
-            "pid": _categorical(raw.pid[file_rows], raw.idents, order),
-            "tid": _categorical(raw.tid[file_rows], raw.idents, order),
-            "device": _nullable(device, device_ok),
-            "stream": _nullable(stream, stream_ok),
-            "correlation": _nullable(*fields.get("correlation", rows)[:2]),
-            "external_id": _nullable(external, external_ok),
-            "bytes": _nullable(*fields.get("bytes", rows)[:2]),
-        }
-    )
+    columns = {
+        "ts_ns": ts_ns,
+        "dur_ns": dur_ns,
+        "end_ns": ts_ns + dur_ns,
+        "name": _categorical(raw.name[file_rows], raw.strings, order),
+        "cat": cat,
+        "kind": kind,
+        "pid": _categorical(raw.pid[file_rows], raw.idents, order),
+        "tid": _categorical(raw.tid[file_rows], raw.idents, order),
+        # each built and finished in turn, so the temporaries of one die before the next
+        "device": _device_column(raw, rows, fields, is_gpu),
+        "stream": _stream_column(raw, rows, fields, is_gpu),
+        "correlation": _nullable(*fields.get("correlation", rows)[:2]),
+        "external_id": _external_column(rows, fields),
+        "bytes": _nullable(*fields.get("bytes", rows)[:2]),
+    }
+    df = pd.DataFrame(columns, copy=False)  # every column is a fresh array of ours: no copy, no consolidation
     return df, warnings
 
 
@@ -242,7 +255,8 @@ def build_memory(raw: RawColumns, rows: np.ndarray, fields: _Fields, warnings: l
             "device_id": np.where(dev_id_ok, dev_id, -1),
             "addr": _nullable(*fields.get("addr", rows)[:2]),
             "tid": _categorical(raw.tid[rows], raw.idents),
-        }
+        },
+        copy=False,  # every column is a fresh array of ours: no copy, no consolidation
     )
     return df.sort_values("ts_ns", kind="stable", ignore_index=True)
 
@@ -260,7 +274,8 @@ def build_counters(raw: RawColumns) -> pd.DataFrame:
             "series": pd.Categorical(strings[raw.c_series[keep]]),
             "value": raw.c_value[keep],
             "pid": pd.Categorical(pids[raw.c_pid[keep]]),
-        }
+        },
+        copy=False,  # every column is a fresh array of ours: no copy, no consolidation
     )
     return df.sort_values("ts_ns", kind="stable", ignore_index=True)
 
@@ -277,7 +292,8 @@ def build_flows(raw: RawColumns, rows: np.ndarray, fields: _Fields, warnings: li
             "cat": _recode(_categorical(raw.cat[rows], raw.strings), schema.normalise_category),
             "pid": _categorical(raw.pid[rows], raw.idents),
             "tid": _categorical(raw.tid[rows], raw.idents),
-        }
+        },
+        copy=False,  # every column is a fresh array of ours: no copy, no consolidation
     )
 
 
@@ -290,7 +306,8 @@ def build_instants(raw: RawColumns, rows: np.ndarray, warnings: list[str]) -> pd
             "cat": _recode(_categorical(raw.cat[rows], raw.strings), schema.normalise_category),
             "pid": _categorical(raw.pid[rows], raw.idents),
             "tid": _categorical(raw.tid[rows], raw.idents),
-        }
+        },
+        copy=False,  # every column is a fresh array of ours: no copy, no consolidation
     )
 
 

@@ -276,36 +276,29 @@ def _remap(values: list[Any], more: list[Any]) -> tuple[list[Any], np.ndarray]:
 
 
 def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-    """One scanner's output from two: b's codes re-mapped into a's tables, b's events after a's."""
-    strings, smap = _remap(a["strings"], b["strings"])
-    idents, imap = _remap(a["idents"], b["idents"])
+    """One scanner's output from two: b's codes re-mapped into a's tables, b's events after a's.
+    Each input column is dropped as soon as its merged column exists (the peak is one column)."""
+    strings, smap = _remap(a.pop("strings"), b.pop("strings"))
+    idents, imap = _remap(a.pop("idents"), b.pop("idents"))
     n = a["n"]
-
-    def col(key: str, dtype: Any, fn: Any = None) -> np.ndarray:
-        right = np.frombuffer(b[key], dtype=dtype)
-        return np.concatenate([np.frombuffer(a[key], dtype=dtype), fn(right) if fn else right])
-
+    remap = {"ph": smap, "name": smap, "cat": smap, "c_series": smap, "pid": imap, "tid": imap}
+    dtypes = {"ph": np.int32, "name": np.int32, "cat": np.int32, "ts": np.float64, "dur": np.float64,
+              "pid": np.int32, "tid": np.int32, "f_event": np.int64, "f_id": np.uint8, "f_value": np.int64,
+              "c_event": np.int64, "c_series": np.int32, "c_value": np.float64}
     b_fid = np.frombuffer(b["f_id"], dtype=np.uint8)
-    b_fval = np.frombuffer(b["f_value"], dtype=np.int64).copy()
     names = b_fid == F["name"]
-    b_fval[names] = smap[b_fval[names]]
-    return {
-        "n": n + b["n"],
-        "ph": col("ph", np.int32, lambda c: smap[c]),
-        "name": col("name", np.int32, lambda c: smap[c]),
-        "cat": col("cat", np.int32, lambda c: smap[c]),
-        "ts": col("ts", np.float64),
-        "dur": col("dur", np.float64),
-        "pid": col("pid", np.int32, lambda c: imap[c]),
-        "tid": col("tid", np.int32, lambda c: imap[c]),
-        "strings": strings,
-        "idents": idents,
-        "f_event": col("f_event", np.int64, lambda e: e + n),
-        "f_id": col("f_id", np.uint8),
-        "f_value": np.concatenate([np.frombuffer(a["f_value"], dtype=np.int64), b_fval]),
-        "odd": a["odd"] + [(e + n, f, v) for e, f, v in b["odd"]],
-        "c_event": col("c_event", np.int64, lambda e: e + n),
-        "c_series": col("c_series", np.int32, lambda c: smap[c]),
-        "c_value": col("c_value", np.float64),
-        "meta": a["meta"] + b["meta"],
-    }
+    out: dict[str, Any] = {"n": n + b["n"], "strings": strings, "idents": idents}
+    for key, dtype in dtypes.items():
+        right = np.frombuffer(b.pop(key), dtype=dtype)
+        if key in remap:
+            right = remap[key][right]
+        elif key in ("f_event", "c_event"):
+            right = right + n
+        elif key == "f_value" and names.any():
+            right = right.copy()
+            right[names] = smap[right[names]]
+        out[key] = np.concatenate([np.frombuffer(a.pop(key), dtype=dtype), right])
+        del right
+    out["odd"] = a["odd"] + [(e + n, f, v) for e, f, v in b["odd"]]
+    out["meta"] = a["meta"] + b["meta"]
+    return out
