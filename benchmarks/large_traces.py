@@ -107,7 +107,9 @@ def replicate(source: Path, k: int, out: Path, layout: str) -> int:
 
 
 def run(code: str, arg: str) -> tuple[float, int]:
-    proc = subprocess.run([sys.executable, "-c", code, arg], capture_output=True, text=True, timeout=3600)
+    # both tools with the environment `kinetoscope analyze` sets for itself (no spinning BLAS threads)
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-c", code, arg], capture_output=True, text=True, timeout=3600, env=env)
     if proc.returncode != 0:
         raise RuntimeError(proc.stderr[-500:])
     seconds, rss = proc.stdout.split()[-2:]
