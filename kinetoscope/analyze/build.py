@@ -56,29 +56,28 @@ class _Fields:
         bounds = np.searchsorted(raw.f_id[order], np.arange(len(F) + 1))
         self._events = {f: raw.f_event[order[bounds[f]:bounds[f + 1]]] for f in range(len(F))}
         self._values = {f: raw.f_value[order[bounds[f]:bounds[f + 1]]] for f in range(len(F))}
+        self._position = np.empty(raw.n, dtype=np.int32 if raw.n < 2**31 else np.int64)
+        self._rows: np.ndarray | None = None
         self._odd: dict[int, list[tuple[int, Any]]] = {}
         for event, fid, value in raw.odd:
             self._odd.setdefault(fid, []).append((event, value))
 
-    def get(self, name: str, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(value, valid, present) for ``rows`` (distinct event indices): present = the key held a
-        non-null value; valid = that value is usable as an int64 (odd values coerced like ``int()``)."""
+    def get(self, name: str, rows: np.ndarray, order: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(value, valid, present) for ``rows`` (ascending event indices), then put in ``order`` when
+        given: present = the key held a non-null value; valid = that value is usable as an int64
+        (odd values coerced like ``int()``)."""
         f = F[name]
         value = np.zeros(len(rows), dtype=np.int64)
         valid = np.zeros(len(rows), dtype=bool)
         present = np.zeros(len(rows), dtype=bool)
         if not len(rows):
             return value, valid, present
-        order = None if len(rows) < 2 or (rows[1:] > rows[:-1]).all() else np.argsort(rows, kind="stable")
-        sorted_rows = rows if order is None else rows[order]
+        position = self._positions(rows)
         for events, values in ((self._events[f], self._values[f]), *self._odd_arrays(f)):
             if not len(events):
                 continue
-            pos = np.searchsorted(sorted_rows, events)
-            hit = pos < len(rows)
-            hit[hit] = sorted_rows[pos[hit]] == events[hit]
-            if order is not None:  # back to the caller's row order
-                pos = order[np.minimum(pos, len(rows) - 1)]
+            pos = position[events]
+            hit = pos >= 0
             if values.dtype == object:  # odd values: coerce each (rare)
                 coerced = [_int_or_none(v) for v in values[hit]]
                 ok = np.array([c is not None for c in coerced], dtype=bool)
@@ -88,7 +87,17 @@ class _Fields:
                 value[pos[hit]] = values[hit]
                 valid[pos[hit]] = True
             present[pos[hit]] = True
+        if order is not None:
+            return value[order], valid[order], present[order]
         return value, valid, present
+
+    def _positions(self, rows: np.ndarray) -> np.ndarray:
+        """Event index -> its row in ``rows`` (-1: not there); kept for the table being built."""
+        if self._rows is not rows:
+            self._position.fill(-1)
+            self._position[rows] = np.arange(len(rows), dtype=self._position.dtype)
+            self._rows = rows
+        return self._position
 
     def _odd_arrays(self, f: int) -> list[tuple[np.ndarray, np.ndarray]]:
         items = self._odd.get(f)
@@ -168,28 +177,34 @@ def _tid_streams(idents: list[Any]) -> tuple[np.ndarray, np.ndarray]:
     return np.array([o if o is not None else 0 for o in out], dtype=np.int64), ok
 
 
-def _device_column(raw: RawColumns, rows: np.ndarray, fields: _Fields, is_gpu: np.ndarray) -> pd.arrays.IntegerArray:
+def _in_order(rows: np.ndarray, order: np.ndarray | None) -> np.ndarray:
+    return rows if order is None else rows[order]
+
+
+def _device_column(raw: RawColumns, rows: np.ndarray, order: np.ndarray | None, fields: _Fields,
+                   is_gpu: np.ndarray) -> pd.arrays.IntegerArray:
     """args.device, else an integer pid; GPU events only."""
-    dev, dev_ok, dev_present = fields.get("device", rows)
+    dev, dev_ok, dev_present = fields.get("device", rows, order)
     pid_int, pid_is_int = _ident_ints(raw.idents)
-    pid_codes = raw.pid[rows]
+    pid_codes = raw.pid[_in_order(rows, order)]
     return _nullable(np.where(dev_present, dev, pid_int[pid_codes]),
                      np.where(dev_present, dev_ok, pid_is_int[pid_codes]) & is_gpu)
 
 
-def _stream_column(raw: RawColumns, rows: np.ndarray, fields: _Fields, is_gpu: np.ndarray) -> pd.arrays.IntegerArray:
+def _stream_column(raw: RawColumns, rows: np.ndarray, order: np.ndarray | None, fields: _Fields,
+                   is_gpu: np.ndarray) -> pd.arrays.IntegerArray:
     """args.stream, else the tid (an int, or the trailing number of "stream 7"); GPU events only."""
-    stream, stream_ok, stream_present = fields.get("stream", rows)
+    stream, stream_ok, stream_present = fields.get("stream", rows, order)
     tid_stream, tid_stream_ok = _tid_streams(raw.idents)
-    tid_codes = raw.tid[rows]
+    tid_codes = raw.tid[_in_order(rows, order)]
     return _nullable(np.where(stream_present, stream, tid_stream[tid_codes]),
                      np.where(stream_present, stream_ok, tid_stream_ok[tid_codes]) & is_gpu)
 
 
-def _external_column(rows: np.ndarray, fields: _Fields) -> pd.arrays.IntegerArray:
+def _external_column(rows: np.ndarray, order: np.ndarray | None, fields: _Fields) -> pd.arrays.IntegerArray:
     """External id, from the old lower-case key where the new one is absent."""
-    ext, ext_ok, ext_present = fields.get("external_id", rows)
-    legacy, legacy_ok, _ = fields.get("external_id_legacy", rows)
+    ext, ext_ok, ext_present = fields.get("external_id", rows, order)
+    legacy, legacy_ok, _ = fields.get("external_id_legacy", rows, order)
     return _nullable(np.where(ext_present, ext, legacy), np.where(ext_present, ext_ok, legacy_ok))
 
 
@@ -228,11 +243,11 @@ def build_events(raw: RawColumns, rows: np.ndarray, fields: _Fields) -> tuple[pd
         "pid": _categorical(raw.pid[file_rows], raw.idents, order),
         "tid": _categorical(raw.tid[file_rows], raw.idents, order),
         # each built and finished in turn, so the temporaries of one die before the next
-        "device": _device_column(raw, rows, fields, is_gpu),
-        "stream": _stream_column(raw, rows, fields, is_gpu),
-        "correlation": _nullable(*fields.get("correlation", rows)[:2]),
-        "external_id": _external_column(rows, fields),
-        "bytes": _nullable(*fields.get("bytes", rows)[:2]),
+        "device": _device_column(raw, file_rows, order, fields, is_gpu),
+        "stream": _stream_column(raw, file_rows, order, fields, is_gpu),
+        "correlation": _nullable(*fields.get("correlation", file_rows, order)[:2]),
+        "external_id": _external_column(file_rows, order, fields),
+        "bytes": _nullable(*fields.get("bytes", file_rows, order)[:2]),
     }
     df = pd.DataFrame(columns, copy=False)  # every column is a fresh array of ours: no copy, no consolidation
     return df, warnings
@@ -370,8 +385,14 @@ def build_rank_trace(raw: RawColumns, *, source: str, rank: int, rank_source: st
         else:
             groups.setdefault(group, []).append(int(code))
 
+    group_names = sorted(groups)
+    group_of = np.full(len(raw.strings), -1, dtype=np.int8)
+    for g, name in enumerate(group_names):
+        group_of[groups[name]] = g
+    event_group = group_of[raw.ph]
+
     def rows_of(group: str) -> np.ndarray:
-        return np.flatnonzero(np.isin(raw.ph, groups.get(group, [])))
+        return np.flatnonzero(event_group == group_names.index(group)) if group in groups else np.array([], dtype=np.int64)
 
     fields = _Fields(raw)
     instant_rows = rows_of("i")
