@@ -14,7 +14,7 @@ from typing import Any
 from kinetoscope import __version__
 from kinetoscope.analyze.analyzers.straggler import rank_summary
 from kinetoscope.analyze.limits import DEFAULT_LIMITS, LoadLimits
-from kinetoscope.analyze.loader import rank_from_bytes, read_bytes
+from kinetoscope.analyze.loader import load_rank
 from kinetoscope.analyze.report import build_report, entry_value
 from kinetoscope.analyze.trace import Trace
 from kinetoscope.batch.store import read_rows, write_rows
@@ -26,6 +26,15 @@ def file_key(path: str, content_sha256: str, version: str = __version__) -> str:
     return hashlib.sha256(f"{path}\0{content_sha256}\0{version}".encode()).hexdigest()[:40]
 
 
+def _file_sha256(path: Path) -> str:
+    """The file's bytes (as stored: a .gz is hashed compressed), read in chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(8 * 2**20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 def analyze_file(path: str, job: str, index: int, store: str, resume: bool = False,
                  limits: LoadLimits = DEFAULT_LIMITS) -> dict[str, Any]:
     """Analyse one file of a job and write its rows; returns the trace row (with ``skipped`` if resumed)."""
@@ -33,8 +42,8 @@ def analyze_file(path: str, job: str, index: int, store: str, resume: bool = Fal
     base: dict[str, Any] = {"job": job, "path": path, "rank": index, "tool_version": __version__}
     started = time.perf_counter()
     try:
-        data = read_bytes(Path(path), limits)
-    except KinetoscopeError as exc:  # missing, unreadable, or not even valid gzip
+        sha = _file_sha256(Path(path))
+    except OSError as exc:  # missing or unreadable
         try:
             st = Path(path).stat()
             identity = f"unreadable:{st.st_size}:{st.st_mtime_ns}"
@@ -43,19 +52,19 @@ def analyze_file(path: str, job: str, index: int, store: str, resume: bool = Fal
         key = file_key(path, identity)
         if resume and (existing := read_rows(root, "traces", key)):
             return {**existing[0], "skipped": True}
-        row = {**base, "key": key, "status": "failed", "error": str(exc)}
+        row = {**base, "key": key, "status": "failed", "error": f"{path}: cannot read ({exc.strerror or exc})"}
         write_rows(root, "traces", key, [row])
         return row
-    sha = hashlib.sha256(data).hexdigest()
     key = file_key(path, sha)
     if resume:
         existing = read_rows(root, "traces", key)
         if existing:
             return {**existing[0], "skipped": True}
-    base.update(key=key, content_sha256=sha, size_bytes=len(data))
+    base.update(key=key, content_sha256=sha)
     try:
-        rank = rank_from_bytes(data, Path(path), default_rank=index, limits=limits)
-        del data
+        # streamed: a worker holds the trace's columns, never its JSON text
+        rank = load_rank(Path(path), default_rank=index, limits=limits)
+        base["size_bytes"] = rank.meta.bytes_read
         parsed = time.perf_counter()
         report = build_report(Trace(source=job, ranks=(rank,)))
     except KinetoscopeError as exc:
