@@ -23,18 +23,19 @@ def union(starts: np.ndarray, ends: np.ndarray) -> Intervals:
     starts, ends = starts[keep], ends[keep]
     if starts.size == 0:
         return EMPTY
-    order = np.argsort(starts, kind="stable")
-    starts, ends = starts[order], ends[order]
+    if not (starts[1:] >= starts[:-1]).all():  # event tables are time-ordered already: no sort then
+        order = np.argsort(starts, kind="stable")
+        starts, ends = starts[order], ends[order]
     running_end = np.maximum.accumulate(ends)
     # a new run begins where the start lies beyond every earlier end
     new_run = np.empty(starts.size, dtype=bool)
     new_run[0] = True
     new_run[1:] = starts[1:] > running_end[:-1]
-    run_id = np.cumsum(new_run) - 1
-    out_starts = starts[new_run]
-    out_ends = np.zeros(out_starts.size, dtype=np.int64)
-    np.maximum.at(out_ends, run_id, running_end)
-    return out_starts, out_ends
+    # a run ends at its last interval, where the running end is the run's furthest end
+    last = np.empty(starts.size, dtype=bool)
+    last[:-1] = new_run[1:]
+    last[-1] = True
+    return starts[new_run], running_end[last]
 
 
 def measure(s: Intervals) -> int:
