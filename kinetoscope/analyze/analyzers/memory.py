@@ -52,7 +52,9 @@ def _fit(steps: np.ndarray, values: np.ndarray) -> tuple[float, float]:
 
 def _op_at(trace: RankTrace, ts_ns: int, tid: str) -> str | None:
     ev = trace.events
-    hit = ev[(ev["kind"] == "cpu_op") & (ev["tid"] == tid) & (ev["ts_ns"] <= ts_ns) & (ev["end_ns"] >= ts_ns)]
+    spans = np.flatnonzero((ev["ts_ns"].to_numpy() <= ts_ns) & (ev["end_ns"].to_numpy() >= ts_ns))
+    sub = ev.iloc[spans]  # the few events spanning the time, then the op and thread tests
+    hit = sub[(sub["kind"] == "cpu_op") & (sub["tid"] == tid)]
     if hit.empty:
         return None
     return str(hit.loc[hit["dur_ns"].idxmin(), "name"])
@@ -65,12 +67,14 @@ def _timeline(ts: np.ndarray, allocated: np.ndarray, reserved: np.ndarray | None
     """Allocated/reserved over time, at most TIMELINE_POINTS per device (each bin keeps its maximum)."""
     n = len(ts)
     bins = max(1, int(np.ceil(n / TIMELINE_POINTS)))
-    idx = np.arange(n) // bins
-    frame = pd.DataFrame({"bin": idx, "ts_us": ts / 1000.0, "allocated_bytes": allocated,
-                          "reserved_bytes": reserved if reserved is not None else np.nan})
-    out = frame.groupby("bin").agg(ts_us=("ts_us", "first"), allocated_bytes=("allocated_bytes", "max"),
-                                   reserved_bytes=("reserved_bytes", "max"))
-    return out.reset_index(drop=True).assign(device=label)
+    starts = np.arange(0, n, bins)
+    frame = pd.DataFrame({
+        "ts_us": ts[starts] / 1000.0,
+        "allocated_bytes": np.maximum.reduceat(allocated, starts),
+        # fmax: a bin's maximum ignoring missing values, missing only when all are
+        "reserved_bytes": np.fmax.reduceat(reserved, starts) if reserved is not None else np.nan,
+    })
+    return frame.assign(device=label)
 
 
 def _device_metrics(trace: RankTrace, group: pd.DataFrame, config: AnalysisConfig) -> tuple[dict[str, Any], pd.DataFrame]:
