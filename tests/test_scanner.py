@@ -272,3 +272,13 @@ def test_mutated_documents_the_scanner_accepts_decode_like_the_reference(tmp_pat
         except KinetoscopeError:
             pass  # both produce no timed events: the same refusal either way
     assert accepted > 200, accepted
+
+
+def test_the_event_limit_holds_across_both_halves(tmp_path, monkeypatch):
+    monkeypatch.setattr(scan, "PARALLEL_MIN_BYTES", 0)
+    events = [{"ph": "X", "name": "op", "pid": 1, "tid": 1, "ts": i, "dur": 1} for i in range(3000)]
+    path = tmp_path / "t.json"
+    path.write_bytes(json.dumps({"traceEvents": events}, indent=1).encode())
+    assert scan.scan_file(path, LoadLimits(max_events=3000))[0].n == 3000
+    with pytest.raises(TraceFormatError, match="max_events"):
+        scan.scan_file(path, LoadLimits(max_events=2000))  # each half alone stays under it

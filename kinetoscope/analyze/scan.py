@@ -1,8 +1,9 @@
 """Stream a trace file through the compiled columnar scanner, in fixed-size chunks.
 
-Memory stays bounded by one chunk plus the columns (~25-60 bytes per event, against 250-450 bytes
-of JSON per event): a trace never has to fit in memory as text, and gzip is decompressed chunk by
-chunk into the same reused buffer. ``None`` means "use the reference decoder": the extension is
+Memory stays bounded by one chunk per scanning thread plus the columns (~60 bytes per event,
+against 250-450 bytes of JSON per event): a trace never has to fit in memory as text, and gzip is
+decompressed chunk by chunk on a second thread into two reused buffers. Plain files from 48 MiB are
+scanned as two halves on two threads. ``None`` means "use the reference decoder": the extension is
 not built, ``KINETOSCOPE_DECODER=reference`` is set, or the scanner met something it does not
 handle exactly like the reference (odd types, invalid JSON, ...), which then decides and reports.
 """
@@ -256,6 +257,8 @@ def _scan_halves(fh: BinaryIO, size: int, source: str, limits: LoadLimits) -> tu
         _, rest = _feed(first, fh, source, limits, at_start=False, done=cut)
         return _finish((first, cut + rest))
     a, b = first.finish(), second["fed"][0].finish()
+    if a["n"] + b["n"] > limits.max_events:  # each half checked only its own count
+        raise TraceFormatError(source, f"more than {limits.max_events:,} events, above the limit (max_events)")
     out = _merge(a, b)
     metadata = {key: _any.decode(raw) for key, raw in out.pop("meta")}
     return from_scanner(out, metadata), cut + second["fed"][1]
