@@ -63,6 +63,12 @@ def test_bad_input_is_one_line_on_stderr_and_exit_2(tmp_path):
     assert proc.stderr.startswith("kinetoscope: error:")
 
 
+def test_a_device_file_is_bad_input_not_an_internal_error():
+    proc = run("analyze", "/dev/null")
+    assert proc.returncode == 2 and "not a regular file or a directory" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
 def test_one_broken_file_does_not_lose_the_others(tmp_path):
     bad = tmp_path / "bad.json.gz"
     bad.write_bytes(b"\x1f\x8b\x08\x00garbage")

@@ -60,7 +60,12 @@ def find_jobs(path: str | os.PathLike[str]) -> list[Job]:
         raise TraceSourceError(f"{p}: no such file or directory")
     if p.is_file():
         return [Job(str(p), (p,))]
-    files = sorted(f for f in p.iterdir() if is_trace_file(f))
+    if not p.is_dir():
+        raise TraceSourceError(f"{p}: not a regular file or a directory (a device, socket or pipe?)")
+    try:
+        files = sorted(f for f in p.iterdir() if is_trace_file(f))
+    except OSError as exc:
+        raise TraceSourceError(f"{p}: cannot list ({exc.strerror or exc})") from None
     if not files:
         raise TraceSourceError(f"{p}: directory holds no .json or .json.gz trace files")
     windows: dict[str, list[Path]] = {}

@@ -199,11 +199,18 @@ def _feed(scanner: Any, stream: BinaryIO, source: str, limits: LoadLimits, *, st
     return scanner, total
 
 
+def _metadata(items: list[tuple[str, bytes]]) -> dict[str, Any]:
+    """The other top-level keys (validated by the scanner), decoded; anything odd: the reference decides."""
+    try:
+        return {key: _any.decode(raw) for key, raw in items}
+    except (msgspec.DecodeError, RecursionError) as exc:
+        raise _Bail(str(exc)) from None
+
+
 def _finish(fed: tuple[Any, int]) -> tuple[RawColumns, int]:
     scanner, total = fed
     out = scanner.finish()
-    metadata = {key: _any.decode(raw) for key, raw in out.pop("meta")}
-    return from_scanner(out, metadata), total
+    return from_scanner(out, _metadata(out.pop("meta"))), total
 
 
 #: plain files from this size are scanned as two halves on two cores
@@ -260,8 +267,7 @@ def _scan_halves(fh: BinaryIO, size: int, source: str, limits: LoadLimits) -> tu
     if a["n"] + b["n"] > limits.max_events:  # each half checked only its own count
         raise TraceFormatError(source, f"more than {limits.max_events:,} events, above the limit (max_events)")
     out = _merge(a, b)
-    metadata = {key: _any.decode(raw) for key, raw in out.pop("meta")}
-    return from_scanner(out, metadata), cut + second["fed"][1]
+    return from_scanner(out, _metadata(out.pop("meta"))), cut + second["fed"][1]
 
 
 def _remap(values: list[Any], more: list[Any]) -> tuple[list[Any], np.ndarray]:
