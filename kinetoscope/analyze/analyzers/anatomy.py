@@ -168,13 +168,20 @@ def gpu_phase_of(trace: RankTrace) -> pd.Series:
     work = gpu_work(trace)
     runtime = runtime_calls(trace)
     runtime = runtime[runtime["correlation"].notna()].drop_duplicates("correlation")
-    launch_ts = work["correlation"].map(runtime.set_index("correlation")["ts_ns"])
     starts, ends, labels = _phase_lookup(host_phases(trace))
     if starts.size == 0:  # an empty window: nothing to attribute to
         return pd.Series("other", index=work.index, dtype=object)
-    t = launch_ts.fillna(-1).to_numpy(np.int64)
+    # the launching call's start, matched on correlation id (sorted keys, one search)
+    keys = runtime["correlation"].to_numpy(np.int64)
+    order = np.argsort(keys, kind="stable")
+    keys, launch_at = keys[order], runtime["ts_ns"].to_numpy()[order]
+    has = work["correlation"].notna().to_numpy()
+    corr = work["correlation"].fillna(0).to_numpy(np.int64)
+    pos = np.minimum(np.searchsorted(keys, corr), max(len(keys) - 1, 0))
+    launched = has & (keys[pos] == corr) if len(keys) else np.zeros(len(work), dtype=bool)
+    t = np.where(launched, launch_at[pos] if len(keys) else -1, -1)
     idx = np.searchsorted(starts, t, side="right") - 1
-    ok = (idx >= 0) & (t < ends[np.maximum(idx, 0)]) & launch_ts.notna().to_numpy()
+    ok = (idx >= 0) & (t < ends[np.maximum(idx, 0)]) & launched
     names = np.asarray(PHASES, dtype=object)[np.where(ok, labels[np.maximum(idx, 0)], PHASES.index("other"))]
     return pd.Series(names, index=work.index)
 
@@ -195,11 +202,12 @@ def analyze_phases(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
     gpu_time: dict[str, int] | None = None
     if trace.has_gpu:
         work = gpu_work(trace)
-        phase_of = gpu_phase_of(trace)
+        phase_of = gpu_phase_of(trace).to_numpy()
+        starts_ns, ends_ns = work["ts_ns"].to_numpy(), work["end_ns"].to_numpy()
         gpu_time = {}
         for p in PHASES:
-            sel = work[phase_of == p]
-            gpu_time[p] = iv.measure(iv.clip(iv.union(sel["ts_ns"].to_numpy(), sel["end_ns"].to_numpy()), w.start_ns, w.end_ns))
+            sel = phase_of == p
+            gpu_time[p] = iv.measure(iv.clip(iv.union(starts_ns[sel], ends_ns[sel]), w.start_ns, w.end_ns))
     metrics: dict[str, Any] = {}
     for p in PHASES:
         host_ns = iv.measure(phases[p])
