@@ -70,3 +70,32 @@ def test_sum_of_durations_would_overstate():
     # two kernels on two streams overlapping for 5 of their 10 units each: busy is 15, not 20
     u = iv.union(np.array([0, 5]), np.array([10, 15]))
     assert iv.measure(u) == 15
+
+
+def test_intersect_and_subtract_match_a_bitmap_on_random_sets():
+    import numpy as np
+
+    from kinetoscope.analyze import intervals as iv
+
+    rng = np.random.default_rng(3)
+
+    def random_set():
+        n = int(rng.integers(0, 10))
+        starts = rng.integers(0, 80, n)
+        return iv.union(starts, starts + rng.integers(0, 20, n))
+
+    def bitmap(s):
+        m = np.zeros(100, dtype=bool)
+        for lo, hi in zip(*s):
+            m[lo:hi] = True
+        return m
+
+    def from_bitmap(m):
+        edges = np.flatnonzero(np.diff(np.concatenate(([0], m.astype(np.int8), [0]))))
+        return edges[0::2], edges[1::2]
+
+    for _ in range(3000):
+        a, b = random_set(), random_set()
+        for got, want in ((iv.intersect(a, b), bitmap(a) & bitmap(b)), (iv.subtract(a, b), bitmap(a) & ~bitmap(b))):
+            exp = from_bitmap(want)
+            assert np.array_equal(got[0], exp[0]) and np.array_equal(got[1], exp[1])

@@ -83,13 +83,21 @@ def intersect(a: Intervals, b: Intervals) -> Intervals:
     """Intersection of two disjoint sorted sets."""
     if a[0].size == 0 or b[0].size == 0:
         return EMPTY
-    # boundaries of both; an elementary piece is inside both when covered by each
-    points = np.unique(np.concatenate((a[0], a[1], b[0], b[1])))
-    lo, hi = points[:-1], points[1:]
-    inside_a = (covered_before(a, hi) - covered_before(a, lo)) == (hi - lo)
-    inside_b = (covered_before(b, hi) - covered_before(b, lo)) == (hi - lo)
-    both = inside_a & inside_b
-    return union(lo[both], hi[both])
+    # each interval of a against the run of b's intervals it overlaps (both sets are sorted and
+    # disjoint, so the pairs number at most len(a) + len(b) and come out in order)
+    first = np.searchsorted(b[1], a[0], side="right")  # b's first interval ending after a starts
+    stop = np.searchsorted(b[0], a[1], side="left")  # b's intervals starting before a ends
+    counts = np.maximum(stop - first, 0)
+    total = int(counts.sum())
+    if total == 0:
+        return EMPTY
+    ai = np.repeat(np.arange(a[0].size), counts)
+    offsets = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    bj = first[ai] + (np.arange(total) - offsets[ai])
+    lo = np.maximum(a[0][ai], b[0][bj])
+    hi = np.minimum(a[1][ai], b[1][bj])
+    keep = hi > lo
+    return union(lo[keep], hi[keep])  # merges pieces that touch, as a set's representation requires
 
 
 def subtract(a: Intervals, b: Intervals) -> Intervals:
