@@ -133,8 +133,9 @@ def host_busy(trace: RankTrace) -> iv.Intervals:
     """Host threads that issue GPU work, busy in ops or runtime calls."""
     ev = trace.events
     launching = np.unique(np.asarray(runtime_calls(trace)["tid"].cat.codes))  # tid shares its categories
-    work = ev[kind_mask(ev, ("cpu_op", "runtime", "driver")) & np.isin(np.asarray(ev["tid"].cat.codes), launching)]
-    return _set(work, window(trace))
+    work = kind_mask(ev, ("cpu_op", "runtime", "driver")) & np.isin(np.asarray(ev["tid"].cat.codes), launching)
+    w = window(trace)
+    return iv.clip(iv.union(ev["ts_ns"].to_numpy()[work], ev["end_ns"].to_numpy()[work]), w.start_ns, w.end_ns)
 
 
 @lru_cache(maxsize=16)
