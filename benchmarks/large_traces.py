@@ -27,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from replicas import load_events, shifted_copy
+
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT = ROOT.parent / "shared" / "traces" / "TraceLens/tests/traces/h100/google_owlv2-large-patch14-ensemble__1016001.json.gz"
 
@@ -77,30 +79,8 @@ print(time.perf_counter() - t, 0)
 
 
 def replicate(source: Path, k: int, out: Path, layout: str) -> int:
-    raw = source.read_bytes()
-    doc = json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
-    events = [e for e in doc["traceEvents"] if isinstance(e, dict)]
-    timed = [e for e in events if isinstance(e.get("ts"), (int, float))]
-    span = max(e["ts"] + e.get("dur", 0) for e in timed) - min(e["ts"] for e in timed) + 1000
-    copies = []
-    for i in range(k):
-        for e in events:
-            if e.get("ph") == "M" and i:
-                continue
-            c = dict(e)
-            if isinstance(c.get("ts"), (int, float)):
-                c["ts"] = round(c["ts"] + i * span, 3)
-            if c.get("ph") in ("s", "f") and isinstance(c.get("id"), int):
-                c["id"] = c["id"] + i * 10_000_000
-            if isinstance(c.get("args"), dict):
-                a = dict(c["args"])
-                for key in ("correlation", "External id", "external id"):
-                    if isinstance(a.get(key), int):
-                        a[key] = a[key] + i * 10_000_000
-                c["args"] = a
-            copies.append(c)
-    doc["traceEvents"] = copies
-    doc.setdefault("distributedInfo", {"rank": 0, "world_size": 1})
+    doc, events, span = load_events(source)
+    doc["traceEvents"] = [c for i in range(k) for c in shifted_copy(events, i, span)]
     data = (json.dumps(doc, indent=2) if layout == "indented" else json.dumps(doc, separators=(",", ":"))).encode()
     out.write_bytes(data)
     return len(data)

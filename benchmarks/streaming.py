@@ -12,7 +12,6 @@ Run: python benchmarks/streaming.py [--gb 2.5] [--limit-mb 1536] [--keep PATH (r
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import os
 import subprocess
@@ -20,6 +19,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from replicas import load_events, shifted_copy
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = ROOT.parent / "shared" / "traces" / "TraceLens/tests/traces/h100/google_owlv2-large-patch14-ensemble__1016001.json.gz"
@@ -37,11 +38,8 @@ print(code, time.perf_counter() - t, peak)
 
 def write_trace(source: Path, out: Path, target_bytes: int) -> tuple[int, int]:
     """Stream copies of source's events into out until it reaches target_bytes; (bytes, events)."""
-    doc = json.loads(gzip.decompress(source.read_bytes()))
-    events = [e for e in doc.pop("traceEvents") if isinstance(e, dict)]
-    timed = [e for e in events if isinstance(e.get("ts"), (int, float))]
-    span = max(e["ts"] + e.get("dur", 0) for e in timed) - min(e["ts"] for e in timed) + 1000
-    doc.setdefault("distributedInfo", {"rank": 0, "world_size": 1})
+    doc, events, span = load_events(source)
+    del doc["traceEvents"]  # written last, one copy at a time
     head = json.dumps(doc, indent=2)[:-2]  # without the closing "\n}"
     written = n = 0
     with open(out, "w") as fh:
@@ -49,23 +47,8 @@ def write_trace(source: Path, out: Path, target_bytes: int) -> tuple[int, int]:
         i = 0
         first = True
         while written < target_bytes:
-            parts = []
-            for e in events:
-                if e.get("ph") == "M" and i:
-                    continue
-                c = dict(e)
-                if isinstance(c.get("ts"), (int, float)):
-                    c["ts"] = round(c["ts"] + i * span, 3)
-                if c.get("ph") in ("s", "f") and isinstance(c.get("id"), int):
-                    c["id"] += i * 10_000_000
-                if isinstance(c.get("args"), dict):
-                    a = dict(c["args"])
-                    for key in ("correlation", "External id"):
-                        if isinstance(a.get(key), int):
-                            a[key] += i * 10_000_000
-                    c["args"] = a
-                parts.append("    " + json.dumps(c, indent=2).replace("\n", "\n    "))
-                n += 1
+            parts = ["    " + json.dumps(c, indent=2).replace("\n", "\n    ") for c in shifted_copy(events, i, span)]
+            n += len(parts)
             chunk = ("" if first else ",\n") + ",\n".join(parts)
             first = False
             fh.write(chunk)

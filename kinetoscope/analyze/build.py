@@ -181,24 +181,14 @@ def _in_order(rows: np.ndarray, order: np.ndarray | None) -> np.ndarray:
     return rows if order is None else rows[order]
 
 
-def _device_column(raw: RawColumns, rows: np.ndarray, order: np.ndarray | None, fields: _Fields,
-                   is_gpu: np.ndarray) -> pd.arrays.IntegerArray:
-    """args.device, else an integer pid; GPU events only."""
-    dev, dev_ok, dev_present = fields.get("device", rows, order)
-    pid_int, pid_is_int = _ident_ints(raw.idents)
-    pid_codes = raw.pid[_in_order(rows, order)]
-    return _nullable(np.where(dev_present, dev, pid_int[pid_codes]),
-                     np.where(dev_present, dev_ok, pid_is_int[pid_codes]) & is_gpu)
-
-
-def _stream_column(raw: RawColumns, rows: np.ndarray, order: np.ndarray | None, fields: _Fields,
-                   is_gpu: np.ndarray) -> pd.arrays.IntegerArray:
-    """args.stream, else the tid (an int, or the trailing number of "stream 7"); GPU events only."""
-    stream, stream_ok, stream_present = fields.get("stream", rows, order)
-    tid_stream, tid_stream_ok = _tid_streams(raw.idents)
-    tid_codes = raw.tid[_in_order(rows, order)]
-    return _nullable(np.where(stream_present, stream, tid_stream[tid_codes]),
-                     np.where(stream_present, stream_ok, tid_stream_ok[tid_codes]) & is_gpu)
+def _field_else_ident(raw: RawColumns, rows: np.ndarray, order: np.ndarray | None, fields: _Fields, name: str,
+                      ident_column: np.ndarray, per_ident: tuple[np.ndarray, np.ndarray],
+                      is_gpu: np.ndarray) -> pd.arrays.IntegerArray:
+    """args.<name> where the event has it, else a value read from its pid or tid; GPU events only."""
+    value, ok, present = fields.get(name, rows, order)
+    fallback, fallback_ok = per_ident
+    codes = ident_column[_in_order(rows, order)]
+    return _nullable(np.where(present, value, fallback[codes]), np.where(present, ok, fallback_ok[codes]) & is_gpu)
 
 
 def _external_column(rows: np.ndarray, order: np.ndarray | None, fields: _Fields) -> pd.arrays.IntegerArray:
@@ -243,8 +233,10 @@ def build_events(raw: RawColumns, rows: np.ndarray, fields: _Fields) -> tuple[pd
         "pid": _categorical(raw.pid[file_rows], raw.idents, order),
         "tid": _categorical(raw.tid[file_rows], raw.idents, order),
         # each built and finished in turn, so the temporaries of one die before the next
-        "device": _device_column(raw, file_rows, order, fields, is_gpu),
-        "stream": _stream_column(raw, file_rows, order, fields, is_gpu),
+        # device: args.device, else an integer pid; stream: args.stream, else the tid (an int, or the
+        # trailing number of "stream 7")
+        "device": _field_else_ident(raw, file_rows, order, fields, "device", raw.pid, _ident_ints(raw.idents), is_gpu),
+        "stream": _field_else_ident(raw, file_rows, order, fields, "stream", raw.tid, _tid_streams(raw.idents), is_gpu),
         "correlation": _nullable(*fields.get("correlation", file_rows, order)[:2]),
         "external_id": _external_column(file_rows, order, fields),
         "bytes": _nullable(*fields.get("bytes", file_rows, order)[:2]),
