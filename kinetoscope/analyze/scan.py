@@ -226,7 +226,8 @@ def _scan_halves(fh: BinaryIO, size: int, source: str, limits: LoadLimits) -> tu
     the first scanner, parsing from the true start, ends exactly there, in traceEvents, expecting an
     item. Otherwise the second half's work is dropped and the first scanner simply carries on.
     """
-    head = os.pread(fh.fileno(), 64, 0).lstrip(_BOM + b" \t\r\n")
+    fh.seek(0)
+    head = fh.read(64).lstrip(_BOM + b" \t\r\n")
     fh.seek(size // 2)
     m = _BOUNDARY.search(fh.read(4 * 2**20))
     if not m or head[:1] not in (b"{", b"["):
