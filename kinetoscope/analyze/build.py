@@ -16,14 +16,13 @@ import numpy as np
 import pandas as pd
 
 from kinetoscope.analyze import schema
-from kinetoscope.analyze.raw import F, RawColumns
+from kinetoscope.analyze.parser import NOT_AN_OBJECT
+from kinetoscope.analyze.raw import INT64_MAX, INT64_MIN, F, RawColumns
 from kinetoscope.analyze.trace import RankTrace, TraceMeta
 
 _STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
 _STREAM_RE = re.compile(r"(\d+)\s*$")
-_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _MAX_US = 9.0e15  # int64 nanoseconds hold +-9.2e15 us
-_NOT_AN_OBJECT = "<not an object>"
 
 
 def _int_or_none(value: Any) -> int | None:
@@ -41,7 +40,7 @@ def _int_or_none(value: Any) -> int | None:
         number = int(value)
     except (TypeError, ValueError, OverflowError):
         return None
-    return number if _INT64_MIN <= number <= _INT64_MAX else None  # beyond int64: not an id we can use
+    return number if INT64_MIN <= number <= INT64_MAX else None  # beyond int64: not an id we can use
 
 
 def _usable(values: np.ndarray) -> np.ndarray:
@@ -160,7 +159,7 @@ def _with_usable_time(raw: RawColumns, rows: np.ndarray, kind: str, warnings: li
 
 def _ident_ints(idents: list[Any]) -> tuple[np.ndarray, np.ndarray]:
     """Per identifier code: its value as an int64 and whether it is one (an int pid/tid)."""
-    ok = np.array([isinstance(v, int) and _INT64_MIN <= v <= _INT64_MAX for v in idents], dtype=bool)
+    ok = np.array([isinstance(v, int) and INT64_MIN <= v <= INT64_MAX for v in idents], dtype=bool)
     return np.array([v if good else 0 for v, good in zip(idents, ok)], dtype=np.int64), ok
 
 
@@ -169,7 +168,7 @@ def _tid_streams(idents: list[Any]) -> tuple[np.ndarray, np.ndarray]:
     out = []
     for v in idents:
         if isinstance(v, int):
-            out.append(v if _INT64_MIN <= v <= _INT64_MAX else None)
+            out.append(v if INT64_MIN <= v <= INT64_MAX else None)
         else:
             m = _STREAM_RE.search(v) if isinstance(v, str) else None
             out.append(_int_or_none(m.group(1)) if m else None)
@@ -361,7 +360,7 @@ def _metadata_names(raw: RawColumns, rows: np.ndarray, fields: _Fields) -> tuple
 
 #: phases and what becomes of them
 _PHASES = {"X": "X", "i": "i", "I": "i", "n": "i", "s": "flow", "f": "flow", "t": "flow", "M": "M",
-           "C": "counter", _NOT_AN_OBJECT: "skipped"}
+           "C": "counter", NOT_AN_OBJECT: "skipped"}
 
 
 def build_rank_trace(raw: RawColumns, *, source: str, rank: int, rank_source: str, bytes_read: int) -> RankTrace:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from kinetoscope.errors import ConfigError
+from kinetoscope.errors import ConfigError, TraceFormatError
 
 
 @dataclass(frozen=True)
@@ -24,6 +24,27 @@ class LoadLimits:
 
 
 DEFAULT_LIMITS = LoadLimits()
+
+
+def size_text(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+# The refusals, worded once for every reader (the scanner, the reference decoder, gunzip)
+def file_too_large(source: str, size: int, limits: LoadLimits) -> TraceFormatError:
+    return TraceFormatError(source, f"file is {size_text(size)}, above the {size_text(limits.max_decompressed_bytes)} limit")
+
+
+def decompressed_too_large(source: str, limits: LoadLimits) -> TraceFormatError:
+    return TraceFormatError(source, f"decompresses to more than the {size_text(limits.max_decompressed_bytes)} limit "
+                            "(a gzip bomb, or raise the limit with --max-size)")
+
+
+def too_many_events(source: str, limits: LoadLimits, count: int | None = None) -> TraceFormatError:
+    """``count``: the total, when known (a streaming reader stops as soon as it passes the limit)."""
+    if count is None:
+        return TraceFormatError(source, f"more than {limits.max_events:,} events, above the limit (max_events)")
+    return TraceFormatError(source, f"{count:,} events, above the {limits.max_events:,} limit (max_events)")
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)[iI]?[bB]?\s*$")
 

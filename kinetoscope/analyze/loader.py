@@ -21,7 +21,7 @@ import pandas as pd
 
 from kinetoscope.analyze import scan
 from kinetoscope.analyze.build import build_rank_trace
-from kinetoscope.analyze.limits import DEFAULT_LIMITS, LoadLimits
+from kinetoscope.analyze.limits import DEFAULT_LIMITS, LoadLimits, decompressed_too_large, file_too_large
 from kinetoscope.analyze.parser import parse_bytes
 from kinetoscope.analyze.raw import RawColumns, from_parsed
 from kinetoscope.analyze.trace import RankTrace, Trace
@@ -98,38 +98,34 @@ def read_bytes(path: Path, limits: LoadLimits = DEFAULT_LIMITS) -> bytes:
     try:
         size = path.stat().st_size
         if size > limits.max_decompressed_bytes:
-            raise TraceFormatError(str(path), f"file is {_gib(size)}, above the {_gib(limits.max_decompressed_bytes)} limit")
+            raise file_too_large(str(path), size, limits)
         with open(path, "rb") as fh:
             data = fh.read()
     except OSError as exc:
         raise TraceSourceError(f"{path}: cannot read ({exc.strerror or exc})") from None
     if data[:2] == b"\x1f\x8b":
-        return _gunzip(data, str(path), limits.max_decompressed_bytes)
+        return _gunzip(data, str(path), limits)
     return data
-
-
-def _gib(n: int) -> str:
-    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
 _GUNZIP_BLOCK = 256 * 2**20
 
 
-def _gunzip(data: bytes, source: str, limit: int) -> bytes:
-    """Decompress every gzip member, stopping as soon as the output passes ``limit`` (gzip bombs).
+def _gunzip(data: bytes, source: str, limits: LoadLimits) -> bytes:
+    """Decompress every gzip member, stopping as soon as the output passes the limit (gzip bombs).
 
     Reads in 256 MiB blocks: a trace smaller than that is never copied after decompression.
     """
     parts: list[bytes] = []
     total = 0
+    limit = limits.max_decompressed_bytes
     try:
         with gzip.GzipFile(fileobj=io.BytesIO(data)) as stream:
             while block := stream.read(min(_GUNZIP_BLOCK, limit + 1 - total)):
                 parts.append(block)
                 total += len(block)
                 if total > limit:
-                    raise TraceFormatError(source, f"decompresses to more than the {_gib(limit)} limit (a gzip bomb, "
-                                           "or raise the limit with --max-size)")
+                    raise decompressed_too_large(source, limits)
     except EOFError:
         raise TraceFormatError(source, "corrupt or truncated gzip (the stream ends early)") from None
     except (OSError, zlib.error) as exc:

@@ -17,7 +17,7 @@ from typing import Any, Iterator, Union
 
 import msgspec
 
-from kinetoscope.analyze.limits import DEFAULT_LIMITS, LoadLimits
+from kinetoscope.analyze.limits import DEFAULT_LIMITS, LoadLimits, too_many_events
 from kinetoscope.errors import TraceFormatError
 
 Number = Union[int, float]
@@ -64,7 +64,7 @@ class CounterEvent(msgspec.Struct, gc=False):
 
 
 #: marks an item of traceEvents that was not a JSON object
-_NOT_AN_OBJECT = "<not an object>"
+NOT_AN_OBJECT = "<not an object>"
 
 _events_decoder = msgspec.json.Decoder(list[Event])
 _counter_decoder = msgspec.json.Decoder(list[CounterEvent])
@@ -113,7 +113,7 @@ def parse_bytes(data: bytes, source: str, limits: LoadLimits = DEFAULT_LIMITS) -
     except RecursionError:
         raise TraceFormatError(source, f"JSON nested deeper than {limits.max_depth} levels (limit max_depth)") from None
     if len(parsed.events) > limits.max_events:
-        raise TraceFormatError(source, f"{len(parsed.events):,} events, above the {limits.max_events:,} limit (max_events)")
+        raise too_many_events(source, limits, len(parsed.events))
     return parsed
 
 
@@ -158,7 +158,7 @@ def _parse(data: bytes, source: str) -> ParsedTrace:
         notes.append(f"unusual field types ({exc}); decoded leniently")
     except msgspec.DecodeError as exc:
         raise _json_error(source, exc) from None
-    skipped = sum(1 for e in events if e.ph == _NOT_AN_OBJECT)
+    skipped = sum(1 for e in events if e.ph == NOT_AN_OBJECT)
     if skipped:
         if skipped == len(events):
             raise TraceFormatError(source, "a JSON array whose items are not trace events (a memory timeline or "
@@ -186,7 +186,7 @@ def _lenient_events(raw: bytes | msgspec.Raw, source: str) -> list[Event]:
         if isinstance(item, dict):
             out.append(_coerce_event(item))
         else:
-            out.append(Event(ph=_NOT_AN_OBJECT))  # counted and reported, never silently lost
+            out.append(Event(ph=NOT_AN_OBJECT))  # counted and reported, never silently lost
     return out
 
 

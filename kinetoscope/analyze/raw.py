@@ -27,7 +27,7 @@ FIELDS = ("correlation", "device", "stream", "external_id", "external_id_legacy"
           "total_allocated", "total_reserved", "device_type", "device_id", "addr", "name", "id")
 F = {name: i for i, name in enumerate(FIELDS)}
 _ARG_ATTRS = FIELDS[:13]
-_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
 @dataclass
@@ -122,7 +122,7 @@ def from_parsed(parsed: ParsedTrace) -> RawColumns:
     odd: list[tuple[int, int, Any]] = []
 
     def put(i: int, fid: int, value: Any) -> None:
-        if type(value) is int and _INT64_MIN <= value <= _INT64_MAX:
+        if type(value) is int and INT64_MIN <= value <= INT64_MAX:
             f_event.append(i)
             f_id.append(fid)
             f_value.append(value)

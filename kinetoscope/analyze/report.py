@@ -15,8 +15,6 @@ from kinetoscope import __version__
 from kinetoscope.analyze.config import DEFAULT_CONFIG, AnalysisConfig
 from kinetoscope.analyze.findings import Finding, rank_findings
 from kinetoscope.analyze.registry import AnalysisResult, analyzers
-# the built-in analyzers register themselves on import: done here, once, rather than inside the first report
-from kinetoscope.analyze import analyzers as _builtin  # noqa: E402,F401  isort: skip
 from kinetoscope.analyze.trace import RankTrace, Trace
 
 SCHEMA_VERSION = 1

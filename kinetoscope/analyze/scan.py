@@ -23,9 +23,15 @@ from typing import Any, BinaryIO
 import msgspec
 import numpy as np
 
-from kinetoscope.analyze.limits import DEFAULT_LIMITS, LoadLimits
+from kinetoscope.analyze.limits import (
+    DEFAULT_LIMITS,
+    LoadLimits,
+    decompressed_too_large,
+    file_too_large,
+    too_many_events,
+)
 from kinetoscope.analyze.raw import F, RawColumns, from_scanner
-from kinetoscope.errors import TraceFormatError, TraceSourceError
+from kinetoscope.errors import TraceSourceError
 
 try:
     from kinetoscope.analyze import _scan
@@ -43,10 +49,6 @@ def available() -> bool:
     return _scan is not None and os.environ.get("KINETOSCOPE_DECODER", "") != "reference"
 
 
-def _gib(n: int) -> str:
-    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
-
-
 class _Bail(Exception):
     pass
 
@@ -61,20 +63,17 @@ def scan_file(path: Path, limits: LoadLimits = DEFAULT_LIMITS) -> tuple[RawColum
             fh.seek(0)
             size = os.fstat(fh.fileno()).st_size
             if not gz and size > limits.max_decompressed_bytes:
-                raise TraceFormatError(str(path), f"file is {_gib(size)}, above the "
-                                       f"{_gib(limits.max_decompressed_bytes)} limit")
+                raise file_too_large(str(path), size, limits)
             if gz:  # gunzip on a second thread while the scanner (which runs without the GIL) scans
                 with gzip.GzipFile(fileobj=fh) as stream, _Prefetch(stream) as ahead:
                     return _finish(_feed(_scan.Scanner(max_depth=limits.max_depth), ahead, str(path), limits))
             if size >= PARALLEL_MIN_BYTES and (os.cpu_count() or 1) > 1:
                 return _scan_halves(fh, size, str(path), limits)
             return _finish(_feed(_scan.Scanner(max_depth=limits.max_depth), fh, str(path), limits))
+    except (gzip.BadGzipFile, EOFError, zlib.error, _Bail):
+        return None  # corrupt gzip, or something the scanner leaves to the reference, which reports it
     except OSError as exc:
-        if isinstance(exc, (gzip.BadGzipFile, EOFError)) or "gzip" in str(exc).lower():
-            return None  # corrupt gzip: the reference path reports it
         raise TraceSourceError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    except (EOFError, zlib.error, _Bail):
-        return None
 
 
 def scan_bytes(data: bytes, source: str, limits: LoadLimits = DEFAULT_LIMITS) -> tuple[RawColumns, int] | None:
@@ -171,8 +170,7 @@ def _feed(scanner: Any, stream: BinaryIO, source: str, limits: LoadLimits, *, st
             got = (stream.readinto(view[have:have + want]) or 0) if want else 0  # type: ignore[attr-defined]
             total += got
             if done + total > limits.max_decompressed_bytes:
-                raise TraceFormatError(source, f"decompresses to more than the {_gib(limits.max_decompressed_bytes)} "
-                                       "limit (a gzip bomb, or raise the limit with --max-size)")
+                raise decompressed_too_large(source, limits)
             have += got
             start = 0
             if at_start and have >= 3:
@@ -184,7 +182,7 @@ def _feed(scanner: Any, stream: BinaryIO, source: str, limits: LoadLimits, *, st
             if used < 0:
                 raise _Bail(scanner.reason)
             if scanner.n > limits.max_events:
-                raise TraceFormatError(source, f"more than {limits.max_events:,} events, above the limit (max_events)")
+                raise too_many_events(source, limits)
             used += start
             if last:
                 if not final and used != have:
@@ -266,7 +264,7 @@ def _scan_halves(fh: BinaryIO, size: int, source: str, limits: LoadLimits) -> tu
         return _finish((first, cut + rest))
     a, b = first.finish(), second["fed"][0].finish()
     if a["n"] + b["n"] > limits.max_events:  # each half checked only its own count
-        raise TraceFormatError(source, f"more than {limits.max_events:,} events, above the limit (max_events)")
+        raise too_many_events(source, limits, a["n"] + b["n"])
     out = _merge(a, b)
     return from_scanner(out, _metadata(out.pop("meta"))), cut + second["fed"][1]
 
