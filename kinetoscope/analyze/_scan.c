@@ -158,6 +158,7 @@ static int32_t table_get(Table *t, const char *key, Py_ssize_t n, char kind) {
 typedef struct {
     PyObject_HEAD
     int state, bare, seen_events, max_depth;
+    int at_bof; /* nothing consumed yet: a UTF-8 byte-order mark may come first */
     Py_ssize_t n;
     const char *reason;
     Table strings, idents;
@@ -874,6 +875,15 @@ static PyObject *Scanner_feed(Scanner *s, PyObject *args) {
         return NULL;
     }
     if (s->reason) { PyBuffer_Release(&view); return PyLong_FromLong(-1); }
+    if (s->at_bof) { /* a byte-order mark some editors add, at the very first byte only */
+        static const char bom[3] = {'\xEF', '\xBB', '\xBF'};
+        Py_ssize_t have = end - p < 3 ? end - p : 3;
+        if (memcmp(p, bom, (size_t)have) == 0) {
+            if (have < 3 && !final) { PyBuffer_Release(&view); return PyLong_FromLong(0); }
+            if (have == 3) p += 3;
+        }
+        s->at_bof = 0;
+    }
     s->busy = 1;
     s->tstate = PyEval_SaveThread(); /* scanning touches no Python object: other threads run meanwhile */
     while (r == OK) {
@@ -1003,6 +1013,7 @@ static int Scanner_init(Scanner *s, PyObject *args, PyObject *kw) {
     if (s->strings.slots) { PyErr_SetString(PyExc_RuntimeError, "Scanner already initialised"); return -1; }
     s->max_depth = max_depth;
     s->state = ST_START;
+    s->at_bof = !resume;
     if (resume) { /* start at an item of traceEvents (1: inside the top-level object, 2: a bare array) */
         s->state = ST_EV_NEXT;
         s->seen_events = 1;

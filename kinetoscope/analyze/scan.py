@@ -151,7 +151,7 @@ class _Stop(Exception):
 
 
 def _feed(scanner: Any, stream: BinaryIO, source: str, limits: LoadLimits, *, stop: int | None = None,
-          final: bool = True, at_start: bool = True, done: int = 0) -> tuple[Any, int]:
+          final: bool = True, done: int = 0) -> tuple[Any, int]:
     """Feed ``stream`` (up to ``stop`` bytes of it) through ``scanner`` in chunks; (scanner, bytes fed).
 
     ``final``: the stream ends the document. Otherwise every byte must be consumed, ending just
@@ -172,18 +172,12 @@ def _feed(scanner: Any, stream: BinaryIO, source: str, limits: LoadLimits, *, st
             if done + total > limits.max_decompressed_bytes:
                 raise decompressed_too_large(source, limits)
             have += got
-            start = 0
-            if at_start and have >= 3:
-                at_start = False
-                if view[:3] == _BOM:
-                    start = 3
             last = got == 0
-            used = scanner.feed(view[start:have], final and last)
+            used = scanner.feed(view[:have], final and last)
             if used < 0:
                 raise _Bail(scanner.reason)
             if scanner.n > limits.max_events:
                 raise too_many_events(source, limits)
-            used += start
             if last:
                 if not final and used != have:
                     raise _Stop
@@ -240,7 +234,7 @@ def _scan_halves(fh: BinaryIO, size: int, source: str, limits: LoadLimits) -> tu
             with open(fh.name, "rb", buffering=0) as other:
                 other.seek(cut)
                 second["fed"] = _feed(_scan.Scanner(max_depth=limits.max_depth, resume=resume), other, source,
-                                      limits, at_start=False, done=cut)
+                                      limits, done=cut)
         except Exception as exc:  # noqa: BLE001 - any failure just means "no second half"
             second["error"] = exc
 
@@ -260,7 +254,7 @@ def _scan_halves(fh: BinaryIO, size: int, source: str, limits: LoadLimits) -> tu
         return _finish(_feed(_scan.Scanner(max_depth=limits.max_depth), fh, source, limits))
     if "fed" not in second:
         fh.seek(cut)  # the first scanner is exactly at the cut: it carries on alone
-        _, rest = _feed(first, fh, source, limits, at_start=False, done=cut)
+        _, rest = _feed(first, fh, source, limits, done=cut)
         return _finish((first, cut + rest))
     a, b = first.finish(), second["fed"][0].finish()
     if a["n"] + b["n"] > limits.max_events:  # each half checked only its own count
