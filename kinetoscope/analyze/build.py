@@ -18,6 +18,7 @@ import pandas as pd
 from kinetoscope.analyze import schema
 from kinetoscope.analyze.parser import NOT_AN_OBJECT
 from kinetoscope.analyze.raw import INT64_MAX, INT64_MIN, F, RawColumns
+from kinetoscope.analyze.timeline import kind_mask
 from kinetoscope.analyze.trace import RankTrace, TraceMeta
 
 _STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
@@ -323,8 +324,7 @@ def build_steps(events: pd.DataFrame) -> pd.DataFrame:
     step_of = np.array([int(m.group(1)) if (m := _STEP_RE.match(c)) else -1 for c in names.categories] + [-1],
                        dtype=np.int64)
     number = step_of[np.asarray(names.codes)]
-    host = np.isin(np.asarray(events["kind"].cat.codes), [list(schema.KINDS).index(k) for k in ("annotation", "cpu_op", "other")])
-    hit = np.flatnonzero((number >= 0) & host)
+    hit = np.flatnonzero((number >= 0) & kind_mask(events, ("annotation", "cpu_op", "other")))
     spans = events.iloc[hit][["ts_ns", "end_ns", "tid"]].copy()
     spans["step"] = number[hit]
     spans = spans.sort_values(["step", "ts_ns"]).drop_duplicates("step", keep="first")
@@ -361,33 +361,30 @@ def _metadata_names(raw: RawColumns, rows: np.ndarray, fields: _Fields) -> tuple
 #: phases and what becomes of them
 _PHASES = {"X": "X", "i": "i", "I": "i", "n": "i", "s": "flow", "f": "flow", "t": "flow", "M": "M",
            "C": "counter", NOT_AN_OBJECT: "skipped"}
+#: the phase groups whose events become rows of a table (counters come from their own columns)
+_TABLES = ("X", "i", "flow", "M")
 
 
 def build_rank_trace(raw: RawColumns, *, source: str, rank: int, rank_source: str, bytes_read: int) -> RankTrace:
-    phase_codes = np.unique(raw.ph)
-    groups: dict[str, list[int]] = {}
+    # each phase code to the table its events build (one pass over the events); others are counted
+    counts = np.bincount(raw.ph, minlength=len(raw.strings))
+    table_of = np.full(len(raw.strings), -1, dtype=np.int8)
     unhandled: Counter[str] = Counter()
-    counts = np.bincount(raw.ph, minlength=int(phase_codes.max()) + 1 if len(phase_codes) else 0)
-    for code in phase_codes:
+    for code in np.flatnonzero(counts):
         ph = raw.strings[code]
         group = _PHASES.get(ph)
         if group is None:
             unhandled[f"ph={ph or '?'}"] += int(counts[code])
-        else:
-            groups.setdefault(group, []).append(int(code))
-
-    group_names = sorted(groups)
-    group_of = np.full(len(raw.strings), -1, dtype=np.int8)
-    for g, name in enumerate(group_names):
-        group_of[groups[name]] = g
-    event_group = group_of[raw.ph]
+        elif group in _TABLES:
+            table_of[code] = _TABLES.index(group)
+    event_table = table_of[raw.ph]
 
     def rows_of(group: str) -> np.ndarray:
-        return np.flatnonzero(event_group == group_names.index(group)) if group in groups else np.array([], dtype=np.int64)
+        return np.flatnonzero(event_table == _TABLES.index(group))
 
     fields = _Fields(raw)
     instant_rows = rows_of("i")
-    memory_code = {s: i for i, s in enumerate(raw.strings)}.get("[memory]", -1)
+    memory_code = raw.strings.index("[memory]") if "[memory]" in raw.strings else -1
     is_memory = raw.name[instant_rows] == memory_code
     events, warnings = build_events(raw, rows_of("X"), fields)
     warnings = list(raw.notes) + warnings
