@@ -69,31 +69,32 @@ def capture_idle(n):
     return times[1:]
 
 
+def _profiled_steps(prof, net, opt, data, n):
+    """Each step's seconds, the profiler stepped after each (its own cost included)."""
+    times = []
+    for x, y in batches(data, n):
+        t = time.perf_counter()
+        step(net, opt, x, y)
+        prof.step()
+        times.append(time.perf_counter() - t)
+    return times
+
+
 def torch_active(n):
     net, opt, data = make()
-    times = []
     with tempfile.TemporaryDirectory() as out:
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True,
                      schedule=schedule(wait=0, warmup=1, active=n - 1, repeat=1),
                      on_trace_ready=lambda p: p.export_chrome_trace(f"{out}/t.json")) as prof:
-            for x, y in batches(data, n):
-                t = time.perf_counter()
-                step(net, opt, x, y)
-                prof.step()
-                times.append(time.perf_counter() - t)
+            times = _profiled_steps(prof, net, opt, data, n)
     return times[1:-1]
 
 
 def capture_active(n):
     net, opt, data = make()
-    times = []
     with tempfile.TemporaryDirectory() as out:
         with Profiler(out, schedule=Schedule(skip_first=0, wait=0, warmup=1, active=n - 1), telemetry=False) as prof:
-            for x, y in batches(data, n):
-                t = time.perf_counter()
-                step(net, opt, x, y)
-                prof.step()
-                times.append(time.perf_counter() - t)
+            times = _profiled_steps(prof, net, opt, data, n)
     return times[1:-1]
 
 

@@ -155,11 +155,7 @@ def load_rank(path: Path, *, default_rank: int = 0, limits: LoadLimits = DEFAULT
         hit = columnar.load(key, cache)
         if hit is not None:
             return replace(hit, meta=replace(hit.meta, load_seconds=time.perf_counter() - started))
-    scanned = scan.scan_file(path, limits)
-    if scanned is None:
-        data = read_bytes(path, limits)
-        scanned = from_parsed(parse_bytes(data, str(path), limits)), len(data)
-        del data
+    scanned = scan.scan_file(path, limits) or _reference(read_bytes(path, limits), path, limits)
     trace = _rank_from_raw(*scanned, path, default_rank=default_rank, started=started)
     if key is not None:
         columnar.save(trace, key, cache)
@@ -170,11 +166,14 @@ def rank_from_bytes(data: bytes, path: Path, *, default_rank: int = 0, started: 
                     limits: LoadLimits = DEFAULT_LIMITS) -> RankTrace:
     """Build a rank from a trace's (already gunzipped) JSON bytes; ``path`` names it and locates sidecars."""
     started = time.perf_counter() if started is None else started
-    scanned = scan.scan_bytes(data, str(path), limits)
-    if scanned is None:
-        scanned = from_parsed(parse_bytes(data, str(path), limits)), len(data)
+    scanned = scan.scan_bytes(data, str(path), limits) or _reference(data, path, limits)
     del data
     return _rank_from_raw(*scanned, path, default_rank=default_rank, started=started)
+
+
+def _reference(data: bytes, path: Path, limits: LoadLimits) -> tuple[RawColumns, int]:
+    """Columns from the reference decoder, for what the scanner leaves to it (and where it is not built)."""
+    return from_parsed(parse_bytes(data, str(path), limits)), len(data)
 
 
 def _rank_from_raw(raw: RawColumns, size: int, path: Path, *, default_rank: int, started: float) -> RankTrace:
