@@ -327,10 +327,13 @@ static int string_bytes(Scanner *s, const char *cs, const char *ce, int esc, con
     return 0;
 }
 
-/* A number starting at *pp; validates the JSON grammar. *is_int: no fraction/exponent. */
-static int scan_number(Scanner *s, const char **pp, const char *end, int *is_int) {
+enum { NUM_INT = 0, NUM_FRACTION = 1, NUM_EXPONENT = 2 };
+
+/* A number starting at *pp; validates the JSON grammar. *form: NUM_INT, or the NUM_FRACTION and
+ * NUM_EXPONENT bits of what it has. */
+static int scan_number(Scanner *s, const char **pp, const char *end, int *form) {
     const char *p = *pp;
-    *is_int = 1;
+    *form = NUM_INT;
     if (p < end && *p == '-') p++;
     if (p >= end) return NEED;
     if (*p == '0') p++;
@@ -338,7 +341,7 @@ static int scan_number(Scanner *s, const char **pp, const char *end, int *is_int
     else BAILR(s, "bad number");
     if (p >= end) return NEED;
     if (*p == '.') {
-        *is_int = 0;
+        *form |= NUM_FRACTION;
         p++;
         if (p >= end) return NEED;
         if (!(*p >= '0' && *p <= '9')) BAILR(s, "bad number");
@@ -346,7 +349,7 @@ static int scan_number(Scanner *s, const char **pp, const char *end, int *is_int
         if (p >= end) return NEED;
     }
     if (*p == 'e' || *p == 'E') {
-        *is_int = 0;
+        *form |= NUM_EXPONENT;
         p++;
         if (p < end && (*p == '+' || *p == '-')) p++;
         if (p >= end) return NEED;
@@ -451,35 +454,61 @@ static int literal(Scanner *s, const char **pp, const char *end, const char *wor
     return OK;
 }
 
+/* After a container's opening bracket at *pp: skips to its first member, or past its closing
+ * bracket when it is empty (*done). */
+static int open_container(Scanner *s, const char **pp, const char *end, char close, int *done) {
+    const char *p = skip_ws(*pp + 1, end);
+    if (p >= end) return NEED;
+    *done = *p == close;
+    *pp = *done ? p + 1 : p;
+    return OK;
+}
+
+/* After a member: a ',' and on to the next member, or the closing bracket (*done). */
+static int next_member(Scanner *s, const char **pp, const char *end, char close, int *done) {
+    const char *p = skip_ws(*pp, end);
+    if (p >= end) return NEED;
+    if (*p == close) { *pp = p + 1; *done = 1; return OK; }
+    if (*p != ',') BAILR(s, "expected ',' or a closing bracket");
+    p = skip_ws(p + 1, end);
+    if (p >= end) return NEED;
+    *pp = p;
+    *done = 0;
+    return OK;
+}
+
+/* A key (string, ':') up to its value; k / kn, when asked for, is the decoded key (it may point
+ * into scratch). */
+static int read_key(Scanner *s, const char **pp, const char *end, const char **k, Py_ssize_t *kn) {
+    const char *p = *pp, *cs, *ce;
+    int esc;
+    if (*p != '"') BAILR(s, "expected a key");
+    CHECK(scan_string(s, &p, end, &cs, &ce, &esc));
+    if (k && string_bytes(s, cs, ce, esc, k, kn) < 0) return ERR;
+    p = skip_ws(p, end);
+    if (p >= end) return NEED;
+    if (*p != ':') BAILR(s, "expected ':'");
+    p = skip_ws(p + 1, end);
+    if (p >= end) return NEED;
+    *pp = p;
+    return OK;
+}
+
 static int skip_value(Scanner *s, const char **pp, const char *end, int depth);
 
 static int skip_container(Scanner *s, const char **pp, const char *end, int depth, int is_obj) {
-    const char *p = *pp + 1;
+    const char *p = *pp;
     char close = is_obj ? '}' : ']';
+    int done;
     if (depth > s->max_depth) BAILR(s, "nesting deeper than max_depth");
-    p = skip_ws(p, end);
-    if (p >= end) return NEED;
-    if (*p == close) { *pp = p + 1; return OK; }
-    for (;;) {
-        int r;
-        if (is_obj) {
-            if (*p != '"') BAILR(s, "expected a key");
-            const char *cs, *ce; int esc;
-            if ((r = scan_string(s, &p, end, &cs, &ce, &esc)) != OK) return r;
-            p = skip_ws(p, end);
-            if (p >= end) return NEED;
-            if (*p != ':') BAILR(s, "expected ':'");
-            p = skip_ws(p + 1, end);
-            if (p >= end) return NEED;
-        }
-        if ((r = skip_value(s, &p, end, depth + 1)) != OK) return r;
-        p = skip_ws(p, end);
-        if (p >= end) return NEED;
-        if (*p == close) { *pp = p + 1; return OK; }
-        if (*p != ',') BAILR(s, "expected ',' or a closing bracket");
-        p = skip_ws(p + 1, end);
-        if (p >= end) return NEED;
+    CHECK(open_container(s, &p, end, close, &done));
+    while (!done) {
+        if (is_obj) CHECK(read_key(s, &p, end, NULL, NULL));
+        CHECK(skip_value(s, &p, end, depth + 1));
+        CHECK(next_member(s, &p, end, close, &done));
     }
+    *pp = p;
+    return OK;
 }
 
 static int skip_value(Scanner *s, const char **pp, const char *end, int depth) {
@@ -496,12 +525,9 @@ static int skip_value(Scanner *s, const char **pp, const char *end, int depth) {
         /* skipped numbers are checked for range too (the reference decoder rejects 1e400): only an
          * exponent, or more digits than a double's range, can overflow */
         const char *start = p;
-        int is_int;
-        CHECK(scan_number(s, pp, end, &is_int));
-        int exp = 0;
-        if (!is_int)
-            for (const char *q = start; q < *pp; q++) exp |= (*q == 'e' || *q == 'E');
-        if (exp || *pp - start > 300) {
+        int form;
+        CHECK(scan_number(s, pp, end, &form));
+        if ((form & NUM_EXPONENT) || *pp - start > 300) {
             double d;
             CHECK(token_double(s, start, *pp, &d));
         }
@@ -524,22 +550,6 @@ typedef struct {
 
 static int key_is(const char *k, Py_ssize_t n, const char *lit) {
     return (Py_ssize_t)strlen(lit) == n && memcmp(k, lit, (size_t)n) == 0;
-}
-
-/* Read a key (string + ':'); k / kn is the decoded key (may point into scratch). */
-static int read_key(Scanner *s, const char **pp, const char *end, const char **k, Py_ssize_t *kn) {
-    const char *p = *pp, *cs, *ce;
-    int esc;
-    if (*p != '"') BAILR(s, "expected a key");
-    CHECK(scan_string(s, &p, end, &cs, &ce, &esc));
-    if (string_bytes(s, cs, ce, esc, k, kn) < 0) return ERR;
-    p = skip_ws(p, end);
-    if (p >= end) return NEED;
-    if (*p != ':') BAILR(s, "expected ':'");
-    p = skip_ws(p + 1, end);
-    if (p >= end) return NEED;
-    *pp = p;
-    return OK;
 }
 
 /* A string value interned in table t (kind 's'). */
@@ -577,16 +587,16 @@ static int read_int_field(Scanner *s, Ev *ev, int field, const char **pp, const 
         return add_odd(s, ev, field, 's', b, bn);
     }
     if (*p == '-' || (*p >= '0' && *p <= '9')) {
-        int is_int;
-        CHECK(scan_number(s, pp, end, &is_int));
+        int form;
+        CHECK(scan_number(s, pp, end, &form));
         int64_t v;
-        if (is_int && token_int64(p, *pp, &v)) {
+        if (form == NUM_INT && token_int64(p, *pp, &v)) {
             ev->fid[ev->nf] = (uint8_t)field;
             ev->fval[ev->nf++] = v;
             return OK;
         }
         if (!allow_float) BAILR(s, "an id that is not an int64");
-        if (is_int) return add_odd(s, ev, field, 'i', p, *pp - p);
+        if (form == NUM_INT) return add_odd(s, ev, field, 'i', p, *pp - p);
         double d;
         CHECK(token_double(s, p, *pp, &d)); /* validates the range */
         return add_odd(s, ev, field, 'f', p, *pp - p);
@@ -595,14 +605,13 @@ static int read_int_field(Scanner *s, Ev *ev, int field, const char **pp, const 
 }
 
 static int parse_args(Scanner *s, Ev *ev, const char **pp, const char *end, int depth) {
-    const char *p = *pp + 1;
+    const char *p = *pp;
     unsigned seen = 0;
+    int done;
     if (depth > s->max_depth) BAILR(s, "nesting deeper than max_depth");
     ev->args_start = *pp;
-    p = skip_ws(p, end);
-    if (p >= end) return NEED;
-    if (*p == '}') { *pp = p + 1; ev->args_end = *pp; return OK; }
-    for (;;) {
+    CHECK(open_container(s, &p, end, '}', &done));
+    while (!done) {
         const char *k;
         Py_ssize_t kn;
         CHECK(read_key(s, &p, end, &k, &kn));
@@ -628,23 +637,20 @@ static int parse_args(Scanner *s, Ev *ev, const char **pp, const char *end, int 
                 CHECK(read_int_field(s, ev, field, &p, end, 1));
             }
         }
-        p = skip_ws(p, end);
-        if (p >= end) return NEED;
-        if (*p == '}') { *pp = p + 1; ev->args_end = *pp; return OK; }
-        if (*p != ',') BAILR(s, "expected ',' or '}'");
-        p = skip_ws(p + 1, end);
-        if (p >= end) return NEED;
+        CHECK(next_member(s, &p, end, '}', &done));
     }
+    *pp = ev->args_end = p;
+    return OK;
 }
 
 static int read_ident(Scanner *s, const char **pp, const char *end, int32_t *code) {
     const char *p = *pp;
     if (*p == '"') return intern_string(s, &s->idents, pp, end, code);
     if (*p == '-' || (*p >= '0' && *p <= '9')) {
-        int is_int;
+        int form;
         int64_t v;
-        CHECK(scan_number(s, pp, end, &is_int));
-        if (!is_int || !token_int64(p, *pp, &v)) BAILR(s, "pid/tid that is not an int64 or a string");
+        CHECK(scan_number(s, pp, end, &form));
+        if (form != NUM_INT || !token_int64(p, *pp, &v)) BAILR(s, "pid/tid that is not an int64 or a string");
         *code = table_get(&s->idents, (const char *)&v, sizeof v, 'i');
         return *code < 0 ? ERR : OK;
     }
@@ -654,21 +660,20 @@ static int read_ident(Scanner *s, const char **pp, const char *end, int32_t *cod
 static int read_double(Scanner *s, const char **pp, const char *end, double *out) {
     const char *p = *pp;
     if (!(*p == '-' || (*p >= '0' && *p <= '9'))) BAILR(s, "ts/dur that is not a number");
-    int is_int;
-    CHECK(scan_number(s, pp, end, &is_int));
+    int form;
+    CHECK(scan_number(s, pp, end, &form));
     return token_double(s, p, *pp, out);
 }
 
 enum { K_PH = 1, K_NAME = 2, K_CAT = 4, K_TS = 8, K_DUR = 16, K_PID = 32, K_TID = 64, K_ID = 128, K_ARGS = 256 };
 
 static int parse_event_body(Scanner *s, Ev *ev, const char **pp, const char *end, int depth) {
-    const char *p = *pp + 1;
+    const char *p = *pp;
     unsigned seen = 0;
+    int done;
     if (depth > s->max_depth) BAILR(s, "nesting deeper than max_depth");
-    p = skip_ws(p, end);
-    if (p >= end) return NEED;
-    if (*p == '}') { *pp = p + 1; return OK; }
-    for (;;) {
+    CHECK(open_container(s, &p, end, '}', &done));
+    while (!done) {
         const char *k;
         Py_ssize_t kn;
         CHECK(read_key(s, &p, end, &k, &kn));
@@ -712,36 +717,29 @@ static int parse_event_body(Scanner *s, Ev *ev, const char **pp, const char *end
             break;
         default: CHECK(skip_value(s, &p, end, depth + 1));
         }
-        p = skip_ws(p, end);
-        if (p >= end) return NEED;
-        if (*p == '}') { *pp = p + 1; return OK; }
-        if (*p != ',') BAILR(s, "expected ',' or '}'");
-        p = skip_ws(p + 1, end);
-        if (p >= end) return NEED;
+        CHECK(next_member(s, &p, end, '}', &done));
     }
+    *pp = p;
+    return OK;
 }
 
-/* counter rows from a committed "C" event's args (already validated) */
+/* counter rows from a committed "C" event's args (already validated: no NEED or BAIL here) */
 static int counter_rows(Scanner *s, Ev *ev) {
-    const char *p = ev->args_start + 1, *end = ev->args_end;
+    const char *p = ev->args_start, *end = ev->args_end;
     int64_t idx = s->n;
-    p = skip_ws(p, end);
-    if (*p == '}') return OK;
-    for (;;) {
-        const char *cs, *ce, *b;
-        Py_ssize_t bn;
-        int esc;
-        CHECK(scan_string(s, &p, end, &cs, &ce, &esc));
-        if (string_bytes(s, cs, ce, esc, &b, &bn) < 0) return ERR;
-        int32_t code = table_get(&s->strings, b, bn, 's');
+    int done;
+    CHECK(open_container(s, &p, end, '}', &done));
+    while (!done) {
+        const char *k;
+        Py_ssize_t kn;
+        CHECK(read_key(s, &p, end, &k, &kn));
+        int32_t code = table_get(&s->strings, k, kn, 's');
         if (code < 0) return ERR;
-        p = skip_ws(p, end);
-        p = skip_ws(p + 1, end); /* ':' */
         const char *v = p;
         if (*p == '-' || (*p >= '0' && *p <= '9')) {
-            int is_int;
-            CHECK(scan_number(s, &p, end, &is_int));
+            int form;
             double d;
+            CHECK(scan_number(s, &p, end, &form));
             CHECK(token_double(s, v, p, &d));
             if (buf_put(&s->c_event, &idx, 8) < 0 || buf_put(&s->c_series, &code, 4) < 0 ||
                 buf_put(&s->c_value, &d, 8) < 0)
@@ -749,10 +747,9 @@ static int counter_rows(Scanner *s, Ev *ev) {
         } else {
             CHECK(skip_value(s, &p, end, 0));
         }
-        p = skip_ws(p, end);
-        if (*p == '}') return OK;
-        p = skip_ws(p + 1, end); /* ',' */
+        CHECK(next_member(s, &p, end, '}', &done));
     }
+    return OK;
 }
 
 static int commit(Scanner *s, Ev *ev) {
