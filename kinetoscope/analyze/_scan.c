@@ -33,13 +33,22 @@ enum { OK = 0, NEED = 1, BAIL = 2 };
 #define CHECK(expr) do { int _r = (expr); if (_r != OK) return _r; } while (0)
 enum { ST_START, ST_TOP_KEY_FIRST, ST_TOP_KEY, ST_TOP_AFTER, ST_EV_FIRST, ST_EV_NEXT, ST_EV_AFTER, ST_DONE };
 
-#define N_FIELDS 14
+#define N_ARG_FIELDS 20
+#define N_FIELDS 21
 #define F_NAME 12 /* args.name: a string code */
-#define F_ID 13   /* the event's own "id" (flows) */
-static const Py_ssize_t ARG_KEY_LEN[13] = {11, 6, 6, 11, 11, 5, 5, 15, 14, 11, 9, 4, 4};
-static const char *ARG_KEYS[13] = {"correlation", "device", "stream", "External id", "external id",
-                                   "bytes", "Bytes", "Total Allocated", "Total Reserved",
-                                   "Device Type", "Device Id", "Addr", "name"};
+/* collective metadata (record_param_comms and NCCL kernels): three strings, four integers */
+#define F_COLL_NAME 13
+#define F_PG_NAME 14
+#define F_PG_RANKS 15
+#define F_ID 20   /* the event's own "id" (flows) */
+#define IS_STRING_FIELD(f) ((f) == F_NAME || (f) == F_COLL_NAME || (f) == F_PG_NAME || (f) == F_PG_RANKS)
+static const Py_ssize_t ARG_KEY_LEN[N_ARG_FIELDS] = {11, 6, 6, 11, 11, 5, 5, 15, 14, 11, 9, 4, 4,
+                                                     15, 18, 19, 13, 14, 10, 3};
+static const char *ARG_KEYS[N_ARG_FIELDS] = {"correlation", "device", "stream", "External id", "external id",
+                                             "bytes", "Bytes", "Total Allocated", "Total Reserved",
+                                             "Device Type", "Device Id", "Addr", "name",
+                                             "Collective name", "Process Group Name", "Process Group Ranks",
+                                             "In msg nelems", "Out msg nelems", "Group size", "Seq"};
 
 /* ------------------------------------------------------------------ growable buffers */
 typedef struct {
@@ -616,8 +625,8 @@ static int parse_args(Scanner *s, Ev *ev, const char **pp, const char *end, int 
         Py_ssize_t kn;
         CHECK(read_key(s, &p, end, &k, &kn));
         int field = -1;
-        if (kn >= 4 && kn <= 15) {
-            for (int i = 0; i < 13; i++)
+        if (kn >= 3 && kn <= 19) {
+            for (int i = 0; i < N_ARG_FIELDS; i++)
                 if (ARG_KEY_LEN[i] == kn && memcmp(k, ARG_KEYS[i], (size_t)kn) == 0) { field = i; break; }
         }
         if (field < 0) {
@@ -633,6 +642,14 @@ static int parse_args(Scanner *s, Ev *ev, const char **pp, const char *end, int 
                     ev->fid[ev->nf] = F_NAME;
                     ev->fval[ev->nf++] = code;
                 } else BAILR(s, "args name of unusual type");
+            } else if (IS_STRING_FIELD(field)) {
+                /* collective metadata: a string is kept; anything else is ignored, as by the reference */
+                if (*p == '"') {
+                    int32_t code;
+                    CHECK(intern_string(s, &s->strings, &p, end, &code));
+                    ev->fid[ev->nf] = (uint8_t)field;
+                    ev->fval[ev->nf++] = code;
+                } else CHECK(skip_value(s, &p, end, depth + 1));
             } else {
                 CHECK(read_int_field(s, ev, field, &p, end, 1));
             }

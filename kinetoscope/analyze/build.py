@@ -91,6 +91,15 @@ class _Fields:
             return value[order], valid[order], present[order]
         return value, valid, present
 
+    def present_rows(self, names: tuple[str, ...], rows: np.ndarray) -> np.ndarray:
+        """Ascending indices into ``rows`` of the events holding any of the fields ``names``."""
+        events = np.unique(np.concatenate([self._events[F[n]] for n in names]
+                                          + [np.array([e for e, _ in self._odd.get(F[n], [])], dtype=np.int64) for n in names]))
+        if not len(events):
+            return np.empty(0, dtype=np.int64)
+        position = self._positions(rows)[events]
+        return np.sort(position[position >= 0]).astype(np.int64)
+
     def _positions(self, rows: np.ndarray) -> np.ndarray:
         """Event index -> its row in ``rows`` (-1: not there); kept for the table being built."""
         if self._rows is not rows:
@@ -198,7 +207,7 @@ def _external_column(rows: np.ndarray, order: np.ndarray | None, fields: _Fields
     return _nullable(np.where(ext_present, ext, legacy), np.where(ext_present, ext_ok, legacy_ok))
 
 
-def build_events(raw: RawColumns, rows: np.ndarray, fields: _Fields) -> tuple[pd.DataFrame, list[str]]:
+def build_events(raw: RawColumns, rows: np.ndarray, fields: _Fields) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
     warnings: list[str] = []
     ts, dur = raw.ts[rows], raw.dur[rows]
     # no time, or a time/duration int64 nanoseconds cannot hold (|t| >= ~106 days of us): unusable
@@ -242,7 +251,37 @@ def build_events(raw: RawColumns, rows: np.ndarray, fields: _Fields) -> tuple[pd
         "bytes": _nullable(*fields.get("bytes", file_rows, order)[:2]),
     }
     df = pd.DataFrame(columns, copy=False)  # every column is a fresh array of ours: no copy, no consolidation
-    return df, warnings
+    comm = build_comm_args(raw, file_rows, order, fields)
+    return df, comm, warnings
+
+
+_COMM_INT = ("in_nelems", "out_nelems", "group_size", "seq")
+_COMM_STR = ("coll_name", "pg_name", "pg_ranks")
+
+
+def build_comm_args(raw: RawColumns, rows: np.ndarray, order: np.ndarray | None, fields: _Fields) -> pd.DataFrame:
+    """Collective metadata of the events table's rows (``rows`` in file order, ``order`` the table's
+    time order); only events that carry some, so a trace without collectives costs nothing."""
+    at = fields.present_rows(_COMM_STR + _COMM_INT, rows)  # indices into rows (file order)
+    if not len(at):
+        return schema.empty_frame(schema.COMM_ARG_COLUMNS)
+    sub = rows[at]
+    if order is None:
+        final = at
+    else:
+        inverse = np.empty(len(order), dtype=np.int64)
+        inverse[order] = np.arange(len(order))
+        final = inverse[at]
+    columns: dict[str, Any] = {"row": final}
+    strings = np.array(raw.strings, dtype=object)
+    for name in _COMM_STR:
+        code, ok, _ = fields.get(name, sub)
+        values = np.where(ok, strings[np.where(ok, code, 0)], None)
+        columns[name] = pd.Categorical(values)
+    for name in _COMM_INT:
+        columns[name] = _nullable(*fields.get(name, sub)[:2])
+    df = pd.DataFrame(columns, copy=False)
+    return df.sort_values("row", kind="stable", ignore_index=True)
 
 
 def build_memory(raw: RawColumns, rows: np.ndarray, fields: _Fields, warnings: list[str]) -> pd.DataFrame:
@@ -318,26 +357,82 @@ def build_instants(raw: RawColumns, rows: np.ndarray, warnings: list[str]) -> pd
     )
 
 
-def build_steps(events: pd.DataFrame) -> pd.DataFrame:
-    """ProfilerStep#N spans recorded on the host (GPU-side copies are ignored)."""
+_LOADER_RE = re.compile(r"^enumerate\((DataLoader|DataPipe)\)#")
+#: an inferred first iteration this many times the median of the others is start-up, not a step
+_COLD_FIRST_FACTOR = 3.0
+
+
+def _steps_frame(step: np.ndarray, start: np.ndarray, end: np.ndarray, tid: np.ndarray, partial: np.ndarray,
+                 inferred: bool = False) -> pd.DataFrame:
+    return pd.DataFrame({
+        "step": np.asarray(step, dtype=np.int64),
+        "start_ns": np.asarray(start, dtype=np.int64),
+        "end_ns": np.asarray(end, dtype=np.int64),
+        "dur_ns": (np.asarray(end, dtype=np.int64) - np.asarray(start, dtype=np.int64)),
+        "tid": np.asarray(tid, dtype=object),
+        "partial": np.asarray(partial, dtype=bool),
+        "inferred": np.full(len(step), inferred, dtype=bool),
+    })
+
+
+def build_steps(events: pd.DataFrame, notes: list[str] | None = None) -> pd.DataFrame:
+    """ProfilerStep#N spans recorded on the host (GPU-side copies are ignored), clipped to the profiler's
+    recording span (a step never closed runs past it: it is partial). Without ProfilerStep spans, the
+    training loop's iterations are inferred from its DataLoader waits (one step from each wait to the
+    next, on the thread that waits most); a cold first iteration is left out as start-up."""
+    notes = notes if notes is not None else []
     names = events["name"].cat
     step_of = np.array([int(m.group(1)) if (m := _STEP_RE.match(c)) else -1 for c in names.categories] + [-1],
                        dtype=np.int64)
     number = step_of[np.asarray(names.codes)]
     hit = np.flatnonzero((number >= 0) & kind_mask(events, ("annotation", "cpu_op", "other")))
+    if not len(hit):
+        return _inferred_steps(events, notes)
     spans = events.iloc[hit][["ts_ns", "end_ns", "tid"]].copy()
     spans["step"] = number[hit]
     spans = spans.sort_values(["step", "ts_ns"]).drop_duplicates("step", keep="first")
     spans = spans.sort_values("ts_ns", ignore_index=True)
-    return pd.DataFrame(
-        {
-            "step": spans["step"].to_numpy(np.int64),
-            "start_ns": spans["ts_ns"].to_numpy(np.int64),
-            "end_ns": spans["end_ns"].to_numpy(np.int64),
-            "dur_ns": (spans["end_ns"] - spans["ts_ns"]).to_numpy(np.int64),
-            "tid": spans["tid"].astype(str).to_numpy(object),
-        }
-    )
+    start, end = spans["ts_ns"].to_numpy(np.int64), spans["end_ns"].to_numpy(np.int64)
+    partial = np.zeros(len(spans), dtype=bool)
+    recording = events[kind_mask(events, ("trace",))]
+    if len(recording):
+        lo, hi = int(recording["ts_ns"].min()), int(recording["end_ns"].max())
+        over = (end > hi) | (start < lo)
+        if over.any():
+            for i in np.flatnonzero(over):
+                notes.append(f"ProfilerStep#{int(spans['step'].iloc[i])} runs {(end[i] - hi) / 1e6:.1f} ms past the end of "
+                             "the recording (never closed): clipped to the recording, and marked partial")
+            start, end = np.clip(start, lo, hi), np.clip(end, lo, hi)
+            partial = over
+    return _steps_frame(spans["step"].to_numpy(), start, end, spans["tid"].astype(str).to_numpy(object), partial)
+
+
+def _inferred_steps(events: pd.DataFrame, notes: list[str]) -> pd.DataFrame:
+    names = events["name"].cat
+    is_loader = np.array([bool(_LOADER_RE.match(c)) for c in names.categories] + [False])[np.asarray(names.codes)]
+    loader = events[is_loader & ~kind_mask(events, ("gpu_annotation",))]
+    empty = _steps_frame(np.empty(0), np.empty(0), np.empty(0), np.empty(0), np.empty(0))
+    if len(loader) < 3:
+        return empty
+    tid = loader["tid"].astype(str).value_counts().index[0]
+    starts = np.sort(loader["ts_ns"].to_numpy(np.int64)[(loader["tid"].astype(str) == tid).to_numpy()])
+    if len(starts) < 3:
+        return empty
+    # one iteration from each wait for data to the next: n waits give n - 1 complete iterations
+    begin, finish = starts[:-1], starts[1:]
+    numbers = np.arange(len(begin))
+    dur = finish - begin
+    first = 0
+    if len(dur) >= 3 and dur[0] > _COLD_FIRST_FACTOR * np.median(dur[1:]):
+        notes.append(f"no ProfilerStep spans: steps inferred from the training loop's DataLoader waits; the first "
+                     f"iteration ({dur[0] / 1e6:.1f} ms, {dur[0] / np.median(dur[1:]):.0f}x the median) is start-up "
+                     "and left out of the window")
+        first = 1
+    else:
+        notes.append("no ProfilerStep spans: steps inferred from the training loop's DataLoader waits")
+    n = len(begin) - first
+    return _steps_frame(numbers[first:], begin[first:], finish[first:], np.full(n, tid, dtype=object), np.zeros(n, bool),
+                        inferred=True)
 
 
 def _metadata_names(raw: RawColumns, rows: np.ndarray, fields: _Fields) -> tuple[dict[str, str], dict[tuple[str, str], str]]:
@@ -386,7 +481,7 @@ def build_rank_trace(raw: RawColumns, *, source: str, rank: int, rank_source: st
     instant_rows = rows_of("i")
     memory_code = raw.strings.index("[memory]") if "[memory]" in raw.strings else -1
     is_memory = raw.name[instant_rows] == memory_code
-    events, warnings = build_events(raw, rows_of("X"), fields)
+    events, comm_args, warnings = build_events(raw, rows_of("X"), fields)
     warnings = list(raw.notes) + warnings
     memory = build_memory(raw, instant_rows[is_memory], fields, warnings)
     flows = build_flows(raw, rows_of("flow"), fields, warnings)
@@ -395,6 +490,7 @@ def build_rank_trace(raw: RawColumns, *, source: str, rank: int, rank_source: st
     if unhandled:
         listed = ", ".join(f"{k}: {v}" for k, v in sorted(unhandled.items()))
         warnings.append(f"events of phases this version does not analyse were kept out of the analysis ({listed})")
+    steps = build_steps(events, warnings)
     meta_in = raw.metadata
     dist = meta_in.get("distributedInfo") if isinstance(meta_in.get("distributedInfo"), dict) else None
     processes, threads = _metadata_names(raw, rows_of("M"), fields)
@@ -425,5 +521,6 @@ def build_rank_trace(raw: RawColumns, *, source: str, rank: int, rank_source: st
         counters=counters,
         flows=flows,
         instants=instants,
-        steps=build_steps(events),
+        steps=steps,
+        comm_args=comm_args,
     )

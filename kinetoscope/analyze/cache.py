@@ -21,7 +21,9 @@ import pandas as pd
 from kinetoscope import __version__
 from kinetoscope.analyze.trace import RankTrace, TraceMeta
 
-TABLES = ("events", "memory", "counters", "flows", "instants", "steps", "run_steps")
+TABLES = ("events", "memory", "counters", "flows", "instants", "steps", "run_steps", "comm_args")
+#: the tables' layout: part of the key, so a cache written by an older layout is a miss, never misread
+FORMAT = 2
 
 
 def default_dir() -> Path:
@@ -33,7 +35,7 @@ def default_dir() -> Path:
 
 def key_for(path: Path, default_rank: int) -> str:
     st = path.stat()
-    raw = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{default_rank}|{__version__}"
+    raw = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{default_rank}|{__version__}|{FORMAT}"
     return hashlib.sha256(raw.encode()).hexdigest()[:40]
 
 

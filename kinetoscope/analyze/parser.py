@@ -39,6 +39,14 @@ class Args(msgspec.Struct, gc=False, omit_defaults=True):
     device_id: Value = msgspec.field(name="Device Id", default=None)
     addr: Value = msgspec.field(name="Addr", default=None)
     name: Union[str, None] = None  # process_name / thread_name metadata
+    # collective metadata (record_param_comms, NCCL kernels); the strings are kept only when strings
+    coll_name: Value = msgspec.field(name="Collective name", default=None)
+    pg_name: Value = msgspec.field(name="Process Group Name", default=None)
+    pg_ranks: Value = msgspec.field(name="Process Group Ranks", default=None)
+    in_nelems: Value = msgspec.field(name="In msg nelems", default=None)
+    out_nelems: Value = msgspec.field(name="Out msg nelems", default=None)
+    group_size: Value = msgspec.field(name="Group size", default=None)
+    seq: Value = msgspec.field(name="Seq", default=None)
 
 
 class Event(msgspec.Struct, gc=False):
@@ -214,6 +222,7 @@ def _ident(value: Any) -> int | str:
 
 
 _ARG_FIELDS = {f.encode_name: f.name for f in msgspec.structs.fields(Args)}
+_STRING_ATTRS = frozenset({"name", "coll_name", "pg_name", "pg_ranks"})
 
 
 def _coerce_event(item: dict[str, Any]) -> Event:
@@ -223,9 +232,11 @@ def _coerce_event(item: dict[str, Any]) -> Event:
         kwargs: dict[str, Any] = {}
         for key, attr in _ARG_FIELDS.items():
             if key in args:
-                kwargs[attr] = args[key] if attr == "name" and isinstance(args[key], str) else _num(args[key])
-        if "name" in kwargs and not isinstance(kwargs["name"], str):
-            kwargs.pop("name")
+                if attr in _STRING_ATTRS:
+                    if isinstance(args[key], str):
+                        kwargs[attr] = args[key]
+                else:
+                    kwargs[attr] = _num(args[key])
         parsed_args = Args(**kwargs)
     ts = _num(item.get("ts"))
     dur = _num(item.get("dur"))

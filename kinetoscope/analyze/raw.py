@@ -24,9 +24,13 @@ from kinetoscope.analyze.parser import Args, Event, ParsedTrace
 
 #: sparse field ids, in the scanner's order (see ``_scan.c``)
 FIELDS = ("correlation", "device", "stream", "external_id", "external_id_legacy", "bytes", "mem_bytes",
-          "total_allocated", "total_reserved", "device_type", "device_id", "addr", "name", "id")
+          "total_allocated", "total_reserved", "device_type", "device_id", "addr", "name",
+          "coll_name", "pg_name", "pg_ranks", "in_nelems", "out_nelems", "group_size", "seq", "id")
 F = {name: i for i, name in enumerate(FIELDS)}
-_ARG_ATTRS = FIELDS[:13]
+_ARG_ATTRS = FIELDS[:20]
+#: args fields whose values are strings (kept as codes into ``strings``); the rest are int64
+STRING_FIELDS = frozenset({"name", "coll_name", "pg_name", "pg_ranks"})
+STRING_FIELD_IDS = frozenset(F[n] for n in STRING_FIELDS)
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
@@ -141,7 +145,7 @@ def from_parsed(parsed: ParsedTrace) -> RawColumns:
                 value = getattr(a, attr)
                 if value is None:
                     continue
-                if fid == F["name"]:
+                if fid in STRING_FIELD_IDS:
                     if isinstance(value, str):
                         put(i, fid, strings(value))
                 else:
@@ -168,4 +172,4 @@ def from_parsed(parsed: ParsedTrace) -> RawColumns:
     )
 
 
-__all__ = ["FIELDS", "F", "RawColumns", "from_parsed", "from_scanner", "Event"]
+__all__ = ["FIELDS", "F", "STRING_FIELDS", "STRING_FIELD_IDS", "RawColumns", "from_parsed", "from_scanner", "Event"]

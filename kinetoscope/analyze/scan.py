@@ -30,7 +30,7 @@ from kinetoscope.analyze.limits import (
     file_too_large,
     too_many_events,
 )
-from kinetoscope.analyze.raw import F, RawColumns, from_scanner
+from kinetoscope.analyze.raw import F, STRING_FIELD_IDS, RawColumns, from_scanner
 from kinetoscope.errors import TraceSourceError
 
 try:
@@ -288,7 +288,7 @@ def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
               "pid": np.int32, "tid": np.int32, "f_event": np.int64, "f_id": np.uint8, "f_value": np.int64,
               "c_event": np.int64, "c_series": np.int32, "c_value": np.float64}
     b_fid = np.frombuffer(b["f_id"], dtype=np.uint8)
-    names = b_fid == F["name"]
+    names = np.isin(b_fid, list(STRING_FIELD_IDS))  # string codes, re-mapped like the other strings
     out: dict[str, Any] = {"n": n + b["n"], "strings": strings, "idents": idents}
     for key, dtype in dtypes.items():
         right = np.frombuffer(b.pop(key), dtype=dtype)

@@ -70,6 +70,19 @@ FLOW_COLUMNS: tuple[Column, ...] = (
     Column("tid", "category", "thread id as text"),
 )
 
+#: Collective metadata from args (PyTorch >= 2.3 writes it on ``record_param_comms`` ops and on the NCCL
+#: kernels): one row per event that has any of it; ``row`` is that event's position in the events table.
+COMM_ARG_COLUMNS: tuple[Column, ...] = (
+    Column("row", "int64", "position of the event in the events table"),
+    Column("coll_name", "category", "args['Collective name'] (allreduce, _allgather_base, ...)"),
+    Column("pg_name", "category", "args['Process Group Name']"),
+    Column("pg_ranks", "category", "args['Process Group Ranks'] as written (\"[0, 1, 2, 3]\")"),
+    Column("in_nelems", "Int64", "args['In msg nelems']"),
+    Column("out_nelems", "Int64", "args['Out msg nelems']"),
+    Column("group_size", "Int64", "args['Group size']"),
+    Column("seq", "Int64", "args['Seq']: the collective's sequence number in its process group"),
+)
+
 KINDS = (
     "kernel", "memcpy", "memset", "runtime", "driver", "cpu_op", "annotation",
     "gpu_annotation", "python", "sync", "trace", "other",

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import pandas as pd
 
-from kinetoscope.analyze.schema import GPU_BUSY_KINDS
+from kinetoscope.analyze.schema import COMM_ARG_COLUMNS, GPU_BUSY_KINDS, empty_frame
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,10 @@ class RankTrace:
     #: every step of the run timed by the capture's host clocks (step, wall_ns, data_wait_ns,
     #: profiled), from ``rank-<r>.steps.json`` beside the trace; None when absent
     run_steps: pd.DataFrame | None = None
+    #: collective metadata of events that carry it (see ``schema.COMM_ARG_COLUMNS``)
+    comm_args: pd.DataFrame = field(default_factory=lambda: empty_frame(COMM_ARG_COLUMNS))
+    #: derived views (``trace_view``), computed once and dropped with the trace
+    _views: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @cached_property
     def gpu_events(self) -> pd.DataFrame:
@@ -78,3 +83,26 @@ class Trace:
     def world_size(self) -> int:
         sizes = [r.meta.world_size for r in self.ranks if r.meta.world_size]
         return max(sizes) if sizes else len(self.ranks)
+
+
+V = TypeVar("V")
+
+
+def trace_view(fn: Callable[[RankTrace], V]) -> Callable[[RankTrace], V]:
+    """A derived view of a rank trace, computed on first use and kept by the trace itself.
+
+    Module-level caches would hold every trace they ever saw; a view lives exactly as long as its
+    trace. Two threads asking at once may both compute it (the result is the same), never block.
+    """
+    key = f"{fn.__module__}.{fn.__qualname__}"
+
+    @functools.wraps(fn)
+    def view(trace: RankTrace) -> V:
+        views = trace._views
+        try:
+            return views[key]  # type: ignore[no-any-return]
+        except KeyError:
+            value = views[key] = fn(trace)
+            return value
+
+    return view
