@@ -21,8 +21,13 @@ class AnalysisConfig:
     min_gap_us: float = 50.0
     #: How many of the largest gaps to list per device.
     top_gaps: int = 10
-    #: Sync calls costing 5% of the window are worth removing (Nsight's expert rules flag any sync API).
+    #: Sync calls costing the GPU 5% of the window are worth removing (Nsight's expert rules flag any sync API).
     sync_idle_fraction: float = 0.05
+    #: A sync drains the launch queue: the idle right after it returns counts as its cost, up to this long.
+    #: Longer gaps are the host's own work (data, Python), which would have drained a realistic queue too.
+    sync_refill_max_us: float = 1000.0
+    #: A sync every step that costs the GPU less than this share of the window is harmless (info, not warning).
+    sync_in_loop_min_fraction: float = 0.01
     #: Pageable H2D copies are staged through a bounce buffer and block the host (Nsight flags them all);
     #: below 1% of the window the fix is not worth the pinned memory.
     pageable_min_fraction: float = 0.01
@@ -32,22 +37,43 @@ class AnalysisConfig:
     copy_min_fraction: float = 0.05
     #: Kernels shorter than this cost about as much to launch as to run.
     short_kernel_us: float = 20.0
-    #: Launch-bound: at least this share of kernels is short ...
-    short_kernel_share: float = 0.50
-    #: ... and host-side launching explains at least this share of device idle time.
+    #: A kernel starting less than this after its launch call returned found the GPU's queue empty
+    #: (launch latency is a few us on NVIDIA, ~10 us on AMD; a queued kernel waits for the work ahead of it).
+    launch_queue_empty_us: float = 15.0
+    #: Launch-bound: at least this share of kernels finds the queue empty ...
+    launch_queue_empty_share: float = 0.50
+    #: ... and host-side launching (traced or not) explains at least this share of device idle time ...
     launch_idle_share: float = 0.50
+    #: ... over at least this many kernels (a handful of launches says nothing about a loop).
+    launch_bound_min_kernels: int = 50
+    #: GPU activity unknown (unrecorded graph replays, stream capture) for more than this share of the
+    #: window: idle time is not reported at all rather than reported wrong.
+    missing_activity_max_fraction: float = 0.05
+    #: Start-up (CUDA context creation, lazy module loading: runtime calls >= 1 ms on an idle GPU) over this
+    #: share of the window: the window is not steady state, and GPU-timeline findings are only information.
+    startup_max_fraction: float = 0.20
+    #: Fewer GPU operations than this in the window say nothing about a training loop's GPU use.
+    gpu_min_ops: int = 20
     #: Growth below 1 MiB/step is allocator noise in practice.
     memory_growth_min_bytes_per_step: float = 1024 * 1024
-    #: A steady leak: the linear fit explains >= 90% of the variance ...
-    memory_growth_min_r2: float = 0.90
+    #: A leak keeps growing: the robust slope over the later half of the steps is at least this share of
+    #: the whole (a warm-up that levels off - +100 MiB, +50 MiB, flat - fails it) ...
+    memory_growth_min_persistence: float = 0.5
     #: ... and at least 75% of step-to-step changes are increases.
     memory_growth_min_rising_share: float = 0.75
-    #: At least this many step ends to fit a slope at all.
-    memory_min_steps: int = 3
-    #: Out of memory projected within this many steps turns a growth warning critical.
+    #: Fewer step ends than this cannot tell a leak from warm-up (3 points fit any curve's start).
+    memory_min_steps: int = 5
+    #: Out of memory projected within this many steps turns a growth warning critical ...
     memory_critical_steps_to_oom: int = 10_000
-    #: Straggler: the spread of collective time across ranks exceeds 10% of the mean step.
+    #: ... when the projection rests on at least this many steps.
+    memory_critical_min_steps: int = 10
+    #: Reserved memory growing while allocated grows less than this share of it is the allocator's own growth.
+    reserved_growth_max_allocated_share: float = 0.25
+    #: Straggler: the others' wait for the last-arriving rank exceeds 10% of the mean step ...
     straggler_min_spread_fraction: float = 0.10
+    #: ... and that rank is the last to arrive in at least half of the matched collectives (a straggler is
+    #: consistently late; lateness that moves from rank to rank is noise).
+    straggler_min_last_share: float = 0.5
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -60,9 +86,11 @@ class AnalysisConfig:
 
 _FRACTIONS = frozenset({
     "loader_fraction_warning", "loader_fraction_critical", "gpu_idle_warning", "gpu_idle_critical",
-    "sync_idle_fraction", "pageable_min_fraction", "overlap_min_fraction", "copy_min_fraction",
-    "short_kernel_share", "launch_idle_share", "memory_growth_min_r2", "memory_growth_min_rising_share",
-    "straggler_min_spread_fraction",
+    "sync_idle_fraction", "sync_in_loop_min_fraction", "launch_queue_empty_share", "missing_activity_max_fraction", "startup_max_fraction",
+    "pageable_min_fraction", "overlap_min_fraction", "copy_min_fraction",
+    "launch_idle_share", "memory_growth_min_persistence", "memory_growth_min_rising_share",
+    "reserved_growth_max_allocated_share",
+    "straggler_min_spread_fraction", "straggler_min_last_share",
 })
 
 

@@ -24,6 +24,9 @@ FINDING_IDS = (
     "sync_in_loop",
     "worker_respawn",
     "recompile",
+    "gpu_activity_missing",
+    "memory_inconclusive",
+    "reserved_memory_growth",
 )
 
 

@@ -8,7 +8,7 @@ or changes meaning; new keys may appear at any time.
 from __future__ import annotations
 
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kinetoscope import __version__
@@ -38,6 +38,8 @@ class Report:
     results: dict[int, dict[str, AnalysisResult]] = field(repr=False, default_factory=dict)
     job_results: dict[str, AnalysisResult] = field(repr=False, default_factory=dict)
     failures: tuple[AnalyzerFailure, ...] = ()
+    #: numbers that break an invariant (a fraction outside [0, 1]): a bug, reported, never clamped away
+    violations: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -50,6 +52,7 @@ class Report:
             "analysis_errors": [
                 {"analyzer": f.analyzer, "rank": f.rank, "error": f.error} for f in self.failures
             ],
+            "invariant_violations": list(self.violations),
         }
 
 
@@ -59,6 +62,28 @@ def entry_value(entry: dict[str, Any], *keys: str) -> Any:
     for key in keys:
         value = value.get(key) if isinstance(value, dict) else None
     return value
+
+
+#: keys holding a share of something (``fraction_of`` says what): each must lie in [0, 1]
+_FRACTION_SUFFIXES = ("fraction", "_share")
+_TOLERANCE = 1e-9
+
+
+def fraction_violations(obj: Any, path: str = "") -> list[str]:
+    """Every fraction in a report fragment that lies outside [0, 1], as ``path = value``."""
+    out: list[str] = []
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            where = f"{path}.{k}" if path else str(k)
+            k = str(k)
+            if (str(k).endswith(_FRACTION_SUFFIXES) and isinstance(v, (int, float)) and not isinstance(v, bool)
+                    and not (-_TOLERANCE <= v <= 1 + _TOLERANCE)):
+                out.append(f"{where} = {v}")
+            out += fraction_violations(v, where)
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            out += fraction_violations(v, f"{path}[{i}]")
+    return out
 
 
 def _rank_header(r: RankTrace) -> dict[str, Any]:
@@ -74,6 +99,16 @@ def _rank_header(r: RankTrace) -> dict[str, Any]:
         "warnings": list(m.warnings),
         "unhandled_events": dict(m.unhandled_events),
     }
+
+
+def _capped(found: tuple[Finding, ...], entry: dict[str, Any]) -> list[Finding]:
+    """A window the trace did not mark (steps inferred from DataLoader waits) cannot carry the strongest
+    claim: critical findings on it are warnings, and say why."""
+    if (entry.get("window") or {}).get("basis") != "inferred_steps":
+        return list(found)
+    return [replace(f, severity="warning", title=f"{f.title} (steps inferred: the trace has no ProfilerStep marks)",
+                    evidence={**f.evidence, "window_basis": "inferred_steps"}) if f.severity == "critical" else f
+            for f in found]
 
 
 def build_report(trace: Trace, config: AnalysisConfig = DEFAULT_CONFIG) -> Report:
@@ -96,7 +131,7 @@ def build_report(trace: Trace, config: AnalysisConfig = DEFAULT_CONFIG) -> Repor
                 continue
             results[r.rank][a.key] = res
             entry.update(res.metrics)
-            findings.extend(res.findings)
+            findings.extend(_capped(res.findings, entry))
         entries.append(entry)
     job: dict[str, Any] = {"ranks": len(trace.ranks), "world_size": trace.world_size}
     job_results: dict[str, AnalysisResult] = {}
@@ -112,6 +147,9 @@ def build_report(trace: Trace, config: AnalysisConfig = DEFAULT_CONFIG) -> Repor
         if res.metrics:
             job[a.key] = res.metrics
         findings.extend(res.findings)
+    violations = [f"rank {e['rank']}: {v}" for e in entries for v in fraction_violations(e)]
+    violations += [f"job: {v}" for v in fraction_violations(job)]
+    violations += [f"finding {f.id} (rank {f.rank}): {v}" for f in findings for v in fraction_violations(f.evidence)]
     return Report(
         source=trace.source,
         ranks=tuple(entries),
@@ -120,4 +158,5 @@ def build_report(trace: Trace, config: AnalysisConfig = DEFAULT_CONFIG) -> Repor
         results=results,
         job_results=job_results,
         failures=tuple(failures),
+        violations=tuple(violations),
     )

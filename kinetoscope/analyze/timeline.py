@@ -8,20 +8,26 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from functools import lru_cache
 
 import numpy as np
 import pandas as pd
 
 from kinetoscope.analyze import intervals as iv
-from kinetoscope.analyze.trace import RankTrace
+from kinetoscope.analyze.trace import RankTrace, trace_view
 
 LOADER_RE = re.compile(r"^enumerate\((DataLoader|DataPipe)\)#")
-#: host calls that block until the device catches up
+#: host calls that block until the device catches up: stream/device/event syncs (runtime and driver
+#: API), blocking copies, and frees (cudaFree synchronises the device)
 SYNC_RUNTIME_RE = re.compile(
-    r"^(cuda|hip)(DeviceSynchronize|StreamSynchronize|EventSynchronize|Memcpy|MemcpyWithStream|Memset)$"
+    r"^(cuda|hip)(DeviceSynchronize|StreamSynchronize|EventSynchronize|Memcpy|MemcpyWithStream|Free|FreeHost|HostFree)$"
+    r"|^cu(Ctx|Stream|Event)Synchronize$|^cuMemcpy(HtoD|DtoH|DtoD)?(_v2)?$|^cuMemFree(Host)?(_v2)?$"
 )
 SYNC_OP_NAMES = frozenset({"aten::item", "aten::_local_scalar_dense"})
+#: a CUDA/HIP graph replay: one call that runs a whole recorded graph of kernels
+GRAPH_LAUNCH_RE = re.compile(r"^(cuda|hip)GraphLaunch(_v2)?$|^cuGraphLaunch$")
+#: stream capture (recording a graph): launches inside it do not run
+CAPTURE_BEGIN_RE = re.compile(r"^(cuda|hip)StreamBeginCapture(_v2|ToGraph)?(_ptsz)?$|^cuStreamBeginCapture(_v2)?(_ptsz)?$")
+CAPTURE_END_RE = re.compile(r"^(cuda|hip)StreamEndCapture(_ptsz)?$|^cuStreamEndCapture(_ptsz)?$")
 
 
 @dataclass(frozen=True)
@@ -37,16 +43,19 @@ class Window:
     def describe(self) -> str:
         return {
             "profiler_steps": "first ProfilerStep start to last ProfilerStep end",
+            "inferred_steps": "training-loop iterations inferred from DataLoader waits (trace has no ProfilerStep spans)",
             "gpu_activity": "span of all GPU activity (trace has no ProfilerStep spans)",
             "all_events": "span of all events (no ProfilerStep spans, no GPU activity)",
         }[self.basis]
 
 
-@lru_cache(maxsize=16)
+@trace_view
 def window(trace: RankTrace) -> Window:
     steps = trace.steps
     if len(steps):
-        return Window(int(steps["start_ns"].min()), int(steps["end_ns"].max()), "profiler_steps")
+        inferred = "inferred" in steps and bool(steps["inferred"].any())
+        return Window(int(steps["start_ns"].min()), int(steps["end_ns"].max()),
+                      "inferred_steps" if inferred else "profiler_steps")
     gpu = trace.gpu_events
     if len(gpu):
         return Window(int(gpu["ts_ns"].min()), int(gpu["end_ns"].max()), "gpu_activity")
@@ -79,20 +88,20 @@ def name_mask(frame: pd.DataFrame, pattern: re.Pattern[str] | None = None, names
     return np.isin(np.asarray(name.codes), codes)
 
 
-@lru_cache(maxsize=16)
+@trace_view
 def runtime_calls(trace: RankTrace) -> pd.DataFrame:
     """CUDA/HIP runtime and driver calls on the host."""
     return trace.events[kind_mask(trace.events, ("runtime", "driver"))]
 
 
-@lru_cache(maxsize=16)
+@trace_view
 def kernels(trace: RankTrace) -> pd.DataFrame:
     """Kernels of ``gpu_work``."""
     work = gpu_work(trace)
     return work[kind_mask(work, ("kernel",))]
 
 
-@lru_cache(maxsize=16)
+@trace_view
 def gpu_work(trace: RankTrace) -> pd.DataFrame:
     """Kernels, copies and memsets with a device and stream, sorted by start."""
     gpu = trace.gpu_events
@@ -100,45 +109,288 @@ def gpu_work(trace: RankTrace) -> pd.DataFrame:
     return gpu.assign(device=gpu["device"].astype(np.int64), stream=gpu["stream"].fillna(-1).astype(np.int64))
 
 
-@lru_cache(maxsize=16)
+@trace_view
 def device_busy(trace: RankTrace) -> dict[int, iv.Intervals]:
     """Per device: union of all its streams' work, clipped to the window."""
     w = window(trace)
     return {int(d): _set(g, w) for d, g in gpu_work(trace).groupby("device", sort=True)}
 
 
-@lru_cache(maxsize=16)
+@trace_view
 def any_gpu_busy(trace: RankTrace) -> iv.Intervals:
     gpu = gpu_work(trace)
     return _set(gpu, window(trace)) if len(gpu) else iv.EMPTY
 
 
-@lru_cache(maxsize=16)
-def loader_spans(trace: RankTrace) -> pd.DataFrame:
+def _tid_mask(frame: pd.DataFrame, tids: set[str] | frozenset[str]) -> np.ndarray:
+    """Rows whose thread is one of ``tids``, compared on the categorical codes."""
+    tid = frame["tid"].cat
+    codes = [i for i, t in enumerate(tid.categories) if str(t) in tids]
+    return np.isin(np.asarray(tid.codes), codes)
+
+
+@trace_view
+def all_loader_spans(trace: RankTrace) -> pd.DataFrame:
+    """``enumerate(DataLoader)#…`` spans on any thread (a prefetch thread's ``next()`` included)."""
     ev = trace.events
     return ev[name_mask(ev, LOADER_RE) & ~kind_mask(ev, ("gpu_annotation",))]
 
 
-@lru_cache(maxsize=16)
+@trace_view
+def loader_spans(trace: RankTrace) -> pd.DataFrame:
+    """The training loop's waits for data: DataLoader spans on the training thread only."""
+    spans = all_loader_spans(trace)
+    tid = main_thread(trace)
+    if tid is None or spans.empty:
+        return spans.iloc[0:0]
+    return spans[_tid_mask(spans, {tid})]
+
+
+@trace_view
+def other_loader_spans(trace: RankTrace) -> pd.DataFrame:
+    """DataLoader spans on other threads (prefetchers): loader work the training loop did not wait for."""
+    spans = all_loader_spans(trace)
+    return spans[~spans.index.isin(loader_spans(trace).index)]
+
+
+@trace_view
+def launches(trace: RankTrace) -> pd.DataFrame:
+    """Runtime/driver calls that put work on the GPU: their correlation id names recorded GPU work,
+    or they replay a graph (whose kernels may not be recorded)."""
+    calls = runtime_calls(trace)
+    work_corr = gpu_work(trace)["correlation"].dropna().to_numpy(np.int64)
+    corr = calls["correlation"]
+    matched = corr.notna().to_numpy() & np.isin(corr.fillna(-1).to_numpy(np.int64), work_corr)
+    return calls[matched | name_mask(calls, GRAPH_LAUNCH_RE)]
+
+
+@trace_view
+def launching_threads(trace: RankTrace) -> frozenset[str]:
+    """Threads that launch GPU work (the training thread, autograd's backward threads, ...)."""
+    threads = {str(t) for t in launches(trace)["tid"].unique()}
+    tid = main_thread(trace)
+    if tid is not None and trace.has_gpu:
+        threads.add(tid)
+    return frozenset(threads)
+
+
+@trace_view
 def sync_calls(trace: RankTrace) -> pd.DataFrame:
+    """Synchronising calls on threads that launch GPU work (a sync on an unrelated thread does not
+    stall the launch queue): ``cuda*``/``hip*``/``cu*`` syncs, blocking copies, frees, ``.item()``."""
     ev = trace.events
     is_sync = (kind_mask(ev, ("runtime", "driver")) & name_mask(ev, SYNC_RUNTIME_RE)) | (
         kind_mask(ev, ("cpu_op",)) & name_mask(ev, names=SYNC_OP_NAMES)
     )
+    threads = launching_threads(trace)
+    if threads:
+        is_sync &= _tid_mask(ev, threads)
     return ev[is_sync]
 
 
-@lru_cache(maxsize=16)
-def host_busy(trace: RankTrace) -> iv.Intervals:
-    """Host threads that issue GPU work, busy in ops or runtime calls."""
+@dataclass(frozen=True)
+class HostWork:
+    """What the launching threads were doing, as disjoint interval sets clipped to the window."""
+
+    #: long CPU ops that launch little for their length: CPU-bound op work
+    compute: iv.Intervals
+    #: the rest of their traced ops and runtime calls: launch overhead
+    launch: iv.Intervals
+
+
+#: a top-level op that launches nothing and runs this long is CPU work, not dispatch overhead ...
+COMPUTE_MIN_NS = 100_000
+#: ... and so is one spending this much host time per GPU launch inside it (an eager op costs ~10-50 us
+#: of host time per kernel; cuDNN's host side up to a few hundred us: still launch overhead)
+COMPUTE_NS_PER_LAUNCH = 1_000_000
+#: record_function ranges that 2021 traces file as ops: containers of work, never work themselves
+CONTAINER_RE = re.compile(r"^(ProfilerStep#|Optimizer\.(step|zero_grad)#|enumerate\(|## )")
+
+
+@trace_view
+def host_work(trace: RankTrace) -> HostWork:
     ev = trace.events
-    launching = np.unique(np.asarray(runtime_calls(trace)["tid"].cat.codes))  # tid shares its categories
-    work = kind_mask(ev, ("cpu_op", "runtime", "driver")) & np.isin(np.asarray(ev["tid"].cat.codes), launching)
     w = window(trace)
-    return iv.clip(iv.union(ev["ts_ns"].to_numpy()[work], ev["end_ns"].to_numpy()[work]), w.start_ns, w.end_ns)
+    threads = launching_threads(trace)
+    on = _tid_mask(ev, threads) if threads else np.zeros(len(ev), dtype=bool)
+    work = on & kind_mask(ev, ("cpu_op", "runtime", "driver"))
+    busy = iv.clip(iv.union(ev["ts_ns"].to_numpy()[work], ev["end_ns"].to_numpy()[work]), w.start_ns, w.end_ns)
+    launch = launches(trace)
+    compute_s: list[np.ndarray] = []
+    compute_e: list[np.ndarray] = []
+    ops = ev[on & kind_mask(ev, ("cpu_op",)) & ~name_mask(ev, CONTAINER_RE)]
+    for tid, group in ops.groupby(ops["tid"].astype(str), sort=False, observed=True):
+        tops = top_level(group)
+        mine = np.sort(launch["ts_ns"].to_numpy()[_tid_mask(launch, {tid})])
+        inside = np.searchsorted(mine, tops["end_ns"].to_numpy()) - np.searchsorted(mine, tops["ts_ns"].to_numpy())
+        heavy = tops["dur_ns"].to_numpy() >= np.where(inside > 0, COMPUTE_NS_PER_LAUNCH * inside, COMPUTE_MIN_NS)
+        compute_s.append(tops["ts_ns"].to_numpy()[heavy])
+        compute_e.append(tops["end_ns"].to_numpy()[heavy])
+    compute = iv.union(np.concatenate(compute_s), np.concatenate(compute_e)) if compute_s else iv.EMPTY
+    compute = iv.clip(compute, w.start_ns, w.end_ns)
+    return HostWork(compute=compute, launch=iv.subtract(busy, compute))
 
 
-@lru_cache(maxsize=16)
+def host_busy(trace: RankTrace) -> iv.Intervals:
+    """Launching threads busy in any traced op or runtime call."""
+    hw = host_work(trace)
+    return iv.union(np.concatenate((hw.compute[0], hw.launch[0])), np.concatenate((hw.compute[1], hw.launch[1])))
+
+
+@trace_view
+def launch_queue(trace: RankTrace) -> pd.DataFrame:
+    """Per kernel launched by its own call (graph replays excluded): device, start, duration, and how
+    long after its launch call returned it started. A kernel that starts as soon as it is launched
+    found the GPU's queue empty: the GPU was waiting for the host."""
+    work = gpu_work(trace)
+    k = work[(work["kind"] == "kernel").to_numpy() & work["correlation"].notna().to_numpy()]
+    calls = launches(trace)
+    calls = calls[calls["correlation"].notna().to_numpy() & ~name_mask(calls, GRAPH_LAUNCH_RE)]
+    calls = calls.drop_duplicates("correlation")
+    keys = calls["correlation"].to_numpy(np.int64)
+    order = np.argsort(keys, kind="stable")
+    keys = keys[order]
+    call_ts, call_end = calls["ts_ns"].to_numpy()[order], calls["end_ns"].to_numpy()[order]
+    corr = k["correlation"].to_numpy(np.int64)
+    # one kernel per call (a graph's kernels share one correlation and are left out above)
+    single = ~pd.Series(corr).duplicated(keep=False).to_numpy()
+    pos = np.minimum(np.searchsorted(keys, corr), max(len(keys) - 1, 0))
+    found = single & (keys[pos] == corr) if len(keys) else np.zeros(len(k), dtype=bool)
+    return pd.DataFrame({
+        "device": k["device"].to_numpy()[found],
+        "ts_ns": k["ts_ns"].to_numpy()[found],
+        "dur_ns": k["dur_ns"].to_numpy()[found],
+        "launch_ts_ns": call_ts[pos[found]],
+        "delay_ns": k["ts_ns"].to_numpy()[found] - call_end[pos[found]],
+    })
+
+
+@dataclass(frozen=True)
+class MissingActivity:
+    """GPU work the trace cannot show: graph replays whose kernels were not recorded, and stream
+    capture (recording a graph: the launches inside do not run)."""
+
+    graph_launches: int
+    graph_launches_unrecorded: int
+    capture_ns: int
+    #: launched kernels that waited on a GPU the trace shows idle (queued behind unrecorded work)
+    pending_ns: int
+    #: stretches cut out of the trace (correlation ids jump across a silence)
+    holes_ns: int
+    #: time in the window for which the GPU's activity is unknown
+    blind: iv.Intervals
+
+    def blind_ns(self) -> int:
+        return iv.measure(self.blind)
+
+
+@trace_view
+def missing_activity(trace: RankTrace) -> MissingActivity:
+    w = window(trace)
+    calls = runtime_calls(trace)
+    calls = calls[(calls["end_ns"] > w.start_ns) & (calls["ts_ns"] < w.end_ns)]
+    graphs = calls[name_mask(calls, GRAPH_LAUNCH_RE)]
+    recorded = np.isin(graphs["correlation"].fillna(-1).to_numpy(np.int64),
+                       gpu_work(trace)["correlation"].dropna().to_numpy(np.int64))
+    unrecorded = graphs[~recorded | graphs["correlation"].isna().to_numpy()]
+    # capture phases: from each BeginCapture to the next EndCapture on the same thread
+    begin = calls[name_mask(calls, CAPTURE_BEGIN_RE)]
+    end = calls[name_mask(calls, CAPTURE_END_RE)]
+    cap_s: list[int] = []
+    cap_e: list[int] = []
+    for tid, b in begin.groupby(begin["tid"].astype(str), observed=True):
+        e = np.sort(end["end_ns"].to_numpy()[_tid_mask(end, {tid})])
+        nxt = np.searchsorted(e, b["ts_ns"].to_numpy())
+        for t, i in zip(b["ts_ns"].to_numpy(), nxt):
+            cap_s.append(int(t))
+            cap_e.append(int(e[i]) if i < len(e) else w.end_ns)  # never ended: blind to the window's end
+    capture = iv.clip(iv.union(np.array(cap_s, np.int64), np.array(cap_e, np.int64)), w.start_ns, w.end_ns)
+    # an unrecorded replay runs for an unknown time on an unknown stream: nothing after it can be judged
+    # until the next recorded GPU work
+    blind = capture
+    if len(unrecorded):
+        starts = gpu_work(trace)["ts_ns"].to_numpy()
+        first = unrecorded["ts_ns"].to_numpy()
+        nxt = np.searchsorted(np.sort(starts), first, side="right")
+        sorted_starts = np.sort(starts)
+        ends = np.where(nxt < len(sorted_starts), sorted_starts[np.minimum(nxt, len(sorted_starts) - 1)], w.end_ns)
+        replay = iv.clip(iv.union(first, np.maximum(ends, unrecorded["end_ns"].to_numpy())), w.start_ns, w.end_ns)
+        blind = iv.union(np.concatenate((blind[0], replay[0])), np.concatenate((blind[1], replay[1])))
+    pending = _pending_on_idle(trace, w)
+    holes = _holes(trace, w)
+    for extra in (pending, holes):
+        if extra[0].size:
+            blind = iv.union(np.concatenate((blind[0], extra[0])), np.concatenate((blind[1], extra[1])))
+    return MissingActivity(graph_launches=int(len(graphs)), graph_launches_unrecorded=int(len(unrecorded)),
+                           capture_ns=iv.measure(capture), pending_ns=iv.measure(pending),
+                           holes_ns=iv.measure(holes), blind=blind)
+
+
+#: runtime-call correlation ids count every API call; a jump of this many between two calls in time
+#: order, across a silence of at least HOLE_MIN_NS, means the calls in between were cut from the trace
+HOLE_MIN_ID_JUMP = 100
+HOLE_MIN_NS = 1_000_000
+
+
+def _holes(trace: RankTrace, w: Window) -> iv.Intervals:
+    """Stretches cut out of the trace (trimmed by hand, or dropped by the profiler): between two runtime
+    calls whose correlation ids jump by hundreds, with nothing recorded in between."""
+    calls = runtime_calls(trace)
+    calls = calls[calls["correlation"].notna().to_numpy()]
+    if len(calls) < 2:
+        return iv.EMPTY
+    order = np.argsort(calls["ts_ns"].to_numpy(), kind="stable")
+    corr = calls["correlation"].to_numpy(np.int64)[order]
+    ts = calls["ts_ns"].to_numpy()[order]
+    ends = np.maximum.accumulate(calls["end_ns"].to_numpy()[order])
+    gap_s, gap_e = ends[:-1], ts[1:]
+    hole = ((corr[1:] - corr[:-1]) >= HOLE_MIN_ID_JUMP) & ((gap_e - gap_s) >= HOLE_MIN_NS)
+    return iv.clip(iv.union(gap_s[hole], gap_e[hole]), w.start_ns, w.end_ns)
+
+
+#: a runtime call this long with the GPU idle throughout is start-up work (context creation, lazy module
+#: loading, cuDNN/JIT first use), not steady-state launching: a launch costs microseconds
+STARTUP_CALL_NS = 1_000_000
+
+
+@trace_view
+def startup_calls(trace: RankTrace) -> pd.DataFrame:
+    """Runtime/driver calls of at least STARTUP_CALL_NS in the window during which no GPU work ran."""
+    w = window(trace)
+    calls = runtime_calls(trace)
+    calls = calls[((calls["dur_ns"] >= STARTUP_CALL_NS) & (calls["end_ns"] > w.start_ns)
+                   & (calls["ts_ns"] < w.end_ns)).to_numpy()]
+    if calls.empty:
+        return calls
+    busy = iv.overlap_each(calls["ts_ns"].to_numpy(), calls["end_ns"].to_numpy(), any_gpu_busy(trace))
+    return calls[busy == 0]
+
+
+#: a launched kernel that has not started this long after its launch returned, on a GPU the trace shows
+#: idle, was queued behind work the trace did not record (launched before recording began)
+PENDING_MIN_NS = 1_000_000
+
+
+def _pending_on_idle(trace: RankTrace, w: Window) -> iv.Intervals:
+    """Times at which a launched kernel was waiting to start while its device shows no work: an idle
+    GPU starts a kernel within microseconds, so the device was busy with work the trace lacks."""
+    q = launch_queue(trace)
+    q = q[(q["delay_ns"] >= PENDING_MIN_NS).to_numpy()]
+    if q.empty:
+        return iv.EMPTY
+    busy = device_busy(trace)
+    parts_s, parts_e = [], []
+    for device, group in q.groupby("device"):
+        waiting = iv.clip(iv.union(group["ts_ns"].to_numpy() - group["delay_ns"].to_numpy(), group["ts_ns"].to_numpy()),
+                          w.start_ns, w.end_ns)
+        unexplained = iv.subtract(waiting, busy.get(int(device), iv.EMPTY))
+        keep = (unexplained[1] - unexplained[0]) >= PENDING_MIN_NS
+        parts_s.append(unexplained[0][keep])
+        parts_e.append(unexplained[1][keep])
+    return iv.union(np.concatenate(parts_s), np.concatenate(parts_e))
+
+
+@trace_view
 def main_thread(trace: RankTrace) -> str | None:
     """The training loop's thread: the one holding the ProfilerStep spans, else the busiest launcher."""
     if len(trace.steps):

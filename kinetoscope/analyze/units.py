@@ -16,8 +16,10 @@ def us(ns: Any) -> float | None:
     return round(value / 1000.0, 3)
 
 
-def frac(part: float, whole: float) -> float | None:
-    """A fraction clamped to [0, 1]; None when the whole is empty."""
-    if not whole:
+def frac(part: Any, whole: Any) -> float | None:
+    """``part / whole``, never clamped (a fraction outside [0, 1] is a bug the report's checks count);
+    None when either is unknown or the whole is empty."""
+    if part is None or whole is None or not whole:
         return None
-    return min(max(float(part) / float(whole), 0.0), 1.0)
+    value = float(part) / float(whole)
+    return None if math.isnan(value) else value

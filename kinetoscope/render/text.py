@@ -49,7 +49,12 @@ def render_text(report: Report) -> str:
             out.append(f"  whole run      {run['steps']} steps timed, waiting for data {_pct(run['data_wait_fraction'])} of wall time")
         gpu = r.get("gpu")
         if gpu:
+            missing = gpu.get("missing_activity") or {}
             for d in gpu["devices"]:
+                if d["idle_fraction"] is None:
+                    out.append(f"  GPU {d['device']} busy     {_ms(d['busy_us'])}; idle not judged: the trace misses the GPU's "
+                               f"activity for {_pct(missing.get('unknown_fraction'))} of the window")
+                    continue
                 causes = ", ".join(f"{k.replace('_', ' ')} {_ms(v)}" for k, v in d["idle_by_cause_us"].items() if v)
                 out.append(f"  GPU {d['device']} idle     {_pct(d['idle_fraction'])} of window ({causes or 'no idle time'})")
             for s in gpu["streams"]:
@@ -87,11 +92,16 @@ def render_text(report: Report) -> str:
     coll = report.job.get("collectives")
     if coll:
         out.append("")
-        out.append(f"Collectives across ranks ({coll['matched']} matched; clocks aligned on collective ends):")
+        out.append(f"Collectives across ranks ({coll['matched']} matched, {coll['unmatched']} unmatched; clocks aligned "
+                   "on collective completion):")
         for r in coll["ranks"]:
             out.append(f"  rank {r['rank']}: clock skew {_ms(r['clock_skew_us'])}, waiting {_ms(r['wait_us'])}, "
-                       f"waited for {r['waited_for_count']} times")
+                       f"last to arrive {r['waited_for_count']} times ({r['matched']} matched, {r['unmatched']} unmatched)")
         out.append(f"  most waited-for rank: {coll['most_waited_for_rank']}")
+    if report.violations:
+        out.append("")
+        out.append("Numbers that break an invariant (a bug in Kinetoscope; please report it):")
+        out += [f"  {v}" for v in report.violations]
     if report.failures:
         out.append("")
         for f in report.failures:

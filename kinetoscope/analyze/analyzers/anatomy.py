@@ -19,7 +19,6 @@ runtime call that launched it (correlation id) and taking the host phase at that
 from __future__ import annotations
 
 import re
-from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -41,7 +40,7 @@ from kinetoscope.analyze.timeline import (
     top_level,
     window,
 )
-from kinetoscope.analyze.trace import RankTrace
+from kinetoscope.analyze.trace import RankTrace, trace_view
 from kinetoscope.analyze.units import frac, us
 
 PHASES = ("data_wait", "zero_grad", "optimizer", "sync", "backward", "h2d", "forward", "other")
@@ -53,7 +52,7 @@ BACKWARD_RE = re.compile(r"^autograd::engine::evaluate_function:|^[A-Za-z0-9_:]*
 COPY_OPS = frozenset({"aten::to", "aten::_to_copy", "aten::copy_"})
 
 
-@lru_cache(maxsize=16)
+@trace_view
 def phase_events(trace: RankTrace) -> dict[str, pd.DataFrame]:
     """The raw events behind each phase (before precedence), for analyzers that need them."""
     ev = trace.events
@@ -92,7 +91,7 @@ def _steps_or_window(trace: RankTrace, w: Window) -> pd.DataFrame:
     return pd.DataFrame({"step": [-1], "start_ns": [w.start_ns], "end_ns": [w.end_ns], "dur_ns": [w.dur_ns]})
 
 
-@lru_cache(maxsize=16)
+@trace_view
 def host_phases(trace: RankTrace) -> dict[str, iv.Intervals]:
     """Disjoint host intervals per phase, covering the window exactly."""
     w = window(trace)

@@ -1,11 +1,18 @@
-"""Host<->device copies: time, bytes, bandwidth, pageable vs pinned, overlap with compute."""
+"""Host<->device copies: time, bytes, bandwidth, pageable vs pinned, overlap with compute.
+
+Copy time is a union per device (two concurrent copies on two streams count once), and so is
+every share of it. Host memory is what the copy's name says (``Pageable``/``Pinned``); where the
+name does not say (ROCm writes ``Memcpy HtoD (Host -> Device)``) it is unknown, reported as
+``null``, except for a copy whose launching call holds the host for the copy's whole duration:
+that copy behaves as pageable/synchronous whatever its memory, and is counted as such.
+"""
 
 from __future__ import annotations
 
 import re
-from functools import lru_cache
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from kinetoscope.analyze import intervals as iv
@@ -13,7 +20,7 @@ from kinetoscope.analyze.config import AnalysisConfig
 from kinetoscope.analyze.findings import Finding
 from kinetoscope.analyze.registry import AnalysisResult, register
 from kinetoscope.analyze.timeline import Window, gpu_work, kernels, runtime_calls, window
-from kinetoscope.analyze.trace import RankTrace
+from kinetoscope.analyze.trace import RankTrace, trace_view
 from kinetoscope.analyze.units import frac, us
 
 # "Memcpy HtoD (Pageable -> Device)", "Memcpy DtoH (Device -> Pinned)", "Memcpy DtoD (Device -> Device)"
@@ -22,51 +29,92 @@ _HOST_MEMORY_RE = re.compile(r"\b(Pageable|Pinned)\b")
 _SYNC_COPY_RE = re.compile(r"^(cuda|hip)Memcpy(WithStream)?$|^cuMemcpy(HtoD|DtoH)(_v2)?$")
 
 
-@lru_cache(maxsize=16)
+@trace_view
 def copies(trace: RankTrace) -> pd.DataFrame:
-    """Every memcpy on the device, with direction, host memory kind and the call that launched it."""
+    """Every memcpy on the device: direction, host memory (``pageable``/``pinned``/``unknown`` from its
+    name), the call that launched it, whether that call is a blocking copy API (``synchronous``) and
+    whether it held the host for the copy's whole duration (``blocking``)."""
     work = gpu_work(trace)
-    mem = work[work["kind"] == "memcpy"]
+    mem = work[(work["kind"] == "memcpy").to_numpy()]
     names = mem["name"].astype(str)
     direction = names.str.extract(_DIRECTION_RE, expand=False).fillna("other")
-    host_kind = names.str.extract(_HOST_MEMORY_RE, expand=False)
+    host_kind = names.str.extract(_HOST_MEMORY_RE, expand=False).str.lower().fillna("unknown")
     runtime = runtime_calls(trace)
-    runtime = runtime[runtime["correlation"].notna()]
-    launcher = runtime.drop_duplicates("correlation").set_index("correlation")["name"].astype(str)
-    called = mem["correlation"].map(launcher)
+    runtime = runtime[runtime["correlation"].notna().to_numpy()].drop_duplicates("correlation")
+    keys = runtime["correlation"].to_numpy(np.int64)
+    order = np.argsort(keys, kind="stable")
+    keys = keys[order]
+    call_name = runtime["name"].astype(str).to_numpy(object)[order]
+    call_ts, call_end = runtime["ts_ns"].to_numpy()[order], runtime["end_ns"].to_numpy()[order]
+    has = mem["correlation"].notna().to_numpy()
+    corr = mem["correlation"].fillna(0).to_numpy(np.int64)
+    pos = np.minimum(np.searchsorted(keys, corr), max(len(keys) - 1, 0))
+    found = has & (keys[pos] == corr) if len(keys) else np.zeros(len(mem), dtype=bool)
+    launched_by = np.where(found, call_name[pos] if len(keys) else None, None)
+    synchronous = np.array([bool(n) and bool(_SYNC_COPY_RE.match(n)) for n in launched_by], dtype=bool)
+    ts, end = mem["ts_ns"].to_numpy(), mem["end_ns"].to_numpy()
+    blocking = found & (call_ts[pos] <= ts if len(keys) else False) & (call_end[pos] >= end if len(keys) else False)
     return mem.assign(
-        direction=direction,
-        pageable=host_kind.eq("Pageable").fillna(False).astype(bool),
-        pinned=host_kind.eq("Pinned").fillna(False).astype(bool),
-        launched_by=called.astype("string"),
-        synchronous=called.fillna("").astype(str).str.match(_SYNC_COPY_RE).astype(bool),
+        direction=direction.to_numpy(object),
+        host_memory=host_kind.to_numpy(object),
+        pageable=(host_kind == "pageable").to_numpy(bool),
+        pinned=(host_kind == "pinned").to_numpy(bool),
+        launched_by=pd.array(launched_by, dtype="string"),
+        synchronous=synchronous,
+        blocking=np.asarray(blocking, dtype=bool),
     )
 
 
 def h2d_copies(trace: RankTrace) -> pd.DataFrame:
     c = copies(trace)
-    return c[c["direction"] == "HtoD"]
+    return c[(c["direction"] == "HtoD").to_numpy()]
 
 
-def _overlap_ns(trace: RankTrace, sel: pd.DataFrame, w: Window) -> tuple[int, int]:
-    """(copy time, copy time with a kernel running on another stream of the same device)."""
+def _sets(trace: RankTrace, sel: pd.DataFrame, w: Window) -> dict[str, iv.Intervals]:
+    """Unions over every device of: copy time, copy time with a kernel on another stream of the same
+    device, and copy time by host memory."""
     k = kernels(trace)
-    total = overlapped = 0
-    for (device, stream), group in sel.groupby(["device", "stream"], sort=False):
-        mine = iv.clip(iv.union(group["ts_ns"].to_numpy(), group["end_ns"].to_numpy()), w.start_ns, w.end_ns)
-        others = k[(k["device"] == device) & (k["stream"] != stream)]
-        other_set = iv.union(others["ts_ns"].to_numpy(), others["end_ns"].to_numpy())
-        total += iv.measure(mine)
-        overlapped += iv.measure(iv.intersect(mine, other_set))
-    return total, overlapped
+    parts: dict[str, list[iv.Intervals]] = {"time": [], "overlapped": [], "pageable": [], "pinned": [],
+                                            "blocking_unknown": [], "unknown": []}
+    host = sel["host_memory"].to_numpy(object)
+    groups = {"pageable": host == "pageable", "pinned": host == "pinned",
+              "blocking_unknown": (host == "unknown") & sel["blocking"].to_numpy(bool),
+              "unknown": (host == "unknown") & ~sel["blocking"].to_numpy(bool)}
+    dev = sel["device"].to_numpy()
+    for device in np.unique(dev):
+        on = dev == device
+        mine = sel[on]
+        parts["time"].append(_clip_union(mine, w))
+        for name, mask in groups.items():
+            parts[name].append(_clip_union(sel[on & mask], w))
+        on_k = k[(k["device"] == device).to_numpy()]
+        for stream, group in mine.groupby("stream", sort=False):
+            others = on_k[(on_k["stream"] != stream).to_numpy()]
+            other_set = iv.union(others["ts_ns"].to_numpy(), others["end_ns"].to_numpy())
+            parts["overlapped"].append(iv.intersect(_clip_union(group, w), other_set))
+    return {name: _union_all(sets) for name, sets in parts.items()}
+
+
+def _clip_union(frame: pd.DataFrame, w: Window) -> iv.Intervals:
+    return iv.clip(iv.union(frame["ts_ns"].to_numpy(), frame["end_ns"].to_numpy()), w.start_ns, w.end_ns)
+
+
+def _union_all(sets: list[iv.Intervals]) -> iv.Intervals:
+    if not sets:
+        return iv.EMPTY
+    return iv.union(np.concatenate([s[0] for s in sets]), np.concatenate([s[1] for s in sets]))
 
 
 def _direction_metrics(trace: RankTrace, sel: pd.DataFrame, w: Window) -> dict[str, Any] | None:
-    sel = sel[(sel["end_ns"] > w.start_ns) & (sel["ts_ns"] < w.end_ns)]
+    sel = sel[((sel["end_ns"] > w.start_ns) & (sel["ts_ns"] < w.end_ns)).to_numpy()]
     if sel.empty:
         return None
-    time_ns, overlapped_ns = _overlap_ns(trace, sel, w)
-    pageable_ns, _ = _overlap_ns(trace, sel[sel["pageable"]], w) if sel["pageable"].any() else (0, 0)
+    sets = _sets(trace, sel, w)
+    ns = {name: iv.measure(s) for name, s in sets.items()}
+    time_ns = ns["time"]
+    # pageable, or behaving as such; unknown while any copy time's host memory is neither named nor shown
+    pageable_like_ns = iv.measure(iv.union(np.concatenate((sets["pageable"][0], sets["blocking_unknown"][0])),
+                                           np.concatenate((sets["pageable"][1], sets["blocking_unknown"][1]))))
     total_bytes = int(sel["bytes"].fillna(0).sum())
     busy_s = time_ns / 1e9
     return {
@@ -75,80 +123,97 @@ def _direction_metrics(trace: RankTrace, sel: pd.DataFrame, w: Window) -> dict[s
         "fraction": frac(time_ns, w.dur_ns),
         "fraction_of": "window",
         "bytes": total_bytes,
-        "bandwidth_gb_per_s": round(total_bytes / busy_s / 1e9, 3) if busy_s else None,
-        "overlap_fraction": frac(overlapped_ns, time_ns),
+        "bandwidth_gb_per_s": round(total_bytes / busy_s / 1e9, 3) if busy_s and total_bytes else None,
+        "overlap_fraction": frac(ns["overlapped"], time_ns),
         "overlap_fraction_of": "copy time",
-        "pageable_fraction": frac(pageable_ns, time_ns),
-        "pageable_fraction_of": "copy time",
+        "pageable_fraction": frac(pageable_like_ns, time_ns) if ns["unknown"] == 0 else None,
+        "pageable_fraction_of": "copy time (named Pageable, or blocking the host for the whole copy)",
+        "host_memory_us": {"pageable": us(ns["pageable"]), "pinned": us(ns["pinned"]),
+                           "unknown_but_blocking": us(ns["blocking_unknown"]), "unknown": us(ns["unknown"])},
         "pageable_count": int(sel["pageable"].sum()),
         "pinned_count": int(sel["pinned"].sum()),
+        "unknown_count": int((sel["host_memory"] == "unknown").sum()),
         "synchronous_count": int(sel["synchronous"].sum()),
+        "blocking_count": int(sel["blocking"].sum()),
+        "_pageable_like_ns": pageable_like_ns,
     }
 
 
 @register("copies", "H2D / D2H copies")
 def analyze_copies(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
-    """H2D and D2H copies: time (union), bytes, bandwidth, pageable share, synchronous calls, overlap with kernels."""
+    """H2D and D2H copies: time (union per device), bytes, bandwidth, host memory (pageable, pinned or
+    unknown), synchronous and blocking calls, overlap with kernels on other streams."""
     if not trace.has_gpu:
         return AnalysisResult(key="copies", metrics={"h2d": None, "d2h": None})
     w = window(trace)
     table = copies(trace)
-    h2d = _direction_metrics(trace, table[table["direction"] == "HtoD"], w)
-    d2h = _direction_metrics(trace, table[table["direction"] == "DtoH"], w)
+    h2d = _direction_metrics(trace, table[(table["direction"] == "HtoD").to_numpy()], w)
+    d2h = _direction_metrics(trace, table[(table["direction"] == "DtoH").to_numpy()], w)
     findings: list[Finding] = []
     if h2d:
-        time_ns = (h2d["time_us"] or 0) * 1000
-        pageable_ns = time_ns * (h2d["pageable_fraction"] or 0)
-        if w.dur_ns and pageable_ns / w.dur_ns >= config.pageable_min_fraction:
-            findings.append(
-                Finding(
-                    id="h2d_pageable",
-                    severity="warning",
-                    rank=trace.rank,
-                    title=f"{h2d['pageable_count']} host-to-device copies come from pageable memory ({pageable_ns / w.dur_ns:.1%} of the window)",
-                    evidence={
-                        "pageable_count": h2d["pageable_count"],
-                        "pageable_time_us": round(pageable_ns / 1000, 3),
-                        "pageable_fraction_of_copy_time": h2d["pageable_fraction"],
-                        "synchronous_count": h2d["synchronous_count"],
-                        "bandwidth_gb_per_s": h2d["bandwidth_gb_per_s"],
-                        "bytes": h2d["bytes"],
-                    },
-                    recommendation=(
-                        "Pageable copies are staged through a driver buffer, run at a fraction of PCIe/NVLink "
-                        "bandwidth and block the host. Use DataLoader(pin_memory=True) (or tensor.pin_memory()) and "
-                        "tensor.to(device, non_blocking=True)."
-                    ),
-                    impact_us=pageable_ns / 1000.0,
-                )
-            )
-        exposed_ns = time_ns * (1 - (h2d["overlap_fraction"] or 0))
-        if (
-            w.dur_ns
-            and time_ns / w.dur_ns >= config.copy_min_fraction
-            and (h2d["overlap_fraction"] or 0) < config.overlap_min_fraction
-        ):
-            findings.append(
-                Finding(
-                    id="h2d_not_overlapped",
-                    severity="warning",
-                    rank=trace.rank,
-                    title=f"Host-to-device copies ({time_ns / w.dur_ns:.0%} of the window) overlap compute only {h2d['overlap_fraction'] or 0:.0%} of their time",
-                    evidence={
-                        "h2d_time_us": h2d["time_us"],
-                        "overlap_fraction_of_copy_time": h2d["overlap_fraction"],
-                        "exposed_copy_time_us": round(exposed_ns / 1000, 3),
-                        "count": h2d["count"],
-                        "bytes": h2d["bytes"],
-                    },
-                    recommendation=(
-                        "Copy the next batch while the current one computes: pinned memory plus non_blocking=True, "
-                        "issued on a side stream (a CUDA-stream prefetcher) one step ahead."
-                    ),
-                    impact_us=exposed_ns / 1000.0,
-                )
-            )
-    copy_table = table[["ts_ns", "dur_ns", "name", "device", "stream", "bytes", "direction", "pageable", "pinned",
-                        "launched_by", "synchronous"]]
+        findings += _h2d_findings(trace, config, w, h2d)
+    for m in (h2d, d2h):
+        if m:
+            m.pop("_pageable_like_ns")
+    copy_table = table[["ts_ns", "dur_ns", "name", "device", "stream", "bytes", "direction", "host_memory", "pageable",
+                        "pinned", "launched_by", "synchronous", "blocking"]]
     return AnalysisResult(key="copies", metrics={"h2d": h2d, "d2h": d2h}, tables={"copies": copy_table},
                           findings=tuple(findings))
+
+
+def _h2d_findings(trace: RankTrace, config: AnalysisConfig, w: Window, h2d: dict[str, Any]) -> list[Finding]:
+    findings = []
+    time_ns = (h2d["time_us"] or 0) * 1000
+    pageable_ns = h2d["_pageable_like_ns"]
+    if w.dur_ns and pageable_ns / w.dur_ns >= config.pageable_min_fraction:
+        named = h2d["pageable_count"]
+        inferred = h2d["host_memory_us"]["unknown_but_blocking"]
+        what = (f"{named} host-to-device copies come from pageable memory" if named else
+                "host-to-device copies block the host for their whole duration (pageable or synchronous)")
+        findings.append(Finding(
+            id="h2d_pageable",
+            severity="warning",
+            rank=trace.rank,
+            title=f"{what} ({pageable_ns / w.dur_ns:.1%} of the {w.dur_ns / 1e6:.1f} ms window)",
+            evidence={
+                "pageable_count": named,
+                "pageable_time_us": us(pageable_ns),
+                "pageable_fraction_of_window": frac(pageable_ns, w.dur_ns),
+                "pageable_fraction_of_copy_time": h2d["pageable_fraction"],
+                "host_memory_us": h2d["host_memory_us"],
+                "inferred_from_blocking_calls": bool(inferred),
+                "synchronous_count": h2d["synchronous_count"],
+                "bandwidth_gb_per_s": h2d["bandwidth_gb_per_s"],
+                "bytes": h2d["bytes"],
+            },
+            recommendation=(
+                "Pageable copies are staged through a driver buffer, run at a fraction of PCIe/NVLink "
+                "bandwidth and block the host. Use DataLoader(pin_memory=True) (or tensor.pin_memory()) and "
+                "tensor.to(device, non_blocking=True)."
+            ),
+            impact_us=pageable_ns / 1000.0,
+        ))
+    overlap = h2d["overlap_fraction"] or 0.0
+    exposed_ns = time_ns * (1 - overlap)
+    if w.dur_ns and time_ns / w.dur_ns >= config.copy_min_fraction and overlap < config.overlap_min_fraction:
+        findings.append(Finding(
+            id="h2d_not_overlapped",
+            severity="warning",
+            rank=trace.rank,
+            title=(f"Host-to-device copies ({time_ns / w.dur_ns:.0%} of the {w.dur_ns / 1e6:.1f} ms window) overlap "
+                   f"compute only {overlap:.0%} of their time"),
+            evidence={
+                "h2d_time_us": h2d["time_us"],
+                "h2d_fraction_of_window": h2d["fraction"],
+                "overlap_fraction_of_copy_time": h2d["overlap_fraction"],
+                "exposed_copy_time_us": round(exposed_ns / 1000, 3),
+                "count": h2d["count"],
+                "bytes": h2d["bytes"],
+            },
+            recommendation=(
+                "Copy the next batch while the current one computes: pinned memory plus non_blocking=True, "
+                "issued on a side stream (a CUDA-stream prefetcher) one step ahead."
+            ),
+            impact_us=exposed_ns / 1000.0,
+        ))
+    return findings

@@ -6,7 +6,6 @@ Each check looks at the profiled steps one by one, using the step anatomy's raw 
 from __future__ import annotations
 
 import re
-from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -18,8 +17,8 @@ from kinetoscope.analyze.config import AnalysisConfig
 from kinetoscope.analyze.findings import Finding
 from kinetoscope.analyze.registry import AnalysisResult, register
 from kinetoscope.analyze.timeline import any_gpu_busy, loader_spans, main_thread, name_mask, step_at, top_level, window
-from kinetoscope.analyze.trace import RankTrace
-from kinetoscope.analyze.units import us
+from kinetoscope.analyze.trace import RankTrace, trace_view
+from kinetoscope.analyze.units import frac, us
 
 _COMPILE_SPAN_RE = re.compile(r"^(_compile\.compile_inner|entire_frame_compile)")
 _COMPILE_ID_RE = re.compile(r"compile_id=(\d+)/(\d+)")
@@ -53,7 +52,7 @@ def _accumulating_steps(trace: RankTrace) -> set[int]:
     return hits
 
 
-@lru_cache(maxsize=16)
+@trace_view
 def _seed_draws(trace: RankTrace) -> pd.DataFrame:
     """``aten::random_`` immediately followed by ``aten::item`` on the training thread: an iterator was created."""
     ev = trace.events
@@ -118,7 +117,7 @@ def analyze_hygiene(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
             recommendation="Call loss.backward() before optimizer.step(); without it the parameters do not change "
                            "(or change only by weight decay/momentum).",
         ))
-    findings += _sync_in_loop(trace, all_steps)
+    findings += _sync_in_loop(trace, all_steps, config)
     findings += _worker_respawn(trace)
     findings += _recompile(trace)
     metrics = {
@@ -193,7 +192,7 @@ def _optimizer_mismatch(trace: RankTrace, all_steps: set[int], bwd: set[int], op
     )]
 
 
-def _sync_in_loop(trace: RankTrace, all_steps: set[int]) -> list[Finding]:
+def _sync_in_loop(trace: RankTrace, all_steps: set[int], config: AnalysisConfig) -> list[Finding]:
     sync = _sync_ops(trace)
     hit = _per_step(trace, sync)
     if len(all_steps) < 2 or len(hit) < 0.8 * len(all_steps):
@@ -201,24 +200,33 @@ def _sync_in_loop(trace: RankTrace, all_steps: set[int]) -> list[Finding]:
     w = window(trace)
     names = sync.groupby("name", observed=True)["dur_ns"].agg(["count", "sum"]).sort_values("sum", ascending=False)
     blocked_ns = int(iv.measure(iv.union(sync["ts_ns"].to_numpy(), sync["end_ns"].to_numpy())))
-    idle_ns = None
+    cost_ns = None
     if trace.has_gpu:
-        idle_ns = iv.measure(iv.subtract(iv.clip(iv.union(sync["ts_ns"].to_numpy(), sync["end_ns"].to_numpy()),
-                                                 w.start_ns, w.end_ns), any_gpu_busy(trace)))
-    # on a GPU it drains the launch queue; it matters once it costs 1% of the window
-    costly = trace.has_gpu and max(blocked_ns, idle_ns or 0) >= 0.01 * w.dur_ns
+        from kinetoscope.analyze.analyzers.gpu import sync_cost
+
+        idle = iv.complement(any_gpu_busy(trace), w.start_ns, w.end_ns)
+        cost_ns = iv.measure(sync_cost(trace, sync, idle, int(config.sync_refill_max_us * 1000)))
+    # a sync costs the GPU idle it causes (while the host waits, and while the drained queue refills),
+    # not the host's wait for a busy GPU
+    costly = cost_ns is not None and cost_ns >= config.sync_in_loop_min_fraction * w.dur_ns
+    if trace.has_gpu and not costly:
+        note = f"; it costs the GPU only {us(cost_ns) or 0:.0f} us of idle time in the window"
+    elif not trace.has_gpu:
+        note = "; harmless on this CPU run, it stalls the launch queue on a GPU"
+    else:
+        note = f"; it leaves the GPU idle {cost_ns / w.dur_ns:.1%} of the window"
     return [Finding(
         id="sync_in_loop",
         severity="warning" if costly else "info",
         rank=trace.rank,
-        title=(f"A host-device sync runs every step ({', '.join(str(n) for n in names.index[:3])})"
-               + ("" if trace.has_gpu else "; harmless on this CPU run, it stalls the launch queue on a GPU")),
+        title=f"A host-device sync runs every step ({', '.join(str(n) for n in names.index[:3])}){note}",
         evidence={"steps_with_sync": len(hit), "steps": len(all_steps),
                   "ops": [{"name": str(n), "count": int(r["count"]), "time_us": us(r["sum"])} for n, r in names.iterrows()],
-                  "host_blocked_us": us(blocked_ns), "gpu_idle_during_sync_us": us(idle_ns) if idle_ns is not None else None},
+                  "host_blocked_us": us(blocked_ns), "gpu_idle_caused_us": us(cost_ns),
+                  "gpu_idle_caused_fraction_of_window": frac(cost_ns, w.dur_ns)},
         recommendation="Keep metrics on the device and read them every N steps: accumulate loss.detach() into a tensor, "
                        "call .item()/.cpu()/print only when logging; avoid data-dependent Python branching on tensors.",
-        impact_us=blocked_ns / 1000.0,
+        impact_us=(cost_ns or 0) / 1000.0,
     )]
 
 

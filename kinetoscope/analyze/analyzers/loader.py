@@ -9,7 +9,15 @@ from kinetoscope.analyze import intervals as iv
 from kinetoscope.analyze.config import AnalysisConfig
 from kinetoscope.analyze.findings import Finding
 from kinetoscope.analyze.registry import AnalysisResult, register
-from kinetoscope.analyze.timeline import any_gpu_busy, intervals_of, loader_spans, window
+from kinetoscope.analyze.timeline import (
+    any_gpu_busy,
+    intervals_of,
+    loader_spans,
+    main_thread,
+    missing_activity,
+    other_loader_spans,
+    window,
+)
 from kinetoscope.analyze.trace import RankTrace
 from kinetoscope.analyze.units import frac, us
 
@@ -32,13 +40,14 @@ def _per_step(trace: RankTrace, spans: iv.Intervals, idle_cost: iv.Intervals | N
     return out
 
 
-def _recommendation(names: set[str], pageable_h2d: bool, first_step_share: float) -> str:
+def _recommendation(names: set[str], pageable_h2d: bool, first_step_share: float, gpu: bool) -> str:
     tips = []
     multiprocess = any("MultiProcessing" in n for n in names)
     if any("SingleProcess" in n for n in names):
         tips.append(
             "the DataLoader runs in the training process (num_workers=0): set num_workers to the "
-            "number of free CPU cores (e.g. 4-8 per GPU) so batches are prepared in parallel"
+            + ("number of free CPU cores (e.g. 4-8 per GPU)" if gpu else "number of CPU cores the training leaves free")
+            + " so batches are prepared in parallel"
         )
     elif any("MultiProcessing" in n for n in names):
         tips.append(
@@ -78,7 +87,10 @@ def analyze_loader(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
     frame = loader_spans(trace)
     spans = intervals_of(frame, w)
     loader_ns = iv.measure(spans)
-    has_gpu = trace.has_gpu
+    others = other_loader_spans(trace)
+    other_ns = iv.measure(intervals_of(others, w))
+    # the GPU's idle during the wait, where the trace shows what the GPU did
+    has_gpu = trace.has_gpu and missing_activity(trace).blind_ns() <= config.missing_activity_max_fraction * w.dur_ns
     idle_cost = iv.subtract(spans, any_gpu_busy(trace)) if has_gpu else None
     cost_ns = iv.measure(idle_cost) if idle_cost is not None else None
     per_step = _per_step(trace, spans, idle_cost)
@@ -91,6 +103,9 @@ def analyze_loader(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
         "gpu_idle_cost_us": us(cost_ns),
         "gpu_idle_cost_fraction": frac(cost_ns, w.dur_ns) if cost_ns is not None else None,
         "iterator": sorted(n.split("#", 1)[-1] for n in names),
+        "thread": main_thread(trace) if len(frame) else None,
+        "other_threads_us": us(other_ns),
+        "other_threads_calls": int(len(others)),
         "max_step_us": float(per_step["loader_us"].max()) if len(per_step) else None,
         "run": _whole_run(trace),
     }
@@ -99,7 +114,8 @@ def analyze_loader(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
     # pipeline overlaps it with compute); on a CPU-only run, the wait itself.
     basis_ns = cost_ns if cost_ns is not None else loader_ns
     share = basis_ns / w.dur_ns if w.dur_ns else 0.0
-    if len(frame) and share >= config.loader_fraction_warning:
+    in_window = int(((frame["end_ns"] > w.start_ns) & (frame["ts_ns"] < w.end_ns)).sum())
+    if in_window >= 2 and share >= config.loader_fraction_warning:
         from kinetoscope.analyze.analyzers.copies import h2d_copies
 
         pageable = bool(h2d_copies(trace)["pageable"].any()) if has_gpu else False
@@ -109,9 +125,11 @@ def analyze_loader(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
         worst = per_step.sort_values("loader_us", ascending=False).head(3)
         severity = "critical" if share >= config.loader_fraction_critical else "warning"
         waits = per_step["loader_us"]
-        typical = f"; each step waits {waits.median() / 1000:.1f} ms for data" if len(waits) else ""
-        title = (f"DataLoader stalls cost {share:.0%} of the window in GPU idle time{typical}" if cost_ns is not None
-                 else f"Data loading takes {share:.0%} of the window{typical}")
+        typical = (f"; the training loop waits {waits.mean() / 1000:.1f} ms per step for data "
+                   f"(median {waits.median() / 1000:.1f} ms)" if len(waits) else "")
+        window_text = f"the {w.dur_ns / 1e6:.1f} ms window"
+        title = (f"DataLoader stalls cost {share:.0%} of {window_text} in GPU idle time{typical}" if cost_ns is not None
+                 else f"Data loading takes {share:.0%} of {window_text}{typical}")
         findings.append(
             Finding(
                 id="loader_stall",
@@ -130,7 +148,7 @@ def analyze_loader(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
                     ],
                     "window_us": us(w.dur_ns),
                 },
-                recommendation=_recommendation(names, pageable, float(first)),
+                recommendation=_recommendation(names, pageable, float(first), trace.has_gpu),
                 impact_us=float(basis_ns) / 1000.0,
             )
         )

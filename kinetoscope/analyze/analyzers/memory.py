@@ -36,7 +36,7 @@ def _asof(ts: np.ndarray, values: np.ndarray, at: np.ndarray) -> np.ndarray:
 
 
 def _fit(steps: np.ndarray, values: np.ndarray) -> tuple[float, float]:
-    """Least-squares slope (bytes/step) and R^2."""
+    """Least-squares slope (bytes/step) and R^2 (reported beside the robust slope, not used to judge)."""
     x = steps.astype(np.float64)
     y = values.astype(np.float64)
     x_c = x - x.mean()
@@ -48,6 +48,56 @@ def _fit(steps: np.ndarray, values: np.ndarray) -> tuple[float, float]:
     total = float(((y - y.mean()) ** 2).sum())
     r2 = 1.0 - float((residual**2).sum()) / total if total > 0 else 0.0
     return slope, r2
+
+
+#: Theil-Sen over at most this many points (evenly thinned beyond): all pairs of 400 is 80k slopes
+_ROBUST_POINTS = 400
+
+
+def robust_slope(steps: np.ndarray, values: np.ndarray) -> float:
+    """Theil-Sen slope: the median of the slopes between every pair of points. One outlier step (a
+    spike, a warm-up allocation) moves it little, unlike a least-squares fit of three points."""
+    x = np.asarray(steps, dtype=np.float64)
+    y = np.asarray(values, dtype=np.float64)
+    if x.size > _ROBUST_POINTS:
+        keep = np.linspace(0, x.size - 1, _ROBUST_POINTS).round().astype(np.int64)
+        x, y = x[keep], y[keep]
+    i, j = np.triu_indices(x.size, k=1)
+    dx = x[j] - x[i]
+    ok = dx != 0
+    if not ok.any():
+        return 0.0
+    return float(np.median((y[j] - y[i])[ok] / dx[ok]))
+
+
+def growth(steps: np.ndarray, values: np.ndarray) -> dict[str, float | int | None]:
+    """How a per-step series grows: robust slope overall and over the later half (does the growth
+    persist, or was it a warm-up that levelled off?), share of rising steps, least-squares R^2."""
+    n = int(len(values))
+    if n < 2:
+        return {"points": n, "slope": None, "late_slope": None, "rising_share": None, "r2": None}
+    half = steps.size // 2
+    late_x, late_y = steps[half:], values[half:]
+    deltas = np.diff(values.astype(np.float64))
+    return {
+        "points": n,
+        "slope": robust_slope(steps, values),
+        "late_slope": robust_slope(late_x, late_y) if late_x.size >= 2 else None,
+        "rising_share": float((deltas > 0).mean()),
+        "r2": _fit(steps, values)[1],
+    }
+
+
+def steady(g: dict[str, float | int | None], config: AnalysisConfig) -> bool:
+    """Growth a leak would show: enough steps, a robust slope past the noise floor, persisting into the
+    later steps at half the rate or more, and most steps rising."""
+    slope, late, rising = g["slope"], g["late_slope"], g["rising_share"]
+    return bool(
+        int(g["points"] or 0) >= config.memory_min_steps
+        and slope is not None and slope >= config.memory_growth_min_bytes_per_step
+        and late is not None and late >= config.memory_growth_min_persistence * slope
+        and rising is not None and rising >= config.memory_growth_min_rising_share
+    )
 
 
 def _op_at(trace: RankTrace, ts_ns: int, tid: str) -> str | None:
@@ -77,7 +127,7 @@ def _timeline(ts: np.ndarray, allocated: np.ndarray, reserved: np.ndarray | None
     return frame.assign(device=label)
 
 
-def _device_metrics(trace: RankTrace, group: pd.DataFrame, config: AnalysisConfig) -> tuple[dict[str, Any], pd.DataFrame]:
+def _device_metrics(trace: RankTrace, group: pd.DataFrame, config: AnalysisConfig) -> tuple[dict[str, Any], pd.DataFrame, pd.DataFrame]:
     w = window(trace)
     ts = group["ts_ns"].to_numpy(np.int64)
     allocated, basis = _series(group)
@@ -96,17 +146,12 @@ def _device_metrics(trace: RankTrace, group: pd.DataFrame, config: AnalysisConfi
         per_step["reserved_bytes"] = np.nan
     per_step["fragmentation_bytes"] = per_step["reserved_bytes"] - per_step["allocated_bytes"]
     fit = per_step.dropna(subset=["allocated_bytes"])
-    slope = r2 = rising = None
-    steady = False
-    if len(fit) >= config.memory_min_steps:
-        slope, r2 = _fit(fit["step"].to_numpy(), fit["allocated_bytes"].to_numpy())
-        deltas = np.diff(fit["allocated_bytes"].to_numpy())
-        rising = float((deltas > 0).mean()) if deltas.size else 0.0
-        steady = bool(
-            slope >= config.memory_growth_min_bytes_per_step
-            and r2 >= config.memory_growth_min_r2
-            and rising >= config.memory_growth_min_rising_share
-        )
+    x = fit["step"].to_numpy(np.float64)
+    alloc_growth = growth(x, fit["allocated_bytes"].to_numpy(np.float64))
+    fit_r = per_step.dropna(subset=["reserved_bytes"])
+    res_growth = growth(fit_r["step"].to_numpy(np.float64), fit_r["reserved_bytes"].to_numpy(np.float64)) \
+        if has_reserved else None
+    slope = alloc_growth["slope"]
     device_type = int(group["device_type"].iloc[0])
     device_id = int(group["device_id"].iloc[0])
     metrics = {
@@ -119,15 +164,19 @@ def _device_metrics(trace: RankTrace, group: pd.DataFrame, config: AnalysisConfi
         "peak_op": _op_at(trace, int(ts[peak_i]), str(group["tid"].iloc[peak_i])),
         "peak_reserved_bytes": int(reserved.max()) if has_reserved else None,
         "growth_bytes_per_step": round(slope, 3) if slope is not None else None,
-        "growth_r2": round(r2, 6) if r2 is not None else None,
-        "rising_step_share": round(rising, 6) if rising is not None else None,
-        "steady_growth": steady,
+        "growth_method": "Theil-Sen slope of allocated bytes at step ends",
+        "late_growth_bytes_per_step": round(alloc_growth["late_slope"], 3) if alloc_growth["late_slope"] is not None else None,
+        "growth_r2": round(alloc_growth["r2"], 6) if alloc_growth["r2"] is not None else None,
+        "rising_step_share": round(alloc_growth["rising_share"], 6) if alloc_growth["rising_share"] is not None else None,
+        "steady_growth": steady(alloc_growth, config),
+        "reserved_growth_bytes_per_step": (round(res_growth["slope"], 3)
+                                           if res_growth and res_growth["slope"] is not None else None),
+        "steady_reserved_growth": bool(res_growth and steady(res_growth, config)),
         "fragmentation_bytes_max": int(per_step["fragmentation_bytes"].max()) if per_step["fragmentation_bytes"].notna().any() else None,
         "steps_fitted": int(len(fit)),
     }
     if slope is not None:
-        x = fit["step"].to_numpy(np.float64)
-        intercept = float(fit["allocated_bytes"].mean() - slope * x.mean())
+        intercept = float(np.median(fit["allocated_bytes"].to_numpy(np.float64) - slope * x))
         per_step["growth_fit_bytes"] = intercept + slope * per_step["step"].to_numpy(np.float64)
     else:
         per_step["growth_fit_bytes"] = np.nan
@@ -144,7 +193,9 @@ def _total_memory(trace: RankTrace, device_id: int) -> int | None:
 
 @register("memory", "Memory growth")
 def analyze_memory(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
-    """Allocated/reserved at each step end, peak and the op at it, growth per step and whether it is a steady leak."""
+    """Allocated/reserved at each step end, peak and the op at it, robust growth per step, and whether it
+    is a leak (allocated grows and keeps growing), allocator growth (reserved grows, allocated flat), or
+    too few steps to tell."""
     mem = trace.memory
     if mem.empty:
         return AnalysisResult(key="memory", metrics={"memory": None})
@@ -154,12 +205,11 @@ def analyze_memory(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
         devices.append(metrics)
         tables.append(per_step)
         timelines.append(timeline)
-        if metrics["steady_growth"]:
-            findings.append(_growth_finding(trace, config, metrics, int(device_type), int(device_id)))
+        findings += _memory_findings(trace, config, metrics, int(device_type), int(device_id))
     gpu = [d for d in devices if d["device"] != "cpu"] or devices
-    growth = [d["growth_bytes_per_step"] for d in gpu if d["growth_bytes_per_step"] is not None]
+    growth_values = [d["growth_bytes_per_step"] for d in gpu if d["growth_bytes_per_step"] is not None]
     summary = {
-        "growth_bytes_per_step": max(growth) if growth else None,
+        "growth_bytes_per_step": max(growth_values) if growth_values else None,
         "peak_allocated_bytes": max(d["peak_allocated_bytes"] for d in gpu),
         "scope": "gpu" if any(d["device"] != "cpu" for d in devices) else "cpu",
         "devices": devices,
@@ -173,23 +223,54 @@ def analyze_memory(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
     )
 
 
-def _growth_finding(trace: RankTrace, config: AnalysisConfig, m: dict[str, Any], device_type: int, device_id: int) -> Finding:
-    slope = m["growth_bytes_per_step"]
+def _steps_to_oom(trace: RankTrace, m: dict[str, Any], device_type: int, device_id: int, slope: float) -> tuple[int | None, int | None]:
     total = _total_memory(trace, device_id) if device_type != 0 else None
     headroom = (total - (m["peak_reserved_bytes"] or m["peak_allocated_bytes"])) if total else None
-    steps_to_oom = int(headroom / slope) if headroom is not None and slope > 0 else None
-    critical = steps_to_oom is not None and steps_to_oom <= config.memory_critical_steps_to_oom
+    return total, (int(headroom / slope) if headroom is not None and slope > 0 else None)
+
+
+def _memory_findings(trace: RankTrace, config: AnalysisConfig, m: dict[str, Any], device_type: int, device_id: int) -> list[Finding]:
+    n = m["steps_fitted"]
+    slope = m["growth_bytes_per_step"]
+    if m["steady_growth"]:
+        return [_growth_finding(trace, config, m, device_type, device_id)]
+    if m["steady_reserved_growth"] and (slope is None or slope < config.reserved_growth_max_allocated_share
+                                        * m["reserved_growth_bytes_per_step"]):
+        return [_reserved_finding(trace, config, m, device_type, device_id)]
+    if (n < config.memory_min_steps and slope is not None and slope >= config.memory_growth_min_bytes_per_step):
+        return [Finding(
+            id="memory_inconclusive",
+            severity="info",
+            rank=trace.rank,
+            title=(f"{m['device']} memory rose {slope / MiB:.1f} MiB per step over only {n} step ends: too few "
+                   "to tell a leak from warm-up"),
+            evidence={"device": m["device"], "steps_fitted": n, "growth_bytes_per_step": slope,
+                      "steps_needed": config.memory_min_steps},
+            recommendation=(f"Capture at least {max(config.memory_min_steps, 10)} active steps after warm-up "
+                            "(Schedule(active=...)) with profile_memory=True to judge memory growth."),
+        )]
+    return []
+
+
+def _growth_finding(trace: RankTrace, config: AnalysisConfig, m: dict[str, Any], device_type: int, device_id: int) -> Finding:
+    slope = m["growth_bytes_per_step"]
+    n = m["steps_fitted"]
+    total, steps_to_oom = _steps_to_oom(trace, m, device_type, device_id, slope)
+    critical = (steps_to_oom is not None and steps_to_oom <= config.memory_critical_steps_to_oom
+                and n >= config.memory_critical_min_steps)
     return Finding(
         id="memory_growth",
         severity="critical" if critical else "warning",
         rank=trace.rank,
-        title=f"{m['device']} memory grows {slope / MiB:.1f} MiB every step",
+        title=f"{m['device']} memory grows {slope / MiB:.1f} MiB every step (judged over {n} steps)",
         evidence={
             "device": m["device"],
             "growth_bytes_per_step": slope,
+            "method": m["growth_method"],
+            "late_growth_bytes_per_step": m["late_growth_bytes_per_step"],
             "r2": m["growth_r2"],
             "rising_step_share": m["rising_step_share"],
-            "steps_fitted": m["steps_fitted"],
+            "steps_fitted": n,
             "peak_allocated_bytes": m["peak_allocated_bytes"],
             "peak_op": m["peak_op"],
             "peak_step": m["peak_step"],
@@ -205,4 +286,35 @@ def _growth_finding(trace: RankTrace, config: AnalysisConfig, m: dict[str, Any],
                "Profile with record_shapes=True and with_stack=True to see which op allocates what is never freed.")
         ),
         impact_us=0.0,
+    )
+
+
+def _reserved_finding(trace: RankTrace, config: AnalysisConfig, m: dict[str, Any], device_type: int, device_id: int) -> Finding:
+    slope = m["reserved_growth_bytes_per_step"]
+    n = m["steps_fitted"]
+    total, steps_to_oom = _steps_to_oom(trace, m, device_type, device_id, slope)
+    return Finding(
+        id="reserved_memory_growth",
+        severity="warning",
+        rank=trace.rank,
+        title=(f"{m['device']} reserved memory grows {slope / MiB:.1f} MiB every step while allocated memory stays "
+               f"flat (allocator fragmentation; judged over {n} steps)"),
+        evidence={
+            "device": m["device"],
+            "reserved_growth_bytes_per_step": slope,
+            "allocated_growth_bytes_per_step": m["growth_bytes_per_step"],
+            "steps_fitted": n,
+            "peak_reserved_bytes": m["peak_reserved_bytes"],
+            "peak_allocated_bytes": m["peak_allocated_bytes"],
+            "fragmentation_bytes_max": m["fragmentation_bytes_max"],
+            "device_total_bytes": total,
+            "steps_to_out_of_memory": steps_to_oom,
+        },
+        recommendation=(
+            "The caching allocator keeps reserving new blocks it cannot reuse (tensor sizes that change every step "
+            "fragment its pool). Free large temporaries as soon as they are dead (del, or keep shapes fixed by "
+            "padding), set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True so segments grow instead of multiplying, "
+            "and call torch.cuda.empty_cache() only at phase changes (e.g. after evaluation) where it helps - "
+            "not every step, which costs a sync and re-allocation."
+        ),
     )
