@@ -12,12 +12,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from kinetoscope.analyze.analyzers.straggler import straggler_finding
+from kinetoscope.analyze.analyzers.straggler import job_analysis
+from kinetoscope.analyze.distributed import RankSummary
 from kinetoscope.analyze.config import DEFAULT_CONFIG, AnalysisConfig
 from kinetoscope.analyze.limits import DEFAULT_LIMITS, LoadLimits
 from kinetoscope.analyze.loader import Job
 from kinetoscope.batch.discover import discover
-from kinetoscope.batch.store import open_store, write_rows
+from kinetoscope.batch.store import open_store, read_rows, write_rows
 from kinetoscope.batch.task import analyze_file, file_key
 
 
@@ -123,20 +124,32 @@ def run_batch(
 
 
 def _cross_rank(root: Path, jobs: list[Job], rows_by_job: dict[str, list[dict[str, Any]]], config: AnalysisConfig) -> None:
-    """Job-level findings (straggler) from the per-rank rows of each multi-rank job."""
+    """Job-level results (matched collectives, clock skews, the straggler) of each multi-rank job: a reduce
+    over the small per-rank summaries the workers stored; no trace is loaded again."""
     for job in jobs:
-        rows = [r for r in rows_by_job[job.name] if r["status"] == "ok" and r.get("collective_us") is not None]
+        rows = [r for r in rows_by_job[job.name] if r["status"] == "ok"]
         if len(rows) < 2:
             continue
-        summaries = [{"rank": int(r["rank"]), "collective_us": r["collective_us"], "loader_us": r["loader_us"] or 0.0,
-                      "mean_step_us": r["mean_step_us"] or r["window_us"] or 0.0} for r in rows]
-        finding = straggler_finding(summaries, config)
+        summaries = []
+        for r in rows:
+            stored = read_rows(root, "summaries", r["key"])
+            if stored:
+                summaries.append(RankSummary.from_dict(json.loads(stored[0]["summary_json"])))
+        if sum(1 for s in summaries if s.op) < 2:
+            continue
+        metrics, _, finding = job_analysis(summaries, config)
         path_of = {int(r["rank"]): r["path"] for r in rows}
         findings = [] if finding is None else [{
             "key": _job_key(job), "job": job.name, "path": path_of.get(finding.rank, job.name), "rank": finding.rank,
             "id": finding.id, "severity": finding.severity, "title": finding.title, "impact_us": finding.impact_us,
             "evidence_json": json.dumps(finding.evidence, default=str)}]
         write_rows(root, "findings", _job_key(job), findings)
+        write_rows(root, "job_ranks", _job_key(job), [{
+            "key": _job_key(job), "job": job.name, "rank": pr["rank"], "clock_skew_us": pr["clock_skew_us"],
+            "wait_us": pr["wait_us"], "waited_for_count": pr["waited_for_count"], "matched": pr["matched"],
+            "unmatched": pr["unmatched"], "straggler": finding is not None and finding.rank == pr["rank"],
+            "straggler_cause": finding.evidence["cause"] if finding is not None and finding.rank == pr["rank"] else None,
+        } for pr in metrics["ranks"]])
 
 
 def _top_findings(root: Path) -> list[tuple[str, int]]:

@@ -6,6 +6,8 @@ Layout (query with DuckDB: ``SELECT * FROM read_parquet('STORE/traces/*.parquet'
     STORE/traces/<key>.parquet    one row per input file (status ok | failed)
     STORE/findings/<key>.parquet  one row per finding of that file; job-<key>.parquet for cross-rank ones
     STORE/steps/<key>.parquet     one row per profiled step of that file
+    STORE/summaries/<key>.parquet what the job-level analysis needs from that file (collectives, step parts)
+    STORE/job_ranks/job-<key>.parquet  per rank of a multi-rank job: clock skew, collective wait, times waited for
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from kinetoscope.errors import TraceSourceError
 from kinetoscope.fsutil import atomic_target, atomic_write
 
 STORE_KIND = "kinetoscope-store"
-TABLES = ("traces", "findings", "steps")
+TABLES = ("traces", "findings", "steps", "summaries", "job_ranks")
 
 SCHEMAS: dict[str, pa.Schema] = {
     "traces": pa.schema([
@@ -45,6 +47,15 @@ SCHEMAS: dict[str, pa.Schema] = {
     "steps": pa.schema([
         ("key", pa.string()), ("job", pa.string()), ("path", pa.string()), ("rank", pa.int64()), ("step", pa.int64()),
         ("dur_us", pa.float64()), ("loader_us", pa.float64()), ("gpu_idle_us", pa.float64()),
+    ]),
+    "summaries": pa.schema([
+        ("key", pa.string()), ("job", pa.string()), ("path", pa.string()), ("rank", pa.int64()),
+        ("summary_json", pa.string()),
+    ]),
+    "job_ranks": pa.schema([
+        ("key", pa.string()), ("job", pa.string()), ("rank", pa.int64()), ("clock_skew_us", pa.float64()),
+        ("wait_us", pa.float64()), ("waited_for_count", pa.int64()), ("matched", pa.int64()),
+        ("unmatched", pa.int64()), ("straggler", pa.bool_()), ("straggler_cause", pa.string()),
     ]),
 }
 

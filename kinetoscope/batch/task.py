@@ -97,8 +97,8 @@ def analyze_file(path: str, job: str, index: int, store: str, resume: bool = Fal
         "h2d_pageable_fraction": entry_value(entry, "h2d", "pageable_fraction"),
         "memory_growth_bytes_per_step": entry_value(entry, "memory", "growth_bytes_per_step"),
         "peak_allocated_bytes": entry_value(entry, "memory", "peak_allocated_bytes"),
-        "collective_us": summary["collective_us"],
-        "loader_us": summary["loader_us"],
+        "collective_us": summary.collective_us,
+        "loader_us": summary.components_us["input"],
         "findings": len(report.findings),
         "critical": severities.count("critical"),
         "warnings": severities.count("warning"),
@@ -123,5 +123,7 @@ def analyze_file(path: str, job: str, index: int, store: str, resume: bool = Fal
     # findings and steps first, the trace row last: a row in traces/ means the file is complete
     write_rows(root, "findings", key, findings)
     write_rows(root, "steps", key, steps)
+    write_rows(root, "summaries", key, [{"key": key, "job": job, "path": path, "rank": rank.rank,
+                                         "summary_json": json.dumps(summary.to_dict())}])
     write_rows(root, "traces", key, [row])
     return row

@@ -1,79 +1,195 @@
-"""Straggler: the rank whose slowness makes the others wait in collectives."""
+"""Straggler: the rank that arrives last at the collectives and makes the others wait, and why.
+
+One definition, used by ``analyze`` (job analyzer below), ``batch`` (its reduce over stored per-rank
+summaries) and the app: collectives matched across ranks and clocks aligned (``distributed``), then
+the rank that is the last to arrive in most matched collectives, and whose lateness costs the others
+at least ``straggler_min_spread_fraction`` of a step. Its cause is the part of a step where it spends
+most more than the median of the other ranks: input (waiting for data), copy (host-to-device),
+compute (GPU kernels), host (the launching threads' own work).
+"""
 
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from kinetoscope.analyze import intervals as iv
+from kinetoscope.analyze.analyzers.comm import collectives
 from kinetoscope.analyze.config import AnalysisConfig
+from kinetoscope.analyze.distributed import COMPONENTS, Arrivals, Matching, RankSummary, arrivals, job_metrics, match
 from kinetoscope.analyze.findings import Finding
 from kinetoscope.analyze.registry import AnalysisResult, register
-from kinetoscope.analyze.analyzers.comm import collectives
-from kinetoscope.analyze.timeline import intervals_of, loader_spans, window
+from kinetoscope.analyze.timeline import (
+    gpu_work,
+    host_busy,
+    intervals_of,
+    loader_spans,
+    missing_activity,
+    window,
+)
 from kinetoscope.analyze.trace import RankTrace, Trace
 
 #: host-side collective annotations of CPU-only runs ("gloo:all_reduce", "nccl:all_reduce")
-_COLLECTIVE_ANNOTATION_RE = re.compile(r"nccl|rccl|gloo", re.IGNORECASE)
+_COLLECTIVE_ANNOTATION_RE = re.compile(r"^(?:nccl|rccl|gloo):", re.IGNORECASE)
 
 
-def collective_ns(trace: RankTrace) -> int:
-    """Union of collective kernels (GPU) or collective annotations (CPU-only gloo runs) in the window."""
+def _cpu_collectives(trace: RankTrace) -> pd.DataFrame:
+    ev = trace.events
     w = window(trace)
-    frame = collectives(trace)
-    if frame.empty:
-        ev = trace.events
-        frame = ev[ev["kind"].isin(("annotation", "cpu_op")) & ev["name"].astype(str).str.contains(_COLLECTIVE_ANNOTATION_RE)]
-    return iv.measure(intervals_of(frame, w))
+    sel = ev[ev["kind"].isin(("annotation", "cpu_op")).to_numpy()
+             & ev["name"].astype(str).str.contains(_COLLECTIVE_ANNOTATION_RE).to_numpy()
+             & (ev["end_ns"] > w.start_ns).to_numpy() & (ev["ts_ns"] < w.end_ns).to_numpy()]
+    from kinetoscope.analyze.distributed import normalise_op
+
+    return sel.assign(op=[normalise_op(str(n).split(":", 1)[-1]) for n in sel["name"]], group="default",
+                      seq=pd.array([None] * len(sel), dtype="Int64"), in_nelems=pd.array([None] * len(sel), dtype="Int64"),
+                      out_nelems=pd.array([None] * len(sel), dtype="Int64"))
 
 
-def rank_summary(r: RankTrace) -> dict[str, float | int]:
-    """What the straggler check needs from one rank (batch computes it where the rank was loaded)."""
+def rank_summary(r: RankTrace) -> RankSummary:
+    """What the job-level analysis needs from one rank (batch computes it where the rank was loaded)."""
     w = window(r)
-    return {
-        "rank": r.rank,
-        "collective_us": collective_ns(r) / 1000.0,
-        "loader_us": iv.measure(intervals_of(loader_spans(r), w)) / 1000.0,
-        "mean_step_us": float(r.steps["dur_ns"].mean()) / 1000.0 if len(r.steps) else w.dur_ns / 1000.0,
+    frame = collectives(r)
+    if frame.empty:
+        frame = _cpu_collectives(r)
+    steps = len(r.steps)
+    per = max(steps, 1)
+    comm_set = intervals_of(frame, w) if len(frame) else iv.EMPTY
+    work = gpu_work(r)
+    compute = work[(work["kind"] == "kernel").to_numpy() & ~work.index.isin(frame.index)]
+    copies = work[work["name"].astype(str).str.contains("HtoD").to_numpy()]
+    components: dict[str, float | None] = {
+        "input": iv.measure(intervals_of(loader_spans(r), w)) / 1000.0 / per,
+        "copy": iv.measure(intervals_of(copies, w)) / 1000.0 / per if r.has_gpu else None,
+        "compute": iv.measure(intervals_of(compute, w)) / 1000.0 / per if r.has_gpu else None,
+        "host": iv.measure(host_busy(r)) / 1000.0 / per if r.has_gpu else None,
     }
 
+    def ints(col: str) -> list[int | None]:
+        return [None if pd.isna(v) else int(v) for v in frame[col]]
 
-def straggler_finding(rows: list[dict[str, float | int]], config: AnalysisConfig) -> Finding | None:
-    """The rank the others wait for, from per-rank summaries; None when ranks are even."""
-    if len(rows) < 2:
-        return None
-    comm = np.array([x["collective_us"] for x in rows], dtype=float)
-    mean_step = float(np.mean([x["mean_step_us"] for x in rows]))
-    spread = float(comm.max() - comm.min())
-    if not (comm.max() > 0 and mean_step > 0 and spread / mean_step >= config.straggler_min_spread_fraction):
-        return None
-    slow = rows[int(np.argmin(comm))]
-    others = [x for x in rows if x is not slow]
-    waited = float(np.mean([x["collective_us"] for x in others]) - slow["collective_us"])
-    loads_more = slow["loader_us"] > max(x["loader_us"] for x in others)
-    return Finding(
-        id="straggler",
-        severity="warning",
-        rank=int(slow["rank"]),
-        title=f"Rank {slow['rank']} is the straggler: the other ranks wait {waited / 1000:.1f} ms longer in collectives",
-        evidence={"ranks": rows, "spread_us": round(spread, 3), "mean_step_us": round(mean_step, 3),
-                  "straggler_loader_us": slow["loader_us"]},
-        recommendation=(
-            "Rank {r} spends more time loading data than the others: balance the input pipeline "
-            "(workers per rank, shard sizes, storage locality)." if loads_more else
-            "Rank {r} does more work or runs slower: check uneven batch/sequence lengths, its GPU's clocks "
-            "and thermals, and host contention on its node."
-        ).format(r=slow["rank"]),
-        impact_us=waited,
+    return RankSummary(
+        rank=r.rank,
+        steps=steps,
+        mean_step_us=float(r.steps["dur_ns"].mean()) / 1000.0 if steps else None,
+        window_us=w.dur_ns / 1000.0,
+        components_us=components,
+        group=[str(g) for g in frame["group"]],
+        seq=ints("seq"),
+        op=[str(o) for o in frame["op"]],
+        in_nelems=ints("in_nelems"),
+        out_nelems=ints("out_nelems"),
+        start_ns=[int(v) for v in frame["ts_ns"]],
+        end_ns=[int(v) for v in frame["end_ns"]],
+        collective_us=iv.measure(comm_set) / 1000.0,
+        unknown_fraction=missing_activity(r).blind_ns() / w.dur_ns if w.dur_ns else 0.0,
     )
 
 
-@register("straggler", "Straggler rank", scope="job")
-def analyze_straggler(trace: Trace, config: AnalysisConfig) -> AnalysisResult:
-    """Compares ranks: the one spending least time in collectives is the one the others wait for."""
-    if len(trace.ranks) < 2:
-        return AnalysisResult(key="straggler", metrics={})
-    rows = [rank_summary(r) for r in trace.ranks]
-    finding = straggler_finding(rows, config)
-    return AnalysisResult(key="straggler", metrics={"ranks": rows}, findings=(finding,) if finding else ())
+def straggler_finding(summaries: list[RankSummary], m: Matching, a: Arrivals, config: AnalysisConfig) -> Finding | None:
+    """The rank the others wait for, from matched arrivals; None when no rank stands out."""
+    if len(a.ranks) < 2 or not (a.last >= 0).any():
+        return None
+    by_rank = {s.rank: s for s in summaries}
+    steps = [s.mean_step_us for s in summaries if s.mean_step_us]
+    mean_step_us = float(np.mean(steps)) if steps else float(np.mean([s.window_us for s in summaries]))
+    n_steps = max(max((s.steps for s in summaries), default=1), 1)
+    counts = np.bincount(a.last[a.last >= 0], minlength=len(a.ranks))
+    i = int(np.argmax(counts))
+    slow = a.ranks[i]
+    last_share = counts[i] / len(a.last)
+    # what its lateness cost the others: their waits in the collectives where it arrived last
+    mine = a.last == i
+    others = [j for j in range(len(a.ranks)) if j != i]
+    cost_ns = float(np.nanmean(np.nansum(a.wait_ns[mine][:, others], axis=0))) if mine.any() and others else 0.0
+    cost_per_step_us = cost_ns / 1000.0 / n_steps
+    if last_share < config.straggler_min_last_share or cost_per_step_us < config.straggler_min_spread_fraction * mean_step_us:
+        return None
+    cause, excess = _cause(by_rank[slow], [by_rank[a.ranks[j]] for j in others], cost_per_step_us)
+    skews = {str(r): (m.skew_ns[r] / 1000.0 if m.skew_ns.get(r) is not None else None) for r in a.ranks}
+    advice = {
+        "input": f"Rank {slow} waits longer for data than the others: balance the input pipeline (workers per rank, "
+                 "shard sizes, storage locality) or prefetch more.",
+        "copy": f"Rank {slow} spends longer copying inputs to its GPU: pinned memory and non_blocking copies, and check "
+                "its PCIe/NUMA placement.",
+        "compute": f"Rank {slow}'s GPU takes longer for the same step: check uneven batch/sequence lengths across ranks, "
+                   "its GPU's clocks, thermals and power limits.",
+        "host": f"Rank {slow}'s host takes longer to issue the step: check CPU contention on its node (other processes, "
+                "too many DataLoader workers, CPU affinity).",
+        "unknown": f"Rank {slow} arrives last, but none of its input, copy, compute or host time explains it: check "
+                   "what runs outside the profiled threads on its node.",
+    }[cause]
+    # a collective kernel's start is the rank's arrival only when the trace shows everything queued before it
+    incomplete = sorted(s.rank for s in summaries if s.unknown_fraction > config.missing_activity_max_fraction)
+    doubt = (f" - but the GPU activity of rank{'s' if len(incomplete) > 1 else ''} "
+             f"{', '.join(map(str, incomplete))} is incomplete in the trace, so arrivals are not reliable"
+             if incomplete else "")
+    return Finding(
+        id="straggler",
+        severity="info" if incomplete else "warning",
+        rank=int(slow),
+        title=(f"Rank {slow} is the straggler: it arrives last at {last_share:.0%} of {len(a.last)} matched collectives "
+               f"and the others wait {cost_per_step_us / 1000:.2f} ms per step for it"
+               + (f" (cause: {cause})" if cause != "unknown" else "") + doubt),
+        evidence={
+            "rank": int(slow),
+            "cause": cause,
+            "ranks_with_incomplete_gpu_activity": incomplete,
+            "cause_excess_us_per_step": round(excess, 3) if excess is not None else None,
+            "last_to_arrive_share": round(float(last_share), 4),
+            "matched_collectives": int(len(a.last)),
+            "others_wait_us_per_step": round(cost_per_step_us, 3),
+            "mean_step_us": round(mean_step_us, 3),
+            "clock_skew_us": skews,
+            "components_us_per_step": {str(s.rank): s.components_us for s in summaries},
+        },
+        recommendation=advice,
+        impact_us=cost_per_step_us * n_steps,
+    )
+
+
+def _cause(slow: RankSummary, others: list[RankSummary], lateness_us: float) -> tuple[str, float | None]:
+    """The component of a step in which the slow rank exceeds the others' median most, if that excess
+    explains at least a quarter of its lateness."""
+    best, best_excess = "unknown", None
+    for c in COMPONENTS:
+        mine = slow.components_us.get(c)
+        theirs = [o.components_us.get(c) for o in others if o.components_us.get(c) is not None]
+        if mine is None or not theirs:
+            continue
+        excess = float(mine) - float(np.median(theirs))
+        if best_excess is None or excess > best_excess:
+            best, best_excess = c, excess
+    if best_excess is None or best_excess < 0.25 * lateness_us:
+        return "unknown", best_excess
+    return best, best_excess
+
+
+def job_analysis(summaries: list[RankSummary], config: AnalysisConfig) -> tuple[dict[str, Any], pd.DataFrame, Finding | None]:
+    """The job-level result from per-rank summaries: metrics, the matched collectives, the straggler."""
+    m = match(summaries)
+    a = arrivals(summaries, m)
+    metrics = job_metrics(summaries, m, a)
+    table = pd.DataFrame({
+        "group": a.group, "op": a.op, "transfer_us": a.transfer_ns / 1000.0,
+        "waited_for_rank": pd.array([a.ranks[i] if i >= 0 else None for i in a.last], dtype="Int64"),
+        "max_wait_us": np.nanmax(a.wait_ns, axis=1) / 1000.0 if len(a.wait_ns) else np.zeros(0),
+    })
+    return metrics, table, straggler_finding(summaries, m, a, config)
+
+
+@register("collectives", "Collectives across ranks", scope="job")
+def analyze_collectives(trace: Trace, config: AnalysisConfig) -> AnalysisResult:
+    """Match collectives across ranks (process group, sequence number, operation and size), align the
+    ranks' clocks on collective completion, and name the rank each collective waited for and the straggler."""
+    summaries = [rank_summary(r) for r in trace.ranks]
+    if sum(1 for s in summaries if s.op) < 2:
+        return AnalysisResult(key="collectives", metrics={})
+    metrics, table, finding = job_analysis(summaries, config)
+    if not metrics["matched"] and not any(g["method"] != "single_rank" for g in metrics["groups"]):
+        return AnalysisResult(key="collectives", metrics={})
+    return AnalysisResult(key="collectives", metrics=metrics, tables={"collectives": table},
+                          findings=(finding,) if finding else ())

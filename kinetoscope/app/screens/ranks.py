@@ -1,4 +1,4 @@
-"""Ranks: step time, GPU idle and data loading per rank, the straggler highlighted."""
+"""Ranks: step time, GPU idle, data loading and collective wait per rank, the straggler highlighted."""
 
 import pandas as pd
 import streamlit as st
@@ -12,7 +12,7 @@ def render() -> None:
     st.header("Ranks")
     rows = []
     stragglers = {f.rank for f in report.findings if f.id == "straggler"}
-    comm = {r["rank"]: r["collective_us"] for r in (report.job.get("straggler") or {}).get("ranks", [])}
+    coll = {r["rank"]: r for r in (report.job.get("collectives") or {}).get("ranks", [])}
     for r in report.ranks:
         rows.append({
             "rank": r["rank"],
@@ -20,7 +20,9 @@ def render() -> None:
             "mean_step_us": (r.get("steps") or {}).get("mean_us"),
             "gpu_idle_fraction": (r.get("gpu") or {}).get("idle_fraction"),
             "loader_fraction": (r.get("loader") or {}).get("fraction"),
-            "collective_us": comm.get(r["rank"]),
+            "collective_wait_us": (coll.get(r["rank"]) or {}).get("wait_us"),
+            "clock_skew_us": (coll.get(r["rank"]) or {}).get("clock_skew_us"),
+            "last_to_arrive": (coll.get(r["rank"]) or {}).get("waited_for_count"),
             "file": r["file"],
         })
     table = pd.DataFrame(rows)
@@ -28,5 +30,6 @@ def render() -> None:
         st.info("A single rank: load a directory (or upload several files) of one job to compare ranks.")
     st.dataframe(table.style.apply(lambda row: ["background-color: #fde2e1" if row["straggler"] else "" for _ in row], axis=1),
                  hide_index=True, use_container_width=True)
-    if len(table) > 1:
-        st.bar_chart(table.set_index("rank")[["mean_step_us"]], y_label="mean step µs")
+    if len(table) > 1 and table["collective_wait_us"].notna().any():
+        # in a synchronous job every rank's step is as long as the slowest: the wait is what differs
+        st.bar_chart(table.set_index("rank")[["collective_wait_us"]], y_label="µs waiting in collectives")
