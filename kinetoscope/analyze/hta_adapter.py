@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from kinetoscope.analyze import intervals as iv
 from kinetoscope.analyze.timeline import gpu_work
@@ -95,22 +96,79 @@ def hta_temporal_breakdown(files: list[Path]) -> dict[int, HtaIdle]:
     }
 
 
-def hta_style_idle(trace: RankTrace) -> HtaIdle:
-    """Our numbers under HTA's definition, to separate definition from measurement differences.
-
-    HTA keeps GPU work launched before the last ProfilerStep starts (when there are
-    at least two steps), merges every stream of every device, and measures idle
-    between the first such event's start and the last one's end.
-    """
-    work = gpu_work(trace)
+def _hta_selection(trace: RankTrace) -> pd.DataFrame:
+    """The GPU work HTA keeps: all of it, or (with two ProfilerSteps or more) what was launched before the last."""
+    ev = trace.events
     steps = trace.steps
-    if len(steps) >= 2:
-        last_start = int(steps["start_ns"].max())
-        ev = trace.events
-        runtime = ev[ev["kind"].isin(("runtime", "driver")) & ev["correlation"].notna() & (ev["ts_ns"] < last_start)]
+    marked = steps[~steps["inferred"]] if "inferred" in steps else steps  # HTA knows only ProfilerStep marks
+    work = gpu_work(trace)
+    if len(marked) >= 2:
+        last_start = int(marked["start_ns"].max())
+        runtime = ev[ev["kind"].isin(("runtime", "driver")).to_numpy() & ev["correlation"].notna().to_numpy()
+                     & (ev["ts_ns"] < last_start).to_numpy()]
         work = work[work["correlation"].isin(set(runtime["correlation"].astype(np.int64)))]
-    busy = iv.union(work["ts_ns"].to_numpy(), work["end_ns"].to_numpy())
-    if busy[0].size == 0:
-        return HtaIdle(trace.rank, 0.0, 0.0)
-    window = int(busy[1][-1] - busy[0][0])
-    return HtaIdle(trace.rank, (window - iv.measure(busy)) / 1000.0, window / 1000.0)
+    return work
+
+
+def hta_view(trace: RankTrace) -> RankTrace:
+    """The same rank as HTA's temporal breakdown sees it, for running *our* analyzers on HTA's terms.
+
+    HTA drops the last ProfilerStep (when there are at least two): it keeps GPU work whose launching
+    call starts before the last step does; it rounds every event inward to whole microseconds (start
+    up, end down); and its window is the span of the GPU work it keeps. So: that GPU work, rounded the
+    same way, every host event unchanged, and no steps (the window becomes the GPU span). Differences
+    left between HTA and ``analyze_gpu`` on this view are differences of definition (HTA counts every
+    event with a ``stream`` argument as busy: ``cuda_sync`` markers, even CPU ops that take a stream), in
+    docs/hta.md.
+    """
+    ev = trace.events
+    keep = ~ev.index.isin(gpu_work(trace).index)
+    work = _hta_selection(trace)
+    steps = trace.steps
+    keep |= ev.index.isin(work.index)
+    view = ev[keep].copy()
+    is_gpu = view.index.isin(work.index)
+    start = np.where(is_gpu, -(-view["ts_ns"].to_numpy() // 1000) * 1000, view["ts_ns"].to_numpy())
+    end = np.where(is_gpu, (view["end_ns"].to_numpy() // 1000) * 1000, view["end_ns"].to_numpy())
+    end = np.maximum(end, start)
+    view["ts_ns"], view["end_ns"], view["dur_ns"] = start, end, end - start
+    view = view.sort_values("ts_ns", kind="stable").reset_index(drop=True)
+    return RankTrace(rank=trace.rank, meta=trace.meta, events=view, memory=trace.memory.iloc[0:0],
+                     counters=trace.counters.iloc[0:0], flows=trace.flows, instants=trace.instants,
+                     steps=steps.iloc[0:0], comm_args=trace.comm_args.iloc[0:0])
+
+
+
+#: categories of GPU work proper (kernels, copies, memsets), in both dialects
+_WORK_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "Kernel", "Memcpy", "Memset"})
+
+
+def hta_extra_busy_events(path: Path) -> dict[str, int]:
+    """Events HTA counts as GPU busy that are not GPU work: any complete event with a ``stream`` argument
+    (``cuda_sync`` markers, CPU ops that take a stream), by category. Read from the file as HTA reads it."""
+    import gzip
+
+    import msgspec
+
+    raw = Path(path).read_bytes()
+    doc = msgspec.json.decode(gzip.decompress(raw) if str(path).endswith(".gz") else raw)
+    events = doc.get("traceEvents", []) if isinstance(doc, dict) else doc
+    counts: dict[str, int] = {}
+    for e in events:
+        if not isinstance(e, dict) or e.get("ph") != "X" or e.get("cat") in _WORK_CATS:
+            continue
+        args = e.get("args")
+        stream = args.get("stream") if isinstance(args, dict) else None
+        if isinstance(stream, int) and not isinstance(stream, bool) and stream >= 0:
+            counts[str(e.get("cat"))] = counts.get(str(e.get("cat")), 0) + 1
+    return counts
+
+
+def hta_rounding_loss_us(trace: RankTrace) -> float:
+    """Busy time HTA loses to its own rounding: an event shorter than a microsecond inside one gets its
+    start rounded up past its end rounded down, a negative duration that HTA's merge then subtracts."""
+    work = _hta_selection(trace)
+    ts, end = work["ts_ns"].to_numpy(), work["end_ns"].to_numpy()
+    if not ((ts % 1000).any() or (end % 1000).any()):
+        return 0.0  # a whole-microsecond trace: HTA does not round
+    return float(np.maximum(-(-ts // 1000) - end // 1000, 0).sum())
