@@ -101,10 +101,11 @@ def test_stream_busy_is_a_union_and_device_idle_spans_streams(tmp_path):
 
 def gap_trace():
     b = TraceBuilder().step(1, 0, 2000)
-    b.kernel(0, 500, launch_at=0, launch_dur=5).kernel(1000, 500).kernel(1900, 100)
+    b.kernel(0, 500, launch_at=0, launch_dur=5).kernel(1000, 400).kernel(1600, 100)
     b.loader(500, 500)  # the GPU waits for data 500..1000
-    b.runtime("cudaDeviceSynchronize", 1500, 200)  # then for a sync 1500..1700
-    b.op("aten::add", 1700, 200)  # then for the host to launch 1700..1900
+    b.runtime("cudaDeviceSynchronize", 1300, 300)  # drains the GPU at 1400; it idles until the next kernel at 1600
+    b.op("aten::add", 1700, 200)  # then for the host to launch 1700..1900 (it launches the last kernel)
+    b.kernel(1900, 100, launch_at=1880, launch_dur=10)
     return b
 
 
@@ -112,44 +113,46 @@ def test_gaps_are_classified_by_what_the_host_was_doing(tmp_path):
     rep = report_of(tmp_path, gap_trace())
     dev = rep.ranks[0]["gpu"]["devices"][0]
     assert dev["idle_us"] == 900 and dev["idle_fraction"] == pytest.approx(0.45)
-    assert dev["idle_by_cause_us"] == {"data_wait": 500, "sync": 200, "host_launch": 200, "other": 0}
+    assert dev["idle_by_cause_us"] == {"data_wait": 500, "sync": 200, "host_compute": 0, "host_launch": 200, "other": 0}
     gaps = dev["largest_gaps"]
     assert [(g["start_us"], g["dur_us"], g["cause"], g["step"]) for g in gaps] == [
         (500, 500, "data_wait", 1),
-        (1500, 400, "sync", 1),
+        (1400, 200, "sync", 1),
+        (1700, 200, "host_launch", 1),
     ]
 
 
 def test_gpu_idle_and_sync_point_findings(tmp_path):
-    rep = report_of(tmp_path, gap_trace())
+    # four kernels are too few to judge a loop by default; the thresholds are what this test is about
+    rep = build_report(load_built(tmp_path, gap_trace()), AnalysisConfig(gpu_min_ops=1))
     found = {f.id: f for f in rep.findings}
     assert found["gpu_idle"].severity == "warning"
     assert found["gpu_idle"].evidence["idle_fraction_of_window"] == pytest.approx(0.45)
-    assert found["sync_point"].evidence["gpu_idle_during_sync_us"] == 200
+    assert found["sync_point"].evidence["gpu_idle_caused_us"] == 200
     assert found["sync_point"].evidence["calls"][0]["name"] == "cudaDeviceSynchronize"
 
 
 def test_item_and_local_scalar_dense_count_as_sync(tmp_path):
     b = TraceBuilder().step(1, 0, 1000).kernel(0, 400, launch_at=0).kernel(600, 400)
-    b.op("aten::item", 400, 200).op("aten::_local_scalar_dense", 410, 190)
+    b.op("aten::item", 300, 300).op("aten::_local_scalar_dense", 310, 290)  # the GPU drains at 400 meanwhile
     dev = report_of(tmp_path, b).ranks[0]["gpu"]["devices"][0]
     assert dev["idle_by_cause_us"]["sync"] == 200
 
 
 def test_launch_bound(tmp_path):
-    b = TraceBuilder().step(1, 0, 1000)
-    for i in range(40):  # 40 kernels of 5 us every 25 us; the host launches for the 20 us between
-        b.kernel(i * 25, 5, launch_at=i * 25 + 5, launch_dur=20)
+    b = TraceBuilder().step(1, 0, 2500)
+    for i in range(100):  # 100 kernels of 5 us every 25 us, each launched by a 20 us call just before it
+        b.kernel(i * 25 + 21, 5, launch_at=i * 25, launch_dur=20)
     rep = report_of(tmp_path, b)
     (f,) = [f for f in rep.findings if f.id == "launch_bound"]
-    assert f.evidence["short_kernel_share"] == 1.0 and f.evidence["median_kernel_us"] == 5
-    assert f.evidence["kernels_per_step"] == 40
+    assert f.evidence["queue_empty_share"] == 1.0 and f.evidence["median_kernel_us"] == 5
+    assert f.evidence["kernels_per_step"] == 100 and f.evidence["median_launch_interval_us"] == 25
 
 
 def test_long_kernels_are_not_launch_bound(tmp_path):
-    b = TraceBuilder().step(1, 0, 1000)
-    for i in range(4):
-        b.kernel(i * 250, 100, launch_at=i * 250 + 100, launch_dur=150)
+    b = TraceBuilder().step(1, 0, 25_000)
+    for i in range(100):  # each kernel outlasts the interval between launches: the queue fills
+        b.kernel(i * 250, 300, launch_at=i * 250 - 100, launch_dur=10)
     assert "launch_bound" not in ids(report_of(tmp_path, b))
 
 
@@ -207,8 +210,9 @@ def test_leak_of_64_mib_per_step(tmp_path):
     assert dev["fragmentation_bytes_max"] == 32 * MiB
     (f,) = [f for f in rep.findings if f.id == "memory_growth"]
     assert f.evidence["growth_bytes_per_step"] == 64 * MiB
-    # 80 GiB less the 1376 MiB reserved at the peak, at 64 MiB a step: out of memory in 1258 steps
-    assert f.severity == "critical" and f.evidence["steps_to_out_of_memory"] == 1258
+    # 80 GiB less the 1376 MiB reserved at the peak, at 64 MiB a step: out of memory in 1258 steps; six steps
+    # are too few to call that critical (tests/test_trust.py has the critical case)
+    assert f.severity == "warning" and f.evidence["steps_to_out_of_memory"] == 1258
 
 
 def test_leak_on_a_device_of_unknown_size_is_a_warning(tmp_path):
@@ -244,8 +248,11 @@ def test_straggler_names_the_rank_others_wait_for(tmp_path):
 
     rep = build_report(load_trace(tmp_path / "job"))
     (f,) = [f for f in rep.findings if f.id == "straggler"]
-    assert f.rank == 1 and "loading data" in f.recommendation
-    assert f.evidence["spread_us"] == 500
+    assert f.rank == 1 and f.evidence["cause"] == "input" and "data" in f.recommendation
+    # collectives end together: rank 1's clock reads 500 us behind rank 0's, rank 2's 20 us; aligned, rank 1
+    # arrives 500 us after rank 0 and 480 us after rank 2
+    assert f.evidence["clock_skew_us"] == {"0": 0.0, "1": -500.0, "2": -20.0}
+    assert f.evidence["others_wait_us_per_step"] == 490
 
 
 # --- a healthy run ------------------------------------------------------------------------

@@ -32,8 +32,8 @@ def test_legacy_nccl_kernel_names_are_collectives(tmp_path):
     assert build_report(load_built(tmp_path, b)).ranks[0]["comm"]["by_op"] == {"allgather": {"count": 1, "time_us": 100}}
 
 
-def skewed_job(folder: Path, skew_us: float = 5000.0) -> None:
-    """Rank 1 arrives 300 us late at every all-reduce; its clock also reads 5000 us ahead."""
+def skewed_job(folder: Path, skew_us: float = 250.0) -> None:
+    """Rank 1 arrives 300 us late at every all-reduce; its clock also reads 250 us ahead."""
     for rank, (arrive, offset) in {0: (100, 0.0), 1: (400, skew_us)}.items():
         b = TraceBuilder(rank=rank, world_size=2)
         for step in range(3):
@@ -46,22 +46,25 @@ def test_clock_skew_wait_transfer_and_the_waited_for_rank(tmp_path):
     skewed_job(tmp_path / "job")
     report = build_report(load_trace(tmp_path / "job"))
     coll = report.job["collectives"]
-    assert coll["matched"] == 3 and coll["ops_agree"] and coll["most_waited_for_rank"] == 1
+    assert coll["matched"] == 3 and coll["unmatched"] == 0 and coll["most_waited_for_rank"] == 1
     ranks = {r["rank"]: r for r in coll["ranks"]}
-    assert ranks[1]["clock_skew_us"] == 5000 and ranks[0]["clock_skew_us"] == 0
+    assert ranks[1]["clock_skew_us"] == 250 and ranks[0]["clock_skew_us"] == 0
     assert ranks[0]["wait_us"] == 900 and ranks[1]["wait_us"] == 0
-    assert ranks[0]["transfer_us"] == 600  # 3 x 200 us, the shortest duration of each collective
     assert ranks[1]["waited_for_count"] == 3
     table = report.job_results["collectives"].tables["collectives"]
     assert list(table["waited_for_rank"]) == [1, 1, 1]
+    assert list(table["transfer_us"]) == [200, 200, 200]  # the shortest duration of each collective
 
 
-def test_real_two_rank_set_aligns_and_names_a_rank():
+def test_real_two_rank_set_matches_every_collective_on_one_clock():
+    """HTA's sampled 2-rank set: both files hold 10 NCCL SendRecv kernels (counted
+    from the files), the ranks ran on one host (sub-ms skew). No straggler: the files are sampled
+    (tests/expert/hta_trace_filter_2rank.toml), so waits in them are not evidence."""
     report = build_report(load_trace(ROOT / "sample_traces" / "real" / "hta_2rank"))
     coll = report.job["collectives"]
-    assert coll["matched"] == 10 and coll["ops_agree"]
-    assert abs(coll["ranks"][1]["clock_skew_us"]) < 1000  # same host clock domain, sub-ms skew
-    assert coll["most_waited_for_rank"] in (0, 1)
+    assert coll["matched"] == 10 and coll["unmatched"] == 0
+    assert abs(coll["ranks"][1]["clock_skew_us"]) < 1000
+    assert not [f for f in report.findings if f.id == "straggler" and f.severity != "info"]
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:

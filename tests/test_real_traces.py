@@ -29,7 +29,7 @@ def _real_paths() -> list[Path]:
 def _fractions(obj, path=""):
     if isinstance(obj, dict):
         for k, v in obj.items():
-            if (k.endswith("fraction") or k.endswith("_share")) and isinstance(v, (int, float)):
+            if (str(k).endswith("fraction") or str(k).endswith("_share")) and isinstance(v, (int, float)):
                 yield f"{path}.{k}", v
             yield from _fractions(v, f"{path}.{k}")
     elif isinstance(obj, list):
@@ -51,6 +51,8 @@ def test_no_analyzer_fails(report):
 
 
 def test_fractions_are_in_unit_interval(report):
+    """Fractions are never clamped: one outside [0, 1] is a bug the report lists, and there must be none."""
+    assert report.violations == ()
     for where, value in _fractions(report.to_dict()):
         assert 0.0 <= value <= 1.0, where
 
@@ -64,6 +66,9 @@ def test_busy_plus_idle_is_the_window_per_stream_and_device(report):
         for s in gpu["streams"]:
             assert math.isclose(s["busy_us"] + s["idle_us"], window, abs_tol=1e-3)
         for d in gpu["devices"]:
+            if d["idle_us"] is None:  # the trace misses the GPU's activity: idle is not judged at all
+                assert d["idle_fraction"] is None and gpu["missing_activity"]["unknown_us"] > 0
+                continue
             assert math.isclose(d["busy_us"] + d["idle_us"], window, abs_tol=1e-3)
             assert math.isclose(sum(d["idle_by_cause_us"].values()), d["idle_us"], abs_tol=2e-3)
             # the device is busy at least as long as its busiest stream, at most their sum
@@ -82,16 +87,42 @@ def test_loader_time_within_window_and_findings_well_formed(report):
         assert f.severity in ("critical", "warning", "info") and f.title and f.recommendation
 
 
-def test_device_idle_matches_hta_under_its_definition():
-    """On an integer-microsecond trace HTA's rounding is a no-op, so the numbers agree exactly."""
-    pytest.importorskip("hta")
-    from kinetoscope.analyze.hta_adapter import hta_style_idle, hta_temporal_breakdown
-    from kinetoscope.analyze.loader import load_trace
+def _hta_paths() -> list[Path]:
+    paths = [ROOT / "sample_traces" / "real" / "v100_resnet50_2021.json.gz"]
+    if SHARED.is_dir():
+        paths = sorted(p for p in SHARED.rglob("*.json*") if "trace_filter" not in str(p))
+        paths += [SHARED / "HolisticTraceAnalysis" / "tests" / "data" / "trace_filter"]
+    return paths
 
-    path = ROOT / "sample_traces" / "real" / "v100_resnet50_2021.json.gz"
-    hta = hta_temporal_breakdown([path])[0]
-    ours = hta_style_idle(load_trace(path).ranks[0])
-    assert (ours.idle_us, ours.window_us) == (hta.idle_us, hta.window_us) == (327463.0, 830494.0)
+
+@pytest.mark.parametrize("path", _hta_paths(), ids=lambda p: p.name)
+def test_production_gpu_analyzer_agrees_with_hta_on_htas_terms(path):
+    """Our own ``gpu`` analyzer, run on each rank as HTA sees it (its event selection, rounding and window),
+    gives HTA's busy time exactly, except where HTA counts non-work events that carry a stream argument as
+    busy (then HTA's is larger) and where its rounding makes sub-microsecond events negative (then smaller,
+    by exactly that loss). docs/hta.md has the table, with each difference's reason."""
+    pytest.importorskip("hta")
+    from kinetoscope.analyze.analyzers.gpu import analyze_gpu
+    from kinetoscope.analyze.config import DEFAULT_CONFIG
+    from kinetoscope.analyze.hta_adapter import (
+        HtaUnavailable, hta_extra_busy_events, hta_rounding_loss_us, hta_temporal_breakdown, hta_view)
+
+    (job,) = find_jobs(path)
+    try:
+        hta = hta_temporal_breakdown(list(job.files))
+    except HtaUnavailable:
+        pytest.skip("HTA fails on this trace (docs/hta.md lists why)")
+    trace = load_job(job)
+    for r in trace.ranks:
+        file = next(f for f in job.files if f.name in r.meta.source)
+        gpu = analyze_gpu(hta_view(r), DEFAULT_CONFIG).metrics["gpu"]
+        ours = sum(d["busy_us"] for d in gpu["devices"]) - hta_rounding_loss_us(r)
+        h = hta[r.rank]
+        theirs = h.window_us - h.idle_us
+        if hta_extra_busy_events(file):
+            assert theirs >= ours - 0.5
+        else:
+            assert abs(theirs - ours) < 0.5, (r.rank, theirs, ours)
 
 
 def _reference_paths() -> list[Path]:
