@@ -42,7 +42,7 @@ def _tables(raw, size):
 
 def _assert_same(a, b):
     (ta, ma), (tb, mb) = a, b
-    for name in ("events", "memory", "counters", "flows", "instants", "steps"):
+    for name in ("events", "memory", "counters", "flows", "instants", "steps", "comm_args"):
         pd.testing.assert_frame_equal(getattr(ta, name), getattr(tb, name), check_exact=True)
     assert ma == mb
 
@@ -107,6 +107,33 @@ def test_small_document_matches_the_reference_field_by_field(tmp_path):
     raw = scanned[0]
     assert raw.metadata["distributedInfo"] == {"rank": 3, "world_size": 8}
     assert sorted(raw.c_value.tolist()) == [0.25, 3.0]
+
+
+def test_collective_metadata_in_every_form_decodes_like_the_reference(tmp_path):
+    """Strings kept as strings, numbers as int64 (a string number coerced like an id), anything else ignored:
+    the same by both decoders, and in the right rows after the time sort."""
+    events = [
+        {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllReduce", "pid": 0, "tid": 7, "ts": 50, "dur": 5,
+         "args": {"device": 0, "stream": 7, "Collective name": "allreduce", "Process Group Name": "0",
+                  "Process Group Ranks": "[0, 1]", "In msg nelems": 1024, "Out msg nelems": 1024, "Group size": 2,
+                  "Seq": 7}},
+        {"ph": "X", "cat": "cpu_op", "name": "record_param_comms", "pid": 1, "tid": 1, "ts": 10, "dur": 5,
+         "args": {"Collective name": "_allgather_base", "Process Group Name": 3, "Process Group Ranks": [0, 1],
+                  "In msg nelems": "25136", "Seq": "12", "Group size": 2.0}},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 30, "dur": 5, "args": {}},
+    ]
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    scanned = scan.scan_file(path)
+    assert scanned is not None
+    ours, ref = _tables(*scanned), _tables(*_reference(path))
+    _assert_same(ours, ref)
+    comm = ours[0].comm_args
+    assert comm["row"].tolist() == [0, 2]  # record_param_comms first in time, the kernel last
+    assert comm["coll_name"].tolist() == ["_allgather_base", "allreduce"]
+    assert comm["pg_name"].isna().tolist() == [True, False] and comm["pg_ranks"].tolist()[1] == "[0, 1]"
+    assert comm["in_nelems"].tolist() == [25136, 1024] and comm["seq"].tolist() == [12, 7]
+    assert comm["group_size"].tolist() == [2, 2]
 
 
 @pytest.mark.parametrize("doc, why", [

@@ -342,6 +342,15 @@ def test_recorded_graph_kernels_count_for_the_phase_that_launched_them(tmp_path)
     assert rep.ranks[0]["gpu"]["missing_activity"]["graph_launches_unrecorded"] == 0
 
 
+def test_a_run_that_used_a_gpu_the_profiler_did_not_record_says_so(tmp_path):
+    b = TraceBuilder(device_properties=[{"id": 0, "name": "NVIDIA A100", "totalGlobalMem": 40 * GiB}])
+    b.step(1, 0, 1000).op("aten::record_stream", 10, 5).op("nccl:all_to_all", 100, 300, cat="user_annotation")
+    rep = report_of(tmp_path, b)
+    assert rep.ranks[0]["gpu"] is None
+    (f,) = found(rep, "gpu_activity_missing")
+    assert f.severity == "info" and "no GPU activity was recorded" in f.title
+
+
 # --- 8. a sync costs the GPU idle it causes, not the host's wait -------------------------------
 def test_a_sync_on_a_busy_gpu_costs_nothing_and_is_not_warned_about(tmp_path):
     """Was: sync_in_loop weighed by the host's 206 ms blocked and ranked above the real problem."""

@@ -39,10 +39,11 @@ class Args(msgspec.Struct, gc=False, omit_defaults=True):
     device_id: Value = msgspec.field(name="Device Id", default=None)
     addr: Value = msgspec.field(name="Addr", default=None)
     name: Union[str, None] = None  # process_name / thread_name metadata
-    # collective metadata (record_param_comms, NCCL kernels); the strings are kept only when strings
-    coll_name: Value = msgspec.field(name="Collective name", default=None)
-    pg_name: Value = msgspec.field(name="Process Group Name", default=None)
-    pg_ranks: Value = msgspec.field(name="Process Group Ranks", default=None)
+    # collective metadata (record_param_comms, NCCL kernels): the names are kept only when strings, and
+    # any other value is ignored (not a reason to decode the whole file leniently)
+    coll_name: Any = msgspec.field(name="Collective name", default=None)
+    pg_name: Any = msgspec.field(name="Process Group Name", default=None)
+    pg_ranks: Any = msgspec.field(name="Process Group Ranks", default=None)
     in_nelems: Value = msgspec.field(name="In msg nelems", default=None)
     out_nelems: Value = msgspec.field(name="Out msg nelems", default=None)
     group_size: Value = msgspec.field(name="Group size", default=None)

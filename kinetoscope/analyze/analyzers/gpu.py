@@ -3,6 +3,7 @@ cannot show (graph replays whose kernels were not recorded, stream capture)."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from typing import Any
 
@@ -23,6 +24,7 @@ from kinetoscope.analyze.timeline import (
     launch_queue,
     loader_spans,
     missing_activity,
+    name_mask,
     step_at,
     startup_calls,
     sync_calls,
@@ -117,7 +119,8 @@ def analyze_gpu(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
     """Per device and stream: busy (kernels, copies, memsets as a union), idle, largest gaps and their
     causes; idle is unknown (``null``) where the trace misses the GPU's activity."""
     if not trace.has_gpu:
-        return AnalysisResult(key="gpu", metrics={"gpu": None})
+        unrecorded = _gpu_used_but_not_recorded(trace)
+        return AnalysisResult(key="gpu", metrics={"gpu": None}, findings=(unrecorded,) if unrecorded else ())
     w = window(trace)
     streams = _stream_table(trace, w)
     missing = missing_activity(trace)
@@ -191,6 +194,32 @@ def analyze_gpu(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
     gaps_all = pd.concat(gap_tables, ignore_index=True) if gap_tables else pd.DataFrame()
     tables = {"streams": streams, "gaps": gaps_all, "gpu_per_step": _per_step(trace)}
     return AnalysisResult(key="gpu", metrics={"gpu": metrics}, tables=tables, findings=tuple(findings))
+
+
+#: host-side names that only a run using a GPU records: NCCL collectives, CUDA stream bookkeeping, CUDA calls
+_USES_GPU_RE = re.compile(r"^(nccl|rccl):|record_stream|^cuda|^hip[A-Z]|::cuda")
+
+
+def _gpu_used_but_not_recorded(trace: RankTrace) -> Finding | None:
+    """No GPU activity in the trace, although the run used a GPU: the profiler did not record CUDA activity."""
+    if not trace.meta.device_properties:
+        return None
+    ev = trace.events
+    hits = ev[name_mask(ev, _USES_GPU_RE, search=True)]
+    if hits.empty:
+        return None
+    examples = list(dict.fromkeys(hits["name"].astype(str)))[:3]
+    return Finding(
+        id="gpu_activity_missing",
+        severity="info",
+        rank=trace.rank,
+        title=(f"The run used a GPU ({', '.join(examples)} on the host; the trace lists "
+               f"{len(trace.meta.device_properties)} GPU(s)) but no GPU activity was recorded: GPU time is unknown"),
+        evidence={"host_events_using_a_gpu": int(len(hits)), "examples": examples,
+                  "devices": [p.get("name") for p in trace.meta.device_properties]},
+        recommendation="Profile with activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA] (kinetoscope.capture does) "
+                       "to see kernels, copies and GPU idle time.",
+    )
 
 
 def _doubt(trace: RankTrace, config: AnalysisConfig, w: Window, startup: pd.DataFrame, startup_ns: int) -> str | None:

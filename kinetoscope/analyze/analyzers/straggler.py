@@ -18,6 +18,7 @@ import pandas as pd
 
 from kinetoscope.analyze import intervals as iv
 from kinetoscope.analyze.analyzers.comm import collectives
+from kinetoscope.analyze.analyzers.copies import h2d_copies
 from kinetoscope.analyze.config import AnalysisConfig
 from kinetoscope.analyze.distributed import COMPONENTS, Arrivals, Matching, RankSummary, arrivals, job_metrics, match
 from kinetoscope.analyze.findings import Finding
@@ -60,7 +61,7 @@ def rank_summary(r: RankTrace) -> RankSummary:
     comm_set = intervals_of(frame, w) if len(frame) else iv.EMPTY
     work = gpu_work(r)
     compute = work[(work["kind"] == "kernel").to_numpy() & ~work.index.isin(frame.index)]
-    copies = work[work["name"].astype(str).str.contains("HtoD").to_numpy()]
+    copies = h2d_copies(r) if r.has_gpu else work.iloc[0:0]
     components: dict[str, float | None] = {
         "input": iv.measure(intervals_of(loader_spans(r), w)) / 1000.0 / per,
         "copy": iv.measure(intervals_of(copies, w)) / 1000.0 / per if r.has_gpu else None,
@@ -185,6 +186,8 @@ def job_analysis(summaries: list[RankSummary], config: AnalysisConfig) -> tuple[
 def analyze_collectives(trace: Trace, config: AnalysisConfig) -> AnalysisResult:
     """Match collectives across ranks (process group, sequence number, operation and size), align the
     ranks' clocks on collective completion, and name the rank each collective waited for and the straggler."""
+    if len(trace.ranks) < 2:
+        return AnalysisResult(key="collectives", metrics={})
     summaries = [rank_summary(r) for r in trace.ranks]
     if sum(1 for s in summaries if s.op) < 2:
         return AnalysisResult(key="collectives", metrics={})
