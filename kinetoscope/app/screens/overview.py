@@ -18,14 +18,16 @@ def render() -> None:
     steps = entry.get("steps") or {}
     cols[0].metric("Mean step", state.ms(steps.get("mean_us")), help=f"{steps.get('count', 0)} profiled steps")
     gpu = entry.get("gpu")
-    cols[1].metric("GPU idle", state.pct(gpu["idle_fraction"]) if gpu else "no GPU", help="fraction of the window no stream was busy")
+    idle = ("no GPU" if not gpu else "not judged" if gpu["idle_fraction"] is None else state.pct(gpu["idle_fraction"]))
+    cols[1].metric("GPU idle", idle, help="fraction of the window no stream was busy; 'not judged' where the trace misses "
+                   "GPU activity (see the gpu_activity_missing finding)")
     loader = entry.get("loader") or {}
     cols[2].metric("Data loading", state.pct(loader.get("fraction")), help="time in next(DataLoader), fraction of the window")
     h2d = entry.get("h2d")
     cols[3].metric("H2D overlapped", state.pct(h2d["overlap_fraction"]) if h2d else "no copies", help="copy time with a kernel on another stream")
     mem = entry.get("memory")
     cols[4].metric("Memory growth / step", state.mib(mem["growth_bytes_per_step"]) if mem else "n/a",
-                   help="least-squares slope of allocated memory at step ends")
+                   help="robust (Theil-Sen) slope of allocated memory at step ends")
 
     st.subheader(f"Findings ({len(report.findings)})")
     if not report.findings:
