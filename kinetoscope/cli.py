@@ -9,7 +9,7 @@ import traceback
 from typing import Any, Callable, Sequence
 
 from kinetoscope import __version__
-from kinetoscope.errors import KinetoscopeError
+from kinetoscope.errors import ConfigError, KinetoscopeError
 
 # The analyses do no linear algebra worth a BLAS thread pool, and OpenBLAS's idle threads spin on
 # the cores the scanner uses (~5% of a 2-core run); must be set before numpy is first imported.
@@ -17,6 +17,16 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 EXIT_OK, EXIT_INTERNAL, EXIT_USAGE, EXIT_GATE = 0, 1, 2, 3
 SEVERITY_LEVEL = {"info": 2, "warning": 1, "critical": 0}
+
+
+def _require(module: str, what: str, extra: str) -> None:
+    """An optional dependency an option needs: a one-line usage error when it is missing."""
+    import importlib
+
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        raise ConfigError(f"{what} needs {module}: pip install 'kinetoscope[{extra}]' (or pip install {module})") from None
 
 
 def _cmd_analyze(args: argparse.Namespace) -> int:
@@ -27,12 +37,15 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     from kinetoscope.render.text import render_text
 
     limits = LoadLimits(max_decompressed_bytes=parse_size(args.max_size), max_events=args.max_events,
-                        max_depth=args.max_depth)
+                        max_depth=args.max_depth, max_fallback_bytes=parse_size(args.max_fallback))
     cache = None
     if args.cache or os.environ.get("KINETOSCOPE_CACHE_DIR"):
         from kinetoscope.analyze.cache import default_dir
 
         cache = default_dir()
+    if cache is not None or args.processes > 1:
+        _require("pyarrow", "--cache and --processes" if args.processes > 1 and cache else
+                 "--processes" if args.processes > 1 else "--cache (or KINETOSCOPE_CACHE_DIR)", "app")
     status = EXIT_OK
     jobs = []
     for path in args.paths:
@@ -184,7 +197,11 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--indent", type=int, default=None, help="pretty-print JSON with this indent")
     analyze.add_argument("--max-size", default="8G", help="refuse traces larger than this once gunzipped (default 8G)")
     analyze.add_argument("--max-events", type=int, default=200_000_000, help="refuse traces with more events (default 200M)")
-    analyze.add_argument("--max-depth", type=int, default=512, help="refuse JSON nested deeper than about this many levels (default 512)")
+    analyze.add_argument("--max-depth", type=int, default=512,
+                         help="refuse JSON nested deeper than this many levels (default 512, at most 900)")
+    analyze.add_argument("--max-fallback", default="64M",
+                         help="largest file (gunzipped) the reference decoder may hold whole in memory, for valid JSON "
+                              "the fast scanner does not handle (default 64M)")
     analyze.add_argument("--processes", type=int, default=1,
                          help="parse the rank files of a job in this many processes (default 1)")
     analyze.add_argument("--cache", action="store_true",
@@ -220,8 +237,46 @@ def build_parser() -> argparse.ArgumentParser:
     app.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
     app.set_defaults(func=_cmd_app)
 
+    redact = sub.add_parser(
+        "redact",
+        help="write a copy of a trace with its secrets redacted (to attach to a public bug report)",
+        description=("Write TRACE to OUT with every secret-looking value replaced by [redacted]: tokens (Hugging Face, "
+                     "GitHub, OpenAI-style, AWS, Slack, JWTs, ...), credentials in URLs, Azure account keys, and values "
+                     "of keys or flags that name a secret (HF_TOKEN=..., --password ...), in the metadata and in every "
+                     "event's arguments. Everything else is kept byte for byte, so OUT analyses like TRACE. OUT ending "
+                     "in .gz is gzipped."),
+    )
+    redact.add_argument("trace", metavar="TRACE")
+    redact.add_argument("-o", "--output", required=True, metavar="OUT")
+    redact.add_argument("--max-size", default="8G", help="refuse traces larger than this once gunzipped (default 8G)")
+    redact.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    redact.set_defaults(func=_cmd_redact)
+
     _register_extra_commands(sub)
     return parser
+
+
+def _cmd_redact(args: argparse.Namespace) -> int:
+    import gzip
+    from pathlib import Path
+
+    from kinetoscope.analyze.limits import LoadLimits, parse_size
+    from kinetoscope.analyze.loader import read_bytes
+    from kinetoscope.analyze.redact import redact_json_bytes
+    from kinetoscope.errors import TraceSourceError
+    from kinetoscope.fsutil import atomic_write
+
+    source, target = Path(args.trace), Path(args.output)
+    if not source.is_file():
+        raise TraceSourceError(f"{source}: no such file")
+    if target.resolve() == source.resolve():
+        raise ConfigError("OUT must differ from TRACE (the original is kept)")
+    data = read_bytes(source, LoadLimits(max_decompressed_bytes=parse_size(args.max_size)))
+    cleaned, changed = redact_json_bytes(data)
+    del data
+    atomic_write(target, gzip.compress(cleaned, compresslevel=6) if target.name.endswith(".gz") else cleaned)
+    print(f"{target}: {changed} string{'s' if changed != 1 else ''} redacted", file=sys.stderr)
+    return EXIT_OK
 
 
 def _register_extra_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

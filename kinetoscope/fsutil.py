@@ -4,25 +4,31 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
+import secrets
 from pathlib import Path
 from typing import Iterator
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+def _new_file(directory: Path, prefix: str) -> str:
+    """Create an empty file with a unique name, mode 0666 less the process umask (applied by the kernel:
+    the umask is never read or changed here, so no other thread sees it move)."""
+    for _ in range(100):
+        name = os.path.join(directory, f"{prefix}{secrets.token_hex(8)}.tmp")
+        try:
+            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        except FileExistsError:
+            continue
+        os.close(fd)
+        return name
+    raise FileExistsError(f"{directory}: no free temporary name")
 
 
 @contextlib.contextmanager
 def atomic_target(path: Path) -> Iterator[str]:
     """Yield a temporary path beside ``path``; on success it is renamed to ``path``, on failure removed."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
+    tmp = _new_file(path.parent, f".{path.name}.")
     try:
         yield tmp
-        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -159,7 +159,7 @@ def test_full_disk_during_export_leaves_training_running(tmp_path, monkeypatch, 
     def full(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("kinetoscope.capture.profiler.finish_trace", full)
+    monkeypatch.setattr("kinetoscope.capture.output.finish_trace", full)
     with caplog.at_level(logging.WARNING, logger="kinetoscope.capture"):
         steps = train(profile_loop(DataLoader(SlowData(delay_s=0), batch_size=4), tmp_path, schedule=SCHEDULE, telemetry=False))
     assert steps == 10 and "No space left" in caplog.text

@@ -140,18 +140,30 @@ def test_collective_metadata_in_every_form_decodes_like_the_reference(tmp_path):
     (b'{"traceEvents": [{"ph": "X", "ts": "12"}]}', "ts as a string"),
     (b'{"traceEvents": [{"ph": "X", "ts": 1, "pid": 1.5}]}', "float pid"),
     (b'{"traceEvents": [1, {"ph": "X", "ts": 1}]}', "an item that is not an object"),
-    (b'{"traceEvents": [{"ph": "X", "ts": 1, "name": "a\x01"}]}', "raw control character"),
     (b'{"traceEvents": [{"ph": "X", "ts": 1, "name": "\\ud800"}]}', "lone surrogate"),
+    (b'{"traceEvents": [{"ph": "X", "ts": 1, "ts": 2}]}', "repeated key"),
+    (b'{"nodes": [], "schema": "1.0"}', "no traceEvents"),
+    # the reference accepts these inside values it skips, so they are its call
     (b'{"traceEvents": [{"ph": "X", "ts": 1, "name": "\xff"}]}', "invalid UTF-8"),
     (b'{"traceEvents": [{"ph": "X", "ts": 1e400}]}', "number out of range"),
-    (b'{"traceEvents": [{"ph": "X", "ts": 1, "ts": 2}]}', "repeated key"),
-    (b'{"traceEvents": [{"ph": "X", "ts": 1}]} {}', "two documents"),
-    (b'{"traceEvents": [{"ph": "X", "ts": 1}]', "truncated"),
-    (b'{"nodes": [], "schema": "1.0"}', "no traceEvents"),
-    (b'{"traceEvents": [{"ph": "X", "ts": 1, "args": {"x": ' + b"[" * 600 + b"]" * 600 + b"}}]}", "too deep"),
 ])
-def test_what_the_scanner_does_not_handle_goes_to_the_reference(doc, why):
-    assert scan.scan_bytes(doc, "t.json") is None, why
+def test_valid_json_the_scanner_does_not_handle_goes_to_the_reference(doc, why):
+    with pytest.raises(scan.Unhandled):
+        scan.scan_bytes(doc, "t.json")
+
+
+@pytest.mark.parametrize("doc, phrase", [
+    (b'{"traceEvents": [{"ph": "X", "ts": 1, "name": "a\x01"}]}', "control character"),
+    (b'{"traceEvents": [{"ph": "X", "ts": 1}]} {}', "two traces concatenated"),
+    (b'{"traceEvents": [{"ph": "X", "ts": 1}]', "ends early"),
+    (b'{"traceEvents": [{"ph": "X", "ts": 1, "args": {"x": ' + b"[" * 600 + b"]" * 600 + b"}}]}", "nested deeper than 512"),
+    (b"\0\0\0\0", "not a JSON trace"),
+    (b"   ", "file is empty"),
+])
+def test_what_is_wrong_with_a_document_is_final(doc, phrase):
+    """The reference decoder would refuse these too, after holding the whole file: the scanner's word is final."""
+    with pytest.raises(TraceFormatError, match=phrase):
+        scan.scan_bytes(doc, "t.json")
 
 
 @settings(max_examples=300, deadline=None)
@@ -184,10 +196,11 @@ def test_gzip_is_streamed_with_the_size_limit(tmp_path):
         scan.scan_file(plain, LoadLimits(max_decompressed_bytes=100))
 
 
-def test_corrupt_gzip_goes_to_the_reference_which_reports_it(tmp_path):
+def test_corrupt_gzip_is_refused_by_the_scanner(tmp_path):
     path = tmp_path / "t.json.gz"
     path.write_bytes(gzip.compress(DOC)[:-30])
-    assert scan.scan_file(path) is None
+    with pytest.raises(TraceFormatError, match="corrupt or truncated gzip"):
+        scan.scan_file(path)
 
 
 def test_the_reference_decoder_can_be_forced(monkeypatch, tmp_path):
@@ -262,17 +275,19 @@ def test_the_json_is_never_held_in_memory(tmp_path):
 
 
 def test_mutated_documents_the_scanner_accepts_decode_like_the_reference(tmp_path):
-    """Differential fuzzing: random byte edits of a real trace, fed in random chunks. Whatever the
-    scanner accepts must give the reference decoder's tables; everything else goes to the reference."""
+    """Differential fuzzing: random byte edits of a real trace. Whatever the scanner accepts must give the
+    reference decoder's tables; whatever it refuses as final, the reference must refuse too; the rest goes
+    to the reference."""
     import random
 
     from kinetoscope.errors import KinetoscopeError
 
     source = (ROOT / "sample_traces" / "real" / "h100_tiny_before_fix_trace.json").read_bytes()
     tokens = [b'"', b"\\", b"{", b"}", b"[", b"]", b",", b":", b"\\u00e9", b"\\ud800", b"1e999", b"-",
-              b"\xff", b"\xc3\xa9", b"null", b"true", b'"ph"', b'"args"', b'"C"', b"0.5", b"123456789012345678901"]
+              b"\xff", b"\xc3\xa9", b"null", b"true", b'"ph"', b'"args"', b'"C"', b"0.5", b"123456789012345678901",
+              b"\x01", b"01", b"1.", b"tru", b"NaN", b"\\x"]
     rnd = random.Random(7)
-    accepted = 0
+    accepted = refused = 0
     for case in range(1500):
         d = bytearray(source)
         for _ in range(rnd.randint(1, 3)):
@@ -286,8 +301,14 @@ def test_mutated_documents_the_scanner_accepts_decode_like_the_reference(tmp_pat
                 d[i] = rnd.randrange(32, 127)
         path = tmp_path / f"m{case}.json"
         path.write_bytes(bytes(d))
-        scanned = scan.scan_bytes(bytes(d), path.name)
-        if scanned is None:
+        try:
+            scanned = scan.scan_bytes(bytes(d), path.name)
+        except scan.Unhandled:
+            continue
+        except TraceFormatError as final:
+            refused += 1
+            with pytest.raises(KinetoscopeError):  # a final verdict the reference would not reach is a scanner bug
+                _reference(path)
             continue
         accepted += 1
         try:
@@ -298,7 +319,7 @@ def test_mutated_documents_the_scanner_accepts_decode_like_the_reference(tmp_pat
             _assert_same(_tables(*scanned), _tables(*reference))
         except KinetoscopeError:
             pass  # both produce no timed events: the same refusal either way
-    assert accepted > 200, accepted
+    assert accepted > 200 and refused > 200, (accepted, refused)
 
 
 def test_the_event_limit_holds_across_both_halves(tmp_path, monkeypatch):

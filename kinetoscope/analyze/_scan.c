@@ -275,7 +275,10 @@ static int scan_string(Scanner *s, const char **pp, const char *end, const char 
             if (u < 0) BAILR(s, "bad \\u escape");
             p += 6;
             if (u >= 0xD800 && u <= 0xDBFF) {
-                if (end - p < 6) return NEED;
+                if (end - p < 6) { /* the low half may be in the next chunk, unless what is here rules it out */
+                    if ((end - p >= 1 && p[0] != '\\') || (end - p >= 2 && p[1] != 'u')) BAILR(s, "lone surrogate");
+                    return NEED;
+                }
                 if (p[0] != '\\' || p[1] != 'u') BAILR(s, "lone surrogate");
                 int l = hex4(p + 2);
                 if (l < 0xDC00 || l > 0xDFFF) BAILR(s, "lone surrogate");
@@ -913,7 +916,9 @@ static PyObject *Scanner_feed(Scanner *s, PyObject *args) {
     if (r == BAIL) return PyLong_FromLong(-1);
     /* NEED: everything up to p is consumed */
     if (final && (s->state != ST_DONE || !s->seen_events)) {
-        s->reason = "the document ends early";
+        /* nothing at all / a document cut short / a complete JSON document without traceEvents */
+        s->reason = s->state == ST_START ? "the document is empty"
+                    : s->state != ST_DONE ? "the document ends early" : "a JSON document without traceEvents";
         return PyLong_FromLong(-1);
     }
     return PyLong_FromSsize_t(p - start);

@@ -21,7 +21,15 @@ import pandas as pd
 
 from kinetoscope.analyze import scan
 from kinetoscope.analyze.build import build_rank_trace
-from kinetoscope.analyze.limits import DEFAULT_LIMITS, LoadLimits, decompressed_too_large, file_too_large
+from kinetoscope.analyze.limits import (
+    DEFAULT_LIMITS,
+    GZIP_RATIO_AFTER_BYTES,
+    LoadLimits,
+    inflates_too_much,
+    decompressed_too_large,
+    fallback_too_large,
+    file_too_large,
+)
 from kinetoscope.analyze.parser import parse_bytes
 from kinetoscope.analyze.raw import RawColumns, from_parsed
 from kinetoscope.analyze.trace import RankTrace, Trace
@@ -93,38 +101,49 @@ def resolve(path: str | os.PathLike[str]) -> list[Path]:
     return list(jobs[0].files)
 
 
-def read_bytes(path: Path, limits: LoadLimits = DEFAULT_LIMITS) -> bytes:
-    """The trace's JSON bytes, gunzipped when the file is gzip (by magic, not name), within the size limit."""
+def read_bytes(path: Path, limits: LoadLimits = DEFAULT_LIMITS, *, fallback: str | None = None) -> bytes:
+    """The trace's JSON bytes, gunzipped when the file is gzip (by magic, not name), within the size limit.
+
+    ``fallback``: the scanner's reason for handing the file to the reference decoder, which holds it whole:
+    then only up to ``limits.max_fallback_bytes``."""
+    cap = min(limits.max_decompressed_bytes, limits.max_fallback_bytes) if fallback else limits.max_decompressed_bytes
     try:
         size = path.stat().st_size
-        if size > limits.max_decompressed_bytes:
-            raise file_too_large(str(path), size, limits)
+        if size > cap:
+            raise fallback_too_large(str(path), fallback, limits) if fallback else file_too_large(str(path), size, limits)
         with open(path, "rb") as fh:
             data = fh.read()
     except OSError as exc:
         raise TraceSourceError(f"{path}: cannot read ({exc.strerror or exc})") from None
     if data[:2] == b"\x1f\x8b":
-        return _gunzip(data, str(path), limits)
+        return _gunzip(data, str(path), limits, cap=cap, fallback=fallback)
     return data
 
 
 _GUNZIP_BLOCK = 256 * 2**20
 
 
-def _gunzip(data: bytes, source: str, limits: LoadLimits) -> bytes:
+def _gunzip(data: bytes, source: str, limits: LoadLimits, *, cap: int | None = None, fallback: str | None = None) -> bytes:
     """Decompress every gzip member, stopping as soon as the output passes the limit (gzip bombs).
 
     Reads in 256 MiB blocks: a trace smaller than that is never copied after decompression.
     """
     parts: list[bytes] = []
     total = 0
-    limit = limits.max_decompressed_bytes
+    limit = limits.max_decompressed_bytes if cap is None else cap
     try:
-        with gzip.GzipFile(fileobj=io.BytesIO(data)) as stream:
-            while block := stream.read(min(_GUNZIP_BLOCK, limit + 1 - total)):
+        raw = io.BytesIO(data)
+        with gzip.GzipFile(fileobj=raw) as stream:
+            while block := stream.read(min(_GUNZIP_BLOCK if total >= GZIP_RATIO_AFTER_BYTES else GZIP_RATIO_AFTER_BYTES,
+                                           limit + 1 - total)):
                 parts.append(block)
                 total += len(block)
+                refusal = inflates_too_much(source, total, raw.tell())
+                if refusal is not None:
+                    raise refusal
                 if total > limit:
+                    if fallback:
+                        raise fallback_too_large(source, fallback, limits)
                     raise decompressed_too_large(source, limits)
     except EOFError:
         raise TraceFormatError(source, "corrupt or truncated gzip (the stream ends early)") from None
@@ -155,7 +174,10 @@ def load_rank(path: Path, *, default_rank: int = 0, limits: LoadLimits = DEFAULT
         hit = columnar.load(key, cache)
         if hit is not None:
             return replace(hit, meta=replace(hit.meta, load_seconds=time.perf_counter() - started))
-    scanned = scan.scan_file(path, limits) or _reference(read_bytes(path, limits), path, limits)
+    try:
+        scanned = scan.scan_file(path, limits) or _reference(read_bytes(path, limits), path, limits)
+    except scan.Unhandled as why:
+        scanned = _reference(read_bytes(path, limits, fallback=str(why)), path, limits)
     trace = _rank_from_raw(*scanned, path, default_rank=default_rank, started=started)
     if key is not None:
         columnar.save(trace, key, cache)
@@ -166,7 +188,12 @@ def rank_from_bytes(data: bytes, path: Path, *, default_rank: int = 0, started: 
                     limits: LoadLimits = DEFAULT_LIMITS) -> RankTrace:
     """Build a rank from a trace's (already gunzipped) JSON bytes; ``path`` names it and locates sidecars."""
     started = time.perf_counter() if started is None else started
-    scanned = scan.scan_bytes(data, str(path), limits) or _reference(data, path, limits)
+    try:
+        scanned = scan.scan_bytes(data, str(path), limits) or _reference(data, path, limits)
+    except scan.Unhandled as why:
+        if len(data) > limits.max_fallback_bytes:
+            raise fallback_too_large(str(path), str(why), limits) from None
+        scanned = _reference(data, path, limits)
     del data
     return _rank_from_raw(*scanned, path, default_rank=default_rank, started=started)
 

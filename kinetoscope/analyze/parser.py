@@ -10,10 +10,8 @@ still load. Nothing from a trace is ever evaluated or unpickled.
 
 from __future__ import annotations
 
-import contextlib
-import sys
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Union
+from typing import Any, Union
 
 import msgspec
 
@@ -90,21 +88,6 @@ class ParsedTrace:
     notes: list[str] = field(default_factory=list)
 
 
-@contextlib.contextmanager
-def _depth_limit(max_depth: int) -> Iterator[None]:
-    """msgspec bounds nesting with Python's recursion limit: set it to ``max_depth`` levels below here."""
-    frame, depth = sys._getframe(), 0
-    while frame is not None:
-        depth += 1
-        frame = frame.f_back
-    old = sys.getrecursionlimit()
-    sys.setrecursionlimit(depth + max_depth + 20)
-    try:
-        yield
-    finally:
-        sys.setrecursionlimit(old)
-
-
 def _json_error(source: str, exc: Exception) -> TraceFormatError:
     text = str(exc)
     if "trailing characters" in text:
@@ -116,9 +99,10 @@ def _json_error(source: str, exc: Exception) -> TraceFormatError:
 
 def parse_bytes(data: bytes, source: str, limits: LoadLimits = DEFAULT_LIMITS) -> ParsedTrace:
     """Decode a whole trace document (``{"traceEvents": [...]}`` or a bare array)."""
+    # msgspec bounds nesting with Python's recursion limit, which is process-wide and never changed here;
+    # max_depth is at most MAX_DEPTH_CEILING, below it, and the scanner enforces max_depth exactly
     try:
-        with _depth_limit(limits.max_depth):
-            parsed = _parse(data, source)
+        parsed = _parse(data, source)
     except RecursionError:
         raise TraceFormatError(source, f"JSON nested deeper than {limits.max_depth} levels (limit max_depth)") from None
     if len(parsed.events) > limits.max_events:

@@ -28,10 +28,11 @@ from kinetoscope.analyze.limits import (
     LoadLimits,
     decompressed_too_large,
     file_too_large,
+    inflates_too_much,
     too_many_events,
 )
 from kinetoscope.analyze.raw import F, STRING_FIELD_IDS, RawColumns, from_scanner
-from kinetoscope.errors import TraceSourceError
+from kinetoscope.errors import TraceFormatError, TraceSourceError
 
 try:
     from kinetoscope.analyze import _scan
@@ -53,8 +54,42 @@ class _Bail(Exception):
     pass
 
 
+class Unhandled(Exception):
+    """Valid JSON the scanner does not handle exactly (odd types, repeated keys, ...): the reference decoder
+    takes the file, within ``LoadLimits.max_fallback_bytes``. The message is the scanner's reason."""
+
+
+#: what the scanner finds wrong with a document is final: the reference decoder would refuse it too, after
+#: holding the whole file in memory (a 2 MB gzip of zeros gunzips to gigabytes)
+_FINAL = {
+    "the document is empty": "file is empty",
+    "not a JSON object or array": "not a JSON trace (expected '{' or '[' at the start)",
+    "the document ends early": "the JSON ends early (a truncated file: an interrupted copy or a crashed writer)",
+    "data after the JSON document": "extra data after the JSON document: two traces concatenated?",
+    "traceEvents is not a list": "'traceEvents' is not a list",
+}
+# (invalid UTF-8 and out-of-range numbers are not final: the reference decoder accepts them inside values it
+# skips, and a file it accepts must not be refused; the fallback's size cap bounds what that costs)
+_INVALID = frozenset({"bad number", "bad literal", "bad escape", "bad \\u escape", "control character in a string",
+                      "expected ':'", "expected a key", "expected ',' or a closing bracket",
+                      "expected ',' or ']' in traceEvents", "expected ',' or '}' at the top level"})
+
+
+def _verdict(reason: str, source: str, limits: LoadLimits) -> Exception:
+    """The scanner's reason to stop: a final refusal, or ``Unhandled`` (the reference decoder's turn)."""
+    if reason in _FINAL:
+        return TraceFormatError(source, _FINAL[reason])
+    if reason in _INVALID:
+        return TraceFormatError(source, f"not valid JSON ({reason})")
+    if reason == "nesting deeper than max_depth":
+        return TraceFormatError(source, f"JSON nested deeper than {limits.max_depth} levels (limit max_depth)")
+    return Unhandled(reason)
+
+
 def scan_file(path: Path, limits: LoadLimits = DEFAULT_LIMITS) -> tuple[RawColumns, int] | None:
-    """Columns and JSON byte count of a trace file (plain or gzip, by magic), or None (see module)."""
+    """Columns and JSON byte count of a trace file (plain or gzip, by magic); None when the scanner is not
+    built. Raises TraceFormatError for what is wrong with the file, ``Unhandled`` for valid JSON the
+    reference decoder must take."""
     if not available():
         return None
     try:
@@ -65,13 +100,19 @@ def scan_file(path: Path, limits: LoadLimits = DEFAULT_LIMITS) -> tuple[RawColum
             if not gz and size > limits.max_decompressed_bytes:
                 raise file_too_large(str(path), size, limits)
             if gz:  # gunzip on a second thread while the scanner (which runs without the GIL) scans
-                with gzip.GzipFile(fileobj=fh) as stream, _Prefetch(stream) as ahead:
+                with gzip.GzipFile(fileobj=fh) as stream, _Prefetch(_RatioGuard(stream, fh, str(path))) as ahead:
                     return _finish(_feed(_scan.Scanner(max_depth=limits.max_depth), ahead, str(path), limits))
             if size >= PARALLEL_MIN_BYTES and (os.cpu_count() or 1) > 1:
                 return _scan_halves(fh, size, str(path), limits)
             return _finish(_feed(_scan.Scanner(max_depth=limits.max_depth), fh, str(path), limits))
-    except (gzip.BadGzipFile, EOFError, zlib.error, _Bail):
-        return None  # corrupt gzip, or something the scanner leaves to the reference, which reports it
+    except _Bail as bail:
+        raise _verdict(str(bail), str(path), limits) from None
+    except TraceFormatError:
+        raise
+    except EOFError:
+        raise TraceFormatError(str(path), "corrupt or truncated gzip (the stream ends early)") from None
+    except (gzip.BadGzipFile, zlib.error) as exc:
+        raise TraceFormatError(str(path), f"corrupt or truncated gzip ({exc})") from None
     except OSError as exc:
         raise TraceSourceError(f"{path}: cannot read ({exc.strerror or exc})") from None
 
@@ -82,8 +123,24 @@ def scan_bytes(data: bytes, source: str, limits: LoadLimits = DEFAULT_LIMITS) ->
         return None
     try:
         return _finish(_feed(_scan.Scanner(max_depth=limits.max_depth), io.BytesIO(data), source, limits))
-    except _Bail:
-        return None
+    except _Bail as bail:
+        raise _verdict(str(bail), source, limits) from None
+
+
+class _RatioGuard:
+    """A gunzipping stream that refuses to inflate past MAX_GZIP_RATIO (a bomb of zeros or spaces is refused
+    after 64 MiB of output, not after gunzipping gigabytes)."""
+
+    def __init__(self, stream: Any, raw: Any, source: str) -> None:
+        self._stream, self._raw, self._source, self._out = stream, raw, source, 0
+
+    def readinto(self, view: Any) -> int:
+        n = self._stream.readinto(view)
+        self._out += n
+        refusal = inflates_too_much(self._source, self._out, self._raw.tell())
+        if refusal is not None:
+            raise refusal
+        return n
 
 
 class _Prefetch:
@@ -196,7 +253,7 @@ def _metadata(items: list[tuple[str, bytes]]) -> dict[str, Any]:
     try:
         return {key: _any.decode(raw) for key, raw in items}
     except (msgspec.DecodeError, RecursionError) as exc:
-        raise _Bail(str(exc)) from None
+        raise Unhandled(f"top-level metadata: {exc}") from None
 
 
 def _finish(fed: tuple[Any, int]) -> tuple[RawColumns, int]:

@@ -1,4 +1,4 @@
-"""Analyses cached per job content (``st.cache_resource``: kept in memory, never pickled)."""
+"""Analyses cached per job content, in memory within a byte budget shared by every session (never pickled)."""
 
 from __future__ import annotations
 
@@ -11,18 +11,28 @@ from kinetoscope.app import data
 from kinetoscope.errors import KinetoscopeError
 
 
-@st.cache_resource(show_spinner=False, max_entries=16)
-def cached_analysis(key: str, label: str, files: tuple[str, ...]) -> data.Analysis:
-    return data.analyse(label, Job(label, tuple(Path(f) for f in files)))
+@st.cache_resource(show_spinner=False)
+def shared_cache() -> data.AnalysisCache:
+    """One cache per app server (Streamlit keeps this object for every session)."""
+    data.sweep_stale_uploads()
+    return data.AnalysisCache(data.app_cache_bytes())
 
 
-def analyse(key: str, label: str, job: Job) -> data.Analysis | None:
+def analyse(key: str, label: str, job: Job, upload: Path | None = None) -> data.Analysis | None:
     """The job's analysis, or None after showing one clear sentence on the page."""
+    cache = shared_cache()
+    hit = cache.get(key)
+    if hit is not None:
+        return hit
     try:
         with st.spinner(f"Parsing and analysing {label}…"):
-            return cached_analysis(key, label, tuple(str(f) for f in job.files))
+            analysis = data.analyse(label, job, upload)
     except KinetoscopeError as exc:
         st.error(f"Could not analyse {label}: {exc}")
+        return None
     except Exception as exc:  # noqa: BLE001 - a bug must still read as one sentence
-        st.error(f"Internal error while analysing {label} ({type(exc).__name__}: {exc}). Please report it.")
-    return None
+        st.error(f"Internal error while analysing {label} ({type(exc).__name__}: "
+                 f"{data.without_folder(str(exc), upload)}). Please report it.")
+        return None
+    cache.put(key, analysis)
+    return analysis

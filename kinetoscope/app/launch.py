@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 from kinetoscope.errors import KinetoscopeError
@@ -37,10 +40,40 @@ def launch(paths: list[str], *, port: int = 8501, headless: bool = False) -> int
     command = [
         sys.executable, "-m", "streamlit", "run", str(APP),
         "--server.port", str(port),
-        "--server.headless", "true" if headless else "false",
+        # always headless: Streamlit's own first-run greeting asks for an e-mail on stdin and never serves
+        # until answered; the browser is opened here instead, once the server answers
+        "--server.headless", "true",
         "--browser.gatherUsageStats", "false",
         "--server.maxUploadSize", str(MAX_UPLOAD_MB),
+        # a local tool, not a Streamlit Cloud app: no Deploy button, no developer menu
+        "--client.toolbarMode", "viewer",
     ]
     env = dict(os.environ)
     env[PATHS_ENV] = os.pathsep.join(str(Path(p).resolve()) for p in paths)
-    return subprocess.call(command, env=env)
+    proc = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL)
+    # stopped with SIGTERM (a service manager, a test): stop the server too, never leave it orphaned
+    signal.signal(signal.SIGTERM, lambda *_: proc.terminate())
+    if not headless:
+        threading.Thread(target=_open_when_ready, args=(f"http://localhost:{port}", proc), daemon=True).start()
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        proc.terminate()
+        return proc.wait()
+
+
+def _open_when_ready(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 60.0) -> None:
+    """Open the app in the user's browser as soon as it serves (best effort: a headless machine has none)."""
+    import urllib.request
+    import webbrowser
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
+                if r.status == 200:
+                    print(f"Kinetoscope is serving at {url}", file=sys.stderr, flush=True)
+                    webbrowser.open(url)
+                    return
+        except OSError:
+            time.sleep(0.3)

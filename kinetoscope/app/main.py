@@ -22,6 +22,8 @@ from kinetoscope.errors import KinetoscopeError
 
 #: tests (and scripts) may put uploads here instead of going through the browser widget
 PENDING_UPLOADS = "pending_uploads"
+#: the session's upload folder (a data.UploadDir): deleted on the next upload or when the session ends
+UPLOAD_DIR = "upload_dir"
 #: the page shown first (tests use it: AppTest cannot switch between function pages)
 START_PAGE = "start_page"
 
@@ -48,13 +50,20 @@ def sidebar() -> None:
         )
         uploads = pending or [(f.name, f.getvalue()) for f in files or []]
         if uploads:
-            try:
-                key, job = data.save_uploads(uploads)
-            except KinetoscopeError as exc:
-                st.error(str(exc))
-                return
-            st.session_state[state.CURRENT] = analyse(key, job.name, job)
-            st.session_state["upload_key"] = key
+            key = data.upload_key(uploads)
+            if key != st.session_state.get("upload_key"):
+                try:
+                    key, job, folder = data.save_uploads(uploads)
+                except KinetoscopeError as exc:
+                    st.error(str(exc))
+                    return
+                old = st.session_state.get(UPLOAD_DIR)
+                if old is not None:
+                    old.cleanup()  # the session's previous upload: its files go now
+                # the folder lives as long as the session holds it (dropped with the session's state)
+                st.session_state[UPLOAD_DIR] = folder
+                st.session_state[state.CURRENT] = analyse(key, job.name, job, folder.path)
+                st.session_state["upload_key"] = key
         elif source == "Upload" and st.session_state.get("upload_key") is None:
             st.session_state[state.CURRENT] = None
     else:

@@ -9,16 +9,22 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
 import os
 import platform
+import queue
+import re
 import socket
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
-from kinetoscope.fsutil import atomic_write
+from kinetoscope.fsutil import atomic_target, atomic_write
+
+log = logging.getLogger("kinetoscope.capture")
 
 MANIFEST_VERSION = 1
 
@@ -27,19 +33,102 @@ def trace_name(rank: int, first_step: int, last_step: int) -> str:
     return f"rank-{rank}.step-{first_step}-{last_step}.pt.trace.json.gz"
 
 
+#: how far into a raw export the "traceEvents" key is looked for (Kineto writes its metadata first)
+_HEAD_BYTES = 4 * 2**20
+_CHUNK = 8 * 2**20
+_EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
+
+
 def finish_trace(raw_path: Path, final_path: Path, *, extra_events: list[dict[str, Any]],
                  distributed_info: dict[str, Any] | None) -> None:
-    """Add telemetry counters and missing distributedInfo to a raw export, gzip it, rename atomically."""
-    data = raw_path.read_bytes()
-    if extra_events or distributed_info:
-        doc = msgspec.json.decode(data)
-        if isinstance(doc, dict):
-            doc.setdefault("traceEvents", []).extend(extra_events)
-            if distributed_info and "distributedInfo" not in doc:
-                doc["distributedInfo"] = distributed_info
-            data = msgspec.json.encode(doc)
-    atomic_write(final_path, gzip.compress(data, compresslevel=3))
+    """Add telemetry counters and missing distributedInfo to a raw export, gzip it, rename atomically.
+
+    Streamed in bounded memory: the additions are spliced into the JSON text (the counters right after
+    ``"traceEvents": [``, distributedInfo right after the opening brace) and the file is copied through
+    gzip in 8 MiB chunks; the trace is never decoded. Where the text is not shaped as expected (no
+    ``traceEvents`` near the start), the trace is written as exported, without the additions.
+    """
+    with open(raw_path, "rb") as src:
+        head = src.read(_HEAD_BYTES)
+        splice = _splice_points(head, extra_events, distributed_info)
+        with atomic_target(final_path) as tmp, open(tmp, "wb") as out, \
+                gzip.GzipFile(fileobj=out, mode="wb", compresslevel=3, mtime=0) as gz:
+            done = 0
+            for at, text in splice:
+                gz.write(head[done:at])
+                gz.write(text)
+                done = at
+            gz.write(head[done:])
+            while chunk := src.read(_CHUNK):
+                gz.write(chunk)
     raw_path.unlink(missing_ok=True)
+
+
+def _splice_points(head: bytes, extra_events: list[dict[str, Any]],
+                   distributed_info: dict[str, Any] | None) -> list[tuple[int, bytes]]:
+    """(offset in the head, bytes to insert there), in order."""
+    m = _EVENTS_KEY.search(head)
+    start = len(head) - len(head.lstrip(b"\xef\xbb\xbf \t\r\n"))
+    if m is None or head[start:start + 1] != b"{":
+        if extra_events or distributed_info:
+            log.warning("kinetoscope: the exported trace has no traceEvents near its start; telemetry not added")
+        return []
+    out: list[tuple[int, bytes]] = []
+    if distributed_info and b'"distributedInfo"' not in head[:m.start()]:
+        out.append((start + 1, b'"distributedInfo": ' + msgspec.json.encode(distributed_info) + b", "))
+    if extra_events:
+        rest = head[m.end():].lstrip()
+        empty = rest[:1] == b"]"
+        items = b", ".join(msgspec.json.encode(e) for e in extra_events)
+        out.append((m.end(), items + (b"" if empty else b", ")))
+    return out
+
+
+class TraceWriter:
+    """Finishes exported traces (``finish_trace``) on a thread of its own, so the training thread only
+    hands the file over: gzip of a multi-GB export takes seconds to minutes. The thread lives while there
+    is work and is not a daemon: an exiting interpreter waits for the trace being written, then exits."""
+
+    def __init__(self) -> None:
+        self._queue: queue.Queue[tuple[Path, Path, dict[str, Any]]] = queue.Queue()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self.failures: list[str] = []
+
+    def submit(self, raw_path: Path, final_path: Path, **kwargs: Any) -> None:
+        with self._lock:
+            self._queue.put((raw_path, final_path, kwargs))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="kinetoscope-trace-writer", daemon=False)
+                self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                try:
+                    raw_path, final_path, kwargs = self._queue.get_nowait()
+                except queue.Empty:
+                    self._thread = None  # no more work: the next submit starts a new thread
+                    return
+            try:
+                finish_trace(raw_path, final_path, **kwargs)
+                log.info("kinetoscope: wrote %s", final_path)
+            except Exception as exc:  # noqa: BLE001 - a full disk must not stop training
+                self.failures.append(f"{final_path.name}: {type(exc).__name__}: {exc}")
+                log.warning("kinetoscope: could not write %s (%s: %s); training continues",
+                            final_path.name, type(exc).__name__, exc)
+                Path(raw_path).unlink(missing_ok=True)
+
+    def close(self, timeout: float | None = None) -> None:
+        """Wait until every submitted trace is written."""
+        while True:
+            with self._lock:
+                thread = self._thread
+            if thread is None:
+                return
+            thread.join(timeout)
+            if timeout is not None:
+                return
 
 
 def base_time_ns(raw_path: Path) -> int | None:

@@ -27,7 +27,7 @@ from typing import Any, Iterable, Iterator, TypeVar
 
 from kinetoscope.capture._safety import log, never_raises, warn_once
 from kinetoscope.capture.dist import RankInfo, rank_info
-from kinetoscope.capture.output import base_time_ns, finish_trace, trace_name, write_manifest, write_step_times
+from kinetoscope.capture.output import TraceWriter, base_time_ns, trace_name, write_manifest, write_step_times
 from kinetoscope.capture.telemetry import TelemetrySampler
 
 T = TypeVar("T")
@@ -105,6 +105,7 @@ class Profiler:
         self._step_wait_ns: list[int] = []
         self._started_unix_ns = 0
         self._step_abandoned = False
+        self.writer = TraceWriter()
 
     # --- lifecycle -----------------------------------------------------------------
     def __enter__(self) -> "Profiler":
@@ -167,6 +168,8 @@ class Profiler:
             prof, self._prof = self._prof, None
             self._stop_profiler(prof)
         self._stop_telemetry()
+        self.writer.close()  # every trace on disk before the manifest names it
+        self.traces = [p for p in self.traces if p.exists()]
         if self._writable:
             self._write_sidecars()
 
@@ -220,7 +223,8 @@ class Profiler:
             last = self.step_num if self._exiting else self.step_num - 1
             first, _ = self.schedule.window_of(last)
             first = max(first, 0)
-            raw = self.out_dir / f".rank-{self.rank.rank}.{os.getpid()}.raw.json"
+            # one raw file per window: the writer thread may still be gzipping the previous one
+            raw = self.out_dir / f".rank-{self.rank.rank}.{os.getpid()}.step-{first}-{last}.raw.json"
             prof.export_chrome_trace(str(raw))
             base = base_time_ns(raw)
             start = self._step_unix_start.get(first, self._started_unix_ns)
@@ -230,9 +234,9 @@ class Profiler:
                 dist = {"rank": self.rank.rank, "world_size": self.rank.world_size, "backend": "unknown",
                         "note": "added by kinetoscope from RANK/WORLD_SIZE"}
             final = self.out_dir / trace_name(self.rank.rank, first, last)
-            finish_trace(raw, final, extra_events=counters, distributed_info=dist)
+            # gzip and the telemetry merge run on the writer's thread: training goes on meanwhile
+            self.writer.submit(raw, final, extra_events=counters, distributed_info=dist)
             self.traces.append(final)
-            log.info("kinetoscope: wrote %s", final)
         except Exception as exc:  # noqa: BLE001 - a full disk must not stop training
             warn_once("trace export", f"could not write a trace ({type(exc).__name__}: {exc}); training continues")
 

@@ -7,6 +7,8 @@ import streamlit as st
 from kinetoscope.analyze.loader import read_bytes
 from kinetoscope.analyze.redact import redacted_trace
 from kinetoscope.app import state
+from kinetoscope.app.data import app_limits
+from kinetoscope.errors import KinetoscopeError
 from kinetoscope.render.json import report_to_json
 
 
@@ -26,10 +28,19 @@ def render() -> None:
     st.subheader("Open in Perfetto")
     st.markdown("Open [ui.perfetto.dev](https://ui.perfetto.dev), choose *Open trace file* and pick the file below "
                 "(it reads Kineto JSON and gzip directly, in your browser).")
-    st.caption("The trace files below have their metadata's secret-looking values (tokens, keys) redacted.")
+    st.caption("The trace files are prepared with secret-looking values (tokens, keys, passwords, credentials in "
+               "URLs) redacted in the metadata and in every event's arguments.")
+    # prepared only when asked, with the app's size limits: not re-read on every rerun of the page
     for f in analysis.trace.ranks:
         path = Path(f.meta.source)
-        if path.is_file():
-            name = path.name[:-3] if path.name.endswith(".gz") else path.name
-            st.download_button(f"Trace file: {name}", redacted_trace(read_bytes(path)), file_name=name,
-                               mime="application/json", key=f"dl_trace_{f.rank}")
+        if not path.is_file():
+            continue
+        name = path.name[:-3] if path.name.endswith(".gz") else path.name
+        if not st.button(f"Prepare redacted {name}", key=f"prep_trace_{f.rank}"):
+            continue
+        try:
+            data = redacted_trace(read_bytes(path, app_limits()))
+        except KinetoscopeError as exc:
+            st.error(f"{name}: {getattr(exc, 'reason', exc)}")
+            continue
+        st.download_button(f"Download {name}", data, file_name=name, mime="application/json", key=f"dl_trace_{f.rank}")
