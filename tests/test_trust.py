@@ -431,6 +431,28 @@ def test_fractions_out_of_range_are_reported_not_clamped():
     assert fraction_violations(bad) == ["loader.fraction = 1.5", "gpu.devices[0].idle_fraction = -0.25"]
 
 
+def test_frac_never_clamps():
+    """A fraction outside [0, 1] is a bug to see, not to hide (the old frac clamped every one)."""
+    from kinetoscope.analyze.units import frac
+
+    assert frac(3, 2) == 1.5 and frac(-1, 4) == -0.25 and frac(1, 0) is None and frac(None, 4) is None
+
+
+def test_an_analyzer_reporting_a_fraction_out_of_range_is_listed_in_the_report(tmp_path, monkeypatch):
+    from kinetoscope.analyze import report as report_module
+    from kinetoscope.analyze.registry import AnalysisResult, Analyzer, analyzers
+    from kinetoscope.analyze.units import frac
+
+    def broken(trace, config):
+        return AnalysisResult(key="broken", metrics={"broken": {"fraction": frac(150, 100), "fraction_of": "window"}})
+
+    fake = Analyzer(key="broken", title="broken", scope="rank", fn=broken, doc="")
+    monkeypatch.setattr(report_module, "analyzers", lambda: (*analyzers(), fake))
+    rep = report_of(tmp_path, TraceBuilder().step(1, 0, 100))
+    assert rep.violations == ("rank 0: broken.fraction = 1.5",)
+    assert rep.to_dict()["invariant_violations"] == ["rank 0: broken.fraction = 1.5"]
+
+
 def test_stream_idle_is_measured_from_its_gaps(tmp_path):
     b = TraceBuilder().step(1, 0, 1000).kernel(100, 200, stream=7).kernel(250, 300, stream=7)
     s = report_of(tmp_path, b).ranks[0]["gpu"]["streams"][0]
@@ -499,3 +521,194 @@ def test_steps_are_inferred_from_data_loader_waits_and_a_cold_first_iteration_is
     r = rep.ranks[0]
     assert r["window"]["basis"] == "inferred_steps" and r["window_us"] == 4000 and r["steps"]["count"] == 4
     assert r["loader"]["time_us"] == 1200
+
+
+# --- an independent review's cases (variants of items 1-9 the first tests did not cover) -----------
+def test_a_straggler_among_tensor_and_data_parallel_groups(tmp_path):
+    """8 ranks, TP pairs and two DP groups with sequence numbers; rank 5 waits 500 us longer for data every
+    step. Counted over all groups, rank 5 would be last in a minority of collectives and be missed."""
+    for r in range(8):
+        b = TraceBuilder(rank=r, world_size=8)
+        tp_name, tp_ranks = f"tp{r // 2}", f"[{r // 2 * 2}, {r // 2 * 2 + 1}]"
+        dp_name, dp_ranks = ("dp0", "[0, 2, 4, 6]") if r % 2 == 0 else ("dp1", "[1, 3, 5, 7]")
+        for s in range(6):
+            t = s * 4000
+            load = 100 + (500 if r == 5 else 0)
+            b.step(s, t, 4000).loader(t, load, multiprocess=True)
+            b.kernel(t + load, 1000, name="gemm", launch_at=t + load, launch_dur=5)
+            comm_kernel(b, t + load + 1000, 2000 - load - 1000 + 100, pg=tp_name, ranks=tp_ranks, seq=s, stream=21)
+            comm_kernel(b, t + 2200, 800, pg=dp_name, ranks=dp_ranks, seq=s, stream=22)
+        b.write(tmp_path / "job" / f"rank-{r}.json")
+    rep = build_report(load_trace(tmp_path / "job"))
+    (f,) = found(rep, "straggler")
+    assert f.rank == 5 and f.evidence["cause"] == "input" and f.evidence["last_to_arrive_share"] == 1.0
+    # only its TP partner (rank 4) waits, 500 us a step; per partner and step: 500
+    assert f.evidence["others_wait_us_per_step"] == 500
+
+
+def test_a_collective_missing_mid_sequence_shifts_nothing(tmp_path):
+    """Rank 1 arrives 3 us late at each of 12 all-reduces and its trace lacks the 6th: 11 matched, 33 us of
+    waiting in all, no straggler (was: every pair after the gap a step off, a 'straggler' warning)."""
+    for rank in (0, 1):
+        b = TraceBuilder(rank=rank, world_size=2)
+        for s in range(12):
+            t = s * 1000
+            b.step(s, t, 1000).kernel(t + 10, 500, name="gemm")
+            if rank == 1 and s == 5:
+                continue
+            arrive = 600 + (3 if rank == 1 else 0)
+            b.kernel(t + arrive, 900 - arrive, stream=20, name=NCCL)
+        b.write(tmp_path / "job" / f"rank-{rank}.json")
+    rep = build_report(load_trace(tmp_path / "job"))
+    coll = rep.job["collectives"]
+    ranks = {r["rank"]: r for r in coll["ranks"]}
+    assert coll["matched"] == 11 and ranks[0]["unmatched"] == 1 and ranks[1]["unmatched"] == 0
+    assert ranks[0]["wait_us"] == 33 and ranks[1]["clock_skew_us"] == 0
+    assert not found(rep, "straggler")
+
+
+def test_point_to_point_calls_are_never_matched(tmp_path):
+    for rank in (0, 1):
+        b = TraceBuilder(rank=rank, world_size=2)
+        for s in range(4):
+            t = s * 1000 + (300 if rank else 0)  # a send completes before its receive starts
+            b.step(s, s * 1000, 1000).kernel(t + 100, 200, stream=20,
+                                             name="ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)")
+        b.write(tmp_path / "job" / f"rank-{rank}.json")
+    coll = build_report(load_trace(tmp_path / "job")).job["collectives"]
+    assert coll["matched"] == 0 and [r["point_to_point"] for r in coll["ranks"]] == [4, 4]
+
+
+def test_two_unconnected_groups_each_get_their_skews_and_waits(tmp_path):
+    """TP pairs {0,1} and {2,3}, nothing linking them: skews within each pair, waits within each pair."""
+    offsets = {0: 0.0, 1: 40.0, 2: 0.0, 3: -70.0}
+    for r in range(4):
+        b = TraceBuilder(rank=r, world_size=4)
+        for s in range(5):
+            t = s * 1000 + offsets[r]
+            late = 200 if r == 3 else 0
+            b.step(s, t, 1000).kernel(t + 10, 300, name="gemm")
+            comm_kernel(b, t + 400 + late, 400 - late, pg=f"tp{r // 2}", ranks=f"[{r // 2 * 2}, {r // 2 * 2 + 1}]",
+                        stream=21)
+        b.write(tmp_path / "job" / f"rank-{r}.json")
+    rep = build_report(load_trace(tmp_path / "job"))
+    ranks = {r["rank"]: r for r in rep.job["collectives"]["ranks"]}
+    assert [ranks[r]["clock_skew_us"] for r in range(4)] == [0, 40, 0, -70]
+    assert ranks[2]["wait_us"] == 1000 and ranks[3]["waited_for_count"] == 5
+    (f,) = found(rep, "straggler")
+    assert f.rank == 3 and f.evidence["others_wait_us_per_step"] == 200
+
+
+def test_an_item_on_an_idle_gpu_that_launches_its_own_copy_drains_nothing(tmp_path):
+    b = TraceBuilder()
+    for i in range(5):
+        t = i * 10_000
+        b.step(i, t, 10_000).kernel(t + 10, 3000, launch_at=t, launch_dur=5)  # the GPU is idle from t + 3010
+        b.op("aten::item", t + 6000, 100)  # .item() long after: its own 2 us copy, then a stream sync
+        b.memcpy(t + 6020, 2, direction="DtoH", host="Pageable", call="cudaMemcpyAsync", call_at=t + 6010)
+        b.runtime("cudaStreamSynchronize", t + 6016, 80)
+    rep = report_of(tmp_path, b)
+    assert rep.ranks[0]["gpu"]["devices"][0]["idle_by_cause_us"]["sync"] == 0
+    assert not found(rep, "sync_point")
+
+
+def test_without_steps_a_prefetch_thread_is_not_the_training_loop(tmp_path):
+    b = TraceBuilder()  # no ProfilerStep marks; thread 200 is a prefetcher, the loop (100) launches every kernel
+    for i in range(8):
+        t = i * 1000
+        b.op("enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__", t, 800, cat="user_annotation", tid=200)
+        for k in range(4):
+            b.kernel(t + 100 + 200 * k, 150, launch_at=t + 90 + 200 * k)
+    loader = report_of(tmp_path, b).ranks[0]["loader"]
+    assert loader["time_us"] == 0 and loader["other_threads_calls"] == 8
+
+
+def test_a_leak_landing_every_other_step_is_a_leak(tmp_path):
+    values = [1024 + 128 * (i // 2) for i in range(20)]  # +128 MiB every second step
+    (f,) = found(report_of(tmp_path, memory_trace(values)), "memory_growth")
+    assert f.severity == "critical" and f.evidence["growth_bytes_per_step"] == 64 * MiB
+
+
+def test_a_noisy_leak_is_a_leak_and_noise_alone_is_not(tmp_path):
+    rng = __import__("numpy").random.default_rng(3)
+    noise = rng.uniform(-40, 40, 30)
+    leak = [2048 + 16 * i + int(n) for i, n in enumerate(noise)]
+    assert found(report_of(tmp_path, memory_trace(leak), "a.json"), "memory_growth")
+    flat = [2048 + int(n) for n in noise]
+    assert not found(report_of(tmp_path, memory_trace(flat), "b.json"), "memory_growth")
+
+
+def test_launch_bound_cost_leaves_out_the_hosts_own_long_work(tmp_path):
+    b = TraceBuilder()
+    for s in range(5):
+        t = s * 10_000
+        b.step(s, t, 10_000).kernel(t, 4000, launch_at=t - 20)
+        for i in range(100):  # 100 kernels of 2 us, one launched every 6 us: 4 us gaps
+            b.kernel(t + 4010 + i * 6, 2, launch_at=t + 4005 + i * 6, launch_dur=3)
+        # then ~5.4 ms of untraced Python before the next step
+    (f,) = found(report_of(tmp_path, b), "launch_bound")
+    # per step: 10 us before the first small kernel, then 99 gaps of 4 us; the 5.4 ms of Python is not launching
+    assert f.evidence["gpu_idle_waiting_for_launches_us"] == pytest.approx(5 * (10 + 99 * 4), abs=1)
+
+
+def test_a_device_without_work_in_the_window_is_not_called_idle(tmp_path):
+    b = TraceBuilder()
+    b.kernel(-500, 10, device=1)  # before the first step
+    for s in range(3):
+        b.step(s, s * 1000, 1000)
+        for k in range(10):
+            b.kernel(s * 1000 + k * 100, 90, launch_at=s * 1000 + k * 100 - 5)
+    rep = report_of(tmp_path, b)
+    devices = {d["device"]: d for d in rep.ranks[0]["gpu"]["devices"]}
+    assert devices[1]["unused_in_window"] and devices[1]["idle_fraction"] is None
+    assert rep.ranks[0]["gpu"]["idle_fraction"] == pytest.approx(0.1)
+    assert not [f for f in rep.findings if f.id == "gpu_idle" and f.evidence["device"] == 1]
+
+
+def test_copies_on_two_devices_are_measured_per_device(tmp_path):
+    b = TraceBuilder().step(1, 0, 1000)
+    b.memcpy(0, 100, host="Pageable", stream=7, device=0, call="cudaMemcpyAsync", call_at=-10)
+    b.kernel(0, 100, stream=9, device=0)
+    b.memcpy(0, 100, host="Pinned", stream=7, device=1, call="cudaMemcpyAsync", call_at=-8)
+    h2d = report_of(tmp_path, b).ranks[0]["h2d"]
+    assert h2d["time_us"] == 200 and h2d["overlap_fraction"] == 0.5 and h2d["pageable_fraction"] == 0.5
+    assert h2d["fraction"] == pytest.approx(0.1)
+
+
+def test_a_copy_straddling_the_window_counts_its_bytes_over_its_whole_length(tmp_path):
+    b = TraceBuilder().step(1, 0, 1000)
+    b.memcpy(900, 1000, host="Pinned", nbytes=1_000_000, call="cudaMemcpyAsync", call_at=890)
+    h2d = report_of(tmp_path, b).ranks[0]["h2d"]
+    assert h2d["time_us"] == 100 and h2d["bandwidth_gb_per_s"] == pytest.approx(1.0)
+
+
+def test_zero_duration_collectives_are_not_evidence(tmp_path):
+    for rank in (0, 1):
+        b = TraceBuilder(rank=rank, world_size=2)
+        for s in range(4):
+            t = s * 1000
+            b.step(s, t, 1000).kernel(t + 10, 500, name="gemm")
+            b.kernel(t + 600 + (300 if rank else 0), 0 if rank else 300, stream=20, name=NCCL)
+        b.write(tmp_path / "job" / f"rank-{rank}.json")
+    rep = build_report(load_trace(tmp_path / "job"))
+    # rank 1's all-reduces were recorded with no duration: only rank 0 has collectives left to match
+    assert rep.job.get("collectives") is None and not found(rep, "straggler")
+
+
+def test_a_tiny_copy_inside_its_async_call_says_nothing_about_host_memory(tmp_path):
+    b = TraceBuilder().step(1, 0, 1000)
+    for t in range(0, 1000, 100):
+        b.raw({"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD (Host -> Device)", "pid": 0, "tid": 7,
+               "ts": t + 5, "dur": 4, "args": {"device": 0, "stream": 7, "correlation": 500 + t, "bytes": 4096}})
+        b.runtime("hipMemcpyAsync", t, 12, 500 + t)
+    rep = report_of(tmp_path, b)
+    assert rep.ranks[0]["h2d"]["pageable_fraction"] is None and rep.ranks[0]["h2d"]["blocking_count"] == 0
+    assert not found(rep, "h2d_pageable")
+
+
+def test_a_900_us_cpu_op_launching_one_kernel_is_cpu_work(tmp_path):
+    b = TraceBuilder().step(1, 0, 3000).kernel(0, 100, launch_at=-10)
+    b.op("my_ext::preprocess", 200, 900)
+    b.kernel(1110, 1890, launch_at=1090, launch_dur=5)  # launched at its end
+    causes = report_of(tmp_path, b).ranks[0]["gpu"]["devices"][0]["idle_by_cause_us"]
+    assert causes["host_compute"] == 900

@@ -414,7 +414,13 @@ def _inferred_steps(events: pd.DataFrame, notes: list[str]) -> pd.DataFrame:
     empty = _steps_frame(np.empty(0), np.empty(0), np.empty(0), np.empty(0), np.empty(0))
     if len(loader) < 3:
         return empty
-    tid = loader["tid"].astype(str).value_counts().index[0]
+    # the training loop is the thread that launches GPU work (or, CPU-only, runs most ops): a prefetch
+    # thread calling next() is not it, however often it does
+    launching = events[kind_mask(events, ("runtime", "driver"))]
+    pool = launching if len(launching) else events[kind_mask(events, ("cpu_op",))]
+    if pool.empty:
+        return empty
+    tid = pool["tid"].astype(str).value_counts().index[0]
     starts = np.sort(loader["ts_ns"].to_numpy(np.int64)[(loader["tid"].astype(str) == tid).to_numpy()])
     if len(starts) < 3:
         return empty

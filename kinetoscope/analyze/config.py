@@ -44,8 +44,10 @@ class AnalysisConfig:
     launch_queue_empty_share: float = 0.50
     #: ... and host-side launching (traced or not) explains at least this share of device idle time ...
     launch_idle_share: float = 0.50
-    #: ... over at least this many kernels (a handful of launches says nothing about a loop).
+    #: ... over at least this many kernels (a handful of launches says nothing about a loop). Its cost counts
+    #: the gaps before such kernels up to this many launch intervals long (longer: the host's own work).
     launch_bound_min_kernels: int = 50
+    launch_gap_max_intervals: float = 5.0
     #: GPU activity unknown (unrecorded graph replays, stream capture) for more than this share of the
     #: window: idle time is not reported at all rather than reported wrong.
     missing_activity_max_fraction: float = 0.05
@@ -59,8 +61,10 @@ class AnalysisConfig:
     #: A leak keeps growing: the robust slope over the later half of the steps is at least this share of
     #: the whole (a warm-up that levels off - +100 MiB, +50 MiB, flat - fails it) ...
     memory_growth_min_persistence: float = 0.5
-    #: ... and at least 75% of step-to-step changes are increases.
-    memory_growth_min_rising_share: float = 0.75
+    #: ... and it rises too consistently to be noise: the Mann-Kendall trend test's z >= 2.33 (p < 0.01,
+    #: one-sided). A leak landing every other step, in chunks or under noise passes; 5 step ends pass only if
+    #: each one is higher than the last.
+    memory_growth_min_trend_z: float = 2.33
     #: Fewer step ends than this cannot tell a leak from warm-up (3 points fit any curve's start).
     memory_min_steps: int = 5
     #: Out of memory projected within this many steps turns a growth warning critical ...
@@ -88,7 +92,7 @@ _FRACTIONS = frozenset({
     "loader_fraction_warning", "loader_fraction_critical", "gpu_idle_warning", "gpu_idle_critical",
     "sync_idle_fraction", "sync_in_loop_min_fraction", "launch_queue_empty_share", "missing_activity_max_fraction", "startup_max_fraction",
     "pageable_min_fraction", "overlap_min_fraction", "copy_min_fraction",
-    "launch_idle_share", "memory_growth_min_persistence", "memory_growth_min_rising_share",
+    "launch_idle_share", "memory_growth_min_persistence", 
     "reserved_growth_max_allocated_share",
     "straggler_min_spread_fraction", "straggler_min_last_share",
 })

@@ -13,6 +13,9 @@ default group):
    that rank's calls stay unmatched.
 Collectives complete together on every rank, so the median difference of end times of matched calls
 is the clock skew between two ranks; skews from several groups are combined by least squares.
+Point-to-point calls (send, recv) complete on two peers at different times: they are never matched.
+A call missing from one rank's capture, anywhere in the sequence, is skipped: pairs are made in order
+on the aligned clock, within half the spacing of calls.
 Arrival = the collective's start on the rank's aligned clock; the last to arrive is the rank the others
 waited for, and each rank's wait is the last arrival minus its own.
 """
@@ -26,6 +29,8 @@ import numpy as np
 
 #: ops whose message sizes are the same on every rank (alltoall and send/recv sizes are per rank)
 _SIZE_INVARIANT = frozenset({"allreduce", "allgather", "reducescatter", "broadcast", "reduce", "barrier"})
+#: point-to-point operations complete on their two peers only, at different times: never matched
+POINT_TO_POINT = frozenset({"send", "recv", "sendrecv"})
 #: offsets tried when aligning two ranks' sequences without sequence numbers
 MAX_OFFSET = 64
 #: a matched collective's implied skew must be this consistent (median absolute deviation, as a share
@@ -82,9 +87,10 @@ class GroupMatch:
 class Matching:
     groups: list[GroupMatch]
     skew_ns: dict[int, int | None]
-    #: per rank: collectives matched, unmatched
+    #: per rank: collectives matched, unmatched; point-to-point calls (never matched)
     matched: dict[int, int]
     unmatched: dict[int, int]
+    point_to_point: dict[int, int] = field(default_factory=dict)
 
 
 def normalise_op(name: str) -> str:
@@ -105,34 +111,53 @@ def _signature(s: RankSummary, i: int) -> tuple[Any, ...]:
 
 
 def _align(ref: RankSummary, ref_idx: np.ndarray, other: RankSummary, other_idx: np.ndarray,
-           step_ns: float) -> int | None:
-    """The offset d pairing ref_idx[i] with other_idx[i - d] best (see the module doc), or None."""
+           step_ns: float) -> float | None:
+    """The clock skew of ``other`` against ``ref`` from their sequences of collectives (see the module doc):
+    the skew implied by the best-agreeing offset, the smallest among ties; None beyond a step."""
     ref_sig = [_signature(ref, int(i)) for i in ref_idx]
     oth_sig = [_signature(other, int(i)) for i in other_idx]
     ref_end = np.asarray(ref.end_ns, dtype=np.int64)[ref_idx]
     oth_end = np.asarray(other.end_ns, dtype=np.int64)[other_idx]
     n_ref, n_oth = len(ref_idx), len(other_idx)
-    best: list[tuple[float, float, int, int]] = []  # (-agreement, |skew|, -pairs, d)
+    best: list[tuple[float, float, int, float]] = []  # (-agreement, |skew|, -pairs, skew)
     for d in range(-min(n_oth - 1, MAX_OFFSET), min(n_ref - 1, MAX_OFFSET) + 1):
         lo, hi = max(0, d), min(n_ref, n_oth + d)
         if hi <= lo:
             continue
-        pairs = hi - lo
-        agree = sum(ref_sig[i] == oth_sig[i - d] for i in range(lo, hi))
-        if agree == 0:
-            continue
         same = [i for i in range(lo, hi) if ref_sig[i] == oth_sig[i - d]]
-        diffs = oth_end[[i - d for i in same]] - ref_end[same]
-        skew = float(np.median(diffs))
-        best.append((-agree / pairs, abs(skew), -pairs, d))
+        if not same:
+            continue
+        # the median holds when a call missing mid-sequence puts a minority of the pairs a step off
+        skew = float(np.median(oth_end[[i - d for i in same]] - ref_end[same]))
+        best.append((-len(same) / (hi - lo), abs(skew), -(hi - lo), skew))
     if not best:
         return None
     top = min(b[0] for b in best)
-    candidates = sorted(b for b in best if b[0] <= top + 1e-9)
-    _, skew_abs, _, d = min(candidates, key=lambda b: (b[1], b[2]))
+    _, skew_abs, _, skew = min((b for b in best if b[0] <= top + 1e-9), key=lambda b: (b[1], b[2]))
     if step_ns and skew_abs > step_ns:
         return None  # a "skew" beyond a step is a mismatch
-    return d
+    return skew
+
+
+def _pair(ref: RankSummary, ref_idx: np.ndarray, other: RankSummary, other_idx: np.ndarray, skew: float,
+          tolerance: float) -> dict[int, int]:
+    """Pair the two sequences in order on the aligned clock: a call of one with no counterpart within
+    ``tolerance`` on the other (missing from its capture) is skipped, not shifted onto the next one."""
+    ref_end = np.asarray(ref.end_ns, dtype=np.float64)[ref_idx]
+    oth_end = np.asarray(other.end_ns, dtype=np.float64)[other_idx] - skew
+    pairs: dict[int, int] = {}
+    i = j = 0
+    while i < len(ref_idx) and j < len(other_idx):
+        gap = oth_end[j] - ref_end[i]
+        if abs(gap) <= tolerance and _signature(ref, int(ref_idx[i])) == _signature(other, int(other_idx[j])):
+            pairs[i] = int(other_idx[j])
+            i += 1
+            j += 1
+        elif gap < 0:
+            j += 1
+        else:
+            i += 1
+    return pairs
 
 
 def match(summaries: list[RankSummary]) -> Matching:
@@ -141,10 +166,15 @@ def match(summaries: list[RankSummary]) -> Matching:
     steps = [s.mean_step_us for s in summaries if s.mean_step_us]
     step_ns = float(np.median(steps)) * 1000.0 if steps else 0.0
     groups: dict[str, dict[int, np.ndarray]] = {}
+    point_to_point = {}
     for s in summaries:
         g = np.asarray(s.group, dtype=object)
+        p2p = np.isin(np.asarray(s.op, dtype=object), list(POINT_TO_POINT))
+        point_to_point[s.rank] = int(p2p.sum())
         for name in dict.fromkeys(s.group):
-            groups.setdefault(str(name), {})[s.rank] = np.flatnonzero(g == name)
+            idx = np.flatnonzero((g == name) & ~p2p)
+            if len(idx):
+                groups.setdefault(str(name), {})[s.rank] = idx
     results: list[GroupMatch] = []
     constraints: list[tuple[int, int, float, int]] = []  # (a, b, skew_b - skew_a, weight)
     matched = {s.rank: 0 for s in summaries}
@@ -164,9 +194,9 @@ def match(summaries: list[RankSummary]) -> Matching:
             a_end = np.asarray(by_rank[ref].end_ns, np.int64)[gm.index[:, 0]]
             b_end = np.asarray(by_rank[r].end_ns, np.int64)[gm.index[:, j]]
             constraints.append((ref, r, float(np.median(b_end - a_end)), int(len(gm.index))))
-    unmatched = {s.rank: len(s.op) - matched[s.rank] for s in summaries}
+    unmatched = {s.rank: len(s.op) - point_to_point[s.rank] - matched[s.rank] for s in summaries}
     return Matching(groups=results, skew_ns=_solve_skews([s.rank for s in summaries], constraints),
-                    matched=matched, unmatched=unmatched)
+                    matched=matched, unmatched=unmatched, point_to_point=point_to_point)
 
 
 def _match_group(name: str, ranks: list[int], members: dict[int, np.ndarray], by_rank: dict[int, RankSummary],
@@ -183,38 +213,30 @@ def _match_group(name: str, ranks: list[int], members: dict[int, np.ndarray], by
     # by alignment against the member with the most collectives
     ref = max(ranks, key=lambda r: (len(members[r]), -r))
     ordered = [ref] + [r for r in ranks if r != ref]
-    offsets: dict[int, int] = {ref: 0}
+    ref_end = np.sort(np.asarray(by_rank[ref].end_ns, dtype=np.float64)[members[ref]])
+    spacing = float(np.median(np.diff(ref_end))) if len(ref_end) > 1 else step_ns or float("inf")
+    # a pair's ends agree within microseconds once aligned: half the spacing of calls leaves no ambiguity
+    tolerance = max(min(spacing / 2, step_ns / 2 if step_ns else spacing / 2), 1000.0)
+    pairs: dict[int, dict[int, int]] = {}
     misaligned = []
     for r in ordered[1:]:
-        d = _align(by_rank[ref], members[ref], by_rank[r], members[r], step_ns)
-        if d is None:
+        skew = _align(by_rank[ref], members[ref], by_rank[r], members[r], step_ns)
+        if skew is None:
             misaligned.append(r)
         else:
-            offsets[r] = d
-    kept = [r for r in ordered if r in offsets]
-    rows = []
-    for i in range(len(members[ref])):
-        row = []
-        for r in kept:
-            j = i - offsets[r]
-            if not 0 <= j < len(members[r]):
-                break
-            if _signature(by_rank[r], int(members[r][j])) != _signature(by_rank[ref], int(members[ref][i])):
-                break
-            row.append(int(members[r][j]))
-        else:
-            rows.append(row)
+            pairs[r] = _pair(by_rank[ref], members[ref], by_rank[r], members[r], skew, tolerance)
+    kept = [ref] + [r for r in ordered[1:] if r in pairs]
+    rows = [[int(members[ref][i])] + [pairs[r][i] for r in kept[1:]]
+            for i in range(len(members[ref])) if all(i in pairs[r] for r in kept[1:])]
     index = np.array(rows, dtype=np.int64).reshape(len(rows), len(kept))
-    unmatched = {r: int(len(members[r])) - (len(rows) if r in offsets else 0) for r in ranks}
+    unmatched = {r: int(len(members[r])) - (len(rows) if r in kept else 0) for r in ranks}
     return GroupMatch(name, kept, "alignment", index, unmatched, misaligned)
 
 
 def _solve_skews(ranks: list[int], constraints: list[tuple[int, int, float, int]]) -> dict[int, int | None]:
-    """Each rank's clock offset from the lowest rank it is connected to, least squares over all groups."""
-    if not ranks:
-        return {}
+    """Each rank's clock offset, least squares over all groups' constraints, per connected set of ranks
+    (each anchored at its lowest rank: the offset between two unconnected sets is unknown, and unused)."""
     position = {r: i for i, r in enumerate(ranks)}
-    # connected components from the constraints; each component's lowest rank reads 0
     parent = list(range(len(ranks)))
 
     def find(i: int) -> int:
@@ -225,30 +247,34 @@ def _solve_skews(ranks: list[int], constraints: list[tuple[int, int, float, int]
 
     for a, b, _, _ in constraints:
         parent[find(position[a])] = find(position[b])
-    out: dict[int, int | None] = {}
-    root_of = {r: find(position[r]) for r in ranks}
-    anchor = min(ranks)
-    component = [r for r in ranks if root_of[r] == root_of[anchor]]
-    rows, rhs, weights = [], [], []
-    for a, b, d, w in constraints:
-        if root_of[a] != root_of[anchor]:
-            continue
-        row = np.zeros(len(component))
-        row[component.index(b)] += 1.0
-        row[component.index(a)] -= 1.0
-        rows.append(row)
-        rhs.append(d)
-        weights.append(np.sqrt(w))
-    fix = np.zeros(len(component))
-    fix[component.index(anchor)] = 1.0
-    rows.append(fix * 1e3)
-    rhs.append(0.0)
-    weights.append(1.0)
-    a_mat = np.vstack(rows) * np.asarray(weights)[:, None]
-    b_vec = np.asarray(rhs) * np.asarray(weights)
-    solution = np.linalg.lstsq(a_mat, b_vec, rcond=None)[0]
+    out: dict[int, int | None] = {r: None for r in ranks}
+    components: dict[int, list[int]] = {}
     for r in ranks:
-        out[r] = int(round(solution[component.index(r)])) if r in component else None
+        components.setdefault(find(position[r]), []).append(r)
+    for members in components.values():
+        if len(members) == 1:
+            out[members[0]] = 0 if any(members[0] in (a, b) for a, b, _, _ in constraints) else None
+            continue
+        col = {r: i for i, r in enumerate(members)}
+        rows, rhs, weights = [], [], []
+        for a, b, d, w in constraints:
+            if a in col and b in col:
+                row = np.zeros(len(members))
+                row[col[b]] += 1.0
+                row[col[a]] -= 1.0
+                rows.append(row)
+                rhs.append(d)
+                weights.append(np.sqrt(w))
+        anchor = np.zeros(len(members))
+        anchor[col[min(members)]] = 1e3
+        rows.append(anchor)
+        rhs.append(0.0)
+        weights.append(1.0)
+        a_mat = np.vstack(rows) * np.asarray(weights)[:, None]
+        b_vec = np.asarray(rhs) * np.asarray(weights)
+        solution = np.linalg.lstsq(a_mat, b_vec, rcond=None)[0]
+        for r in members:
+            out[r] = int(round(solution[col[r]]))
     return out
 
 
@@ -316,6 +342,7 @@ def job_metrics(summaries: list[RankSummary], m: Matching, a: Arrivals) -> dict[
             "clock_skew_us": m.skew_ns[r] / 1000.0 if m.skew_ns.get(r) is not None else None,
             "matched": m.matched[r],
             "unmatched": m.unmatched[r],
+            "point_to_point": m.point_to_point.get(r, 0),
             "wait_us": round(float(np.nansum(waits)) / 1000.0, 3) if present.any() else None,
             "waited_for_count": int(waited_for[i]),
         })

@@ -172,3 +172,46 @@ def hta_rounding_loss_us(trace: RankTrace) -> float:
     if not ((ts % 1000).any() or (end % 1000).any()):
         return 0.0  # a whole-microsecond trace: HTA does not round
     return float(np.maximum(-(-ts // 1000) - end // 1000, 0).sum())
+
+
+def hta_extra_busy_us(path: Path, trace: RankTrace) -> float | None:
+    """How much busy time HTA adds with the non-work events it counts (``hta_extra_busy_events``), rounded
+    as HTA rounds: their union less the GPU work's. None where HTA drops the last step (two ProfilerSteps
+    or more), whose selection of such events is its own."""
+    import gzip
+
+    import msgspec
+
+    steps = trace.steps
+    marked = steps[~steps["inferred"]] if "inferred" in steps else steps
+    if len(marked) >= 2:
+        return None
+    raw = Path(path).read_bytes()
+    doc = msgspec.json.decode(gzip.decompress(raw) if str(path).endswith(".gz") else raw)
+    events = doc.get("traceEvents", []) if isinstance(doc, dict) else doc
+    starts, ends = [], []
+    fractional = False
+    for e in events:
+        if not isinstance(e, dict) or e.get("ph") != "X":
+            continue
+        ts, dur = e.get("ts"), e.get("dur", 0)
+        if isinstance(ts, float) and not ts.is_integer():
+            fractional = True
+        if e.get("cat") in _WORK_CATS:
+            continue
+        args = e.get("args")
+        stream = args.get("stream") if isinstance(args, dict) else None
+        if isinstance(stream, int) and not isinstance(stream, bool) and stream >= 0 and isinstance(ts, (int, float)):
+            starts.append(float(ts))
+            ends.append(float(ts) + float(dur or 0))
+    if not starts:
+        return 0.0
+    s = np.asarray(starts)
+    e = np.asarray(ends)
+    if fractional:  # HTA rounds inward to whole microseconds (only when the trace has fractional times)
+        s, e = np.ceil(s), np.floor(e)
+    e = np.maximum(e, s)
+    extra = iv.union((s * 1000).astype(np.int64), (e * 1000).astype(np.int64))
+    work = gpu_work(hta_view(trace))
+    work_set = iv.union(work["ts_ns"].to_numpy(), work["end_ns"].to_numpy())
+    return iv.measure(iv.subtract(extra, work_set)) / 1000.0

@@ -201,8 +201,8 @@ class HostWork:
 #: a top-level op that launches nothing and runs this long is CPU work, not dispatch overhead ...
 COMPUTE_MIN_NS = 100_000
 #: ... and so is one spending this much host time per GPU launch inside it (an eager op costs ~10-50 us
-#: of host time per kernel; cuDNN's host side up to a few hundred us: still launch overhead)
-COMPUTE_NS_PER_LAUNCH = 1_000_000
+#: of host time per kernel it launches; past 250 us the op is doing work of its own on the CPU)
+COMPUTE_NS_PER_LAUNCH = 250_000
 #: record_function ranges that 2021 traces file as ops: containers of work, never work themselves
 CONTAINER_RE = re.compile(r"^(ProfilerStep#|Optimizer\.(step|zero_grad)#|enumerate\(|## )")
 
@@ -263,6 +263,26 @@ def launch_queue(trace: RankTrace) -> pd.DataFrame:
         "launch_ts_ns": call_ts[pos[found]],
         "delay_ns": k["ts_ns"].to_numpy()[found] - call_end[pos[found]],
     })
+
+
+@trace_view
+def pending_work(trace: RankTrace) -> iv.Intervals:
+    """When launched GPU work was queued but not yet running: from its launch call's return to its start."""
+    work = gpu_work(trace)
+    calls = launches(trace)
+    calls = calls[calls["correlation"].notna().to_numpy()].drop_duplicates("correlation")
+    keys = calls["correlation"].to_numpy(np.int64)
+    order = np.argsort(keys, kind="stable")
+    keys, call_end = keys[order], calls["end_ns"].to_numpy()[order]
+    has = work["correlation"].notna().to_numpy()
+    corr = work["correlation"].fillna(0).to_numpy(np.int64)
+    if not len(keys):
+        return iv.EMPTY
+    pos = np.minimum(np.searchsorted(keys, corr), len(keys) - 1)
+    found = has & (keys[pos] == corr)
+    start = call_end[pos[found]]
+    end = work["ts_ns"].to_numpy()[found]
+    return iv.union(start, end)
 
 
 @dataclass(frozen=True)

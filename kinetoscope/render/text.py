@@ -92,12 +92,15 @@ def render_text(report: Report) -> str:
     coll = report.job.get("collectives")
     if coll:
         out.append("")
-        out.append(f"Collectives across ranks ({coll['matched']} matched, {coll['unmatched']} unmatched; clocks aligned "
-                   "on collective completion):")
+        p2p = sum(r.get("point_to_point", 0) for r in coll["ranks"])
+        out.append(f"Collectives across ranks ({coll['matched']} matched, {coll['unmatched']} unmatched"
+                   + (f", {p2p} point-to-point calls never matched" if p2p else "")
+                   + "; clocks aligned on collective completion):")
         for r in coll["ranks"]:
             out.append(f"  rank {r['rank']}: clock skew {_ms(r['clock_skew_us'])}, waiting {_ms(r['wait_us'])}, "
                        f"last to arrive {r['waited_for_count']} times ({r['matched']} matched, {r['unmatched']} unmatched)")
-        out.append(f"  most waited-for rank: {coll['most_waited_for_rank']}")
+        if coll["most_waited_for_rank"] is not None:
+            out.append(f"  most waited-for rank: {coll['most_waited_for_rank']}")
     if report.violations:
         out.append("")
         out.append("Numbers that break an invariant (a bug in Kinetoscope; please report it):")

@@ -31,7 +31,9 @@ def collectives(trace: RankTrace) -> pd.DataFrame:
     k = kernels(trace)
     coll = k[name_mask(k, COLLECTIVE_RE, search=True)]
     w = window(trace)
-    coll = coll[((coll["end_ns"] > w.start_ns) & (coll["ts_ns"] < w.end_ns)).to_numpy()].sort_values("ts_ns", kind="stable")
+    # a collective kernel of no duration is a broken record (a negative duration clamped at load): never evidence
+    coll = coll[((coll["end_ns"] > w.start_ns) & (coll["ts_ns"] < w.end_ns) & (coll["dur_ns"] > 0)).to_numpy()]
+    coll = coll.sort_values("ts_ns", kind="stable")
     meta = trace.comm_args.set_index("row")
     # metadata on the kernel itself, else on the op that launched it (same External id)
     ev = trace.events

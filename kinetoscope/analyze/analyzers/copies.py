@@ -26,6 +26,8 @@ from kinetoscope.analyze.units import frac, us
 # "Memcpy HtoD (Pageable -> Device)", "Memcpy DtoH (Device -> Pinned)", "Memcpy DtoD (Device -> Device)"
 _DIRECTION_RE = re.compile(r"\b(HtoD|DtoH|DtoD|PtoP|HtoH)\b")
 _HOST_MEMORY_RE = re.compile(r"\b(Pageable|Pinned)\b")
+#: shortest copy whose launching call's duration can show it blocked the host
+BLOCKING_MIN_COPY_NS = 20_000
 _SYNC_COPY_RE = re.compile(r"^(cuda|hip)Memcpy(WithStream)?$|^cuMemcpy(HtoD|DtoH)(_v2)?$")
 
 
@@ -53,7 +55,12 @@ def copies(trace: RankTrace) -> pd.DataFrame:
     launched_by = np.where(found, call_name[pos] if len(keys) else None, None)
     synchronous = np.array([bool(n) and bool(_SYNC_COPY_RE.match(n)) for n in launched_by], dtype=bool)
     ts, end = mem["ts_ns"].to_numpy(), mem["end_ns"].to_numpy()
-    blocking = found & (call_ts[pos] <= ts if len(keys) else False) & (call_end[pos] >= end if len(keys) else False)
+    # a call that holds the host for the whole copy blocks on it - shown only when the copy is long enough
+    # to be more than the call's own overhead (a 4 us copy inside a 12 us async call proves nothing)
+    dur = end - ts
+    covered = found & (call_ts[pos] <= ts if len(keys) else False) & (call_end[pos] >= end if len(keys) else False)
+    call_dur = (call_end[pos] - call_ts[pos]) if len(keys) else np.zeros(len(mem), dtype=np.int64)
+    blocking = covered & (dur >= BLOCKING_MIN_COPY_NS) & (2 * dur >= call_dur)
     return mem.assign(
         direction=direction.to_numpy(object),
         host_memory=host_kind.to_numpy(object),
@@ -70,29 +77,37 @@ def h2d_copies(trace: RankTrace) -> pd.DataFrame:
     return c[(c["direction"] == "HtoD").to_numpy()]
 
 
-def _sets(trace: RankTrace, sel: pd.DataFrame, w: Window) -> dict[str, iv.Intervals]:
-    """Unions over every device of: copy time, copy time with a kernel on another stream of the same
-    device, and copy time by host memory."""
+_PARTS = ("time", "overlapped", "pageable", "pinned", "blocking_unknown", "unknown")
+
+
+def _device_ns(trace: RankTrace, sel: pd.DataFrame, w: Window) -> dict[int, dict[str, int]]:
+    """Per device, the measure of: copy time (a union), copy time with a kernel on another stream of the
+    same device, and copy time by host memory; plus the copies' time unclipped by the window."""
     k = kernels(trace)
-    parts: dict[str, list[iv.Intervals]] = {"time": [], "overlapped": [], "pageable": [], "pinned": [],
-                                            "blocking_unknown": [], "unknown": []}
     host = sel["host_memory"].to_numpy(object)
+    blocking = sel["blocking"].to_numpy(bool)
     groups = {"pageable": host == "pageable", "pinned": host == "pinned",
-              "blocking_unknown": (host == "unknown") & sel["blocking"].to_numpy(bool),
-              "unknown": (host == "unknown") & ~sel["blocking"].to_numpy(bool)}
+              "blocking_unknown": (host == "unknown") & blocking, "unknown": (host == "unknown") & ~blocking}
     dev = sel["device"].to_numpy()
+    out: dict[int, dict[str, int]] = {}
     for device in np.unique(dev):
         on = dev == device
         mine = sel[on]
-        parts["time"].append(_clip_union(mine, w))
+        ns = {"time": iv.measure(_clip_union(mine, w)),
+              "whole": iv.measure(iv.union(mine["ts_ns"].to_numpy(), mine["end_ns"].to_numpy()))}
         for name, mask in groups.items():
-            parts[name].append(_clip_union(sel[on & mask], w))
+            ns[name] = iv.measure(_clip_union(sel[on & mask], w))
         on_k = k[(k["device"] == device).to_numpy()]
+        overlapped = []
         for stream, group in mine.groupby("stream", sort=False):
             others = on_k[(on_k["stream"] != stream).to_numpy()]
             other_set = iv.union(others["ts_ns"].to_numpy(), others["end_ns"].to_numpy())
-            parts["overlapped"].append(iv.intersect(_clip_union(group, w), other_set))
-    return {name: _union_all(sets) for name, sets in parts.items()}
+            overlapped.append(iv.intersect(_clip_union(group, w), other_set))
+        ns["overlapped"] = iv.measure(_union_all(overlapped))
+        ns["bytes"] = int(mine["bytes"].fillna(0).sum())
+        ns["pageable_like"] = iv.measure(_union_all([_clip_union(sel[on & (groups["pageable"] | groups["blocking_unknown"])], w)]))
+        out[int(device)] = ns
+    return out
 
 
 def _clip_union(frame: pd.DataFrame, w: Window) -> iv.Intervals:
@@ -109,33 +124,35 @@ def _direction_metrics(trace: RankTrace, sel: pd.DataFrame, w: Window) -> dict[s
     sel = sel[((sel["end_ns"] > w.start_ns) & (sel["ts_ns"] < w.end_ns)).to_numpy()]
     if sel.empty:
         return None
-    sets = _sets(trace, sel, w)
-    ns = {name: iv.measure(s) for name, s in sets.items()}
-    time_ns = ns["time"]
-    # pageable, or behaving as such; unknown while any copy time's host memory is neither named nor shown
-    pageable_like_ns = iv.measure(iv.union(np.concatenate((sets["pageable"][0], sets["blocking_unknown"][0])),
-                                           np.concatenate((sets["pageable"][1], sets["blocking_unknown"][1]))))
-    total_bytes = int(sel["bytes"].fillna(0).sum())
-    busy_s = time_ns / 1e9
+    per = _device_ns(trace, sel, w)
+    total = {name: sum(d[name] for d in per.values()) for name in (*_PARTS, "whole", "bytes", "pageable_like")}
+    time_ns = total["time"]
+    busiest = max(per.values(), key=lambda d: d["time"])
+    whole_s = total["whole"] / 1e9
     return {
         "count": int(len(sel)),
         "time_us": us(time_ns),
-        "fraction": frac(time_ns, w.dur_ns),
-        "fraction_of": "window",
-        "bytes": total_bytes,
-        "bandwidth_gb_per_s": round(total_bytes / busy_s / 1e9, 3) if busy_s and total_bytes else None,
-        "overlap_fraction": frac(ns["overlapped"], time_ns),
+        "time_of": "a union per device, summed over devices",
+        "fraction": frac(busiest["time"], w.dur_ns),
+        "fraction_of": "window (the device with the most copy time)",
+        "bytes": total["bytes"],
+        # bytes over the copies' whole durations: a copy straddling the window's edge counts once, whole
+        "bandwidth_gb_per_s": round(total["bytes"] / whole_s / 1e9, 3) if whole_s and total["bytes"] > 0 else None,
+        "overlap_fraction": frac(total["overlapped"], time_ns),
         "overlap_fraction_of": "copy time",
-        "pageable_fraction": frac(pageable_like_ns, time_ns) if ns["unknown"] == 0 else None,
+        "pageable_fraction": frac(total["pageable_like"], time_ns) if total["unknown"] == 0 else None,
         "pageable_fraction_of": "copy time (named Pageable, or blocking the host for the whole copy)",
-        "host_memory_us": {"pageable": us(ns["pageable"]), "pinned": us(ns["pinned"]),
-                           "unknown_but_blocking": us(ns["blocking_unknown"]), "unknown": us(ns["unknown"])},
+        "host_memory_us": {"pageable": us(total["pageable"]), "pinned": us(total["pinned"]),
+                           "unknown_but_blocking": us(total["blocking_unknown"]), "unknown": us(total["unknown"])},
         "pageable_count": int(sel["pageable"].sum()),
         "pinned_count": int(sel["pinned"].sum()),
         "unknown_count": int((sel["host_memory"] == "unknown").sum()),
         "synchronous_count": int(sel["synchronous"].sum()),
         "blocking_count": int(sel["blocking"].sum()),
-        "_pageable_like_ns": pageable_like_ns,
+        "devices": [{"device": d, "time_us": us(v["time"]), "fraction": frac(v["time"], w.dur_ns),
+                     "overlap_fraction": frac(v["overlapped"], v["time"]), "bytes": v["bytes"]} for d, v in sorted(per.items())],
+        "_pageable_like_ns": total["pageable_like"],
+        "_busiest_ns": busiest["time"],
     }
 
 
@@ -155,6 +172,7 @@ def analyze_copies(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
     for m in (h2d, d2h):
         if m:
             m.pop("_pageable_like_ns")
+            m.pop("_busiest_ns")
     copy_table = table[["ts_ns", "dur_ns", "name", "device", "stream", "bytes", "direction", "host_memory", "pageable",
                         "pinned", "launched_by", "synchronous", "blocking"]]
     return AnalysisResult(key="copies", metrics={"h2d": h2d, "d2h": d2h}, tables={"copies": copy_table},
@@ -164,6 +182,7 @@ def analyze_copies(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
 def _h2d_findings(trace: RankTrace, config: AnalysisConfig, w: Window, h2d: dict[str, Any]) -> list[Finding]:
     findings = []
     time_ns = (h2d["time_us"] or 0) * 1000
+    busiest_ns = h2d["_busiest_ns"]
     pageable_ns = h2d["_pageable_like_ns"]
     if w.dur_ns and pageable_ns / w.dur_ns >= config.pageable_min_fraction:
         named = h2d["pageable_count"]
@@ -195,12 +214,12 @@ def _h2d_findings(trace: RankTrace, config: AnalysisConfig, w: Window, h2d: dict
         ))
     overlap = h2d["overlap_fraction"] or 0.0
     exposed_ns = time_ns * (1 - overlap)
-    if w.dur_ns and time_ns / w.dur_ns >= config.copy_min_fraction and overlap < config.overlap_min_fraction:
+    if w.dur_ns and busiest_ns / w.dur_ns >= config.copy_min_fraction and overlap < config.overlap_min_fraction:
         findings.append(Finding(
             id="h2d_not_overlapped",
             severity="warning",
             rank=trace.rank,
-            title=(f"Host-to-device copies ({time_ns / w.dur_ns:.0%} of the {w.dur_ns / 1e6:.1f} ms window) overlap "
+            title=(f"Host-to-device copies ({busiest_ns / w.dur_ns:.0%} of the {w.dur_ns / 1e6:.1f} ms window) overlap "
                    f"compute only {overlap:.0%} of their time"),
             evidence={
                 "h2d_time_us": h2d["time_us"],

@@ -22,6 +22,7 @@ from kinetoscope.analyze.timeline import (
     host_work,
     intervals_of,
     launch_queue,
+    pending_work,
     loader_spans,
     missing_activity,
     name_mask,
@@ -62,18 +63,26 @@ def _stream_table(trace: RankTrace, w: Window) -> pd.DataFrame:
 
 def sync_cost(trace: RankTrace, calls: pd.DataFrame, idle: iv.Intervals, refill_max_ns: int) -> iv.Intervals:
     """The GPU idle a set of synchronising calls causes. A sync drains the queue: the GPU runs out of
-    work while the host waits, and stays idle until the host, released, launches again. So a call
-    costs the idle gap that *begins during it* (the last queued work finished while it waited), up to
-    ``refill_max_ns`` after it returns. A sync on an already idle GPU drained nothing and costs
-    nothing (that gap has another cause); one that returns with the GPU still busy costs nothing."""
+    work while the host waits, and stays idle until the host, released, launches again. So a sync - an
+    episode of nested calls (``.item()`` holding its copy and ``cudaStreamSynchronize``) - costs the idle
+    gap that begins while it waits, up to ``refill_max_ns`` after it returns, provided the GPU had work
+    when it began (running, or launched and not yet started). A sync on an already idle GPU drained
+    nothing, even if it launches a small copy of its own; one that returns with the GPU still busy costs
+    nothing."""
     if calls.empty or idle[0].size == 0:
         return iv.EMPTY
-    s, e = calls["ts_ns"].to_numpy(), calls["end_ns"].to_numpy()
-    # the idle interval each call's end falls in, if any
+    episodes = iv.union(calls["ts_ns"].to_numpy(), calls["end_ns"].to_numpy())
+    s, e = episodes
+    w = window(trace)
+    busy = iv.complement(idle, w.start_ns, w.end_ns)
+    pending = pending_work(trace)
+    work_or_queue = iv.union(np.concatenate((busy[0], pending[0])), np.concatenate((busy[1], pending[1])))
+    had_work = iv.overlap_each(s, s + 1, work_or_queue) > 0
+    # the idle interval each episode's end falls in, if any
     k = np.searchsorted(idle[0], e, side="right") - 1
     kk = np.maximum(k, 0)
     inside = (k >= 0) & (e <= idle[1][kk])
-    began_during = inside & (idle[0][kk] >= s)
+    began_during = inside & (idle[0][kk] >= s) & had_work
     starts = idle[0][kk][began_during]
     ends = np.minimum(idle[1][kk], e + refill_max_ns)[began_during]
     return iv.union(starts, ends)
@@ -141,6 +150,10 @@ def analyze_gpu(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
     findings: list[Finding] = []
     refill_ns = int(config.sync_refill_max_us * 1000)
     for device, busy in device_busy(trace).items():
+        if busy[0].size == 0:  # its work all lies outside the window: nothing to say about it here
+            devices.append({"device": device, "busy_us": 0.0, "idle_us": None, "idle_fraction": None,
+                            "idle_by_cause_us": None, "largest_gaps": [], "unused_in_window": True})
+            continue
         idle = iv.complement(busy, w.start_ns, w.end_ns)
         causes["sync"] = sync_cost(trace, sync_calls(trace), idle, refill_ns)
         parts = _attribute(idle, causes)
@@ -161,6 +174,7 @@ def analyze_gpu(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
                     {"start_us": r.start_us, "dur_us": round(r.dur_us, 3), "step": int(r.step), "cause": r.cause}
                     for r in gaps.itertuples()
                 ] if judged else [],
+                "unused_in_window": False,
             }
         )
         if judged:
@@ -390,12 +404,15 @@ def _launch_bound(trace: RankTrace, config: AnalysisConfig, w: Window, device: i
     if not (empty_share >= config.launch_queue_empty_share and kernel_ns < interval_ns
             and host_side_ns >= config.launch_idle_share * idle_ns):
         return []
-    # the cost: idle gaps that end with a kernel which found the queue empty, less data/sync/compute
+    # the cost: idle gaps that end with a kernel which found the queue empty and are as short as launch
+    # overhead is (a few launch intervals), less data/sync/compute; a long untraced stretch before a
+    # kernel is the host's own work, not launching (gpu_idle reports it as such)
     gap_end = q["ts_ns"].to_numpy()[empty]
     k = np.searchsorted(idle[1], gap_end, side="left")
-    ok = (k < idle[0].size) & (idle[1][np.minimum(k, idle[0].size - 1)] == gap_end)
-    waited = (idle[0][np.minimum(k, idle[0].size - 1)][ok], gap_end[ok])
-    waited = iv.union(*waited)
+    kk = np.minimum(k, idle[0].size - 1)
+    ok = (k < idle[0].size) & (idle[1][kk] == gap_end)
+    ok &= (gap_end - idle[0][kk]) <= max(config.launch_gap_max_intervals * interval_ns, config.launch_queue_empty_us * 1000)
+    waited = iv.union(idle[0][kk][ok], gap_end[ok])
     host_side = iv.union(np.concatenate((parts["host_launch"][0], parts["other"][0])),
                          np.concatenate((parts["host_launch"][1], parts["other"][1])))
     cost_ns = iv.measure(iv.intersect(waited, host_side))

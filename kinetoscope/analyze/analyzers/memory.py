@@ -70,19 +70,41 @@ def robust_slope(steps: np.ndarray, values: np.ndarray) -> float:
     return float(np.median((y[j] - y[i])[ok] / dx[ok]))
 
 
+def kendall_trend(values: np.ndarray) -> tuple[float, float]:
+    """How consistently a series rises, and how sure that is: Kendall's tau ((pairs rising - pairs falling) /
+    pairs, over every pair of points) and the Mann-Kendall z score of S = rising - falling (its variance
+    n(n-1)(2n+5)/18, ties ignored: conservative). A leak that lands every other step, in chunks or under
+    noise still rises between most pairs; noise around a flat line gives tau ~0, z ~0."""
+    y = np.asarray(values, dtype=np.float64)
+    if y.size > _ROBUST_POINTS:
+        y = y[np.linspace(0, y.size - 1, _ROBUST_POINTS).round().astype(np.int64)]
+    i, j = np.triu_indices(y.size, k=1)
+    if not i.size:
+        return 0.0, 0.0
+    s = float(np.sign(y[j] - y[i]).sum())
+    n = y.size
+    var = n * (n - 1) * (2 * n + 5) / 18.0
+    return s / i.size, s / np.sqrt(var)
+
+
 def growth(steps: np.ndarray, values: np.ndarray) -> dict[str, float | int | None]:
     """How a per-step series grows: robust slope overall and over the later half (does the growth
-    persist, or was it a warm-up that levelled off?), share of rising steps, least-squares R^2."""
+    persist, or was it a warm-up that levelled off?), trend consistency (Kendall's tau), share of rising
+    steps and least-squares R^2 (both for reference)."""
     n = int(len(values))
     if n < 2:
-        return {"points": n, "slope": None, "late_slope": None, "rising_share": None, "r2": None}
+        return {"points": n, "slope": None, "late_slope": None, "tau": None, "trend_z": None, "rising_share": None,
+                "r2": None}
     half = steps.size // 2
     late_x, late_y = steps[half:], values[half:]
     deltas = np.diff(values.astype(np.float64))
+    tau, z = kendall_trend(values)
     return {
         "points": n,
         "slope": robust_slope(steps, values),
         "late_slope": robust_slope(late_x, late_y) if late_x.size >= 2 else None,
+        "tau": tau,
+        "trend_z": z,
         "rising_share": float((deltas > 0).mean()),
         "r2": _fit(steps, values)[1],
     }
@@ -90,13 +112,13 @@ def growth(steps: np.ndarray, values: np.ndarray) -> dict[str, float | int | Non
 
 def steady(g: dict[str, float | int | None], config: AnalysisConfig) -> bool:
     """Growth a leak would show: enough steps, a robust slope past the noise floor, persisting into the
-    later steps at half the rate or more, and most steps rising."""
-    slope, late, rising = g["slope"], g["late_slope"], g["rising_share"]
+    later steps at half the rate or more, and a rise too consistent to be noise (Mann-Kendall)."""
+    slope, late, z = g["slope"], g["late_slope"], g["trend_z"]
     return bool(
         int(g["points"] or 0) >= config.memory_min_steps
         and slope is not None and slope >= config.memory_growth_min_bytes_per_step
         and late is not None and late >= config.memory_growth_min_persistence * slope
-        and rising is not None and rising >= config.memory_growth_min_rising_share
+        and z is not None and z >= config.memory_growth_min_trend_z
     )
 
 
@@ -168,6 +190,8 @@ def _device_metrics(trace: RankTrace, group: pd.DataFrame, config: AnalysisConfi
         "late_growth_bytes_per_step": round(alloc_growth["late_slope"], 3) if alloc_growth["late_slope"] is not None else None,
         "growth_r2": round(alloc_growth["r2"], 6) if alloc_growth["r2"] is not None else None,
         "rising_step_share": round(alloc_growth["rising_share"], 6) if alloc_growth["rising_share"] is not None else None,
+        "growth_tau": round(alloc_growth["tau"], 6) if alloc_growth["tau"] is not None else None,
+        "growth_trend_z": round(alloc_growth["trend_z"], 4) if alloc_growth["trend_z"] is not None else None,
         "steady_growth": steady(alloc_growth, config),
         "reserved_growth_bytes_per_step": (round(res_growth["slope"], 3)
                                            if res_growth and res_growth["slope"] is not None else None),
@@ -270,6 +294,8 @@ def _growth_finding(trace: RankTrace, config: AnalysisConfig, m: dict[str, Any],
             "late_growth_bytes_per_step": m["late_growth_bytes_per_step"],
             "r2": m["growth_r2"],
             "rising_step_share": m["rising_step_share"],
+            "tau": m["growth_tau"],
+            "trend_z": m["growth_trend_z"],
             "steps_fitted": n,
             "peak_allocated_bytes": m["peak_allocated_bytes"],
             "peak_op": m["peak_op"],

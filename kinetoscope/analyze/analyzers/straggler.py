@@ -98,17 +98,28 @@ def straggler_finding(summaries: list[RankSummary], m: Matching, a: Arrivals, co
     steps = [s.mean_step_us for s in summaries if s.mean_step_us]
     mean_step_us = float(np.mean(steps)) if steps else float(np.mean([s.window_us for s in summaries]))
     n_steps = max(max((s.steps for s in summaries), default=1), 1)
-    counts = np.bincount(a.last[a.last >= 0], minlength=len(a.ranks))
-    i = int(np.argmax(counts))
-    slow = a.ranks[i]
-    last_share = counts[i] / len(a.last)
-    # what its lateness cost the others: their waits in the collectives where it arrived last
-    mine = a.last == i
-    others = [j for j in range(len(a.ranks)) if j != i]
-    cost_ns = float(np.nanmean(np.nansum(a.wait_ns[mine][:, others], axis=0))) if mine.any() and others else 0.0
-    cost_per_step_us = cost_ns / 1000.0 / n_steps
-    if last_share < config.straggler_min_last_share or cost_per_step_us < config.straggler_min_spread_fraction * mean_step_us:
+    late = a.last >= 0
+    member = ~np.isnan(a.arrival_ns)  # collectives x ranks: which ranks took part
+    best: tuple[float, int, float, int] | None = None  # (cost per step, rank index, share, collectives)
+    for i in range(len(a.ranks)):
+        mine = member[:, i] & late  # the collectives of its groups in which someone waited
+        if not mine.any():
+            continue
+        last = mine & (a.last == i)
+        share = float(last.sum() / mine.sum())
+        partners = member[mine].any(axis=0)
+        partners[i] = False
+        if not partners.any():
+            continue
+        # what its lateness cost its partners: their waits where it arrived last, per partner and step
+        cost_us = float(np.nansum(a.wait_ns[last][:, partners])) / 1000.0 / partners.sum() / n_steps
+        if share >= config.straggler_min_last_share and (best is None or cost_us > best[0]):
+            best = (cost_us, i, share, int(mine.sum()))
+    if best is None or best[0] < config.straggler_min_spread_fraction * mean_step_us:
         return None
+    cost_per_step_us, i, last_share, considered = best
+    slow = a.ranks[i]
+    others = [j for j in range(len(a.ranks)) if j != i and member[member[:, i]].any(axis=0)[j]]
     cause, excess = _cause(by_rank[slow], [by_rank[a.ranks[j]] for j in others], cost_per_step_us)
     skews = {str(r): (m.skew_ns[r] / 1000.0 if m.skew_ns.get(r) is not None else None) for r in a.ranks}
     advice = {
@@ -132,7 +143,8 @@ def straggler_finding(summaries: list[RankSummary], m: Matching, a: Arrivals, co
         id="straggler",
         severity="info" if incomplete else "warning",
         rank=int(slow),
-        title=(f"Rank {slow} is the straggler: it arrives last at {last_share:.0%} of {len(a.last)} matched collectives "
+        title=(f"Rank {slow} is the straggler: it arrives last at {last_share:.0%} of the {considered} collectives of its "
+               f"groups in which a rank waited, "
                f"and the others wait {cost_per_step_us / 1000:.2f} ms per step for it"
                + (f" (cause: {cause})" if cause != "unknown" else "") + doubt),
         evidence={
@@ -141,6 +153,8 @@ def straggler_finding(summaries: list[RankSummary], m: Matching, a: Arrivals, co
             "ranks_with_incomplete_gpu_activity": incomplete,
             "cause_excess_us_per_step": round(excess, 3) if excess is not None else None,
             "last_to_arrive_share": round(float(last_share), 4),
+            "last_to_arrive_share_of": "collectives of its process groups in which some rank waited",
+            "collectives_considered": considered,
             "matched_collectives": int(len(a.last)),
             "others_wait_us_per_step": round(cost_per_step_us, 3),
             "mean_step_us": round(mean_step_us, 3),
@@ -192,7 +206,5 @@ def analyze_collectives(trace: Trace, config: AnalysisConfig) -> AnalysisResult:
     if sum(1 for s in summaries if s.op) < 2:
         return AnalysisResult(key="collectives", metrics={})
     metrics, table, finding = job_analysis(summaries, config)
-    if not metrics["matched"] and not any(g["method"] != "single_rank" for g in metrics["groups"]):
-        return AnalysisResult(key="collectives", metrics={})
     return AnalysisResult(key="collectives", metrics=metrics, tables={"collectives": table},
                           findings=(finding,) if finding else ())
