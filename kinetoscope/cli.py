@@ -99,7 +99,7 @@ def _parse_fraction(text: str) -> float:
 def _cmd_diff(args: argparse.Namespace) -> int:
     import json
 
-    from kinetoscope.analyze.compare import compare_reports, finding_changes, name_changes
+    from kinetoscope.analyze.compare import compare_reports, finding_changes, name_changes, step_change
     from kinetoscope.analyze.loader import load_trace
     from kinetoscope.analyze.report import build_report
     from kinetoscope.render.json import _clean
@@ -111,22 +111,41 @@ def _cmd_diff(args: argparse.Namespace) -> int:
     findings = finding_changes(rb, ra)
     kernels = name_changes(before, after, ("kernel", "memcpy", "memset"))
     ops = name_changes(before, after, ("cpu_op",))
-    step = metrics[metrics["metric"] == "mean step (us)"].iloc[0]
-    if step["change"] is None or step["change"] != step["change"]:
-        step = metrics[metrics["metric"] == "window (us)"].iloc[0]
-    regressed = limit is not None and step["change"] is not None and step["change"] > limit
+    change = step_change(before, after)
+    if change["change"] is None:  # no step at all: compare the windows
+        window = metrics[metrics["metric"] == "window (us)"].iloc[0]
+        change.update(change=window["change"], ci_low=window["change"], ci_high=window["change"])
+    # a regression fails the gate only when it is beyond the limit with 95% confidence: the interval's
+    # low end is above it (noise alone never fails a build)
+    regressed = limit is not None and change["ci_low"] is not None and change["ci_low"] > limit
     if args.format == "json":
         doc = {"before": args.before, "after": args.after, "metrics": metrics.to_dict("records"),
                "findings": findings.to_dict("records"), "kernels": kernels.to_dict("records"),
-               "ops": ops.to_dict("records"), "step_change": step["change"], "max_regression": limit,
-               "regressed": bool(regressed)}
+               "ops": ops.to_dict("records"), "step_change": change["change"], "step_change_ci95": [change["ci_low"],
+               change["ci_high"]], "step_samples": {k: change[k] for k in ("before_steps", "after_steps", "before_source",
+               "after_source", "before_cv", "after_cv")}, "max_regression": limit, "regressed": bool(regressed)}
         sys.stdout.write(json.dumps(_clean(doc)) + "\n")
     else:
         sys.stdout.write(render_diff(args.before, args.after, metrics, findings, kernels, ops))
+        sys.stdout.write(_step_change_text(change) + "\n")
     if regressed:
-        _error(f"{step['metric']} grew {step['change']:+.1%}, above the allowed {limit:.1%}")
+        _error(f"mean step grew {change['change']:+.1%} (95% CI {change['ci_low']:+.1%} to {change['ci_high']:+.1%}), "
+               f"above the allowed {limit:.1%}")
         return EXIT_GATE
+    if limit is not None and change["change"] is not None and change["change"] > limit:
+        _error(f"mean step grew {change['change']:+.1%}, but within the noise (95% CI {change['ci_low']:+.1%} to "
+               f"{change['ci_high']:+.1%}): not failing the gate")
     return EXIT_OK
+
+
+def _step_change_text(c: dict[str, Any]) -> str:
+    if c["change"] is None:
+        return "Step time: not comparable (no steps in one of the runs)."
+    ci = (f" (95% CI {c['ci_low']:+.1%} to {c['ci_high']:+.1%})" if c["ci_low"] is not None else "")
+    noise = ", ".join(f"{name} {c[k]:.1%}" for name, k in (("before", "before_cv"), ("after", "after_cv"))
+                      if c[k] is not None)
+    return (f"Step time: mean {c['change']:+.1%}{ci}; from {c['before_source']} before and {c['after_source']} after"
+            + (f"; step-to-step noise (CV) {noise}" if noise else "") + ".")
 
 
 def render_diff(before: str, after: str, metrics, findings, kernels, ops) -> str:  # type: ignore[no-untyped-def]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from kinetoscope.analyze.report import Report, entry_value
@@ -73,3 +74,41 @@ def name_changes(before: Trace, after: Trace, kinds: tuple[str, ...], top: int =
     table["change_us_per_step"] = table["after_us_per_step"] - table["before_us_per_step"]
     table = table.reindex(table["change_us_per_step"].abs().sort_values(ascending=False).index).head(top)
     return table.rename_axis("name").reset_index()
+
+
+def step_samples(trace: Trace) -> tuple[np.ndarray, str]:
+    """Per-step wall times (us) to compare runs on, and where they come from: every step the capture timed
+    (``steps.json``), less the first (cold start) and the profiled ones (the profiler slows them); else the
+    ProfilerStep spans of the trace (the window only)."""
+    timed = [r.run_steps for r in trace.ranks if r.run_steps is not None and len(r.run_steps)]
+    if timed:
+        rs = timed[0]
+        keep = (rs["step"] > 0).to_numpy() & ~rs["profiled"].to_numpy()
+        if keep.sum() >= 3:
+            return rs["wall_ns"].to_numpy()[keep] / 1000.0, f"{int(keep.sum())} unprofiled steps timed by the capture"
+    steps = trace.ranks[0].steps
+    if "partial" in steps:
+        steps = steps[~steps["partial"].to_numpy()]
+    return steps["dur_ns"].to_numpy() / 1000.0, f"{len(steps)} profiled steps (ProfilerStep spans)"
+
+
+def step_change(before: Trace, after: Trace, *, resamples: int = 4000, seed: int = 0) -> dict[str, Any]:
+    """The change of the mean step time (after / before - 1) with a 95% bootstrap confidence interval from
+    the per-step distributions, and the noise of each run (coefficient of variation of its steps)."""
+    a, source_a = step_samples(before)
+    b, source_b = step_samples(after)
+    out: dict[str, Any] = {"before_steps": int(len(a)), "after_steps": int(len(b)), "before_source": source_a,
+                           "after_source": source_b, "change": None, "ci_low": None, "ci_high": None,
+                           "before_cv": None, "after_cv": None}
+    if len(a) == 0 or len(b) == 0 or a.mean() <= 0:
+        return out
+    out["change"] = float(b.mean() / a.mean() - 1.0)
+    out["before_cv"] = float(a.std(ddof=1) / a.mean()) if len(a) > 1 else None
+    out["after_cv"] = float(b.std(ddof=1) / b.mean()) if len(b) > 1 else None
+    if len(a) >= 2 and len(b) >= 2:
+        rng = np.random.default_rng(seed)
+        ma = a[rng.integers(0, len(a), (resamples, len(a)))].mean(axis=1)
+        mb = b[rng.integers(0, len(b), (resamples, len(b)))].mean(axis=1)
+        ratios = mb / ma - 1.0
+        out["ci_low"], out["ci_high"] = (float(q) for q in np.quantile(ratios, [0.025, 0.975]))
+    return out

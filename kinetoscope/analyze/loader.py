@@ -14,6 +14,7 @@ import time
 import zlib
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Union
 
 import msgspec
 import numpy as np
@@ -218,9 +219,44 @@ def _rank_from_raw(raw: RawColumns, size: int, path: Path, *, default_rank: int,
     if trace.events.empty and trace.memory.empty:
         raise TraceFormatError(str(path), "trace holds no timed events (nothing to analyse)")
     run_steps, note = _run_steps(path, rank)
-    meta = replace(trace.meta, load_seconds=time.perf_counter() - started,
-                   warnings=trace.meta.warnings + ((note,) if note else ()))
-    return replace(trace, meta=meta, run_steps=run_steps)
+    notes = (note,) if note else ()
+    cut = _cut_short_step(path, rank)
+    steps = trace.steps
+    if cut is not None and len(steps) and (steps["step"] == cut[0]).any():
+        steps = steps.assign(partial=steps["partial"].to_numpy() | (steps["step"] == cut[0]).to_numpy())
+        notes += (f"ProfilerStep#{cut[0]} is partial: {cut[1]} before it completed (capture manifest); the window "
+                  "leaves it out",)
+    meta = replace(trace.meta, load_seconds=time.perf_counter() - started, warnings=trace.meta.warnings + notes)
+    return replace(trace, meta=meta, run_steps=run_steps, steps=steps)
+
+
+class _Window(msgspec.Struct):
+    trace: str
+    last_step: int
+    cut_short: bool = False
+    ended_by: Union[str, None] = None
+
+
+class _Manifest(msgspec.Struct):
+    windows: list[_Window] = []
+
+
+def _cut_short_step(path: Path, rank: int) -> tuple[int, str] | None:
+    """(the step, why) when the capture's manifest says the process ended inside this trace's window: that
+    step, open at the end, never completed (a crash, a signal, or the loop's end)."""
+    if not _WINDOW_IN_NAME.search(path.name):
+        return None
+    sidecar = path.with_name(f"rank-{rank}.manifest.json")
+    try:
+        manifest = msgspec.json.decode(sidecar.read_bytes(), type=_Manifest)
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    for w in manifest.windows:
+        if w.trace == path.name and w.cut_short:
+            why = {"SIGTERM": "the process was stopped (SIGTERM)", None: "the run ended"}.get(
+                w.ended_by, f"the script crashed ({w.ended_by})")
+            return w.last_step, why
+    return None
 
 
 class _StepTimes(msgspec.Struct):

@@ -52,6 +52,8 @@ class Window:
 @trace_view
 def window(trace: RankTrace) -> Window:
     steps = trace.steps
+    if len(steps) and "partial" in steps and not steps["partial"].all():
+        steps = steps[~steps["partial"].to_numpy()]  # a step cut short is no step: the window is the complete ones
     if len(steps):
         inferred = "inferred" in steps and bool(steps["inferred"].any())
         return Window(int(steps["start_ns"].min()), int(steps["end_ns"].max()),

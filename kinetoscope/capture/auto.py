@@ -1,51 +1,99 @@
-"""Zero-code capture: one profiler step per optimizer step, stopped cleanly at exit.
+"""Zero-code capture: one profiler step per training step, whatever shape the loop has.
 
-Installed by ``kinetoscope capture -- python train.py`` through a
-``sitecustomize`` hook. The profiler starts at the first optimizer step, so a
-launcher process (``torchrun``) that never steps an optimizer is never
-profiled; each worker writes its own rank's trace.
+Installed by ``kinetoscope capture -- python train.py`` through a ``sitecustomize`` hook, once the
+script imports torch. What ends a step, by preference: an explicit ``mark_step()`` call, an optimizer
+step (``torch.optim``; one optimizer defines the step, and a closure optimizer such as LBFGS steps
+once however often its closure runs backward), a DataLoader iteration, a ``backward()`` call (manual
+SGD loops). The first kind seen that ranks higher takes over. The profiler starts at the first step
+boundary, so a launcher process (``torchrun``) that never trains is never profiled.
+
+Capture stands aside, with one line on stderr, when the script runs ``torch.profiler`` itself (two
+profilers at once crash torch): at once if one is running, or as soon as the script starts one.
+On SIGTERM (Slurm, Kubernetes) the trace window in progress, the manifest and the step timings are
+written before the process ends with the signal as it would have; Ctrl-C (KeyboardInterrupt) runs
+the script's own handlers and then the same clean-up at exit.
 """
 
 from __future__ import annotations
 
 import atexit
 import json
+import os
+import signal
+import sys
+import threading
 import time
 from typing import Any
 
 from kinetoscope.capture._safety import warn_once
 from kinetoscope.capture.profiler import Profiler, Schedule
 
-_state: dict[str, Any] = {"profiler": None, "optimizer": None}
+#: step sources, most preferred first
+SOURCES = ("marker", "optimizer", "dataloader", "backward")
+
+_state: dict[str, Any] = {"profiler": None, "optimizer": None, "source": None, "config": None,
+                          "disabled": False, "in_optimizer_step": 0, "crashed": None}
 
 
 def install(config_json: str) -> None:
-    config = json.loads(config_json)
-    from torch.optim.optimizer import register_optimizer_step_post_hook
+    import torch
+    from torch.optim.optimizer import register_optimizer_step_pre_hook, register_optimizer_step_post_hook
 
-    options = config.get("options", {})
-    schedule = Schedule(**config.get("schedule", {}))
+    _state["config"] = json.loads(config_json)
 
-    def on_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
-        try:
-            prof = _state["profiler"]
-            if prof is None:
-                prof = Profiler(config["out_dir"], schedule=schedule, **options)
-                prof.start()
-                _state["profiler"], _state["optimizer"] = prof, id(optimizer)
-                atexit.register(_finish)
+    def before_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+        _state["in_optimizer_step"] += 1
+
+    def after_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+        _state["in_optimizer_step"] = max(0, _state["in_optimizer_step"] - 1)
+        if _state["optimizer"] is None:
+            _state["optimizer"] = id(optimizer)
+        if id(optimizer) == _state["optimizer"]:  # GANs etc.: one optimizer defines the step
+            _boundary("optimizer")
+
+    register_optimizer_step_pre_hook(before_optimizer_step)
+    register_optimizer_step_post_hook(after_optimizer_step)
+    _hook_data_loader()
+    _hook_backward(torch)
+    _watch_other_profilers(torch)
+    _on_crash_and_signals()
+
+
+def mark_step() -> None:
+    """End a training step explicitly (for loops no hook recognises). Harmless when not capturing."""
+    if _state["config"] is not None:
+        _boundary("marker")
+
+
+def _boundary(kind: str) -> None:
+    """A step boundary of one kind: the preferred kind seen so far defines the steps."""
+    try:
+        if _state["disabled"]:
+            return
+        current = _state["source"]
+        if current is None or SOURCES.index(kind) < SOURCES.index(current):
+            _state["source"] = kind
+        elif kind != current:
+            return
+        prof = _state["profiler"]
+        if prof is None:
+            if _profiler_running():
+                _stand_aside("the script is already running torch.profiler")
                 return
-            if id(optimizer) == _state["optimizer"]:  # GANs etc.: one optimizer defines the step
-                prof.step()
-        except Exception as exc:  # noqa: BLE001
-            warn_once("capture hook", f"capture hook failed ({type(exc).__name__}: {exc}); training continues")
+            config = _state["config"]
+            prof = Profiler(config["out_dir"], schedule=Schedule(**config.get("schedule", {})),
+                            **config.get("options", {}))
+            prof.start()
+            _state["profiler"] = prof
+            atexit.register(_finish)
+            return
+        prof.step()
+    except Exception as exc:  # noqa: BLE001
+        warn_once("capture hook", f"capture hook failed ({type(exc).__name__}: {exc}); training continues")
 
-    register_optimizer_step_post_hook(on_optimizer_step)
-    _time_data_loader()
 
-
-def _time_data_loader() -> None:
-    """Count the time each step waits in ``next(DataLoader iterator)``."""
+def _hook_data_loader() -> None:
+    """Count the time each step waits in ``next(DataLoader iterator)``; each call is an iteration."""
     from torch.utils.data import dataloader
 
     original = dataloader._BaseDataLoaderIter.__next__
@@ -55,16 +103,106 @@ def _time_data_loader() -> None:
         try:
             return original(self)
         finally:
-            prof = _state["profiler"]
-            if prof is not None:
-                prof.add_data_wait(time.perf_counter_ns() - t0)
+            if threading.current_thread() is threading.main_thread():
+                prof = _state["profiler"]
+                if prof is not None:
+                    prof.add_data_wait(time.perf_counter_ns() - t0)
+                _boundary("dataloader")
 
     dataloader._BaseDataLoaderIter.__next__ = timed_next  # type: ignore[method-assign]
+
+
+def _hook_backward(torch: Any) -> None:
+    """A ``backward()`` outside an optimizer step (a manual SGD loop) ends a step."""
+    original = torch.autograd.backward
+
+    def backward(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return original(*args, **kwargs)
+        finally:
+            if _state["in_optimizer_step"] == 0 and threading.current_thread() is threading.main_thread():
+                _boundary("backward")
+
+    backward.__wrapped__ = original  # type: ignore[attr-defined]
+    torch.autograd.backward = backward
+
+
+def _profiler_running() -> bool:
+    try:
+        import torch
+
+        return bool(torch.autograd._profiler_enabled())
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _watch_other_profilers(torch: Any) -> None:
+    """Stand aside when the script starts a profiler of its own while ours runs."""
+    from torch.profiler import profiler as kineto_profiler
+
+    def guard(cls: Any) -> None:
+        original_start = cls.__dict__["start"]
+
+        def start(self: Any) -> Any:
+            if _state["profiler"] is not None and not getattr(self, "_kinetoscope_own", False):
+                _stand_aside("the script starts torch.profiler itself")
+            return original_start(self)
+
+        cls.start = start
+
+    for cls in (kineto_profiler._KinetoProfile, kineto_profiler.profile):  # profile.start overrides the base's
+        if "start" in cls.__dict__:
+            guard(cls)
+
+    legacy = torch.autograd.profiler.profile
+    original_enter = legacy.__enter__
+
+    def enter(self: Any) -> Any:
+        if _state["profiler"] is not None:
+            _stand_aside("the script starts torch.autograd.profiler itself")
+        return original_enter(self)
+
+    legacy.__enter__ = enter  # type: ignore[method-assign]
+
+
+def _stand_aside(why: str) -> None:
+    if _state["disabled"]:
+        return
+    _state["disabled"] = True
+    prof, _state["profiler"] = _state["profiler"], None
+    sys.stderr.write(f"kinetoscope: {why}: capture stands aside (two profilers at once crash torch); "
+                     "the script runs as it would without capture\n")
+    if prof is not None:
+        try:
+            prof.discard()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def _on_crash_and_signals() -> None:
+    """Note an uncaught exception (the window in progress is then partial); write everything on SIGTERM."""
+    previous_hook = sys.excepthook
+
+    def excepthook(exc_type: Any, exc: Any, tb: Any) -> None:
+        _state["crashed"] = exc_type.__name__
+        previous_hook(exc_type, exc, tb)
+
+    sys.excepthook = excepthook
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:  # the script's own handler, if any, stays
+        def on_term(signum: int, frame: Any) -> None:
+            _state["crashed"] = "SIGTERM"
+            _finish()
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)  # end as the signal would have: exit status 143
+
+        signal.signal(signal.SIGTERM, on_term)
 
 
 def _finish() -> None:
     prof = _state["profiler"]
     if prof is not None:
         _state["profiler"] = None
-        prof.abandon_step()  # the time after the last optimizer step is not a training step
-        prof.stop()
+        prof.abandon_step()  # the time after the last step boundary is not a training step
+        prof.stop(ended_by=_state["crashed"])

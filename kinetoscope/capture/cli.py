@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from kinetoscope.errors import ConfigError, KinetoscopeError
@@ -19,9 +21,11 @@ def add_capture_command(sub: argparse._SubParsersAction) -> None:  # type: ignor
         "capture",
         help="profile an unmodified training script (one profiler step per optimizer step)",
         description=(
-            "Run COMMAND with torch.profiler attached: every optimizer.step() ends a profiler step, the "
-            "schedule picks which steps are recorded, and each rank writes "
-            "rank-<r>.step-<a>-<b>.pt.trace.json.gz plus a manifest into --out. Works under torchrun. "
+            "Run COMMAND with torch.profiler attached: every training step (an optimizer.step(), else a DataLoader "
+            "iteration, else a backward(), or kinetoscope.capture.mark_step()) ends a profiler step, the schedule "
+            "picks which steps are recorded, and each rank writes rank-<r>.step-<a>-<b>.pt.trace.json.gz plus a "
+            "manifest into --out (an earlier run's files there are moved aside). Works under torchrun. Signals "
+            "reach the command, and its exit status is kept. "
             "Example: kinetoscope capture --out traces -- python train.py --epochs 1"
         ),
     )
@@ -58,13 +62,103 @@ def run_capture(args: argparse.Namespace) -> int:
         "options": {"profile_memory": not args.no_memory, "record_shapes": args.record_shapes,
                     "with_stack": args.with_stack, "telemetry": not args.no_telemetry},
     }
+    out = Path(config["out_dir"])
+    moved = _move_previous_run(out)
+    if moved is not None:
+        sys.stderr.write(f"kinetoscope: {out} held an earlier run's files: moved to {moved.name}/\n")
     env = dict(os.environ)
     env["KINETOSCOPE_CAPTURE"] = json.dumps(config)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SITE_DIR), env.get("PYTHONPATH", "")) if p)
+    # Kineto prints "USDT: ... profiler_start/stop" to the training log at every window; set KINETO_LOG_LEVEL
+    # yourself (e.g. 2) to see the profiler's own messages
+    env.setdefault("KINETO_LOG_LEVEL", "6")
+    code = _run_like_a_shell(command, env)
+    removed = _remove_temporaries(out)
+    traces = sorted(out.glob("*.pt.trace.json.gz")) if out.is_dir() else []
+    if traces:
+        sys.stderr.write(f"kinetoscope: {len(traces)} trace{'s' if len(traces) != 1 else ''} in {out}; "
+                         f"analyse with: kinetoscope analyze {args.out}\n")
+    else:
+        sys.stderr.write(f"kinetoscope: no trace written: {_why_no_trace(out, code)}\n")
+    if removed:
+        sys.stderr.write(f"kinetoscope: removed {removed} unfinished temporary file(s) from {out}\n")
+    return code
+
+
+def _run_like_a_shell(command: list[str], env: dict[str, str]) -> int:
+    """Run the command and wait for it as a shell does: Ctrl-C reaches it from the terminal (it is in our
+    process group) and is not ours to act on; SIGTERM/SIGHUP sent to us are passed on; its exit status is
+    ours, 128 + N when a signal N ended it (130 SIGINT, 143 SIGTERM, 139 SIGSEGV)."""
     try:
-        completed = subprocess.run(command, env=env, check=False)
+        child = subprocess.Popen(command, env=env)
     except FileNotFoundError:
         raise KinetoscopeError(f"command not found: {command[0]}") from None
-    if completed.returncode == 0:
-        sys.stderr.write(f"kinetoscope: traces in {config['out_dir']}; analyse with: kinetoscope analyze {args.out}\n")
-    return completed.returncode
+    except PermissionError:
+        raise KinetoscopeError(f"command not executable: {command[0]}") from None
+    forwarded = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+    previous = {}
+    for sig in forwarded:
+        previous[sig] = signal.signal(sig, lambda signum, frame: child.send_signal(signum))
+    previous[signal.SIGINT] = signal.signal(signal.SIGINT, signal.SIG_IGN)  # the terminal sent it to the child too
+    try:
+        while True:
+            try:
+                status = child.wait()
+                break
+            except InterruptedError:  # pragma: no cover - PEP 475 retries for us
+                continue
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return status if status >= 0 else 128 - status
+
+
+def _move_previous_run(out: Path) -> Path | None:
+    """An earlier run's traces and sidecars in ``out`` go to ``out/previous-<time>/``: never mixed with this run's."""
+    if not out.is_dir():
+        return None
+    old = [p for p in out.iterdir() if p.is_file() and (p.name.endswith(".pt.trace.json.gz")
+                                                       or p.name.endswith((".manifest.json", ".steps.json")))]
+    if not old:
+        return None
+    target = out / time.strftime("previous-%Y%m%d-%H%M%S", time.localtime(max(p.stat().st_mtime for p in old)))
+    n = 1
+    while target.exists():
+        n += 1
+        target = target.with_name(f"{target.name.split('~')[0]}~{n}")
+    target.mkdir()
+    for p in old:
+        p.rename(target / p.name)
+    return target
+
+
+def _remove_temporaries(out: Path) -> int:
+    """Raw exports and half-written files a killed run left behind (hidden, and possibly gigabytes)."""
+    if not out.is_dir():
+        return 0
+    removed = 0
+    for p in out.iterdir():
+        if p.name.startswith(".") and (p.name.endswith(".raw.json") or p.name.endswith(".tmp")):
+            try:
+                p.unlink()
+                removed += 1
+            except OSError:
+                pass
+    return removed
+
+
+def _why_no_trace(out: Path, code: int) -> str:
+    manifests = sorted(out.glob("rank-*.manifest.json")) if out.is_dir() else []
+    if code != 0:
+        return (f"the command exited with status {code} "
+                + ("before a profiled window completed" if manifests else "before its first training step"))
+    if manifests:
+        try:
+            doc = json.loads(manifests[0].read_text())
+            runs = doc.get("steps_run")
+            return (f"the run had {runs} training step(s), fewer than the schedule needs before recording "
+                    "(lower --skip-first/--wait/--warmup)")
+        except (OSError, ValueError):
+            pass
+    return ("no training step was seen (no torch.optim step, DataLoader iteration or backward(), and no "
+            "kinetoscope.capture.mark_step() call)")

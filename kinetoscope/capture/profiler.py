@@ -105,6 +105,10 @@ class Profiler:
         self._step_wait_ns: list[int] = []
         self._started_unix_ns = 0
         self._step_abandoned = False
+        self._discarding = False
+        self._ended_by: str | None = None
+        #: each written window: its trace, steps, and whether the process's end cut it short
+        self.windows: list[dict[str, Any]] = []
         self.writer = TraceWriter()
 
     # --- lifecycle -----------------------------------------------------------------
@@ -154,6 +158,7 @@ class Profiler:
             profile_memory=self.profile_memory,
             with_stack=self.with_stack,
         )
+        prof._kinetoscope_own = True  # capture's own: not "the script starting a profiler of its own"
         prof.start()
         self._prof = prof
 
@@ -161,7 +166,10 @@ class Profiler:
     def _start_telemetry(self) -> None:
         self.sampler.start()
 
-    def stop(self) -> None:
+    def stop(self, ended_by: str | None = None) -> None:
+        """Stop profiling and write the sidecars. ``ended_by``: why the process is ending early (an
+        uncaught exception's type, ``SIGTERM``), recorded in the manifest."""
+        self._ended_by = ended_by
         self._close_step()
         self._exiting = True
         if self._prof is not None:
@@ -176,6 +184,14 @@ class Profiler:
     @never_raises("profiler stop")
     def _stop_profiler(self, prof: Any) -> None:
         prof.stop()
+
+    def discard(self) -> None:
+        """Stop without writing anything (capture stands aside for the script's own profiler)."""
+        self._discarding = True
+        if self._prof is not None:
+            prof, self._prof = self._prof, None
+            self._stop_profiler(prof)
+        self._stop_telemetry()
 
     @never_raises("telemetry stop")
     def _stop_telemetry(self) -> None:
@@ -219,6 +235,8 @@ class Profiler:
 
     # --- output ------------------------------------------------------------------------
     def _on_trace_ready(self, prof: Any) -> None:
+        if self._discarding:
+            return
         try:
             last = self.step_num if self._exiting else self.step_num - 1
             first, _ = self.schedule.window_of(last)
@@ -226,6 +244,7 @@ class Profiler:
             # one raw file per window: the writer thread may still be gzipping the previous one
             raw = self.out_dir / f".rank-{self.rank.rank}.{os.getpid()}.step-{first}-{last}.raw.json"
             prof.export_chrome_trace(str(raw))
+            self._warn_if_huge(raw, first, last)
             base = base_time_ns(raw)
             start = self._step_unix_start.get(first, self._started_unix_ns)
             counters = self.sampler.counter_events(base, start, time.time_ns()) if base and self.sampler.enabled else []
@@ -237,8 +256,23 @@ class Profiler:
             # gzip and the telemetry merge run on the writer's thread: training goes on meanwhile
             self.writer.submit(raw, final, extra_events=counters, distributed_info=dist)
             self.traces.append(final)
+            # a window the process's end cut short: its last step (the one open at the end) is partial
+            self.windows.append({"trace": final.name, "first_step": first, "last_step": last,
+                                 "cut_short": self._exiting, "ended_by": self._ended_by if self._exiting else None})
         except Exception as exc:  # noqa: BLE001 - a full disk must not stop training
             warn_once("trace export", f"could not write a trace ({type(exc).__name__}: {exc}); training continues")
+
+    #: a raw export larger than this gets a warning with the ways to shrink it
+    HUGE_TRACE_BYTES = 1 << 30
+
+    @never_raises("trace size")
+    def _warn_if_huge(self, raw: Path, first: int, last: int) -> None:
+        size = raw.stat().st_size
+        if size > self.HUGE_TRACE_BYTES:
+            tips = [t for t, on in (("--no-memory", self.profile_memory), ("no --with-stack", self.with_stack),
+                                    ("no --record-shapes", self.record_shapes)) if on]
+            warn_once("huge trace", f"the trace of steps {first}-{last} is {size / 2**30:.1f} GB; to shrink it profile "
+                      f"fewer steps (--active) or {', '.join(tips) or 'shorter steps'}")
 
     @never_raises("manifest")
     def _write_sidecars(self) -> None:
@@ -259,6 +293,8 @@ class Profiler:
                         "with_stack": self.with_stack, "telemetry": self.sampler.enabled},
             "steps_run": len(self._step_wall_ns),
             "traces": [p.name for p in self.traces],
+            "windows": [w for w in self.windows if (self.out_dir / w["trace"]).exists()],
+            "ended_by": self._ended_by,
             "step_times": f"rank-{r}.steps.json",
         })
 

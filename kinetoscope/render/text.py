@@ -75,9 +75,13 @@ def render_text(report: Report) -> str:
             shown = ", ".join(f"{k} mean {v['mean']:g} (max {v['max']:g})" for k, v in sorted(series.items()))
             out.append(f"  telemetry      {track}: {shown}")
         comm = r.get("comm")
-        if comm:
-            out.append(f"  collectives    {comm['collectives']} calls, {_ms(comm['time_us'])}, overlapped with compute "
+        if comm and comm.get("overlap_fraction") is not None:
+            out.append(f"  communication  {comm['collectives']} collectives, {_ms(comm['time_us'])}, overlapped with compute "
                        f"{_pct(comm['overlap_fraction'])}, exposed {_ms(comm['exposed_us'])}")
+        elif comm:
+            ops = ", ".join(f"{v['count']} {k}" for k, v in comm["by_op"].items())
+            out.append(f"  communication  {comm['collectives']} collectives on the host ({ops}), {_ms(comm['time_us'])} = "
+                       f"{_pct(comm['fraction'])} of window")
         mem = r.get("memory")
         if mem:
             for d in mem["devices"]:

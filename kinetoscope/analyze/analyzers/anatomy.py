@@ -102,6 +102,22 @@ def host_phases(trace: RankTrace) -> dict[str, iv.Intervals]:
         frame = raw[name]
         sets[name] = iv.clip(iv.union(frame["ts_ns"].to_numpy(), frame["end_ns"].to_numpy()), w.start_ns, w.end_ns)
     sets["backward"] = iv.clip(_step_envelopes(steps, raw["backward"]), w.start_ns, w.end_ns)
+    # a closure optimizer (LBFGS) runs forward and backward inside its step: those spans are the
+    # optimizer's only where nothing else is (its own arithmetic, the line search)
+    opt = raw["optimizer"]
+    holds_backward = iv.overlap_each(opt["ts_ns"].to_numpy(), opt["end_ns"].to_numpy(),
+                                     iv.union(raw["backward"]["ts_ns"].to_numpy(), raw["backward"]["end_ns"].to_numpy())) > 0
+    closures = iv.clip(iv.union(opt["ts_ns"].to_numpy()[holds_backward], opt["end_ns"].to_numpy()[holds_backward]),
+                       w.start_ns, w.end_ns)
+    if closures[0].size:
+        sets["optimizer"] = iv.subtract(sets["optimizer"], closures)
+        # backward inside a closure: the autograd work itself (the closure runs forward and backward several
+        # times: an envelope from the first to the last would swallow the forwards between them)
+        bwd = raw["backward"]
+        inside = iv.overlap_each(bwd["ts_ns"].to_numpy(), bwd["end_ns"].to_numpy(), closures) > 0
+        outside = iv.clip(_step_envelopes(steps, bwd[~inside]), w.start_ns, w.end_ns)
+        within = iv.clip(iv.union(bwd["ts_ns"].to_numpy()[inside], bwd["end_ns"].to_numpy()[inside]), w.start_ns, w.end_ns)
+        sets["backward"] = iv.union(np.concatenate((outside[0], within[0])), np.concatenate((outside[1], within[1])))
 
     main = raw["main"]
     # user annotations (record_function ranges) are containers, not work: look at the ops inside
@@ -133,6 +149,11 @@ def host_phases(trace: RankTrace) -> dict[str, iv.Intervals]:
         mine = iv.subtract(sets[name], taken) if taken[0].size else sets[name]
         out[name] = mine
         taken = iv.union(np.concatenate((taken[0], mine[0])), np.concatenate((taken[1], mine[1])))
+    if closures[0].size:  # what a closure optimizer's step holds besides forward and backward is the optimizer's
+        rest = iv.subtract(closures, taken)
+        out["optimizer"] = iv.union(np.concatenate((out["optimizer"][0], rest[0])),
+                                    np.concatenate((out["optimizer"][1], rest[1])))
+        taken = iv.union(np.concatenate((taken[0], rest[0])), np.concatenate((taken[1], rest[1])))
     out["other"] = iv.complement(taken, w.start_ns, w.end_ns)
     return out
 

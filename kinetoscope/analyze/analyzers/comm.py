@@ -64,7 +64,7 @@ def analyze_comm(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
     """Collective time (union), how much of it overlaps compute kernels, and the exposed remainder."""
     coll = collectives(trace)
     if coll.empty:
-        return AnalysisResult(key="comm", metrics={"comm": None})
+        return _host_collectives(trace)
     w = window(trace)
     work = gpu_work(trace)
     compute = work[(work["kind"] == "kernel") & ~work.index.isin(coll.index)]
@@ -82,7 +82,45 @@ def analyze_comm(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
         "overlap_fraction_of": "collective time",
         "exposed_us": us(comm_ns - overlap_ns),
         "by_op": {str(k): {"count": int(r["count"]), "time_us": us(r["sum"])} for k, r in by_op.iterrows()},
+        "where": "gpu",
     }
     return AnalysisResult(key="comm", metrics={"comm": metrics}, tables={"collectives": coll})
+
+
+#: host-side collective annotations ("gloo:all_reduce", "nccl:all_reduce"): CPU-only runs have only these
+_COLLECTIVE_ANNOTATION_RE = re.compile(r"^(?:nccl|rccl|gloo):", re.IGNORECASE)
+
+
+@trace_view
+def host_collectives(trace: RankTrace) -> pd.DataFrame:
+    """Collectives as the host records them (``gloo:all_reduce`` ...), in the window: a CPU-only run's only
+    record of its communication (on GPU runs the kernels are the better record)."""
+    ev = trace.events
+    w = window(trace)
+    sel = ev[kind_mask(ev, ("annotation", "cpu_op")) & name_mask(ev, _COLLECTIVE_ANNOTATION_RE)
+             & (ev["end_ns"] > w.start_ns).to_numpy() & (ev["ts_ns"] < w.end_ns).to_numpy()]
+    return sel.assign(op=[normalise_op(str(n).split(":", 1)[-1]) for n in sel["name"]], group="default",
+                      seq=pd.array([None] * len(sel), dtype="Int64"), in_nelems=pd.array([None] * len(sel), dtype="Int64"),
+                      out_nelems=pd.array([None] * len(sel), dtype="Int64"))
+
+
+def _host_collectives(trace: RankTrace) -> AnalysisResult:
+    coll = host_collectives(trace)
+    if coll.empty:
+        return AnalysisResult(key="comm", metrics={"comm": None})
+    w = window(trace)
+    comm_ns = iv.measure(iv.clip(iv.union(coll["ts_ns"].to_numpy(), coll["end_ns"].to_numpy()), w.start_ns, w.end_ns))
+    by_op = coll.groupby("op")["dur_ns"].agg(["count", "sum"])
+    return AnalysisResult(key="comm", metrics={"comm": {
+        "collectives": int(len(coll)),
+        "time_us": us(comm_ns),
+        "fraction": frac(comm_ns, w.dur_ns),
+        "fraction_of": "window",
+        "overlap_fraction": None,  # host-side calls: what the device overlapped is not recorded
+        "overlap_fraction_of": "collective time",
+        "exposed_us": None,
+        "by_op": {str(k): {"count": int(r["count"]), "time_us": us(r["sum"])} for k, r in by_op.iterrows()},
+        "where": "host (no collective kernels recorded: gloo, or GPU activity not recorded)",
+    }}, tables={"collectives": coll})
 
 

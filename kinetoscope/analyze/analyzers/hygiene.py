@@ -100,8 +100,10 @@ def analyze_hygiene(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
     if steps.empty:
         return AnalysisResult(key="hygiene", metrics={"hygiene": None})
     raw = phase_events(trace)
-    # a step with no op at all is the stub the profiler opens as it stops: not a training step
-    all_steps = _per_step(trace, raw["main"][raw["main"]["kind"] == "cpu_op"])
+    # a step with no op at all is the stub the profiler opens as it stops, and a step the run's end cut
+    # short (a crash, a stop) never completed: neither is a training step to judge the loop by
+    partial = set(steps.loc[steps["partial"].to_numpy(), "step"].astype(int)) if "partial" in steps else set()
+    all_steps = _per_step(trace, raw["main"][raw["main"]["kind"] == "cpu_op"]) - partial
     bwd = _per_step(trace, raw["backward"])
     opt = _per_step(trace, raw["optimizer"])
     zero = _per_step(trace, raw["zero_grad"])

@@ -15,13 +15,16 @@ def analyze_steps(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
     w = window(trace)
     steps = trace.steps
     table = steps.assign(dur_us=steps["dur_ns"] / 1000.0)
+    complete = steps[~steps["partial"].to_numpy()] if "partial" in steps else steps
+    timed = complete if len(complete) else steps  # a step cut short says nothing about a step's length
     steps_metrics = {
         "count": int(len(steps)),
-        "mean_us": us(steps["dur_ns"].mean()) if len(steps) else None,
-        "min_us": us(steps["dur_ns"].min()) if len(steps) else None,
-        "max_us": us(steps["dur_ns"].max()) if len(steps) else None,
+        "mean_us": us(timed["dur_ns"].mean()) if len(timed) else None,
+        "min_us": us(timed["dur_ns"].min()) if len(timed) else None,
+        "max_us": us(timed["dur_ns"].max()) if len(timed) else None,
         "first": int(steps["step"].iloc[0]) if len(steps) else None,
         "last": int(steps["step"].iloc[-1]) if len(steps) else None,
+        "partial": int(steps["partial"].sum()) if "partial" in steps else 0,
     }
     metrics = {
         "window_us": us(w.dur_ns),

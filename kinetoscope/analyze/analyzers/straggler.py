@@ -10,14 +10,13 @@ compute (GPU kernels), host (the launching threads' own work).
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from kinetoscope.analyze import intervals as iv
-from kinetoscope.analyze.analyzers.comm import collectives
+from kinetoscope.analyze.analyzers.comm import collectives, host_collectives
 from kinetoscope.analyze.analyzers.copies import h2d_copies
 from kinetoscope.analyze.config import AnalysisConfig
 from kinetoscope.analyze.distributed import COMPONENTS, Arrivals, Matching, RankSummary, arrivals, job_metrics, match
@@ -33,29 +32,12 @@ from kinetoscope.analyze.timeline import (
 )
 from kinetoscope.analyze.trace import RankTrace, Trace
 
-#: host-side collective annotations of CPU-only runs ("gloo:all_reduce", "nccl:all_reduce")
-_COLLECTIVE_ANNOTATION_RE = re.compile(r"^(?:nccl|rccl|gloo):", re.IGNORECASE)
-
-
-def _cpu_collectives(trace: RankTrace) -> pd.DataFrame:
-    ev = trace.events
-    w = window(trace)
-    sel = ev[ev["kind"].isin(("annotation", "cpu_op")).to_numpy()
-             & ev["name"].astype(str).str.contains(_COLLECTIVE_ANNOTATION_RE).to_numpy()
-             & (ev["end_ns"] > w.start_ns).to_numpy() & (ev["ts_ns"] < w.end_ns).to_numpy()]
-    from kinetoscope.analyze.distributed import normalise_op
-
-    return sel.assign(op=[normalise_op(str(n).split(":", 1)[-1]) for n in sel["name"]], group="default",
-                      seq=pd.array([None] * len(sel), dtype="Int64"), in_nelems=pd.array([None] * len(sel), dtype="Int64"),
-                      out_nelems=pd.array([None] * len(sel), dtype="Int64"))
-
-
 def rank_summary(r: RankTrace) -> RankSummary:
     """What the job-level analysis needs from one rank (batch computes it where the rank was loaded)."""
     w = window(r)
     frame = collectives(r)
     if frame.empty:
-        frame = _cpu_collectives(r)
+        frame = host_collectives(r)
     steps = len(r.steps)
     per = max(steps, 1)
     comm_set = intervals_of(frame, w) if len(frame) else iv.EMPTY

@@ -1,0 +1,213 @@
+"""Issue 18: `kinetoscope capture` on real scripts (tests/scripts, written for this project), as a user runs it:
+signals and exit codes, any loop shape, no side effects, partial windows, runs kept apart, an honest diff gate."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = ROOT / "tests" / "scripts"
+SCHEDULE = ["--skip-first", "1", "--wait", "0", "--warmup", "1", "--active", "3", "--no-telemetry"]
+
+
+def capture(out: Path, *command: str, extra: tuple[str, ...] = (), timeout: int = 300, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kinetoscope.cli", "capture", "--out", str(out), *SCHEDULE, *extra,
+                           "--", sys.executable, *command], capture_output=True, text=True, timeout=timeout, **kw)
+
+
+def start_capture(out: Path, *command: str, schedule: list[str] = SCHEDULE) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-u", "-m", "kinetoscope.cli", "capture", "--out", str(out), *schedule,
+                             "--", sys.executable, "-u", *command], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+
+
+def wait_for_line(proc: subprocess.Popen, text: str, timeout: float = 120) -> list[str]:
+    lines = []
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line.strip())
+        if text in line:
+            return lines
+    raise AssertionError(f"never saw {text!r}: {lines[-5:]}")
+
+
+def manifest(out: Path) -> dict:
+    return json.loads((out / "rank-0.manifest.json").read_text())
+
+
+# --- 1. signals reach the script; its clean-up runs; its exit status is kept -------------------
+def test_ctrl_c_lets_the_script_clean_up_and_keeps_the_sidecars(tmp_path):
+    """Was: the CLI took the KeyboardInterrupt and killed the script 0.25 s later: no final evaluation, no
+    manifest, no steps.json. Ctrl-C at a terminal signals the whole foreground process group."""
+    marker = tmp_path / "final.txt"
+    proc = start_capture(tmp_path / "out", str(SCRIPTS / "train_loop.py"), "100000", str(marker), "--step-s", "0.01")
+    wait_for_line(proc, "step 12")
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err  # the script caught it and finished normally
+    assert "Exiting from training early" in out and marker.read_text() == "final evaluation done\n"
+    m = manifest(tmp_path / "out")
+    assert m["steps_run"] >= 12 and (tmp_path / "out" / "rank-0.steps.json").is_file()
+    assert len(m["traces"]) == 1
+
+
+def test_an_unhandled_ctrl_c_exits_130(tmp_path):
+    proc = start_capture(tmp_path / "out", str(SCRIPTS / "train_loop.py"), "100000", str(tmp_path / "m"),
+                         "--step-s", "0.01", "--no-handler")
+    wait_for_line(proc, "step 8")
+    os.killpg(proc.pid, signal.SIGINT)
+    proc.communicate(timeout=120)
+    assert proc.returncode == 130  # was 254
+    assert (tmp_path / "out" / "rank-0.steps.json").is_file() and (tmp_path / "out" / "rank-0.manifest.json").is_file()
+
+
+def test_sigterm_is_passed_on_the_sidecars_written_and_143_returned(tmp_path):
+    """Slurm and Kubernetes stop a job with SIGTERM to the process they started: here the CLI."""
+    long_window = ["--skip-first", "1", "--wait", "0", "--warmup", "1", "--active", "500", "--no-telemetry"]
+    proc = start_capture(tmp_path / "out", str(SCRIPTS / "train_loop.py"), "100000", str(tmp_path / "m"),
+                         "--step-s", "0.01", "--no-handler", schedule=long_window)
+    wait_for_line(proc, "step 6")  # inside the profiled window (steps 2-501)
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=120)
+    assert proc.returncode == 143  # was 241
+    m = manifest(tmp_path / "out")
+    assert m["ended_by"] == "SIGTERM" and m["windows"][0]["cut_short"]
+    assert (tmp_path / "out" / "rank-0.steps.json").is_file()
+    assert not [p for p in (tmp_path / "out").iterdir() if p.name.startswith(".")]  # no temporaries left
+
+
+def test_a_segfault_is_reported_as_139(tmp_path):
+    script = tmp_path / "segv.py"
+    script.write_text("import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n")
+    assert capture(tmp_path / "out", str(script)).returncode == 139  # was 245
+
+
+# --- 2. a script with its own profiler --------------------------------------------------------
+def test_a_script_with_its_own_profiler_runs_as_without_capture(tmp_path):
+    """Was: a segfault (two profilers at once)."""
+    own = tmp_path / "own.json"
+    proc = capture(tmp_path / "out", str(SCRIPTS / "own_profiler.py"), str(own))
+    assert proc.returncode == 0, proc.stderr
+    assert "done" in proc.stdout and own.is_file() and json.loads(own.read_text())["traceEvents"]
+    assert proc.stderr.count("capture stands aside") == 1
+
+
+# --- 3. loop shapes -------------------------------------------------------------------------------
+def test_a_manual_sgd_loop_is_captured(tmp_path):
+    """Was: nothing captured (no torch.optim), yet 'traces in DIR' printed for a directory never created."""
+    proc = capture(tmp_path / "out", str(SCRIPTS / "manual_sgd.py"), "12")
+    assert proc.returncode == 0, proc.stderr
+    assert len(list((tmp_path / "out").glob("*.pt.trace.json.gz"))) == 1 and "1 trace in" in proc.stderr
+    # the first step ends at the first boundary, which starts the profiler: 11 steps timed after it
+    assert manifest(tmp_path / "out")["steps_run"] == 11
+
+
+def test_a_closure_optimizer_steps_once_per_optimizer_step_and_its_backward_is_backward(tmp_path):
+    proc = capture(tmp_path / "out", str(SCRIPTS / "lbfgs_closure.py"), "8")
+    assert proc.returncode == 0, proc.stderr
+    assert manifest(tmp_path / "out")["steps_run"] == 7  # 8 optimizer steps; the first starts the profiler
+    from kinetoscope.analyze.loader import load_trace
+    from kinetoscope.analyze.report import build_report
+
+    phases = build_report(load_trace(tmp_path / "out")).ranks[0]["phases"]
+    # was: all of it reported as optimizer time
+    assert phases["backward"]["time_us"] > 0 and phases["forward"]["time_us"] > 0
+
+
+def test_nothing_captured_says_why_instead_of_where(tmp_path):
+    script = tmp_path / "no_training.py"
+    script.write_text("import torch\nprint(torch.ones(3).sum().item())\n")
+    proc = capture(tmp_path / "out", str(script))
+    assert proc.returncode == 0 and "no trace written" in proc.stderr and "traces in" not in proc.stderr
+
+
+# --- 4. no side effects -------------------------------------------------------------------------
+def test_torch_is_not_imported_before_the_script_and_omp_num_threads_holds(tmp_path):
+    """Was: sitecustomize imported torch first: OMP_NUM_THREADS set by the script came too late (2 threads)."""
+    proc = capture(tmp_path / "out", str(SCRIPTS / "omp_threads.py"))
+    assert "torch imported before the script: False; threads: 1" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_a_python_process_that_never_imports_torch_pays_nothing(tmp_path):
+    """Was: ~1.4 s for every Python process under capture (DataLoader workers under spawn, helpers)."""
+    env = {**os.environ, "KINETOSCOPE_CAPTURE": json.dumps({"out_dir": str(tmp_path)}),
+           "PYTHONPATH": str(ROOT / "kinetoscope" / "capture" / "_site")}
+    code = "import sys; print(sorted(m for m in ('torch', 'numpy', 'kinetoscope') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60).stdout
+    assert out.strip() == "[]"
+
+
+# --- 5. a crash inside the window -----------------------------------------------------------------
+def test_a_crash_inside_the_window_is_a_partial_step_not_a_finding(tmp_path):
+    """Was: the partial step analysed as a full one: CRITICAL 'Data loading takes 61% of the window'."""
+    # 20 ms steps with cheap data; step 4 waits 0.5 s for data, then crashes
+    proc = capture(tmp_path / "out", str(SCRIPTS / "train_loop.py"), "50", str(tmp_path / "m"), "--crash-at", "4",
+                   "--slow-data-at", "4", "--no-handler", "--step-s", "0.02")
+    assert proc.returncode == 1 and "crashed in step 4" in proc.stderr
+    m = manifest(tmp_path / "out")
+    assert m["ended_by"] == "RuntimeError" and m["windows"][0]["cut_short"]
+    from kinetoscope.analyze.loader import load_trace
+    from kinetoscope.analyze.report import build_report
+
+    report = build_report(load_trace(tmp_path / "out"))
+    r = report.ranks[0]
+    assert r["steps"]["partial"] == 1 and r["steps"]["count"] == 3 and any("partial" in w for w in r["warnings"])
+    assert r["window_us"] < 100_000  # steps 2 and 3 only: the 0.5 s wait of step 4 is outside
+    assert not [f for f in report.findings if f.severity in ("warning", "critical")]
+
+
+# --- 6. runs kept apart ---------------------------------------------------------------------------------
+def test_a_second_run_into_the_same_out_moves_the_first_aside(tmp_path):
+    """Was: an old window's trace analysed with the new run's steps.json."""
+    out = tmp_path / "out"
+    assert capture(out, str(SCRIPTS / "manual_sgd.py"), "12").returncode == 0
+    first = manifest(out)["pid"]
+    proc = capture(out, str(SCRIPTS / "manual_sgd.py"), "20")
+    assert "earlier run's files: moved to previous-" in proc.stderr
+    assert manifest(out)["pid"] != first and manifest(out)["steps_run"] == 19
+    (previous,) = out.glob("previous-*")
+    assert json.loads((previous / "rank-0.manifest.json").read_text())["steps_run"] == 11
+    assert len(list(out.glob("*.pt.trace.json.gz"))) == 1
+
+
+# --- 8. an honest diff gate ---------------------------------------------------------------------------
+def _diff(a: Path, b: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kinetoscope.cli", "diff", str(a), str(b), "--max-regression", "5%",
+                           "--format", "json"], capture_output=True, text=True, timeout=300)
+
+
+def test_the_gate_ignores_noise_and_fails_a_real_regression(tmp_path):
+    """Was: only the 3 profiled steps compared, so normal noise called a 5.6% slower run faster (or slower)."""
+    def run(name: str, step_s: float, seed: int) -> Path:
+        proc = capture(tmp_path / name, str(SCRIPTS / "train_loop.py"), "40", str(tmp_path / "m"), "--step-s",
+                       str(step_s), "--noise", "0.2", "--seed", str(seed))
+        assert proc.returncode == 0, proc.stderr
+        return tmp_path / name
+
+    base = run("base", 0.02, 0)
+    timed = json.loads((base / "rank-0.steps.json").read_text())
+    walls = [w for w, p in zip(timed["step_wall_ns"][1:], timed["profiled"][1:]) if not p]
+    mean_s = sum(walls) / len(walls) / 1e9
+    noisy = run("noisy", 0.02, 1)  # the same run, other noise
+    slower = run("slower", 0.02 + 0.2 * mean_s, 2)  # every step 20% longer than the base's mean
+    same = _diff(base, noisy)
+    doc = json.loads(same.stdout)
+    assert same.returncode == 0 and not doc["regressed"]
+    assert doc["step_samples"]["before_steps"] >= 30 and "unprofiled steps" in doc["step_samples"]["before_source"]
+    worse = _diff(base, slower)
+    doc = json.loads(worse.stdout)
+    assert worse.returncode == 3 and doc["regressed"] and doc["step_change_ci95"][0] > 0.05
+    assert 0.12 < doc["step_change"] < 0.28
