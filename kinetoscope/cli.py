@@ -9,6 +9,7 @@ import traceback
 from typing import Any, Callable, Sequence
 
 from kinetoscope import __version__
+from kinetoscope.deps import require
 from kinetoscope.errors import ConfigError, KinetoscopeError
 
 # The analyses do no linear algebra worth a BLAS thread pool, and OpenBLAS's idle threads spin on
@@ -17,16 +18,6 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 EXIT_OK, EXIT_INTERNAL, EXIT_USAGE, EXIT_GATE = 0, 1, 2, 3
 SEVERITY_LEVEL = {"info": 2, "warning": 1, "critical": 0}
-
-
-def _require(module: str, what: str, extra: str) -> None:
-    """An optional dependency an option needs: a one-line usage error when it is missing."""
-    import importlib
-
-    try:
-        importlib.import_module(module)
-    except ImportError:
-        raise ConfigError(f"{what} needs {module}: pip install 'kinetoscope[{extra}]' (or pip install {module})") from None
 
 
 def _cmd_analyze(args: argparse.Namespace) -> int:
@@ -43,9 +34,6 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
         from kinetoscope.analyze.cache import default_dir
 
         cache = default_dir()
-    if cache is not None or args.processes > 1:
-        _require("pyarrow", "--cache and --processes" if args.processes > 1 and cache else
-                 "--processes" if args.processes > 1 else "--cache (or KINETOSCOPE_CACHE_DIR)", "app")
     status = EXIT_OK
     jobs = []
     for path in args.paths:
@@ -54,6 +42,11 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
         except KinetoscopeError as exc:
             _error(str(exc))
             status = max(status, exc.exit_code)
+    # parsing ranks in processes hands their tables over as Arrow: only a job of several files needs it
+    in_processes = args.processes > 1 and any(len(job.files) > 1 for job in jobs)
+    if cache is not None or in_processes:
+        require("pyarrow", "--cache and --processes" if in_processes and cache else
+                "--processes" if in_processes else "--cache (or KINETOSCOPE_CACHE_DIR)", "app")
     for i, job in enumerate(jobs):
         path = job.name
         try:
@@ -218,9 +211,9 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--max-events", type=int, default=200_000_000, help="refuse traces with more events (default 200M)")
     analyze.add_argument("--max-depth", type=int, default=512,
                          help="refuse JSON nested deeper than this many levels (default 512, at most 900)")
-    analyze.add_argument("--max-fallback", default="64M",
+    analyze.add_argument("--max-fallback", default="16M",
                          help="largest file (gunzipped) the reference decoder may hold whole in memory, for valid JSON "
-                              "the fast scanner does not handle (default 64M)")
+                              "the fast scanner does not handle (default 16M)")
     analyze.add_argument("--processes", type=int, default=1,
                          help="parse the rank files of a job in this many processes (default 1)")
     analyze.add_argument("--cache", action="store_true",
@@ -280,7 +273,7 @@ def _cmd_redact(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from kinetoscope.analyze.limits import LoadLimits, parse_size
-    from kinetoscope.analyze.loader import read_bytes
+    from kinetoscope.analyze.loader import load_trace, read_bytes
     from kinetoscope.analyze.redact import redact_json_bytes
     from kinetoscope.errors import TraceSourceError
     from kinetoscope.fsutil import atomic_write
@@ -290,7 +283,9 @@ def _cmd_redact(args: argparse.Namespace) -> int:
         raise TraceSourceError(f"{source}: no such file")
     if target.resolve() == source.resolve():
         raise ConfigError("OUT must differ from TRACE (the original is kept)")
-    data = read_bytes(source, LoadLimits(max_decompressed_bytes=parse_size(args.max_size)))
+    limits = LoadLimits(max_decompressed_bytes=parse_size(args.max_size))
+    load_trace(source, limits)  # what is not a trace is refused here, as by analyze (and nothing is written)
+    data = read_bytes(source, limits)
     cleaned, changed = redact_json_bytes(data)
     del data
     atomic_write(target, gzip.compress(cleaned, compresslevel=6) if target.name.endswith(".gz") else cleaned)

@@ -90,3 +90,41 @@ def write_corpus(folder: Path) -> dict[str, Expect]:
     for name, (data, _) in cases.items():
         (folder / name).write_bytes(data)
     return {name: expect for name, (_, expect) in cases.items()}
+
+
+def write_amplifiers(folder: Path) -> dict[str, Expect]:
+    """Files small on disk or easy to write whose naive analysis costs memory or time many times their size
+    (found by the issue-16 review): repeated valid events gzipped 200-fold, tiny events, huge metadata, one
+    huge value, a large file cut short, invalid UTF-8 at the end of a large file."""
+    folder.mkdir(parents=True, exist_ok=True)
+    events = json.dumps(GOOD["traceEvents"])[1:-1].encode()
+    block = b", ".join([events] * 2000) + b", "
+    comp = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    with open(folder / "repeated_events.json.gz", "wb") as fh:  # 256 MiB of valid events in ~1.3 MB
+        fh.write(comp.compress(b'{"traceEvents": ['))
+        for _ in range(256 * 2**20 // len(block)):
+            fh.write(comp.compress(block))
+        fh.write(comp.compress(events + b"]}") + comp.flush())
+    (folder / "tiny_events.json").write_bytes(b"[" + b"{}," * (20 * 2**20) + b"{}]")
+    (folder / "huge_metadata.json").write_bytes(b'{"traceEvents": [' + events + b'], "x": ['
+                                                + b"[]," * (5 * 2**20) + b"[]]}")
+    (folder / "one_huge_value.json").write_bytes(b'{"traceEvents": [' + events + b'], "x": "' + b"a" * (40 * 2**20)
+                                                 + b'"}')
+    with open(folder / "large_truncated.json", "wb") as fh:
+        fh.write(b'{"traceEvents": [')
+        for _ in range(200 * 2**20 // len(block)):
+            fh.write(block)
+        fh.write(b'{"ph": "X", "na')
+    with open(folder / "large_bad_utf8_at_end.json", "wb") as fh:
+        fh.write(b'{"traceEvents": [')
+        for _ in range(100 * 2**20 // len(block)):
+            fh.write(block)
+        fh.write(b'{"ph": "X", "name": "bad\xff", "pid": 1, "tid": 1, "ts": 5, "dur": 1}]}')
+    return {
+        "repeated_events.json.gz": Expect(error="gzip bomb"),
+        "tiny_events.json": Expect(error="under 24 bytes each"),
+        "huge_metadata.json": Expect(error="top-level values"),
+        "one_huge_value.json": Expect(error="more than 16 MiB"),
+        "large_truncated.json": Expect(error="ends early"),
+        "large_bad_utf8_at_end.json": Expect(error="invalid UTF-8"),
+    }

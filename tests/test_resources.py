@@ -11,6 +11,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -117,12 +118,25 @@ def test_options_needing_pyarrow_say_so_in_one_line(tmp_path):
         "            raise ModuleNotFoundError(name)\n"
         "        return None\n"
         "sys.meta_path.insert(0, _Block())\n")
-    env = {**os.environ, "PYTHONPATH": str(blocker), "KINETOSCOPE_CACHE_DIR": str(tmp_path / "cache")}
-    for option in (["--cache"], ["--processes", "2"]):
-        proc = subprocess.run([sys.executable, "-m", "kinetoscope.cli", "analyze", *option, str(SAMPLE)],
-                              capture_output=True, text=True, timeout=120, env=env)
+    env = {k: v for k, v in os.environ.items() if k != "KINETOSCOPE_CACHE_DIR"}
+    env["PYTHONPATH"] = str(blocker)
+    two_ranks = str(ROOT / "sample_traces" / "real" / "hta_2rank")
+    for option, path in ((["--cache"], str(SAMPLE)), (["--processes", "2"], two_ranks)):
+        proc = subprocess.run([sys.executable, "-m", "kinetoscope.cli", "analyze", *option, path],
+                              capture_output=True, text=True, timeout=120,
+                              env={**env, "KINETOSCOPE_CACHE_DIR": str(tmp_path / "cache")} if "--cache" in option else env)
         assert proc.returncode == 2, proc.stderr
         assert proc.stderr.count("\n") == 1 and "needs pyarrow: pip install 'kinetoscope[app]'" in proc.stderr
+    # one file is parsed in this process whatever --processes says: nothing to hand over, no pyarrow needed
+    proc = subprocess.run([sys.executable, "-m", "kinetoscope.cli", "analyze", "--processes", "2", str(SAMPLE)],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr
+    # the batch commands (were: internal error, exit 1)
+    for command in (["batch", str(SAMPLE), "--store", str(tmp_path / "store")], ["report", str(tmp_path / "store")]):
+        proc = subprocess.run([sys.executable, "-m", "kinetoscope.cli", *command], capture_output=True, text=True,
+                              timeout=120, env=env)
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+        assert "needs pyarrow: pip install 'kinetoscope[cluster]'" in proc.stderr
 
 
 def _free_port() -> int:
@@ -198,6 +212,53 @@ def test_every_hostile_file_is_refused_within_2_s_and_300_mb_at_default_limits(t
     assert slow == []
 
 
+def test_files_that_would_amplify_are_refused_in_bounded_time_and_memory(tmp_path):
+    """Was (issue-16 review): 256 MiB of valid events gzipped 200-fold were analysed (4 GB: 65 s, 7.5 GB);
+    150 MB of '{}' items peaked at 2.3 GB; 150 MB of top-level metadata at 4 GB; a truncated 500 MB file was
+    read to its end. Each is now refused at once with what is wrong. (The file cut off at its end and the one
+    with invalid UTF-8 near its end are read up to that point: 200 MB and 100 MB here, within 4 s.)"""
+    from hostile import write_amplifiers
+
+    expects = write_amplifiers(tmp_path)
+    bad = []
+    for name, expect in sorted(expects.items()):
+        seconds, peak_mb, outcome = json.loads(_python("""
+            import json, sys, time
+            from pathlib import Path
+            from kinetoscope.analyze.loader import load_trace
+            from kinetoscope.errors import KinetoscopeError
+            started = time.perf_counter()
+            try:
+                load_trace(Path(sys.argv[1]))
+                outcome = "ok"
+            except KinetoscopeError as exc:
+                outcome = str(exc)
+            peak = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM"))
+            print(json.dumps([time.perf_counter() - started, peak / 1024, outcome]))
+        """, str(tmp_path / name)))
+        budget_s = 4.0 if name.startswith("large_") else 2.0
+        if seconds > budget_s or peak_mb > 300 or expect.error not in outcome:
+            bad.append((name, round(seconds, 2), round(peak_mb), outcome[:100]))
+    assert bad == []
+
+
+def test_the_reference_decoder_keeps_the_depth_limit(tmp_path, monkeypatch):
+    """Was: through the reference decoder, 600-deep nesting was accepted at --max-depth 10."""
+    from kinetoscope.analyze.limits import LoadLimits
+    from kinetoscope.analyze.loader import load_trace
+    from kinetoscope.errors import TraceFormatError
+
+    path = tmp_path / "deep.json"
+    path.write_text('{"traceEvents": [{"ph": "X", "name": "a", "ts": 1, "dur": 1, "pid": 1, "tid": 1, '
+                    '"args": {"x": ' + "[" * 20 + "]" * 20 + ', "s": "[[[[[[[[[[[[[[[[[[[["}}]}')
+    # 23 levels below the document: traceEvents, the event, its args, then 20 (brackets in strings do not count)
+    for decoder in ("reference", ""):
+        monkeypatch.setenv("KINETOSCOPE_DECODER", decoder)
+        with pytest.raises(TraceFormatError, match="deeper than 22 levels"):
+            load_trace(path, LoadLimits(max_depth=22))
+        assert load_trace(path, LoadLimits(max_depth=23)).ranks[0].events["name"].tolist() == ["a"]
+
+
 # --- redaction: every string, every form ----------------------------------------------------------
 JWT = "eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U"
 AZURE_KEY = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789abcdefghijklmnopqrstuvwxyz=="
@@ -216,6 +277,19 @@ AZURE_KEY = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789abcde
     ("xoxb-123456789012-1234567890123-abcdefghijklmnopqrstuvwx", "xoxb-", ""),
     ("export HF_TOKEN=abc123def456 && python x.py", "abc123def456", "python x.py"),
     ("--password hunter2 --epochs 3", "hunter2", "--epochs 3"),
+    # found by the issue-16 review: an earlier match hid an assignment, detectors never ran, key bodies stayed
+    ("docker run -e DB_PASSWORD=AbCd3fGh1jKl img", "AbCd3fGh1jKl", "docker run -e DB_PASSWORD="),
+    ("env: HF_TOKEN=AbCd3fGh1jKl python train.py", "AbCd3fGh1jKl", "python train.py"),
+    ("https://example.com/api?access_token=AbCd3fGh1jKl&x=1", "AbCd3fGh1jKl", "&x=1"),
+    ("note: password: AbCd3fGh1jKl", "AbCd3fGh1jKl", "note: password: "),
+    ("authorization: bearer AbCd3fGh1jKlMnOp", "AbCd3fGh1jKlMnOp", "authorization: bearer "),
+    ("redis://:AbCd3fGh1jKl@localhost:6379/0", "AbCd3fGh1jKl", "@localhost:6379/0"),
+    ("mysql://root:p@ss3fGh1jKl@db/x", "ss3fGh1jKl", "mysql://root:"),
+    ("-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEA7bq98mzYxWq1oLkI0vYtC9Kz\n-----END RSA PRIVATE KEY-----",
+     "MIIEowIBAAKCAQEA7bq98mzYxWq1oLkI0vYtC9Kz", "-----END RSA PRIVATE KEY-----"),
+    ("stripe sk_live_4eC39HqLyjWDarjtT1zdp7dc", "4eC39HqLyjWDarjtT1zdp7dc", "stripe "),
+    ("gitlab glpat-AbCdEfGhIjKlMnOpQrSt", "AbCdEfGhIjKlMnOpQrSt", "gitlab "),
+    ("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", "TwL2iGABf9DHoTf", ""),
 ])
 def test_each_form_of_secret_is_redacted_and_the_rest_kept(text, secret, kept):
     from kinetoscope.analyze.redact import REDACTED, redact_text
@@ -226,11 +300,43 @@ def test_each_form_of_secret_is_redacted_and_the_rest_kept(text, secret, kept):
 
 @pytest.mark.parametrize("text", ["aten::mm", "ProfilerStep#5", "python train.py --token-budget 512 --max_tokens 64",
                                   "AWS_REGION=us-east-1", "tokenizer_config.json", "the auth module",
-                                  "void at::native::elementwise_kernel<128, 2>(int)"])
+                                  "void at::native::elementwise_kernel<128, 2>(int)",
+                                  # were changed (issue-16 review): names, a pip pin in five real TraceLens traces
+                                  "Token embedding", "Basic operations block", "google-auth==2.40.3",
+                                  "requests>=2.31.0", "token ids"])
 def test_what_is_not_a_secret_is_left_alone(text):
     from kinetoscope.analyze.redact import redact_text
 
     assert redact_text(text) == text
+
+
+def test_secrets_in_json_escapes_lists_and_argv_are_redacted(tmp_path):
+    """Was: '\\u0068f_...' and 'postgresql:\\/\\/user:pw@...' leaked (hints looked at the raw bytes), as did
+    ["--password", "x"] and {"password": ["x"]}."""
+    from kinetoscope.analyze.redact import redact, redact_json_bytes
+
+    doc = ('{"traceEvents": [{"ph": "X", "name": "a", "pid": 1, "tid": 1, "ts": 1, "dur": 1}], '
+           '"argv": ["train.py", "--password", "AbCd3fGh1jKl", "--lr", "0.1"], "cfg": {"password": ["AbCd3fGh1jKl"]}, '
+           '"esc1": "\\u0068f_AbCdEfGhIjKlMnOpQrStUvWxYz012345", '
+           '"esc2": "postgresql:\\/\\/user:AbCd3fGh1jKl@host\\/db"}').encode()
+    out, changed = redact_json_bytes(doc)
+    decoded = json.loads(out)
+    assert b"AbCd3fGh1jKl" not in out and b"AbCdEfGhIj" not in out and changed == 4
+    assert decoded["argv"] == ["train.py", "--password", "[redacted]", "--lr", "0.1"]
+    assert decoded["esc2"] == "postgresql://user:[redacted]@host/db"
+    assert decoded["traceEvents"] == json.loads(doc)["traceEvents"]
+    shown = redact(json.loads(doc))
+    assert shown["argv"][2] == shown["cfg"]["password"][0] == shown["esc1"] == "[redacted]"
+
+
+def test_redact_refuses_what_is_not_a_trace(tmp_path):
+    """Was: a truncated or non-JSON file was 'redacted' with exit 0."""
+    from kinetoscope.cli import main
+
+    bad = tmp_path / "cut.json"
+    bad.write_text('{"traceEvents": [{"ph": "X", "na')
+    assert main(["redact", str(bad), "-o", str(tmp_path / "out.json")]) == 2
+    assert not (tmp_path / "out.json").exists()
 
 
 def test_redact_command_cleans_metadata_and_event_args_and_analyses_the_same(tmp_path):
@@ -303,6 +409,108 @@ def test_messages_about_an_upload_name_the_file_not_the_server_folder():
     assert "broken.json" in errors and "kinetoscope-upload-" not in errors and "/tmp" not in errors
 
 
+def test_an_upload_is_named_by_its_file_in_pages_and_reports_and_exported_from_the_session_own_copy(tmp_path,
+                                                                                                    monkeypatch):
+    """Was (issue-16 review): the Metadata page and the JSON report showed the server's upload path; a second
+    session uploading the same file got the first session's cached analysis, and once that session's folder
+    was gone its Export page silently offered no trace."""
+    from streamlit.testing.v1 import AppTest
+
+    from kinetoscope.render.json import report_to_json
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    data = (ROOT / "sample_traces" / "real" / "h100_tiny_before_fix_trace.json").read_bytes()
+    other = (ROOT / "sample_traces" / "real" / "h100_bert-small.json.gz").read_bytes()
+
+    def session(page: str, files: list[tuple[str, bytes]]) -> AppTest:
+        at = AppTest.from_file(str(ROOT / "kinetoscope" / "app" / "main.py"), default_timeout=120)
+        at.session_state["start_page"] = page
+        at.session_state["source"] = "Upload"
+        at.session_state["pending_uploads"] = files
+        at.run()
+        return at
+
+    first = session("metadata", [("mine.json", data)])
+    shown = " ".join(m.value for m in first.markdown)
+    assert "`mine.json`" in shown and str(tmp_path) not in shown
+    assert str(tmp_path) not in report_to_json(first.session_state["analysis"].report)
+    first.session_state["pending_uploads"] = [("other.json.gz", other)]
+    first.run()  # the first session's copy of mine.json is deleted
+    second = session("export", [("mine.json", data)])  # the same content: the cached analysis
+    assert [b.label for b in second.button if "Prepare" in b.label] == ["Prepare redacted mine.json"]
+    second.button(key="prep_trace_0").click().run()
+    assert [d.label for d in second.get("download_button") if "mine.json" in d.label] == ["Download mine.json"]
+
+
+def test_upload_folders_of_ended_sessions_are_deleted_by_the_janitor(tmp_path):
+    """Was: Streamlit keeps an ended session's state for two minutes and frees it only when another session
+    comes or goes: on a quiet server an upload stayed until the server stopped."""
+    from kinetoscope.app.data import UploadJanitor
+
+    active = {"s1": True, "s2": True}
+    janitor = UploadJanitor(lambda sid: active[sid], grace_s=150.0, period_s=3600.0)
+    folders = {sid: tmp_path / sid for sid in active}
+    for sid, folder in folders.items():
+        folder.mkdir()
+        janitor.watch(sid, folder)
+    assert janitor.sweep(now=0.0) == 0
+    active["s1"] = False  # the browser of s1 closed
+    assert janitor.sweep(now=10.0) == 0 and folders["s1"].exists()  # within the grace: it may reconnect
+    assert janitor.sweep(now=100.0) == 0 and folders["s1"].exists()
+    assert janitor.sweep(now=161.0) == 1 and not folders["s1"].exists() and folders["s2"].exists()
+    active["s2"] = False
+    janitor.sweep(now=200.0)
+    active["s2"] = True  # reconnected within the grace: kept
+    assert janitor.sweep(now=400.0) == 0 and folders["s2"].exists()
+    janitor.stop()
+
+
+def test_the_cache_counts_what_an_analysis_really_holds():
+    """Was: only the base tables were counted; the trace's 20-odd derived views and gpu_events were not (40
+    analyses accounted at 177 MiB grew RSS by 428 MiB)."""
+    from kinetoscope.analyze.loader import load_trace
+    from kinetoscope.analyze.report import build_report
+    from kinetoscope.app.data import Analysis, analysis_bytes
+
+    trace = load_trace(SAMPLE)
+    tables = sum(int(f.memory_usage(index=True, deep=True).sum()) for r in trace.ranks
+                 for f in (r.events, r.memory, r.counters, r.flows, r.instants, r.steps, r.comm_args))
+    analysis = Analysis("a", build_report(trace), trace)
+    rank = trace.ranks[0]
+    views = sum(int(v.memory_usage(index=True, deep=True).sum()) for v in rank._views.values()
+                if isinstance(v, pd.DataFrame))
+    gpu = int(rank.gpu_events.memory_usage(index=True, deep=True).sum())
+    assert views > 0 and analysis_bytes(analysis) >= tables + views + gpu
+
+
+def test_the_app_server_goes_when_its_launcher_gets_sighup(tmp_path):
+    """Was: SIGHUP (the terminal closed) killed the launcher and left Streamlit serving."""
+    import signal
+
+    port = _free_port()
+    env = {**os.environ, "HOME": str(tmp_path)}
+    proc = subprocess.Popen([sys.executable, "-m", "kinetoscope.cli", "app", "--headless", "--port", str(port)],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://localhost:{port}/_stcore/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                time.sleep(0.5)
+        proc.send_signal(signal.SIGHUP)
+        proc.wait(timeout=30)
+        time.sleep(2)
+        with pytest.raises(OSError):
+            urllib.request.urlopen(f"http://localhost:{port}/_stcore/health", timeout=2)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
 def test_the_analysis_cache_is_bounded_by_bytes():
     from kinetoscope.analyze.loader import load_trace
     from kinetoscope.analyze.report import build_report
@@ -371,3 +579,25 @@ def test_splicing_into_an_empty_event_list_and_a_document_with_distributed_info(
 
     doc = json.loads(gzip.decompress((tmp_path / "t.json.gz").read_bytes()))
     assert doc == {"distributedInfo": {"rank": 1}, "traceEvents": [{"ph": "C", "name": "x", "ts": 1, "args": {"v": 1}}]}
+
+
+def test_what_a_killed_run_left_is_recovered_or_removed(tmp_path):
+    """Was: SIGTERM (or a second Ctrl-C) while the writer thread gzipped a window left the hidden raw export
+    (130 MB) and a partial .tmp; nothing ever removed or recovered them."""
+    from kinetoscope.capture.output import tidy_output_dir
+
+    whole = b'{"traceEvents": [{"ph": "X", "name": "a", "pid": 1, "tid": 1, "ts": 1, "dur": 1}]}\n'
+    dead = 2**22 + 12345  # above the default pid_max: no such process
+    (tmp_path / f".rank-0.{dead}.step-3-5.raw.json").write_bytes(whole)  # gzip cut short: kept, uncompressed
+    (tmp_path / f".rank-1.{dead}.step-3-5.raw.json").write_bytes(whole[:30])  # export cut short: removed
+    (tmp_path / f".rank-0.{os.getpid()}.step-6-8.raw.json").write_bytes(whole)  # a live writer's: untouched
+    (tmp_path / ".rank-0.step-3-5.pt.trace.json.gz.0123456789abcdef.tmp").write_bytes(b"\x1f\x8b")
+    recovered, removed = tidy_output_dir(tmp_path)
+    assert [p.name for p in recovered] == ["rank-0.step-3-5.pt.trace.json"] and removed == 1
+    assert (tmp_path / "rank-0.step-3-5.pt.trace.json").read_bytes() == whole
+    assert (tmp_path / ".rank-0.step-3-5.pt.trace.json.gz.0123456789abcdef.tmp").exists()  # may be live (< 60 s)
+    # the capture CLI once its child has exited: every file is a dead writer's
+    recovered, removed = tidy_output_dir(tmp_path, writers_gone=True)
+    assert [p.name for p in recovered] == ["rank-0.step-6-8.pt.trace.json"] and removed == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rank-0.step-3-5.pt.trace.json",
+                                                          "rank-0.step-6-8.pt.trace.json"]

@@ -142,9 +142,8 @@ def test_collective_metadata_in_every_form_decodes_like_the_reference(tmp_path):
     (b'{"traceEvents": [1, {"ph": "X", "ts": 1}]}', "an item that is not an object"),
     (b'{"traceEvents": [{"ph": "X", "ts": 1, "name": "\\ud800"}]}', "lone surrogate"),
     (b'{"traceEvents": [{"ph": "X", "ts": 1, "ts": 2}]}', "repeated key"),
-    (b'{"nodes": [], "schema": "1.0"}', "no traceEvents"),
     # the reference accepts these inside values it skips, so they are its call
-    (b'{"traceEvents": [{"ph": "X", "ts": 1, "name": "\xff"}]}', "invalid UTF-8"),
+    (b'{"traceEvents": [{"ph": "X", "ts": 1, "args": {"note": "\xff"}}]}', "invalid UTF-8 in a skipped value"),
     (b'{"traceEvents": [{"ph": "X", "ts": 1e400}]}', "number out of range"),
 ])
 def test_valid_json_the_scanner_does_not_handle_goes_to_the_reference(doc, why):
@@ -159,6 +158,14 @@ def test_valid_json_the_scanner_does_not_handle_goes_to_the_reference(doc, why):
     (b'{"traceEvents": [{"ph": "X", "ts": 1, "args": {"x": ' + b"[" * 600 + b"]" * 600 + b"}}]}", "nested deeper than 512"),
     (b"\0\0\0\0", "not a JSON trace"),
     (b"   ", "file is empty"),
+    # the reference decodes names: invalid UTF-8 there, it refuses too
+    (b'{"traceEvents": [{"ph": "X", "ts": 1, "name": "\xff"}]}', "invalid UTF-8 in a decoded string"),
+    (b'{"nodes": [], "schema": "1.0"}', "execution trace"),
+    (b'{"other": 1}', "without 'traceEvents'"),
+    (b'{"traceEvents": null}', "'traceEvents' is not a list"),
+    (b'{"traceEvents": [], "x": [' + b"0," * (3 * 2**20) + b'0]}', "more than 4 MiB of top-level values"),
+    (b'{"traceEvents": [], "x": "' + b"a" * (17 * 2**20) + b'"}', "of more than 16 MiB"),
+    (b"[" + b"{}," * (3 * 2**20) + b"{}]", "under 24 bytes each"),
 ])
 def test_what_is_wrong_with_a_document_is_final(doc, phrase):
     """The reference decoder would refuse these too, after holding the whole file: the scanner's word is final."""
@@ -330,3 +337,10 @@ def test_the_event_limit_holds_across_both_halves(tmp_path, monkeypatch):
     assert scan.scan_file(path, LoadLimits(max_events=3000))[0].n == 3000
     with pytest.raises(TraceFormatError, match="max_events"):
         scan.scan_file(path, LoadLimits(max_events=2000))  # each half alone stays under it
+
+
+def test_a_repeated_trace_events_key_counts_as_a_json_decoder_reads_it():
+    """Repeated keys: the last one counts, as for the reference decoder (a null first, then the list)."""
+    doc = b'{"traceEvents": null, "traceEvents": [{"ph": "X", "ts": 1, "dur": 2, "name": "a", "pid": 1, "tid": 1}]}'
+    raw, _ = scan.scan_bytes(doc, "t.json")
+    assert raw.n == 1

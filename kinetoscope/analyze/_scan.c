@@ -167,8 +167,10 @@ static int32_t table_get(Table *t, const char *key, Py_ssize_t n, char kind) {
 typedef struct {
     PyObject_HEAD
     int state, bare, seen_events, max_depth;
+    int events_not_list; /* a traceEvents key whose value is not a list (a later one may still be) */
     int at_bof; /* nothing consumed yet: a UTF-8 byte-order mark may come first */
     Py_ssize_t n;
+    int64_t consumed; /* bytes consumed by earlier feed() calls */
     const char *reason;
     Table strings, idents;
     Buf ph, name, cat, ts, dur, pid, tid;   /* per event */
@@ -184,6 +186,11 @@ typedef struct {
 } Scanner;
 
 #define BAILR(s, why) do { (s)->reason = (why); return BAIL; } while (0)
+/* the top-level values other than traceEvents are kept raw and decoded into Python objects: a profiler
+ * writes a few KiB there (deviceProperties, distributedInfo); past this, a file is not a trace */
+#define META_MAX_BYTES (4 * 1024 * 1024)
+#define MIN_EVENT_BYTES 24
+#define MIN_EVENT_CHECK_AFTER 1000000
 #define WS(c) ((c) == ' ' || (c) == '\n' || (c) == '\r' || (c) == '\t')
 
 static inline const char *skip_ws(const char *p, const char *end) {
@@ -569,7 +576,10 @@ static int intern_string(Scanner *s, Table *t, const char **pp, const char *end,
     const char *cs, *ce, *b;
     Py_ssize_t bn;
     int esc;
-    CHECK(scan_string(s, pp, end, &cs, &ce, &esc));
+    int r = scan_string(s, pp, end, &cs, &ce, &esc);
+    /* a value the reference decoder decodes too (it skips others unchecked): invalid UTF-8 is final */
+    if (r == BAIL && strcmp(s->reason, "invalid UTF-8") == 0) s->reason = "invalid UTF-8 in a decoded string";
+    if (r != OK) return r;
     if (string_bytes(s, cs, ce, esc, &b, &bn) < 0) return ERR;
     *code = table_get(t, b, bn, 's');
     return *code < 0 ? ERR : OK;
@@ -837,7 +847,13 @@ static int step(Scanner *s, const char **pp, const char *end) {
         CHECK(read_key(s, &p, end, &k, &kn));
         if (key_is(k, kn, "traceEvents")) {
             if (s->seen_events) BAILR(s, "traceEvents twice");
-            if (*p != '[') BAILR(s, "traceEvents is not a list");
+            if (*p != '[') { /* skipped: with repeated keys the last one counts, as for a JSON decoder */
+                CHECK(skip_value(s, &p, end, 2));
+                s->events_not_list = 1;
+                s->state = ST_TOP_AFTER;
+                *pp = p;
+                return OK;
+            }
             s->seen_events = 1;
             s->state = ST_EV_FIRST;
             *pp = p + 1;
@@ -850,6 +866,7 @@ static int step(Scanner *s, const char **pp, const char *end) {
         int r = skip_value(s, &p, end, 2);
         if (r != OK) { s->meta.len = mark; return r; }
         int64_t vlen = p - v;
+        if (s->meta.len + vlen > META_MAX_BYTES) { s->meta.len = mark; BAILR(s, "top-level metadata over 4 MiB"); }
         if (buf_put(&s->meta, &vlen, 8) < 0 || buf_put(&s->meta, v, vlen) < 0) return ERR;
         s->state = ST_TOP_AFTER;
         *pp = p;
@@ -907,7 +924,15 @@ static PyObject *Scanner_feed(Scanner *s, PyObject *args) {
         const char *q = p;
         r = step(s, &q, end);
         if (r == OK || r == NEED) p = q; /* a unit cut by the chunk's end restarts from its first byte */
+        /* a profiler's events take 50+ bytes of JSON; columns cost ~40-80 bytes an event: a file of tiny
+         * items would outgrow itself in memory many times over */
+        if (r == OK && s->n > MIN_EVENT_CHECK_AFTER && (s->n & 0xFFFF) == 0 &&
+            s->consumed + (p - start) < (int64_t)MIN_EVENT_BYTES * s->n) {
+            s->reason = "events average under 24 bytes";
+            r = BAIL;
+        }
     }
+    s->consumed += p - start;
     PyEval_RestoreThread(s->tstate);
     s->tstate = NULL;
     s->busy = 0;
@@ -918,7 +943,8 @@ static PyObject *Scanner_feed(Scanner *s, PyObject *args) {
     if (final && (s->state != ST_DONE || !s->seen_events)) {
         /* nothing at all / a document cut short / a complete JSON document without traceEvents */
         s->reason = s->state == ST_START ? "the document is empty"
-                    : s->state != ST_DONE ? "the document ends early" : "a JSON document without traceEvents";
+                    : s->state != ST_DONE ? "the document ends early"
+                    : s->events_not_list ? "traceEvents is not a list" : "a JSON document without traceEvents";
         return PyLong_FromLong(-1);
     }
     return PyLong_FromSsize_t(p - start);

@@ -23,7 +23,7 @@ class LoadLimits:
     max_depth: int = 512
     #: a file the fast scanner leaves to the reference decoder (valid JSON it does not handle exactly) is
     #: held whole in memory by that decoder: only up to this gunzipped size
-    max_fallback_bytes: int = 64 * 2**20
+    max_fallback_bytes: int = 16 * 2**20
 
     def __post_init__(self) -> None:
         for name in ("max_decompressed_bytes", "max_events", "max_depth", "max_fallback_bytes"):
@@ -71,13 +71,15 @@ def parse_size(text: str) -> int:
 
 def fallback_too_large(source: str, reason: str, limits: LoadLimits) -> TraceFormatError:
     return TraceFormatError(source, f"holds JSON the fast scanner does not handle ({reason}) and is larger than the "
-                            f"{size_text(limits.max_fallback_bytes)} the reference decoder may hold in memory; "
-                            "raise --max-fallback to decode it anyway")
+                            f"{size_text(limits.max_fallback_bytes)} the reference decoder may hold in memory "
+                            "(about 12 times the file); raise that limit (kinetoscope analyze --max-fallback, or "
+                            "KINETOSCOPE_MAX_FALLBACK for the app) to try it anyway")
 
 
-#: a Kineto trace gzips 10-50 fold (repeated names and keys); deflate's ceiling is ~1030. Past this ratio,
-#: measured once the output passes GZIP_RATIO_AFTER_BYTES, a file is a gzip bomb, whatever --max-size says
-MAX_GZIP_RATIO = 500
+#: a Kineto trace gzips 10-30 fold (repeated names and keys: 30x for the most repetitive of the real traces
+#: in ../shared/traces); deflate's ceiling is ~1030. Past this ratio, measured once the output passes
+#: GZIP_RATIO_AFTER_BYTES, a file is a gzip bomb (or events repeated by a generator), whatever --max-size says
+MAX_GZIP_RATIO = 100
 GZIP_RATIO_AFTER_BYTES = 64 * 2**20
 
 
@@ -85,5 +87,5 @@ def inflates_too_much(source: str, out_bytes: int, in_bytes: int) -> TraceFormat
     """The refusal for a gzip stream inflating more than MAX_GZIP_RATIO-fold, or None."""
     if out_bytes > GZIP_RATIO_AFTER_BYTES and out_bytes > MAX_GZIP_RATIO * max(in_bytes, 1):
         return TraceFormatError(source, f"a gzip bomb: {size_text(in_bytes)} inflate to more than {size_text(out_bytes)} "
-                                f"({out_bytes // max(in_bytes, 1):,}-fold; a trace compresses 10-50-fold)")
+                                f"({out_bytes // max(in_bytes, 1):,}-fold; a trace compresses 10-30-fold)")
     return None

@@ -10,10 +10,12 @@ still load. Nothing from a trace is ever evaluated or unpickled.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Union
 
 import msgspec
+import numpy as np
 
 from kinetoscope.analyze.limits import DEFAULT_LIMITS, LoadLimits, too_many_events
 from kinetoscope.errors import TraceFormatError
@@ -70,6 +72,9 @@ class CounterEvent(msgspec.Struct, gc=False):
     args: Union[dict[str, Any], None] = None
 
 
+EXECUTION_TRACE = ("a PyTorch execution trace (ExecutionTraceObserver), not a Kineto trace: capture with "
+                   "torch.profiler instead")
+
 #: marks an item of traceEvents that was not a JSON object
 NOT_AN_OBJECT = "<not an object>"
 
@@ -97,14 +102,34 @@ def _json_error(source: str, exc: Exception) -> TraceFormatError:
     return TraceFormatError(source, f"not valid JSON ({text})")
 
 
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+
+
+def nesting_depth(data: bytes) -> int:
+    """How deep arrays and objects nest inside the document's own (the scanner's count: a value of the
+    top-level object is at level 1, an event at 2); brackets inside strings are left out."""
+    if b"[" not in data and b"{" not in data:
+        return 0
+    bare = np.frombuffer(_STRING.sub(b'""', data), dtype=np.uint8)
+    step = np.zeros(256, dtype=np.int8)
+    step[[ord("["), ord("{")]] = 1
+    step[[ord("]"), ord("}")]] = -1
+    depth = np.cumsum(step[bare], dtype=np.int64)
+    return max(int(depth.max()) - 1, 0) if depth.size else 0
+
+
 def parse_bytes(data: bytes, source: str, limits: LoadLimits = DEFAULT_LIMITS) -> ParsedTrace:
     """Decode a whole trace document (``{"traceEvents": [...]}`` or a bare array)."""
-    # msgspec bounds nesting with Python's recursion limit, which is process-wide and never changed here;
-    # max_depth is at most MAX_DEPTH_CEILING, below it, and the scanner enforces max_depth exactly
+    # the same depth limit as the scanner's, checked before decoding: msgspec descends one native frame per
+    # level, bounded by Python's recursion limit (process-wide, never changed here) less the frames in use
+    if nesting_depth(data) > limits.max_depth:
+        raise TraceFormatError(source, f"JSON nested deeper than {limits.max_depth} levels (limit max_depth)")
     try:
         parsed = _parse(data, source)
     except RecursionError:
-        raise TraceFormatError(source, f"JSON nested deeper than {limits.max_depth} levels (limit max_depth)") from None
+        raise TraceFormatError(source, "JSON nested too deep for the reference decoder on this thread's stack "
+                               f"(within the {limits.max_depth}-level limit, but Python's recursion limit is "
+                               "nearer here; the fast scanner has no such bound)") from None
     if len(parsed.events) > limits.max_events:
         raise too_many_events(source, limits, len(parsed.events))
     return parsed
@@ -126,8 +151,7 @@ def _parse(data: bytes, source: str) -> ParsedTrace:
             raise _json_error(source, exc) from None
         if "traceEvents" not in top:
             if "nodes" in top and "schema" in top:
-                raise TraceFormatError(source, "a PyTorch execution trace (ExecutionTraceObserver), not a Kineto "
-                                       "trace: capture with torch.profiler instead")
+                raise TraceFormatError(source, EXECUTION_TRACE)
             raise TraceFormatError(
                 source, "JSON object without 'traceEvents': not a Chrome/Kineto trace"
             )

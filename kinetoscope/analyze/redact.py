@@ -1,16 +1,17 @@
 """Redact secrets from a trace before it is shown, exported or attached to a public bug report.
 
 Every string of the file is checked - top-level metadata and every event's arguments alike - for
-the shapes of known credentials, with detect-secrets' detectors (AWS and Azure keys, JWTs, Slack,
-GitHub, Stripe, ... tokens, private keys, credentials in URLs) and the few shapes it does not know
-(Hugging Face ``hf_`` and GitHub ``github_pat_`` tokens, ``sk-`` API keys, ``Bearer`` tokens), plus
-``key=value`` / ``--key value`` pairs and JSON members whose key names a secret (``HF_TOKEN``,
-``db_password``, ``apiKey``). Only the secret itself is replaced by ``[redacted]``; everything else,
-byte for byte and in place, stays as it was, so the redacted trace analyses exactly like the original.
+the shapes of known credentials, with detect-secrets' detectors (AWS, Azure, GitHub, GitLab, Stripe,
+Slack, SendGrid, PyPI, npm, Discord, Twilio, ... tokens, JWTs, private keys) and the few shapes it does
+not know (Hugging Face ``hf_`` and GitHub ``github_pat_`` tokens, ``sk-`` API keys, ``Bearer``/``Basic``
+credentials, credentials in URLs), plus ``key=value`` / ``key: value`` / ``--key value`` pairs, JSON
+members and argument lists whose key names a secret (``HF_TOKEN``, ``db_password``, ``apiKey``,
+``["--password", "..."]``). Only the secret itself is replaced by ``[redacted]``; everything else, byte
+for byte and in place, stays as it was, so the redacted trace analyses exactly like the original.
 
-It works on the JSON text: a secret can only sit inside a JSON string, and a cheap scan for hints
-(``://``, ``token``, ``hf_``, ``eyJ``, ...) finds the few strings worth a closer look without
-decoding the document.
+It works on the JSON text: a secret can only sit inside a JSON string. A fast search for hints (``://``,
+``token``, ``hf_``, ``eyJ``, a JSON escape, ...; each detector's own prefix) finds the few strings worth
+a closer look without decoding the document; those are decoded (escapes included) and checked whole.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from __future__ import annotations
 import json
 import re
 from typing import Any, Iterator
+
+import numpy as np
 
 REDACTED = "[redacted]"
 
@@ -36,29 +39,56 @@ _TOKEN_SHAPES = re.compile(
     r"|\bAKIA[0-9A-Z]{16}\b|\bxox[abposr]-[A-Za-z0-9-]{10,}"
     r"|\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"
 )
-#: "Bearer <token>" / "Basic <credentials>" in headers
-_AUTH_HEADER = re.compile(r"\b(Bearer|Basic|Token)\s+([A-Za-z0-9._~+/=-]{8,})")
-#: credentials in a URL: scheme://user:password@host
-_URL_CREDENTIALS = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://[^:/\s@]+:)([^@\s/]+)(@)")
-#: NAME=value, NAME: value, --name=value, and the command-line form --name value, where NAME names a secret
-_ASSIGNMENT = re.compile(
-    r"((?:--?)?([A-Za-z][A-Za-z0-9_.-]*)\s*[=:]\s*|(?:^|\s)--?([A-Za-z][A-Za-z0-9_.-]*)\s+)"
-    r"(\"[^\"]*\"|'[^']*'|[^\s;&,\"']+)"
-)
-#: cheap hints: a string without any of these holds no secret we would find (checked on the raw JSON)
-_HINTS = re.compile(
-    rb"://|hf_|gh[pousr]_|github_pat|sk-|AKIA|ASIA|xox[abposr]-|eyJ|[Bb]earer|[Bb]asic |-----BEGIN|"
-    rb"(?i:token|secret|passw|pwd|api[_-]?key|access[_-]?key|account[_-]?key|private|credential|auth|cookie|sas)"
-)
+#: "Bearer <token>" / "Basic <credentials>" / "token <token>", any case; the credential must look like one
+_AUTH_HEADER = re.compile(r"\b(bearer|basic|token)\s+([A-Za-z0-9._~+/=-]{8,})", re.IGNORECASE)
+#: credentials in a URL: scheme://user:password@host (the user may be empty, the password may hold '@')
+_URL_CREDENTIALS = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]*://[^:/\s@]*:([^\s/]*)@[^@/\s]")
+#: a PEM private key: its body goes, whatever its type
+_PRIVATE_KEY = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY( BLOCK)?-----(.*?)(-----END [A-Z0-9 ]*PRIVATE KEY"
+                          r"( BLOCK)?-----|$)", re.DOTALL)
+_VALUE = r"(\"[^\"]*\"|'[^']*'|[^\s;&,\"'\]\[}{]+)"
+#: NAME=value (not ==, <=, >=, !=, ~=: a version pin), found even inside another assignment's value
+_EQUALS = re.compile(r"(?<![A-Za-z0-9_.-])([A-Za-z][A-Za-z0-9_.-]*)\s*(?<![=<>!~])=(?!=)\s*" + _VALUE)
+#: NAME: value
+_COLON = re.compile(r"(?<![A-Za-z0-9_.-])([A-Za-z][A-Za-z0-9_.-]*)\s*:(?!//)\s*" + _VALUE)
+#: --name value / -name value on a command line
+_FLAG = re.compile(r"(?:^|(?<=\s))--?([A-Za-z][A-Za-z0-9_.-]*)\s+(?!-)" + _VALUE)
+#: a command-line flag naming a secret, alone in a string (an argv list: its value is the next item)
+_SECRET_FLAG = re.compile(r"^--?([A-Za-z][A-Za-z0-9_.-]*)$")
 
 _DETECTORS = ("AWSKeyDetector", "AzureStorageKeyDetector", "BasicAuthDetector", "GitHubTokenDetector",
               "GitLabTokenDetector", "JwtTokenDetector", "OpenAIDetector", "SlackDetector", "PrivateKeyDetector",
               "StripeDetector", "TwilioKeyDetector", "DiscordBotTokenDetector", "SendGridDetector", "MailchimpDetector",
-              "NpmDetector", "PypiTokenDetector", "SquareOAuthDetector", "TelegramBotTokenDetector")
+              "NpmDetector", "PypiTokenDetector", "SquareOAuthDetector")
+
+#: where to look closer, found in the lower-cased text with plain substring search (each at memchr speed):
+#: the words a secret sits beside, and JSON escapes (which could hide anything)
+_HINT_WORDS = (b"://", b"token", b"secret", b"pass", b"pwd", b"key", b"auth", b"credential", b"cookie", b"sas",
+               b"bearer", b"basic", b"-----begin", b"\\u", b"\\/")
+#: ... and runs of token characters long enough to be a credential, kept when one of these shapes is in them
+#: (the hand-written ones and every detector's own: AWS, GitHub, GitLab, Stripe, Slack, JWT, OpenAI, SendGrid,
+#: npm, PyPI, Square, Twilio, Discord, Mailchimp)
+_RUN_MIN = 20
+_RUN_SHAPES = re.compile(
+    rb"hf_|github_pat_|gh[pousr]_|sk-|[rs]k_(live|test)_|A[KS]IA|xox[abposr]-|eyJ|gl(pat|dt|rt|ptt|cbt|soat|imt|ft"
+    rb"|agent|oas)-|GR1348941|SG\.|npm_|pypi-|sq0[a-z]{3}-|EAAA|(AC|SK)[a-z0-9]{32}|[MNO][A-Za-z\d_-]{23,25}\."
+    rb"|[0-9a-f]{32}-us[0-9]"
+)
+_TOKEN_CHAR = np.zeros(256, dtype=bool)
+for _c in b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-.+/=":
+    _TOKEN_CHAR[_c] = True
+_RUN_CHUNK = 16 * 2**20
 
 
 def is_secret_key(key: str) -> bool:
     return bool(_SECRET_KEY.search(key) or _CAMEL_SECRET.search(key))
+
+
+def _looks_like_credential(text: str) -> bool:
+    """Letters and digits mixed, or long: 'eyJ0eX...', 'dXNlcjpwYXNz' - not 'embedding' or 'operations'."""
+    has_digit = any(c.isdigit() for c in text)
+    has_alpha = any(c.isalpha() for c in text)
+    return (has_digit and has_alpha) or len(text) >= 24
 
 
 def _detect_secrets_values(text: str) -> list[str]:
@@ -71,34 +101,105 @@ def _detect_secrets_values(text: str) -> list[str]:
         return []
     available = {c.__name__ for c in get_mapping_from_secret_type_to_class().values()}
     plugins = [{"name": name} for name in _DETECTORS if name in available]
+    values: list[str] = []
     with transient_settings({"plugins_used": plugins}):
-        return [s.secret_value for s in scan_line(text) if s.secret_value and len(s.secret_value) >= 4]
+        for line in text.splitlines() or [text]:
+            values.extend(s.secret_value for s in scan_line(line) if s.secret_value and len(s.secret_value) >= 4)
+    return values
+
+
+def _value_span(m: re.Match[str], group: int) -> tuple[int, int]:
+    """The span of a matched value, quotes left out."""
+    start, end = m.span(group)
+    if end - start >= 2 and m.group(group)[0] in "\"'" and m.group(group)[-1] == m.group(group)[0]:
+        return start + 1, end - 1
+    return start, end
+
+
+def _secret_spans(text: str) -> list[tuple[int, int]]:
+    spans: list[tuple[int, int]] = [m.span() for m in _TOKEN_SHAPES.finditer(text)]
+    spans += [m.span(2) for m in _AUTH_HEADER.finditer(text) if _looks_like_credential(m.group(2))]
+    spans += [m.span(1) for m in _URL_CREDENTIALS.finditer(text) if m.group(1)]
+    spans += [m.span(2) for m in _PRIVATE_KEY.finditer(text) if m.group(2).strip()]
+    for pattern in (_EQUALS, _COLON, _FLAG):
+        pos = 0
+        while True:  # matches may overlap ('env: HF_TOKEN=...'): each start position is tried
+            m = pattern.search(text, pos)
+            if m is None:
+                break
+            value = m.group(2).strip("\"'")
+            if is_secret_key(m.group(1)) and value and value.lower() not in ("bearer", "basic", "token"):
+                spans.append(_value_span(m, 2))
+            pos = m.start() + 1
+    for secret in set(_detect_secrets_values(text)):
+        if "PRIVATE KEY" in secret:  # the PEM marker: its body is handled above
+            continue
+        start = text.find(secret)
+        while start >= 0:
+            # a detector may report only a token's prefix ('glpat'): the whole run of token characters goes
+            lo, hi = start, start + len(secret)
+            while lo > 0 and text[lo - 1] in _TOKEN_TEXT_CHARS:
+                lo -= 1
+            while hi < len(text) and text[hi] in _TOKEN_TEXT_CHARS:
+                hi += 1
+            spans.append((lo, hi))
+            start = text.find(secret, start + 1)
+    return spans
+
+
+_TOKEN_TEXT_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-.+/=")
 
 
 def redact_text(text: str) -> str:
     """``text`` with every secret found in it replaced by ``[redacted]`` (the rest kept)."""
-    if not _HINTS.search(text.encode("utf-8", "surrogatepass")):
+    spans = sorted(s for s in _secret_spans(text) if s[1] > s[0])
+    if not spans:
         return text
-    out = _TOKEN_SHAPES.sub(REDACTED, text)
-    out = _AUTH_HEADER.sub(lambda m: f"{m.group(1)} {REDACTED}", out)
-    out = _URL_CREDENTIALS.sub(lambda m: f"{m.group(1)}{REDACTED}{m.group(3)}", out)
-    out = _ASSIGNMENT.sub(lambda m: f"{m.group(1)}{REDACTED}" if is_secret_key(m.group(2) or m.group(3)) and
-                          m.group(4) not in (REDACTED, "Bearer", "Basic", "Token") else m.group(0), out)
-    for secret in sorted(set(_detect_secrets_values(out)), key=len, reverse=True):
-        if secret in out and secret != REDACTED and REDACTED not in secret:
-            out = out.replace(secret, REDACTED)
-    return out
+    out: list[str] = []
+    last = 0
+    cur_s, cur_e = spans[0]
+    for s, e in spans[1:] + [(len(text) + 1, len(text) + 1)]:
+        if s <= cur_e:  # overlapping or touching: one redaction
+            cur_e = max(cur_e, e)
+            continue
+        out.append(text[last:cur_s])
+        out.append(REDACTED)
+        last = cur_e
+        cur_s, cur_e = s, e
+    out.append(text[last:])
+    return "".join(out)
+
+
+def _is_secret_flag(text: str) -> bool:
+    m = _SECRET_FLAG.match(text)
+    return m is not None and is_secret_key(m.group(1))
 
 
 def redact(value: Any, key: str = "") -> Any:
-    """A copy of a decoded JSON value with secrets redacted (for metadata shown in the app)."""
+    """A copy of a decoded JSON value with secrets redacted (for metadata shown in the app): strings checked
+    whole, every string under a key naming a secret replaced, and in a list the item after a secret flag."""
     if isinstance(value, dict):
-        return {k: (REDACTED if is_secret_key(str(k)) and not isinstance(v, (dict, list)) and v not in (None, "")
-                    else redact(v, str(k))) for k, v in value.items()}
+        return {k: (_redact_all(v) if is_secret_key(str(k)) else redact(v, str(k))) for k, v in value.items()}
     if isinstance(value, list):
-        return [redact(v, key) for v in value]
+        out = []
+        after_flag = False
+        for item in value:
+            out.append(REDACTED if after_flag and isinstance(item, str) and item else redact(item, key))
+            after_flag = isinstance(item, str) and _is_secret_flag(item)
+        return out
     if isinstance(value, str):
         return redact_text(value)
+    return value
+
+
+def _redact_all(value: Any) -> Any:
+    """Under a key naming a secret: every non-empty string goes (in lists and objects too)."""
+    if isinstance(value, str):
+        return REDACTED if value else value
+    if isinstance(value, list):
+        return [_redact_all(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _redact_all(v) for k, v in value.items()}
     return value
 
 
@@ -107,14 +208,14 @@ def _string_at(data: bytes, pos: int) -> tuple[int, int] | None:
     """The JSON string literal holding byte ``pos`` ([start quote, end quote]). Outside strings JSON has only
     numbers, literals and punctuation, so a hint found at ``pos`` is inside one: the nearest unescaped
     quotes around it bound it."""
-    start = pos
+    start = pos + 1
     while True:
         start = data.rfind(b'"', 0, start)
         if start < 0:
             return None
         if _unescaped(data, start):
             break
-    end = pos
+    end = max(pos, start + 1)
     while True:
         end = data.find(b'"', end)
         if end < 0:
@@ -133,33 +234,110 @@ def _unescaped(data: bytes, quote: int) -> bool:
     return n % 2 == 0
 
 
-_AFTER_KEY = re.compile(rb'\s*:\s*"')
+def _hint_positions(data: bytes) -> list[int]:
+    lower = data.lower()
+    found: list[int] = []
+    for word in _HINT_WORDS:
+        i = lower.find(word)
+        while i >= 0:
+            found.append(i)
+            i = lower.find(word, i + 1)
+    del lower
+    found.extend(_token_runs(data))
+    return sorted(set(found))
+
+
+def _token_runs(data: bytes) -> Iterator[int]:
+    """Starts of runs of token characters (at least _RUN_MIN long) holding a token shape, chunk by chunk."""
+    seen: dict[bytes, bool] = {}
+    n = len(data)
+    lo = 0
+    while lo < n:
+        hi = min(n, lo + _RUN_CHUNK)
+        while hi < n and _TOKEN_CHAR[data[hi]]:  # end the chunk between runs
+            hi += 1
+        mask = _TOKEN_CHAR[np.frombuffer(data, dtype=np.uint8, count=hi - lo, offset=lo)].view(np.int8)
+        edges = np.diff(mask, prepend=np.int8(0), append=np.int8(0))
+        starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
+        del mask, edges
+        long = (ends - starts) >= _RUN_MIN
+        for s, e in zip(starts[long].tolist(), ends[long].tolist()):
+            run = data[lo + s:lo + e]
+            hit = seen.get(run)
+            if hit is None:
+                hit = seen[run] = _RUN_SHAPES.search(run) is not None
+            if hit:
+                yield lo + s
+        lo = hi  # the next chunk starts where this one ended, never inside a run
+
+
+_AFTER_KEY = re.compile(rb'\s*:\s*')
+_NEXT_ITEM = re.compile(rb'\s*,\s*"')
+
+
+def _decode(data: bytes, start: int, end: int) -> str | None:
+    try:
+        text = json.loads(data[start:end + 1])
+    except ValueError:
+        return None
+    return text if isinstance(text, str) else None
 
 
 def _literals(data: bytes) -> Iterator[tuple[int, int, bool]]:
-    """(start, end, is_secret_member_value) of each string literal worth checking, in order, once each."""
+    """(start, end, redact whole) of each string literal worth checking, in order, once each."""
     seen_end = -1
-    for m in _HINTS.finditer(data):
-        if m.start() <= seen_end:
+    for pos in _hint_positions(data):
+        if pos <= seen_end:
             continue
-        span = _string_at(data, m.start())
+        span = _string_at(data, pos)
         if span is None:
             continue
         start, end = span
+        if start <= seen_end:
+            continue
         seen_end = end
         yield start, end, False
-        # a member whose key names a secret: its string value goes whatever it looks like
+        text = _decode(data, start, end)
+        if text is None:
+            continue
         after = _AFTER_KEY.match(data, end + 1)
-        if after is not None:
-            try:
-                key = json.loads(data[start:end + 1])
-            except ValueError:
-                continue
-            if isinstance(key, str) and is_secret_key(key):
-                value = _string_at(data, after.end())
-                if value is not None and value[0] == after.end() - 1:
+        if after is not None and is_secret_key(text):
+            # a member whose key names a secret: its string value, or every string of its list, goes
+            seen_end = yield from _whole_value(data, after.end(), seen_end)
+            continue
+        if _is_secret_flag(text):  # an argv list: ["--password", "hunter2"]
+            item = _NEXT_ITEM.match(data, end + 1)
+            if item is not None:
+                value = _string_at(data, item.end())
+                if value is not None and value[0] == item.end() - 1:
                     seen_end = value[1]
                     yield value[0], value[1], True
+
+
+_ITEM_GAP = re.compile(rb"\s*(,\s*)?")
+
+
+def _whole_value(data: bytes, at: int, seen_end: int) -> Iterator[tuple[int, int, bool]]:
+    """The string literals of the value starting at ``at``: one string, or the strings of a flat list.
+    Returns the end of the last one (or ``seen_end``)."""
+    if data[at:at + 1] == b'"':
+        value = _string_at(data, at + 1)
+        if value is not None and value[0] == at:
+            yield value[0], value[1], True
+            return value[1]
+    elif data[at:at + 1] == b"[":
+        pos = at + 1
+        while True:
+            pos = _ITEM_GAP.match(data, pos).end()  # type: ignore[union-attr]
+            if data[pos:pos + 1] != b'"':
+                break
+            value = _string_at(data, pos + 1)
+            if value is None or value[0] != pos:
+                break
+            yield value[0], value[1], True
+            seen_end = value[1]
+            pos = value[1] + 1
+    return seen_end
 
 
 def redact_json_bytes(data: bytes) -> tuple[bytes, int]:
@@ -168,19 +346,20 @@ def redact_json_bytes(data: bytes) -> tuple[bytes, int]:
     parts: list[bytes] = []
     last = 0
     changed = 0
+    done: dict[tuple[bytes, bool], bytes | None] = {}  # the same literal (a repeated name) is checked once
     for start, end, whole in _literals(data):
         raw = data[start:end + 1]
-        try:
-            text = json.loads(raw)
-        except ValueError:
-            continue
-        if not isinstance(text, str):
-            continue
-        new = REDACTED if whole and text else redact_text(text)
-        if new == text:
+        if (raw, whole) in done:
+            new_raw = done[(raw, whole)]
+        else:
+            text = _decode(data, start, end)
+            new = None if not text else REDACTED if whole else redact_text(text)
+            new_raw = done[(raw, whole)] = (None if new is None or new == text
+                                            else json.dumps(new, ensure_ascii=False).encode())
+        if new_raw is None:
             continue
         parts.append(data[last:start])
-        parts.append(json.dumps(new, ensure_ascii=False).encode())
+        parts.append(new_raw)
         last = end + 1
         changed += 1
     if not changed:

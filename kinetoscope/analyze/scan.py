@@ -31,6 +31,7 @@ from kinetoscope.analyze.limits import (
     inflates_too_much,
     too_many_events,
 )
+from kinetoscope.analyze.parser import EXECUTION_TRACE
 from kinetoscope.analyze.raw import F, STRING_FIELD_IDS, RawColumns, from_scanner
 from kinetoscope.errors import TraceFormatError, TraceSourceError
 
@@ -67,12 +68,17 @@ _FINAL = {
     "the document ends early": "the JSON ends early (a truncated file: an interrupted copy or a crashed writer)",
     "data after the JSON document": "extra data after the JSON document: two traces concatenated?",
     "traceEvents is not a list": "'traceEvents' is not a list",
+    "a JSON document without traceEvents": "JSON object without 'traceEvents': not a Chrome/Kineto trace",
+    "top-level metadata over 4 MiB": "more than 4 MiB of top-level values besides 'traceEvents' (a profiler writes "
+                                     "a few KiB there): not a Chrome/Kineto trace",
 }
-# (invalid UTF-8 and out-of-range numbers are not final: the reference decoder accepts them inside values it
-# skips, and a file it accepts must not be refused; the fallback's size cap bounds what that costs)
+# (invalid UTF-8 in a value the analyses skip, such as an argument, and out-of-range numbers are not final: the
+# reference decoder accepts them there, and a file it accepts must not be refused; the fallback's size cap
+# bounds what that costs. In a name, category or other decoded string, invalid UTF-8 is final.)
 _INVALID = frozenset({"bad number", "bad literal", "bad escape", "bad \\u escape", "control character in a string",
                       "expected ':'", "expected a key", "expected ',' or a closing bracket",
-                      "expected ',' or ']' in traceEvents", "expected ',' or '}' at the top level"})
+                      "expected ',' or ']' in traceEvents", "expected ',' or '}' at the top level",
+                      "invalid UTF-8 in a decoded string"})
 
 
 def _verdict(reason: str, source: str, limits: LoadLimits) -> Exception:
@@ -99,6 +105,8 @@ def scan_file(path: Path, limits: LoadLimits = DEFAULT_LIMITS) -> tuple[RawColum
             size = os.fstat(fh.fileno()).st_size
             if not gz and size > limits.max_decompressed_bytes:
                 raise file_too_large(str(path), size, limits)
+            if not gz and size > TAIL_CHECK_MIN_BYTES:
+                _check_tail(fh, size, str(path))
             if gz:  # gunzip on a second thread while the scanner (which runs without the GIL) scans
                 with gzip.GzipFile(fileobj=fh) as stream, _Prefetch(_RatioGuard(stream, fh, str(path))) as ahead:
                     return _finish(_feed(_scan.Scanner(max_depth=limits.max_depth), ahead, str(path), limits))
@@ -125,6 +133,38 @@ def scan_bytes(data: bytes, source: str, limits: LoadLimits = DEFAULT_LIMITS) ->
         return _finish(_feed(_scan.Scanner(max_depth=limits.max_depth), io.BytesIO(data), source, limits))
     except _Bail as bail:
         raise _verdict(str(bail), source, limits) from None
+
+
+#: a plain file this large is checked for a cut-off end before it is read (a truncated 500 MB file is refused
+#: at once, not after scanning 500 MB)
+TAIL_CHECK_MIN_BYTES = 8 * 2**20
+
+
+def _check_tail(fh: BinaryIO, size: int, source: str) -> None:
+    """A JSON document ends with '}' or ']' (then whitespace): anything else there is a cut-off file."""
+    fh.seek(max(0, size - 4096))
+    tail = fh.read(4096).rstrip(b" \t\r\n")
+    fh.seek(0)
+    if tail and tail[-1:] not in (b"}", b"]"):
+        raise TraceFormatError(source, _FINAL["the document ends early"])
+
+
+#: one JSON value (an event, or a top-level key's value) the scanner holds whole: a profiler's events are
+#: bytes to kilobytes; past this a file is not a trace, and holding it would cost memory without bound
+MAX_ITEM_BYTES = 16 * 2**20
+# (the scanner itself refuses a file whose events average under 24 bytes of JSON, checked from a million
+# events on: its columns, ~40-80 bytes an event, would outgrow the file several-fold)
+
+
+def _too_small_events(source: str, n: int, total: int) -> TraceFormatError:
+    return TraceFormatError(source, f"{n:,} events within the first {total / 2**20:.1f} MiB, under 24 bytes each where "
+                            "a profiler's events take 50+: not a Chrome/Kineto trace")
+
+
+def _refuse_execution_trace(head: bytes, source: str) -> None:
+    """A PyTorch execution trace (``{"schema": ..., "nodes": [...]}``) gets its own refusal."""
+    if head.lstrip(_BOM + b" \t\r\n")[:1] == b"{" and b'"schema"' in head and b'"nodes"' in head:
+        raise TraceFormatError(source, EXECUTION_TRACE)
 
 
 class _RatioGuard:
@@ -217,21 +257,32 @@ def _feed(scanner: Any, stream: BinaryIO, source: str, limits: LoadLimits, *, st
     buf = bytearray(CHUNK_BYTES)
     view = memoryview(buf)
     have, total = 0, 0
+    head = b""
     try:
         while True:
             if have == len(buf):  # one item larger than the buffer: grow it
+                if len(buf) >= MAX_ITEM_BYTES:
+                    _refuse_execution_trace(head, source)
+                    raise TraceFormatError(source, f"one JSON value (an event, or a top-level key's value) of more "
+                                           f"than {MAX_ITEM_BYTES // 2**20} MiB: not a Chrome/Kineto trace")
                 view.release()
                 buf.extend(bytes(len(buf)))
                 view = memoryview(buf)
             want = len(buf) - have if stop is None else min(len(buf) - have, stop - total)
             got = (stream.readinto(view[have:have + want]) or 0) if want else 0  # type: ignore[attr-defined]
             total += got
+            if not head:
+                head = bytes(view[:min(have + got, 4096)])
             if done + total > limits.max_decompressed_bytes:
                 raise decompressed_too_large(source, limits)
             have += got
             last = got == 0
             used = scanner.feed(view[:have], final and last)
             if used < 0:
+                if scanner.reason == "events average under 24 bytes":
+                    raise _too_small_events(source, scanner.n, done + total)
+                if scanner.reason in ("a JSON document without traceEvents", "top-level metadata over 4 MiB"):
+                    _refuse_execution_trace(head, source)
                 raise _Bail(scanner.reason)
             if scanner.n > limits.max_events:
                 raise too_many_events(source, limits)

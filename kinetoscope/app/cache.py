@@ -18,6 +18,26 @@ def shared_cache() -> data.AnalysisCache:
     return data.AnalysisCache(data.app_cache_bytes())
 
 
+@st.cache_resource(show_spinner=False)
+def upload_janitor() -> data.UploadJanitor:
+    """One janitor per app server: deletes the upload folders of sessions that have ended."""
+    from streamlit import runtime
+
+    def is_active(session_id: str) -> bool:
+        return not runtime.exists() or runtime.get_instance().is_active_session(session_id)
+
+    return data.UploadJanitor(is_active)
+
+
+def watch_upload(folder: Path) -> None:
+    """Have the server's janitor delete ``folder`` once this browser session has ended."""
+    from streamlit.runtime.scriptrunner import get_script_run_ctx
+
+    ctx = get_script_run_ctx()
+    if ctx is not None:
+        upload_janitor().watch(ctx.session_id, folder)
+
+
 def analyse(key: str, label: str, job: Job, upload: Path | None = None) -> data.Analysis | None:
     """The job's analysis, or None after showing one clear sentence on the page."""
     cache = shared_cache()

@@ -11,8 +11,12 @@ import threading
 import time
 import weakref
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, is_dataclass, replace
 from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
 
 from kinetoscope.analyze.limits import LoadLimits, parse_size
 from kinetoscope.analyze.loader import Job, find_jobs, load_job_tolerant
@@ -37,6 +41,8 @@ class Analysis:
     trace: Trace
     #: rank files that could not be read: (file name, one-sentence reason)
     failed: tuple[tuple[str, str], ...] = ()
+    #: each rank's file name (uploads: the trace's sources name only the file, never the server's folder)
+    rank_files: tuple[tuple[int, str], ...] = ()
 
 
 def sample_choices() -> list[Choice]:
@@ -162,13 +168,16 @@ def without_folder(message: str, folder: Path | None) -> str:
 
 
 def app_limits() -> LoadLimits:
-    """The app's load limits: KINETOSCOPE_MAX_SIZE (e.g. 2G) caps the gunzipped size of one file."""
-    return LoadLimits(max_decompressed_bytes=parse_size(os.environ.get("KINETOSCOPE_MAX_SIZE", "4G")))
+    """The app's load limits, shared by every session of one server: KINETOSCOPE_MAX_SIZE (default 1G) caps
+    the gunzipped size of one file (analysing it takes about 2.5 times that in memory), and
+    KINETOSCOPE_MAX_FALLBACK (default 16M) what the reference decoder may hold."""
+    return LoadLimits(max_decompressed_bytes=parse_size(os.environ.get("KINETOSCOPE_MAX_SIZE", "1G")),
+                      max_fallback_bytes=parse_size(os.environ.get("KINETOSCOPE_MAX_FALLBACK", "16M")))
 
 
 def analyse(label: str, job: Job, upload: Path | None = None) -> Analysis:
     """Load every rank that can be loaded and analyse them; broken files are reported, not fatal.
-    ``upload``: the folder uploaded files were saved in, kept out of every message."""
+    ``upload``: the folder uploaded files were saved in, kept out of every message, page and report."""
     try:
         trace, failed = load_job_tolerant(job, app_limits())
     except KinetoscopeError as exc:
@@ -176,7 +185,75 @@ def analyse(label: str, job: Job, upload: Path | None = None) -> Analysis:
     if trace is None:
         reasons = "; ".join(without_folder(reason, upload) for _, reason in failed)
         raise KinetoscopeError(f"no file could be analysed: {reasons}")
-    return Analysis(label, build_report(trace), trace, tuple((p.name, without_folder(r, upload)) for p, r in failed))
+    files = tuple((r.rank, Path(r.meta.source).name) for r in trace.ranks)
+    if upload is not None:
+        trace = _named_by_file(trace, label)
+    return Analysis(label, build_report(trace), trace, tuple((p.name, without_folder(r, upload)) for p, r in failed),
+                    files)
+
+
+def _named_by_file(trace: Trace, label: str) -> Trace:
+    """The trace with each rank's source the uploaded file's name (not its path in the server's folder)."""
+    ranks = tuple(replace(r, meta=replace(r.meta, source=Path(r.meta.source).name), _views={}) for r in trace.ranks)
+    return Trace(source=label, ranks=ranks)
+
+
+def job_file(job: Job | None, name: str) -> Path | None:
+    """The file of ``job`` called ``name`` (the session's own copy: a cached analysis may come from another
+    session's upload, whose folder is gone)."""
+    if job is None:
+        return None
+    return next((f for f in job.files if f.name == name and f.is_file()), None)
+
+
+class UploadJanitor:
+    """Deletes upload folders whose browser session has ended. Streamlit keeps an ended session's state
+    (and so its UploadDir) for two minutes in case it reconnects, and frees it only when another session
+    comes or goes; on a quiet server an upload would stay until the server stops. A thread checks every
+    ``period_s`` and deletes the folders of sessions inactive for longer than ``grace_s``."""
+
+    def __init__(self, is_active: Any, grace_s: float = 150.0, period_s: float = 30.0) -> None:
+        self._is_active = is_active
+        self._grace_s, self._period_s = grace_s, period_s
+        self._folders: dict[str, tuple[str, list[Path]]] = {}  # session id -> (owner token, folders)
+        self._inactive_since: dict[str, float] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="kinetoscope-upload-janitor", daemon=True)
+        self._thread.start()
+
+    def watch(self, session_id: str, folder: Path) -> None:
+        with self._lock:
+            self._folders.setdefault(session_id, ("", []))[1].append(folder)
+
+    def sweep(self, now: float | None = None) -> int:
+        """Delete the folders of sessions inactive past the grace period; how many were deleted."""
+        now = time.monotonic() if now is None else now
+        removed = 0
+        with self._lock:
+            for session_id in list(self._folders):
+                if self._is_active(session_id):
+                    self._inactive_since.pop(session_id, None)
+                    continue
+                since = self._inactive_since.setdefault(session_id, now)
+                if now - since < self._grace_s:
+                    continue
+                for folder in self._folders.pop(session_id)[1]:
+                    if folder.exists():
+                        shutil.rmtree(folder, ignore_errors=True)
+                        removed += 1
+                self._inactive_since.pop(session_id, None)
+        return removed
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._period_s):
+            try:
+                self.sweep()
+            except Exception:  # noqa: BLE001 - a janitor never takes the server down
+                continue
+
+    def stop(self) -> None:
+        self._stop.set()
 
 
 class AnalysisCache:
@@ -212,15 +289,34 @@ class AnalysisCache:
 
 
 def analysis_bytes(analysis: Analysis) -> int:
-    """The memory an analysis holds: its trace's tables and the report's tables (shallow: fast)."""
+    """The memory an analysis holds: its trace's tables, the views derived from them (kept by the trace),
+    and the report's tables, each array counted once."""
+    return _deep_bytes(analysis, set())
+
+
+def _deep_bytes(obj: Any, seen: set[int]) -> int:
+    if id(obj) in seen or obj is None or isinstance(obj, (bool, int, float, str, bytes, Path)):
+        return 0
+    seen.add(id(obj))
+    if isinstance(obj, pd.DataFrame):
+        return int(obj.memory_usage(index=True, deep=True).sum())
+    if isinstance(obj, (pd.Series, pd.Index)):
+        return int(obj.memory_usage(index=True, deep=True)) if isinstance(obj, pd.Series) else int(obj.memory_usage(deep=True))
+    if isinstance(obj, np.ndarray):
+        base = obj.base if isinstance(obj.base, np.ndarray) else None
+        if base is not None:
+            return _deep_bytes(base, seen)
+        return int(obj.nbytes)
+    if isinstance(obj, dict):
+        return sum(_deep_bytes(v, seen) for v in obj.values())
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        return sum(_deep_bytes(v, seen) for v in obj)
     total = 0
-    for r in analysis.trace.ranks:
-        for frame in (r.events, r.memory, r.counters, r.flows, r.instants, r.steps, r.comm_args):
-            total += int(frame.memory_usage(index=True, deep=False).sum())
-    for results in analysis.report.results.values():
-        for res in results.values():
-            for table in res.tables.values():
-                total += int(table.memory_usage(index=True, deep=False).sum())
+    if is_dataclass(obj):
+        total += sum(_deep_bytes(getattr(obj, f.name, None), seen) for f in fields(obj))
+    extra = getattr(obj, "__dict__", None)  # cached properties (RankTrace.gpu_events) live here
+    if isinstance(extra, dict):
+        total += sum(_deep_bytes(v, seen) for v in extra.values())
     return total
 
 

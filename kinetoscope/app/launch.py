@@ -51,8 +51,10 @@ def launch(paths: list[str], *, port: int = 8501, headless: bool = False) -> int
     env = dict(os.environ)
     env[PATHS_ENV] = os.pathsep.join(str(Path(p).resolve()) for p in paths)
     proc = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL)
-    # stopped with SIGTERM (a service manager, a test): stop the server too, never leave it orphaned
-    signal.signal(signal.SIGTERM, lambda *_: proc.terminate())
+    # stopped by a signal (a service manager's SIGTERM, the terminal closing: SIGHUP, SIGQUIT): stop the server
+    # too, never leave it orphaned
+    for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(signum, lambda *_: proc.terminate())
     if not headless:
         threading.Thread(target=_open_when_ready, args=(f"http://localhost:{port}", proc), daemon=True).start()
     try:

@@ -12,7 +12,7 @@ import os
 import streamlit as st
 
 from kinetoscope.app import data, state
-from kinetoscope.app.cache import analyse
+from kinetoscope.app.cache import analyse, watch_upload
 from kinetoscope.app.launch import PATHS_ENV
 from kinetoscope.batch.store import is_store
 from kinetoscope.app.screens import (
@@ -60,8 +60,11 @@ def sidebar() -> None:
                 old = st.session_state.get(UPLOAD_DIR)
                 if old is not None:
                     old.cleanup()  # the session's previous upload: its files go now
-                # the folder lives as long as the session holds it (dropped with the session's state)
+                # the folder lives as long as the session holds it (dropped with the session's state), and no
+                # longer than the session itself (the janitor: Streamlit drops ended sessions lazily)
                 st.session_state[UPLOAD_DIR] = folder
+                watch_upload(folder.path)
+                st.session_state[state.JOB] = job
                 st.session_state[state.CURRENT] = analyse(key, job.name, job, folder.path)
                 st.session_state["upload_key"] = key
         elif source == "Upload" and st.session_state.get("upload_key") is None:
@@ -76,6 +79,7 @@ def sidebar() -> None:
         default = next((i for i, c in enumerate(choices) if "v100_resnet50" in c.label), 0)
         label = st.sidebar.selectbox("Trace", labels, index=default, key="trace")
         job = choices[labels.index(label)].job
+        st.session_state[state.JOB] = job
         st.session_state[state.CURRENT] = analyse(data.content_key(job.files), label, job)
     analysis = st.session_state.get(state.CURRENT)
     if analysis is not None:

@@ -11,6 +11,8 @@ from kinetoscope.app.data import Analysis
 from kinetoscope.render.format import mib, ms, pct  # noqa: F401  (re-exported for the screens)
 
 CURRENT = "analysis"
+#: the job (its files) behind the current analysis, as this session has it
+JOB = "job"
 COMPARE = "compare_analysis"
 
 

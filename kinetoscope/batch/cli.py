@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from kinetoscope.deps import require
 from kinetoscope.errors import ConfigError
 
 
@@ -37,6 +38,8 @@ def add_batch_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore
 
 
 def run_batch_command(args: argparse.Namespace) -> int:
+    require("dask", "kinetoscope batch", "cluster")
+    require("pyarrow", "kinetoscope batch", "cluster")
     from kinetoscope.analyze.limits import LoadLimits, parse_size
     from kinetoscope.batch.discover import discover
     from kinetoscope.batch.run import print_progress_factory, run_batch
@@ -54,6 +57,8 @@ def run_batch_command(args: argparse.Namespace) -> int:
 
 
 def report_command(args: argparse.Namespace) -> int:
+    require("pyarrow", "kinetoscope report", "cluster")
+    require("duckdb", "kinetoscope report", "cluster")
     from kinetoscope.batch.report import store_report
 
     sys.stdout.write(store_report(args.store))

@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+from kinetoscope.capture.output import tidy_output_dir
 from kinetoscope.errors import ConfigError, KinetoscopeError
 
 SITE_DIR = Path(__file__).resolve().parent / "_site"
@@ -63,6 +64,7 @@ def run_capture(args: argparse.Namespace) -> int:
                     "with_stack": args.with_stack, "telemetry": not args.no_telemetry},
     }
     out = Path(config["out_dir"])
+    tidy_output_dir(out)  # what an earlier, killed run left: recovered (then moved aside with that run) or removed
     moved = _move_previous_run(out)
     if moved is not None:
         sys.stderr.write(f"kinetoscope: {out} held an earlier run's files: moved to {moved.name}/\n")
@@ -73,16 +75,27 @@ def run_capture(args: argparse.Namespace) -> int:
     # yourself (e.g. 2) to see the profiler's own messages
     env.setdefault("KINETO_LOG_LEVEL", "6")
     code = _run_like_a_shell(command, env)
-    removed = _remove_temporaries(out)
-    traces = sorted(out.glob("*.pt.trace.json.gz")) if out.is_dir() else []
+    # every writer has exited: a raw export the writer thread was gzipping when the run was killed is kept
+    # (uncompressed, without telemetry), half-written files go
+    recovered, removed = tidy_output_dir(out, writers_gone=True)
+    traces = _traces(out)
     if traces:
         sys.stderr.write(f"kinetoscope: {len(traces)} trace{'s' if len(traces) != 1 else ''} in {out}; "
                          f"analyse with: kinetoscope analyze {args.out}\n")
     else:
         sys.stderr.write(f"kinetoscope: no trace written: {_why_no_trace(out, code)}\n")
+    if recovered:
+        sys.stderr.write(f"kinetoscope: the run ended while {len(recovered)} trace(s) were being compressed; kept "
+                         f"uncompressed, without GPU telemetry: {', '.join(p.name for p in recovered)}\n")
     if removed:
         sys.stderr.write(f"kinetoscope: removed {removed} unfinished temporary file(s) from {out}\n")
     return code
+
+
+def _traces(out: Path) -> list[Path]:
+    if not out.is_dir():
+        return []
+    return sorted(p for p in out.iterdir() if p.is_file() and p.name.endswith((".pt.trace.json.gz", ".pt.trace.json")))
 
 
 def _run_like_a_shell(command: list[str], env: dict[str, str]) -> int:
@@ -117,8 +130,8 @@ def _move_previous_run(out: Path) -> Path | None:
     """An earlier run's traces and sidecars in ``out`` go to ``out/previous-<time>/``: never mixed with this run's."""
     if not out.is_dir():
         return None
-    old = [p for p in out.iterdir() if p.is_file() and (p.name.endswith(".pt.trace.json.gz")
-                                                       or p.name.endswith((".manifest.json", ".steps.json")))]
+    old = [p for p in out.iterdir() if p.is_file() and p.name.endswith(
+        (".pt.trace.json.gz", ".pt.trace.json", ".manifest.json", ".steps.json"))]
     if not old:
         return None
     target = out / time.strftime("previous-%Y%m%d-%H%M%S", time.localtime(max(p.stat().st_mtime for p in old)))
@@ -130,21 +143,6 @@ def _move_previous_run(out: Path) -> Path | None:
     for p in old:
         p.rename(target / p.name)
     return target
-
-
-def _remove_temporaries(out: Path) -> int:
-    """Raw exports and half-written files a killed run left behind (hidden, and possibly gigabytes)."""
-    if not out.is_dir():
-        return 0
-    removed = 0
-    for p in out.iterdir():
-        if p.name.startswith(".") and (p.name.endswith(".raw.json") or p.name.endswith(".tmp")):
-            try:
-                p.unlink()
-                removed += 1
-            except OSError:
-                pass
-    return removed
 
 
 def _why_no_trace(out: Path, code: int) -> str:

@@ -17,6 +17,7 @@ import re
 import socket
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -129,6 +130,69 @@ class TraceWriter:
             thread.join(timeout)
             if timeout is not None:
                 return
+
+
+#: a raw export left by a process: .rank-<rank>.<pid>.step-<first>-<last>.raw.json
+_RAW = re.compile(r"^\.rank-(\d+)\.(\d+)\.step-(\d+)-(\d+)\.raw\.json$")
+#: a half-written file (``fsutil.atomic_target``) untouched this long belongs to no live writer
+STALE_TMP_S = 60.0
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return pid != 0
+
+
+def _complete_json(path: Path) -> bool:
+    """Whether a file ends like a whole JSON document (an export killed midway does not)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - 4096))
+            tail = fh.read().rstrip()
+    except OSError:
+        return False
+    return tail[-1:] in (b"}", b"]")
+
+
+def tidy_output_dir(out: Path, *, writers_gone: bool = False) -> tuple[list[Path], int]:
+    """What a killed run left in ``out``: its raw exports are recovered as plain traces when whole (a kill
+    while the writer thread gzipped them) and removed otherwise, half-written files removed. Only files of
+    processes that are gone (``writers_gone``: every writer of ``out`` has exited, so every file).
+    Returns (recovered traces, files removed)."""
+    recovered: list[Path] = []
+    removed = 0
+    if not out.is_dir():
+        return recovered, removed
+    now = time.time()
+    for p in sorted(out.iterdir()):
+        try:
+            m = _RAW.match(p.name)
+            if m is not None:
+                rank, pid, first, last = (int(g) for g in m.groups())
+                if not writers_gone and _pid_alive(pid):
+                    continue
+                final = out / trace_name(rank, first, last)
+                plain = final.with_name(final.name[:-3])  # .pt.trace.json
+                if not final.exists() and not plain.exists() and _complete_json(p):
+                    os.replace(p, plain)
+                    recovered.append(plain)
+                else:
+                    p.unlink()
+                    removed += 1
+            elif p.name.startswith(".") and p.name.endswith(".tmp") and (
+                    writers_gone or now - p.stat().st_mtime > STALE_TMP_S):
+                p.unlink()
+                removed += 1
+        except OSError:
+            continue
+    return recovered, removed
 
 
 def base_time_ns(raw_path: Path) -> int | None:

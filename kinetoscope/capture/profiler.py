@@ -27,7 +27,14 @@ from typing import Any, Iterable, Iterator, TypeVar
 
 from kinetoscope.capture._safety import log, never_raises, warn_once
 from kinetoscope.capture.dist import RankInfo, rank_info
-from kinetoscope.capture.output import TraceWriter, base_time_ns, trace_name, write_manifest, write_step_times
+from kinetoscope.capture.output import (
+    TraceWriter,
+    base_time_ns,
+    tidy_output_dir,
+    trace_name,
+    write_manifest,
+    write_step_times,
+)
 from kinetoscope.capture.telemetry import TelemetrySampler
 
 T = TypeVar("T")
@@ -140,6 +147,12 @@ class Profiler:
         except OSError as exc:
             warn_once("output directory", f"cannot write to {self.out_dir} ({exc.strerror or exc}); profiling is off, training continues")
             return False
+        recovered, removed = tidy_output_dir(self.out_dir)  # what a killed earlier run left (its processes are gone)
+        if recovered or removed:
+            log.warning("kinetoscope: %s held what a killed run left: %s", self.out_dir,
+                        "; ".join(part for part in (
+                            f"{len(recovered)} trace(s) kept uncompressed ({', '.join(p.name for p in recovered)})"
+                            if recovered else "", f"{removed} unfinished file(s) removed" if removed else "") if part))
         return True
 
     @never_raises("profiler start")

@@ -1,13 +1,11 @@
 """Export: the JSON report, CSV tables, and the way to Perfetto."""
 
-from pathlib import Path
-
 import streamlit as st
 
 from kinetoscope.analyze.loader import read_bytes
 from kinetoscope.analyze.redact import redacted_trace
 from kinetoscope.app import state
-from kinetoscope.app.data import app_limits
+from kinetoscope.app.data import app_limits, job_file
 from kinetoscope.errors import KinetoscopeError
 from kinetoscope.render.json import report_to_json
 
@@ -30,17 +28,21 @@ def render() -> None:
                 "(it reads Kineto JSON and gzip directly, in your browser).")
     st.caption("The trace files are prepared with secret-looking values (tokens, keys, passwords, credentials in "
                "URLs) redacted in the metadata and in every event's arguments.")
-    # prepared only when asked, with the app's size limits: not re-read on every rerun of the page
-    for f in analysis.trace.ranks:
-        path = Path(f.meta.source)
-        if not path.is_file():
+    # prepared only when asked, with the app's size limits: not re-read on every rerun of the page; from this
+    # session's own files (the analysis may be cached from another session whose upload is gone)
+    job = st.session_state.get(state.JOB)
+    for rank, file_name in analysis.rank_files:
+        path = job_file(job, file_name)
+        name = file_name[:-3] if file_name.endswith(".gz") else file_name
+        if path is None:
+            st.info(f"{file_name} is no longer on the server (the upload was removed when its session ended): "
+                    "upload it again to download it.")
             continue
-        name = path.name[:-3] if path.name.endswith(".gz") else path.name
-        if not st.button(f"Prepare redacted {name}", key=f"prep_trace_{f.rank}"):
+        if not st.button(f"Prepare redacted {name}", key=f"prep_trace_{rank}"):
             continue
         try:
             data = redacted_trace(read_bytes(path, app_limits()))
         except KinetoscopeError as exc:
             st.error(f"{name}: {getattr(exc, 'reason', exc)}")
             continue
-        st.download_button(f"Download {name}", data, file_name=name, mime="application/json", key=f"dl_trace_{f.rank}")
+        st.download_button(f"Download {name}", data, file_name=name, mime="application/json", key=f"dl_trace_{rank}")
