@@ -114,19 +114,22 @@ def _cmd_diff(args: argparse.Namespace) -> int:
     if args.format == "json":
         doc = {"before": args.before, "after": args.after, "metrics": metrics.to_dict("records"),
                "findings": findings.to_dict("records"), "kernels": kernels.to_dict("records"),
-               "ops": ops.to_dict("records"), "step_change": change["change"], "step_change_ci95": [change["ci_low"],
-               change["ci_high"]], "step_samples": {k: change[k] for k in ("before_steps", "after_steps", "before_source",
-               "after_source", "before_cv", "after_cv")}, "max_regression": limit, "regressed": bool(regressed)}
+               "ops": ops.to_dict("records"), "step_change": change["change"], "step_change_statistic": "median",
+               "step_change_ci95": [change["ci_low"], change["ci_high"]],
+               "step_samples": {k: change.get(k) for k in ("before_steps", "after_steps", "before_source", "after_source",
+                                                           "before_median_us", "after_median_us", "before_noise",
+                                                           "after_noise")},
+               "max_regression": limit, "regressed": bool(regressed)}
         sys.stdout.write(json.dumps(_clean(doc)) + "\n")
     else:
         sys.stdout.write(render_diff(args.before, args.after, metrics, findings, kernels, ops))
         sys.stdout.write(_step_change_text(change) + "\n")
     if regressed:
-        _error(f"mean step grew {change['change']:+.1%} (95% CI {change['ci_low']:+.1%} to {change['ci_high']:+.1%}), "
+        _error(f"median step grew {change['change']:+.1%} (95% CI {change['ci_low']:+.1%} to {change['ci_high']:+.1%}), "
                f"above the allowed {limit:.1%}")
         return EXIT_GATE
     if limit is not None and change["change"] is not None and change["change"] > limit:
-        _error(f"mean step grew {change['change']:+.1%}, but within the noise (95% CI {change['ci_low']:+.1%} to "
+        _error(f"median step grew {change['change']:+.1%}, but within the noise (95% CI {change['ci_low']:+.1%} to "
                f"{change['ci_high']:+.1%}): not failing the gate")
     return EXIT_OK
 
@@ -134,11 +137,13 @@ def _cmd_diff(args: argparse.Namespace) -> int:
 def _step_change_text(c: dict[str, Any]) -> str:
     if c["change"] is None:
         return "Step time: not comparable (no steps in one of the runs)."
-    ci = (f" (95% CI {c['ci_low']:+.1%} to {c['ci_high']:+.1%})" if c["ci_low"] is not None else "")
-    noise = ", ".join(f"{name} {c[k]:.1%}" for name, k in (("before", "before_cv"), ("after", "after_cv"))
-                      if c[k] is not None)
-    return (f"Step time: mean {c['change']:+.1%}{ci}; from {c['before_source']} before and {c['after_source']} after"
-            + (f"; step-to-step noise (CV) {noise}" if noise else "") + ".")
+    ci = (f" (95% CI {c['ci_low']:+.1%} to {c['ci_high']:+.1%}, block bootstrap)" if c["ci_low"] is not None else "")
+    medians = (f" ({c['before_median_us'] / 1000:.2f} -> {c['after_median_us'] / 1000:.2f} ms)"
+               if c.get("before_median_us") is not None else "")
+    noise = ", ".join(f"{name} {c[k]:.1%}" for name, k in (("before", "before_noise"), ("after", "after_noise"))
+                      if c.get(k) is not None)
+    return (f"Step time: median {c['change']:+.1%}{medians}{ci}; from {c['before_source']} before and "
+            f"{c['after_source']} after" + (f"; step-to-step noise (IQR/median) {noise}" if noise else "") + ".")
 
 
 def render_diff(before: str, after: str, metrics, findings, kernels, ops) -> str:  # type: ignore[no-untyped-def]

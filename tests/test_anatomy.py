@@ -68,3 +68,35 @@ def test_2021_backward_nodes_without_the_engine_wrapper(tmp_path):
     b = TraceBuilder().step(1, 0, 1000).op("aten::linear", 0, 100).op("AddmmBackward", 200, 300, tid=BWD_TID)
     phases = build_report(load_built(tmp_path, b)).ranks[0]["phases"]
     assert phases["backward"]["time_us"] == 300 and phases["forward"]["time_us"] == 200
+
+
+def _fwdbwd(b, ts):
+    """The start of an autograd fwd->bwd flow at a forward op (what the profiler writes for ops with grad)."""
+    b.raw({"ph": "s", "id": int(ts), "pid": 1, "tid": 1, "ts": ts, "cat": "fwdbwd", "name": "fwdbwd"})
+
+
+def test_a_closure_optimizer_forward_passes_are_forward(tmp_path):
+    """LBFGS runs its closure (forward, then backward) several times inside one Optimizer.step. Was (issue-18
+    review): every forward after the first was counted as optimizer time (46% optimizer where 13% was true).
+    One step of 1000 us: data 50; the step 50..950 holds three evaluations (forward 100 + backward 100, each
+    marked by a fwdbwd flow at its first op) with the optimizer's own arithmetic (no_grad ops, no flow)
+    between them and after them: 50+50+60, the last update 40 and 100 us to the step's end."""
+    b = TraceBuilder()
+    b.step(1, 0, 1000)
+    b.loader(0, 50)
+    b.op("Optimizer.step#LBFGS.step", 50, 900, cat="user_annotation")
+    t = 50.0
+    for k, gap in enumerate((50, 50, 60)):  # optimizer arithmetic before each evaluation
+        b.op("aten::dot", t, gap)
+        t += gap
+        b.op("aten::linear", t, 60)
+        _fwdbwd(b, t)
+        b.op("aten::mse_loss", t + 60, 40)
+        _fwdbwd(b, t + 60)
+        b.op("autograd::engine::evaluate_function: AddmmBackward0", t + 100, 100, tid=BWD_TID)
+        t += 200
+    b.op("aten::add_", t, 40)  # the last update
+    phases = build_report(load_built(tmp_path, b)).ranks[0]["phases"]
+    got = {p: phases[p]["time_us"] for p in PHASES}
+    assert got == {"data_wait": 50, "h2d": 0, "forward": 300, "zero_grad": 0, "backward": 300,
+                   "optimizer": 300, "sync": 0, "other": 50}

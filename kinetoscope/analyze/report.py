@@ -105,7 +105,7 @@ def _capped(found: tuple[Finding, ...], entry: dict[str, Any]) -> list[Finding]:
     """A window the trace did not mark (steps inferred from DataLoader waits) cannot carry the strongest
     claim: critical findings on it are warnings, and say why."""
     steps = entry.get("steps") or {}
-    if steps.get("count") and steps.get("partial") == steps.get("count"):
+    if steps.get("partial") and not steps.get("count"):
         # nothing but a step cut short (a crash, a stop): no warning rests on that alone
         return [replace(f, severity="info", title=f"{f.title} (from a partial step only: the run ended inside it)",
                         evidence={**f.evidence, "window_basis": "partial_step"}) if f.severity != "info" else f

@@ -8,7 +8,10 @@ SGD loops). The first kind seen that ranks higher takes over. The profiler start
 boundary, so a launcher process (``torchrun``) that never trains is never profiled.
 
 Capture stands aside, with one line on stderr, when the script runs ``torch.profiler`` itself (two
-profilers at once crash torch): at once if one is running, or as soon as the script starts one.
+profilers at once crash torch): at once if one is running, or as soon as the script starts one, before or
+after capture's own has started. Only the launched process (or torchrun's and ``torch.multiprocessing.spawn``'s
+workers) is profiled: not its subprocesses, multiprocessing children (DataLoader workers) or forks, and a
+program it ``exec``s only if it was not profiled itself (its window and manifest are written first).
 On SIGTERM (Slurm, Kubernetes) the trace window in progress, the manifest and the step timings are
 written before the process ends with the signal as it would have; Ctrl-C (KeyboardInterrupt) runs
 the script's own handlers and then the same clean-up at exit.
@@ -32,7 +35,13 @@ from kinetoscope.capture.profiler import Profiler, Schedule
 SOURCES = ("marker", "optimizer", "dataloader", "backward")
 
 _state: dict[str, Any] = {"profiler": None, "optimizer": None, "source": None, "config": None,
-                          "disabled": False, "in_optimizer_step": 0, "crashed": None}
+                          "disabled": False, "in_optimizer_step": 0, "crashed": None, "pid": None,
+                          "profiled": False, "terminating": False, "atexit": False}
+
+#: which processes capture may profile: the one whose parent's pid this names (``kinetoscope capture`` sets
+#: it to its own; a process that installs capture sets it to its own for its children, so torchrun's
+#: workers qualify; a process that starts profiling sets it to 0, so its subprocesses never do)
+PARENT_ENV = "KINETOSCOPE_CAPTURE_PARENT"
 
 
 def install(config_json: str) -> None:
@@ -53,10 +62,38 @@ def install(config_json: str) -> None:
 
     register_optimizer_step_pre_hook(before_optimizer_step)
     register_optimizer_step_post_hook(after_optimizer_step)
+    _state["pid"] = os.getpid()
+    os.environ[PARENT_ENV] = str(os.getpid())  # a launcher (torchrun): its workers are the ranks to profile
     _hook_data_loader()
     _hook_backward(torch)
     _watch_other_profilers(torch)
     _on_crash_and_signals()
+    _hook_exec()
+    status(torch=True)
+
+
+def status(**fields: Any) -> None:
+    """Tell ``kinetoscope capture`` how this process fares (read when no trace was written, then removed)."""
+    write_status(_state["config"]["out_dir"] if _state["config"] else None, fields)
+
+
+def write_status(out_dir: str | None, fields: dict[str, Any]) -> None:
+    if not out_dir:
+        return
+    path = os.path.join(out_dir, f".kinetoscope-status-{os.getpid()}.json")
+    try:
+        try:
+            with open(path) as fh:
+                doc = json.load(fh)
+        except (OSError, ValueError):
+            doc = {"pid": os.getpid(), "argv": sys.argv[:8]}
+        doc.update(fields)
+        os.makedirs(out_dir, exist_ok=True)
+        with open(path + ".new", "w") as fh:
+            json.dump(doc, fh)
+        os.replace(path + ".new", path)
+    except OSError:
+        pass
 
 
 def mark_step() -> None:
@@ -70,9 +107,20 @@ def _boundary(kind: str) -> None:
     try:
         if _state["disabled"]:
             return
+        if os.getpid() != _state["pid"]:  # a forked child (hogwild, a fork-started worker): not the training run
+            _state["disabled"] = True
+            return
         current = _state["source"]
         if current is None or SOURCES.index(kind) < SOURCES.index(current):
             _state["source"] = kind
+            prof = _state["profiler"]
+            if current is not None and prof is not None and (current != "dataloader" or prof.step_num > 0):
+                # steps so far were of another kind (DataLoader iterations of an accumulating loop before its
+                # first optimizer step or mark_step(), a backward() before the first optimizer step): they are
+                # no steps of this run; start over here. (A loop's first next() alone started the step this
+                # boundary ends: that one is kept.)
+                _state["profiler"] = None
+                prof.discard()
         elif kind != current:
             return
         prof = _state["profiler"]
@@ -81,13 +129,21 @@ def _boundary(kind: str) -> None:
                 _stand_aside("the script is already running torch.profiler")
                 return
             config = _state["config"]
+            os.environ[PARENT_ENV] = "0"  # a training process: its subprocesses (an eval script) are not profiled
             prof = Profiler(config["out_dir"], schedule=Schedule(**config.get("schedule", {})),
                             **config.get("options", {}))
             prof.start()
             _state["profiler"] = prof
-            atexit.register(_finish)
+            _state["profiled"] = True
+            if not _state["atexit"]:
+                atexit.register(_finish)
+                _state["atexit"] = True
+            status(steps=0, source=kind)
             return
         prof.step()
+        n = prof.step_num
+        if n & (n - 1) == 0:  # 1, 2, 4, 8, ...: what the run got to, should it die without a manifest
+            status(steps=n, source=kind)
     except Exception as exc:  # noqa: BLE001
         warn_once("capture hook", f"capture hook failed ({type(exc).__name__}: {exc}); training continues")
 
@@ -137,15 +193,16 @@ def _profiler_running() -> bool:
 
 
 def _watch_other_profilers(torch: Any) -> None:
-    """Stand aside when the script starts a profiler of its own while ours runs."""
+    """Stand aside for good as soon as the script starts a profiler of its own, whether ours runs yet or not:
+    a scheduled profiler enables itself later, at one of its own steps, and two at once crash torch."""
     from torch.profiler import profiler as kineto_profiler
 
     def guard(cls: Any) -> None:
         original_start = cls.__dict__["start"]
 
         def start(self: Any) -> Any:
-            if _state["profiler"] is not None and not getattr(self, "_kinetoscope_own", False):
-                _stand_aside("the script starts torch.profiler itself")
+            if not getattr(self, "_kinetoscope_own", False):
+                _stand_aside("the script runs torch.profiler itself")
             return original_start(self)
 
         cls.start = start
@@ -158,11 +215,35 @@ def _watch_other_profilers(torch: Any) -> None:
     original_enter = legacy.__enter__
 
     def enter(self: Any) -> Any:
-        if _state["profiler"] is not None:
-            _stand_aside("the script starts torch.autograd.profiler itself")
+        if not getattr(self, "_kinetoscope_own", False):
+            _stand_aside("the script runs torch.autograd.profiler itself")
         return original_enter(self)
 
     legacy.__enter__ = enter  # type: ignore[method-assign]
+
+
+def _hook_exec() -> None:
+    """``os.exec*`` replaces the process without running atexit: finish first (the window, the manifest), and
+    let the new program be profiled only if this one was not (else it would overwrite this one's files)."""
+    for name in ("execv", "execve"):
+        original = getattr(os, name, None)
+        if original is None:
+            continue
+
+        def exec_(*args: Any, _original: Any = original, _name: str = name) -> Any:
+            args = list(args)
+            try:
+                profiled = _state["profiled"]
+                _finish()
+                parent = "0" if profiled else str(os.getppid())  # the new image keeps this pid and parent
+                os.environ[PARENT_ENV] = parent
+                if _name == "execve" and len(args) > 2 and hasattr(args[2], "keys"):
+                    args[2] = {**args[2], PARENT_ENV: parent}
+            except Exception:  # noqa: BLE001 - never stop the exec
+                pass
+            return _original(*args)
+
+        setattr(os, name, exec_)
 
 
 def _stand_aside(why: str) -> None:
@@ -172,6 +253,7 @@ def _stand_aside(why: str) -> None:
     prof, _state["profiler"] = _state["profiler"], None
     sys.stderr.write(f"kinetoscope: {why}: capture stands aside (two profilers at once crash torch); "
                      "the script runs as it would without capture\n")
+    status(stood_aside=why)
     if prof is not None:
         try:
             prof.discard()
@@ -190,8 +272,25 @@ def _on_crash_and_signals() -> None:
     sys.excepthook = excepthook
     if threading.current_thread() is not threading.main_thread():
         return
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # the script's own handler, if any, stays
+        last = [-1.0]
+
+        def on_int(signum: int, frame: Any) -> None:
+            # one interrupt may arrive twice: sent to the whole process group (kill -INT -PGID, a scheduler) it
+            # reaches this process and the capture CLI, which passes it on; a second KeyboardInterrupt would
+            # cut the script's own clean-up short
+            now = time.monotonic()
+            if now - last[0] < 0.25:
+                return
+            last[0] = now
+            signal.default_int_handler(signum, frame)
+
+        signal.signal(signal.SIGINT, on_int)
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:  # the script's own handler, if any, stays
         def on_term(signum: int, frame: Any) -> None:
+            if _state["terminating"]:  # sent twice (to the process group, and passed on by the CLI): once is enough
+                return
+            _state["terminating"] = True
             _state["crashed"] = "SIGTERM"
             _finish()
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -206,3 +305,4 @@ def _finish() -> None:
         _state["profiler"] = None
         prof.abandon_step()  # the time after the last step boundary is not a training step
         prof.stop(ended_by=_state["crashed"])
+        status(steps=len(prof._step_wall_ns), finished=True)

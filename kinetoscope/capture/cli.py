@@ -64,6 +64,7 @@ def run_capture(args: argparse.Namespace) -> int:
                     "with_stack": args.with_stack, "telemetry": not args.no_telemetry},
     }
     out = Path(config["out_dir"])
+    _check_writable(out)
     tidy_output_dir(out)  # what an earlier, killed run left: recovered (then moved aside with that run) or removed
     moved = _move_previous_run(out)
     if moved is not None:
@@ -71,10 +72,12 @@ def run_capture(args: argparse.Namespace) -> int:
     env = dict(os.environ)
     env["KINETOSCOPE_CAPTURE"] = json.dumps(config)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SITE_DIR), env.get("PYTHONPATH", "")) if p)
+    env["KINETOSCOPE_CAPTURE_PARENT"] = str(os.getpid())  # the launched process is the one profiled
     # Kineto prints "USDT: ... profiler_start/stop" to the training log at every window; set KINETO_LOG_LEVEL
     # yourself (e.g. 2) to see the profiler's own messages
     env.setdefault("KINETO_LOG_LEVEL", "6")
     code = _run_like_a_shell(command, env)
+    statuses = _read_statuses(out)
     # every writer has exited: a raw export the writer thread was gzipping when the run was killed is kept
     # (uncompressed, without telemetry), half-written files go
     recovered, removed = tidy_output_dir(out, writers_gone=True)
@@ -83,7 +86,7 @@ def run_capture(args: argparse.Namespace) -> int:
         sys.stderr.write(f"kinetoscope: {len(traces)} trace{'s' if len(traces) != 1 else ''} in {out}; "
                          f"analyse with: kinetoscope analyze {args.out}\n")
     else:
-        sys.stderr.write(f"kinetoscope: no trace written: {_why_no_trace(out, code)}\n")
+        sys.stderr.write(f"kinetoscope: no trace written: {_why_no_trace(out, code, statuses)}\n")
     if recovered:
         sys.stderr.write(f"kinetoscope: the run ended while {len(recovered)} trace(s) were being compressed; kept "
                          f"uncompressed, without GPU telemetry: {', '.join(p.name for p in recovered)}\n")
@@ -112,7 +115,14 @@ def _run_like_a_shell(command: list[str], env: dict[str, str]) -> int:
     previous = {}
     for sig in forwarded:
         previous[sig] = signal.signal(sig, lambda signum, frame: child.send_signal(signum))
-    previous[signal.SIGINT] = signal.signal(signal.SIGINT, signal.SIG_IGN)  # the terminal sent it to the child too
+
+    def on_int(signum: int, frame: object) -> None:
+        # Ctrl-C at the terminal reaches the child itself (same foreground process group): passing it on would
+        # interrupt the script's own clean-up. A SIGINT sent to us alone (kill -INT, timeout -s INT) is passed on.
+        if not _terminal_sent_it():
+            child.send_signal(signal.SIGINT)
+
+    previous[signal.SIGINT] = signal.signal(signal.SIGINT, on_int)
     try:
         while True:
             try:
@@ -124,6 +134,38 @@ def _run_like_a_shell(command: list[str], env: dict[str, str]) -> int:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return status if status >= 0 else 128 - status
+
+
+def _terminal_sent_it() -> bool:
+    """Whether a SIGINT we got came from our terminal's Ctrl-C: we run in its foreground process group."""
+    for fd in (0, 1, 2):
+        try:
+            if os.isatty(fd):
+                return os.tcgetpgrp(fd) == os.getpgrp()
+        except OSError:
+            continue
+    return False
+
+
+def _check_writable(out: Path) -> None:
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".kinetoscope-probe-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(f"cannot write to --out {out} ({exc.strerror or exc})") from None
+
+
+def _read_statuses(out: Path) -> list[dict[str, object]]:
+    """What each process the command started told capture (see ``auto.status``)."""
+    found = []
+    for p in sorted(out.glob(".kinetoscope-status-*.json")) if out.is_dir() else []:
+        try:
+            found.append(json.loads(p.read_text()))
+        except (OSError, ValueError):
+            continue
+    return found
 
 
 def _move_previous_run(out: Path) -> Path | None:
@@ -145,11 +187,24 @@ def _move_previous_run(out: Path) -> Path | None:
     return target
 
 
-def _why_no_trace(out: Path, code: int) -> str:
+def _why_no_trace(out: Path, code: int, statuses: list[dict[str, object]] | None = None) -> str:
+    statuses = statuses or []
     manifests = sorted(out.glob("rank-*.manifest.json")) if out.is_dir() else []
+    aside = next((s["stood_aside"] for s in statuses if s.get("stood_aside")), None)
+    if aside:
+        return f"capture stood aside ({aside}; two profilers at once crash torch)"
+    if not statuses:
+        return ("capture never reached the command: it does not start Python, or Python runs with -I or -E "
+                "(which ignore PYTHONPATH, where capture hooks in)")
+    steps = max((int(s.get("steps", 0) or 0) for s in statuses), default=0)
+    profiled = any("steps" in s for s in statuses)
     if code != 0:
-        return (f"the command exited with status {code} "
-                + ("before a profiled window completed" if manifests else "before its first training step"))
+        if manifests:
+            return f"the command exited with status {code} before a profiled window completed"
+        if profiled and steps:
+            return (f"the command exited with status {code} after at least {steps} training step(s), "
+                    "before a profiled window completed")
+        return f"the command exited with status {code} before its first training step"
     if manifests:
         try:
             doc = json.loads(manifests[0].read_text())
@@ -158,5 +213,8 @@ def _why_no_trace(out: Path, code: int) -> str:
                     "(lower --skip-first/--wait/--warmup)")
         except (OSError, ValueError):
             pass
+    if not any(s.get("torch") for s in statuses):
+        return "the command never imported torch"
     return ("no training step was seen (no torch.optim step, DataLoader iteration or backward(), and no "
-            "kinetoscope.capture.mark_step() call)")
+            "kinetoscope.capture.mark_step() call, in the launched process, torchrun's workers or "
+            "torch.multiprocessing.spawn's ranks; other child processes are not profiled)")

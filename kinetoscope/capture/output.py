@@ -186,10 +186,12 @@ def tidy_output_dir(out: Path, *, writers_gone: bool = False) -> tuple[list[Path
                 else:
                     p.unlink()
                     removed += 1
-            elif p.name.startswith(".") and p.name.endswith(".tmp") and (
+            elif p.name.startswith(".") and (p.name.endswith(".tmp") or p.name.endswith(".new")) and (
                     writers_gone or now - p.stat().st_mtime > STALE_TMP_S):
                 p.unlink()
                 removed += 1
+            elif p.name.startswith(".kinetoscope-status-") and writers_gone:  # read by the CLI, which is done
+                p.unlink()
         except OSError:
             continue
     return recovered, removed

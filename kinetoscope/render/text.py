@@ -27,8 +27,12 @@ def render_text(report: Report) -> str:
         window = r.get("window") or {}
         out.append(f"  window         {_ms(r.get('window_us'))}  ({window.get('description', '')})")
         steps = r.get("steps") or {}
+        partial = steps.get("partial") or 0
+        cut = f", and {partial} cut short (left out)" if partial else ""
         if steps.get("count"):
-            out.append(f"  steps          {steps['count']} (#{steps['first']}-#{steps['last']}), mean {_ms(steps['mean_us'])}")
+            out.append(f"  steps          {steps['count']} (#{steps['first']}-#{steps['last']}), mean {_ms(steps['mean_us'])}{cut}")
+        elif partial:
+            out.append(f"  steps          none complete: {partial} cut short by the run's end (#{steps['first']})")
         else:
             out.append("  steps          none recorded (no ProfilerStep spans)")
         phases = r.get("phases")

@@ -118,6 +118,9 @@ def host_phases(trace: RankTrace) -> dict[str, iv.Intervals]:
         outside = iv.clip(_step_envelopes(steps, bwd[~inside]), w.start_ns, w.end_ns)
         within = iv.clip(iv.union(bwd["ts_ns"].to_numpy()[inside], bwd["end_ns"].to_numpy()[inside]), w.start_ns, w.end_ns)
         sets["backward"] = iv.union(np.concatenate((outside[0], within[0])), np.concatenate((outside[1], within[1])))
+        closure_forward = _closure_forwards(trace, closures, within)
+    else:
+        closure_forward = iv.EMPTY
 
     main = raw["main"]
     # user annotations (record_function ranges) are containers, not work: look at the ops inside
@@ -130,6 +133,8 @@ def host_phases(trace: RankTrace) -> dict[str, iv.Intervals]:
     bwd_start_at = _backward_start_per_op(steps, tops, sets["backward"])
     before_bwd = tops["ts_ns"].to_numpy() < bwd_start_at
     free = iv.overlap_each(tops["ts_ns"].to_numpy(), tops["end_ns"].to_numpy(), busy_elsewhere) < tops["dur_ns"].to_numpy()
+    if closures[0].size:  # inside a closure optimizer's step, forward is found per evaluation (_closure_forwards)
+        free &= iv.overlap_each(tops["ts_ns"].to_numpy(), tops["end_ns"].to_numpy(), closures) == 0
     fwd_ops = tops[before_bwd & free]
     copies = fwd_ops["name"].isin(list(COPY_OPS)) & trace.has_gpu
     sets["h2d"] = iv.clip(iv.union(fwd_ops.loc[copies, "ts_ns"].to_numpy(), fwd_ops.loc[copies, "end_ns"].to_numpy()),
@@ -142,6 +147,9 @@ def host_phases(trace: RankTrace) -> dict[str, iv.Intervals]:
         ends = np.where(bwd_cut < np.iinfo(np.int64).max, np.maximum(bwd_cut, env[0]), env[1])
         env = iv.union(env[0], ends)
     sets["forward"] = iv.clip(env, w.start_ns, w.end_ns)
+    if closure_forward[0].size:  # each closure evaluation's forward, inside the optimizer's step
+        sets["forward"] = iv.union(np.concatenate((sets["forward"][0], closure_forward[0])),
+                                   np.concatenate((sets["forward"][1], closure_forward[1])))
 
     out: dict[str, iv.Intervals] = {}
     taken = iv.EMPTY
@@ -156,6 +164,28 @@ def host_phases(trace: RankTrace) -> dict[str, iv.Intervals]:
         taken = iv.union(np.concatenate((taken[0], rest[0])), np.concatenate((taken[1], rest[1])))
     out["other"] = iv.complement(taken, w.start_ns, w.end_ns)
     return out
+
+
+def _closure_forwards(trace: RankTrace, closures: iv.Intervals, backward: iv.Intervals) -> iv.Intervals:
+    """The forward passes a closure optimizer (LBFGS) runs inside its step, one per closure evaluation: from
+    the first op that autograd links to a backward node (its ``fwdbwd`` flow starts there) after the previous
+    backward ends, to the start of the next backward. The optimizer's own arithmetic (no_grad: no such flow)
+    between evaluations stays the optimizer's."""
+    flows = trace.flows
+    if flows.empty or backward[0].size == 0:
+        return iv.EMPTY
+    is_fwd = (flows["cat"] == "fwdbwd").to_numpy() & (flows["phase"] == "s").to_numpy()
+    marks = np.sort(flows["ts_ns"].to_numpy()[is_fwd])
+    marks = marks[iv.overlap_each(marks, marks + 1, closures) > 0]
+    if marks.size == 0:
+        return iv.EMPTY
+    b_start, b_end = backward
+    prev_end = np.concatenate(([np.iinfo(np.int64).min], b_end[:-1]))
+    first = np.searchsorted(marks, prev_end, side="left")
+    ok = first < marks.size
+    starts = marks[np.minimum(first, marks.size - 1)]
+    ok &= starts < b_start
+    return iv.intersect(iv.union(starts[ok], b_start[ok]), closures)
 
 
 def _backward_start_per_op(steps: pd.DataFrame, frame: pd.DataFrame, backward: iv.Intervals) -> np.ndarray:

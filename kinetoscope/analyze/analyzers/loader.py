@@ -52,7 +52,8 @@ def _recommendation(names: set[str], pageable_h2d: bool, first_step_share: float
     elif any("MultiProcessing" in n for n in names):
         tips.append(
             "the worker processes cannot keep up: raise num_workers, raise prefetch_factor (default 2), "
-            "and make the Dataset's __getitem__ cheaper (decode/augment on the GPU, cache preprocessed data)"
+            "and make the Dataset's __getitem__ cheaper ("
+            + ("decode/augment on the GPU, " if gpu else "") + "cache preprocessed data)"
         )
     else:
         tips.append("the input pipeline cannot keep up: parallelise it and prefetch batches ahead of the step")

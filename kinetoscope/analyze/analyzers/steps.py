@@ -16,14 +16,15 @@ def analyze_steps(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
     steps = trace.steps
     table = steps.assign(dur_us=steps["dur_ns"] / 1000.0)
     complete = steps[~steps["partial"].to_numpy()] if "partial" in steps else steps
-    timed = complete if len(complete) else steps  # a step cut short says nothing about a step's length
+    # a step cut short (a crash, a stop) is no step: counted apart, and says nothing about a step's length
+    shown = complete if len(complete) else steps
     steps_metrics = {
-        "count": int(len(steps)),
-        "mean_us": us(timed["dur_ns"].mean()) if len(timed) else None,
-        "min_us": us(timed["dur_ns"].min()) if len(timed) else None,
-        "max_us": us(timed["dur_ns"].max()) if len(timed) else None,
-        "first": int(steps["step"].iloc[0]) if len(steps) else None,
-        "last": int(steps["step"].iloc[-1]) if len(steps) else None,
+        "count": int(len(complete)),
+        "mean_us": us(complete["dur_ns"].mean()) if len(complete) else None,
+        "min_us": us(complete["dur_ns"].min()) if len(complete) else None,
+        "max_us": us(complete["dur_ns"].max()) if len(complete) else None,
+        "first": int(shown["step"].iloc[0]) if len(shown) else None,
+        "last": int(shown["step"].iloc[-1]) if len(shown) else None,
         "partial": int(steps["partial"].sum()) if "partial" in steps else 0,
     }
     metrics = {

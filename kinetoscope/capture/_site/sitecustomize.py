@@ -66,10 +66,6 @@ class _InstallAfter:
 
 def _install() -> None:
     try:
-        import multiprocessing
-
-        if multiprocessing.parent_process() is not None:
-            return  # a DataLoader worker or another multiprocessing child: it trains nothing
         from kinetoscope.capture.auto import install
 
         install(os.environ["KINETOSCOPE_CAPTURE"])
@@ -77,12 +73,64 @@ def _install() -> None:
         sys.stderr.write(f"kinetoscope: capture disabled ({type(exc).__name__}: {exc})\n")
 
 
+def _multiprocessing_child() -> bool:
+    """A process multiprocessing started (spawn, forkserver): a DataLoader worker, a pool worker, a hogwild
+    trainer, or a torch.multiprocessing.spawn rank. Its command line says so from the very start."""
+    argv = getattr(sys, "orig_argv", sys.argv)
+    return any(a == "--multiprocessing-fork" or "multiprocessing.forkserver" in a
+               or "multiprocessing.resource_tracker" in a for a in argv)
+
+
+def _profile_spawned_ranks() -> None:
+    """In a multiprocessing child: capture only if it runs a torch.multiprocessing.spawn rank (the target is
+    known once the child unpickles its Process object, after torch is imported); others stay untouched."""
+    import multiprocessing.process as mp_process
+
+    original = mp_process.BaseProcess._bootstrap
+
+    def _bootstrap(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        target = getattr(self, "_target", None)
+        if getattr(target, "__module__", "") == "torch.multiprocessing.spawn" and getattr(target, "__name__", "") == "_wrap":
+            _install()
+        return original(self, *args, **kwargs)
+
+    mp_process.BaseProcess._bootstrap = _bootstrap
+
+
+def _launched_or_a_rank() -> bool:
+    """The process ``kinetoscope capture`` launched, or a direct child of a process that installed capture
+    without training (torchrun's workers). Subprocesses of a training process are not (an eval script)."""
+    parent = os.environ.get("KINETOSCOPE_CAPTURE_PARENT")
+    return parent is None or parent == str(os.getppid())
+
+
+def _note_started() -> None:
+    """Tell the CLI this process was reached (a command that ignores PYTHONPATH never is: python -I / -E)."""
+    try:
+        import json
+
+        out = json.loads(os.environ["KINETOSCOPE_CAPTURE"]).get("out_dir")
+        if out and os.path.isdir(out):
+            path = os.path.join(out, f".kinetoscope-status-{os.getpid()}.json")
+            with open(path, "w") as fh:
+                json.dump({"pid": os.getpid(), "argv": sys.argv[:8], "python": True}, fh)
+    except Exception:  # noqa: BLE001
+        pass
+
+
 _FINDER = _AfterTorch()
 if os.environ.get("KINETOSCOPE_CAPTURE"):
-    if "torch" in sys.modules:  # imported already (an earlier sitecustomize, a .pth file)
-        _install()
-    else:
-        sys.meta_path.insert(0, _FINDER)
+    if _multiprocessing_child():
+        try:
+            _profile_spawned_ranks()
+        except Exception:  # noqa: BLE001
+            pass
+    elif _launched_or_a_rank():
+        _note_started()
+        if "torch" in sys.modules:  # imported already (an earlier sitecustomize, a .pth file)
+            _install()
+        else:
+            sys.meta_path.insert(0, _FINDER)
 try:
     _chain_to_next_sitecustomize()
 except Exception as exc:  # noqa: BLE001
