@@ -92,7 +92,7 @@ def _parse_fraction(text: str) -> float:
 def _cmd_diff(args: argparse.Namespace) -> int:
     import json
 
-    from kinetoscope.analyze.compare import compare_reports, finding_changes, name_changes, step_change
+    from kinetoscope.analyze.compare import compare_reports, finding_changes, fix_check, name_changes, step_change
     from kinetoscope.analyze.loader import load_trace
     from kinetoscope.analyze.report import build_report
     from kinetoscope.render.json import _clean
@@ -105,6 +105,7 @@ def _cmd_diff(args: argparse.Namespace) -> int:
     kernels = name_changes(before, after, ("kernel", "memcpy", "memset"))
     ops = name_changes(before, after, ("cpu_op",))
     change = step_change(before, after)
+    fixes = fix_check(before, rb, ra)
     if change["change"] is None:  # no step at all: compare the windows
         window = metrics[metrics["metric"] == "window (us)"].iloc[0]
         change.update(change=window["change"], ci_low=window["change"], ci_high=window["change"])
@@ -114,7 +115,7 @@ def _cmd_diff(args: argparse.Namespace) -> int:
     if args.format == "json":
         doc = {"before": args.before, "after": args.after, "metrics": metrics.to_dict("records"),
                "findings": findings.to_dict("records"), "kernels": kernels.to_dict("records"),
-               "ops": ops.to_dict("records"), "step_change": change["change"], "step_change_statistic": "median",
+               "ops": ops.to_dict("records"), "fixes": fixes.to_dict("records"), "step_change": change["change"], "step_change_statistic": "median",
                "step_change_ci95": [change["ci_low"], change["ci_high"]],
                "step_samples": {k: change.get(k) for k in ("before_steps", "after_steps", "before_source", "after_source",
                                                            "before_median_us", "after_median_us", "before_noise",
@@ -122,7 +123,7 @@ def _cmd_diff(args: argparse.Namespace) -> int:
                "max_regression": limit, "regressed": bool(regressed)}
         sys.stdout.write(json.dumps(_clean(doc)) + "\n")
     else:
-        sys.stdout.write(render_diff(args.before, args.after, metrics, findings, kernels, ops))
+        sys.stdout.write(render_diff(args.before, args.after, metrics, findings, kernels, ops, fixes))
         sys.stdout.write(_step_change_text(change) + "\n")
     if regressed:
         _error(f"median step grew {change['change']:+.1%} (95% CI {change['ci_low']:+.1%} to {change['ci_high']:+.1%}), "
@@ -146,7 +147,7 @@ def _step_change_text(c: dict[str, Any]) -> str:
             f"{c['after_source']} after" + (f"; step-to-step noise (IQR/median) {noise}" if noise else "") + ".")
 
 
-def render_diff(before: str, after: str, metrics, findings, kernels, ops) -> str:  # type: ignore[no-untyped-def]
+def render_diff(before: str, after: str, metrics, findings, kernels, ops, fixes=None) -> str:  # type: ignore[no-untyped-def]
     out = [f"Kinetoscope diff: {before} -> {after}", ""]
     def number(value: Any, metric: str) -> str:
         if value is None or value != value:
@@ -164,6 +165,15 @@ def render_diff(before: str, after: str, metrics, findings, kernels, ops) -> str
         out.append("Findings:")
         for f in findings.itertuples():
             out.append(f"  {f.status:<12} rank {f.rank}: {f.title} ({f.id})")
+    if fixes is not None and len(fixes):
+        out.append("")
+        out.append("Findings gone: the step time their fix was predicted to give, and what was measured (mean step):")
+        for x in fixes.itertuples():
+            pred = "not estimated" if x.predicted_step_us is None or x.predicted_step_us != x.predicted_step_us else (
+                f"predicted {x.predicted_step_us / 1000:,.2f} ms ({x.predicted_change:+.1%})")
+            meas = "n/a" if x.measured_step_us is None else f"{x.measured_step_us / 1000:,.2f} ms ({x.measured_change:+.1%})"
+            err = "" if x.error is None or x.error != x.error else f", off by {x.error:+.1%}"
+            out.append(f"  rank {x.rank} {x.id}: {pred}; measured {meas}{err}")
     for label, table in (("GPU kernels", kernels), ("CPU ops", ops)):
         if len(table):
             out.append("")
@@ -269,8 +279,81 @@ def build_parser() -> argparse.ArgumentParser:
     redact.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
     redact.set_defaults(func=_cmd_redact)
 
+    whatif = sub.add_parser(
+        "whatif",
+        help="predict the step time after fixing some findings (one or several at once)",
+        description=("Replay each rank's steps with the fixes of the findings named by --fix applied together, and "
+                     "print the predicted mean step time beside the measured one (gains of several fixes do not "
+                     "simply add: a faster host may then wait for the GPU). Without --fix, list the findings and "
+                     "what each is worth alone. Parameters of a fix: --set loader_stall.num_workers=4, "
+                     "--set sync_in_loop.every=50, --set h2d_pageable.pinned_gbps=24."),
+    )
+    whatif.add_argument("path", metavar="PATH", help="trace file or directory of rank traces")
+    whatif.add_argument("--fix", default="", metavar="ID[,ID...]", help="finding ids to fix together")
+    whatif.add_argument("--set", action="append", default=[], metavar="ID.KEY=VALUE", help="a parameter of a fix")
+    whatif.add_argument("--rank", type=int, default=None, help="only this rank")
+    whatif.add_argument("--format", choices=("text", "json"), default="text")
+    whatif.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    whatif.set_defaults(func=_cmd_whatif)
+
     _register_extra_commands(sub)
     return parser
+
+
+def _fix_params(pairs: list[str]) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for item in pairs:
+        key, eq, value = item.partition("=")
+        fid, dot, name = key.partition(".")
+        if not (eq and dot and fid and name):
+            raise ConfigError(f"--set {item!r}: expected ID.KEY=VALUE, e.g. loader_stall.num_workers=4")
+        try:
+            parsed: Any = int(value)
+        except ValueError:
+            try:
+                parsed = float(value)
+            except ValueError:
+                raise ConfigError(f"--set {item!r}: {value!r} is not a number") from None
+        out.setdefault(fid, {})[name] = parsed
+    return out
+
+
+def _cmd_whatif(args: argparse.Namespace) -> int:
+    import json
+
+    from kinetoscope.analyze import whatif
+    from kinetoscope.analyze.findings import FINDING_IDS
+    from kinetoscope.analyze.loader import load_trace
+    from kinetoscope.analyze.report import build_report
+    from kinetoscope.render.json import _clean
+    from kinetoscope.render.text import render_whatif
+
+    wanted = [f for f in (x.strip() for x in args.fix.split(",")) if f]
+    unknown = [f for f in wanted if f not in FINDING_IDS]
+    if unknown:
+        raise ConfigError(f"--fix: unknown finding id(s) {', '.join(unknown)}; known: {', '.join(FINDING_IDS)}")
+    params = _fix_params(args.set)
+    trace = load_trace(args.path)
+    report = build_report(trace)
+    ranks = [r for r in trace.ranks if args.rank is None or r.rank == args.rank]
+    if not ranks:
+        raise ConfigError(f"--rank {args.rank}: the trace has ranks {', '.join(str(r.rank) for r in trace.ranks)}")
+    out = []
+    for r in ranks:
+        entry = next(e for e in report.ranks if e["rank"] == r.rank)
+        mine = [f for f in report.findings if f.rank == r.rank]
+        chosen = [f for f in mine if f.id in wanted]
+        alone = [{"id": f.id, "severity": f.severity, "title": f.title,
+                  "estimate": whatif.estimate(r, f, params.get(f.id)) if params.get(f.id) else f.estimate}
+                 for f in (chosen or mine)]
+        together = whatif.combined(r, chosen, params) if chosen else None
+        out.append({"rank": r.rank, "replay": entry.get("replay"), "fixes": alone, "together": together,
+                    "not_found": [f for f in wanted if f not in {c.id for c in chosen}]})
+    if args.format == "json":
+        sys.stdout.write(json.dumps(_clean({"source": args.path, "fix": wanted, "ranks": out})) + "\n")
+    else:
+        sys.stdout.write(render_whatif(args.path, wanted, out))
+    return EXIT_OK
 
 
 def _cmd_redact(args: argparse.Namespace) -> int:

@@ -138,3 +138,38 @@ def _block_medians(x: np.ndarray, resamples: int, rng: np.random.Generator) -> n
     starts = rng.integers(0, n - block + 1, (resamples, blocks))
     idx = (starts[:, :, None] + np.arange(block)).reshape(resamples, blocks * block)[:, :n]
     return np.median(x[idx], axis=1)
+
+
+def fix_check(before: Trace, rb: Report, ra: Report) -> pd.DataFrame:
+    """For each finding of ``before`` gone in ``after``: the step time its fix was predicted to give (its
+    ``estimate``) beside the step time measured after, per rank; and, where several went, all of them
+    predicted together (one replay). Measured: each rank's mean window step in ``after``."""
+    from kinetoscope.analyze import whatif
+
+    after_step = {e["rank"]: (e.get("steps") or {}).get("mean_us") for e in ra.ranks}
+    before_step = {e["rank"]: (e.get("steps") or {}).get("mean_us") for e in rb.ranks}
+    gone = finding_changes(rb, ra)
+    gone = gone[gone["status"] == "gone"]
+    rows = []
+
+    def row(fid: str, rank: Any, est: dict[str, Any] | None) -> None:
+        b, a = before_step.get(rank), after_step.get(rank)
+        pred = (est or {}).get("step_us_after")
+        rows.append({"id": fid, "rank": rank, "before_step_us": b, "predicted_step_us": pred,
+                     "measured_step_us": a,
+                     "predicted_change": (pred / b - 1) if pred is not None and b else None,
+                     "measured_change": (a / b - 1) if a is not None and b else None,
+                     "error": (pred / a - 1) if pred is not None and a else None,
+                     "method": (est or {}).get("method")})
+
+    for rank, ids in gone.groupby("rank", dropna=False)["id"]:
+        found = [f for f in rb.findings if f.rank == rank and f.id in set(ids)]
+        for f in found:
+            row(f.id, rank, f.estimate)
+        costly = [f for f in found if (f.estimate or {}).get("saving_us_per_step")]
+        if len(costly) > 1:
+            ranks = [r for r in before.ranks if r.rank == rank]
+            if ranks:
+                row(" + ".join(f.id for f in costly), rank, whatif.combined(ranks[0], costly))
+    return pd.DataFrame(rows, columns=["id", "rank", "before_step_us", "predicted_step_us", "measured_step_us",
+                                       "predicted_change", "measured_change", "error", "method"])

@@ -41,6 +41,9 @@ class Finding:
     #: estimated time this problem costs inside the window (for ranking), us
     impact_us: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
+    #: what fixing it is worth (``whatif.estimate``): the rank's mean step after this fix alone; None where
+    #: it cannot be estimated
+    estimate: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.id not in FINDING_IDS:
@@ -57,9 +60,16 @@ class Finding:
             "evidence": self.evidence,
             "recommendation": self.recommendation,
             "impact_us": round(self.impact_us, 3),
+            "estimate": self.estimate,
         }
 
 
+def saving_us(f: Finding) -> float:
+    """What fixing it saves per step (us); -1 where not estimated (after every estimated one)."""
+    value = (f.estimate or {}).get("saving_us_per_step")
+    return float(value) if value is not None else -1.0
+
+
 def rank_findings(findings: list[Finding]) -> list[Finding]:
-    """Most severe first, then the largest estimated cost."""
-    return sorted(findings, key=lambda f: (SEVERITY_ORDER[f.severity], -f.impact_us, f.rank or 0, f.id))
+    """Most severe first, then the largest saving per step from fixing it, then the largest measured cost."""
+    return sorted(findings, key=lambda f: (SEVERITY_ORDER[f.severity], -saving_us(f), -f.impact_us, f.rank or 0, f.id))

@@ -14,7 +14,7 @@ import time
 import zlib
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Union
+from typing import Any, Union
 
 import msgspec
 import numpy as np
@@ -226,7 +226,8 @@ def _rank_from_raw(raw: RawColumns, size: int, path: Path, *, default_rank: int,
         steps = steps.assign(partial=steps["partial"].to_numpy() | (steps["step"] == cut[0]).to_numpy())
         notes += (f"ProfilerStep#{cut[0]} is partial: {cut[1]} before it completed (capture manifest); the window "
                   "leaves it out",)
-    meta = replace(trace.meta, load_seconds=time.perf_counter() - started, warnings=trace.meta.warnings + notes)
+    meta = replace(trace.meta, load_seconds=time.perf_counter() - started, warnings=trace.meta.warnings + notes,
+                   capture=_capture_facts(path, rank))
     return replace(trace, meta=meta, run_steps=run_steps, steps=steps)
 
 
@@ -259,10 +260,28 @@ def _cut_short_step(path: Path, rank: int) -> tuple[int, str] | None:
     return None
 
 
+class _Facts(msgspec.Struct):
+    host: Union[dict[str, Union[int, None]], None] = None
+    dataloader: Union[dict[str, Union[int, bool, str, None]], None] = None
+
+
+def _capture_facts(path: Path, rank: int) -> dict[str, Any]:
+    """The host's CPUs, torch's threads and the DataLoader's configuration from the capture's manifest."""
+    if not _WINDOW_IN_NAME.search(path.name):
+        return {}
+    try:
+        facts = msgspec.json.decode(path.with_name(f"rank-{rank}.manifest.json").read_bytes(), type=_Facts)
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError):
+        return {}
+    return {k: v for k, v in (("host", facts.host), ("dataloader", facts.dataloader)) if v}
+
+
 class _StepTimes(msgspec.Struct):
     step_wall_ns: list[int]
     data_wait_ns: list[int]
     profiled: list[bool] = []
+    step_cpu_ns: list[int] = []
+    data_wait_cpu_ns: list[int] = []
 
 
 def _run_steps(path: Path, rank: int) -> tuple[pd.DataFrame | None, str | None]:
@@ -278,11 +297,19 @@ def _run_steps(path: Path, rank: int) -> tuple[pd.DataFrame | None, str | None]:
         return None, f"ignored {sidecar.name}: {exc}"
     n = min(len(times.step_wall_ns), len(times.data_wait_ns))
     profiled = (list(times.profiled) + [False] * n)[:n]
+
+    def optional(values: list[int]) -> np.ndarray:  # process CPU time: captures before it was recorded lack it
+        out = np.full(n, np.nan)
+        out[:min(n, len(values))] = values[:n]
+        return out
+
     return pd.DataFrame({
         "step": np.arange(n, dtype=np.int64),
         "wall_ns": np.asarray(times.step_wall_ns[:n], dtype=np.int64),
         "data_wait_ns": np.asarray(times.data_wait_ns[:n], dtype=np.int64),
         "profiled": np.asarray(profiled, dtype=bool),
+        "cpu_ns": optional(times.step_cpu_ns),
+        "data_wait_cpu_ns": optional(times.data_wait_cpu_ns),
     }), None
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kinetoscope import __version__
+from kinetoscope.analyze import whatif
 from kinetoscope.analyze.config import DEFAULT_CONFIG, AnalysisConfig
 from kinetoscope.analyze.findings import Finding, rank_findings
 from kinetoscope.analyze.registry import AnalysisResult, analyzers
@@ -117,6 +118,19 @@ def _capped(found: tuple[Finding, ...], entry: dict[str, Any]) -> list[Finding]:
             for f in found]
 
 
+def _guarded(failures: list[AnalyzerFailure], rank: int | None, fn: Any) -> Any:
+    try:
+        return fn()
+    except Exception as exc:  # the what-if must not sink the report
+        failures.append(AnalyzerFailure("whatif", rank, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+        return None
+
+
+def _estimated(r: RankTrace, found: list[Finding], failures: list[AnalyzerFailure]) -> list[Finding]:
+    """Each finding with what fixing it alone is worth for its rank (``whatif``)."""
+    return [replace(f, estimate=_guarded(failures, r.rank, lambda f=f: whatif.estimate(r, f))) for f in found]
+
+
 def build_report(trace: Trace, config: AnalysisConfig = DEFAULT_CONFIG) -> Report:
     """Run the registry over every rank, then the job-level analyzers."""
     entries: list[dict[str, Any]] = []
@@ -127,6 +141,7 @@ def build_report(trace: Trace, config: AnalysisConfig = DEFAULT_CONFIG) -> Repor
     for r in trace.ranks:
         entry = _rank_header(r)
         results[r.rank] = {}
+        mine: list[Finding] = []
         for a in registered:
             if a.scope != "rank":
                 continue
@@ -137,7 +152,9 @@ def build_report(trace: Trace, config: AnalysisConfig = DEFAULT_CONFIG) -> Repor
                 continue
             results[r.rank][a.key] = res
             entry.update(res.metrics)
-            findings.extend(_capped(res.findings, entry))
+            mine.extend(_capped(res.findings, entry))
+        entry["replay"] = _guarded(failures, r.rank, lambda: whatif.replay_entry(r))
+        findings.extend(_estimated(r, mine, failures))
         entries.append(entry)
     job: dict[str, Any] = {"ranks": len(trace.ranks), "world_size": trace.world_size}
     job_results: dict[str, AnalysisResult] = {}
@@ -152,7 +169,9 @@ def build_report(trace: Trace, config: AnalysisConfig = DEFAULT_CONFIG) -> Repor
         job_results[a.key] = res
         if res.metrics:
             job[a.key] = res.metrics
-        findings.extend(res.findings)
+        for f in res.findings:
+            ranks = [r for r in trace.ranks if r.rank == f.rank]
+            findings.extend(_estimated(ranks[0], [f], failures) if ranks else [f])
     violations = [f"rank {e['rank']}: {v}" for e in entries for v in fraction_violations(e)]
     violations += [f"job: {v}" for v in fraction_violations(job)]
     violations += [f"finding {f.id} (rank {f.rank}): {v}" for f in findings for v in fraction_violations(f.evidence)]

@@ -17,6 +17,7 @@ from kinetoscope.analyze.distributed import RankSummary
 from kinetoscope.analyze.config import DEFAULT_CONFIG, AnalysisConfig
 from kinetoscope.analyze.limits import DEFAULT_LIMITS, LoadLimits
 from kinetoscope.analyze.loader import Job
+from kinetoscope.analyze.whatif import straggler_saving_us
 from kinetoscope.batch.discover import discover
 from kinetoscope.batch.store import open_store, read_rows, write_rows
 from kinetoscope.batch.task import analyze_file, file_key
@@ -142,7 +143,10 @@ def _cross_rank(root: Path, jobs: list[Job], rows_by_job: dict[str, list[dict[st
         findings = [] if finding is None else [{
             "key": _job_key(job), "job": job.name, "path": path_of.get(finding.rank, job.name), "rank": finding.rank,
             "id": finding.id, "severity": finding.severity, "title": finding.title, "impact_us": finding.impact_us,
-            "evidence_json": json.dumps(finding.evidence, default=str)}]
+            "evidence_json": json.dumps(finding.evidence, default=str),
+            # the job-level straggler: the others' wait for it per step, what its cause's removal gives back
+            "saving_us_per_step": straggler_saving_us(finding.evidence), "step_us_after": None,
+            "estimate_json": None}]
         write_rows(root, "findings", _job_key(job), findings)
         write_rows(root, "job_ranks", _job_key(job), [{
             "key": _job_key(job), "job": job.name, "rank": pr["rank"], "clock_skew_us": pr["clock_skew_us"],

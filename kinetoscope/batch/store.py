@@ -39,10 +39,13 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("h2d_pageable_fraction", pa.float64()), ("memory_growth_bytes_per_step", pa.float64()),
         ("peak_allocated_bytes", pa.float64()), ("collective_us", pa.float64()), ("loader_us", pa.float64()),
         ("findings", pa.int64()), ("critical", pa.int64()), ("warnings", pa.int64()),
+        ("replay_step_us", pa.float64()), ("replay_error", pa.float64()),
     ]),
     "findings": pa.schema([
         ("key", pa.string()), ("job", pa.string()), ("path", pa.string()), ("rank", pa.int64()), ("id", pa.string()),
         ("severity", pa.string()), ("title", pa.string()), ("impact_us", pa.float64()), ("evidence_json", pa.string()),
+        # what fixing it alone is worth to its rank (whatif.estimate); null where not estimated (older stores too)
+        ("saving_us_per_step", pa.float64()), ("step_us_after", pa.float64()), ("estimate_json", pa.string()),
     ]),
     "steps": pa.schema([
         ("key", pa.string()), ("job", pa.string()), ("path", pa.string()), ("rank", pa.int64()), ("step", pa.int64()),

@@ -155,14 +155,15 @@ def _hook_data_loader() -> None:
     original = dataloader._BaseDataLoaderIter.__next__
 
     def timed_next(self: Any) -> Any:
-        t0 = time.perf_counter_ns()
+        t0, c0 = time.perf_counter_ns(), time.process_time_ns()
         try:
             return original(self)
         finally:
             if threading.current_thread() is threading.main_thread():
                 prof = _state["profiler"]
                 if prof is not None:
-                    prof.add_data_wait(time.perf_counter_ns() - t0)
+                    prof.add_data_wait(time.perf_counter_ns() - t0, time.process_time_ns() - c0)
+                    prof.note_dataloader(self)
                 _boundary("dataloader")
 
     dataloader._BaseDataLoaderIter.__next__ = timed_next  # type: ignore[method-assign]

@@ -20,6 +20,7 @@ report can say how loader-bound the *whole* run was.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -108,8 +109,15 @@ class Profiler:
         self._step_start_ns = 0
         self._step_unix_start: dict[int, int] = {}
         self._data_wait_ns = 0
+        self._data_wait_cpu_ns = 0
+        self._step_cpu_start_ns = 0
         self._step_wall_ns: list[int] = []
         self._step_wait_ns: list[int] = []
+        #: process CPU time (every thread) per step, and during its data wait: what a what-if needs to tell
+        #: loading that computes (competes for cores) from loading that waits (storage, network)
+        self._step_cpu_ns: list[int] = []
+        self._step_wait_cpu_ns: list[int] = []
+        self._dataloader: dict[str, Any] | None = None
         self._started_unix_ns = 0
         self._step_abandoned = False
         self._discarding = False
@@ -131,6 +139,7 @@ class Profiler:
         self._writable = self._prepare_dir()
         self._started_unix_ns = time.time_ns()
         self._step_start_ns = time.perf_counter_ns()
+        self._step_cpu_start_ns = time.process_time_ns()
         self._step_unix_start[0] = self._started_unix_ns
         if self._writable:
             self._start_profiler()
@@ -211,9 +220,26 @@ class Profiler:
         self.sampler.stop()
 
     # --- per step --------------------------------------------------------------------
-    def add_data_wait(self, ns: int) -> None:
-        """Time the loop spent waiting for the next batch during this step."""
+    def add_data_wait(self, ns: int, cpu_ns: int = 0) -> None:
+        """Time the loop spent waiting for the next batch during this step (and the process's CPU time then)."""
         self._data_wait_ns += ns
+        self._data_wait_cpu_ns += cpu_ns
+
+    def note_dataloader(self, it: Any) -> None:
+        """Remember the first DataLoader's configuration (from its iterator or itself) for the manifest."""
+        if self._dataloader is not None:
+            return
+        try:
+            get = lambda *names: next((getattr(it, n) for n in names if hasattr(it, n)), None)  # noqa: E731
+            sampler = get("_index_sampler", "batch_sampler")
+            config = {"num_workers": get("_num_workers", "num_workers"),
+                      "prefetch_factor": get("_prefetch_factor", "prefetch_factor"),
+                      "persistent_workers": get("_persistent_workers", "persistent_workers"),
+                      "pin_memory": get("_pin_memory", "pin_memory"),
+                      "batch_size": getattr(sampler, "batch_size", None) if sampler is not None else get("batch_size")}
+            self._dataloader = {k: (v if isinstance(v, (int, bool)) or v is None else str(v)) for k, v in config.items()}
+        except Exception:  # noqa: BLE001 - a loader of an unexpected shape is simply not described
+            self._dataloader = {}
 
     def abandon_step(self) -> None:
         """The loop ended: the step just opened never ran, so it is not recorded."""
@@ -226,12 +252,16 @@ class Profiler:
         if now > self._step_start_ns and (self.step_num > len(self._step_wall_ns) - 1):
             self._step_wall_ns.append(now - self._step_start_ns)
             self._step_wait_ns.append(self._data_wait_ns)
+            self._step_cpu_ns.append(time.process_time_ns() - self._step_cpu_start_ns)
+            self._step_wait_cpu_ns.append(self._data_wait_cpu_ns)
 
     def step(self) -> None:
         """Mark the end of a training step."""
         self._close_step()
         self.step_num += 1
         self._data_wait_ns = 0
+        self._data_wait_cpu_ns = 0
+        self._step_cpu_start_ns = time.process_time_ns()
         self._step_start_ns = time.perf_counter_ns()
         self._step_unix_start[self.step_num] = time.time_ns()
         self._step_unix_start.pop(self.step_num - 4 * self.schedule.period - 2, None)
@@ -295,6 +325,8 @@ class Profiler:
             "unit": "ns",
             "step_wall_ns": self._step_wall_ns,
             "data_wait_ns": self._step_wait_ns,
+            "step_cpu_ns": self._step_cpu_ns,
+            "data_wait_cpu_ns": self._step_wait_cpu_ns,
             "profiled": [self.schedule.is_active(i) for i in range(len(self._step_wall_ns))],
         })
         write_manifest(self.out_dir, r, {
@@ -309,7 +341,26 @@ class Profiler:
             "windows": [w for w in self.windows if (self.out_dir / w["trace"]).exists()],
             "ended_by": self._ended_by,
             "step_times": f"rank-{r}.steps.json",
+            "host": _host_facts(),
+            "dataloader": self._dataloader,
         })
+
+
+def _host_facts() -> dict[str, Any]:
+    """The CPUs this process may run on and torch's intra-op threads: what a what-if needs to judge whether
+    DataLoader workers would compete with the training for cores."""
+    try:
+        cpus: int | None = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count()
+    threads = None
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            threads = int(torch.get_num_threads())
+        except Exception:  # noqa: BLE001
+            threads = None
+    return {"cpus": cpus, "torch_threads": threads}
 
 
 def profile_loop(iterable: Iterable[T], out_dir: str | os.PathLike[str] = "kinetoscope_traces", **options: Any) -> Iterator[T]:
@@ -322,13 +373,15 @@ def profile_loop(iterable: Iterable[T], out_dir: str | os.PathLike[str] = "kinet
         while True:
             if not first:
                 prof.step()
-            t0 = time.perf_counter_ns()
+            t0, c0 = time.perf_counter_ns(), time.process_time_ns()
             try:
                 item = next(it)
             except StopIteration:
                 prof.abandon_step()
                 return
-            prof.add_data_wait(time.perf_counter_ns() - t0)
+            prof.add_data_wait(time.perf_counter_ns() - t0, time.process_time_ns() - c0)
+            if hasattr(iterable, "num_workers"):
+                prof.note_dataloader(iterable)
             first = False
             yield item
     finally:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from kinetoscope.analyze.report import Report
 from kinetoscope.render.format import mib as _mib
 from kinetoscope.render.format import ms as _ms
 from kinetoscope.render.format import pct as _pct
+from kinetoscope.render.format import worth
 
 _MARK = {"critical": "CRITICAL", "warning": "WARNING ", "info": "info    "}
 
@@ -17,6 +20,9 @@ def render_text(report: Report) -> str:
         for f in report.findings:
             out.append(f"  [{_MARK[f.severity]}] rank {f.rank}: {f.title}  ({f.id})")
             out.append(f"      fix: {f.recommendation}")
+            line = worth(f.estimate)
+            if line:
+                out.append(f"      {line}")
     else:
         out.append("Findings: none - no loader stalls, idle GPU, copy, sync, memory or straggler problems found.")
     for r in report.ranks:
@@ -118,3 +124,28 @@ def render_text(report: Report) -> str:
         for f in report.failures:
             out.append(f"  analysis error in {f.analyzer} (rank {f.rank}): {f.error}")
     return "\n".join(out) + "\n"
+
+
+def render_whatif(source: str, wanted: list[str], ranks: list[dict[str, Any]]) -> str:
+    """``kinetoscope whatif``: per rank, the replay's check, each fix alone, and the chosen fixes together."""
+    out = [f"What-if: {source}", ""]
+    for r in ranks:
+        rep = r.get("replay")
+        if rep:
+            out.append(f"Rank {r['rank']}: measured {_ms(rep['measured_step_us'])} per step over {rep['steps']} steps; "
+                       f"replayed {_ms(rep['step_us'])} (error {_pct(rep['error'])})")
+        else:
+            out.append(f"Rank {r['rank']}: no complete steps: nothing to replay")
+        for f in r["fixes"]:
+            line = worth(f["estimate"]) or "fix this: not estimated (not a time cost, or nothing the replay can change)"
+            out.append(f"  {f['id']:<22} {line}")
+        together = r.get("together")
+        if together:
+            out.append(f"  together ({', '.join(wanted)}): {_ms(together['step_us_after'])} per step, "
+                       f"{_ms(together['saving_us_per_step'])} faster ({_pct(together['saving_fraction'])})")
+            for a in dict.fromkeys(together["assumptions"]):
+                out.append(f"    assuming {a}")
+        for missing in r.get("not_found") or []:
+            out.append(f"  {missing}: no such finding on this rank")
+        out.append("")
+    return "\n".join(out)

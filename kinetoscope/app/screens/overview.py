@@ -3,6 +3,7 @@
 import streamlit as st
 
 from kinetoscope.app import state
+from kinetoscope.render.format import worth
 
 SEVERITY = {"critical": ":red[**CRITICAL**]", "warning": ":orange[**WARNING**]", "info": ":blue[info]"}
 
@@ -35,6 +36,11 @@ def render() -> None:
     for f in report.findings:
         with st.expander(f"{SEVERITY[f.severity]} · rank {f.rank} · {f.title}", expanded=f.severity == "critical"):
             st.markdown(f"**What to do:** {f.recommendation}")
+            line = worth(f.estimate)
+            if line:
+                st.markdown(f"**{line[0].upper()}{line[1:]}**")
+                if f.estimate and f.estimate.get("assumptions"):
+                    st.caption("assuming: " + "; ".join(f.estimate["assumptions"]))
             st.caption(f"finding id `{f.id}` · estimated cost {state.ms(f.impact_us)} of the window")
             st.json(f.evidence, expanded=False)
     for w in entry.get("warnings") or []:

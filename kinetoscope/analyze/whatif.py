@@ -1,0 +1,785 @@
+"""What each fix is worth: a replay of a rank's steps, and each finding's fix as an edit of that replay.
+
+The replay is a dependency graph built from the trace, then re-timed:
+
+* **Host**: the launching threads run as recorded, except at *elastic items* on the training thread: waits
+  for data (``enumerate(DataLoader)`` spans), synchronising calls (stream/device/event syncs, blocking
+  copies, frees) and copy calls that held the host for their copy (pageable memory). An item that ends
+  earlier or later moves everything the host does after it by the same amount (a piecewise-constant
+  *shift*), launches included.
+* **GPU**: each kernel, copy and memset starts at ``max(its launch + a, the previous op on its stream + b)``
+  and lasts its recorded duration. ``a`` and ``b`` come from the trace: the constraint that decided the
+  recorded start keeps its recorded offset, the other gets a typical one (never larger than recorded), so
+  the unchanged graph reproduces every recorded start. Waits on other streams or ranks stay fixed offsets.
+* **Syncs** end at ``max(start + own overhead, end of the GPU op they waited for + its recorded tail)``.
+
+A fix edits the graph (a shorter data wait, a sync that no longer waits, a faster copy) and the replay
+says where the steps end: a host sped up against a busy GPU simply waits for the GPU at its next sync.
+The mean step time after is ``max(host steps, GPU busy per step)``. Fixes the replay cannot express
+(CUDA graphs, a straggler's cause, compilation) are estimated from what the trace measured, and say so
+(``method``). Everything here is a pure function of the rank trace and the finding.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from kinetoscope.analyze import intervals as iv
+from kinetoscope.analyze.findings import Finding
+from kinetoscope.analyze.timeline import (
+    GRAPH_LAUNCH_RE,
+    SYNC_RUNTIME_RE,
+    gpu_work,
+    kind_mask,
+    launches,
+    launching_threads,
+    loader_spans,
+    name_mask,
+    runtime_calls,
+    window,
+)
+from kinetoscope.analyze.trace import RankTrace, trace_view
+
+NONE = -(2**60)  # "no constraint" in int64 arithmetic
+#: a sync that returns at once still costs its call (measured: 2-10 us)
+SYNC_OVERHEAD_NS = 5_000
+#: an async (pinned, non_blocking) copy call costs about a kernel launch
+ASYNC_COPY_CALL_NS = 10_000
+#: tolerance between host and GPU clocks when matching a sync to the op it waited for
+CLOCK_TOL_NS = 5_000
+#: a typical back-to-back gap between ops on one stream
+STREAM_GAP_NS = 1_000
+#: host-to-device bandwidth from pinned memory when the trace has no pinned copy to measure it from, by
+#: device family (PCIe generation of its usual host link, practical x16 rates)
+PINNED_GBPS = ((re.compile(r"H100|H200|H800|B100|B200|GB200|MI300|MI325|L40"), 50.0),
+               (re.compile(r"A100|A800|A10|A30|A40|A6000|L4|MI250|MI210|RTX 30|RTX 40"), 24.0))
+PINNED_GBPS_DEFAULT = 12.0  # PCIe 3.0 x16
+_PCIE3 = re.compile(r"V100|T4|P100|P40|P4|K80|M60|GP100|RTX 20|Quadro")
+#: what taking a batch from a DataLoader worker costs the training loop (queue, unpickling, shared memory),
+#: where the trace cannot show it (it had no workers): ~1.4 ms per batch on the public V100 ResNet-50 trace
+#: with 4 workers (18 MiB batches) and 1.2-2 ms on a 2-core CPU machine (128 KiB batches)
+HANDOFF_PRIOR_NS = 1_000_000
+#: what a CUDA-graph replay costs the host per step (one launch call)
+GRAPH_REPLAY_NS = 20_000
+
+
+# --- the graph ---------------------------------------------------------------------------------------
+@dataclass(frozen=True, eq=False)
+class ReplayGraph:
+    #: complete steps of the window (host clock), sorted
+    step_start: np.ndarray
+    step_end: np.ndarray
+    #: GPU ops sorted by recorded start: anchor (host time of the launch call's start, or the op's own
+    #: start when no launch is recorded), start, duration, stream code, offsets a (from anchor) and b (from
+    #: the previous op on its stream), row label in ``gpu_work``
+    op_anchor: np.ndarray
+    op_start: np.ndarray
+    op_dur: np.ndarray
+    op_stream: np.ndarray
+    op_device: np.ndarray
+    op_a: np.ndarray
+    op_b: np.ndarray
+    op_label: np.ndarray
+    #: elastic host items, disjoint, sorted by start: start, end, kind ("data" | "sync" | "copy"), the op
+    #: index awaited (-1: none), the recorded tail after that op's end, the item's own minimum duration
+    it_start: np.ndarray
+    it_end: np.ndarray
+    it_kind: np.ndarray
+    it_await: np.ndarray
+    it_post: np.ndarray
+    it_min: np.ndarray
+    #: the launch latency typical of this rank (ns), used for constraints that did not bind
+    typical_launch_ns: int
+
+    @property
+    def steps(self) -> int:
+        return int(len(self.step_start))
+
+    @property
+    def measured_step_ns(self) -> float | None:
+        return float(np.mean(self.step_end - self.step_start)) if self.steps else None
+
+
+def _complete_steps(trace: RankTrace) -> tuple[np.ndarray, np.ndarray]:
+    steps = trace.steps
+    if len(steps) and "partial" in steps:
+        steps = steps[~steps["partial"].to_numpy()]
+    return steps["start_ns"].to_numpy(np.int64), steps["end_ns"].to_numpy(np.int64)
+
+
+@trace_view
+def replay_graph(trace: RankTrace) -> ReplayGraph:
+    s0, s1 = _complete_steps(trace)
+    work = gpu_work(trace)
+    ts = work["ts_ns"].to_numpy(np.int64)
+    dur = np.maximum(work["dur_ns"].to_numpy(np.int64), 0)
+    order = np.argsort(ts, kind="stable")
+    ts, dur = ts[order], dur[order]
+    label = work.index.to_numpy()[order]
+    device = work["device"].to_numpy(np.int64)[order]
+    stream_key = device * 1_000_000_007 + work["stream"].to_numpy(np.int64)[order]
+    _, stream = np.unique(stream_key, return_inverse=True)
+    # the launch call of each op (correlation id), graph replays included
+    calls = launches(trace)
+    calls = calls[calls["correlation"].notna().to_numpy()].drop_duplicates("correlation")
+    keys = calls["correlation"].to_numpy(np.int64)
+    korder = np.argsort(keys, kind="stable")
+    keys, call_ts = keys[korder], calls["ts_ns"].to_numpy(np.int64)[korder]
+    corr = work["correlation"].to_numpy(dtype=float, na_value=np.nan)[order]
+    has = ~np.isnan(corr)
+    corr_i = np.where(has, corr, -1).astype(np.int64)
+    anchor = ts.copy()
+    if len(keys):
+        pos = np.minimum(np.searchsorted(keys, corr_i), len(keys) - 1)
+        found = has & (keys[pos] == corr_i)
+        anchor[found] = np.minimum(call_ts[pos[found]], ts[found])
+    # the previous op on the same stream (recorded order)
+    prev_end = np.full(len(ts), NONE, dtype=np.int64)
+    if len(ts):
+        by_stream = np.lexsort((np.arange(len(ts)), stream))
+        ends = (ts + dur)[by_stream]
+        same = np.r_[False, stream[by_stream][1:] == stream[by_stream][:-1]]
+        pe = np.where(same, np.r_[NONE, ends[:-1]], NONE)
+        prev_end[by_stream] = pe
+    slack_launch = ts - anchor
+    slack_stream = np.where(prev_end > NONE, ts - prev_end, np.iinfo(np.int64).max)
+    launch_binds = slack_launch <= slack_stream
+    lat = slack_launch[launch_binds & (slack_launch >= 0) & (anchor < ts)]
+    typical = int(np.clip(np.median(lat), 0, 50_000)) if len(lat) else 0
+    a = np.where(launch_binds, slack_launch, np.minimum(slack_launch, typical))
+    b = np.where(prev_end > NONE, np.where(launch_binds, np.minimum(slack_stream, STREAM_GAP_NS), slack_stream), 0)
+    items = _items(trace, ts, dur, anchor, label)
+    return ReplayGraph(step_start=s0, step_end=s1, op_anchor=anchor, op_start=ts, op_dur=dur, op_stream=stream,
+                       op_device=device, op_a=a.astype(np.int64), op_b=b.astype(np.int64), op_label=label,
+                       typical_launch_ns=typical, **items)
+
+
+def _items(trace: RankTrace, ts: np.ndarray, dur: np.ndarray, anchor: np.ndarray, label: np.ndarray) -> dict[str, np.ndarray]:
+    """The elastic host items: data waits, syncs (with the op each waited for) and blocking copy calls."""
+    rows: list[tuple[int, int, str, int, int, int]] = []
+    for r in loader_spans(trace).itertuples():
+        rows.append((int(r.ts_ns), int(r.end_ns), "data", -1, 0, 0))
+    if len(ts):
+        end = ts + dur
+        by_anchor = np.argsort(anchor, kind="stable")
+        anchors_sorted = anchor[by_anchor]
+        calls = runtime_calls(trace)
+        threads = launching_threads(trace)
+        on = calls["tid"].astype(str).isin(threads).to_numpy() if threads else np.ones(len(calls), dtype=bool)
+        syncs = calls[on & name_mask(calls, SYNC_RUNTIME_RE)]
+        for s, e, _name in zip(syncs["ts_ns"].to_numpy(), syncs["end_ns"].to_numpy(), syncs["name"].astype(str)):
+            hi = np.searchsorted(anchors_sorted, s, side="right")
+            cand = by_anchor[max(0, hi - 4096):hi]
+            cand = cand[end[cand] <= e + CLOCK_TOL_NS]
+            if not len(cand):
+                continue
+            j = int(cand[np.argmax(end[cand])])
+            if end[j] > s:  # it waited for op j: it returns a recorded tail after j ends, or after its overhead
+                rows.append((int(s), int(e), "sync", j, int(e - end[j]), int(min(e - s, SYNC_OVERHEAD_NS))))
+            else:  # the GPU was done before the call: it cost its own time, and waits if j ends later after a fix
+                rows.append((int(s), int(e), "sync", j, int(min(e - s, SYNC_OVERHEAD_NS)), int(e - s)))
+        # copy calls that held the host for their copy (pageable memory, synchronous APIs)
+        from kinetoscope.analyze.analyzers.copies import copies
+
+        cp = copies(trace)
+        held = cp[cp["blocking"].to_numpy()]
+        if len(held):
+            pos_of = pd.Series(np.arange(len(label)), index=label)
+            corr = held["correlation"].to_numpy(np.int64)
+            rt = calls[calls["correlation"].notna().to_numpy()].drop_duplicates("correlation")
+            rt = rt.set_index(rt["correlation"].to_numpy(np.int64))
+            for lab, c in zip(held.index.to_numpy(), corr):
+                if c not in rt.index:
+                    continue
+                call = rt.loc[c]
+                j = int(pos_of[lab])
+                s, e = int(call["ts_ns"]), int(call["end_ns"])
+                rows.append((s, e, "copy", j, int(e - end[j]), int(min(e - s, ASYNC_COPY_CALL_NS))))
+    rows.sort(key=lambda r: (r[0], -r[1]))
+    kept: list[tuple[int, int, str, int, int, int]] = []
+    for r in rows:  # an item inside another (a sync inside a data wait, a copy inside a sync) is the outer's
+        if kept and r[0] < kept[-1][1]:
+            continue
+        kept.append(r)
+    cols = list(zip(*kept)) if kept else [[], [], [], [], [], []]
+    return {"it_start": np.asarray(cols[0], dtype=np.int64), "it_end": np.asarray(cols[1], dtype=np.int64),
+            "it_kind": np.asarray(cols[2], dtype=object), "it_await": np.asarray(cols[3], dtype=np.int64),
+            "it_post": np.asarray(cols[4], dtype=np.int64), "it_min": np.asarray(cols[5], dtype=np.int64)}
+
+
+# --- edits and the replay ------------------------------------------------------------------------------
+@dataclass
+class Edits:
+    """Changes to a graph: new durations of data items, items that no longer wait, new op durations."""
+
+    item_dur: dict[int, int] = field(default_factory=dict)
+    item_free: set[int] = field(default_factory=set)
+    op_dur: dict[int, int] = field(default_factory=dict)
+    #: a lower bound on the mean step (ns): what the host's CPUs can do, when the fix adds CPU work
+    floor_step_ns: float = 0.0
+    #: savings the replay cannot express, estimated from measurements, taken off its result (ns per step)
+    analytic_saving_ns: float = 0.0
+    loader: "LoaderFix | None" = None
+
+    def merge(self, other: "Edits") -> "Edits":
+        out = Edits(dict(self.item_dur), set(self.item_free) | other.item_free, dict(self.op_dur),
+                    max(self.floor_step_ns, other.floor_step_ns), self.analytic_saving_ns + other.analytic_saving_ns,
+                    self.loader or other.loader)
+        for k, v in other.item_dur.items():
+            out.item_dur[k] = min(v, out.item_dur.get(k, v))
+        for k, v in other.op_dur.items():
+            out.op_dur[k] = min(v, out.op_dur.get(k, v))
+        return out
+
+
+@dataclass(frozen=True)
+class Replayed:
+    step_ns: np.ndarray  # each window step after the edits
+    host_step_ns: float
+    gpu_step_ns: float  # the busiest device's busy time per step
+    mean_step_ns: float
+    item_end: np.ndarray
+    op_end: np.ndarray
+
+
+def replay(g: ReplayGraph, edits: Edits | None = None) -> Replayed:
+    """Re-time the graph with ``edits``; without edits it reproduces the recorded steps."""
+    e = edits or Edits()
+    dur = g.op_dur.copy()
+    for j, d in e.op_dur.items():
+        dur[j] = d
+    n_items = len(g.it_start)
+    item_end = np.empty(n_items, dtype=np.int64)
+    shift = np.zeros(n_items, dtype=np.int64)
+    op_end = np.empty(len(g.op_start), dtype=np.int64)
+    carry = np.full(int(g.op_stream.max()) + 1 if len(g.op_stream) else 0, NONE, dtype=np.int64)
+    # ops start in recorded order; a chunk holds the ops that started before the next item ended
+    bounds = np.searchsorted(g.op_start, g.it_end, side="right")
+    lo = 0
+    for i in range(n_items + 1):
+        hi = int(bounds[i]) if i < n_items else len(g.op_start)
+        if hi > lo:
+            _ops(g, dur, lo, hi, g.it_end[:i], shift[:i], carry, op_end)
+            lo = hi
+        if i == n_items:
+            break
+        s_new = int(g.it_start[i]) + (int(shift[i - 1]) if i else 0)
+        kind = g.it_kind[i]
+        if kind == "data":
+            end_new = s_new + int(e.item_dur.get(i, g.it_end[i] - g.it_start[i]))
+        elif i in e.item_free or g.it_await[i] < 0:
+            end_new = s_new + int(g.it_min[i])
+        else:
+            end_new = max(s_new + int(g.it_min[i]), int(op_end[g.it_await[i]]) + int(g.it_post[i]))
+        item_end[i] = end_new
+        shift[i] = end_new - int(g.it_end[i])
+    s0 = g.step_start + _shift_at(g.it_end, shift, g.step_start)
+    s1 = g.step_end + _shift_at(g.it_end, shift, g.step_end)
+    step_ns = (s1 - s0).astype(np.float64)
+    host = float(step_ns.mean()) if len(step_ns) else math.nan
+    gpu = _gpu_per_step(g, op_end, dur) if len(step_ns) else 0.0
+    mean = max(host, gpu, e.floor_step_ns) - e.analytic_saving_ns
+    return Replayed(step_ns=step_ns, host_step_ns=host, gpu_step_ns=gpu, mean_step_ns=mean, item_end=item_end,
+                    op_end=op_end)
+
+
+def _shift_at(ends: np.ndarray, shift: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """The host's shift at times ``t``: that of the last item that ended by then (0 before any)."""
+    if not len(ends):
+        return np.zeros(len(t), dtype=np.int64)
+    k = np.searchsorted(ends, t, side="right") - 1
+    return np.where(k >= 0, shift[np.maximum(k, 0)], 0)
+
+
+def _ops(g: ReplayGraph, dur: np.ndarray, lo: int, hi: int, ends: np.ndarray, shift: np.ndarray,
+         carry: np.ndarray, op_end: np.ndarray) -> None:
+    """Ends of ops lo..hi: per stream, E_j = max(L_j + a_j, E_{j-1} + b_j) + d_j, solved as a running max."""
+    idx = np.arange(lo, hi)
+    launch = g.op_anchor[idx] + _shift_at(ends, shift, g.op_anchor[idx])
+    x = launch + g.op_a[idx] + dur[idx]
+    y = g.op_b[idx] + dur[idx]
+    streams = g.op_stream[idx]
+    if len(idx) == 1 or (streams == streams[0]).all():
+        groups = [(int(streams[0]), np.arange(len(idx)))]
+    else:
+        order = np.argsort(streams, kind="stable")
+        cut = np.flatnonzero(np.diff(streams[order])) + 1
+        groups = [(int(streams[p[0]]), p) for p in np.split(order, cut)]
+    for s, p in groups:
+        q = np.cumsum(y[p])
+        best = np.maximum.accumulate(x[p] - q)
+        if carry[s] > NONE:
+            best = np.maximum(best, carry[s])
+        ends_s = q + best
+        op_end[idx[p]] = ends_s
+        carry[s] = ends_s[-1]
+
+
+def _gpu_per_step(g: ReplayGraph, op_end: np.ndarray, dur: np.ndarray) -> float:
+    """The busiest device's busy time (union of its ops) per step, for ops recorded inside the window."""
+    inside = (g.op_start >= g.step_start[0]) & (g.op_start < g.step_end[-1])
+    if not inside.any():
+        return 0.0
+    best = 0
+    for d in np.unique(g.op_device[inside]):
+        m = inside & (g.op_device == d)
+        best = max(best, iv.measure(iv.union(op_end[m] - dur[m], op_end[m])))
+    return best / g.steps
+
+
+# --- the loader fix: a DataLoader's queue with k workers ---------------------------------------------------
+@dataclass(frozen=True)
+class LoaderFix:
+    #: the data items the training loop waits on, inside the window (graph item indices), in order
+    items: np.ndarray
+    #: each batch's loading time in one worker (ns), in order
+    load_ns: np.ndarray
+    workers: int
+    prefetch: int
+    #: a ready batch's hand-over to the training process (ns)
+    handoff_ns: int
+
+
+def simulate_loader(fix: LoaderFix, compute_ns: np.ndarray, rounds: int = 8) -> np.ndarray:
+    """Each step's wait for data in steady state: batch b goes to worker b % k, which starts it when free
+    and when fewer than k * prefetch batches are outstanding; the loop takes batch b after the step's
+    compute. The recorded batches repeat ``rounds`` times; the last round's waits are returned."""
+    n = len(fix.load_ns)
+    total = n * rounds
+    k, depth = max(1, fix.workers), max(1, fix.workers * fix.prefetch)
+    free = np.zeros(k)
+    taken = np.zeros(total)  # when the loop took each batch
+    waits = np.zeros(total)
+    t = 0.0
+    ready = np.zeros(total)
+    started = 0
+    for b in range(total):
+        # batch s may start once batch s - depth has been taken (its slot in the queue is free)
+        while started < total and started - depth < b:
+            w = started % k
+            gate = taken[started - depth] if started >= depth else 0.0
+            ready[started] = max(free[w], gate) + fix.load_ns[started % n]
+            free[w] = ready[started]
+            started += 1
+        if started <= b:  # the first batches: nothing taken yet, every slot free
+            w = b % k
+            ready[b] = free[w] + fix.load_ns[b % n]
+            free[w] = ready[b]
+            started = b + 1
+        got = max(t, ready[b]) + fix.handoff_ns
+        waits[b] = got - t
+        taken[b] = got
+        t = got + compute_ns[b % n]
+    return waits[-n:]
+
+
+def handoff_ns(waits: np.ndarray) -> float:
+    """What taking a batch that is already prepared costs the loop: the median of the short waits (at most a
+    quarter of the longest) where at least a quarter of the waits are short, so those batches were evidently
+    ready; 0 where nearly every step stalled alike (no evidence of a ready batch)."""
+    if not len(waits):
+        return 0.0
+    short = waits[waits <= 0.25 * float(np.max(waits))]
+    return float(np.median(short)) if len(short) >= 0.25 * len(waits) else 0.0
+
+
+def stalled(waits: np.ndarray, handoff: float) -> np.ndarray:
+    """Waits for a batch still being prepared, as opposed to the hand-over's own jitter."""
+    return waits > 2.0 * handoff + 500_000.0
+
+
+def infer_worker_loads(asked: np.ndarray, taken: np.ndarray, k: int, prefetch: int) -> np.ndarray:
+    """Each batch's loading time in its worker, inverted from the training loop's waits under the same queue
+    model as ``simulate_loader``: batch b is ready when the loop got it (if it had to wait) and its worker
+    could start it when its previous batch (b - k) was done and batch b - k * prefetch had been taken. A
+    batch that was ready before the loop asked for it loaded in at most the time it had (taken as 0).
+    In a steadily stalled loader this is exactly k steps per batch."""
+    n = len(asked)
+    depth = max(1, k * prefetch)
+    waits = taken - asked
+    handoff = handoff_ns(waits)
+    waited = stalled(waits, handoff)
+    ready = np.where(waited, taken - handoff, asked).astype(float)  # a batch not waited for: ready by then at most
+    load = np.full(n, np.nan)
+    for b in range(n):
+        free = ready[b - k] if b >= k else np.nan
+        gate = float(taken[b - depth]) if b >= depth else np.nan
+        start = np.nanmax([free, gate]) if not (np.isnan(free) and np.isnan(gate)) else np.nan
+        if not np.isnan(start):
+            # a batch ready before it was asked for loaded in somewhere between 0 and the time it had; the trace
+            # cannot say where: taken as 0 (optimistic; a stalled loader's batches are all waited for)
+            load[b] = max(ready[b] - start, 0.0) if waited[b] else 0.0
+    # the first batches of the window (their worker's previous batch is before it): like the others of their kind
+    known_waited = load[~np.isnan(load) & waited]
+    fill_waited = float(np.median(known_waited)) if len(known_waited) else float(k * np.mean(np.diff(taken))) if n > 1 else 0.0
+    return np.where(np.isnan(load), np.where(waited, fill_waited, 0.0), load)
+
+
+# --- estimates per finding ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Plan:
+    edits: Edits
+    method: str
+    assumptions: tuple[str, ...]
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _window_items(g: ReplayGraph, kind: str) -> np.ndarray:
+    if not g.steps:
+        return np.zeros(0, dtype=np.int64)
+    m = (g.it_kind == kind) & (g.it_start >= g.step_start[0]) & (g.it_start < g.step_end[-1])
+    return np.flatnonzero(m)
+
+
+def _facts(trace: RankTrace) -> tuple[dict[str, Any], dict[str, Any]]:
+    cap = trace.meta.capture or {}
+    return dict(cap.get("host") or {}), dict(cap.get("dataloader") or {})
+
+
+def _cpu_shares(trace: RankTrace) -> tuple[float | None, float | None]:
+    """(CPU cores' worth of work the loading did per ns of wait, the process's CPU per ns of step outside
+    the wait), from the capture's per-step process CPU time; None where not recorded."""
+    rs = trace.run_steps
+    if rs is None or "cpu_ns" not in rs or rs["cpu_ns"].isna().all():
+        return None, None
+    rs = rs.iloc[1:] if len(rs) > 2 else rs  # the first step carries start-up work
+    wait, wait_cpu = rs["data_wait_ns"].to_numpy(float), rs["data_wait_cpu_ns"].to_numpy(float)
+    wall, cpu = rs["wall_ns"].to_numpy(float), rs["cpu_ns"].to_numpy(float)
+    load = float(np.nansum(wait_cpu) / np.nansum(wait)) if np.nansum(wait) > 0 else None
+    rest = wall - wait
+    comp = float(np.nansum(cpu - wait_cpu) / np.nansum(rest)) if np.nansum(rest) > 0 else None
+    return load, comp
+
+
+def plan_loader(trace: RankTrace, g: ReplayGraph, params: dict[str, Any]) -> Plan | None:
+    items = _window_items(g, "data")
+    if not len(items) or not g.steps:
+        return None
+    names = set(loader_spans(trace)["name"].astype(str))
+    single = any("SingleProcess" in n for n in names) and not any("MultiProcessing" in n for n in names)
+    host, dl = _facts(trace)
+    cpus, threads = host.get("cpus"), host.get("torch_threads")
+    waits = (g.it_end[items] - g.it_start[items]).astype(float)
+    steps_ns = (g.step_end - g.step_start).astype(float)
+    n = g.steps
+    per_step_wait = float(waits.sum()) / n
+    compute = max(float(steps_ns.mean()) - per_step_wait, 1.0)
+    assumptions = []
+    before = 0 if single else dl.get("num_workers")
+    prefetch = int(params.get("prefetch_factor") or dl.get("prefetch_factor") or 2)
+    load_cpu, comp_cpu = _cpu_shares(trace)
+    if single:
+        load = waits  # loading runs inline: each wait is one batch's loading
+        assumptions.append("num_workers=0 before: each recorded wait is one batch's full loading time")
+    elif isinstance(before, int) and before > 0:
+        before_prefetch = int(dl.get("prefetch_factor") or 2)
+        load = infer_worker_loads(g.it_start[items], g.it_end[items], before, before_prefetch)
+        assumptions.append(f"num_workers={before}, prefetch_factor={before_prefetch} before (capture manifest): each "
+                           f"batch's loading time inferred from when it became ready and when its worker could start "
+                           f"it (mean {load.mean() / 1e6:.1f} ms per batch per worker; batches ready before the loop "
+                           "asked for them count as free: their loading is not in the trace)")
+    else:
+        load = None
+        assumptions.append("num_workers unknown (no capture manifest): assumes enough workers to hide loading")
+    target = params.get("num_workers")
+    if load is not None and target is None and not single:
+        target = 2 * int(before)  # type: ignore[arg-type]
+        assumptions.append(f"num_workers={target} after (twice as many)")
+    elif load is not None and target is None:
+        need = int(math.ceil(float(load.mean()) / compute)) + 1
+        free = (cpus - (threads or 1)) if cpus else None
+        target = max(1, min(need, free)) if free and free > 0 else need
+        assumptions.append(f"num_workers={target} after (" + (f"{cpus} CPUs, {threads or 1} for training"
+                           if free else "enough to hide loading") + ")")
+    elif target is not None:
+        assumptions.append(f"num_workers={target} after, prefetch_factor={prefetch}")
+    if target is not None and int(target) == 0:
+        return None
+    # a batch prepared in a worker still has to reach the training process (collate + shared memory)
+    handoff = int(handoff_ns(waits)) if not single else HANDOFF_PRIOR_NS
+    if params.get("handoff_ms") is not None:
+        handoff = int(float(params["handoff_ms"]) * 1e6)
+        assumptions.append(f"a batch from a worker costs the loop {handoff / 1e6:.2f} ms to take (given)")
+    elif single:
+        assumptions.append(f"a batch from a worker costs the loop {HANDOFF_PRIOR_NS / 1e6:.1f} ms to take (typical "
+                           "DataLoader hand-over; this trace had no workers to measure it)")
+    if load is None:
+        fix = LoaderFix(items=items, load_ns=np.zeros(len(items)), workers=1, prefetch=prefetch, handoff_ns=handoff)
+    else:
+        fix = LoaderFix(items=items, load_ns=load, workers=int(target), prefetch=prefetch, handoff_ns=handoff)
+    floor = 0.0
+    if single and cpus and load_cpu is not None and comp_cpu is not None:
+        # the loading's CPU work moves beside the training's: together they cannot outrun the CPUs
+        floor = (compute * comp_cpu + float(load.mean() if load is not None else 0) * load_cpu) / cpus
+        assumptions.append(f"{cpus} CPUs shared: loading uses {load_cpu:.2f} cores while it runs, the training "
+                           f"{comp_cpu:.2f} (process CPU time per step, capture)")
+    elif load is not None:
+        assumptions.append("the workers get CPU cores of their own (" + (
+            "the host's cores are not recorded" if not cpus else "the workers' CPU use is not recorded: they are "
+            "other processes") + ")")
+    assumptions.append("the per-batch loading cost stays what it was in the training process")
+    return Plan(Edits(loader=fix, floor_step_ns=floor), "replay: DataLoader queue simulation", tuple(assumptions),
+                {"num_workers": int(target) if target is not None else None, "prefetch_factor": prefetch})
+
+
+def _pinned_gbps(trace: RankTrace) -> tuple[float, str]:
+    from kinetoscope.analyze.analyzers.copies import h2d_copies
+
+    h = h2d_copies(trace)
+    big = h[h["pinned"].to_numpy() & (h["bytes"].fillna(0).to_numpy() >= 1 << 20)]
+    if len(big) and big["dur_ns"].sum() > 0:
+        return float(big["bytes"].sum() / big["dur_ns"].sum()), "measured on this trace's pinned copies"
+    names = " ".join(str(p.get("name", "")) for p in trace.meta.device_properties)
+    for pattern, gbps in PINNED_GBPS + ((_PCIE3, PINNED_GBPS_DEFAULT),):
+        found = pattern.search(names)
+        if found:
+            return gbps, f"typical for {found.group(0)}'s host link"
+    return PINNED_GBPS_DEFAULT, "PCIe 3.0 x16 assumed: device family unknown"
+
+
+def _h2d_ops(trace: RankTrace, g: ReplayGraph, pageable_only: bool) -> tuple[np.ndarray, pd.DataFrame]:
+    from kinetoscope.analyze.analyzers.copies import h2d_copies
+
+    h = h2d_copies(trace)
+    if pageable_only:
+        h = h[(h["pageable"] | (h["host_memory"].eq("unknown") & h["blocking"])).to_numpy()]
+    pos_of = pd.Series(np.arange(len(g.op_label)), index=g.op_label)
+    idx = pos_of.reindex(h.index).dropna().to_numpy(np.int64)
+    return idx, h
+
+
+def _copy_items(g: ReplayGraph, ops: np.ndarray) -> set[int]:
+    return {int(i) for i in np.flatnonzero(np.isin(g.it_await, ops) & (g.it_kind == "copy"))}
+
+
+def plan_pageable(trace: RankTrace, g: ReplayGraph, params: dict[str, Any]) -> Plan | None:
+    ops, h = _h2d_ops(trace, g, pageable_only=True)
+    if not len(ops):
+        return None
+    gbps, why = _pinned_gbps(trace)
+    gbps = float(params.get("pinned_gbps") or gbps)
+    nbytes = h["bytes"].reindex(g.op_label[ops]).fillna(0).to_numpy(float)
+    new = {int(j): int(min(g.op_dur[j], b / gbps)) if b > 0 else int(g.op_dur[j]) for j, b in zip(ops, nbytes)}
+    free = _copy_items(g, ops)
+    return Plan(Edits(item_free=free, op_dur=new), "replay: pinned copies",
+                (f"pinned host memory copies at {gbps:.1f} GB/s ({why})",
+                 "the copy call returns at once (non_blocking=True): the host no longer waits for it",
+                 "the copy keeps its place in its stream (later kernels still wait for it)"))
+
+
+def plan_overlap(trace: RankTrace, g: ReplayGraph, params: dict[str, Any]) -> Plan | None:
+    ops, _ = _h2d_ops(trace, g, pageable_only=False)
+    if not len(ops):
+        return None
+    return Plan(Edits(item_free=_copy_items(g, ops), op_dur={int(j): 0 for j in ops}), "replay: side-stream prefetch",
+                ("each step's input copy runs on a side stream during the previous step (pinned, non_blocking), "
+                 "so the compute stream no longer waits for it",
+                 "the copy engine and host link have room for it beside the step's own traffic"))
+
+
+def plan_syncs(trace: RankTrace, g: ReplayGraph, params: dict[str, Any]) -> Plan | None:
+    every = int(params.get("every") or 10)
+    items = _window_items(g, "sync")
+    if not len(items):
+        return Plan(Edits(), "replay: syncs removed",
+                    ("no host-device sync in the window waits for the GPU (a CPU run, or syncs the GPU had finished "
+                     "before): removing them saves nothing here",), {"every": every})
+    step = np.searchsorted(g.step_start, g.it_start[items], side="right") - 1
+    keep = (step % every) == every - 1
+    return Plan(Edits(item_free={int(i) for i in items[~keep]}), "replay: syncs removed",
+                (f"host-device syncs in the loop kept only every {every} steps (metrics read then)",
+                 "the values they read are not needed to launch the next work (no data-dependent control flow)"),
+                {"every": every})
+
+
+def plan_respawn(trace: RankTrace, g: ReplayGraph, finding: Finding) -> Plan | None:
+    items = _window_items(g, "data")
+    if not len(items):
+        return None
+    waits = g.it_end[items] - g.it_start[items]
+    typical = int(np.median(waits))
+    long = {int(i): typical for i, w in zip(items, waits) if w >= max(2_000_000, 3 * typical)}
+    if not long:
+        return None
+    # shutting the old workers down and starting new ones also runs outside next(): untraced host time in the
+    # steps where the start-up waits fall; what those steps spend outside their waits beyond a typical step goes
+    steps_ns = (g.step_end - g.step_start).astype(float)
+    step_of_item = np.clip(np.searchsorted(g.step_start, g.it_start[items], side="right") - 1, 0, g.steps - 1)
+    wait_in_step = np.bincount(step_of_item, weights=waits.astype(float), minlength=g.steps)
+    outside = steps_ns - wait_in_step
+    typical_outside = float(np.median(outside))
+    hit = sorted({int(step_of_item[np.flatnonzero(items == i)[0]]) for i in long})
+    extra = sum(max(outside[s] - typical_outside, 0.0) for s in hit) / g.steps
+    return Plan(Edits(item_dur=long, analytic_saving_ns=extra), "replay: persistent workers",
+                (f"each worker start-up wait becomes a typical wait ({typical / 1e6:.2f} ms, the median)",
+                 f"the time those {len(hit)} step(s) spend outside their waits beyond a typical step (worker shutdown "
+                 f"and start, {extra * g.steps / 1e6:.1f} ms in all) goes too"))
+
+
+def plan_from_measure(saving_ns_per_step: float, method: str, assumptions: tuple[str, ...]) -> Plan:
+    return Plan(Edits(analytic_saving_ns=max(0.0, saving_ns_per_step)), method, assumptions)
+
+
+def plan_for(trace: RankTrace, g: ReplayGraph, finding: Finding, params: dict[str, Any] | None = None,
+             report_entry: dict[str, Any] | None = None) -> Plan | None:
+    """The edit that fixes ``finding``, or None where this finding is not a time cost (or nothing to edit)."""
+    p = params or {}
+    fid = finding.id
+    n = max(g.steps, 1)
+    if fid == "loader_stall":
+        return plan_loader(trace, g, p)
+    if fid == "h2d_pageable":
+        return plan_pageable(trace, g, p)
+    if fid == "h2d_not_overlapped":
+        return plan_overlap(trace, g, p)
+    if fid in ("sync_in_loop", "sync_point"):
+        return plan_syncs(trace, g, p)
+    if fid == "worker_respawn":
+        return plan_respawn(trace, g, finding)
+    if fid == "gpu_idle":
+        by_cause = finding.evidence.get("idle_by_cause_us") or {}
+        cause = max(by_cause, key=lambda c: by_cause[c] or 0) if by_cause else None
+        if cause == "data_wait":
+            return plan_loader(trace, g, p)
+        if cause == "sync":
+            return plan_syncs(trace, g, p)
+        if cause == "host_launch" and by_cause.get("host_launch"):
+            return plan_from_measure(by_cause["host_launch"] * 1000 / n - GRAPH_REPLAY_NS,
+                                     "measured: GPU idle waiting for launches",
+                                     ("the GPU's idle time while the host launched work goes (CUDA graphs, fused "
+                                      "ops), less one graph replay call per step",))
+        return None
+    if fid == "launch_bound":
+        idle = finding.evidence.get("gpu_idle_waiting_for_launches_us")
+        if idle is None:
+            return None
+        return plan_from_measure(float(idle) * 1000 / n - GRAPH_REPLAY_NS, "measured: launch-bound idle",
+                                 ("under CUDA graphs the host launches each step's kernels in one call: the GPU's "
+                                  "idle time waiting for launches goes, less one replay call per step",
+                                  "the step's shapes are static (a graph replays fixed shapes)"))
+    if fid == "recompile":
+        ns = float(finding.evidence.get("compile_time_us") or 0) * 1000
+        return plan_from_measure(ns / n, "measured: compile time",
+                                 ("compilation inside the window no longer happens (shapes made static or dynamic)",))
+    if fid == "straggler":
+        ev = finding.evidence
+        excess = ev.get("cause_excess_us_per_step")
+        return plan_from_measure(straggler_saving_us(ev) * 1000, "measured: collective waits",
+                                 (f"rank {ev.get('rank')}'s cause ({ev.get('cause')}) removed: the others' waits for it "
+                                  "at collectives shrink by its lateness"
+                                  + (", at most its measured excess" if excess is not None else ""),))
+    return None
+
+
+def straggler_saving_us(evidence: dict[str, Any]) -> float:
+    """What removing the straggler's cause gives the others per step (us): their wait for it, at most the
+    straggler's measured excess in that cause."""
+    wait = float(evidence.get("others_wait_us_per_step") or 0)
+    excess = evidence.get("cause_excess_us_per_step")
+    return min(wait, float(excess)) if excess is not None else wait
+
+
+#: findings that are not a time cost: their estimate says so instead of a number
+NO_TIME_COST = {
+    "memory_growth": "no time saving: the fix keeps the job alive (steps until out of memory below)",
+    "reserved_memory_growth": "no time saving: the fix keeps the job alive (steps until out of memory below)",
+    "zero_grad_missing": "a correctness fix: no time saving expected",
+    "optimizer_step_mismatch": "a correctness fix: no time saving expected",
+    "no_backward": "a correctness fix: no time saving expected",
+}
+
+
+def estimate(trace: RankTrace, finding: Finding, params: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """``{"step_us_after", "saving_us_per_step", "saving_fraction", "fraction_of", "method", "assumptions"}``
+    for the rank's mean step after this fix alone; None where it cannot be estimated."""
+    g = replay_graph(trace)
+    if not g.steps:
+        return None
+    base = baseline(trace)
+    if finding.id in NO_TIME_COST:
+        out = _estimate_dict(base.mean_step_ns, base.mean_step_ns, "none", (NO_TIME_COST[finding.id],))
+        oom = finding.evidence.get("steps_to_out_of_memory")
+        if oom is not None:
+            out["steps_to_out_of_memory"] = oom
+        return out
+    plan = plan_for(trace, g, finding, params)
+    if plan is None:
+        return None
+    after = apply(trace, g, plan.edits)
+    out = _estimate_dict(base.mean_step_ns, after.mean_step_ns, plan.method, plan.assumptions)
+    out.update({k: v for k, v in plan.extra.items() if v is not None})
+    return out
+
+
+@trace_view
+def baseline(trace: RankTrace) -> Replayed:
+    return replay(replay_graph(trace))
+
+
+def apply(trace: RankTrace, g: ReplayGraph, edits: Edits, iterations: int = 3) -> Replayed:
+    """Replay with ``edits``; a loader fix is solved with the replay: the queue simulation needs each step's
+    time outside the data wait, which the rest of the edits (and the GPU) decide."""
+    if edits.loader is None:
+        return replay(g, edits)
+    fix = edits.loader
+    steps_ns = (g.step_end - g.step_start).astype(float)
+    own = (g.it_end[fix.items] - g.it_start[fix.items]).astype(float)
+    step_of = np.clip(np.searchsorted(g.step_start, g.it_start[fix.items], side="right") - 1, 0, g.steps - 1)
+    compute = np.maximum(steps_ns[step_of] - own, 0.0)
+    result = None
+    for _ in range(iterations):
+        waits = simulate_loader(fix, compute) if fix.load_ns.any() else np.full(len(fix.items), float(fix.handoff_ns))
+        e = Edits(dict(edits.item_dur), set(edits.item_free), dict(edits.op_dur), edits.floor_step_ns,
+                  edits.analytic_saving_ns)
+        for i, w, was in zip(fix.items, waits, own):
+            e.item_dur[int(i)] = int(min(w, was))  # a fix never makes a wait longer (it would not be applied)
+        result = replay(g, e)
+        new = np.maximum(result.step_ns[step_of] - waits, 0.0)
+        if np.allclose(new, compute, rtol=1e-3):
+            break
+        compute = new
+    return result  # type: ignore[return-value]
+
+
+def _estimate_dict(before_ns: float, after_ns: float, method: str, assumptions: tuple[str, ...]) -> dict[str, Any]:
+    after_ns = max(after_ns, 0.0)
+    saving = max(before_ns - after_ns, 0.0)
+    return {"step_us_after": round(after_ns / 1000, 3), "saving_us_per_step": round(saving / 1000, 3),
+            "saving_fraction": round(saving / before_ns, 4) if before_ns > 0 else None,
+            "fraction_of": "the rank's mean step time (replayed)", "method": method, "assumptions": list(assumptions)}
+
+
+def replay_entry(trace: RankTrace) -> dict[str, Any] | None:
+    """The rank's replayed mean step against the measured one (the replay's error on unchanged input)."""
+    g = replay_graph(trace)
+    measured = g.measured_step_ns
+    if not measured:
+        return None
+    r = baseline(trace)
+    return {"step_us": round(r.mean_step_ns / 1000, 3), "measured_step_us": round(measured / 1000, 3),
+            "error": round(abs(r.mean_step_ns - measured) / measured, 4), "error_of": "measured mean step time",
+            "steps": g.steps, "host_items": int(len(g.it_start)), "gpu_ops": int(len(g.op_start))}
+
+
+def combined(trace: RankTrace, findings: list[Finding], params: dict[str, dict[str, Any]] | None = None) -> dict[str, Any] | None:
+    """The rank's mean step with several fixes at once (one replay: the gains do not simply add)."""
+    g = replay_graph(trace)
+    if not g.steps:
+        return None
+    edits, methods, assumptions = Edits(), [], []
+    for f in findings:
+        plan = plan_for(trace, g, f, (params or {}).get(f.id))
+        if plan is None:
+            continue
+        edits = edits.merge(plan.edits)
+        methods.append(f"{f.id}: {plan.method}")
+        assumptions += list(plan.assumptions)
+    after = apply(trace, g, edits)
+    return _estimate_dict(baseline(trace).mean_step_ns, after.mean_step_ns, "; ".join(methods) or "none",
+                          tuple(assumptions))

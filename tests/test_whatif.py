@@ -1,0 +1,285 @@
+"""Issue 15: what each fix is worth. Traces built so the step time after each fix is known by construction
+(worked out in each test's comments), the replay of the unchanged graph, the report's fields and ranking,
+``kinetoscope whatif`` and the diff's predicted-vs-measured table."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import SAMPLES, load_built
+from tracebuilder import TraceBuilder
+
+from kinetoscope.analyze import whatif
+from kinetoscope.analyze.findings import Finding
+from kinetoscope.analyze.loader import load_trace
+from kinetoscope.analyze.report import build_report
+
+A100 = [{"id": 0, "name": "NVIDIA A100-SXM4-80GB"}]
+
+
+def finding(id_: str, **evidence) -> Finding:
+    return Finding(id=id_, severity="warning", rank=0, title=id_, evidence=evidence, recommendation="")
+
+
+def gpu_bound_loader_trace(steps: int = 6) -> TraceBuilder:
+    """Each 1000 us step: a 400 us kernel launched at once, a 600 us wait for data (the GPU finishes meanwhile),
+    a sync that no longer waits, 380 us of host work."""
+    b = TraceBuilder(device_properties=A100)
+    for k in range(steps):
+        t = 10_000 + 1000 * k
+        b.step(k, t, 1000)
+        b.kernel(t + 10, 400, launch_at=t, launch_dur=5)  # ends t + 410
+        b.loader(t + 10, 600)  # ends t + 610
+        b.runtime("cudaStreamSynchronize", t + 615, 5)  # the kernel ended long before: returns at once
+    return b
+
+
+def test_a_data_wait_hidden_behind_gpu_work_saves_only_what_the_gpu_leaves(tmp_path):
+    """Naive: 600 us of wait removed, 400 us per step. By construction the sync must then wait for the
+    kernel: 10 (launch to start) + 400 (kernel) + 5 (the sync's return) + 380 (host after the sync) = 795 us."""
+    trace = load_built(tmp_path, gpu_bound_loader_trace())
+    r = trace.ranks[0]
+    assert whatif.replay_entry(r)["error"] == 0.0 and whatif.replay_entry(r)["measured_step_us"] == 1000
+    est = whatif.estimate(r, finding("loader_stall"), {"num_workers": 4, "handoff_ms": 0})
+    assert est["step_us_after"] == pytest.approx(795, abs=0.01)
+    assert est["saving_us_per_step"] == pytest.approx(205, abs=0.01)
+    assert est["saving_fraction"] == pytest.approx(0.205, abs=1e-4)
+    assert est["method"].startswith("replay") and any("num_workers=4" in a for a in est["assumptions"])
+
+
+def test_syncs_removed_leave_the_step_to_the_gpu(tmp_path):
+    """900 us steps: an 800 us kernel, the host waits for it every step, then 85 us of host work. Without
+    the syncs the host runs ahead and the GPU's 800 us per step is the step; kept every 3rd step, the same
+    (the GPU is the bound either way)."""
+    b = TraceBuilder(device_properties=A100)
+    for k in range(6):
+        t = 10_000 + 900 * k
+        b.step(k, t, 900)
+        b.kernel(t + 10, 800, launch_at=t, launch_dur=5)  # ends t + 810
+        b.runtime("cudaStreamSynchronize", t + 10, 805)  # waits, returns at t + 815
+    r = load_built(tmp_path, b).ranks[0]
+    est = whatif.estimate(r, finding("sync_in_loop"), {"every": 1000})
+    assert est["step_us_after"] == pytest.approx(800, abs=0.01)
+    assert est["saving_us_per_step"] == pytest.approx(100, abs=0.01)
+
+
+def test_pageable_copy_made_pinned_and_async(tmp_path):
+    """1300 us steps: a 1 MB pageable copy at 1 GB/s (1000 us) holds the host; a 200 us kernel waits for it on
+    the stream; a sync waits for the kernel; 80 us of host work. Pinned on an A100 (24 GB/s, no pinned copy
+    to measure): the copy takes 41.667 us, its call 10 us. Step after: the call returns at +10, the kernel
+    launch moves to +15 and starts after the copy (+2 + 41.667 + 1 us stream gap = +44.667), ends +244.667;
+    the sync returns 5 us later (+249.667); 80 us of host work: 329.667 us."""
+    b = TraceBuilder(device_properties=A100)
+    for k in range(5):
+        t = 10_000 + 1300 * k
+        b.step(k, t, 1300)
+        b.memcpy(t + 2, 1000, host="Pageable", nbytes=1_000_000, call=None)
+        b.runtime("cudaMemcpyAsync", t, 1005, b._corr)  # the copy's own call holds the host for it
+        b.kernel(t + 1015, 200, launch_at=t + 1010, launch_dur=5)  # ends t + 1215
+        b.runtime("cudaStreamSynchronize", t + 1020, 200)  # returns at t + 1220
+    r = load_built(tmp_path, b).ranks[0]
+    est = whatif.estimate(r, finding("h2d_pageable"))
+    assert est["step_us_after"] == pytest.approx(329.667, abs=0.01)
+    assert any("24.0 GB/s" in a and "A100" in a for a in est["assumptions"])
+
+
+def test_a_cpu_run_has_no_sync_to_gain_from(tmp_path):
+    """A control: .item() on CPU tensors does not wait for any device: the fix is worth nothing, said so."""
+    b = TraceBuilder()
+    for k in range(5):
+        t = 1000 * k
+        b.step(k, t, 1000).op("aten::item", t + 900, 20).op("aten::_local_scalar_dense", t + 905, 10)
+    r = load_built(tmp_path, b).ranks[0]
+    est = whatif.estimate(r, finding("sync_in_loop"))
+    assert est["saving_us_per_step"] == 0 and est["step_us_after"] == 1000 and "saves nothing" in est["assumptions"][0]
+
+
+def _captured(tmp_path: Path, b: TraceBuilder, dataloader: dict, host: dict | None = None) -> Path:
+    """A trace beside a capture manifest (what the capture records about the DataLoader and the host)."""
+    out = tmp_path / "run"
+    b.write(out / "rank-0.step-1-12.pt.trace.json")
+    (out / "rank-0.manifest.json").write_text(json.dumps({"windows": [], "dataloader": dataloader,
+                                                          "host": host or {"cpus": 64, "torch_threads": 1}}))
+    return out
+
+
+def test_more_workers_for_a_steadily_stalled_loader(tmp_path):
+    """2 workers, 20 ms steps: 10 ms waiting for data, 10 ms of compute. A stalled loader delivers one batch
+    per step, so each worker takes 2 steps = 40 ms per batch. With 4 workers a batch is ready every 10 ms,
+    exactly the compute: the step becomes 10 ms (waits vanish in steady state)."""
+    b = TraceBuilder()
+    for k in range(12):
+        t = 20_000 * k
+        b.step(k + 1, t, 20_000).loader(t, 10_000, multiprocess=True)
+    r = load_trace(_captured(tmp_path, b, {"num_workers": 2, "prefetch_factor": 2})).ranks[0]
+    est = whatif.estimate(r, finding("loader_stall"), {"num_workers": 4})
+    assert est["step_us_after"] == pytest.approx(10_000, abs=1)
+    assert any("num_workers=2, prefetch_factor=2 before" in a and "mean 40.0 ms" in a for a in est["assumptions"])
+    # 3 workers: a batch every 13.33 ms, slower than the compute: the step is the loader's pace
+    est3 = whatif.estimate(r, finding("loader_stall"), {"num_workers": 3})
+    assert est3["step_us_after"] == pytest.approx(40_000 / 3, abs=1)
+
+
+def test_num_workers_zero_each_wait_is_a_batch(tmp_path):
+    """num_workers=0: each 30 ms wait is one batch loaded inline; compute 10 ms; taking a batch from a worker
+    costs the loop 1 ms (the hand-over a trace without workers cannot show). Two workers give a batch every
+    15 ms, slower than 10 + 1 ms: the step is 15 ms; four workers: 7.5 ms per batch, the step is 11 ms."""
+    b = TraceBuilder()
+    for k in range(12):
+        t = 40_000 * k
+        b.step(k + 1, t, 40_000).loader(t, 30_000)
+    out = _captured(tmp_path, b, {"num_workers": 0}, {"cpus": 2, "torch_threads": 1})
+    r = load_trace(out).ranks[0]
+    assert whatif.estimate(r, finding("loader_stall"), {"num_workers": 2})["step_us_after"] == pytest.approx(15_000, abs=1)
+    est = whatif.estimate(r, finding("loader_stall"), {"num_workers": 4})
+    assert est["step_us_after"] == pytest.approx(11_000, abs=1)
+    assert any("1.0 ms to take" in a for a in est["assumptions"])
+
+
+def test_loading_that_computes_competes_for_the_cpus(tmp_path):
+    """num_workers=0 on 2 CPUs; each 30 ms wait burns a full core (CPU-heavy decode) and the 10 ms of compute
+    uses both cores (capture's process CPU time per step). Four workers: the queue alone would give 10 ms,
+    but 30 ms of decode + 20 ms of compute CPU per step on 2 CPUs needs 25 ms: the step is 25 ms."""
+    b = TraceBuilder()
+    for k in range(12):
+        t = 40_000 * k
+        b.step(k + 1, t, 40_000).loader(t, 30_000)
+    out = _captured(tmp_path, b, {"num_workers": 0}, {"cpus": 2, "torch_threads": 2})
+    n = 14
+    (out / "rank-0.steps.json").write_text(json.dumps({
+        "step_wall_ns": [40_000_000] * n, "data_wait_ns": [30_000_000] * n, "profiled": [False] * n,
+        "step_cpu_ns": [30_000_000 + 20_000_000] * n, "data_wait_cpu_ns": [30_000_000] * n}))
+    r = load_trace(out).ranks[0]
+    est = whatif.estimate(r, finding("loader_stall"), {"num_workers": 4})
+    assert est["step_us_after"] == pytest.approx(25_000, abs=1)
+    assert any("2 CPUs shared: loading uses 1.00 cores" in a and "training 2.00" in a for a in est["assumptions"])
+
+
+def test_worker_respawn_wait_becomes_a_typical_one(tmp_path):
+    """Six 10 ms steps with 1 ms waits, one with a 61 ms start-up wait: the fix gives back 60 ms over 6 steps."""
+    b = TraceBuilder()
+    t = 0
+    for k in range(6):
+        wait = 61_000 if k == 2 else 1_000
+        b.step(k, t, wait + 9_000).loader(t, wait, multiprocess=True)
+        t += wait + 9_000
+    r = load_built(tmp_path, b).ranks[0]
+    est = whatif.estimate(r, finding("worker_respawn"))
+    assert est["saving_us_per_step"] == pytest.approx(10_000, abs=0.01)
+    assert est["step_us_after"] == pytest.approx(10_000, abs=0.01)
+
+
+def test_fixes_together_do_not_simply_add(tmp_path):
+    """The GPU-bound loader trace plus syncs that wait: fixing the loader alone gives 795 us (above); removing
+    the sync alone saves nothing (it never waited long); together the GPU's 400 us per step still bounds."""
+    r = load_built(tmp_path, gpu_bound_loader_trace()).ranks[0]
+    together = whatif.combined(r, [finding("loader_stall"), finding("sync_in_loop")],
+                               {"loader_stall": {"num_workers": 4, "handoff_ms": 0}, "sync_in_loop": {"every": 1000}})
+    # without the wait and the sync the host step is 10 + 5 + 380 = 395 us; the GPU needs 400 us per step
+    assert together["step_us_after"] == pytest.approx(400, abs=0.01)
+
+
+def test_memory_growth_is_worth_no_time_but_says_when_it_runs_out(tmp_path):
+    r = load_built(tmp_path, gpu_bound_loader_trace()).ranks[0]
+    est = whatif.estimate(r, finding("memory_growth", steps_to_out_of_memory=1234))
+    assert est["saving_us_per_step"] == 0 and est["method"] == "none" and est["steps_to_out_of_memory"] == 1234
+
+
+def test_report_carries_estimates_ranked_by_saving_and_the_replay(tmp_path):
+    rep = build_report(load_trace(SAMPLES / "real" / "v100_resnet50_2021.json.gz"))
+    r = rep.ranks[0]
+    assert r["replay"]["error"] == 0.0 and r["replay"]["measured_step_us"] == pytest.approx(174829.333, abs=0.01)
+    doc = rep.to_dict()
+    loader = next(f for f in doc["findings"] if f["id"] == "loader_stall")
+    assert set(loader["estimate"]) >= {"step_us_after", "saving_us_per_step", "saving_fraction", "method", "assumptions"}
+    # within one severity, the larger saving first
+    warnings = [f for f in rep.findings if f.severity == "warning"]
+    savings = [(f.estimate or {}).get("saving_us_per_step", -1) for f in warnings]
+    assert savings == sorted(savings, reverse=True)
+
+
+@pytest.mark.parametrize("path", sorted(p for p in (SAMPLES / "real").rglob("*.json*")) +
+                         sorted((SAMPLES / "cpu").glob("*/*.pt.trace.json.gz")) + sorted((SAMPLES / "pairs").glob("*.json.gz")),
+                         ids=lambda p: p.name[:40])
+def test_the_unchanged_replay_reproduces_every_sample(path):
+    trace = load_trace(path)
+    for r in trace.ranks:
+        entry = whatif.replay_entry(r)
+        if entry is not None:
+            assert entry["error"] <= 0.03, (r.rank, entry)
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kinetoscope.cli", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_whatif_command(tmp_path):
+    sample = str(SAMPLES / "real" / "v100_resnet50_2021.json.gz")
+    proc = run_cli("whatif", sample, "--fix", "loader_stall,h2d_pageable", "--set", "loader_stall.num_workers=4",
+                   "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    (rank,) = doc["ranks"]
+    assert [f["id"] for f in rank["fixes"]] == ["loader_stall", "h2d_pageable"]
+    alone = min(f["estimate"]["step_us_after"] for f in rank["fixes"])
+    assert rank["together"]["step_us_after"] <= alone
+    text = run_cli("whatif", sample, "--fix", "loader_stall")
+    assert text.returncode == 0 and "fix this: ~" in text.stdout and "together (loader_stall)" in text.stdout
+    bad = run_cli("whatif", sample, "--fix", "no_such_thing")
+    assert bad.returncode == 2 and "unknown finding id" in bad.stderr and "Traceback" not in bad.stderr
+    bad = run_cli("whatif", sample, "--fix", "loader_stall", "--set", "loader_stall.num_workers=many")
+    assert bad.returncode == 2 and "not a number" in bad.stderr
+
+
+def test_diff_puts_the_prediction_beside_the_measurement():
+    """The public V100 pair (num_workers 0 -> 4): the loader stall is gone; the measured mean step after is
+    the after trace's 139.692 ms, the prediction the before trace's estimate."""
+    before, after = SAMPLES / "real" / "v100_resnet50_2021.json.gz", SAMPLES / "pairs" / "v100_resnet50_num_workers_4.json.gz"
+    proc = run_cli("diff", str(before), str(after), "--format", "json")
+    doc = json.loads(proc.stdout)
+    (row,) = [x for x in doc["fixes"] if x["id"] == "loader_stall"]
+    estimate = next(f for f in build_report(load_trace(before)).findings if f.id == "loader_stall").estimate
+    assert row["measured_step_us"] == pytest.approx(139692.0, abs=0.01)
+    assert row["predicted_step_us"] == estimate["step_us_after"]
+    assert row["error"] == pytest.approx(estimate["step_us_after"] / 139692.0 - 1)
+    text = run_cli("diff", str(before), str(after)).stdout
+    assert "Findings gone: the step time their fix was predicted to give" in text and "measured 139.69 ms" in text
+
+
+def _capture_train(out: Path, *knobs: str) -> dict:
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-m", "kinetoscope.cli", "capture", "--out", str(out), "--no-telemetry",
+                           "--", sys.executable, str(root / "benchmarks" / "whatif_train.py"), "--steps", "12", *knobs],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads((out / "rank-0.steps.json").read_text())
+
+
+def test_capture_records_what_the_whatif_needs(tmp_path):
+    """Process CPU time per step and during the data wait tell loading that computes (a decode: the wait
+    burns a core) from loading that waits (storage: it burns none); the manifest names the host's CPUs,
+    torch's threads and the DataLoader's configuration."""
+    import os
+
+    spin = _capture_train(tmp_path / "spin", "--cpu-ms", "20")
+    sleep = _capture_train(tmp_path / "sleep", "--io-ms", "20")
+    for doc in (spin, sleep):
+        assert len(doc["step_cpu_ns"]) == len(doc["data_wait_cpu_ns"]) == len(doc["step_wall_ns"]) == 12
+    busy = sum(spin["data_wait_cpu_ns"][1:]) / sum(spin["data_wait_ns"][1:])
+    idle = sum(sleep["data_wait_cpu_ns"][1:]) / sum(sleep["data_wait_ns"][1:])
+    assert busy > 0.8 and idle < 0.3, (busy, idle)
+    manifest = json.loads((tmp_path / "spin" / "rank-0.manifest.json").read_text())
+    assert manifest["host"] == {"cpus": len(os.sched_getaffinity(0)), "torch_threads": 1}
+    assert manifest["dataloader"] == {"num_workers": 0, "prefetch_factor": None, "persistent_workers": False,
+                                      "pin_memory": False, "batch_size": None}
+    workers = _capture_train(tmp_path / "workers", "--workers", "2", "--prefetch", "3")
+    assert workers["step_cpu_ns"]
+    manifest = json.loads((tmp_path / "workers" / "rank-0.manifest.json").read_text())
+    assert manifest["dataloader"]["num_workers"] == 2 and manifest["dataloader"]["prefetch_factor"] == 3
+    # the analysis reads them back
+    r = load_trace(tmp_path / "workers").ranks[0]
+    assert r.meta.capture["dataloader"]["num_workers"] == 2 and r.run_steps["cpu_ns"].notna().all()
