@@ -54,8 +54,12 @@ CONTROLS: list[tuple[str, list[str], list[str]]] = [
 GPU_PAIRS = [
     ("GPU: V100 ResNet-50 num_workers 0 -> 4", ROOT / "sample_traces" / "real" / "v100_resnet50_2021.json.gz",
      PAIRS_DIR / "v100_resnet50_num_workers_4.json.gz", "loader_stall", {"num_workers": 4}),
+    ("GPU: V100 ResNet-50 num_workers 0 -> 4, second run", PAIRS_DIR / "v100_resnet50_num_workers_0_run2.json.gz",
+     PAIRS_DIR / "v100_resnet50_num_workers_4_run2.json.gz", "loader_stall", {"num_workers": 4}),
     ("GPU: V100 ResNet-50 (profiler API) num_workers 0 -> 4", PAIRS_DIR / "v100_resnet50_profiler_api_num_workers_0.json.gz",
      PAIRS_DIR / "v100_resnet50_profiler_api_num_workers_4.json.gz", "loader_stall", {"num_workers": 4}),
+    ("GPU: V100 ResNet-50 (autograd API) num_workers 0 -> 4", PAIRS_DIR / "v100_resnet50_autograd_api_num_workers_0.json.gz",
+     PAIRS_DIR / "v100_resnet50_autograd_api_num_workers_4.json.gz", "loader_stall", {"num_workers": 4}),
 ]
 
 
