@@ -41,6 +41,8 @@ CPU_PAIRS: list[tuple[str, str, dict[str, Any], list[str], list[str]]] = [
      ["--io-ms", "60", "--workers", "2"], ["--workers", "4"]),
     ("num_workers 0 -> 2, CPU-heavy decode (2 cores)", "loader_stall", {"num_workers": 2}, ["--cpu-ms", "15"],
      ["--workers", "2"]),
+    ("num_workers 2 -> 4, CPU-heavy decode (2 cores)", "loader_stall", {"num_workers": 4},
+     ["--cpu-ms", "30", "--workers", "2"], ["--workers", "4"]),
     ("prefetch_factor 1 -> 4, bursty storage", "loader_stall", {"num_workers": 2, "prefetch_factor": 4},
      ["--io-ms", "60", "--io-every", "6", "--workers", "2", "--prefetch", "1"], ["--prefetch", "4"]),
     ("persistent_workers off -> on, 8-batch epochs", "worker_respawn", {},

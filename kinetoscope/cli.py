@@ -333,6 +333,9 @@ def _cmd_whatif(args: argparse.Namespace) -> int:
     if unknown:
         raise ConfigError(f"--fix: unknown finding id(s) {', '.join(unknown)}; known: {', '.join(FINDING_IDS)}")
     params = _fix_params(args.set)
+    problems = whatif.check_params(params)
+    if problems:
+        raise ConfigError("--set " + "; ".join(problems))
     trace = load_trace(args.path)
     report = build_report(trace)
     ranks = [r for r in trace.ranks if args.rank is None or r.rank == args.rank]
@@ -344,7 +347,7 @@ def _cmd_whatif(args: argparse.Namespace) -> int:
         mine = [f for f in report.findings if f.rank == r.rank]
         chosen = [f for f in mine if f.id in wanted]
         alone = [{"id": f.id, "severity": f.severity, "title": f.title,
-                  "estimate": whatif.estimate(r, f, params.get(f.id)) if params.get(f.id) else f.estimate}
+                  "estimate": whatif.estimate(r, f, whatif.params_for(f.id, params)) if params else f.estimate}
                  for f in (chosen or mine)]
         together = whatif.combined(r, chosen, params) if chosen else None
         out.append({"rank": r.rank, "replay": entry.get("replay"), "fixes": alone, "together": together,

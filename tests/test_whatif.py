@@ -276,10 +276,145 @@ def test_capture_records_what_the_whatif_needs(tmp_path):
     assert manifest["host"] == {"cpus": len(os.sched_getaffinity(0)), "torch_threads": 1}
     assert manifest["dataloader"] == {"num_workers": 0, "prefetch_factor": None, "persistent_workers": False,
                                       "pin_memory": False, "batch_size": None}
-    workers = _capture_train(tmp_path / "workers", "--workers", "2", "--prefetch", "3")
-    assert workers["step_cpu_ns"]
+    workers = _capture_train(tmp_path / "workers", "--workers", "2", "--prefetch", "3", "--cpu-ms", "20")
+    assert workers["step_cpu_ns"] and len(workers["workers_cpu_ns"]) == 12
+    # the workers' own CPU time (they spin 20 ms per batch); none without workers
+    assert sorted(workers["workers_cpu_ns"][2:])[5] > 10_000_000 and spin["workers_cpu_ns"] == [None] * 12
     manifest = json.loads((tmp_path / "workers" / "rank-0.manifest.json").read_text())
     assert manifest["dataloader"]["num_workers"] == 2 and manifest["dataloader"]["prefetch_factor"] == 3
     # the analysis reads them back
     r = load_trace(tmp_path / "workers").ranks[0]
     assert r.meta.capture["dataloader"]["num_workers"] == 2 and r.run_steps["cpu_ns"].notna().all()
+
+
+# --- review of issue 15: traces that tripped the first version ----------------------------------------
+def item_trace(steps: int = 10) -> TraceBuilder:
+    """.item() as CUDA runs it: an 800 us kernel; aten::item's cudaMemcpyAsync (Device -> Pageable, 4 bytes)
+    holds the host until the copy ran after the kernel; the stream sync after it returns at once."""
+    b = TraceBuilder(device_properties=A100)
+    for k in range(steps):
+        t = 10_000 + 1000 * k
+        b.step(k, t, 1000)
+        b.kernel(t + 10, 800, launch_at=t, launch_dur=5)  # ends t + 810
+        b.op("aten::item", t + 20, 800).op("aten::_local_scalar_dense", t + 22, 797)
+        b.memcpy(t + 811, 1, direction="DtoH", host="Pageable", nbytes=4, call=None)
+        b.runtime("cudaMemcpyAsync", t + 25, 790, b._corr)  # returns t + 815, after its copy
+        b.runtime("cudaStreamSynchronize", t + 816, 2)
+    return b
+
+
+def test_the_item_readback_is_a_wait_the_sync_fix_removes(tmp_path):
+    """Was: 'no measurable change' (the wait hides in cudaMemcpyAsync, not a sync call). Without the read-back
+    the host runs ahead and the GPU's 800 us kernel + 1 us copy per step is the step: 801 us."""
+    r = load_built(tmp_path, item_trace()).ranks[0]
+    est = whatif.estimate(r, finding("sync_in_loop"), {"every": 1000})
+    assert est["step_us_after"] == pytest.approx(801, abs=0.01)
+
+
+def test_a_sync_on_another_thread_is_not_the_training_loops_wait(tmp_path):
+    """The training thread is busy on the CPU for 1000 us a step and never waits; a second thread syncs on
+    its own 600 us kernel. Removing that sync gives the training loop nothing (was: -39%)."""
+    b = TraceBuilder(device_properties=A100)
+    for k in range(6):
+        t = 10_000 + 1000 * k
+        b.step(k, t, 1000).op("aten::mm", t + 1, 998)
+        b.kernel(t + 10, 600, stream=9, launch_at=t + 2, launch_dur=5, launch_tid=77)
+        b.runtime("cudaStreamSynchronize", t + 8, 605, tid=77)
+    r = load_built(tmp_path, b).ranks[0]
+    est = whatif.estimate(r, finding("sync_point"), {"every": 1000})
+    assert est["saving_us_per_step"] == 0 and est["step_us_after"] == 1000
+
+
+def test_a_sync_inside_a_data_wait_is_an_item_of_its_own(tmp_path):
+    """A collate that syncs on the GPU's 600 us kernel inside a 690 us data wait, 300 us of host work after
+    (1000 us steps). Without the sync the wait keeps its 100 us of loading: 10 + 100 + 300 = 410 us of host
+    per step, the GPU's 600 us bounds it: 600 us (was: 1000, the sync swallowed by the wait)."""
+    b = TraceBuilder(device_properties=A100)
+    for k in range(8):
+        t = 10_000 + 1000 * k
+        b.step(k, t, 1000)
+        b.kernel(t + 5, 600, launch_at=t, launch_dur=4)  # ends t + 605
+        b.loader(t + 10, 690)
+        b.runtime("cudaStreamSynchronize", t + 20, 590)  # returns t + 610
+    r = load_built(tmp_path, b).ranks[0]
+    assert whatif.replay_entry(r)["error"] == 0.0
+    assert whatif.estimate(r, finding("sync_point"), {"every": 1000})["step_us_after"] == pytest.approx(600, abs=0.01)
+
+
+def test_an_event_wait_on_another_stream_follows_the_op_it_waits_for(tmp_path):
+    """A 500 us input copy on stream 7; the compute kernel on stream 8 waits for it (an event) and starts 1 us
+    after it ends; a sync ends the step. Prefetched on a side stream (copy time off the path), the kernel
+    starts at its launch + the rank's typical launch latency (12 us, the copies'): t + 32, ends t + 332; the
+    sync returns 5 us later; 182 us of host work: 519 us (was: 1000, the wait frozen as a launch offset)."""
+    b = TraceBuilder(device_properties=A100)
+    for k in range(8):
+        t = 10_000 + 1000 * k
+        b.step(k, t, 1000)
+        b.memcpy(t + 12, 500, host="Pinned", nbytes=12_000_000, stream=7, call=None)
+        b.runtime("cudaMemcpyAsync", t, 10, b._corr)
+        b.kernel(t + 513, 300, stream=8, launch_at=t + 20, launch_dur=5)
+        b.runtime("cudaStreamSynchronize", t + 30, 788)  # returns t + 818
+    r = load_built(tmp_path, b).ranks[0]
+    assert whatif.replay_entry(r)["error"] == 0.0
+    assert whatif.estimate(r, finding("h2d_not_overlapped"))["step_us_after"] == pytest.approx(519, abs=0.01)
+
+
+def test_measured_savings_of_one_thing_count_once_and_never_below_the_gpu(tmp_path):
+    """Two estimates of the CUDA-graph saving (gpu_idle's and launch_bound's) are one fix: the larger counts,
+    and the GPU's 400 us of work per step still bounds the step (was: 'together 0.00 ms, 100% faster')."""
+    r = load_built(tmp_path, gpu_bound_loader_trace()).ranks[0]
+    g = whatif.replay_graph(r)
+    a = whatif.plan_from_measure("launch", 700_000, "m", ()).edits
+    b = whatif.plan_from_measure("launch", 500_000, "m", ()).edits
+    assert a.merge(b).analytic_ns == {"launch": 700_000}
+    assert whatif.replay(g, a.merge(b)).mean_step_ns == 400_000
+    c = whatif.plan_from_measure("launch", 100_000, "m", ()).edits
+    assert whatif.replay(g, c).mean_step_ns == 900_000
+
+
+def test_fixes_together_take_the_named_fixs_parameters_in_any_order(tmp_path):
+    """gpu_idle (mostly data wait) stands for the loader fix: with loader_stall.num_workers=1 named, either
+    order gives the 1-worker answer (was: the order decided which plan won)."""
+    b = TraceBuilder()
+    for k in range(12):
+        t = 40_000 * k
+        b.step(k + 1, t, 40_000).loader(t, 30_000)
+    out = _captured(tmp_path, b, {"num_workers": 0})
+    r = load_trace(out).ranks[0]
+    params = {"loader_stall": {"num_workers": 1, "handoff_ms": 0}}
+    one = whatif.combined(r, [finding("loader_stall"), finding("gpu_idle", idle_by_cause_us={"data_wait": 1})], params)
+    two = whatif.combined(r, [finding("gpu_idle", idle_by_cause_us={"data_wait": 1}), finding("loader_stall")], params)
+    # one worker loads a batch in 30 ms while the loop computes for 10 ms: the step is the loader's 30 ms
+    assert one["step_us_after"] == two["step_us_after"] == pytest.approx(30_000, abs=1)
+
+
+def test_loading_that_waits_is_not_capped_by_the_cores(tmp_path):
+    """num_workers=0 on 2 CPUs, 30 ms waits that burn no CPU (storage), 10 ms of compute: by default the fix
+    takes enough workers to hide loading (4), not the 1 core the training leaves free."""
+    b = TraceBuilder()
+    for k in range(12):
+        t = 40_000 * k
+        b.step(k + 1, t, 40_000).loader(t, 30_000)
+    out = _captured(tmp_path, b, {"num_workers": 0}, {"cpus": 2, "torch_threads": 1})
+    n = 14
+    (out / "rank-0.steps.json").write_text(json.dumps({
+        "step_wall_ns": [40_000_000] * n, "data_wait_ns": [30_000_000] * n, "profiled": [False] * n,
+        "step_cpu_ns": [10_000_000] * n, "data_wait_cpu_ns": [0] * n}))
+    est = whatif.estimate(load_trace(out).ranks[0], finding("loader_stall"))
+    assert est["num_workers"] == 4 and est["step_us_after"] == pytest.approx(11_000, abs=1)
+
+
+@pytest.mark.parametrize("setting, message", [
+    ("loader_stall.num_workers=nan", "not a finite number"),
+    ("loader_stall.num_workers=inf", "not a finite number"),
+    ("loader_stall.num_workers=-3", "must be at least 1"),
+    ("loader_stall.num_workers=2.5", "must be a whole number"),
+    ("loader_stall.handoff_ms=-50", "must be at least 0"),
+    ("h2d_pageable.pinned_gbps=-5", "must be at least"),
+    ("sync_in_loop.every=0.5", "must be a whole number"),
+    ("loader_stall.foo=1", "unknown (known:"),
+    ("nosuch.key=1", "takes no parameters"),
+])
+def test_whatif_refuses_bad_parameters(setting, message):
+    proc = run_cli("whatif", str(SAMPLES / "cpu" / "loader_bound"), "--fix", "loader_stall", "--set", setting)
+    assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr

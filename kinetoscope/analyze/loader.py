@@ -282,6 +282,7 @@ class _StepTimes(msgspec.Struct):
     profiled: list[bool] = []
     step_cpu_ns: list[int] = []
     data_wait_cpu_ns: list[int] = []
+    workers_cpu_ns: list[Union[int, None]] = []
 
 
 def _run_steps(path: Path, rank: int) -> tuple[pd.DataFrame | None, str | None]:
@@ -298,9 +299,10 @@ def _run_steps(path: Path, rank: int) -> tuple[pd.DataFrame | None, str | None]:
     n = min(len(times.step_wall_ns), len(times.data_wait_ns))
     profiled = (list(times.profiled) + [False] * n)[:n]
 
-    def optional(values: list[int]) -> np.ndarray:  # process CPU time: captures before it was recorded lack it
+    def optional(values: list) -> np.ndarray:  # CPU times: captures before they were recorded lack them
         out = np.full(n, np.nan)
-        out[:min(n, len(values))] = values[:n]
+        got = [np.nan if v is None else v for v in values[:n]]
+        out[:len(got)] = got
         return out
 
     return pd.DataFrame({
@@ -310,6 +312,7 @@ def _run_steps(path: Path, rank: int) -> tuple[pd.DataFrame | None, str | None]:
         "profiled": np.asarray(profiled, dtype=bool),
         "cpu_ns": optional(times.step_cpu_ns),
         "data_wait_cpu_ns": optional(times.data_wait_cpu_ns),
+        "workers_cpu_ns": optional(times.workers_cpu_ns),
     }), None
 
 

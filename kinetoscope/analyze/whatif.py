@@ -40,6 +40,7 @@ from kinetoscope.analyze.timeline import (
     launches,
     launching_threads,
     loader_spans,
+    main_thread,
     name_mask,
     runtime_calls,
     window,
@@ -86,14 +87,24 @@ class ReplayGraph:
     op_a: np.ndarray
     op_b: np.ndarray
     op_label: np.ndarray
-    #: elastic host items, disjoint, sorted by start: start, end, kind ("data" | "sync" | "copy"), the op
-    #: index awaited (-1: none), the recorded tail after that op's end, the item's own minimum duration
+    #: an op on another stream whose end this op waited for (an event wait), -1 for none, and the offset
+    op_dep: np.ndarray
+    op_c: np.ndarray
+    #: elastic host items of the training thread, disjoint, sorted by start: start, end, kind ("data" |
+    #: "sync" | "copy"), the op index awaited (-1: none), the recorded tail after that op's end, the item's
+    #: own minimum duration, the data wait it lies in (-1: none; a wait holding a sync or a copy is split
+    #: around it), and a copy item's direction ("HtoD", "DtoH", ...)
     it_start: np.ndarray
     it_end: np.ndarray
     it_kind: np.ndarray
     it_await: np.ndarray
     it_post: np.ndarray
     it_min: np.ndarray
+    it_group: np.ndarray
+    it_dir: np.ndarray
+    #: each data wait of the training thread: start, end (the items of group g are its pieces)
+    wait_start: np.ndarray
+    wait_end: np.ndarray
     #: the launch latency typical of this rank (ns), used for constraints that did not bind
     typical_launch_ns: int
 
@@ -152,90 +163,168 @@ def replay_graph(trace: RankTrace) -> ReplayGraph:
     launch_binds = slack_launch <= slack_stream
     lat = slack_launch[launch_binds & (slack_launch >= 0) & (anchor < ts)]
     typical = int(np.clip(np.median(lat), 0, 50_000)) if len(lat) else 0
+    # an op that neither its launch nor its stream explains, right after an op on another stream of its
+    # device ended, waited for that op (an event: a copy stream feeding compute, compute feeding NCCL)
+    dep, c = _event_waits(ts, dur, device, stream, np.minimum(slack_launch - typical, slack_stream))
+    by_dep = dep >= 0
+    launch_binds &= ~by_dep
+    lat = slack_launch[launch_binds & (slack_launch >= 0) & (anchor < ts)]  # without the event waits
+    typical = int(np.clip(np.median(lat), 0, 50_000)) if len(lat) else 0
+    stream_binds = ~launch_binds & ~by_dep
     a = np.where(launch_binds, slack_launch, np.minimum(slack_launch, typical))
-    b = np.where(prev_end > NONE, np.where(launch_binds, np.minimum(slack_stream, STREAM_GAP_NS), slack_stream), 0)
+    b = np.where(prev_end > NONE, np.where(stream_binds, slack_stream, np.minimum(slack_stream, STREAM_GAP_NS)), 0)
     items = _items(trace, ts, dur, anchor, label)
     return ReplayGraph(step_start=s0, step_end=s1, op_anchor=anchor, op_start=ts, op_dur=dur, op_stream=stream,
                        op_device=device, op_a=a.astype(np.int64), op_b=b.astype(np.int64), op_label=label,
-                       typical_launch_ns=typical, **items)
+                       op_dep=dep, op_c=c, typical_launch_ns=typical, **items)
+
+
+def _event_waits(ts: np.ndarray, dur: np.ndarray, device: np.ndarray, stream: np.ndarray,
+                 unexplained: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For ops whose start is unexplained by more than the clock tolerance: the op on another stream of the
+    same device that ended last, within the tolerance before it started (-1: none), and the offset."""
+    n = len(ts)
+    dep = np.full(n, -1, dtype=np.int64)
+    c = np.zeros(n, dtype=np.int64)
+    want = np.flatnonzero(unexplained > CLOCK_TOL_NS)
+    if not len(want):
+        return dep, c
+    end = ts + dur
+    for d in np.unique(device[want]):
+        mine = np.flatnonzero(device == d)
+        order = mine[np.argsort(end[mine], kind="stable")]
+        ends = end[order]
+        for j in want[device[want] == d]:
+            k = int(np.searchsorted(ends, ts[j], side="right")) - 1
+            for _ in range(8):  # the latest ends before it, skipping its own stream
+                if k < 0 or ends[k] < ts[j] - CLOCK_TOL_NS:
+                    break
+                o = order[k]
+                if stream[o] != stream[j]:
+                    dep[j], c[j] = o, ts[j] - ends[k]
+                    break
+                k -= 1
+    return dep, c
 
 
 def _items(trace: RankTrace, ts: np.ndarray, dur: np.ndarray, anchor: np.ndarray, label: np.ndarray) -> dict[str, np.ndarray]:
-    """The elastic host items: data waits, syncs (with the op each waited for) and blocking copy calls."""
-    rows: list[tuple[int, int, str, int, int, int]] = []
-    for r in loader_spans(trace).itertuples():
-        rows.append((int(r.ts_ns), int(r.end_ns), "data", -1, 0, 0))
-    if len(ts):
+    """The training thread's elastic items: data waits, syncs (with the op each waited for) and copy calls
+    that held the host until their copy ended (pageable memory, synchronous APIs, ``.item()``'s read-back).
+    Syncs on other threads are left as recorded: the training thread did not wait in them."""
+    waits = loader_spans(trace)
+    main = main_thread(trace)
+    calls: list[tuple[int, int, str, int, int, int, str]] = []
+    if len(ts) and main is not None:
         end = ts + dur
         by_anchor = np.argsort(anchor, kind="stable")
         anchors_sorted = anchor[by_anchor]
-        calls = runtime_calls(trace)
-        threads = launching_threads(trace)
-        on = calls["tid"].astype(str).isin(threads).to_numpy() if threads else np.ones(len(calls), dtype=bool)
-        syncs = calls[on & name_mask(calls, SYNC_RUNTIME_RE)]
-        for s, e, _name in zip(syncs["ts_ns"].to_numpy(), syncs["end_ns"].to_numpy(), syncs["name"].astype(str)):
-            hi = np.searchsorted(anchors_sorted, s, side="right")
+        rt = runtime_calls(trace)
+        rt = rt[(rt["tid"].astype(str) == main).to_numpy()]
+        syncs = rt[name_mask(rt, SYNC_RUNTIME_RE)]
+        for s_, e_ in zip(syncs["ts_ns"].to_numpy(), syncs["end_ns"].to_numpy()):
+            hi = np.searchsorted(anchors_sorted, s_, side="right")
             cand = by_anchor[max(0, hi - 4096):hi]
-            cand = cand[end[cand] <= e + CLOCK_TOL_NS]
+            # the op it waited for: launched before it, ended by the time it returned
+            cand = cand[(end[cand] <= e_ + CLOCK_TOL_NS) & (ts[cand] <= e_)]
             if not len(cand):
                 continue
             j = int(cand[np.argmax(end[cand])])
-            if end[j] > s:  # it waited for op j: it returns a recorded tail after j ends, or after its overhead
-                rows.append((int(s), int(e), "sync", j, int(e - end[j]), int(min(e - s, SYNC_OVERHEAD_NS))))
+            if end[j] > s_:  # it waited for op j: it returns a recorded tail after j ends, or after its overhead
+                calls.append((int(s_), int(e_), "sync", j, int(e_ - end[j]), int(min(e_ - s_, SYNC_OVERHEAD_NS)), ""))
             else:  # the GPU was done before the call: it cost its own time, and waits if j ends later after a fix
-                rows.append((int(s), int(e), "sync", j, int(min(e - s, SYNC_OVERHEAD_NS)), int(e - s)))
-        # copy calls that held the host for their copy (pageable memory, synchronous APIs)
+                calls.append((int(s_), int(e_), "sync", j, int(min(e_ - s_, SYNC_OVERHEAD_NS)), int(e_ - s_), ""))
         from kinetoscope.analyze.analyzers.copies import copies
 
         cp = copies(trace)
-        held = cp[cp["blocking"].to_numpy()]
-        if len(held):
+        if len(cp):
             pos_of = pd.Series(np.arange(len(label)), index=label)
-            corr = held["correlation"].to_numpy(np.int64)
-            rt = calls[calls["correlation"].notna().to_numpy()].drop_duplicates("correlation")
-            rt = rt.set_index(rt["correlation"].to_numpy(np.int64))
-            for lab, c in zip(held.index.to_numpy(), corr):
-                if c not in rt.index:
+            launched = rt[rt["correlation"].notna().to_numpy()].drop_duplicates("correlation")
+            launched = launched.set_index(launched["correlation"].to_numpy(np.int64))
+            for lab, corr, pageable, sync_api, direction in zip(
+                    cp.index.to_numpy(), cp["correlation"].to_numpy(dtype=float, na_value=np.nan),
+                    cp["pageable"].to_numpy(), cp["synchronous"].to_numpy(), cp["direction"].to_numpy()):
+                if np.isnan(corr) or int(corr) not in launched.index or lab not in pos_of.index:
                     continue
-                call = rt.loc[c]
+                call = launched.loc[int(corr)]
                 j = int(pos_of[lab])
-                s, e = int(call["ts_ns"]), int(call["end_ns"])
-                rows.append((s, e, "copy", j, int(e - end[j]), int(min(e - s, ASYNC_COPY_CALL_NS))))
-    rows.sort(key=lambda r: (r[0], -r[1]))
-    kept: list[tuple[int, int, str, int, int, int]] = []
-    for r in rows:  # an item inside another (a sync inside a data wait, a copy inside a sync) is the outer's
-        if kept and r[0] < kept[-1][1]:
+                s_, e_ = int(call["ts_ns"]), int(call["end_ns"])
+                held = s_ <= ts[j] and e_ >= end[j] - CLOCK_TOL_NS
+                if held and (pageable or sync_api or dur[j] >= 20_000):
+                    calls.append((s_, e_, "copy", j, int(e_ - end[j]), int(min(e_ - s_, ASYNC_COPY_CALL_NS)),
+                                  str(direction)))
+    calls.sort(key=lambda r: (r[0], -r[1]))
+    outer: list[tuple[int, int, str, int, int, int, str]] = []
+    for r in calls:  # a copy inside a sync (cudaMemcpy's own sync) is the outer call's
+        if outer and r[0] < outer[-1][1]:
             continue
-        kept.append(r)
-    cols = list(zip(*kept)) if kept else [[], [], [], [], [], []]
+        outer.append(r)
+    # data waits, split around the syncs and copies inside them (a Dataset calling .cuda(), a collate syncing)
+    rows: list[tuple[int, int, str, int, int, int, int, str]] = []
+    w_start = waits["ts_ns"].to_numpy(np.int64)
+    w_end = waits["end_ns"].to_numpy(np.int64)
+    order = np.argsort(w_start, kind="stable")
+    w_start, w_end = w_start[order], w_end[order]
+    keep = np.r_[True, w_start[1:] >= np.maximum.accumulate(w_end)[:-1]] if len(w_start) else np.zeros(0, bool)
+    w_start, w_end = w_start[keep], w_end[keep]
+    starts = np.asarray([r[0] for r in outer], dtype=np.int64)
+    used = np.zeros(len(outer), dtype=bool)
+    for g, (ws, we) in enumerate(zip(w_start, w_end)):
+        lo, hi = np.searchsorted(starts, ws, side="left"), np.searchsorted(starts, we, side="left")
+        cur = int(ws)
+        for k in range(lo, hi):
+            r = outer[k]
+            if r[1] > we:  # sticks out of the wait: not inside it, dropped (the wait is the outer item)
+                used[k] = True
+                continue
+            if r[0] > cur:
+                rows.append((cur, r[0], "data", -1, 0, 0, g, ""))
+            rows.append((*r[:6], g, r[6]))
+            used[k] = True
+            cur = r[1]
+        if cur < we or cur == ws:
+            rows.append((cur, int(we), "data", -1, 0, 0, g, ""))
+    wait_rows = [(a_, b_) for a_, b_ in zip(w_start, w_end)]
+    for k, r in enumerate(outer):
+        if not used[k] and not any(a_ < r[1] and r[0] < b_ for a_, b_ in wait_rows):
+            rows.append((*r[:6], -1, r[6]))
+    rows.sort(key=lambda r: (r[0], r[1]))
+    cols = list(zip(*rows)) if rows else [[]] * 8
     return {"it_start": np.asarray(cols[0], dtype=np.int64), "it_end": np.asarray(cols[1], dtype=np.int64),
             "it_kind": np.asarray(cols[2], dtype=object), "it_await": np.asarray(cols[3], dtype=np.int64),
-            "it_post": np.asarray(cols[4], dtype=np.int64), "it_min": np.asarray(cols[5], dtype=np.int64)}
+            "it_post": np.asarray(cols[4], dtype=np.int64), "it_min": np.asarray(cols[5], dtype=np.int64),
+            "it_group": np.asarray(cols[6], dtype=np.int64), "it_dir": np.asarray(cols[7], dtype=object),
+            "wait_start": w_start, "wait_end": w_end}
 
 
 # --- edits and the replay ------------------------------------------------------------------------------
 @dataclass
 class Edits:
-    """Changes to a graph: new durations of data items, items that no longer wait, new op durations."""
+    """Changes to a graph: new durations of host items, items that no longer wait, new op durations."""
 
     item_dur: dict[int, int] = field(default_factory=dict)
     item_free: set[int] = field(default_factory=set)
     op_dur: dict[int, int] = field(default_factory=dict)
     #: a lower bound on the mean step (ns): what the host's CPUs can do, when the fix adds CPU work
     floor_step_ns: float = 0.0
-    #: savings the replay cannot express, estimated from measurements, taken off its result (ns per step)
-    analytic_saving_ns: float = 0.0
+    #: savings the replay cannot express, estimated from measurements (ns per step), by what they remove: two
+    #: estimates of one thing ("launch": CUDA graphs from gpu_idle and launch_bound) count once, the larger
+    analytic_ns: dict[str, float] = field(default_factory=dict)
     loader: "LoaderFix | None" = None
 
     def merge(self, other: "Edits") -> "Edits":
         out = Edits(dict(self.item_dur), set(self.item_free) | other.item_free, dict(self.op_dur),
-                    max(self.floor_step_ns, other.floor_step_ns), self.analytic_saving_ns + other.analytic_saving_ns,
-                    self.loader or other.loader)
+                    max(self.floor_step_ns, other.floor_step_ns), dict(self.analytic_ns), self.loader or other.loader)
         for k, v in other.item_dur.items():
             out.item_dur[k] = min(v, out.item_dur.get(k, v))
         for k, v in other.op_dur.items():
             out.op_dur[k] = min(v, out.op_dur.get(k, v))
+        for k, v in other.analytic_ns.items():
+            out.analytic_ns[k] = max(v, out.analytic_ns.get(k, v))
         return out
+
+
+#: measured savings that remove host time only: the GPU's own work per step still bounds the step
+HOST_ONLY = frozenset({"launch", "compile"})
 
 
 @dataclass(frozen=True)
@@ -253,11 +342,11 @@ def replay(g: ReplayGraph, edits: Edits | None = None) -> Replayed:
     e = edits or Edits()
     dur = g.op_dur.copy()
     for j, d in e.op_dur.items():
-        dur[j] = d
+        dur[j] = max(int(d), 0)
     n_items = len(g.it_start)
     item_end = np.empty(n_items, dtype=np.int64)
     shift = np.zeros(n_items, dtype=np.int64)
-    op_end = np.empty(len(g.op_start), dtype=np.int64)
+    op_end = np.full(len(g.op_start), NONE, dtype=np.int64)
     carry = np.full(int(g.op_stream.max()) + 1 if len(g.op_stream) else 0, NONE, dtype=np.int64)
     # ops start in recorded order; a chunk holds the ops that started before the next item ended
     bounds = np.searchsorted(g.op_start, g.it_end, side="right")
@@ -270,13 +359,15 @@ def replay(g: ReplayGraph, edits: Edits | None = None) -> Replayed:
         if i == n_items:
             break
         s_new = int(g.it_start[i]) + (int(shift[i - 1]) if i else 0)
-        kind = g.it_kind[i]
-        if kind == "data":
-            end_new = s_new + int(e.item_dur.get(i, g.it_end[i] - g.it_start[i]))
-        elif i in e.item_free or g.it_await[i] < 0:
+        j = int(g.it_await[i])
+        if i in e.item_dur:
+            end_new = s_new + int(e.item_dur[i])
+        elif g.it_kind[i] == "data":
+            end_new = s_new + int(g.it_end[i] - g.it_start[i])
+        elif i in e.item_free or j < 0 or op_end[j] == NONE:
             end_new = s_new + int(g.it_min[i])
         else:
-            end_new = max(s_new + int(g.it_min[i]), int(op_end[g.it_await[i]]) + int(g.it_post[i]))
+            end_new = max(s_new + int(g.it_min[i]), int(op_end[j]) + int(g.it_post[i]))
         item_end[i] = end_new
         shift[i] = end_new - int(g.it_end[i])
     s0 = g.step_start + _shift_at(g.it_end, shift, g.step_start)
@@ -284,9 +375,13 @@ def replay(g: ReplayGraph, edits: Edits | None = None) -> Replayed:
     step_ns = (s1 - s0).astype(np.float64)
     host = float(step_ns.mean()) if len(step_ns) else math.nan
     gpu = _gpu_per_step(g, op_end, dur) if len(step_ns) else 0.0
-    mean = max(host, gpu, e.floor_step_ns) - e.analytic_saving_ns
-    return Replayed(step_ns=step_ns, host_step_ns=host, gpu_step_ns=gpu, mean_step_ns=mean, item_end=item_end,
-                    op_end=op_end)
+    mean = max(host, gpu, e.floor_step_ns)
+    if e.analytic_ns:
+        mean -= sum(e.analytic_ns.values())
+        if HOST_ONLY & set(e.analytic_ns):
+            mean = max(mean, gpu)
+    return Replayed(step_ns=step_ns, host_step_ns=host, gpu_step_ns=gpu, mean_step_ns=max(mean, 0.0),
+                    item_end=item_end, op_end=op_end)
 
 
 def _shift_at(ends: np.ndarray, shift: np.ndarray, t: np.ndarray) -> np.ndarray:
@@ -299,10 +394,27 @@ def _shift_at(ends: np.ndarray, shift: np.ndarray, t: np.ndarray) -> np.ndarray:
 
 def _ops(g: ReplayGraph, dur: np.ndarray, lo: int, hi: int, ends: np.ndarray, shift: np.ndarray,
          carry: np.ndarray, op_end: np.ndarray) -> None:
-    """Ends of ops lo..hi: per stream, E_j = max(L_j + a_j, E_{j-1} + b_j) + d_j, solved as a running max."""
+    """Ends of ops lo..hi: per stream, E_j = max(L_j + a_j, D_j + c_j, E_{j-1} + b_j) + d_j (D: the end of the
+    op it waited for on another stream), solved as a running max; split where an op waits for one in the same
+    stretch, so that one is timed first."""
+    while lo < hi:
+        dep = g.op_dep[lo:hi]
+        inner = np.flatnonzero(dep >= lo)
+        cut = lo + int(inner[0]) if len(inner) and inner[0] > 0 else (lo + 1 if len(inner) else hi)
+        _ops_run(g, dur, lo, cut, ends, shift, carry, op_end)
+        lo = cut
+
+
+def _ops_run(g: ReplayGraph, dur: np.ndarray, lo: int, hi: int, ends: np.ndarray, shift: np.ndarray,
+             carry: np.ndarray, op_end: np.ndarray) -> None:
     idx = np.arange(lo, hi)
     launch = g.op_anchor[idx] + _shift_at(ends, shift, g.op_anchor[idx])
-    x = launch + g.op_a[idx] + dur[idx]
+    start = launch + g.op_a[idx]
+    dep = g.op_dep[idx]
+    has = dep >= 0
+    if has.any():
+        start[has] = np.maximum(start[has], op_end[dep[has]] + g.op_c[idx][has])
+    x = start + dur[idx]
     y = g.op_b[idx] + dur[idx]
     streams = g.op_stream[idx]
     if len(idx) == 1 or (streams == streams[0]).all():
@@ -311,14 +423,14 @@ def _ops(g: ReplayGraph, dur: np.ndarray, lo: int, hi: int, ends: np.ndarray, sh
         order = np.argsort(streams, kind="stable")
         cut = np.flatnonzero(np.diff(streams[order])) + 1
         groups = [(int(streams[p[0]]), p) for p in np.split(order, cut)]
-    for s, p in groups:
+    for s_, p in groups:
         q = np.cumsum(y[p])
         best = np.maximum.accumulate(x[p] - q)
-        if carry[s] > NONE:
-            best = np.maximum(best, carry[s])
+        if carry[s_] > NONE:
+            best = np.maximum(best, carry[s_])
         ends_s = q + best
         op_end[idx[p]] = ends_s
-        carry[s] = ends_s[-1]
+        carry[s_] = ends_s[-1]
 
 
 def _gpu_per_step(g: ReplayGraph, op_end: np.ndarray, dur: np.ndarray) -> float:
@@ -437,9 +549,49 @@ def _window_items(g: ReplayGraph, kind: str) -> np.ndarray:
     return np.flatnonzero(m)
 
 
+def _window_waits(g: ReplayGraph) -> np.ndarray:
+    """The training thread's data waits that start inside the window (indices into ``wait_start``)."""
+    if not g.steps:
+        return np.zeros(0, dtype=np.int64)
+    return np.flatnonzero((g.wait_start >= g.step_start[0]) & (g.wait_start < g.step_end[-1]))
+
+
+def _wait_edits(g: ReplayGraph, waits: np.ndarray, new_ns: np.ndarray) -> dict[int, int]:
+    """Item durations that make each wait last about ``new_ns``: its loading (the data pieces) shrinks by what
+    the wait loses; syncs or copies inside it (a Dataset calling .cuda()) stay items of their own."""
+    pieces: dict[int, list[int]] = {}
+    for i, grp in enumerate(g.it_group):
+        if grp >= 0:
+            pieces.setdefault(int(grp), []).append(i)
+    out: dict[int, int] = {}
+    for grp, w in zip(waits, new_ns):
+        mine = pieces.get(int(grp), [])
+        data = [i for i in mine if g.it_kind[i] == "data"]
+        if not data:
+            continue
+        recorded = int(g.wait_end[grp] - g.wait_start[grp])
+        loading = sum(int(g.it_end[i] - g.it_start[i]) for i in data)
+        left = max(0, loading - (recorded - int(w)))
+        scale = left / loading if loading else 0.0
+        for i in data:  # each piece keeps its share of the loading: the items between them keep their places
+            out[i] = int(round((g.it_end[i] - g.it_start[i]) * scale))
+    return out
+
+
 def _facts(trace: RankTrace) -> tuple[dict[str, Any], dict[str, Any]]:
     cap = trace.meta.capture or {}
     return dict(cap.get("host") or {}), dict(cap.get("dataloader") or {})
+
+
+def _workers_cpu_per_step(trace: RankTrace) -> float | None:
+    """The DataLoader workers' CPU time per step (ns, median over the run's steps after the first), from the
+    capture's reading of their /proc schedstat; None where not recorded."""
+    rs = trace.run_steps
+    if rs is None or "workers_cpu_ns" not in rs:
+        return None
+    values = rs["workers_cpu_ns"].to_numpy(float)[1:]
+    values = values[~np.isnan(values)]
+    return float(np.median(values)) if len(values) else None
 
 
 def _cpu_shares(trace: RankTrace) -> tuple[float | None, float | None]:
@@ -458,14 +610,14 @@ def _cpu_shares(trace: RankTrace) -> tuple[float | None, float | None]:
 
 
 def plan_loader(trace: RankTrace, g: ReplayGraph, params: dict[str, Any]) -> Plan | None:
-    items = _window_items(g, "data")
+    items = _window_waits(g)
     if not len(items) or not g.steps:
         return None
     names = set(loader_spans(trace)["name"].astype(str))
     single = any("SingleProcess" in n for n in names) and not any("MultiProcessing" in n for n in names)
     host, dl = _facts(trace)
     cpus, threads = host.get("cpus"), host.get("torch_threads")
-    waits = (g.it_end[items] - g.it_start[items]).astype(float)
+    waits = (g.wait_end[items] - g.wait_start[items]).astype(float)
     steps_ns = (g.step_end - g.step_start).astype(float)
     n = g.steps
     per_step_wait = float(waits.sum()) / n
@@ -479,24 +631,28 @@ def plan_loader(trace: RankTrace, g: ReplayGraph, params: dict[str, Any]) -> Pla
         assumptions.append("num_workers=0 before: each recorded wait is one batch's full loading time")
     elif isinstance(before, int) and before > 0:
         before_prefetch = int(dl.get("prefetch_factor") or 2)
-        load = infer_worker_loads(g.it_start[items], g.it_end[items], before, before_prefetch)
+        load = infer_worker_loads(g.wait_start[items], g.wait_end[items], before, before_prefetch)
         assumptions.append(f"num_workers={before}, prefetch_factor={before_prefetch} before (capture manifest): each "
                            f"batch's loading time inferred from when it became ready and when its worker could start "
                            f"it (mean {load.mean() / 1e6:.1f} ms per batch per worker; batches ready before the loop "
                            "asked for them count as free: their loading is not in the trace)")
     else:
         load = None
-        assumptions.append("num_workers unknown (no capture manifest): assumes enough workers to hide loading")
+        assumptions.append("num_workers unknown (no capture manifest naming the DataLoader's configuration): assumes "
+                           "enough workers to hide loading")
     target = params.get("num_workers")
     if load is not None and target is None and not single:
         target = 2 * int(before)  # type: ignore[arg-type]
         assumptions.append(f"num_workers={target} after (twice as many)")
     elif load is not None and target is None:
         need = int(math.ceil(float(load.mean()) / compute)) + 1
-        free = (cpus - (threads or 1)) if cpus else None
+        # loading that mostly waits (storage, network) needs no core of its own: only CPU-heavy loading is
+        # capped by the cores the training leaves free (and when its CPU use is unknown, to be safe)
+        cpu_bound = load_cpu is None or load_cpu >= 0.5
+        free = (cpus - (threads or 1)) if cpus and cpu_bound else None
         target = max(1, min(need, free)) if free and free > 0 else need
         assumptions.append(f"num_workers={target} after (" + (f"{cpus} CPUs, {threads or 1} for training"
-                           if free else "enough to hide loading") + ")")
+                           if free and free > 0 else "enough to hide loading") + ")")
     elif target is not None:
         assumptions.append(f"num_workers={target} after, prefetch_factor={prefetch}")
     if target is not None and int(target) == 0:
@@ -519,10 +675,15 @@ def plan_loader(trace: RankTrace, g: ReplayGraph, params: dict[str, Any]) -> Pla
         floor = (compute * comp_cpu + float(load.mean() if load is not None else 0) * load_cpu) / cpus
         assumptions.append(f"{cpus} CPUs shared: loading uses {load_cpu:.2f} cores while it runs, the training "
                            f"{comp_cpu:.2f} (process CPU time per step, capture)")
+    elif cpus and comp_cpu is not None and _workers_cpu_per_step(trace) is not None:
+        # workers already: their CPU per batch (one batch per step) stays, spread over more of them
+        wcpu = float(_workers_cpu_per_step(trace))  # type: ignore[arg-type]
+        floor = (compute * comp_cpu + wcpu) / cpus
+        assumptions.append(f"{cpus} CPUs shared: the workers use {wcpu / 1e6:.1f} ms of CPU per batch, the training "
+                           f"{comp_cpu:.2f} cores while it computes (capture: process and worker CPU time)")
     elif load is not None:
         assumptions.append("the workers get CPU cores of their own (" + (
-            "the host's cores are not recorded" if not cpus else "the workers' CPU use is not recorded: they are "
-            "other processes") + ")")
+            "the host's cores are not recorded" if not cpus else "the workers' CPU use is not recorded") + ")")
     assumptions.append("the per-batch loading cost stays what it was in the training process")
     return Plan(Edits(loader=fix, floor_step_ns=floor), "replay: DataLoader queue simulation", tuple(assumptions),
                 {"num_workers": int(target) if target is not None else None, "prefetch_factor": prefetch})
@@ -585,7 +746,9 @@ def plan_overlap(trace: RankTrace, g: ReplayGraph, params: dict[str, Any]) -> Pl
 
 def plan_syncs(trace: RankTrace, g: ReplayGraph, params: dict[str, Any]) -> Plan | None:
     every = int(params.get("every") or 10)
-    items = _window_items(g, "sync")
+    copies_back = _window_items(g, "copy")
+    copies_back = copies_back[g.it_dir[copies_back] == "DtoH"]  # .item(), .cpu(): a read-back the host waits for
+    items = np.sort(np.concatenate([_window_items(g, "sync"), copies_back]))
     if not len(items):
         return Plan(Edits(), "replay: syncs removed",
                     ("no host-device sync in the window waits for the GPU (a CPU run, or syncs the GPU had finished "
@@ -599,31 +762,32 @@ def plan_syncs(trace: RankTrace, g: ReplayGraph, params: dict[str, Any]) -> Plan
 
 
 def plan_respawn(trace: RankTrace, g: ReplayGraph, finding: Finding) -> Plan | None:
-    items = _window_items(g, "data")
+    items = _window_waits(g)
     if not len(items):
         return None
-    waits = g.it_end[items] - g.it_start[items]
+    waits = g.wait_end[items] - g.wait_start[items]
     typical = int(np.median(waits))
-    long = {int(i): typical for i, w in zip(items, waits) if w >= max(2_000_000, 3 * typical)}
-    if not long:
+    long = waits >= max(2_000_000, 3 * typical)
+    if not long.any():
         return None
     # shutting the old workers down and starting new ones also runs outside next(): untraced host time in the
     # steps where the start-up waits fall; what those steps spend outside their waits beyond a typical step goes
     steps_ns = (g.step_end - g.step_start).astype(float)
-    step_of_item = np.clip(np.searchsorted(g.step_start, g.it_start[items], side="right") - 1, 0, g.steps - 1)
-    wait_in_step = np.bincount(step_of_item, weights=waits.astype(float), minlength=g.steps)
+    step_of = np.clip(np.searchsorted(g.step_start, g.wait_start[items], side="right") - 1, 0, g.steps - 1)
+    wait_in_step = np.bincount(step_of, weights=waits.astype(float), minlength=g.steps)
     outside = steps_ns - wait_in_step
     typical_outside = float(np.median(outside))
-    hit = sorted({int(step_of_item[np.flatnonzero(items == i)[0]]) for i in long})
-    extra = sum(max(outside[s] - typical_outside, 0.0) for s in hit) / g.steps
-    return Plan(Edits(item_dur=long, analytic_saving_ns=extra), "replay: persistent workers",
+    hit = sorted({int(x) for x in step_of[long]})
+    extra = sum(max(outside[s_] - typical_outside, 0.0) for s_ in hit) / g.steps
+    edits = Edits(item_dur=_wait_edits(g, items[long], np.full(int(long.sum()), typical)), analytic_ns={"respawn": extra})
+    return Plan(edits, "replay: persistent workers",
                 (f"each worker start-up wait becomes a typical wait ({typical / 1e6:.2f} ms, the median)",
                  f"the time those {len(hit)} step(s) spend outside their waits beyond a typical step (worker shutdown "
                  f"and start, {extra * g.steps / 1e6:.1f} ms in all) goes too"))
 
 
-def plan_from_measure(saving_ns_per_step: float, method: str, assumptions: tuple[str, ...]) -> Plan:
-    return Plan(Edits(analytic_saving_ns=max(0.0, saving_ns_per_step)), method, assumptions)
+def plan_from_measure(key: str, saving_ns_per_step: float, method: str, assumptions: tuple[str, ...]) -> Plan:
+    return Plan(Edits(analytic_ns={key: max(0.0, saving_ns_per_step)}), method, assumptions)
 
 
 def plan_for(trace: RankTrace, g: ReplayGraph, finding: Finding, params: dict[str, Any] | None = None,
@@ -650,7 +814,7 @@ def plan_for(trace: RankTrace, g: ReplayGraph, finding: Finding, params: dict[st
         if cause == "sync":
             return plan_syncs(trace, g, p)
         if cause == "host_launch" and by_cause.get("host_launch"):
-            return plan_from_measure(by_cause["host_launch"] * 1000 / n - GRAPH_REPLAY_NS,
+            return plan_from_measure("launch", by_cause["host_launch"] * 1000 / n - GRAPH_REPLAY_NS,
                                      "measured: GPU idle waiting for launches",
                                      ("the GPU's idle time while the host launched work goes (CUDA graphs, fused "
                                       "ops), less one graph replay call per step",))
@@ -659,18 +823,18 @@ def plan_for(trace: RankTrace, g: ReplayGraph, finding: Finding, params: dict[st
         idle = finding.evidence.get("gpu_idle_waiting_for_launches_us")
         if idle is None:
             return None
-        return plan_from_measure(float(idle) * 1000 / n - GRAPH_REPLAY_NS, "measured: launch-bound idle",
+        return plan_from_measure("launch", float(idle) * 1000 / n - GRAPH_REPLAY_NS, "measured: launch-bound idle",
                                  ("under CUDA graphs the host launches each step's kernels in one call: the GPU's "
                                   "idle time waiting for launches goes, less one replay call per step",
                                   "the step's shapes are static (a graph replays fixed shapes)"))
     if fid == "recompile":
         ns = float(finding.evidence.get("compile_time_us") or 0) * 1000
-        return plan_from_measure(ns / n, "measured: compile time",
+        return plan_from_measure("compile", ns / n, "measured: compile time",
                                  ("compilation inside the window no longer happens (shapes made static or dynamic)",))
     if fid == "straggler":
         ev = finding.evidence
         excess = ev.get("cause_excess_us_per_step")
-        return plan_from_measure(straggler_saving_us(ev) * 1000, "measured: collective waits",
+        return plan_from_measure("straggler", straggler_saving_us(ev) * 1000, "measured: collective waits",
                                  (f"rank {ev.get('rank')}'s cause ({ev.get('cause')}) removed: the others' waits for it "
                                   "at collectives shrink by its lateness"
                                   + (", at most its measured excess" if excess is not None else ""),))
@@ -729,16 +893,16 @@ def apply(trace: RankTrace, g: ReplayGraph, edits: Edits, iterations: int = 3) -
         return replay(g, edits)
     fix = edits.loader
     steps_ns = (g.step_end - g.step_start).astype(float)
-    own = (g.it_end[fix.items] - g.it_start[fix.items]).astype(float)
-    step_of = np.clip(np.searchsorted(g.step_start, g.it_start[fix.items], side="right") - 1, 0, g.steps - 1)
+    own = (g.wait_end[fix.items] - g.wait_start[fix.items]).astype(float)
+    step_of = np.clip(np.searchsorted(g.step_start, g.wait_start[fix.items], side="right") - 1, 0, g.steps - 1)
     compute = np.maximum(steps_ns[step_of] - own, 0.0)
     result = None
     for _ in range(iterations):
         waits = simulate_loader(fix, compute) if fix.load_ns.any() else np.full(len(fix.items), float(fix.handoff_ns))
+        waits = np.minimum(waits, own)  # a fix never makes a wait longer (it would not be applied)
         e = Edits(dict(edits.item_dur), set(edits.item_free), dict(edits.op_dur), edits.floor_step_ns,
-                  edits.analytic_saving_ns)
-        for i, w, was in zip(fix.items, waits, own):
-            e.item_dur[int(i)] = int(min(w, was))  # a fix never makes a wait longer (it would not be applied)
+                  dict(edits.analytic_ns))
+        e.item_dur.update(_wait_edits(g, fix.items, waits))
         result = replay(g, e)
         new = np.maximum(result.step_ns[step_of] - waits, 0.0)
         if np.allclose(new, compute, rtol=1e-3):
@@ -748,7 +912,9 @@ def apply(trace: RankTrace, g: ReplayGraph, edits: Edits, iterations: int = 3) -
 
 
 def _estimate_dict(before_ns: float, after_ns: float, method: str, assumptions: tuple[str, ...]) -> dict[str, Any]:
-    after_ns = max(after_ns, 0.0)
+    # every fix modelled here only removes work or waiting: a replay that ends later is the model's artefact
+    # (an edit moving work against a bottleneck it cannot see), never a prediction that the fix slows the step
+    after_ns = min(max(after_ns, 0.0), before_ns)
     saving = max(before_ns - after_ns, 0.0)
     return {"step_us_after": round(after_ns / 1000, 3), "saving_us_per_step": round(saving / 1000, 3),
             "saving_fraction": round(saving / before_ns, 4) if before_ns > 0 else None,
@@ -767,19 +933,74 @@ def replay_entry(trace: RankTrace) -> dict[str, Any] | None:
             "steps": g.steps, "host_items": int(len(g.it_start)), "gpu_ops": int(len(g.op_start))}
 
 
+def params_for(fid: str, params: dict[str, dict[str, Any]] | None) -> dict[str, Any]:
+    """A fix's parameters; gpu_idle stands for the fix of its main cause, so it takes that fix's too."""
+    params = params or {}
+    if fid == "gpu_idle":
+        return {**params.get("sync_in_loop", {}), **params.get("sync_point", {}), **params.get("loader_stall", {}),
+                **params.get("gpu_idle", {})}
+    return dict(params.get(fid, {}))
+
+
+#: what each fix edits: two findings whose fixes edit the same thing are one fix (the first named wins)
+_EDITS_OF = {"loader_stall": "loader", "sync_in_loop": "syncs", "sync_point": "syncs", "launch_bound": "launch",
+             "worker_respawn": "respawn"}
+
+
 def combined(trace: RankTrace, findings: list[Finding], params: dict[str, dict[str, Any]] | None = None) -> dict[str, Any] | None:
     """The rank's mean step with several fixes at once (one replay: the gains do not simply add)."""
     g = replay_graph(trace)
     if not g.steps:
         return None
-    edits, methods, assumptions = Edits(), [], []
-    for f in findings:
-        plan = plan_for(trace, g, f, (params or {}).get(f.id))
+    edits, methods, assumptions, seen = Edits(), [], [], set()
+    # named fixes before gpu_idle, which stands for one of them
+    for f in sorted(findings, key=lambda f: f.id == "gpu_idle"):
+        plan = plan_for(trace, g, f, params_for(f.id, params))
         if plan is None:
             continue
+        what = _EDITS_OF.get(f.id) or ("loader" if plan.edits.loader is not None else
+                                       "syncs" if plan.method == "replay: syncs removed" else f.id)
+        if what in seen:
+            continue
+        seen.add(what)
         edits = edits.merge(plan.edits)
         methods.append(f"{f.id}: {plan.method}")
         assumptions += list(plan.assumptions)
     after = apply(trace, g, edits)
     return _estimate_dict(baseline(trace).mean_step_ns, after.mean_step_ns, "; ".join(methods) or "none",
                           tuple(assumptions))
+
+
+#: parameters a fix takes: name -> (kind, smallest allowed value, what it means)
+PARAMS: dict[str, dict[str, tuple[type, float, str]]] = {
+    "loader_stall": {"num_workers": (int, 1, "DataLoader workers after the fix"),
+                     "prefetch_factor": (int, 1, "batches each worker prepares ahead"),
+                     "handoff_ms": (float, 0.0, "what taking a ready batch costs the loop")},
+    "sync_in_loop": {"every": (int, 1, "keep one sync every this many steps")},
+    "sync_point": {"every": (int, 1, "keep one sync every this many steps")},
+    "h2d_pageable": {"pinned_gbps": (float, 1e-3, "host-to-device bandwidth from pinned memory")},
+}
+PARAMS["gpu_idle"] = {**PARAMS["loader_stall"], **PARAMS["sync_in_loop"]}
+
+
+def check_params(params: dict[str, dict[str, Any]]) -> list[str]:
+    """What is wrong with fix parameters (unknown fix or key, not a finite number, a fraction where a count
+    is needed, below the smallest allowed value); empty when they are fine."""
+    problems = []
+    for fid, values in params.items():
+        known = PARAMS.get(fid)
+        if known is None:
+            problems.append(f"{fid} takes no parameters (these do: {', '.join(sorted(PARAMS))})")
+            continue
+        for key, value in values.items():
+            if key not in known:
+                problems.append(f"{fid}.{key}: unknown (known: {', '.join(sorted(known))})")
+                continue
+            kind, low, _ = known[key]
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+                problems.append(f"{fid}.{key}={value!r}: not a finite number")
+            elif kind is int and value != int(value):
+                problems.append(f"{fid}.{key}={value!r}: must be a whole number")
+            elif value < low:
+                problems.append(f"{fid}.{key}={value!r}: must be at least {low:g}")
+    return problems

@@ -164,6 +164,7 @@ def _hook_data_loader() -> None:
                 if prof is not None:
                     prof.add_data_wait(time.perf_counter_ns() - t0, time.process_time_ns() - c0)
                     prof.note_dataloader(self)
+                    prof.note_workers(self)
                 _boundary("dataloader")
 
     dataloader._BaseDataLoaderIter.__next__ = timed_next  # type: ignore[method-assign]

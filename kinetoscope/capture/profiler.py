@@ -118,6 +118,11 @@ class Profiler:
         self._step_cpu_ns: list[int] = []
         self._step_wait_cpu_ns: list[int] = []
         self._dataloader: dict[str, Any] | None = None
+        #: the DataLoader's worker processes (Linux: their CPU time from /proc/<pid>/schedstat), each one's CPU
+        #: time at the last step's end, and the workers' CPU time per step (None where it cannot be read)
+        self._worker_pids: tuple[int, ...] = ()
+        self._worker_cpu: dict[int, int] = {}
+        self._step_workers_cpu_ns: list[int | None] = []
         self._started_unix_ns = 0
         self._step_abandoned = False
         self._discarding = False
@@ -225,6 +230,32 @@ class Profiler:
         self._data_wait_ns += ns
         self._data_wait_cpu_ns += cpu_ns
 
+    def note_workers(self, it: Any) -> None:
+        """The worker processes of the DataLoader iterator the loop takes batches from (none: num_workers=0)."""
+        workers = getattr(it, "_workers", None)
+        if not workers:
+            return
+        try:
+            pids = tuple(int(w.pid) for w in workers if getattr(w, "pid", None))
+        except Exception:  # noqa: BLE001
+            return
+        if pids != self._worker_pids:
+            self._worker_pids = pids
+
+    def _workers_cpu(self) -> int | None:
+        """The workers' CPU time since the last step's end (ns); a worker new since then counts from its start."""
+        if not self._worker_pids:
+            return None
+        total, seen = 0, {}
+        for pid in self._worker_pids:
+            ns = _schedstat_ns(pid)
+            if ns is None:
+                continue
+            seen[pid] = ns
+            total += ns - self._worker_cpu.get(pid, 0)
+        self._worker_cpu = seen
+        return total if seen else None
+
     def note_dataloader(self, it: Any) -> None:
         """Remember the first DataLoader's configuration (from its iterator or itself) for the manifest."""
         if self._dataloader is not None:
@@ -254,6 +285,7 @@ class Profiler:
             self._step_wait_ns.append(self._data_wait_ns)
             self._step_cpu_ns.append(time.process_time_ns() - self._step_cpu_start_ns)
             self._step_wait_cpu_ns.append(self._data_wait_cpu_ns)
+            self._step_workers_cpu_ns.append(self._workers_cpu())
 
     def step(self) -> None:
         """Mark the end of a training step."""
@@ -327,6 +359,7 @@ class Profiler:
             "data_wait_ns": self._step_wait_ns,
             "step_cpu_ns": self._step_cpu_ns,
             "data_wait_cpu_ns": self._step_wait_cpu_ns,
+            "workers_cpu_ns": self._step_workers_cpu_ns,
             "profiled": [self.schedule.is_active(i) for i in range(len(self._step_wall_ns))],
         })
         write_manifest(self.out_dir, r, {
@@ -344,6 +377,15 @@ class Profiler:
             "host": _host_facts(),
             "dataloader": self._dataloader,
         })
+
+
+def _schedstat_ns(pid: int) -> int | None:
+    """A process's time on a CPU so far (ns, Linux /proc/<pid>/schedstat); None where unavailable or gone."""
+    try:
+        with open(f"/proc/{pid}/schedstat", "rb") as fh:
+            return int(fh.read().split(maxsplit=1)[0])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _host_facts() -> dict[str, Any]:
@@ -382,6 +424,7 @@ def profile_loop(iterable: Iterable[T], out_dir: str | os.PathLike[str] = "kinet
             prof.add_data_wait(time.perf_counter_ns() - t0, time.process_time_ns() - c0)
             if hasattr(iterable, "num_workers"):
                 prof.note_dataloader(iterable)
+                prof.note_workers(it)
             first = False
             yield item
     finally:
