@@ -145,3 +145,15 @@ def test_exported_trace_files_have_their_secrets_redacted():
     cleaned = _json.loads(redacted_trace(original))
     assert b"hf_Ejxfcd" in original and "hf_Ejxfcd" not in _json.dumps(cleaned)
     assert cleaned["traceEvents"] == _json.loads(original)["traceEvents"]
+
+
+def test_metadata_never_hands_a_bare_string_to_the_json_viewer():
+    """Was: st.json("no deviceProperties") - the browser's viewer parses it and shows a red 'Json Parse Error'
+    (14 of 15 samples). Every JSON element now holds an object or a list; what is absent is said in words."""
+    import json
+
+    at = open_app("metadata", trace="cpu/leak")
+    assert not at.exception and not at.error
+    assert at.json and all(isinstance(json.loads(j.value), (dict, list)) for j in at.json)
+    captions = [c.value for c in at.caption]
+    assert "The trace has no deviceProperties." in captions and "The trace has no distributedInfo." in captions

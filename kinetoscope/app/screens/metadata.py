@@ -13,12 +13,18 @@ def render() -> None:
     st.header(f"Metadata · rank {entry['rank']}")
     st.markdown(f"**File** `{meta.source}` · schema {meta.schema_version} · {meta.n_events:,} events · "
                 f"loaded in {meta.load_seconds:.2f} s · rank from {meta.rank_source}")
-    st.subheader("Devices")
-    st.json(redact(list(meta.device_properties)) or "no deviceProperties", expanded=False)
-    st.subheader("Distributed")
-    st.json(redact(meta.distributed_info) if meta.distributed_info else "no distributedInfo", expanded=False)
-    st.subheader("Other trace metadata (secrets redacted)")
-    st.json(redact(meta.other), expanded=False)
+    # st.json parses a string as JSON: what is absent is said in words, never handed to it
+    for title, value, missing in (
+            ("Devices", list(meta.device_properties), "The trace has no deviceProperties."),
+            ("Distributed", meta.distributed_info, "The trace has no distributedInfo."),
+            ("Capture (host CPUs, torch threads, DataLoader)", meta.capture,
+             "No Kinetoscope capture manifest beside this trace."),
+            ("Other trace metadata (secrets redacted)", meta.other, "No other metadata.")):
+        st.subheader(title)
+        if value:
+            st.json(redact(value), expanded=False)
+        else:
+            st.caption(missing)
     if meta.unhandled_events:
         st.subheader("Events not analysed")
         st.json(meta.unhandled_events)
