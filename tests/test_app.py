@@ -157,3 +157,21 @@ def test_metadata_never_hands_a_bare_string_to_the_json_viewer():
     assert at.json and all(isinstance(json.loads(j.value), (dict, list)) for j in at.json)
     captions = [c.value for c in at.caption]
     assert "The trace has no deviceProperties." in captions and "The trace has no distributedInfo." in captions
+
+
+def test_compare_shows_each_gone_findings_prediction_beside_the_measurement():
+    """The public V100 pair: the num_workers=4 run (after) against the num_workers=0 run (before): the loader
+    stall is gone; its fix was predicted to give the before trace's estimate, 139.69 ms was measured."""
+    at = open_app("compare", trace="pairs/v100_resnet50_num_workers_4.json.gz",
+                  compare_with="real/v100_resnet50_2021.json.gz")
+    assert not at.exception and not at.error
+    assert any(s.value == "Findings gone: predicted and measured" for s in at.subheader)
+    fixes = at.dataframe[2].value
+    row = fixes[fixes["id"] == "loader_stall"].iloc[0]
+    assert row["measured_ms"] == pytest.approx(139.692, abs=0.001) and row["predicted_ms"] < row["before_ms"]
+
+
+def test_compare_waits_for_a_choice():
+    """Was: it compared with an unrelated sample at once ('mean step +814.1%')."""
+    at = open_app("compare", trace="cpu/healthy")
+    assert not at.exception and not at.error and not at.dataframe

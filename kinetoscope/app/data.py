@@ -50,7 +50,7 @@ def sample_choices() -> list[Choice]:
     if root is None:
         return []
     out = []
-    for sub in ("real", "cpu", "gpu"):
+    for sub in ("real", "cpu", "gpu", "pairs"):
         folder = root / sub
         if not folder.is_dir():
             continue

@@ -1,21 +1,41 @@
-"""Compare: this trace against another — what got faster or slower, which findings changed."""
+"""Compare: this trace against another — what got faster or slower, which findings changed, and for each
+finding gone, the step time its fix was predicted to give beside the one measured."""
+
+import os
 
 import streamlit as st
 
-from kinetoscope.analyze.compare import compare_reports, finding_changes
+from kinetoscope.analyze.compare import compare_reports, finding_changes, fix_check
 from kinetoscope.app import data, state
 from kinetoscope.app.cache import analyse
+from kinetoscope.app.launch import PATHS_ENV
+
+
+def _choices() -> list[data.Choice]:
+    """The paths given to ``kinetoscope app``, then the bundled samples."""
+    given = [p for p in os.environ.get(PATHS_ENV, "").split(os.pathsep) if p]
+    out: list[data.Choice] = []
+    for p in given:
+        try:
+            out += data.path_choices([p])
+        except Exception:  # noqa: BLE001 - a store or a vanished path is simply not offered
+            continue
+    return out + data.sample_choices()
 
 
 def render() -> None:
     analysis = state.current()
     st.header("Compare")
-    choices = data.sample_choices()
+    choices = _choices()
     labels = [c.label for c in choices if c.label != analysis.label]
     if not labels:
         st.info("No other trace to compare with.")
         st.stop()
-    other_label = st.selectbox("Compare the current trace (after) with (before)", labels, key="compare_with")
+    other_label = st.selectbox("Compare the current trace (after) with (before)", labels, key="compare_with",
+                               index=None, placeholder="choose the run before")
+    if other_label is None:
+        st.caption(f"The current trace, {analysis.label}, is the run after; choose the run before it.")
+        st.stop()
     other = next(c for c in choices if c.label == other_label)
     before = analyse(data.content_key(other.job.files), other.label, other.job)
     if before is None:
@@ -25,3 +45,17 @@ def render() -> None:
                  hide_index=True, use_container_width=True)
     st.subheader("Findings")
     st.dataframe(finding_changes(before.report, analysis.report), hide_index=True, use_container_width=True)
+    fixes = fix_check(before.trace, before.report, analysis.report)
+    if len(fixes):
+        st.subheader("Findings gone: predicted and measured")
+        st.caption("The mean step its fix was predicted to give (the before run's estimate) beside the mean step "
+                   "measured in the after run.")
+        shown = fixes.assign(before_ms=fixes["before_step_us"] / 1000, predicted_ms=fixes["predicted_step_us"] / 1000,
+                             measured_ms=fixes["measured_step_us"] / 1000)
+        shown = shown[["id", "rank", "before_ms", "predicted_ms", "measured_ms", "predicted_change", "measured_change",
+                       "error", "method"]]
+        pct = lambda v: "n/a" if v is None or v != v else f"{v:+.1%}"  # noqa: E731
+        ms = lambda v: "n/a" if v is None or v != v else f"{v:,.2f} ms"  # noqa: E731
+        st.dataframe(shown.style.format({"before_ms": ms, "predicted_ms": ms, "measured_ms": ms,
+                                         "predicted_change": pct, "measured_change": pct, "error": pct}),
+                     hide_index=True, use_container_width=True)
