@@ -328,7 +328,7 @@ def _cmd_whatif(args: argparse.Namespace) -> int:
     from kinetoscope.render.json import _clean
     from kinetoscope.render.text import render_whatif
 
-    wanted = [f for f in (x.strip() for x in args.fix.split(",")) if f]
+    wanted = list(dict.fromkeys(f for f in (x.strip() for x in args.fix.split(",")) if f))
     unknown = [f for f in wanted if f not in FINDING_IDS]
     if unknown:
         raise ConfigError(f"--fix: unknown finding id(s) {', '.join(unknown)}; known: {', '.join(FINDING_IDS)}")
@@ -336,6 +336,10 @@ def _cmd_whatif(args: argparse.Namespace) -> int:
     problems = whatif.check_params(params)
     if problems:
         raise ConfigError("--set " + "; ".join(problems))
+    unused = [fid for fid in params if wanted and fid not in wanted
+              and not (fid in ("loader_stall", "sync_in_loop", "sync_point") and "gpu_idle" in wanted)]
+    if unused:
+        sys.stderr.write(f"kinetoscope: note: --set for {', '.join(unused)}, not among --fix: not used\n")
     trace = load_trace(args.path)
     report = build_report(trace)
     ranks = [r for r in trace.ranks if args.rank is None or r.rank == args.rank]
@@ -351,6 +355,7 @@ def _cmd_whatif(args: argparse.Namespace) -> int:
                  for f in (chosen or mine)]
         together = whatif.combined(r, chosen, params) if chosen else None
         out.append({"rank": r.rank, "replay": entry.get("replay"), "fixes": alone, "together": together,
+                    "applied": [f.id for f in chosen],
                     "not_found": [f for f in wanted if f not in {c.id for c in chosen}]})
     if args.format == "json":
         sys.stdout.write(json.dumps(_clean({"source": args.path, "fix": wanted, "ranks": out})) + "\n")

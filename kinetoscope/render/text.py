@@ -141,7 +141,7 @@ def render_whatif(source: str, wanted: list[str], ranks: list[dict[str, Any]]) -
             out.append(f"  {f['id']:<22} {line}")
         together = r.get("together")
         if together:
-            out.append(f"  together ({', '.join(wanted)}): {_ms(together['step_us_after'])} per step, "
+            out.append(f"  together ({', '.join(r.get('applied') or wanted)}): {_ms(together['step_us_after'])} per step, "
                        f"{_ms(together['saving_us_per_step'])} faster ({_pct(together['saving_fraction'])})")
             for a in dict.fromkeys(together["assumptions"]):
                 out.append(f"    assuming {a}")
