@@ -32,7 +32,7 @@ def open_app(page: str | None = None, **state: Any) -> AppTest:
 def test_opens_on_the_bundled_samples_with_findings():
     at = open_app()
     assert not at.exception and not at.error
-    assert any("DataLoader stalls cost" in e.label for e in at.expander)
+    assert any("DataLoader stalls cost" in m.value for m in at.markdown)
     assert [m.label for m in at.metric][:3] == ["Mean step", "GPU idle", "Data loading"]
 
 
@@ -58,7 +58,10 @@ def test_memory_page_shows_the_leak():
 
 def test_multi_rank_job_has_a_rank_selector_and_ranks_page():
     at = open_app("ranks", trace="real/hta_2rank", rank=1)
-    assert at.selectbox(key="rank").value == 1 and at.selectbox(key="rank").options == ["0", "1"]
+    # the rank with the most severe finding is marked (both ranks' worst findings tie in severity: rank 0's
+    # saving ranks it first)
+    assert at.selectbox(key="rank").value == 1
+    assert at.selectbox(key="rank").options == [f"0 (most severe finding)", "1"]
     assert not at.exception and not at.error
     assert list(at.dataframe[0].value["rank"]) == [0, 1]
 
@@ -67,7 +70,7 @@ def test_upload_of_a_real_loader_bound_trace_shows_the_stall():
     trace = next((SAMPLES / "cpu" / "loader_bound").glob("*.pt.trace.json.gz"))
     at = open_app(source="Upload", pending_uploads=[(trace.name, trace.read_bytes())])
     assert not at.exception and not at.error
-    assert any("Data loading takes" in e.label for e in at.expander)
+    assert any("Data loading takes" in m.value for m in at.markdown)
 
 
 def test_upload_of_a_multi_rank_job():
@@ -175,3 +178,24 @@ def test_compare_waits_for_a_choice():
     """Was: it compared with an unrelated sample at once ('mean step +814.1%')."""
     at = open_app("compare", trace="cpu/healthy")
     assert not at.exception and not at.error and not at.dataframe
+
+
+def test_overview_shows_every_fix_and_what_it_is_worth_without_a_click():
+    """Was: the fix and the evidence hid in collapsed expanders, the evidence as raw JSON."""
+    at = open_app("overview", trace="real/v100_resnet50_2021.json.gz")
+    texts = [m.value for m in at.markdown]
+    assert sum(t.startswith("**What to do:**") for t in texts) == 4
+    assert any(t.startswith("**Fix this: ~58.82 ms per step faster") for t in texts)
+    assert any("- loader time: 415.79 ms" in t for t in texts)  # evidence as text, units from the key
+    assert "window 1,049.32 ms" in at.caption[0].value
+
+
+def test_a_multi_rank_upload_starts_on_the_rank_with_the_worst_finding():
+    """A healthy rank 0 and a loader-bound rank 1 uploaded as one job: the Overview opens on rank 1."""
+    healthy = next((SAMPLES / "cpu" / "healthy").glob("*.pt.trace.json.gz"))
+    stalled = next((SAMPLES / "cpu" / "loader_bound").glob("*.pt.trace.json.gz"))
+    at = open_app("overview", source="Upload", pending_uploads=[("rank-0.json.gz", healthy.read_bytes()),
+                                                                ("rank-1.json.gz", stalled.read_bytes())])
+    assert not at.exception and not at.error
+    assert "headline numbers: rank 1 of 2" in at.caption[0].value
+    assert at.session_state["rank"] == 1

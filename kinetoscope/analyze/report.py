@@ -42,6 +42,14 @@ class Report:
     #: numbers that break an invariant (a fraction outside [0, 1]): a bug, reported, never clamped away
     violations: tuple[str, ...] = ()
 
+    @property
+    def worst_rank(self) -> int | None:
+        """The rank of the first-ranked finding that names one (most severe, largest saving); else the first."""
+        for f in self.findings:
+            if f.rank is not None and any(r["rank"] == f.rank for r in self.ranks):
+                return int(f.rank)
+        return int(self.ranks[0]["rank"]) if self.ranks else None
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "schema_version": SCHEMA_VERSION,

@@ -87,7 +87,11 @@ def sidebar() -> None:
             st.error(f"{name} was not analysed: {reason}")
         ranks = [r["rank"] for r in analysis.report.ranks]
         if len(ranks) > 1:
-            st.sidebar.selectbox("Rank", ranks, key="rank")
+            worst = analysis.report.worst_rank
+            if st.session_state.get("rank") not in ranks:  # a new job: start on its worst rank
+                st.session_state["rank"] = worst
+            st.sidebar.selectbox("Rank", ranks, key="rank",
+                                 format_func=lambda r: f"{r} (most severe finding)" if r == worst else str(r))
 
 
 st.set_page_config(page_title="Kinetoscope", layout="wide")

@@ -27,7 +27,7 @@ def current() -> Analysis:
 
 def rank_entry(analysis: Analysis) -> dict[str, Any]:
     ranks = [r["rank"] for r in analysis.report.ranks]
-    chosen = st.session_state.get("rank", ranks[0])
+    chosen = st.session_state.get("rank", analysis.report.worst_rank)
     return analysis.report.ranks[ranks.index(chosen)] if chosen in ranks else analysis.report.ranks[0]
 
 

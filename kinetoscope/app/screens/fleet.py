@@ -4,6 +4,7 @@ import json
 
 import streamlit as st
 
+from kinetoscope.analyze.findings import SEVERITY_ORDER
 from kinetoscope.app import state
 from kinetoscope.batch.report import fleet
 from kinetoscope.batch.store import read_table
@@ -29,7 +30,11 @@ def render() -> None:
     rows = traces[traces["job"] == job]
     st.subheader(job)
     st.dataframe(rows.drop(columns=["key", "tool_version", "content_sha256"]), hide_index=True, use_container_width=True)
-    for f in findings[findings["job"] == job].sort_values("severity").itertuples():
+    mine = findings[findings["job"] == job]
+    order = mine["severity"].map(SEVERITY_ORDER).fillna(len(SEVERITY_ORDER))
+    saving = mine["saving_us_per_step"].fillna(-1) if "saving_us_per_step" in mine else 0
+    mine = mine.assign(_order=order, _saving=saving).sort_values(["_order", "_saving"], ascending=[True, False])
+    for f in mine.itertuples():
         with st.expander(f"{f.severity.upper()} · rank {f.rank} · {f.title}"):
             st.json(json.loads(f.evidence_json), expanded=False)
     st.caption("To inspect a file in depth, start the app on it: kinetoscope app " + state.quote(rows["path"].iloc[0]))

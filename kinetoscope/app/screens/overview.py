@@ -3,7 +3,7 @@
 import streamlit as st
 
 from kinetoscope.app import state
-from kinetoscope.render.format import worth
+from kinetoscope.render.format import evidence_lines, worth
 
 SEVERITY = {"critical": ":red[**CRITICAL**]", "warning": ":orange[**WARNING**]", "info": ":blue[info]"}
 
@@ -13,7 +13,11 @@ def render() -> None:
     report = analysis.report
     entry = state.rank_entry(analysis)
     st.title("Kinetoscope")
-    st.caption(f"{analysis.label} · {len(report.ranks)} rank(s) · window: {entry['window']['description']}")
+    n = len(report.ranks)
+    where = (f"headline numbers: rank {entry['rank']} of {n} (the rank with the most severe finding first; "
+             "change it in the sidebar)" if n > 1 else "1 rank")
+    st.caption(f"{analysis.label} · {where} · window {state.ms(entry.get('window_us'))}: "
+               f"{entry['window']['description']}")
 
     cols = st.columns(5)
     steps = entry.get("steps") or {}
@@ -34,15 +38,17 @@ def render() -> None:
     if not report.findings:
         st.success("No problems found: no loader stalls, idle GPU, copy, sync, memory, loop-hygiene or straggler findings.")
     for f in report.findings:
-        with st.expander(f"{SEVERITY[f.severity]} · rank {f.rank} · {f.title}", expanded=f.severity == "critical"):
+        with st.container(border=True):
+            st.markdown(f"{SEVERITY[f.severity]} · rank {f.rank} · {f.title}")
             st.markdown(f"**What to do:** {f.recommendation}")
             line = worth(f.estimate)
             if line:
                 st.markdown(f"**{line[0].upper()}{line[1:]}**")
                 if f.estimate and f.estimate.get("assumptions"):
                     st.caption("assuming: " + "; ".join(f.estimate["assumptions"]))
-            st.caption(f"finding id `{f.id}` · estimated cost {state.ms(f.impact_us)} of the window")
-            st.json(f.evidence, expanded=False)
+            with st.expander("Evidence", expanded=False):
+                st.markdown("\n".join(f"- {x}" for x in evidence_lines(f.evidence)))
+                st.caption(f"finding id `{f.id}` · measured cost {state.ms(f.impact_us)} in the window")
     for w in entry.get("warnings") or []:
         st.caption(f"note: {w}")
     for failure in report.failures:
