@@ -199,3 +199,12 @@ def test_a_multi_rank_upload_starts_on_the_rank_with_the_worst_finding():
     assert not at.exception and not at.error
     assert "headline numbers: rank 1 of 2" in at.caption[0].value
     assert at.session_state["rank"] == 1
+
+
+def test_memory_charts_use_mib_and_time_from_the_window_start():
+    """Was: raw bytes and absolute trace microseconds; a 'dashed' growth line that was solid."""
+    at = open_app("memory", trace="cpu/leak")
+    assert not at.exception and not at.error
+    specs = [c.proto.spec for c in at.get("vega_lite_chart")]
+    assert any('"MiB"' in s and "strokeDash" in s for s in specs)
+    assert any("time from the window start (ms)" in s for s in specs)

@@ -135,8 +135,10 @@ def _op_at(trace: RankTrace, ts_ns: int, tid: str) -> str | None:
 TIMELINE_POINTS = 2000
 
 
-def _timeline(ts: np.ndarray, allocated: np.ndarray, reserved: np.ndarray | None, label: str) -> pd.DataFrame:
-    """Allocated/reserved over time, at most TIMELINE_POINTS per device (each bin keeps its maximum)."""
+def _timeline(ts: np.ndarray, allocated: np.ndarray, reserved: np.ndarray | None, label: str,
+              start_ns: int) -> pd.DataFrame:
+    """Allocated/reserved over time, at most TIMELINE_POINTS per device (each bin keeps its maximum); ``t_ms``
+    is the time from the window's start and the ``_mib`` columns the sizes in MiB, for display."""
     n = len(ts)
     bins = max(1, int(np.ceil(n / TIMELINE_POINTS)))
     starts = np.arange(0, n, bins)
@@ -146,6 +148,9 @@ def _timeline(ts: np.ndarray, allocated: np.ndarray, reserved: np.ndarray | None
         # fmax: a bin's maximum ignoring missing values, missing only when all are
         "reserved_bytes": np.fmax.reduceat(reserved, starts) if reserved is not None else np.nan,
     })
+    frame["t_ms"] = (ts[starts] - start_ns) / 1e6
+    frame["allocated_mib"] = frame["allocated_bytes"] / 2**20
+    frame["reserved_mib"] = frame["reserved_bytes"] / 2**20
     return frame.assign(device=label)
 
 
@@ -204,7 +209,10 @@ def _device_metrics(trace: RankTrace, group: pd.DataFrame, config: AnalysisConfi
         per_step["growth_fit_bytes"] = intercept + slope * per_step["step"].to_numpy(np.float64)
     else:
         per_step["growth_fit_bytes"] = np.nan
-    timeline = _timeline(ts, allocated, reserved.to_numpy(np.float64) if has_reserved else None, metrics["device"])
+    timeline = _timeline(ts, allocated, reserved.to_numpy(np.float64) if has_reserved else None, metrics["device"],
+                         w.start_ns)
+    for col in ("allocated", "reserved", "growth_fit"):
+        per_step[f"{col}_mib"] = per_step[f"{col}_bytes"] / 2**20
     return metrics, per_step.assign(device=metrics["device"]), timeline
 
 

@@ -23,14 +23,26 @@ def render() -> None:
         cols[1].metric("Growth", f"{state.mib(growth)}/step" if growth is not None else "n/a",
                        help=f"R² {d['growth_r2']}, steady: {d['steady_growth']}")
         cols[2].metric("Fragmentation (max)", state.mib(d["fragmentation_bytes_max"]), help="reserved − allocated at step ends")
-        steps = per_step[per_step["device"] == device].set_index("step")
-        if len(steps):
-            st.markdown("At each step end (dashed: the fitted growth line)")
-            st.line_chart(steps[["allocated_bytes", "reserved_bytes", "growth_fit_bytes"]], y_label="bytes")
+        steps = per_step[per_step["device"] == device]
+        if len(steps) >= 2:
+            st.markdown("At each step end: allocated and reserved (solid), the fitted growth line (dashed)")
+            long = steps.melt(id_vars=["step"], value_vars=["allocated_mib", "reserved_mib", "growth_fit_mib"],
+                              var_name="series", value_name="MiB").dropna()
+            long["series"] = long["series"].map({"allocated_mib": "allocated", "reserved_mib": "reserved",
+                                                 "growth_fit_mib": "growth line (fit)"})
+            chart = alt.Chart(long).mark_line(point=True).encode(
+                x=alt.X("step:O", title="step"), y=alt.Y("MiB:Q", title="MiB", scale=alt.Scale(zero=False)),
+                color=alt.Color("series:N", title=None),
+                strokeDash=alt.condition(alt.datum.series == "growth line (fit)", alt.value([6, 4]), alt.value([1, 0])),
+                tooltip=["step", "series", alt.Tooltip("MiB:Q", format=",.1f")])
+            st.altair_chart(chart, use_container_width=True)
+        else:
+            st.caption("One step in the window: no per-step chart (capture more active steps to judge growth).")
         series = timeline[timeline["device"] == device]
         if len(series):
-            base = alt.Chart(series).encode(x=alt.X("ts_us:Q", title="time (µs, trace clock)"))
-            lines = base.mark_line().encode(y=alt.Y("allocated_bytes:Q", title="allocated bytes"))
-            peak = alt.Chart(series.nlargest(1, "allocated_bytes")).mark_point(color="red", size=80).encode(
-                x="ts_us:Q", y="allocated_bytes:Q", tooltip=["ts_us", "allocated_bytes"])
+            base = alt.Chart(series).encode(x=alt.X("t_ms:Q", title="time from the window start (ms)"))
+            lines = base.mark_line().encode(y=alt.Y("allocated_mib:Q", title="allocated (MiB)", scale=alt.Scale(zero=False)))
+            peak = alt.Chart(series.nlargest(1, "allocated_mib")).mark_point(color="red", size=80).encode(
+                x="t_ms:Q", y="allocated_mib:Q",
+                tooltip=[alt.Tooltip("t_ms:Q", format=",.2f", title="ms"), alt.Tooltip("allocated_mib:Q", format=",.1f", title="MiB")])
             st.altair_chart(lines + peak, use_container_width=True)
