@@ -17,7 +17,8 @@ from streamlit.testing.v1 import AppTest  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "kinetoscope" / "app" / "main.py"
 SAMPLES = ROOT / "sample_traces"
-PAGES = ["overview", "steps", "streams", "copies", "memory", "timeline", "ranks", "compare", "metadata", "export"]
+PAGES = ["overview", "steps", "streams", "copies", "memory", "operators", "timeline", "ranks", "compare", "metadata",
+         "export"]
 
 
 def open_app(page: str | None = None, **state: Any) -> AppTest:
@@ -43,7 +44,7 @@ def test_every_page_renders_for_a_gpu_trace(page):
     assert not at.error
 
 
-@pytest.mark.parametrize("page", ["overview", "steps", "streams", "copies", "memory", "timeline", "metadata"])
+@pytest.mark.parametrize("page", ["overview", "steps", "streams", "copies", "memory", "operators", "timeline", "metadata"])
 def test_pages_handle_a_cpu_only_trace(page):
     at = open_app(page, trace="cpu/leak")
     assert not at.exception and not at.error
@@ -208,3 +209,11 @@ def test_memory_charts_use_mib_and_time_from_the_window_start():
     specs = [c.proto.spec for c in at.get("vega_lite_chart")]
     assert any('"MiB"' in s and "strokeDash" in s for s in specs)
     assert any("time from the window start (ms)" in s for s in specs)
+
+
+def test_operators_and_kernels_page():
+    at = open_app("operators", trace="real/v100_resnet50_2021.json.gz")
+    assert not at.exception and not at.error
+    ops, kernels = at.dataframe[0].value, at.dataframe[1].value
+    assert len(ops) == 50 and ops["self_ms"].is_monotonic_decreasing
+    assert len(kernels) == 50 and kernels["total_ms"].is_monotonic_decreasing

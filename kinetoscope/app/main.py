@@ -16,7 +16,7 @@ from kinetoscope.app.cache import analyse, watch_upload
 from kinetoscope.app.launch import PATHS_ENV
 from kinetoscope.batch.store import is_store
 from kinetoscope.app.screens import (
-    compare, copies, export, fleet, memory, metadata, overview, ranks, steps, streams, timeline,
+    compare, copies, export, fleet, memory, metadata, operators, overview, ranks, steps, streams, timeline,
 )
 from kinetoscope.errors import KinetoscopeError
 
@@ -102,6 +102,7 @@ PAGES = [
     ("streams", "Streams", streams.render),
     ("copies", "Copies", copies.render),
     ("memory", "Memory", memory.render),
+    ("operators", "Operators & kernels", operators.render),
     ("timeline", "Timeline", timeline.render),
     ("ranks", "Ranks", ranks.render),
     ("compare", "Compare", compare.render),
