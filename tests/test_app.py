@@ -13,12 +13,13 @@ import pytest
 
 pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
+from tracebuilder import TraceBuilder  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "kinetoscope" / "app" / "main.py"
 SAMPLES = ROOT / "sample_traces"
-PAGES = ["overview", "steps", "streams", "copies", "memory", "operators", "timeline", "ranks", "compare", "metadata",
-         "export"]
+PAGES = ["overview", "steps", "streams", "copies", "memory", "operators", "telemetry", "timeline", "ranks", "compare",
+         "metadata", "export"]
 
 
 def open_app(page: str | None = None, **state: Any) -> AppTest:
@@ -217,3 +218,21 @@ def test_operators_and_kernels_page():
     ops, kernels = at.dataframe[0].value, at.dataframe[1].value
     assert len(ops) == 50 and ops["self_ms"].is_monotonic_decreasing
     assert len(kernels) == 50 and kernels["total_ms"].is_monotonic_decreasing
+
+
+def test_telemetry_page_shows_the_capture_counters_in_their_units(tmp_path):
+    """Was: no page for the NVML counters the capture records. Utilisation 40 then 60 % (mean 50 %), memory
+    used 1 GiB then 3 GiB (mean 2,048 MiB), over two 1 ms steps."""
+    import json as _json
+
+    b = TraceBuilder().step(1, 0, 1000).step(2, 1000, 1000)
+    for ts, util, used in ((100, 40, 1 << 30), (1500, 60, 3 << 30)):
+        b.raw({"ph": "C", "name": "GPU 0 telemetry", "pid": "GPU 0", "tid": 0, "ts": ts,
+               "args": {"gpu_util_pct": util, "mem_used_bytes": used}})
+    data = _json.dumps(b.document()).encode()
+    at = open_app("telemetry", source="Upload", pending_uploads=[("telemetry.json", data)])
+    assert not at.exception and not at.error
+    shown = {m.label: m.value for m in at.metric}
+    assert shown["gpu_util_pct (mean)"] == "50.0 %" and shown["mem_used_bytes (mean)"] == "2,048.0 MiB"
+    none = open_app("telemetry", trace="cpu/leak")
+    assert not none.exception and "No telemetry in this trace" in none.info[0].value

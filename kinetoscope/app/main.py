@@ -16,7 +16,8 @@ from kinetoscope.app.cache import analyse, watch_upload
 from kinetoscope.app.launch import PATHS_ENV
 from kinetoscope.batch.store import is_store
 from kinetoscope.app.screens import (
-    compare, copies, export, fleet, memory, metadata, operators, overview, ranks, steps, streams, timeline,
+    compare, copies, export, fleet, memory, metadata, operators, overview, ranks, steps, streams, telemetry,
+    timeline,
 )
 from kinetoscope.errors import KinetoscopeError
 
@@ -103,6 +104,7 @@ PAGES = [
     ("copies", "Copies", copies.render),
     ("memory", "Memory", memory.render),
     ("operators", "Operators & kernels", operators.render),
+    ("telemetry", "Telemetry", telemetry.render),
     ("timeline", "Timeline", timeline.render),
     ("ranks", "Ranks", ranks.render),
     ("compare", "Compare", compare.render),
