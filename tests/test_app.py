@@ -236,3 +236,24 @@ def test_telemetry_page_shows_the_capture_counters_in_their_units(tmp_path):
     assert shown["gpu_util_pct (mean)"] == "50.0 %" and shown["mem_used_bytes (mean)"] == "2,048.0 MiB"
     none = open_app("telemetry", trace="cpu/leak")
     assert not none.exception and "No telemetry in this trace" in none.info[0].value
+
+
+def test_several_uploaded_files_are_ranks_or_runs_as_the_user_says():
+    """Was: a second file silently became rank 1 of the first, and the first analysis was gone. Two runs of
+    the same script (no rank in their names or metadata): as ranks, the app warns that it numbered them in
+    file order; as separate runs, each is analysed on its own and Compare offers the other."""
+    healthy = next((SAMPLES / "cpu" / "healthy").glob("*.pt.trace.json.gz"))
+    stalled = next((SAMPLES / "cpu" / "loader_bound").glob("*.pt.trace.json.gz"))
+    files = [("before.json.gz", stalled.read_bytes()), ("after.json.gz", healthy.read_bytes())]
+    as_ranks = open_app("overview", source="Upload", pending_uploads=files)
+    assert not as_ranks.exception and len(as_ranks.session_state["analysis"].report.ranks) == 2
+    assert any("numbered them in file order" in w.value or "numbered in file order" in w.value
+               for w in as_ranks.sidebar.warning)
+    as_runs = open_app("compare", source="Upload", pending_uploads=files, upload_mode="separate runs",
+                       upload_run="after.json.gz", compare_with="before.json.gz")
+    assert not as_runs.exception and not as_runs.error
+    assert as_runs.selectbox(key="upload_run").options == ["after.json.gz", "before.json.gz"]
+    assert len(as_runs.session_state["analysis"].report.ranks) == 1
+    table = as_runs.dataframe[0].value
+    row = table[table["metric"] == "data loading, fraction of window"].iloc[0]
+    assert row["after"] < row["before"]

@@ -156,6 +156,11 @@ def save_uploads(files: list[tuple[str, bytes]]) -> tuple[str, Job, UploadDir]:
     return key, Job(label, tuple(sorted(paths))), folder
 
 
+def separate_runs(job: Job) -> list[Choice]:
+    """An uploaded job's files as runs of their own, one job each (the user said they are not ranks)."""
+    return [Choice(path.name, Job(path.name, (path,))) for path in job.files]
+
+
 def _safe_name(name: str) -> str:
     return _SAFE_NAME.sub("_", Path(name).name).lstrip(".") or "trace.json"
 

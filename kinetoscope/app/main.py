@@ -25,6 +25,10 @@ from kinetoscope.errors import KinetoscopeError
 PENDING_UPLOADS = "pending_uploads"
 #: the session's upload folder (a data.UploadDir): deleted on the next upload or when the session ends
 UPLOAD_DIR = "upload_dir"
+#: the session's uploaded job (all its files), and whether several files are ranks of one job or separate runs
+UPLOADED = "uploaded_job"
+UPLOAD_MODE = "upload_mode"
+RANKS, RUNS = "ranks of one job", "separate runs"
 #: the page shown first (tests use it: AppTest cannot switch between function pages)
 START_PAGE = "start_page"
 
@@ -45,11 +49,16 @@ def sidebar() -> None:
     pending = st.session_state.pop(PENDING_UPLOADS, None)
     if source == "Upload" or pending:
         files = st.sidebar.file_uploader(
-            f"Kineto trace files (.json, .json.gz), up to {data.MAX_UPLOAD_MB} MiB in total. "
-            "Several files are the ranks of one job.",
+            f"Kineto trace files (.json, .json.gz), up to {data.MAX_UPLOAD_MB} MiB in total.",
             type=["json", "gz"], accept_multiple_files=True, key="upload",
         )
         uploads = pending or [(f.name, f.getvalue()) for f in files or []]
+        # several files: ranks of one job, or runs to compare? Asked, never assumed (a second file once became
+        # rank 1 of the first without a word)
+        separate = len(uploads) > 1 and st.sidebar.radio(
+            "These files are", [RANKS, RUNS], key=UPLOAD_MODE,
+            help="ranks of one job: analysed together (collectives, stragglers); separate runs: each analysed on "
+                 "its own, to pick one and compare it with the others") == RUNS
         if uploads:
             key = data.upload_key(uploads)
             if key != st.session_state.get("upload_key"):
@@ -66,8 +75,28 @@ def sidebar() -> None:
                 st.session_state[UPLOAD_DIR] = folder
                 watch_upload(folder.path)
                 st.session_state[state.JOB] = job
-                st.session_state[state.CURRENT] = analyse(key, job.name, job, folder.path)
+                st.session_state[UPLOADED] = job
                 st.session_state["upload_key"] = key
+                st.session_state[state.CURRENT] = None
+            job = st.session_state[UPLOADED]
+            folder = st.session_state[UPLOAD_DIR]
+            if separate:
+                runs = data.separate_runs(job)
+                st.session_state[state.UPLOAD_RUNS] = runs
+                label = st.sidebar.selectbox("Run", [r.label for r in runs], key="upload_run")
+                run = next(r for r in runs if r.label == label)
+                st.session_state[state.JOB] = run.job
+                st.session_state[state.CURRENT] = analyse(key + "/" + label, label, run.job, folder.path)
+            else:
+                st.session_state[state.UPLOAD_RUNS] = []
+                st.session_state[state.JOB] = job
+                st.session_state[state.CURRENT] = analyse(key, job.name, job, folder.path)
+                current = st.session_state[state.CURRENT]
+                defaulted = [r for r in current.report.ranks if r["rank_source"] == "default"] if current else []
+                if len(job.files) > 1 and defaulted:
+                    st.sidebar.warning(f"{len(defaulted)} of the {len(job.files)} files name no rank (no "
+                                       "distributedInfo, no rank-N in the name): they were numbered in file order. "
+                                       "If they are separate runs, say so above.")
         elif source == "Upload" and st.session_state.get("upload_key") is None:
             st.session_state[state.CURRENT] = None
     else:

@@ -14,6 +14,8 @@ CURRENT = "analysis"
 #: the job (its files) behind the current analysis, as this session has it
 JOB = "job"
 COMPARE = "compare_analysis"
+#: an upload's files as separate runs (data.Choice each), when the user said so; Compare offers them
+UPLOAD_RUNS = "upload_runs"
 
 
 def current() -> Analysis:

@@ -12,9 +12,9 @@ from kinetoscope.app.launch import PATHS_ENV
 
 
 def _choices() -> list[data.Choice]:
-    """The paths given to ``kinetoscope app``, then the bundled samples."""
+    """The session's other uploaded runs, the paths given to ``kinetoscope app``, then the bundled samples."""
     given = [p for p in os.environ.get(PATHS_ENV, "").split(os.pathsep) if p]
-    out: list[data.Choice] = []
+    out: list[data.Choice] = list(st.session_state.get(state.UPLOAD_RUNS) or [])
     for p in given:
         try:
             out += data.path_choices([p])
