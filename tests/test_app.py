@@ -136,6 +136,14 @@ def test_fleet_view_of_a_batch_store(tmp_path, monkeypatch):
     assert list(jobs["job"]) == ["job-broken", "job-v100"]  # failed first
     assert "loader_stall" in jobs.columns
     assert any("DataLoader stalls" in e.label for e in at.expander)
+    # the job's step time, GPU idle, and its worst finding with what fixing it is worth (the V100 sample:
+    # 174.83 ms steps, 44% idle, the critical loader stall worth 58.82 ms per step)
+    v100 = jobs.set_index("job").loc["job-v100"]
+    assert v100["mean_step_ms"] == pytest.approx(174.829, abs=0.001) and v100["gpu_idle_fraction"] == pytest.approx(0.44, abs=0.005)
+    assert v100["worst_finding"] == "critical loader_stall"
+    assert v100["worst_saving_ms_per_step"] == pytest.approx(58.82, abs=0.01)
+    assert list(jobs.columns[:9]) == ["job", "files", "failed", "critical", "warnings", "mean_step_ms", "gpu_idle_fraction",
+                                      "worst_finding", "worst_saving_ms_per_step"]
 
 
 def test_exported_trace_files_have_their_secrets_redacted():
