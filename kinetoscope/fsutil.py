@@ -39,3 +39,16 @@ def atomic_write(path: Path, data: bytes) -> None:
     with atomic_target(path) as tmp:
         with open(tmp, "wb") as fh:
             fh.write(data)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this id exists (one we may not signal counts as alive); 0 names no process."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

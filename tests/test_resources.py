@@ -193,23 +193,28 @@ def test_every_hostile_file_is_refused_within_2_s_and_300_mb_at_default_limits(t
     _zero_bomb(tmp_path / "corpus" / "zeros_bomb.json.gz")
     slow = []
     for name in sorted(corpus) + ["zeros_bomb.json.gz"]:
-        seconds, peak_mb, outcome = json.loads(_python("""
-            import json, sys, time
-            from pathlib import Path
-            from kinetoscope.analyze.loader import load_trace
-            from kinetoscope.errors import KinetoscopeError
-            started = time.perf_counter()
-            try:
-                load_trace(Path(sys.argv[1]))
-                outcome = "ok"
-            except KinetoscopeError as exc:
-                outcome = str(exc)
-            peak = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM"))
-            print(json.dumps([time.perf_counter() - started, peak / 1024, outcome]))
-        """, str(tmp_path / "corpus" / name)))
+        seconds, peak_mb, outcome = _load_in_a_process(tmp_path / "corpus" / name)
         if seconds > 2.0 or peak_mb > 300:
             slow.append((name, round(seconds, 2), round(peak_mb), outcome[:80]))
     assert slow == []
+
+
+def _load_in_a_process(path) -> list:
+    """[seconds, peak RSS in MB, "ok" or the error message] of loading ``path`` in a fresh process."""
+    return json.loads(_python("""
+        import json, sys, time
+        from pathlib import Path
+        from kinetoscope.analyze.loader import load_trace
+        from kinetoscope.errors import KinetoscopeError
+        started = time.perf_counter()
+        try:
+            load_trace(Path(sys.argv[1]))
+            outcome = "ok"
+        except KinetoscopeError as exc:
+            outcome = str(exc)
+        peak = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM"))
+        print(json.dumps([time.perf_counter() - started, peak / 1024, outcome]))
+    """, str(path)))
 
 
 def test_files_that_would_amplify_are_refused_in_bounded_time_and_memory(tmp_path):
@@ -222,20 +227,7 @@ def test_files_that_would_amplify_are_refused_in_bounded_time_and_memory(tmp_pat
     expects = write_amplifiers(tmp_path)
     bad = []
     for name, expect in sorted(expects.items()):
-        seconds, peak_mb, outcome = json.loads(_python("""
-            import json, sys, time
-            from pathlib import Path
-            from kinetoscope.analyze.loader import load_trace
-            from kinetoscope.errors import KinetoscopeError
-            started = time.perf_counter()
-            try:
-                load_trace(Path(sys.argv[1]))
-                outcome = "ok"
-            except KinetoscopeError as exc:
-                outcome = str(exc)
-            peak = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM"))
-            print(json.dumps([time.perf_counter() - started, peak / 1024, outcome]))
-        """, str(tmp_path / name)))
+        seconds, peak_mb, outcome = _load_in_a_process(tmp_path / name)
         budget_s = 4.0 if name.startswith("large_") else 2.0
         if seconds > budget_s or peak_mb > 300 or expect.error not in outcome:
             bad.append((name, round(seconds, 2), round(peak_mb), outcome[:100]))

@@ -107,14 +107,27 @@ def _captured(tmp_path: Path, b: TraceBuilder, dataloader: dict, host: dict | No
     return out
 
 
+def waiting_steps(step_us: int, wait_us: int, *, multiprocess: bool = False, steps: int = 12) -> TraceBuilder:
+    """``steps`` steps of ``step_us``, each opening with a ``wait_us`` wait for data."""
+    b = TraceBuilder()
+    for k in range(steps):
+        t = step_us * k
+        b.step(k + 1, t, step_us).loader(t, wait_us, multiprocess=multiprocess)
+    return b
+
+
+def _step_times(out: Path, *, cpu_ns: int, wait_cpu_ns: int, n: int = 14) -> None:
+    """The capture's step timings beside the trace: 40 ms steps with 30 ms waits, and their process CPU time."""
+    (out / "rank-0.steps.json").write_text(json.dumps({
+        "step_wall_ns": [40_000_000] * n, "data_wait_ns": [30_000_000] * n, "profiled": [False] * n,
+        "step_cpu_ns": [cpu_ns] * n, "data_wait_cpu_ns": [wait_cpu_ns] * n}))
+
+
 def test_more_workers_for_a_steadily_stalled_loader(tmp_path):
     """2 workers, 20 ms steps: 10 ms waiting for data, 10 ms of compute. A stalled loader delivers one batch
     per step, so each worker takes 2 steps = 40 ms per batch. With 4 workers a batch is ready every 10 ms,
     exactly the compute: the step becomes 10 ms (waits vanish in steady state)."""
-    b = TraceBuilder()
-    for k in range(12):
-        t = 20_000 * k
-        b.step(k + 1, t, 20_000).loader(t, 10_000, multiprocess=True)
+    b = waiting_steps(20_000, 10_000, multiprocess=True)
     r = load_trace(_captured(tmp_path, b, {"num_workers": 2, "prefetch_factor": 2})).ranks[0]
     est = whatif.estimate(r, finding("loader_stall"), {"num_workers": 4})
     assert est["step_us_after"] == pytest.approx(10_000, abs=1)
@@ -128,10 +141,7 @@ def test_num_workers_zero_each_wait_is_a_batch(tmp_path):
     """num_workers=0: each 30 ms wait is one batch loaded inline; compute 10 ms; taking a batch from a worker
     costs the loop 1 ms (the hand-over a trace without workers cannot show). Two workers give a batch every
     15 ms, slower than 10 + 1 ms: the step is 15 ms; four workers: 7.5 ms per batch, the step is 11 ms."""
-    b = TraceBuilder()
-    for k in range(12):
-        t = 40_000 * k
-        b.step(k + 1, t, 40_000).loader(t, 30_000)
+    b = waiting_steps(40_000, 30_000)
     out = _captured(tmp_path, b, {"num_workers": 0}, {"cpus": 2, "torch_threads": 1})
     r = load_trace(out).ranks[0]
     assert whatif.estimate(r, finding("loader_stall"), {"num_workers": 2})["step_us_after"] == pytest.approx(15_000, abs=1)
@@ -144,15 +154,9 @@ def test_loading_that_computes_competes_for_the_cpus(tmp_path):
     """num_workers=0 on 2 CPUs; each 30 ms wait burns a full core (CPU-heavy decode) and the 10 ms of compute
     uses both cores (capture's process CPU time per step). Four workers: the queue alone would give 10 ms,
     but 30 ms of decode + 20 ms of compute CPU per step on 2 CPUs needs 25 ms: the step is 25 ms."""
-    b = TraceBuilder()
-    for k in range(12):
-        t = 40_000 * k
-        b.step(k + 1, t, 40_000).loader(t, 30_000)
+    b = waiting_steps(40_000, 30_000)
     out = _captured(tmp_path, b, {"num_workers": 0}, {"cpus": 2, "torch_threads": 2})
-    n = 14
-    (out / "rank-0.steps.json").write_text(json.dumps({
-        "step_wall_ns": [40_000_000] * n, "data_wait_ns": [30_000_000] * n, "profiled": [False] * n,
-        "step_cpu_ns": [30_000_000 + 20_000_000] * n, "data_wait_cpu_ns": [30_000_000] * n}))
+    _step_times(out, cpu_ns=30_000_000 + 20_000_000, wait_cpu_ns=30_000_000)
     r = load_trace(out).ranks[0]
     est = whatif.estimate(r, finding("loader_stall"), {"num_workers": 4})
     assert est["step_us_after"] == pytest.approx(25_000, abs=1)
@@ -375,10 +379,7 @@ def test_measured_savings_of_one_thing_count_once_and_never_below_the_gpu(tmp_pa
 def test_fixes_together_take_the_named_fixs_parameters_in_any_order(tmp_path):
     """gpu_idle (mostly data wait) stands for the loader fix: with loader_stall.num_workers=1 named, either
     order gives the 1-worker answer (was: the order decided which plan won)."""
-    b = TraceBuilder()
-    for k in range(12):
-        t = 40_000 * k
-        b.step(k + 1, t, 40_000).loader(t, 30_000)
+    b = waiting_steps(40_000, 30_000)
     out = _captured(tmp_path, b, {"num_workers": 0})
     r = load_trace(out).ranks[0]
     params = {"loader_stall": {"num_workers": 1, "handoff_ms": 0}}
@@ -391,15 +392,9 @@ def test_fixes_together_take_the_named_fixs_parameters_in_any_order(tmp_path):
 def test_loading_that_waits_is_not_capped_by_the_cores(tmp_path):
     """num_workers=0 on 2 CPUs, 30 ms waits that burn no CPU (storage), 10 ms of compute: by default the fix
     takes enough workers to hide loading (4), not the 1 core the training leaves free."""
-    b = TraceBuilder()
-    for k in range(12):
-        t = 40_000 * k
-        b.step(k + 1, t, 40_000).loader(t, 30_000)
+    b = waiting_steps(40_000, 30_000)
     out = _captured(tmp_path, b, {"num_workers": 0}, {"cpus": 2, "torch_threads": 1})
-    n = 14
-    (out / "rank-0.steps.json").write_text(json.dumps({
-        "step_wall_ns": [40_000_000] * n, "data_wait_ns": [30_000_000] * n, "profiled": [False] * n,
-        "step_cpu_ns": [10_000_000] * n, "data_wait_cpu_ns": [0] * n}))
+    _step_times(out, cpu_ns=10_000_000, wait_cpu_ns=0)
     est = whatif.estimate(load_trace(out).ranks[0], finding("loader_stall"))
     assert est["num_workers"] == 4 and est["step_us_after"] == pytest.approx(11_000, abs=1)
 

@@ -220,14 +220,15 @@ def _rank_from_raw(raw: RawColumns, size: int, path: Path, *, default_rank: int,
         raise TraceFormatError(str(path), "trace holds no timed events (nothing to analyse)")
     run_steps, note = _run_steps(path, rank)
     notes = (note,) if note else ()
-    cut = _cut_short_step(path, rank)
+    manifest = _manifest_bytes(path, rank)  # read once: the window that was cut short, and the run's facts
+    cut = _cut_short_step(path, manifest)
     steps = trace.steps
     if cut is not None and len(steps) and (steps["step"] == cut[0]).any():
         steps = steps.assign(partial=steps["partial"].to_numpy() | (steps["step"] == cut[0]).to_numpy())
         notes += (f"ProfilerStep#{cut[0]} is partial: {cut[1]} before it completed (capture manifest); the window "
                   "leaves it out",)
     meta = replace(trace.meta, load_seconds=time.perf_counter() - started, warnings=trace.meta.warnings + notes,
-                   capture=_capture_facts(path, rank))
+                   capture=_capture_facts(manifest))
     return replace(trace, meta=meta, run_steps=run_steps, steps=steps)
 
 
@@ -242,15 +243,24 @@ class _Manifest(msgspec.Struct):
     windows: list[_Window] = []
 
 
-def _cut_short_step(path: Path, rank: int) -> tuple[int, str] | None:
-    """(the step, why) when the capture's manifest says the process ended inside this trace's window: that
-    step, open at the end, never completed (a crash, a signal, or the loop's end)."""
+def _manifest_bytes(path: Path, rank: int) -> bytes | None:
+    """The capture's manifest beside a captured trace (``rank-<r>.manifest.json``), if there is one."""
     if not _WINDOW_IN_NAME.search(path.name):
         return None
-    sidecar = path.with_name(f"rank-{rank}.manifest.json")
     try:
-        manifest = msgspec.json.decode(sidecar.read_bytes(), type=_Manifest)
-    except (OSError, msgspec.DecodeError, msgspec.ValidationError):
+        return path.with_name(f"rank-{rank}.manifest.json").read_bytes()
+    except OSError:
+        return None
+
+
+def _cut_short_step(path: Path, manifest_bytes: bytes | None) -> tuple[int, str] | None:
+    """(the step, why) when the capture's manifest says the process ended inside this trace's window: that
+    step, open at the end, never completed (a crash, a signal, or the loop's end)."""
+    if manifest_bytes is None:
+        return None
+    try:
+        manifest = msgspec.json.decode(manifest_bytes, type=_Manifest)
+    except (msgspec.DecodeError, msgspec.ValidationError):
         return None
     for w in manifest.windows:
         if w.trace == path.name and w.cut_short:
@@ -265,13 +275,13 @@ class _Facts(msgspec.Struct):
     dataloader: Union[dict[str, Union[int, bool, str, None]], None] = None
 
 
-def _capture_facts(path: Path, rank: int) -> dict[str, Any]:
+def _capture_facts(manifest_bytes: bytes | None) -> dict[str, Any]:
     """The host's CPUs, torch's threads and the DataLoader's configuration from the capture's manifest."""
-    if not _WINDOW_IN_NAME.search(path.name):
+    if manifest_bytes is None:
         return {}
     try:
-        facts = msgspec.json.decode(path.with_name(f"rank-{rank}.manifest.json").read_bytes(), type=_Facts)
-    except (OSError, msgspec.DecodeError, msgspec.ValidationError):
+        facts = msgspec.json.decode(manifest_bytes, type=_Facts)
+    except (msgspec.DecodeError, msgspec.ValidationError):
         return {}
     return {k: v for k, v in (("host", facts.host), ("dataloader", facts.dataloader)) if v}
 

@@ -33,17 +33,13 @@ import pandas as pd
 from kinetoscope.analyze import intervals as iv
 from kinetoscope.analyze.findings import Finding
 from kinetoscope.analyze.timeline import (
-    GRAPH_LAUNCH_RE,
     SYNC_RUNTIME_RE,
     gpu_work,
-    kind_mask,
     launches,
-    launching_threads,
     loader_spans,
     main_thread,
     name_mask,
     runtime_calls,
-    window,
 )
 from kinetoscope.analyze.trace import RankTrace, trace_view
 
@@ -790,8 +786,7 @@ def plan_from_measure(key: str, saving_ns_per_step: float, method: str, assumpti
     return Plan(Edits(analytic_ns={key: max(0.0, saving_ns_per_step)}), method, assumptions)
 
 
-def plan_for(trace: RankTrace, g: ReplayGraph, finding: Finding, params: dict[str, Any] | None = None,
-             report_entry: dict[str, Any] | None = None) -> Plan | None:
+def plan_for(trace: RankTrace, g: ReplayGraph, finding: Finding, params: dict[str, Any] | None = None) -> Plan | None:
     """The edit that fixes ``finding``, or None where this finding is not a time cost (or nothing to edit)."""
     p = params or {}
     fid = finding.id

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from kinetoscope.fsutil import pid_alive
 from kinetoscope.analyze.limits import LoadLimits, parse_size
 from kinetoscope.analyze.loader import Job, find_jobs, load_job_tolerant
 from kinetoscope.analyze.report import Report, build_report
@@ -105,23 +106,13 @@ def sweep_stale_uploads(older_than_s: float = 3600.0) -> int:
         except ValueError:
             pid = None
         try:
-            alive = pid is not None and (pid == os.getpid() or _alive(pid))
+            alive = pid is not None and (pid == os.getpid() or pid_alive(pid))
             if not alive and time.time() - folder.stat().st_mtime > older_than_s:
                 shutil.rmtree(folder, ignore_errors=True)
                 removed += 1
         except OSError:
             continue
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def upload_key(files: list[tuple[str, bytes]]) -> str:

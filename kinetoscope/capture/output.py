@@ -23,7 +23,7 @@ from typing import Any
 
 import msgspec
 
-from kinetoscope.fsutil import atomic_target, atomic_write
+from kinetoscope.fsutil import atomic_target, atomic_write, pid_alive
 
 log = logging.getLogger("kinetoscope.capture")
 
@@ -138,16 +138,6 @@ _RAW = re.compile(r"^\.rank-(\d+)\.(\d+)\.step-(\d+)-(\d+)\.raw\.json$")
 STALE_TMP_S = 60.0
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return pid != 0
-
-
 def _complete_json(path: Path) -> bool:
     """Whether a file ends like a whole JSON document (an export killed midway does not)."""
     try:
@@ -176,7 +166,7 @@ def tidy_output_dir(out: Path, *, writers_gone: bool = False) -> tuple[list[Path
             m = _RAW.match(p.name)
             if m is not None:
                 rank, pid, first, last = (int(g) for g in m.groups())
-                if not writers_gone and _pid_alive(pid):
+                if not writers_gone and pid_alive(pid):
                     continue
                 final = out / trace_name(rank, first, last)
                 plain = final.with_name(final.name[:-3])  # .pt.trace.json
