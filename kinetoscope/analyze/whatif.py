@@ -401,8 +401,26 @@ def _ops(g: ReplayGraph, dur: np.ndarray, lo: int, hi: int, ends: np.ndarray, sh
         lo = cut
 
 
+#: stretches this short are timed op by op: numpy's per-call cost would exceed the work (a trace whose event
+#: waits split it into thousands of tiny stretches spent most of its replay there)
+SCALAR_RUN = 8
+
+
 def _ops_run(g: ReplayGraph, dur: np.ndarray, lo: int, hi: int, ends: np.ndarray, shift: np.ndarray,
              carry: np.ndarray, op_end: np.ndarray) -> None:
+    if hi - lo <= SCALAR_RUN:
+        for j in range(lo, hi):  # the same recurrence, one op at a time
+            anchor = int(g.op_anchor[j])
+            k = int(np.searchsorted(ends, anchor, side="right")) - 1
+            start = anchor + (int(shift[k]) if k >= 0 else 0) + int(g.op_a[j])
+            dep = int(g.op_dep[j])
+            if dep >= 0:
+                start = max(start, int(op_end[dep]) + int(g.op_c[j]))
+            s_ = int(g.op_stream[j])
+            if carry[s_] > NONE:
+                start = max(start, int(carry[s_]) + int(g.op_b[j]))
+            op_end[j] = carry[s_] = start + int(dur[j])
+        return
     idx = np.arange(lo, hi)
     launch = g.op_anchor[idx] + _shift_at(ends, shift, g.op_anchor[idx])
     start = launch + g.op_a[idx]
