@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pytest
 
 pytest.importorskip("streamlit")
@@ -18,8 +19,8 @@ from tracebuilder import TraceBuilder  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "kinetoscope" / "app" / "main.py"
 SAMPLES = ROOT / "sample_traces"
-PAGES = ["overview", "steps", "streams", "copies", "memory", "operators", "telemetry", "timeline", "ranks", "compare",
-         "metadata", "export"]
+PAGES = ["overview", "steps", "streams", "copies", "memory", "operators", "telemetry", "timeline", "ranks", "distributed",
+         "compare", "metadata", "export"]
 
 
 def open_app(page: str | None = None, **state: Any) -> AppTest:
@@ -265,3 +266,45 @@ def test_several_uploaded_files_are_ranks_or_runs_as_the_user_says():
     table = as_runs.dataframe[0].value
     row = table[table["metric"] == "data loading, fraction of window"].iloc[0]
     assert row["after"] < row["before"]
+
+
+def four_rank_upload(tmp_path: Path) -> list[tuple[str, bytes]]:
+    """4 ranks; rank 2 waits 300 us longer for data each step, so the others wait for it at every all-reduce."""
+    from test_trust import straggler_job
+
+    straggler_job(tmp_path / "job", slow=2, n=4)
+    return [(f.name, f.read_bytes()) for f in sorted((tmp_path / "job").glob("*.json"))]
+
+
+def test_distributed_view_names_the_straggler_and_splits_each_ranks_step(tmp_path):
+    at = open_app("distributed", source="Upload", pending_uploads=four_rank_upload(tmp_path))
+    assert not at.exception and not at.error
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Straggler"] == "rank 2" and metrics["Most waited for"] == "rank 2"
+    assert metrics["Collective wait"] == "0.000–0.300 ms/step"
+    ranks = at.dataframe[0].value.set_index("rank")
+    # by construction (ms per step): gemm 0.8; all-reduce 1.0 on the others, 0.7 on rank 2 (it arrives 0.3 late)
+    assert list(ranks["computation only (ms/step)"]) == [0.8] * 4
+    assert list(ranks["communication only (ms/step)"]) == [1.0, 1.0, 0.7, 1.0]
+    assert list(ranks["collective wait (ms/step)"]) == [0.3, 0.3, 0.0, 0.3]
+    assert list(ranks["waited for rank"].astype(object)) == [2, 2, pd.NA, 2]
+    assert list(ranks["straggler"]) == [False, False, True, False]
+    assert set(at.dataframe[1].value["waited for rank"]) == {2}
+
+
+def test_overview_of_the_four_rank_upload_opens_on_the_straggler(tmp_path):
+    at = open_app("overview", source="Upload", pending_uploads=four_rank_upload(tmp_path))
+    assert not at.exception and not at.error
+    assert "headline numbers: rank 2 of 4" in at.caption[0].value
+
+
+SAMPLE_LABELS = [c.label for c in __import__("kinetoscope.app.data", fromlist=["sample_choices"]).sample_choices()]
+
+
+@pytest.mark.parametrize("trace", SAMPLE_LABELS)
+def test_every_page_of_every_bundled_sample(trace):
+    """No exception and no error element on any page of any sample (one script run per page)."""
+    for page in PAGES:
+        at = open_app(page, trace=trace)
+        assert not at.exception, (page, at.exception)
+        assert not at.error, (page, [e.value for e in at.error])

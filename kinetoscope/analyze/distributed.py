@@ -337,6 +337,8 @@ def job_metrics(summaries: list[RankSummary], m: Matching, a: Arrivals) -> dict[
     for i, r in enumerate(a.ranks):
         waits = a.wait_ns[:, i] if len(a.wait_ns) else np.zeros(0)
         present = ~np.isnan(waits)
+        # the rank this one waited for most often: the last to arrive at the collectives where it was not
+        others = a.last[(a.last >= 0) & (a.last != i) & ~np.isnan(a.wait_ns[:, i])] if len(a.last) else a.last
         per_rank.append({
             "rank": r,
             "clock_skew_us": m.skew_ns[r] / 1000.0 if m.skew_ns.get(r) is not None else None,
@@ -345,6 +347,7 @@ def job_metrics(summaries: list[RankSummary], m: Matching, a: Arrivals) -> dict[
             "point_to_point": m.point_to_point.get(r, 0),
             "wait_us": round(float(np.nansum(waits)) / 1000.0, 3) if present.any() else None,
             "waited_for_count": int(waited_for[i]),
+            "waited_for_rank": int(a.ranks[int(np.bincount(others).argmax())]) if len(others) else None,
         })
     most = int(a.ranks[int(np.argmax(waited_for))]) if len(late) else None
     return {

@@ -16,7 +16,7 @@ from kinetoscope.app.cache import analyse, watch_upload
 from kinetoscope.app.launch import PATHS_ENV
 from kinetoscope.batch.store import is_store
 from kinetoscope.app.screens import (
-    compare, copies, export, fleet, memory, metadata, operators, overview, ranks, steps, streams, telemetry,
+    compare, copies, distributed, export, fleet, memory, metadata, operators, overview, ranks, steps, streams, telemetry,
     timeline,
 )
 from kinetoscope.errors import KinetoscopeError
@@ -136,6 +136,7 @@ PAGES = [
     ("telemetry", "Telemetry", telemetry.render),
     ("timeline", "Timeline", timeline.render),
     ("ranks", "Ranks", ranks.render),
+    ("distributed", "Distributed", distributed.render),
     ("compare", "Compare", compare.render),
     ("metadata", "Metadata", metadata.render),
     ("export", "Export", export.render),

@@ -1,0 +1,86 @@
+"""Distributed: per rank computation / communication / overlap / wait, the rank waited for, clock skew, and
+the matched collectives (all computed in analyze.distview)."""
+
+import altair as alt
+import streamlit as st
+
+from kinetoscope.analyze.distview import distributed_view
+from kinetoscope.app import state
+
+#: the four parts of a step on the GPU, and the wait, in fixed colours (the same on every job)
+PARTS = {
+    "compute_only_ms": ("computation only", "#4c78a8"),
+    "overlap_ms": ("computation overlapped with communication", "#72b7b2"),
+    "communication_only_ms": ("communication only", "#f58518"),
+    "other_ms": ("neither (GPU idle or other work)", "#bab0ac"),
+}
+LABELS = {"rank": "rank", "steps": "steps", "step_ms": "mean step (ms)", "compute_only_ms": "computation only (ms/step)",
+          "overlap_ms": "overlapped (ms/step)", "communication_only_ms": "communication only (ms/step)",
+          "other_ms": "neither (ms/step)", "collective_wait_ms": "collective wait (ms/step)",
+          "waited_for_rank": "waited for rank", "last_to_arrive": "last to arrive (collectives)",
+          "clock_skew_ms": "clock skew (ms)", "straggler": "straggler"}
+
+
+def render() -> None:
+    analysis = state.current()
+    view = distributed_view(analysis.trace, analysis.report)
+    st.header("Distributed")
+    h = view.headline
+    if h["ranks"] < 2:
+        st.info("A single rank: load a directory (or upload several files as the ranks of one job) to see how the "
+                "ranks wait for each other.")
+    cols = st.columns(4)
+    cols[0].metric("Straggler", "none found" if h["straggler_rank"] is None else f"rank {h['straggler_rank']}",
+                   help="the rank the others wait for at most collectives, with its cause"
+                   + (f": {h['straggler_cause']}" if h["straggler_cause"] else ""))
+    cols[1].metric("Most waited for", "n/a" if h["most_waited_for_rank"] is None else f"rank {h['most_waited_for_rank']}",
+                   help="the rank that arrived last at the most matched collectives")
+    cols[2].metric("Collective wait", "n/a" if h["wait_ms_per_step_max"] is None else
+                   f"{h['wait_ms_per_step_min']:,.3f}–{h['wait_ms_per_step_max']:,.3f} ms/step",
+                   help="the spread over ranks of the time each waited for the last to arrive, per step")
+    cols[3].metric("Largest clock skew", "n/a" if h["max_abs_clock_skew_ms"] is None else f"{h['max_abs_clock_skew_ms']:,.3f} ms",
+                   help="ranks' clocks aligned on collective completion before arrivals are compared")
+    if h["matched_collectives"] is not None:
+        st.caption(f"{h['matched_collectives']:,} collectives matched across ranks, {h['unmatched_collectives']:,} "
+                   "unmatched (missing on some rank, or point-to-point).")
+    ranks = view.ranks
+    if ranks[list(PARTS)].notna().any().any():
+        long = ranks.melt(id_vars=["rank"], value_vars=list(PARTS), var_name="part", value_name="ms").dropna()
+        long["part"] = long["part"].map(lambda p: PARTS[p][0])
+        st.subheader("Where each rank's step goes on the GPU")
+        chart = alt.Chart(long).mark_bar().encode(
+            y=alt.Y("rank:O", title="rank"), x=alt.X("ms:Q", title="ms per step"),
+            color=alt.Color("part:N", title=None, scale=alt.Scale(domain=[v[0] for v in PARTS.values()],
+                                                                  range=[v[1] for v in PARTS.values()])),
+            order=alt.Order("part_order:Q"),
+            tooltip=["rank", "part", alt.Tooltip("ms:Q", format=",.3f")],
+        ).transform_calculate(part_order="indexof(" + str([v[0] for v in PARTS.values()]) + ", datum.part)")
+        st.altair_chart(chart.properties(height=30 * len(ranks) + 60), use_container_width=True)
+    if ranks["collective_wait_ms"].notna().any():
+        st.subheader("Collective wait per rank")
+        wait = alt.Chart(ranks).mark_bar(color="#e45756").encode(
+            y=alt.Y("rank:O"), x=alt.X("collective_wait_ms:Q", title="ms per step waiting for the last rank"),
+            tooltip=["rank", alt.Tooltip("collective_wait_ms:Q", format=",.3f"), "waited_for_rank"])
+        st.altair_chart(wait.properties(height=30 * len(ranks) + 60), use_container_width=True)
+    st.subheader("Ranks")
+    st.caption(view.about)
+    shown = ranks.rename(columns=LABELS)
+    st.dataframe(shown.style.format({LABELS[c]: "{:,.3f}" for c in RANK_COLUMNS_MS}, na_rep="")
+                 .apply(lambda row: ["background-color: #fde2e1" if row["straggler"] else "" for _ in row], axis=1),
+                 hide_index=True, use_container_width=True)
+    st.subheader("Collectives")
+    coll = view.collectives
+    if coll.empty:
+        st.caption("No collectives matched across ranks.")
+        return
+    st.caption(f"{len(coll):,} matched collectives, longest wait first (the first 200 shown): the rank the others "
+               "waited for, the longest wait, and the transfer time (the shortest duration among the ranks).")
+    top = coll.sort_values("max_wait_ms", ascending=False, kind="stable").head(200)
+    st.dataframe(top.rename(columns={"max_wait_ms": "longest wait (ms)", "transfer_ms": "transfer (ms)",
+                                     "waited_for_rank": "waited for rank"})
+                 .style.format({"longest wait (ms)": "{:,.3f}", "transfer (ms)": "{:,.3f}"}, na_rep=""),
+                 hide_index=True, use_container_width=True)
+
+
+RANK_COLUMNS_MS = ("step_ms", "compute_only_ms", "overlap_ms", "communication_only_ms", "other_ms",
+                   "collective_wait_ms", "clock_skew_ms")
