@@ -134,7 +134,9 @@ def test_fleet_view_of_a_batch_store(tmp_path, monkeypatch):
     at = open_app(fleet_job="job-v100")
     assert not at.exception and not at.error
     jobs = at.dataframe[0].value
-    assert list(jobs["job"]) == ["job-broken", "job-v100"]  # failed first
+    assert list(jobs["job"]) == ["job-v100"]  # a job none of whose files could be read is listed apart
+    broken = at.dataframe[1].value
+    assert list(broken["job"]) == ["job-broken"] and "JSON" in broken["error"].iloc[0]
     assert "loader_stall" in jobs.columns
     assert any("DataLoader stalls" in e.label for e in at.expander)
     # the job's step time, GPU idle, and its worst finding with what fixing it is worth (the V100 sample:
@@ -308,3 +310,49 @@ def test_every_page_of_every_bundled_sample(trace):
         at = open_app(page, trace=trace)
         assert not at.exception, (page, at.exception)
         assert not at.error, (page, [e.value for e in at.error])
+
+
+def test_fleet_opens_a_job_in_place_and_the_other_pages_show_store_jobs(tmp_path, monkeypatch):
+    """Was: the other pages showed a bundled sample, and the drill-down printed a restart command naming one rank
+    file of a 4-rank job. Now the sidebar lists the store's jobs (named relative to their shared folder), and the
+    Fleet page's button opens a job, every rank, on the Overview."""
+    pytest.importorskip("dask")
+    from kinetoscope.batch.run import run_batch
+    from test_trust import straggler_job
+
+    straggler_job(tmp_path / "traces" / "team-a" / "job-42")
+    healthy = tmp_path / "traces" / "team-b" / "job-7"
+    healthy.mkdir(parents=True)
+    (healthy / "trace.json.gz").write_bytes(next((SAMPLES / "cpu" / "healthy").glob("*.pt.trace.json.gz")).read_bytes())
+    run_batch([tmp_path / "traces"], tmp_path / "store", workers=1)
+    monkeypatch.setenv("KINETOSCOPE_APP_PATHS", str(tmp_path / "store"))
+    at = open_app("fleet")
+    assert not at.exception and not at.error
+    assert at.selectbox(key="trace").options == ["team-a/job-42", "team-b/job-7/trace.json.gz"]
+    assert list(at.dataframe[0].value["job"]) == ["team-a/job-42", "team-b/job-7/trace.json.gz"]
+    at = open_app("overview", fleet_open_job="team-a/job-42")
+    assert not at.exception and not at.error
+    assert at.session_state["analysis"].label == "team-a/job-42"
+    assert "headline numbers: rank 2 of 4" in at.caption[0].value
+
+
+def test_memory_page_lists_allocations_by_operator():
+    at = open_app("memory", trace="real/h100_bert-small.json.gz")
+    assert not at.exception and not at.error
+    assert "Allocations by operator" in [s.value for s in at.subheader]
+    table = at.dataframe[-1].value
+    assert table["op"].iloc[0] == "aten::empty" and table["allocations"].iloc[0] == 60  # the trace's 60 empties
+
+
+def test_operators_by_input_shapes_on_request():
+    at = open_app("operators", trace="real/h100_bert-small.json.gz", op_shapes_0=True)
+    assert not at.exception and not at.error
+    shapes = at.dataframe[1].value
+    assert list(shapes.columns) == ["name", "input_shapes", "calls", "total_ms", "mean_ms"]
+    assert shapes.iloc[0]["name"] == "aten::linear" and shapes.iloc[0]["input_shapes"] == "[[1, 141, 512], [512, 512], [512]]"
+
+
+def test_timeline_rows_steps_and_kernels_of_a_gpu_trace():
+    at = open_app("timeline", trace="real/h100_bert-small.json.gz")
+    assert not at.exception and not at.error
+    assert any("kernels," in c.value and "drawn one by one" in c.value for c in at.caption)

@@ -4,8 +4,10 @@ page asks), never by ``analyze``: self time needs each op's children, a walk ove
 
 from __future__ import annotations
 
+import json
 import re
 
+import msgspec
 import numpy as np
 import pandas as pd
 
@@ -103,3 +105,124 @@ def kernel_table(trace: RankTrace) -> pd.DataFrame:
     out["tensor_cores"] = np.where(names.str.contains(TENSOR_CORE_RE), True, None)
     out = out.reset_index().sort_values("total_ms", ascending=False, kind="stable")
     return out[cols].reset_index(drop=True)
+
+
+def _innermost(op_ts: np.ndarray, op_end: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """For each time in ``t`` (sorted), the index into the ops (one thread's, sorted by start, longest first at
+    equal starts) of the innermost op running then, or -1: a walk with a stack of open ops."""
+    out = np.full(len(t), -1, dtype=np.int64)
+    stack: list[int] = []
+    i = 0
+    n = len(op_ts)
+    for j, tj in enumerate(t):
+        while i < n and op_ts[i] <= tj:
+            while stack and op_end[stack[-1]] <= op_ts[i]:
+                stack.pop()
+            stack.append(i)
+            i += 1
+        while stack and op_end[stack[-1]] <= tj:
+            stack.pop()
+        if stack:
+            out[j] = stack[-1]
+    return out
+
+
+@trace_view
+def allocations_by_op(trace: RankTrace) -> pd.DataFrame:
+    """The allocator's [memory] events of the window attributed to the innermost host op running on their thread
+    when they happened (TensorBoard's memory view did the same): per op and device, allocations, MiB allocated,
+    MiB freed, net MiB, the largest single allocation. Events outside any op are "(no op)"."""
+    w = window(trace)
+    mem = trace.memory
+    mem = mem[((mem["ts_ns"] >= w.start_ns) & (mem["ts_ns"] < w.end_ns)).to_numpy()]
+    cols = ["op", "device", "allocations", "allocated_mib", "freed_mib", "net_mib", "largest_mib"]
+    if mem.empty:
+        return pd.DataFrame(columns=cols)
+    ev = trace.events
+    ops = ev[kind_mask(ev, ("cpu_op",)) & ~name_mask(ev, CONTAINER_RE)]
+    names = np.full(len(mem), "(no op)", dtype=object)
+    mem_tid = mem["tid"].astype(str).to_numpy(object)
+    op_tid = ops["tid"].astype(str).to_numpy(object)
+    for tid in np.unique(mem_tid):
+        mine = np.flatnonzero(mem_tid == tid)
+        sel = ops[op_tid == tid]
+        if sel.empty:
+            continue
+        order = np.lexsort((-sel["end_ns"].to_numpy(), sel["ts_ns"].to_numpy()))
+        o_ts, o_end = sel["ts_ns"].to_numpy()[order], sel["end_ns"].to_numpy()[order]
+        o_name = sel["name"].astype(str).to_numpy(object)[order]
+        t = mem["ts_ns"].to_numpy()[mine]
+        t_order = np.argsort(t, kind="stable")
+        hit = _innermost(o_ts, o_end, t[t_order])
+        found = hit >= 0
+        names[mine[t_order[found]]] = o_name[hit[found]]
+    b = mem["bytes"].to_numpy(np.int64)
+    device = np.where(mem["device_type"].to_numpy() == 1, "cuda:" + mem["device_id"].astype(str).to_numpy(object), "cpu")
+    frame = pd.DataFrame({"op": names, "device": device, "alloc": np.where(b > 0, b, 0), "free": np.where(b < 0, -b, 0),
+                          "is_alloc": b > 0})
+    g = frame.groupby(["op", "device"], sort=False)
+    out = pd.DataFrame({"allocations": g["is_alloc"].sum(), "allocated_mib": g["alloc"].sum() / 2**20,
+                        "freed_mib": g["free"].sum() / 2**20, "largest_mib": g["alloc"].max() / 2**20}).reset_index()
+    out["net_mib"] = out["allocated_mib"] - out["freed_mib"]
+    out["allocations"] = out["allocations"].astype(np.int64)
+    return out.sort_values(["allocated_mib", "allocations"], ascending=False, kind="stable")[cols].reset_index(drop=True)
+
+
+class _ShapeArgs(msgspec.Struct, gc=False):
+    dims: msgspec.Raw = msgspec.field(name="Input Dims", default=msgspec.Raw(b""))
+
+
+class _ShapeEvent(msgspec.Struct, gc=False):
+    ph: str = ""
+    cat: str = ""
+    name: str = ""
+    ts: float = 0.0
+    dur: float = 0.0
+    args: _ShapeArgs | None = None
+
+
+class _ShapeDoc(msgspec.Struct, gc=False):
+    traceEvents: list[msgspec.Raw] = []  # noqa: N815 (the trace's key)
+
+
+def op_shapes(data: bytes, trace: RankTrace) -> pd.DataFrame:
+    """Host ops of the window grouped by name and input shapes (``args["Input Dims"]``, written by
+    ``record_shapes=True``): calls, total and mean time (ms). The loader does not keep shapes (they are a large
+    share of a trace's bytes), so this reads the trace's JSON ``data`` again, on demand. Shapes are shown as
+    written; an op recorded without them has "" (not recorded)."""
+    w = window(trace)
+    cols = ["name", "input_shapes", "calls", "total_ms", "mean_ms"]
+    try:
+        doc = msgspec.json.decode(data, type=_ShapeDoc)
+    except msgspec.DecodeError:
+        doc = _ShapeDoc(traceEvents=msgspec.json.decode(data, type=list[msgspec.Raw]))
+    decode = msgspec.json.Decoder(_ShapeEvent)
+    names, shapes, durs = [], [], []
+    compact: dict[bytes, str] = {}
+    lo, hi = w.start_ns / 1000.0, w.end_ns / 1000.0
+    for raw in doc.traceEvents:
+        try:
+            e = decode.decode(raw)
+        except msgspec.DecodeError:
+            continue  # not an op event (metadata, odd values): never an op of the table
+        if e.ph != "X" or e.cat.lower() not in ("cpu_op", "operator") or not (lo <= e.ts < hi):
+            continue
+        names.append(e.name)
+        raw_dims = bytes(e.args.dims) if e.args is not None else b""
+        shape = compact.get(raw_dims)
+        if shape is None:  # as written, without the layout's whitespace: [[64, 1024], []]
+            try:
+                shape = json.dumps(msgspec.json.decode(raw_dims)) if raw_dims else ""
+            except msgspec.DecodeError:
+                shape = ""
+            compact[raw_dims] = shape
+        shapes.append(shape)
+        durs.append(e.dur)
+    if not names:
+        return pd.DataFrame(columns=cols)
+    frame = pd.DataFrame({"name": names, "input_shapes": shapes, "dur": durs})
+    frame = frame[~frame["name"].str.match(CONTAINER_RE)]
+    g = frame.groupby(["name", "input_shapes"], sort=False)["dur"]
+    out = pd.DataFrame({"calls": g.size(), "total_ms": g.sum() / 1000.0}).reset_index()
+    out["mean_ms"] = out["total_ms"] / out["calls"]
+    return out.sort_values("total_ms", ascending=False, kind="stable")[cols].reset_index(drop=True)

@@ -71,11 +71,31 @@ def path_choices(paths: list[str]) -> list[Choice]:
     return [Choice(job.name, job) for p in paths for job in find_jobs(p)]
 
 
+def store_choices(store: str | os.PathLike[str]) -> list[Choice]:
+    """A batch store's jobs, named relative to the folder they share, each with the files batch read
+    successfully (the paths it recorded: on a shared file system the app reads them in place)."""
+    from kinetoscope.batch.report import relative_names
+    from kinetoscope.batch.store import read_table
+
+    traces = read_table(store, "traces")
+    ok = traces[traces["status"] == "ok"]
+    names = relative_names(sorted(traces["job"].unique()))
+    out = []
+    for job, rows in ok.groupby("job", sort=True):
+        files = tuple(Path(p) for p in rows.sort_values("rank")["path"])
+        out.append(Choice(names[job], Job(names[job], files)))
+    return out
+
+
 def content_key(files: tuple[Path, ...]) -> str:
     """Identity of a job for caching: file names, sizes and modification times (cheap, no read)."""
     h = hashlib.sha256()
     for f in files:
-        st = f.stat()
+        try:
+            st = f.stat()
+        except OSError:  # gone (a store's job moved away): analysed as missing, and said so
+            h.update(f"{f}|missing".encode())
+            continue
         h.update(f"{f.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode())
     return h.hexdigest()
 

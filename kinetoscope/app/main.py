@@ -37,15 +37,23 @@ def sidebar() -> None:
     st.sidebar.title("Kinetoscope")
     given = [p for p in os.environ.get(PATHS_ENV, "").split(os.pathsep) if p]
     stores = [p for p in given if is_store(p)]
-    if stores:
-        st.session_state[fleet.STORE_KEY] = stores[0]
-        given = [p for p in given if p not in stores]
     try:
-        choices = data.path_choices(given) if given else data.sample_choices()
+        if stores:
+            # a platform team's store: its jobs are what the other pages show (opened in place from the Fleet page)
+            st.session_state[fleet.STORE_KEY] = stores[0]
+            given = [p for p in given if p not in stores]
+            choices = data.store_choices(stores[0]) + (data.path_choices(given) if given else [])
+        else:
+            choices = data.path_choices(given) if given else data.sample_choices()
     except KinetoscopeError as exc:
         st.sidebar.error(str(exc))
         choices = []
-    source = st.sidebar.radio("Traces", ["Given paths" if given else "Bundled samples", "Upload"], key="source")
+    opened = st.session_state.pop(fleet.OPEN_KEY, None)
+    if opened is not None:  # the Fleet page's "open this job": chosen here, before the widgets exist
+        st.session_state["source"] = "Store jobs"
+        st.session_state["trace"] = opened
+    first = "Store jobs" if stores else "Given paths" if given else "Bundled samples"
+    source = st.sidebar.radio("Traces", [first, "Upload"], key="source")
     pending = st.session_state.pop(PENDING_UPLOADS, None)
     if source == "Upload" or pending:
         files = st.sidebar.file_uploader(
@@ -107,7 +115,11 @@ def sidebar() -> None:
             return
         labels = [c.label for c in choices]
         default = next((i for i, c in enumerate(choices) if "v100_resnet50" in c.label), 0)
-        label = st.sidebar.selectbox("Trace", labels, index=default, key="trace")
+        if st.session_state.get("trace") not in labels:
+            st.session_state.pop("trace", None)
+        # the default only when nothing chose one (a value set through the session state wins)
+        where = {} if "trace" in st.session_state else {"index": default}
+        label = st.sidebar.selectbox("Job" if stores else "Trace", labels, key="trace", **where)
         job = choices[labels.index(label)].job
         st.session_state[state.JOB] = job
         st.session_state[state.CURRENT] = analyse(data.content_key(job.files), label, job)
@@ -145,4 +157,6 @@ PAGES = [
 # Pages are functions in screens/ (not pages/: Streamlit then also runs its old multipage mode
 # and drops widget changes), and AppTest cannot switch between them: tests pick START_PAGE.
 start_page = st.session_state.get(START_PAGE, "fleet" if st.session_state.get(fleet.STORE_KEY) else "overview")
-st.navigation([st.Page(fn, title=title, url_path=name, default=name == start_page) for name, title, fn in PAGES]).run()
+pages = {name: st.Page(fn, title=title, url_path=name, default=name == start_page) for name, title, fn in PAGES}
+st.session_state[state.PAGE_OBJECTS] = pages  # for pages that send the user to another (Fleet -> Overview)
+st.navigation(list(pages.values())).run()

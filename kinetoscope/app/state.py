@@ -16,6 +16,8 @@ JOB = "job"
 COMPARE = "compare_analysis"
 #: an upload's files as separate runs (data.Choice each), when the user said so; Compare offers them
 UPLOAD_RUNS = "upload_runs"
+#: this run's st.Page objects by url path (st.switch_page needs one)
+PAGE_OBJECTS = "page_objects"
 
 
 def current() -> Analysis:

@@ -11,6 +11,19 @@ from kinetoscope.batch.store import open_store, read_table
 SEVERITY_RANK = {"critical": 0, "warning": 1, "info": 2}
 
 
+def relative_names(names: list[str]) -> dict[str, str]:
+    """Job names (absolute paths where batch found them) relative to the folder they all share: what a platform
+    team calls them (``team-a/job-42``), not ``/mnt/traces/2026/12/team-a/job-42``. Names that are not paths, or
+    share nothing, stay as they are."""
+    paths = [n for n in names if os.path.isabs(n)]
+    if len(paths) < 1 or len(paths) != len(names):
+        return {n: n for n in names}
+    common = os.path.commonpath(paths)
+    if len(paths) == 1 or common in paths:  # one job, or a job that is the shared folder itself: keep its last part
+        common = os.path.dirname(common)
+    return {n: os.path.relpath(n, common) if common and common != os.sep else n for n in names}
+
+
 def fleet(store: str | os.PathLike[str]) -> pd.DataFrame:
     """Jobs x findings: one row per job, a column per finding id (count), worst jobs first."""
     root = open_store(store)

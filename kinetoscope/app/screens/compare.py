@@ -9,12 +9,18 @@ from kinetoscope.analyze.compare import compare_reports, finding_changes, fix_ch
 from kinetoscope.app import data, state
 from kinetoscope.app.cache import analyse
 from kinetoscope.app.launch import PATHS_ENV
+from kinetoscope.app.screens.fleet import STORE_KEY
 
 
 def _choices() -> list[data.Choice]:
-    """The session's other uploaded runs, the paths given to ``kinetoscope app``, then the bundled samples."""
+    """The session's other uploaded runs, the batch store's jobs, the paths given to ``kinetoscope app``, then the
+    bundled samples."""
     given = [p for p in os.environ.get(PATHS_ENV, "").split(os.pathsep) if p]
     out: list[data.Choice] = list(st.session_state.get(state.UPLOAD_RUNS) or [])
+    store = st.session_state.get(STORE_KEY)
+    if store:
+        out += data.store_choices(store)
+        given = [p for p in given if p != store]
     for p in given:
         try:
             out += data.path_choices([p])
@@ -42,9 +48,9 @@ def render() -> None:
         st.stop()
     table = compare_reports(before.report, analysis.report)
     st.dataframe(table.style.format({"change": lambda v: "" if v is None else f"{v:+.1%}"}, na_rep="n/a"),
-                 hide_index=True, use_container_width=True)
+                 hide_index=True, width="stretch")
     st.subheader("Findings")
-    st.dataframe(finding_changes(before.report, analysis.report), hide_index=True, use_container_width=True)
+    st.dataframe(finding_changes(before.report, analysis.report), hide_index=True, width="stretch")
     fixes = fix_check(before.trace, before.report, analysis.report)
     if len(fixes):
         st.subheader("Findings gone: predicted and measured")
@@ -58,4 +64,4 @@ def render() -> None:
         ms = lambda v: "n/a" if v is None or v != v else f"{v:,.2f} ms"  # noqa: E731
         st.dataframe(shown.style.format({"before_ms": ms, "predicted_ms": ms, "measured_ms": ms,
                                          "predicted_change": pct, "measured_change": pct, "error": pct}),
-                     hide_index=True, use_container_width=True)
+                     hide_index=True, width="stretch")

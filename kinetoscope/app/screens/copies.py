@@ -25,4 +25,4 @@ def render() -> None:
     copies = results.get("copies")
     if copies is not None and "copies" in copies.tables and len(copies.tables["copies"]):
         st.subheader("Every copy")
-        st.dataframe(copies.tables["copies"], hide_index=True, use_container_width=True)
+        st.dataframe(copies.tables["copies"], hide_index=True, width="stretch")

@@ -55,19 +55,19 @@ def render() -> None:
             order=alt.Order("part_order:Q"),
             tooltip=["rank", "part", alt.Tooltip("ms:Q", format=",.3f")],
         ).transform_calculate(part_order="indexof(" + str([v[0] for v in PARTS.values()]) + ", datum.part)")
-        st.altair_chart(chart.properties(height=30 * len(ranks) + 60), use_container_width=True)
+        st.altair_chart(chart.properties(height=30 * len(ranks) + 60), width="stretch")
     if ranks["collective_wait_ms"].notna().any():
         st.subheader("Collective wait per rank")
         wait = alt.Chart(ranks).mark_bar(color="#e45756").encode(
             y=alt.Y("rank:O"), x=alt.X("collective_wait_ms:Q", title="ms per step waiting for the last rank"),
             tooltip=["rank", alt.Tooltip("collective_wait_ms:Q", format=",.3f"), "waited_for_rank"])
-        st.altair_chart(wait.properties(height=30 * len(ranks) + 60), use_container_width=True)
+        st.altair_chart(wait.properties(height=30 * len(ranks) + 60), width="stretch")
     st.subheader("Ranks")
     st.caption(view.about)
     shown = ranks.rename(columns=LABELS)
     st.dataframe(shown.style.format({LABELS[c]: "{:,.3f}" for c in RANK_COLUMNS_MS}, na_rep="")
                  .apply(lambda row: ["background-color: #fde2e1" if row["straggler"] else "" for _ in row], axis=1),
-                 hide_index=True, use_container_width=True)
+                 hide_index=True, width="stretch")
     st.subheader("Collectives")
     coll = view.collectives
     if coll.empty:
@@ -79,7 +79,7 @@ def render() -> None:
     st.dataframe(top.rename(columns={"max_wait_ms": "longest wait (ms)", "transfer_ms": "transfer (ms)",
                                      "waited_for_rank": "waited for rank"})
                  .style.format({"longest wait (ms)": "{:,.3f}", "transfer (ms)": "{:,.3f}"}, na_rep=""),
-                 hide_index=True, use_container_width=True)
+                 hide_index=True, width="stretch")
 
 
 RANK_COLUMNS_MS = ("step_ms", "compute_only_ms", "overlap_ms", "communication_only_ms", "other_ms",

@@ -6,6 +6,7 @@ from kinetoscope.analyze.loader import read_bytes
 from kinetoscope.analyze.redact import redacted_trace
 from kinetoscope.app import state
 from kinetoscope.app.data import app_limits, job_file
+from kinetoscope.app.perfetto import open_in_perfetto
 from kinetoscope.errors import KinetoscopeError
 from kinetoscope.render.json import report_to_json
 
@@ -24,8 +25,10 @@ def render() -> None:
         st.download_button("CSV", tables[choice].to_csv(index=False), file_name=f"{choice.replace(' · ', '-').replace(' ', '_')}.csv",
                            mime="text/csv", key="dl_csv")
     st.subheader("Open in Perfetto")
-    st.markdown("Open [ui.perfetto.dev](https://ui.perfetto.dev), choose *Open trace file* and pick the file below "
-                "(it reads Kineto JSON and gzip directly, in your browser).")
+    entry = state.rank_entry(analysis)
+    open_in_perfetto(analysis, entry["rank"])
+    st.markdown("Or download a file below, open [ui.perfetto.dev](https://ui.perfetto.dev), choose *Open trace file* and "
+                "pick it (it reads Kineto JSON and gzip directly, in your browser).")
     st.caption("The trace files are prepared with secret-looking values (tokens, keys, passwords, credentials in "
                "URLs) redacted in the metadata and in every event's arguments.")
     # prepared only when asked, with the app's size limits: not re-read on every rerun of the page; from this

@@ -3,6 +3,7 @@
 import altair as alt
 import streamlit as st
 
+from kinetoscope.analyze.ops import allocations_by_op
 from kinetoscope.app import state
 
 
@@ -35,7 +36,7 @@ def render() -> None:
                 color=alt.Color("series:N", title=None),
                 strokeDash=alt.condition(alt.datum.series == "growth line (fit)", alt.value([6, 4]), alt.value([1, 0])),
                 tooltip=["step", "series", alt.Tooltip("MiB:Q", format=",.1f")])
-            st.altair_chart(chart, use_container_width=True)
+            st.altair_chart(chart, width="stretch")
         else:
             st.caption("One step in the window: no per-step chart (capture more active steps to judge growth).")
         series = timeline[timeline["device"] == device]
@@ -45,4 +46,21 @@ def render() -> None:
             peak = alt.Chart(series.nlargest(1, "allocated_mib")).mark_point(color="red", size=80).encode(
                 x="t_ms:Q", y="allocated_mib:Q",
                 tooltip=[alt.Tooltip("t_ms:Q", format=",.2f", title="ms"), alt.Tooltip("allocated_mib:Q", format=",.1f", title="MiB")])
-            st.altair_chart(lines + peak, use_container_width=True)
+            st.altair_chart(lines + peak, width="stretch")
+    _by_op(state.current().trace.rank(entry["rank"]))
+
+
+def _by_op(trace) -> None:
+    table = allocations_by_op(trace)
+    st.subheader("Allocations by operator")
+    if table.empty:
+        st.caption("No allocator events in the window.")
+        return
+    st.caption("Each allocation and free of the window charged to the innermost operator running on its thread when it "
+               "happened ('(no op)': outside any operator); by MiB allocated, the first 50 shown. A large net (allocated "
+               "less freed) is memory the operator's results still hold at the window's end, or handed to another op to free.")
+    st.dataframe(table.head(50).rename(columns={
+        "allocated_mib": "allocated (MiB)", "freed_mib": "freed (MiB)", "net_mib": "net (MiB)",
+        "largest_mib": "largest (MiB)"}).style.format({c: "{:,.2f}" for c in ("allocated (MiB)", "freed (MiB)", "net (MiB)",
+                                                                         "largest (MiB)")}),
+                 hide_index=True, width="stretch")

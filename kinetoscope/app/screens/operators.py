@@ -5,8 +5,11 @@ from typing import Any, Callable
 import pandas as pd
 import streamlit as st
 
-from kinetoscope.analyze.ops import kernel_table, op_table
+from kinetoscope.analyze.loader import read_bytes
+from kinetoscope.analyze.ops import kernel_table, op_shapes, op_table
 from kinetoscope.app import state
+from kinetoscope.app.data import app_limits, job_file
+from kinetoscope.errors import KinetoscopeError
 
 TOP = 50
 
@@ -21,7 +24,7 @@ def _table(title: str, frame: pd.DataFrame, none: str, about: str, formats: dict
         st.caption(none)
         return
     st.caption(f"{len(frame):,} in the window, the first {min(TOP, len(frame))} shown. {about}")
-    st.dataframe(frame.head(TOP).style.format(formats, na_rep=""), hide_index=True, use_container_width=True)
+    st.dataframe(frame.head(TOP).style.format(formats, na_rep=""), hide_index=True, width="stretch")
 
 
 def render() -> None:
@@ -29,10 +32,30 @@ def render() -> None:
     trace = analysis.trace.rank(entry["rank"])
     _table("Host operators", op_table(trace), "No operators (cpu_op events) in the window.",
            "By self time (their own time, less the operators they call); phase: where most of their time fell. "
-           "Times in ms; input shapes are not kept by the loader.",
+           "Times in ms.",
            {"total_ms": _ms, "self_ms": _ms, "mean_ms": _ms})
+    _shapes(analysis, entry["rank"], trace)
     kernels = kernel_table(trace)
     _table("GPU kernels", kernels.assign(tensor_cores=kernels["tensor_cores"].map({True: "yes"})),
            "No GPU kernels in the window.",
            "By total time (ms). Tensor Cores: yes where the kernel's name says so, blank where it does not say.",
            {"total_ms": _ms, "mean_ms": _ms, "max_ms": _ms, "share_of_kernel_time": lambda v: f"{v:.1%}"})
+
+
+def _shapes(analysis, rank: int, trace) -> None:
+    """Operators by input shapes: read from the trace file again when asked (the loader does not keep shapes)."""
+    name = dict(analysis.rank_files).get(rank)
+    path = job_file(st.session_state.get(state.JOB), name) if name else None
+    if path is None or not st.toggle("Group by input shapes", key=f"op_shapes_{rank}",
+                                     help="reads the trace file again for the shapes record_shapes=True wrote"):
+        return
+    try:
+        table = op_shapes(read_bytes(path, app_limits()), trace)
+    except KinetoscopeError as exc:
+        st.error(f"{name}: {getattr(exc, 'reason', exc)}")
+        return
+    if table.empty or (table["input_shapes"] == "").all():
+        st.caption("The trace records no input shapes (capture with record_shapes=True).")
+        return
+    st.caption(f"{len(table):,} (operator, input shapes) pairs, by total time; the first {min(TOP, len(table))} shown.")
+    st.dataframe(table.head(TOP).style.format({"total_ms": _ms, "mean_ms": _ms}), hide_index=True, width="stretch")

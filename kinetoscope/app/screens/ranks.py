@@ -29,7 +29,7 @@ def render() -> None:
     if len(table) < 2:
         st.info("A single rank: load a directory (or upload several files) of one job to compare ranks.")
     st.dataframe(table.style.apply(lambda row: ["background-color: #fde2e1" if row["straggler"] else "" for _ in row], axis=1),
-                 hide_index=True, use_container_width=True)
+                 hide_index=True, width="stretch")
     if len(table) > 1 and table["collective_wait_us"].notna().any():
         # in a synchronous job every rank's step is as long as the slowest: the wait is what differs
         st.bar_chart(table.set_index("rank")[["collective_wait_us"]], y_label="µs waiting in collectives")

@@ -23,8 +23,8 @@ def render() -> None:
         for device, rows in g.groupby("device"):
             st.bar_chart(rows.set_index("step")[["busy_us", "idle_us"]], y_label=f"GPU {device} µs", x_label="step")
     st.markdown("**Phases over the window**")
-    st.dataframe(pd.DataFrame(entry["phases"]).T, use_container_width=True)
+    st.dataframe(pd.DataFrame(entry["phases"]).T, width="stretch")
     loader = results.get("loader")
     if loader is not None and len(loader.tables["loader_per_step"]):
         st.markdown("**Data loading per step**")
-        st.dataframe(loader.tables["loader_per_step"], hide_index=True, use_container_width=True)
+        st.dataframe(loader.tables["loader_per_step"], hide_index=True, width="stretch")

@@ -23,8 +23,8 @@ def render() -> None:
     if gpu.get("judgement"):
         st.caption(f"GPU findings are information only here: {gpu['judgement']}")
     st.markdown("**Streams** (busy is the union of kernels, copies and memsets; idle is the measure of the gaps)")
-    st.dataframe(results["gpu"].tables["streams"], hide_index=True, use_container_width=True)
+    st.dataframe(results["gpu"].tables["streams"], hide_index=True, width="stretch")
     gaps = results["gpu"].tables["gaps"]
     if len(gaps):
         st.markdown("**Largest device gaps** (step = the ProfilerStep it starts in)")
-        st.dataframe(gaps.drop(columns=["start_ns"]), hide_index=True, use_container_width=True)
+        st.dataframe(gaps.drop(columns=["start_ns"]), hide_index=True, width="stretch")

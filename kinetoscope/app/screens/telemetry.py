@@ -32,4 +32,4 @@ def render() -> None:
             row=alt.Row("series:N", title=None),
             tooltip=["series", alt.Tooltip("t_ms:Q", format=",.1f"), alt.Tooltip("shown:Q", format=",.1f"), "unit"],
         ).properties(height=90).resolve_scale(y="independent")
-        st.altair_chart(chart, use_container_width=True)
+        st.altair_chart(chart, width="stretch")

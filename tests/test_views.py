@@ -1,0 +1,94 @@
+"""The app's views, computed in analyze: the timeline (rows per stream and nesting depth, spans under a pixel merged,
+launch <-> kernel links), allocations by operator, input shapes, the Distributed view. Answers known by construction."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import load_built
+from tracebuilder import TraceBuilder
+
+from kinetoscope.analyze.ops import allocations_by_op, op_shapes
+from kinetoscope.analyze.views import host_depth, step_range_ms, timeline_view
+
+
+def nested_trace() -> TraceBuilder:
+    """Step 0 (0-1000 us): forward (100-600) holding aten::linear (150-400) holding aten::addmm (200-350), whose
+    cudaLaunchKernel (210-220) runs a 100 us gemm at 300; then 300 ops of 1 us each from 600 to 900 (one per us)."""
+    b = TraceBuilder().step(0, 0, 1000).step(1, 1000, 1000)
+    b.op("forward", 100, 500, cat="user_annotation").op("aten::linear", 150, 250).op("aten::addmm", 200, 150)
+    b.kernel(300, 100, launch_at=210, launch_dur=10)
+    for i in range(300):
+        b.op("aten::tiny", 600 + i, 0.5)
+    return b
+
+
+def test_nesting_depth_per_thread(tmp_path):
+    r = load_built(tmp_path, nested_trace()).ranks[0]
+    hd = host_depth(r)
+    names = r.events["name"].astype(str).to_numpy()[hd["row"].to_numpy()]
+    depth = dict(zip(names, hd["depth"]))
+    assert depth["ProfilerStep#0"] == 0 and depth["forward"] == 1 and depth["aten::linear"] == 2
+    assert depth["aten::addmm"] == 3 and depth["cudaLaunchKernel"] == 4 and depth["aten::tiny"] == 1
+
+
+def test_rows_ms_from_the_window_start_and_the_launch_links(tmp_path):
+    r = load_built(tmp_path, nested_trace()).ranks[0]
+    start, end = step_range_ms(r, 0, 0)
+    assert (start, end) == (0.0, 1.0)
+    v = timeline_view(r, start, end, width_px=100_000)  # 0.01 ns per pixel: nothing merged
+    assert v.rows == ["steps", "GPU 0 · stream 7", "thread 100 (training)", "thread 100 (training) · 1",
+                      "thread 100 (training) · 2", "thread 100 (training) · 3", "thread 100 (training) · 4"]
+    assert v.merged_spans == 0 and v.total_spans == 1 + 1 + 1 + 3 + 1 + 300  # step row, kernel, step op, 3 ops, launch, tiny
+    k = v.spans[v.spans["kind"] == "kernel"].iloc[0]
+    assert (k["start_ms"], k["end_ms"]) == (0.3, 0.4)
+    assert k["link"] == "launched by cudaLaunchKernel at 0.210 ms on thread 100"
+    call = v.spans[v.spans["name"] == "cudaLaunchKernel"].iloc[0]
+    assert call["link"] == "runs gemm_kernel on GPU 0 · stream 7 at 0.300 ms" and call["link_id"] == k["link_id"]
+    assert call["kind"] == "runtime call" and call["row"] == "thread 100 (training) · 4"
+    assert len(set(v.spans["link_id"])) == len(v.spans) - 1  # only the launch and its kernel share one
+    assert list(v.steps["step"]) == [0]
+
+
+def test_spans_under_a_pixel_are_merged_never_dropped(tmp_path):
+    r = load_built(tmp_path, nested_trace()).ranks[0]
+    v = timeline_view(r, 0.0, 1.0, width_px=100)  # 10 us per pixel: the 300 tiny ops fall into 30 blocks of 10
+    tiny = v.spans[v.spans["name"].str.contains("aten::tiny")]
+    assert len(tiny) == 30 and set(tiny["spans"]) == {10}
+    assert tiny["dur_ms"].sum() == pytest.approx(300 * 0.0005)  # their busy time, not the blocks' extent
+    assert tiny["name"].iloc[0] == "10 spans (cpu op), 0.005 ms busy, first: aten::tiny"
+    assert v.merged_spans == 300 and v.resolution_ms == pytest.approx(0.01)
+    assert int(v.spans["spans"].sum()) == v.total_spans  # every span in the range is in a mark
+
+
+def test_allocations_are_charged_to_the_innermost_op(tmp_path):
+    b = TraceBuilder().step(0, 0, 1000)
+    b.op("aten::linear", 100, 400).op("aten::addmm", 150, 100).op("aten::relu", 600, 100)
+    b.memory(120, 1 << 20, allocated=1 << 20)       # in linear, outside addmm
+    b.memory(160, 4 << 20, allocated=5 << 20)       # in addmm
+    b.memory(170, 2 << 20, allocated=7 << 20)       # in addmm
+    b.memory(650, -(4 << 20), allocated=3 << 20)    # a free in relu
+    b.memory(800, 1 << 20, allocated=4 << 20)       # in no op
+    r = load_built(tmp_path, b).ranks[0]
+    t = allocations_by_op(r).set_index("op")
+    assert t.loc["aten::addmm", "allocations"] == 2 and t.loc["aten::addmm", "allocated_mib"] == 6.0
+    assert t.loc["aten::addmm", "largest_mib"] == 4.0 and t.loc["aten::addmm", "net_mib"] == 6.0
+    assert t.loc["aten::linear", "allocated_mib"] == 1.0
+    assert t.loc["aten::relu", "allocations"] == 0 and t.loc["aten::relu", "freed_mib"] == 4.0
+    assert t.loc["aten::relu", "net_mib"] == -4.0 and t.loc["(no op)", "allocated_mib"] == 1.0
+    assert list(t.index) == ["aten::addmm", "aten::linear", "(no op)", "aten::relu"]
+
+
+def test_ops_by_input_shapes_read_from_the_file(tmp_path):
+    b = TraceBuilder().step(0, 0, 1000)
+    b.op("aten::mm", 100, 10, **{"Input Dims": [[64, 128], [128, 32]]}).op("aten::mm", 200, 30, **{"Input Dims": [[64, 128], [128, 32]]})
+    b.op("aten::mm", 300, 50, **{"Input Dims": [[8, 8], [8, 8]]}).op("aten::relu", 400, 5)
+    path = b.write(tmp_path / "t.json")
+    from kinetoscope.analyze.loader import load_trace
+
+    t = op_shapes(path.read_bytes(), load_trace(path).ranks[0])
+    rows = {(r.name, r.input_shapes): (r.calls, round(r.total_ms, 6)) for r in t.itertuples()}
+    assert rows == {("aten::mm", "[[64, 128], [128, 32]]"): (2, 0.04), ("aten::mm", "[[8, 8], [8, 8]]"): (1, 0.05),
+                    ("aten::relu", ""): (1, 0.005)}
+    assert list(t["name"])[0] == "aten::mm" and json.loads(t["input_shapes"].iloc[0]) == [[8, 8], [8, 8]]
