@@ -114,7 +114,8 @@ def sidebar() -> None:
             st.session_state[state.CURRENT] = None
             return
         labels = [c.label for c in choices]
-        default = next((i for i, c in enumerate(choices) if "v100_resnet50" in c.label), 0)
+        # the bundled samples open on the V100 ResNet-50 trace (it has something to show); given paths on the first
+        default = 0 if given or stores else next((i for i, c in enumerate(choices) if "v100_resnet50" in c.label), 0)
         if st.session_state.get("trace") not in labels:
             st.session_state.pop("trace", None)
         # the default only when nothing chose one (a value set through the session state wins)
@@ -159,4 +160,4 @@ PAGES = [
 start_page = st.session_state.get(START_PAGE, "fleet" if st.session_state.get(fleet.STORE_KEY) else "overview")
 pages = {name: st.Page(fn, title=title, url_path=name, default=name == start_page) for name, title, fn in PAGES}
 st.session_state[state.PAGE_OBJECTS] = pages  # for pages that send the user to another (Fleet -> Overview)
-st.navigation(list(pages.values())).run()
+st.navigation(list(pages.values()), expanded=True).run()

@@ -35,9 +35,10 @@ def render() -> None:
                    + (f": {h['straggler_cause']}" if h["straggler_cause"] else ""))
     cols[1].metric("Most waited for", "n/a" if h["most_waited_for_rank"] is None else f"rank {h['most_waited_for_rank']}",
                    help="the rank that arrived last at the most matched collectives")
-    cols[2].metric("Collective wait", "n/a" if h["wait_ms_per_step_max"] is None else
-                   f"{h['wait_ms_per_step_min']:,.3f}–{h['wait_ms_per_step_max']:,.3f} ms/step",
-                   help="the spread over ranks of the time each waited for the last to arrive, per step")
+    cols[2].metric("Longest collective wait", "n/a" if h["wait_ms_per_step_max"] is None else
+                   f"{h['wait_ms_per_step_max']:,.3f} ms/step",
+                   help="the most any rank waited per step for the last to arrive" + (
+                       "" if h["wait_ms_per_step_min"] is None else f"; the least: {h['wait_ms_per_step_min']:,.3f} ms/step"))
     cols[3].metric("Largest clock skew", "n/a" if h["max_abs_clock_skew_ms"] is None else f"{h['max_abs_clock_skew_ms']:,.3f} ms",
                    help="ranks' clocks aligned on collective completion before arrivals are compared")
     if h["matched_collectives"] is not None:
@@ -51,7 +52,8 @@ def render() -> None:
         chart = alt.Chart(long).mark_bar().encode(
             y=alt.Y("rank:O", title="rank"), x=alt.X("ms:Q", title="ms per step"),
             color=alt.Color("part:N", title=None, scale=alt.Scale(domain=[v[0] for v in PARTS.values()],
-                                                                  range=[v[1] for v in PARTS.values()])),
+                                                                  range=[v[1] for v in PARTS.values()]),
+                            legend=alt.Legend(orient="bottom", labelLimit=400, columns=2)),
             order=alt.Order("part_order:Q"),
             tooltip=["rank", "part", alt.Tooltip("ms:Q", format=",.3f")],
         ).transform_calculate(part_order="indexof(" + str([v[0] for v in PARTS.values()]) + ", datum.part)")

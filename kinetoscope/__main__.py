@@ -1,0 +1,5 @@
+"""python -m kinetoscope: the same as the kinetoscope command."""
+
+from kinetoscope.cli import main
+
+raise SystemExit(main())
