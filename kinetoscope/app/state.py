@@ -47,3 +47,10 @@ def quote(path: str) -> str:
     import shlex
 
     return shlex.quote(path)
+
+
+def window_start_ns(analysis: Analysis, entry: dict[str, Any]) -> int:
+    """The rank's window start on the trace clock, exact (tables show times from it)."""
+    from kinetoscope.analyze.timeline import window
+
+    return window(analysis.trace.rank(entry["rank"])).start_ns

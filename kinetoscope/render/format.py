@@ -65,3 +65,63 @@ def evidence_lines(evidence: dict[str, Any]) -> list[str]:
             text = str(value)
         out.append(f"{name}: {text}")
     return out
+
+
+#: how a column's unit suffix is shown, and the name it loses the suffix for
+_TIMESTAMPS = ("start", "end", "ts")
+
+
+def display_table(frame: Any, window_start_ns: int | None = None) -> tuple[Any, dict[str, Any]]:
+    """An analysis table as a person reads it: ``*_us``/``*_ns`` durations in ms, timestamps (``start_*``,
+    ``end_*``, ``ts_*``) in ms from the window start (never raw trace clock), ``*_bytes`` in MiB, ``*_fraction`` as
+    a percentage; names without their suffix, with the unit ("busy (ms)"). Returns the table and the Styler
+    formats for ``st.dataframe(table.style.format(formats))``. A duplicate name (``start_ns`` and ``start_us``)
+    keeps the first."""
+    import pandas as pd
+
+    out: dict[str, Any] = {}
+    formats: dict[str, Any] = {}
+    for col in frame.columns:
+        values = frame[col]
+        base, unit = col, None
+        for suffix in ("_us", "_ns", "_bytes", "_fraction", "_mib"):
+            if col.endswith(suffix):
+                base, unit = col[: -len(suffix)], suffix
+        if col == "fraction":
+            base, unit = "share", "_fraction"
+        if base == "ts":
+            base = "start"
+        label = base.replace("_", " ")
+        stamp = unit in ("_us", "_ns") and base.split("_")[0] in _TIMESTAMPS
+        if unit in ("_us", "_ns"):
+            scale = 1e3 if unit == "_us" else 1e6
+            numbers = pd.to_numeric(values, errors="coerce")
+            if stamp:
+                if window_start_ns is None:
+                    continue  # a raw trace-clock timestamp means nothing to a reader
+                origin = window_start_ns if unit == "_ns" else window_start_ns / 1000
+                # integers subtracted exactly first: epoch nanoseconds do not fit a float's 53 bits
+                numbers = (numbers - (int(origin) if numbers.dtype.kind == "i" else origin))
+                label = f"{label} (ms from window start)"
+            else:
+                label = f"{label} (ms)"
+            values = numbers.astype("float64") / scale
+            formats[label] = "{:,.3f}"
+        elif unit in ("_bytes", "_mib"):
+            values = pd.to_numeric(values, errors="coerce").astype("float64") / (2**20 if unit == "_bytes" else 1)
+            label = f"{label} (MiB)"
+            formats[label] = "{:,.2f}"
+        elif unit == "_fraction":
+            label = f"{label} (%)"
+            formats[label] = "{:.1%}"
+        if label not in out:
+            out[label] = values.to_numpy() if hasattr(values, "to_numpy") else values
+    return pd.DataFrame(out), formats
+
+
+def series_label(column: str) -> str:
+    """A column name as a legend entry: 'data_wait_us' -> 'data wait'."""
+    for suffix in ("_us", "_ns", "_bytes", "_fraction", "_mib", "_ms"):
+        if column.endswith(suffix):
+            column = column[: -len(suffix)]
+    return column.replace("_", " ")

@@ -1,9 +1,11 @@
 """Copies: host-to-device and device-to-host, pageable vs pinned, overlap with compute."""
 
+import altair as alt
 import pandas as pd
 import streamlit as st
 
 from kinetoscope.app import state
+from kinetoscope.render.format import display_table
 
 
 def render() -> None:
@@ -20,9 +22,16 @@ def render() -> None:
         cols[2].metric("Bandwidth", f"{c['bandwidth_gb_per_s']} GB/s" if c["bandwidth_gb_per_s"] is not None else "n/a")
         cols[3].metric("Pageable", state.pct(c["pageable_fraction"]), help="of copy time")
         cols[4].metric("Overlapped", state.pct(c["overlap_fraction"]), help="copy time with a kernel on another stream of the device")
-        st.bar_chart(pd.Series({"pageable": c["pageable_count"], "pinned": c["pinned_count"],
-                                "other": c["count"] - c["pageable_count"] - c["pinned_count"]}, name="copies"))
+        kinds = pd.DataFrame({"host memory": ["pageable", "pinned", "other or unknown"],
+                              "copies": [c["pageable_count"], c["pinned_count"],
+                                         c["count"] - c["pageable_count"] - c["pinned_count"]]})
+        st.altair_chart(alt.Chart(kinds).mark_bar().encode(
+            x=alt.X("copies:Q", title="copies"), y=alt.Y("host memory:N", title=None, sort=None),
+            color=alt.Color("host memory:N", legend=None, scale=alt.Scale(
+                domain=["pageable", "pinned", "other or unknown"], range=["#e45756", "#54a24b", "#bab0ac"])),
+            tooltip=["host memory", "copies"]).properties(height=110), width="stretch")
     copies = results.get("copies")
     if copies is not None and "copies" in copies.tables and len(copies.tables["copies"]):
         st.subheader("Every copy")
-        st.dataframe(copies.tables["copies"], hide_index=True, width="stretch")
+        table, formats = display_table(copies.tables["copies"], window_start_ns=state.window_start_ns(state.current(), entry))
+        st.dataframe(table.style.format(formats, na_rep=""), hide_index=True, width="stretch")

@@ -1,9 +1,13 @@
 """Ranks: step time, GPU idle, data loading and collective wait per rank, the straggler highlighted."""
 
+from pathlib import Path
+
+import altair as alt
 import pandas as pd
 import streamlit as st
 
 from kinetoscope.app import state
+from kinetoscope.render.format import display_table
 
 
 def render() -> None:
@@ -23,13 +27,18 @@ def render() -> None:
             "collective_wait_us": (coll.get(r["rank"]) or {}).get("wait_us"),
             "clock_skew_us": (coll.get(r["rank"]) or {}).get("clock_skew_us"),
             "last_to_arrive": (coll.get(r["rank"]) or {}).get("waited_for_count"),
-            "file": r["file"],
+            "file": Path(r["file"]).name,
         })
     table = pd.DataFrame(rows)
     if len(table) < 2:
         st.info("A single rank: load a directory (or upload several files) of one job to compare ranks.")
-    st.dataframe(table.style.apply(lambda row: ["background-color: #fde2e1" if row["straggler"] else "" for _ in row], axis=1),
-                 hide_index=True, width="stretch")
+    shown, formats = display_table(table.rename(columns={"last_to_arrive": "last to arrive (collectives)"}))
+    st.dataframe(shown.style.format(formats, na_rep="").apply(
+        lambda row: ["background-color: #fde2e1" if row["straggler"] else "" for _ in row], axis=1),
+        hide_index=True, width="stretch")
     if len(table) > 1 and table["collective_wait_us"].notna().any():
         # in a synchronous job every rank's step is as long as the slowest: the wait is what differs
-        st.bar_chart(table.set_index("rank")[["collective_wait_us"]], y_label="µs waiting in collectives")
+        wait = table.assign(ms=table["collective_wait_us"] / 1000)
+        st.altair_chart(alt.Chart(wait).mark_bar(color="#e45756").encode(
+            x=alt.X("ms:Q", title="ms waiting in collectives for the last rank, in the window"), y=alt.Y("rank:O"),
+            tooltip=["rank", alt.Tooltip("ms:Q", format=",.3f")]), width="stretch")

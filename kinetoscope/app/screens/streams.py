@@ -1,9 +1,11 @@
 """Streams: per-stream busy/idle and the largest gaps, each with its step and cause."""
 
+import altair as alt
 import pandas as pd
 import streamlit as st
 
 from kinetoscope.app import state
+from kinetoscope.render.format import display_table, series_label
 
 
 def render() -> None:
@@ -19,12 +21,18 @@ def render() -> None:
                         f"GPU's activity for {state.pct(missing.get('unknown_fraction'))} of the window")
             continue
         st.markdown(f"**GPU {d['device']}**: idle {state.pct(d['idle_fraction'])} of the window ({state.ms(d['idle_us'])})")
-        st.bar_chart(pd.Series(d["idle_by_cause_us"], name="idle µs"), y_label="µs idle, by what the host was doing")
+        causes = pd.DataFrame({"cause": [series_label(c) for c in d["idle_by_cause_us"]],
+                               "ms": [v / 1000 for v in d["idle_by_cause_us"].values()]})
+        st.altair_chart(alt.Chart(causes).mark_bar(color="#e45756").encode(
+            x=alt.X("ms:Q", title="ms idle in the window, by what the host was doing"), y=alt.Y("cause:N", title=None, sort="-x"),
+            tooltip=["cause", alt.Tooltip("ms:Q", format=",.3f")]), width="stretch")
     if gpu.get("judgement"):
         st.caption(f"GPU findings are information only here: {gpu['judgement']}")
     st.markdown("**Streams** (busy is the union of kernels, copies and memsets; idle is the measure of the gaps)")
-    st.dataframe(results["gpu"].tables["streams"], hide_index=True, width="stretch")
+    table, formats = display_table(results["gpu"].tables["streams"])
+    st.dataframe(table.style.format(formats, na_rep=""), hide_index=True, width="stretch")
     gaps = results["gpu"].tables["gaps"]
     if len(gaps):
         st.markdown("**Largest device gaps** (step = the ProfilerStep it starts in)")
-        st.dataframe(gaps.drop(columns=["start_ns"]), hide_index=True, width="stretch")
+        table, formats = display_table(gaps, window_start_ns=state.window_start_ns(state.current(), entry))
+        st.dataframe(table.style.format(formats, na_rep=""), hide_index=True, width="stretch")

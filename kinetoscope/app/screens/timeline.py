@@ -29,7 +29,7 @@ def render() -> None:
         else:
             first = last = 0
         start, end = step_range_ms(rank, first, last)
-    elif mode == "Time range" and window_ms > 0:
+    elif mode == "Time range" and window_ms >= 0.002:  # a slider needs two distinct ms values
         default_end = min(window_ms, max(window_ms / 20, 1.0))
         start, end = st.slider("ms from the window start", 0.0, round(window_ms, 3), (0.0, round(default_end, 3)),
                                step=max(round(window_ms / 2000, 3), 0.001), key="tl_range")
