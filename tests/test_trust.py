@@ -173,6 +173,12 @@ def test_batch_names_the_same_straggler_as_analyze(tmp_path):
     assert list(strag["rank"]) == [2]
     ranks = read_table(tmp_path / "store", "job_ranks").set_index("rank")
     assert bool(ranks.loc[2, "straggler"]) and ranks.loc[2, "straggler_cause"] == "input"
+    # every other rank waited for rank 2; rank 2 never waited
+    assert list(ranks["waited_for_rank"].sort_index().astype("Int64").astype(object).fillna(-1)) == [2, 2, -1, 2]
+    (job,) = read_table(tmp_path / "store", "jobs").to_dict("records")
+    assert (job["ranks"], job["matched"], job["unmatched"]) == (4, 5, 0)
+    assert (job["straggler_rank"], job["straggler_cause"], job["most_waited_for_rank"]) == (2, "input", 2)
+    assert job["straggler_wait_us_per_step"] == 300 and job["max_abs_clock_skew_us"] == 0
     assert list(ranks["waited_for_count"].sort_index()) == [0, 0, 5, 0]
 
 

@@ -138,7 +138,9 @@ def _cross_rank(root: Path, jobs: list[Job], rows_by_job: dict[str, list[dict[st
                 summaries.append(RankSummary.from_dict(json.loads(stored[0]["summary_json"])))
         if sum(1 for s in summaries if s.op) < 2:
             continue
+        reduce_started = time.perf_counter()
         metrics, _, finding = job_analysis(summaries, config)
+        reduce_s = time.perf_counter() - reduce_started
         path_of = {int(r["rank"]): r["path"] for r in rows}
         findings = [] if finding is None else [{
             "key": _job_key(job), "job": job.name, "path": path_of.get(finding.rank, job.name), "rank": finding.rank,
@@ -153,7 +155,17 @@ def _cross_rank(root: Path, jobs: list[Job], rows_by_job: dict[str, list[dict[st
             "wait_us": pr["wait_us"], "waited_for_count": pr["waited_for_count"], "matched": pr["matched"],
             "unmatched": pr["unmatched"], "straggler": finding is not None and finding.rank == pr["rank"],
             "straggler_cause": finding.evidence["cause"] if finding is not None and finding.rank == pr["rank"] else None,
+            "waited_for_rank": pr.get("waited_for_rank"),
         } for pr in metrics["ranks"]])
+        skews = [abs(pr["clock_skew_us"]) for pr in metrics["ranks"] if pr["clock_skew_us"] is not None]
+        write_rows(root, "jobs", _job_key(job), [{
+            "key": _job_key(job), "job": job.name, "ranks": len(rows), "ranks_with_collectives": sum(1 for s in summaries if s.op),
+            "matched": metrics["matched"], "unmatched": metrics["unmatched"], "reference_rank": metrics["reference_rank"],
+            "most_waited_for_rank": metrics["most_waited_for_rank"],
+            "straggler_rank": finding.rank if finding is not None else None,
+            "straggler_cause": finding.evidence["cause"] if finding is not None else None,
+            "straggler_wait_us_per_step": finding.evidence["others_wait_us_per_step"] if finding is not None else None,
+            "max_abs_clock_skew_us": max(skews) if skews else None, "reduce_s": reduce_s}])
 
 
 def _top_findings(root: Path) -> list[tuple[str, int]]:

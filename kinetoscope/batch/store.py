@@ -7,7 +7,10 @@ Layout (query with DuckDB: ``SELECT * FROM read_parquet('STORE/traces/*.parquet'
     STORE/findings/<key>.parquet  one row per finding of that file; job-<key>.parquet for cross-rank ones
     STORE/steps/<key>.parquet     one row per profiled step of that file
     STORE/summaries/<key>.parquet what the job-level analysis needs from that file (collectives, step parts)
-    STORE/job_ranks/job-<key>.parquet  per rank of a multi-rank job: clock skew, collective wait, times waited for
+    STORE/job_ranks/job-<key>.parquet  per rank of a multi-rank job: clock skew, collective wait, times waited for,
+                                       the rank it waited for, straggler and cause
+    STORE/jobs/job-<key>.parquet       per multi-rank job: matched collectives, the straggler and its cause, the
+                                       most waited-for rank, the largest clock skew
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from kinetoscope.errors import TraceSourceError
 from kinetoscope.fsutil import atomic_target, atomic_write
 
 STORE_KIND = "kinetoscope-store"
-TABLES = ("traces", "findings", "steps", "summaries", "job_ranks")
+TABLES = ("traces", "findings", "steps", "summaries", "job_ranks", "jobs")
 
 SCHEMAS: dict[str, pa.Schema] = {
     "traces": pa.schema([
@@ -59,6 +62,16 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("key", pa.string()), ("job", pa.string()), ("rank", pa.int64()), ("clock_skew_us", pa.float64()),
         ("wait_us", pa.float64()), ("waited_for_count", pa.int64()), ("matched", pa.int64()),
         ("unmatched", pa.int64()), ("straggler", pa.bool_()), ("straggler_cause", pa.string()),
+        # the rank this one waited for most often (null when it never waited; older stores: null)
+        ("waited_for_rank", pa.int64()),
+    ]),
+    # one row per multi-rank job: what the reduce over its ranks' summaries found
+    "jobs": pa.schema([
+        ("key", pa.string()), ("job", pa.string()), ("ranks", pa.int64()), ("ranks_with_collectives", pa.int64()),
+        ("matched", pa.int64()), ("unmatched", pa.int64()), ("reference_rank", pa.int64()),
+        ("most_waited_for_rank", pa.int64()), ("straggler_rank", pa.int64()), ("straggler_cause", pa.string()),
+        ("straggler_wait_us_per_step", pa.float64()), ("max_abs_clock_skew_us", pa.float64()),
+        ("reduce_s", pa.float64()),
     ]),
 }
 
