@@ -330,6 +330,10 @@ def test_fleet_opens_a_job_in_place_and_the_other_pages_show_store_jobs(tmp_path
     assert not at.exception and not at.error
     assert at.selectbox(key="trace").options == ["team-a/job-42", "team-b/job-7/trace.json.gz"]
     assert list(at.dataframe[0].value["job"]) == ["team-a/job-42", "team-b/job-7/trace.json.gz"]
+    at = open_app("fleet", fleet_job="team-a/job-42")
+    assert any("straggler rank 2 (input), the others wait 0.300 ms per step" in m.value for m in at.markdown)
+    per_rank = at.dataframe[1].value
+    assert list(per_rank["rank"]) == [0, 1, 2, 3] and list(per_rank["straggler"]) == [False, False, True, False]
     at = open_app("overview", fleet_open_job="team-a/job-42")
     assert not at.exception and not at.error
     assert at.session_state["analysis"].label == "team-a/job-42"

@@ -123,6 +123,11 @@ def sidebar() -> None:
         label = st.sidebar.selectbox("Job" if stores else "Trace", labels, key="trace", **where)
         job = choices[labels.index(label)].job
         st.session_state[state.JOB] = job
+        if len(job.files) > fleet.MAX_OPEN_RANKS:
+            st.sidebar.warning(f"{label} has {len(job.files):,} rank files: more than the {fleet.MAX_OPEN_RANKS} the app "
+                               "opens at once. Its job-level results are on the Fleet page.")
+            st.session_state[state.CURRENT] = None
+            return
         st.session_state[state.CURRENT] = analyse(data.content_key(job.files), label, job)
     analysis = st.session_state.get(state.CURRENT)
     if analysis is not None:

@@ -6,11 +6,13 @@ from kinetoscope.analyze.findings import SEVERITY_ORDER
 from kinetoscope.app import state
 from kinetoscope.batch.report import fleet, relative_names
 from kinetoscope.batch.store import read_table
-from kinetoscope.render.format import evidence_lines
+from kinetoscope.render.format import display_table, evidence_lines
 
 STORE_KEY = "store_path"
 #: the job the Fleet page asked the sidebar to open (its relative name)
 OPEN_KEY = "fleet_open_job"
+#: a job of more ranks is not opened in the app (every rank's tables are held in memory): its job-level results show
+MAX_OPEN_RANKS = 64
 
 
 def render() -> None:
@@ -44,13 +46,31 @@ def render() -> None:
     key = next(k for k, v in names.items() if v == job)
     rows = traces[traces["job"] == key]
     st.subheader(job)
-    if st.button("Open this job in the app", key="fleet_open", type="primary",
+    too_many = int((rows["status"] == "ok").sum()) > MAX_OPEN_RANKS
+    if too_many:
+        st.caption(f"{len(rows):,} rank files: more than the {MAX_OPEN_RANKS} the app opens at once (each rank's tables "
+                   "are held in memory). Its job-level results are below; open a rank's file with kinetoscope app PATH.")
+    if st.button("Open this job in the app", key="fleet_open", type="primary", disabled=too_many,
                  help="every page (Overview, Distributed, Timeline ...) on this job's rank files, read in place"):
         st.session_state[OPEN_KEY] = job
         pages = st.session_state.get(state.PAGE_OBJECTS) or {}
         if "overview" in pages:
             st.switch_page(pages["overview"])
         st.rerun()
+    job_row = read_table(store, "jobs")
+    job_row = job_row[job_row["job"] == key]
+    if len(job_row):
+        j = job_row.iloc[0]
+        st.markdown(f"**Across ranks** (the reduce over {int(j['ranks']):,} ranks' summaries): "
+                    + (f"straggler rank {int(j['straggler_rank'])} ({j['straggler_cause']}), the others wait "
+                       f"{j['straggler_wait_us_per_step'] / 1000:,.3f} ms per step for it; "
+                       if j["straggler_rank"] == j["straggler_rank"] and j["straggler_rank"] is not None else "no straggler; ")
+                    + f"{int(j['matched']):,} collectives matched, {int(j['unmatched']):,} unmatched; largest clock skew "
+                    + ("n/a" if j["max_abs_clock_skew_us"] != j["max_abs_clock_skew_us"] else f"{j['max_abs_clock_skew_us'] / 1000:,.3f} ms"))
+        per_rank = read_table(store, "job_ranks")
+        per_rank = per_rank[per_rank["job"] == key].sort_values("rank")
+        shown, formats = display_table(per_rank.drop(columns=["key", "job"]))
+        st.dataframe(shown.style.format(formats, na_rep=""), hide_index=True, width="stretch")
     st.dataframe(rows.drop(columns=["key", "tool_version", "content_sha256"]), hide_index=True, width="stretch")
     mine = findings[findings["job"] == key]
     order = mine["severity"].map(SEVERITY_ORDER).fillna(len(SEVERITY_ORDER))
