@@ -30,7 +30,7 @@ class TreeMemory:
     def __init__(self, pid: int, period_s: float = 0.2) -> None:
         self.root = psutil.Process(pid)
         self.peak: dict[int, tuple[str, int]] = {}
-        self.samples: list[tuple[float, int]] = []  # (time, the largest worker's RSS)
+        self.samples: list[tuple[float, int, int]] = []  # (time, the largest worker's RSS, the driver's RSS)
         self._stop = threading.Event()
         self._period = period_s
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -45,6 +45,7 @@ class TreeMemory:
                 return
             total = 0
             largest = 0
+            driver = 0
             for p in procs:
                 try:
                     rss = p.memory_info().rss
@@ -55,9 +56,11 @@ class TreeMemory:
                 if role == "worker":
                     total += rss
                     largest = max(largest, rss)
+                if role == "driver":
+                    driver = rss
                 name, old = self.peak.get(p.pid, (role, 0))
                 self.peak[p.pid] = (role, max(old, rss))
-            self.samples.append((time.perf_counter() - self._started, largest))
+            self.samples.append((time.perf_counter() - self._started, largest, driver))
             self._stop.wait(self._period)
 
     def stop(self) -> None:
@@ -100,6 +103,11 @@ def main() -> None:
     for role, rss in peaks:
         if role in ("driver", "worker"):
             print(f"  peak RSS {role}: {rss / 2**20:,.0f} MiB")
+    tenth = max(len(mem.samples) // 10, 1)
+    curve = [(max(x[1] for x in mem.samples[i:i + tenth]), max(x[2] for x in mem.samples[i:i + tenth]))
+             for i in range(0, len(mem.samples), tenth)]
+    print("  largest worker's RSS per tenth of the run (MiB): " + " ".join(f"{w / 2**20:.0f}" for w, _ in curve))
+    print("  driver's RSS per tenth of the run (MiB): " + " ".join(f"{d / 2**20:.0f}" for _, d in curve))
     quarter = len(mem.samples) // 4
     if quarter:  # the first quarter holds the workers' start; the second and the last are steady work
         second = max(s[1] for s in mem.samples[quarter:2 * quarter])

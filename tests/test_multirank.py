@@ -120,3 +120,16 @@ def test_hta_breakdowns_are_results_or_reasons_never_exceptions():
     assert all(abs(overlap[r] - ours[r]) < 0.05 for r in ours)
     broken = hta_breakdowns([ROOT / "sample_traces" / "real" / "mi250_minitoy_train_ROCm6_2_kineto.json.gz"])
     assert all(isinstance(v, str) or v is not None for v in broken.values())
+
+
+def test_a_long_process_group_is_named_short_and_alike_on_every_rank():
+    """A 1,024-rank group's ranks list (~6 KB) was repeated in every collective of every rank's summary: 900 KB per
+    rank in the batch store, 0.9 GB in the driver at the reduce. Now abbreviated, still unique per group."""
+    from kinetoscope.analyze.analyzers.comm import group_name
+
+    ranks = "[" + ", ".join(str(r) for r in range(1024)) + "]"
+    other = "[" + ", ".join(str(r) for r in range(1024) if r != 500) + ", 1024]"
+    name = group_name("0", ranks)
+    assert name.startswith("0 [0, 1, …, 1023] (1024 ranks, #") and len(name) < 64
+    assert group_name("0", ranks) == name and group_name("0", other) != name
+    assert group_name("0", "[0, 1, 2, 3]") == "0 [0, 1, 2, 3]" and group_name(None, None) == "default"

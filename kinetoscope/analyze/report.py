@@ -7,6 +7,7 @@ or changes meaning; new keys may appear at any time.
 
 from __future__ import annotations
 
+import time
 import traceback
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -41,6 +42,9 @@ class Report:
     failures: tuple[AnalyzerFailure, ...] = ()
     #: numbers that break an invariant (a fraction outside [0, 1]): a bug, reported, never clamped away
     violations: tuple[str, ...] = ()
+    #: seconds each analyzer took, summed over ranks ("replay" and "estimates": the what-if), for benchmarks;
+    #: not part of the JSON report (timings are not results)
+    timings_s: dict[str, float] = field(repr=False, default_factory=dict)
 
     @property
     def worst_rank(self) -> int | None:
@@ -145,6 +149,7 @@ def build_report(trace: Trace, config: AnalysisConfig = DEFAULT_CONFIG) -> Repor
     findings: list[Finding] = []
     results: dict[int, dict[str, AnalysisResult]] = {}
     failures: list[AnalyzerFailure] = []
+    timings: dict[str, float] = {}
     registered = analyzers()
     for r in trace.ranks:
         entry = _rank_header(r)
@@ -153,27 +158,37 @@ def build_report(trace: Trace, config: AnalysisConfig = DEFAULT_CONFIG) -> Repor
         for a in registered:
             if a.scope != "rank":
                 continue
+            started = time.perf_counter()
             try:
                 res = a.fn(r, config)
             except Exception as exc:  # one broken analyzer must not sink the report
                 failures.append(AnalyzerFailure(a.key, r.rank, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
                 continue
+            finally:
+                timings[a.key] = timings.get(a.key, 0.0) + time.perf_counter() - started
             results[r.rank][a.key] = res
             entry.update(res.metrics)
             mine.extend(_capped(res.findings, entry))
+        started = time.perf_counter()
         entry["replay"] = _guarded(failures, r.rank, lambda: whatif.replay_entry(r))
+        timings["replay"] = timings.get("replay", 0.0) + time.perf_counter() - started
+        started = time.perf_counter()
         findings.extend(_estimated(r, mine, failures))
+        timings["estimates"] = timings.get("estimates", 0.0) + time.perf_counter() - started
         entries.append(entry)
     job: dict[str, Any] = {"ranks": len(trace.ranks), "world_size": trace.world_size}
     job_results: dict[str, AnalysisResult] = {}
     for a in registered:
         if a.scope != "job":
             continue
+        started = time.perf_counter()
         try:
             res = a.fn(trace, config)
         except Exception as exc:
             failures.append(AnalyzerFailure(a.key, None, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
             continue
+        finally:
+            timings[a.key] = timings.get(a.key, 0.0) + time.perf_counter() - started
         job_results[a.key] = res
         if res.metrics:
             job[a.key] = res.metrics
@@ -192,4 +207,5 @@ def build_report(trace: Trace, config: AnalysisConfig = DEFAULT_CONFIG) -> Repor
         job_results=job_results,
         failures=tuple(failures),
         violations=tuple(violations),
+        timings_s=timings,
     )

@@ -4,6 +4,7 @@ across ranks is ``distributed``; the job-level analyzer is in ``straggler``."""
 
 from __future__ import annotations
 
+import hashlib
 import re
 from typing import Any
 
@@ -21,6 +22,26 @@ from kinetoscope.analyze.units import frac, us
 #: ncclKernel_AllReduce_RING_LL_Sum_float (<= 2.18), ncclDevKernel_AllReduce_Sum_f32_RING_LL (>= 2.19), rccl
 COLLECTIVE_RE = re.compile(r"^(?:void )?(?:nccl|rccl)(?:Dev)?Kernel|nccl:|^(?:void )?rccl", re.IGNORECASE)
 _OP_RE = re.compile(r"(AllReduce|AllGather|ReduceScatter|Broadcast|Reduce|SendRecv|Send|Recv|AllToAll)", re.IGNORECASE)
+
+
+#: a process group's ranks written out longer than this are named by their first and last ranks, their count and a
+#: hash of the whole list: a 1,024-rank group's list is ~6 KB, repeated on every collective of every rank's summary
+GROUP_RANKS_MAX_CHARS = 64
+
+
+def group_name(pg_name: object, pg_ranks: object) -> str:
+    """A process group's name as the matching across ranks keys it: its name and its ranks as written
+    ("0 [0, 1, 2, 3]"), the ranks abbreviated past GROUP_RANKS_MAX_CHARS ("0 [0, 1, …, 1023] (1024 ranks,
+    #3f2a9c1b)": the same group is named alike on every rank, and two groups differing anywhere are told apart)."""
+    if pg_ranks is None or pg_ranks != pg_ranks:
+        return str(pg_name) if pg_name is not None and pg_name == pg_name else "default"
+    text = str(pg_ranks)
+    if len(text) > GROUP_RANKS_MAX_CHARS:
+        items = [x.strip() for x in text.strip("[]() ").split(",")]
+        digest = hashlib.sha1(text.encode()).hexdigest()[:8]
+        text = f"[{items[0]}, {items[1]}, …, {items[-1]}] ({len(items)} ranks, #{digest})" if len(items) > 2 else \
+            f"({len(text)} chars, #{digest})"
+    return f"{pg_name} {text}"
 
 
 @trace_view
@@ -52,8 +73,13 @@ def collectives(trace: RankTrace) -> pd.DataFrame:
     op = [normalise_op(str(c)) if c is not None and c == c else normalise_op(str(n)) for c, n in zip(coll_name, name_op)]
     group = pick("pg_name")
     ranks = pick("pg_ranks")
-    group_key = [f"{g} {r}" if r is not None and r == r else str(g) if g is not None and g == g else "default"
-                 for g, r in zip(group, ranks)]
+    keys: dict[tuple[object, object], str] = {}
+    group_key = []
+    for g, r in zip(group, ranks):
+        k = keys.get((g, r))
+        if k is None:
+            k = keys[(g, r)] = group_name(g, r)
+        group_key.append(k)
     return coll.assign(op=op, group=group_key, seq=pd.array(pick("seq"), dtype="Int64"),
                        in_nelems=pd.array(pick("in_nelems"), dtype="Int64"),
                        out_nelems=pd.array(pick("out_nelems"), dtype="Int64"))

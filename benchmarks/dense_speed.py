@@ -1,0 +1,105 @@
+"""Event-dense traces (a launch-bound loop, benchmarks/dense_trace.py) analysed as a user times it: the whole
+``kinetoscope analyze`` process on the plain JSON and on its gzip, beside the physical limits measured in the same
+run (reading the file; zlib alone decompressing the .gz), with peak RSS, the start-up (imports) and the time of
+every analyzer.
+
+    python benchmarks/dense_speed.py [MB ...]      (default: 50 200 357)
+"""
+
+from __future__ import annotations
+
+import gzip
+import subprocess
+import sys
+import tempfile
+import time
+import zlib
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from dense_trace import write_dense_trace  # noqa: E402
+
+MB_PER_STEP = 95.13 / 227  # dense_trace.py, 200 kernels per step
+
+WRAP = ("import subprocess, sys, time, resource\n"
+        "t = time.perf_counter()\n"
+        "p = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)\n"
+        "w = time.perf_counter() - t\n"
+        "print(w, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024, p.returncode)\n")
+
+INSIDE = """
+import sys, time
+t0 = time.perf_counter()
+from kinetoscope.analyze.loader import load_trace
+from kinetoscope.analyze.report import build_report
+from kinetoscope.render.text import render_text
+t1 = time.perf_counter()
+trace = load_trace(sys.argv[1])
+t2 = time.perf_counter()
+report = build_report(trace)
+t3 = time.perf_counter()
+render_text(report)
+t4 = time.perf_counter()
+parts = ", ".join(f"{k} {v:.2f}" for k, v in sorted(report.timings_s.items(), key=lambda kv: -kv[1]) if v >= 0.005)
+print(f"imports {t1 - t0:.2f} s, load {t2 - t1:.2f} s, analyses {t3 - t2:.2f} s ({parts}), text {t4 - t3:.2f} s")
+"""
+
+
+def whole(cmd: list[str]) -> tuple[float, int]:
+    out = subprocess.run([sys.executable, "-c", WRAP, *cmd], capture_output=True, text=True, check=True).stdout.split()
+    if out[2] not in ("0", "3"):
+        raise RuntimeError(f"{cmd} exited {out[2]}")
+    return float(out[0]), int(out[1])
+
+
+def read_s(path: Path) -> float:
+    t = time.perf_counter()
+    with open(path, "rb") as fh:
+        while fh.read(8 << 20):
+            pass
+    return time.perf_counter() - t
+
+
+def zlib_s(path: Path) -> float:
+    t = time.perf_counter()
+    d = zlib.decompressobj(31)
+    with open(path, "rb") as fh:
+        while chunk := fh.read(8 << 20):
+            d.decompress(chunk)
+    return time.perf_counter() - t
+
+
+def main(sizes: list[float]) -> None:
+    print("| JSON | events | whole process, plain | MB/s | peak RSS / JSON | read file | .gz | whole process, .gz "
+          "| zlib alone | .gz / zlib |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    details = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for mb in sizes:
+            steps = max(1, round(mb / MB_PER_STEP))
+            plain = Path(tmp) / f"dense-{steps}.json"
+            size = write_dense_trace(plain, steps)
+            gz = Path(tmp) / f"dense-{steps}.json.gz"
+            with open(plain, "rb") as src, gzip.open(gz, "wb", compresslevel=6) as dst:
+                while chunk := src.read(8 << 20):
+                    dst.write(chunk)
+            events = steps * (1 + 200 * 7)
+            read_s(plain)  # warm the page cache as a user's second run would find it
+            r = read_s(plain)
+            w, rss = whole([sys.executable, "-m", "kinetoscope", "analyze", str(plain)])
+            z = zlib_s(gz)
+            wg, _ = whole([sys.executable, "-m", "kinetoscope", "analyze", str(gz)])
+            print(f"| {size / 1e6:,.0f} MB | {events / 1e6:.2f}M | {w:.2f} s | {size / 1e6 / w:,.0f} | {rss / size:.2f}x "
+                  f"| {r:.2f} s | {gz.stat().st_size / 1e6:,.1f} MB | {wg:.2f} s | {z:.2f} s | {wg / z:.1f}x |")
+            inside = subprocess.run([sys.executable, "-c", INSIDE, str(plain)], capture_output=True, text=True,
+                                    check=True).stdout.strip()
+            details.append(f"{size / 1e6:,.0f} MB: {inside}")
+            plain.unlink()
+            gz.unlink()
+    print()
+    for line in details:
+        print(line)
+
+
+if __name__ == "__main__":
+    main([float(a) for a in sys.argv[1:]] or [50.0, 200.0, 357.0])
