@@ -116,8 +116,12 @@ def test_compare_page_lists_changes():
     at = open_app("compare", trace="cpu/healthy", compare_with="cpu/loader_bound")
     assert not at.exception and not at.error
     table = at.dataframe[0].value
-    row = table[table["metric"] == "data loading, fraction of window"].iloc[0]
-    assert row["after"] < row["before"] and bool(row["better"])
+    row = table[table["metric"] == "data loading (share of the window)"].iloc[0]
+    assert float(row["after"].rstrip("%")) < float(row["before"].rstrip("%")) and row["verdict"] == "better"
+    # units, never raw microseconds or six decimals (was: "mean step (us) 51025.885000", "None", a bare checkbox)
+    step = table[table["metric"] == "mean step"].iloc[0]
+    assert step["before"].endswith(" ms") and step["after"].endswith(" ms") and step["change"][0] in "+-"
+    assert not table.isin(["None", None]).any().any()
 
 
 def test_fleet_view_of_a_batch_store(tmp_path, monkeypatch):
@@ -137,16 +141,16 @@ def test_fleet_view_of_a_batch_store(tmp_path, monkeypatch):
     assert list(jobs["job"]) == ["job-v100"]  # a job none of whose files could be read is listed apart
     broken = at.dataframe[1].value
     assert list(broken["job"]) == ["job-broken"] and "JSON" in broken["error"].iloc[0]
-    assert "loader_stall" in jobs.columns
+    assert "loader stall" in jobs.columns  # a column per finding id
     assert any("DataLoader stalls" in e.label for e in at.expander)
     # the job's step time, GPU idle, and its worst finding with what fixing it is worth (the V100 sample:
     # 174.83 ms steps, 44% idle, the critical loader stall worth 58.82 ms per step)
     v100 = jobs.set_index("job").loc["job-v100"]
-    assert v100["mean_step_ms"] == pytest.approx(174.829, abs=0.001) and v100["gpu_idle_fraction"] == pytest.approx(0.44, abs=0.005)
-    assert v100["worst_finding"] == "critical loader_stall"
-    assert v100["worst_saving_ms_per_step"] == pytest.approx(58.82, abs=0.01)
-    assert list(jobs.columns[:9]) == ["job", "files", "failed", "critical", "warnings", "mean_step_ms", "gpu_idle_fraction",
-                                      "worst_finding", "worst_saving_ms_per_step"]
+    assert v100["mean step (ms)"] == pytest.approx(174.829, abs=0.001) and v100["gpu idle (%)"] == pytest.approx(0.44, abs=0.005)
+    assert v100["worst finding"] == "critical loader_stall"
+    assert v100["worst saving (ms/step)"] == pytest.approx(58.82, abs=0.01)
+    assert list(jobs.columns[:9]) == ["job", "files", "failed", "critical", "warnings", "mean step (ms)", "gpu idle (%)",
+                                      "worst finding", "worst saving (ms/step)"]
 
 
 def test_exported_trace_files_have_their_secrets_redacted():
@@ -227,8 +231,8 @@ def test_operators_and_kernels_page():
     at = open_app("operators", trace="real/v100_resnet50_2021.json.gz")
     assert not at.exception and not at.error
     ops, kernels = at.dataframe[0].value, at.dataframe[1].value
-    assert len(ops) == 50 and ops["self_ms"].is_monotonic_decreasing
-    assert len(kernels) == 50 and kernels["total_ms"].is_monotonic_decreasing
+    assert len(ops) == 50 and ops["self (ms)"].is_monotonic_decreasing
+    assert len(kernels) == 50 and kernels["total (ms)"].is_monotonic_decreasing
 
 
 def test_telemetry_page_shows_the_capture_counters_in_their_units(tmp_path):
@@ -266,8 +270,8 @@ def test_several_uploaded_files_are_ranks_or_runs_as_the_user_says():
     assert as_runs.selectbox(key="upload_run").options == ["after.json.gz", "before.json.gz"]
     assert len(as_runs.session_state["analysis"].report.ranks) == 1
     table = as_runs.dataframe[0].value
-    row = table[table["metric"] == "data loading, fraction of window"].iloc[0]
-    assert row["after"] < row["before"]
+    row = table[table["metric"] == "data loading (share of the window)"].iloc[0]
+    assert float(row["after"].rstrip("%")) < float(row["before"].rstrip("%"))
 
 
 def four_rank_upload(tmp_path: Path) -> list[tuple[str, bytes]]:
@@ -352,11 +356,29 @@ def test_operators_by_input_shapes_on_request():
     at = open_app("operators", trace="real/h100_bert-small.json.gz", op_shapes_0=True)
     assert not at.exception and not at.error
     shapes = at.dataframe[1].value
-    assert list(shapes.columns) == ["name", "input_shapes", "calls", "total_ms", "mean_ms"]
-    assert shapes.iloc[0]["name"] == "aten::linear" and shapes.iloc[0]["input_shapes"] == "[[1, 141, 512], [512, 512], [512]]"
+    assert list(shapes.columns) == ["name", "input shapes", "calls", "total (ms)", "mean (ms)"]
+    assert shapes.iloc[0]["name"] == "aten::linear" and shapes.iloc[0]["input shapes"] == "[[1, 141, 512], [512, 512], [512]]"
 
 
 def test_timeline_rows_steps_and_kernels_of_a_gpu_trace():
     at = open_app("timeline", trace="real/h100_bert-small.json.gz")
     assert not at.exception and not at.error
     assert any("kernels," in c.value and "drawn one by one" in c.value for c in at.caption)
+
+
+def test_open_in_perfetto_prepares_a_new_upload_of_the_same_name_afresh():
+    """Was: prepared bytes were kept per (label, rank): a second upload named like the first got the first's trace."""
+    a = next((SAMPLES / "cpu" / "healthy").glob("*.pt.trace.json.gz")).read_bytes()
+    b = next((SAMPLES / "cpu" / "leak").glob("*.pt.trace.json.gz")).read_bytes()
+    at = open_app("export", source="Upload", pending_uploads=[("trace.json.gz", a)])
+    at.button(key="perfetto_prepare_0").click().run()
+    assert not at.exception and not at.error
+    (first,) = at.session_state["perfetto_prepared"].values()
+    at.run()
+    assert not any(bt.key == "perfetto_prepare_0" for bt in at.button)  # prepared: the launcher is shown instead
+    at.session_state["pending_uploads"] = [("trace.json.gz", b)]
+    at.run()
+    assert any(bt.key == "perfetto_prepare_0" for bt in at.button)  # not the first file's bytes: asked again
+    at.button(key="perfetto_prepare_0").click().run()
+    (second,) = at.session_state["perfetto_prepared"].values()
+    assert second[1] != first[1] and len(second[1]) > 0

@@ -92,3 +92,40 @@ def test_ops_by_input_shapes_read_from_the_file(tmp_path):
     assert rows == {("aten::mm", "[[64, 128], [128, 32]]"): (2, 0.04), ("aten::mm", "[[8, 8], [8, 8]]"): (1, 0.05),
                     ("aten::relu", ""): (1, 0.005)}
     assert list(t["name"])[0] == "aten::mm" and json.loads(t["input_shapes"].iloc[0]) == [[8, 8], [8, 8]]
+
+
+def test_memory_timeline_keeps_each_bins_dip_and_cpu_has_no_reserved_figure(tmp_path):
+    """Was: each bin kept only its maximum (the V100 sample's timeline never went under 98 MiB while the per-step
+    chart sat at 0), and the CPU allocator's "Total Reserved" 0 made a fragmentation of -24.3 MiB."""
+    from kinetoscope.analyze.analyzers.memory import TIMELINE_POINTS
+    from kinetoscope.analyze.report import build_report
+
+    b = TraceBuilder().step(0, 0, 10 * TIMELINE_POINTS)
+    for i in range(2 * TIMELINE_POINTS):  # allocated alternates 100 MiB, 0: every bin of two holds a peak and a dip
+        b.memory(1 + 4 * i, (100 << 20) if i % 2 == 0 else -(100 << 20), allocated=(100 << 20) if i % 2 == 0 else 0,
+                 reserved=200 << 20)
+    b.memory(5, 1 << 20, allocated=1 << 20, reserved=0, device_type=0, device_id=-1)
+    b.memory(6, 2 << 20, allocated=3 << 20, reserved=0, device_type=0, device_id=-1)
+    rep = build_report(load_built(tmp_path, b))
+    tl = rep.results[0]["memory"].tables["memory_timeline"]
+    cuda = tl[tl["device"] == "cuda:0"]
+    assert len(cuda) == TIMELINE_POINTS and set(cuda["allocated_mib"]) == {100.0} and set(cuda["allocated_min_mib"]) == {0.0}
+    cpu = next(d for d in rep.ranks[0]["memory"]["devices"] if d["device"] == "cpu")
+    assert cpu["peak_reserved_bytes"] is None and cpu["fragmentation_bytes_max"] is None
+    assert cpu["peak_allocated_bytes"] == 3 << 20
+
+
+def test_rounding_overlaps_are_not_nesting_and_step_labels_are_thinned(tmp_path):
+    """Kineto rounds to the microsecond: step 1 "starts" 1 ns before step 0 ends; it is not step 0's child.
+    With 300 steps in view, a label every k-th step (each needs ~60 px), every step still drawn."""
+    b = TraceBuilder()
+    for i in range(300):
+        b.step(i, i * 100.0 - (0.001 if i else 0), 100.0).op("aten::mm", i * 100.0 + 10, 50)
+    r = load_built(tmp_path, b).ranks[0]
+    hd = host_depth(r)
+    names = r.events["name"].astype(str).to_numpy()[hd["row"].to_numpy()]
+    steps = hd[[n.startswith("ProfilerStep") for n in names]]
+    assert set(steps["depth"]) == {0}
+    v = timeline_view(r, width_px=1200)  # 20 labels fit
+    assert len(v.steps) == 20 and list(v.steps["step"][:3]) == [0, 15, 30]
+    assert int(v.spans[v.spans["row"] == "steps"]["spans"].sum()) == 300

@@ -33,6 +33,8 @@ KIND_COLOURS = {
 }
 _HOST_KIND_LABEL = {"cpu_op": "cpu op", "runtime": "runtime call", "driver": "runtime call", "annotation": "annotation",
                     "python": "python", "sync": "sync"}
+#: overlaps this short are rounding, not nesting (see host_depth)
+NEST_TOLERANCE_NS = 1000
 #: nesting rows per thread; deeper spans share the last row
 MAX_DEPTH = 12
 #: the chart's width in pixels the level of detail is computed for
@@ -82,7 +84,11 @@ def host_depth(trace: RankTrace) -> pd.DataFrame:
         if not len(part):
             continue
         s, e = ts[part], end[part]
-        depth[part] = np.maximum(np.arange(len(part)) - np.searchsorted(np.sort(e), s, side="right"), 0)
+        # a span that ends within NEST_TOLERANCE_NS after the next one starts did not hold it: Kineto rounds both
+        # to the microsecond, and one ProfilerStep then "starts" a nanosecond before the previous one ends
+        # (each end moved NEST_TOLERANCE_NS earlier, never to or before its own start: a span never closes itself)
+        closed = np.searchsorted(np.sort(np.maximum(e - NEST_TOLERANCE_NS, s + 1)), s, side="right")
+        depth[part] = np.maximum(np.arange(len(part)) - closed, 0)
     return pd.DataFrame({"row": sel, "ts_ns": ts, "end_ns": end, "tid": ev["tid"].to_numpy()[sel], "depth": depth})
 
 
@@ -114,9 +120,12 @@ def timeline_view(trace: RankTrace, start_ms: float | None = None, end_ms: float
     rows: list[str] = ["steps"]
     steps = trace.steps
     st = steps[(steps["end_ns"] > lo) & (steps["start_ns"] < hi)] if len(steps) else steps
-    step_labels = pd.DataFrame({"step": st["step"].astype(np.int64).to_numpy() if len(st) else np.zeros(0, np.int64),
-                                "start_ms": (np.maximum(st["start_ns"].to_numpy(), lo) - origin) / 1e6 if len(st) else np.zeros(0),
-                                "end_ms": (np.minimum(st["end_ns"].to_numpy(), hi) - origin) / 1e6 if len(st) else np.zeros(0)})
+    lab = st
+    if len(lab) > width_px // 60:  # a label needs ~60 px: every k-th step labelled, the others drawn unlabelled
+        lab = lab.iloc[::int(np.ceil(len(lab) / max(width_px // 60, 1)))]
+    step_labels = pd.DataFrame({"step": lab["step"].astype(np.int64).to_numpy() if len(lab) else np.zeros(0, np.int64),
+                                "start_ms": (np.maximum(lab["start_ns"].to_numpy(), lo) - origin) / 1e6 if len(lab) else np.zeros(0),
+                                "end_ms": (np.minimum(lab["end_ns"].to_numpy(), hi) - origin) / 1e6 if len(lab) else np.zeros(0)})
     if len(st):
         parts.append(pd.DataFrame({"row": "steps", "name": [f"ProfilerStep#{s}" for s in st["step"]], "kind": "step",
                                    "ts_ns": st["start_ns"].to_numpy(), "end_ns": st["end_ns"].to_numpy(),

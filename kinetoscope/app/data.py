@@ -33,6 +33,8 @@ _SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
 class Choice:
     label: str
     job: Job
+    #: the job's files the batch could not read (a store's job opens without them)
+    unread: int = 0
 
 
 @dataclass(frozen=True)
@@ -80,10 +82,11 @@ def store_choices(store: str | os.PathLike[str]) -> list[Choice]:
     traces = read_table(store, "traces")
     ok = traces[traces["status"] == "ok"]
     names = relative_names(sorted(traces["job"].unique()))
+    failed = traces[traces["status"] != "ok"].groupby("job").size()
     out = []
     for job, rows in ok.groupby("job", sort=True):
         files = tuple(Path(p) for p in rows.sort_values("rank")["path"])
-        out.append(Choice(names[job], Job(names[job], files)))
+        out.append(Choice(names[job], Job(names[job], files), unread=int(failed.get(job, 0))))
     return out
 
 

@@ -121,8 +121,12 @@ def sidebar() -> None:
         # the default only when nothing chose one (a value set through the session state wins)
         where = {} if "trace" in st.session_state else {"index": default}
         label = st.sidebar.selectbox("Job" if stores else "Trace", labels, key="trace", **where)
-        job = choices[labels.index(label)].job
+        choice = choices[labels.index(label)]
+        job = choice.job
         st.session_state[state.JOB] = job
+        if choice.unread:
+            st.sidebar.warning(f"{choice.unread} of this job's {choice.unread + len(job.files)} rank files could not be "
+                               "read by the batch: opened without them (see the Fleet page for why).")
         if len(job.files) > fleet.MAX_OPEN_RANKS:
             st.sidebar.warning(f"{label} has {len(job.files):,} rank files: more than the {fleet.MAX_OPEN_RANKS} the app "
                                "opens at once. Its job-level results are on the Fleet page.")

@@ -18,7 +18,7 @@ import streamlit.components.v1 as components
 from kinetoscope.analyze.loader import read_bytes
 from kinetoscope.analyze.redact import redacted_trace
 from kinetoscope.app import state
-from kinetoscope.app.data import Analysis, app_limits, job_file
+from kinetoscope.app.data import Analysis, app_limits, content_key, job_file
 from kinetoscope.errors import KinetoscopeError
 
 URL_ENV = "KINETOSCOPE_PERFETTO_URL"
@@ -32,24 +32,23 @@ def perfetto_url() -> str:
     return os.environ.get(URL_ENV, DEFAULT_URL).rstrip("/")
 
 
-def prepared(analysis: Analysis, rank: int) -> tuple[str, bytes] | str | None:
-    """The rank's redacted, gzipped trace prepared earlier in this session: (file name, bytes), or why not."""
-    return (st.session_state.get(_PREPARED) or {}).get((analysis.label, rank))
-
-
 def open_in_perfetto(analysis: Analysis, rank: int) -> None:
-    """A button that prepares the rank's trace, then a link-like button that opens it in Perfetto."""
+    """A button that prepares the rank's trace, then a link-like button that opens it in Perfetto. What was
+    prepared is kept for the session under the file's identity (path, size, modification time): another file of
+    the same name (a new upload, a file rewritten on disk) is prepared afresh."""
     files = dict(analysis.rank_files)
     name = files.get(rank)
     if name is None:
         return
-    got = prepared(analysis, rank)
+    path = job_file(st.session_state.get(state.JOB), name)
+    key = (name, content_key((path,)) if path is not None else None)
+    got = (st.session_state.get(_PREPARED) or {}).get(key)
     if got is None:
         if not st.button(f"Open {name} in Perfetto", key=f"perfetto_prepare_{rank}",
                          help="the full trace, every event, in the Perfetto UI (redacted first)"):
             return
         got = _prepare(analysis, rank, name)
-        st.session_state.setdefault(_PREPARED, {})[(analysis.label, rank)] = got
+        st.session_state[_PREPARED] = {key: got}  # one prepared trace at a time: it can be large
     if isinstance(got, str):
         st.warning(got)
         return
@@ -72,6 +71,11 @@ def _prepare(analysis: Analysis, rank: int, name: str) -> tuple[str, bytes] | st
     return base + ".gz", data
 
 
+def _js(value: str) -> str:
+    """A JavaScript string literal that cannot end the script element it sits in."""
+    return json.dumps(value).replace("<", "\\u003c")
+
+
 def _launcher(file_name: str, data: bytes) -> None:
     url = perfetto_url()
     payload = base64.b64encode(data).decode("ascii")
@@ -80,7 +84,7 @@ def _launcher(file_name: str, data: bytes) -> None:
 <button id="open" style="font: 14px sans-serif; padding: 6px 12px; cursor: pointer">Open {html.escape(file_name)} in
 Perfetto ↗</button> <span id="status" style="font: 13px sans-serif; color: #555"></span>
 <script>
-const URL_ = {json.dumps(url)};
+const URL_ = {_js(url)};
 const ORIGIN = new URL(URL_).origin;
 const B64 = "{payload}";
 function bytes() {{
@@ -98,7 +102,7 @@ document.getElementById("open").onclick = () => {{
     if (evt.source !== win || evt.data !== "PONG") return;
     clearInterval(timer);
     window.removeEventListener("message", onMessage);
-    win.postMessage({{perfetto: {{buffer: bytes(), title: {json.dumps(file_name)}, fileName: {json.dumps(file_name)}}}}}, ORIGIN);
+    win.postMessage({{perfetto: {{buffer: bytes(), title: {_js(file_name)}, fileName: {_js(file_name)}}}}}, ORIGIN);
     status.textContent = "sent to Perfetto ({len(data):,} bytes, gzipped)";
   }});
 }};

@@ -84,9 +84,10 @@ def display_table(frame: Any, window_start_ns: int | None = None) -> tuple[Any, 
     for col in frame.columns:
         values = frame[col]
         base, unit = col, None
-        for suffix in ("_us", "_ns", "_bytes", "_fraction", "_mib"):
+        for suffix in ("_us", "_ns", "_bytes", "_fraction", "_mib", "_ms", "_ms_per_step", "_s"):
             if col.endswith(suffix):
                 base, unit = col[: -len(suffix)], suffix
+                break
         if col == "fraction":
             base, unit = "share", "_fraction"
         if base == "ts":
@@ -114,6 +115,13 @@ def display_table(frame: Any, window_start_ns: int | None = None) -> tuple[Any, 
         elif unit == "_fraction":
             label = f"{label} (%)"
             formats[label] = "{:.1%}"
+        elif unit in ("_ms", "_ms_per_step", "_s"):
+            label = f"{label} ({ {'_ms': 'ms', '_ms_per_step': 'ms/step', '_s': 's'}[unit] })"
+            formats[label] = "{:,.3f}"
+        elif col in ("cause", "phase") and (values.dtype == object or pd.api.types.is_string_dtype(values)):
+            values = values.map(lambda v: v.replace("_", " ") if isinstance(v, str) else v)
+        elif col == "bytes":
+            formats[label] = "{:,.0f}"
         if label not in out:
             out[label] = values.to_numpy() if hasattr(values, "to_numpy") else values
     return pd.DataFrame(out), formats
@@ -125,3 +133,36 @@ def series_label(column: str) -> str:
         if column.endswith(suffix):
             column = column[: -len(suffix)]
     return column.replace("_", " ")
+
+
+def compare_display(table: Any) -> Any:
+    """``analyze.compare.compare_reports``' table as a person reads it: each metric in its unit (ms, %, MiB per the
+    unit its label names), the change as a signed percentage, and whether that is better or worse in words."""
+    import pandas as pd
+
+    def one(label: str, v: Any) -> str:
+        if v is None or v != v:
+            return "n/a"
+        if "(us)" in label:
+            return f"{v / 1000:,.2f} ms"
+        if "fraction" in label:
+            return f"{v:.1%}"
+        if "bytes" in label:
+            return f"{v / 2**20:,.1f} MiB" + ("/step" if "/step" in label else "")
+        return f"{v:,.4g}"
+
+    names = {"(us)": "", "(bytes/step)": "", "(bytes)": "", ", fraction of window": " (share of the window)",
+             ", fraction of copy time": " (share of copy time)"}
+
+    def name(label: str) -> str:
+        for k, v in names.items():
+            label = label.replace(k, v)
+        return label.strip()
+
+    return pd.DataFrame({
+        "metric": [name(m) for m in table["metric"]],
+        "before": [one(m, v) for m, v in zip(table["metric"], table["before"])],
+        "after": [one(m, v) for m, v in zip(table["metric"], table["after"])],
+        "change": ["" if c is None or c != c else f"{c:+.1%}" for c in table["change"]],
+        "verdict": ["" if b is None or b != b else "better" if b else "worse" for b in table["better"]],
+    })

@@ -137,19 +137,22 @@ TIMELINE_POINTS = 2000
 
 def _timeline(ts: np.ndarray, allocated: np.ndarray, reserved: np.ndarray | None, label: str,
               start_ns: int) -> pd.DataFrame:
-    """Allocated/reserved over time, at most TIMELINE_POINTS per device (each bin keeps its maximum); ``t_ms``
-    is the time from the window's start and the ``_mib`` columns the sizes in MiB, for display."""
+    """Allocated/reserved over time, at most TIMELINE_POINTS per device (each bin keeps its maximum, and the
+    allocated minimum too: a bin's dips are drawn, not hidden behind its peak); ``t_ms`` is the time from the
+    window's start and the ``_mib`` columns the sizes in MiB, for display."""
     n = len(ts)
     bins = max(1, int(np.ceil(n / TIMELINE_POINTS)))
     starts = np.arange(0, n, bins)
     frame = pd.DataFrame({
         "ts_us": ts[starts] / 1000.0,
         "allocated_bytes": np.maximum.reduceat(allocated, starts),
+        "allocated_min_bytes": np.minimum.reduceat(allocated, starts),
         # fmax: a bin's maximum ignoring missing values, missing only when all are
         "reserved_bytes": np.fmax.reduceat(reserved, starts) if reserved is not None else np.nan,
     })
     frame["t_ms"] = (ts[starts] - start_ns) / 1e6
     frame["allocated_mib"] = frame["allocated_bytes"] / 2**20
+    frame["allocated_min_mib"] = frame["allocated_min_bytes"] / 2**20
     frame["reserved_mib"] = frame["reserved_bytes"] / 2**20
     return frame.assign(device=label)
 
@@ -159,7 +162,9 @@ def _device_metrics(trace: RankTrace, group: pd.DataFrame, config: AnalysisConfi
     ts = group["ts_ns"].to_numpy(np.int64)
     allocated, basis = _series(group)
     reserved = group["total_reserved_bytes"]
-    has_reserved = bool(reserved.notna().all())
+    # the CPU allocator caches nothing: PyTorch writes "Total Reserved" 0 for it, which is no reserved figure
+    # (allocated minus 0 read as a negative fragmentation)
+    has_reserved = bool(reserved.notna().all()) and int(group["device_type"].iloc[0]) != 0
     in_window = (ts >= w.start_ns) & (ts <= w.end_ns)
     if not in_window.any():
         in_window = np.ones(ts.shape, dtype=bool)

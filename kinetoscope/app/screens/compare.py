@@ -10,6 +10,7 @@ from kinetoscope.app import data, state
 from kinetoscope.app.cache import analyse
 from kinetoscope.app.launch import PATHS_ENV
 from kinetoscope.app.screens.fleet import STORE_KEY
+from kinetoscope.render.format import compare_display
 
 
 def _choices() -> list[data.Choice]:
@@ -46,9 +47,12 @@ def render() -> None:
     before = analyse(data.content_key(other.job.files), other.label, other.job)
     if before is None:
         st.stop()
-    table = compare_reports(before.report, analysis.report)
-    st.dataframe(table.style.format({"change": lambda v: "" if v is None else f"{v:+.1%}"}, na_rep="n/a"),
-                 hide_index=True, width="stretch")
+    rank = state.rank_entry(analysis)["rank"]
+    before_ranks = [r["rank"] for r in before.report.ranks]
+    st.caption(f"Rank {rank} of the current trace (the rank chosen in the sidebar) against rank "
+               f"{rank if rank in before_ranks else before_ranks[0]} of {other_label}.")
+    table = compare_reports(before.report, analysis.report, rank=rank)
+    st.dataframe(compare_display(table), hide_index=True, width="stretch")
     st.subheader("Findings")
     st.dataframe(finding_changes(before.report, analysis.report), hide_index=True, width="stretch")
     fixes = fix_check(before.trace, before.report, analysis.report)

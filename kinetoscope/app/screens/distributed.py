@@ -57,13 +57,13 @@ def render() -> None:
             order=alt.Order("part_order:Q"),
             tooltip=["rank", "part", alt.Tooltip("ms:Q", format=",.3f")],
         ).transform_calculate(part_order="indexof(" + str([v[0] for v in PARTS.values()]) + ", datum.part)")
-        st.altair_chart(chart.properties(height=30 * len(ranks) + 60), width="stretch")
+        st.altair_chart(chart.properties(height=30 * len(ranks) + 140), width="stretch")
     if ranks["collective_wait_ms"].notna().any():
         st.subheader("Collective wait per rank")
         wait = alt.Chart(ranks).mark_bar(color="#e45756").encode(
             y=alt.Y("rank:O"), x=alt.X("collective_wait_ms:Q", title="ms per step waiting for the last rank"),
             tooltip=["rank", alt.Tooltip("collective_wait_ms:Q", format=",.3f"), "waited_for_rank"])
-        st.altair_chart(wait.properties(height=30 * len(ranks) + 60), width="stretch")
+        st.altair_chart(wait.properties(height=30 * len(ranks) + 90), width="stretch")
     st.subheader("Ranks")
     st.caption(view.about)
     shown = ranks.rename(columns=LABELS)

@@ -31,9 +31,8 @@ def render() -> None:
     table = table.assign(job=table["job"].map(names))
     broken = table[table["failed"] == table["files"]]
     table = table[table["failed"] < table["files"]]
-    st.dataframe(table.style.format({"mean_step_ms": "{:,.2f}", "gpu_idle_fraction": "{:.1%}",
-                                     "worst_saving_ms_per_step": "{:,.2f}"}, na_rep=""),
-                 hide_index=True, width="stretch")
+    shown, units = display_table(table)
+    st.dataframe(shown.style.format(units, na_rep=""), hide_index=True, width="stretch")
     if len(broken):
         st.subheader(f"Jobs that could not be analysed ({len(broken)})")
         failed = traces[traces["status"] != "ok"]
@@ -71,7 +70,9 @@ def render() -> None:
         per_rank = per_rank[per_rank["job"] == key].sort_values("rank")
         shown, formats = display_table(per_rank.drop(columns=["key", "job"]))
         st.dataframe(shown.style.format(formats, na_rep=""), hide_index=True, width="stretch")
-    st.dataframe(rows.drop(columns=["key", "tool_version", "content_sha256"]), hide_index=True, width="stretch")
+    shown, units = display_table(rows.drop(columns=["key", "tool_version", "content_sha256"]).assign(
+        job=rows["job"].map(names)))
+    st.dataframe(shown.style.format(units, na_rep=""), hide_index=True, width="stretch")
     mine = findings[findings["job"] == key]
     order = mine["severity"].map(SEVERITY_ORDER).fillna(len(SEVERITY_ORDER))
     saving = mine["saving_us_per_step"].fillna(-1) if "saving_us_per_step" in mine else 0

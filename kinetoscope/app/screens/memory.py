@@ -32,7 +32,8 @@ def render() -> None:
             long["series"] = long["series"].map({"allocated_mib": "allocated", "reserved_mib": "reserved",
                                                  "growth_fit_mib": "growth line (fit)"})
             chart = alt.Chart(long).mark_line(point=True).encode(
-                x=alt.X("step:O", title="step"), y=alt.Y("MiB:Q", title="MiB", scale=alt.Scale(zero=False)),
+                x=alt.X("step:O", title="step"), y=alt.Y("MiB:Q", title="MiB", scale=alt.Scale(zero=False),
+                                                          axis=alt.Axis(format=",.1f")),
                 color=alt.Color("series:N", title=None),
                 strokeDash=alt.condition(alt.datum.series == "growth line (fit)", alt.value([6, 4]), alt.value([1, 0])),
                 tooltip=["step", "series", alt.Tooltip("MiB:Q", format=",.1f")])
@@ -41,8 +42,13 @@ def render() -> None:
             st.caption("One step in the window: no per-step chart (capture more active steps to judge growth).")
         series = timeline[timeline["device"] == device]
         if len(series):
+            st.markdown("Allocated over the window (the band spans each moment's lowest and highest value: the "
+                        "dips between steps show)")
             base = alt.Chart(series).encode(x=alt.X("t_ms:Q", title="time from the window start (ms)"))
-            lines = base.mark_line().encode(y=alt.Y("allocated_mib:Q", title="allocated (MiB)", scale=alt.Scale(zero=False)))
+            band = base.mark_area(opacity=0.3, color="#4c78a8").encode(
+                y=alt.Y("allocated_min_mib:Q", title="allocated (MiB)", scale=alt.Scale(zero=False),
+                        axis=alt.Axis(format=",.1f")), y2="allocated_mib:Q")
+            lines = band + base.mark_line(color="#4c78a8").encode(y=alt.Y("allocated_mib:Q"))
             peak = alt.Chart(series.nlargest(1, "allocated_mib")).mark_point(color="red", size=80).encode(
                 x="t_ms:Q", y="allocated_mib:Q",
                 tooltip=[alt.Tooltip("t_ms:Q", format=",.2f", title="ms"), alt.Tooltip("allocated_mib:Q", format=",.1f", title="MiB")])

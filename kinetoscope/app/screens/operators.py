@@ -1,30 +1,27 @@
 """Operators and kernels: the host ops and GPU kernels of the window by name (computed in analyze.ops)."""
 
-from typing import Any, Callable
-
 import pandas as pd
 import streamlit as st
 
 from kinetoscope.analyze.loader import read_bytes
 from kinetoscope.analyze.ops import kernel_table, op_shapes, op_table
 from kinetoscope.app import state
+from kinetoscope.render.format import display_table
 from kinetoscope.app.data import app_limits, job_file
 from kinetoscope.errors import KinetoscopeError
 
 TOP = 50
 
 
-def _ms(v: float) -> str:
-    return f"{v:,.3f}"
-
-
-def _table(title: str, frame: pd.DataFrame, none: str, about: str, formats: dict[str, Callable[[Any], str]]) -> None:
+def _table(title: str, frame: pd.DataFrame, none: str, about: str) -> None:
     st.subheader(title)
     if frame.empty:
         st.caption(none)
         return
     st.caption(f"{len(frame):,} in the window, the first {min(TOP, len(frame))} shown. {about}")
-    st.dataframe(frame.head(TOP).style.format(formats, na_rep=""), hide_index=True, width="stretch")
+    shown, units = display_table(frame.head(TOP).rename(columns={"share_of_kernel_time": "kernel_time_fraction",
+                                                                  "tensor_cores": "Tensor Cores"}))
+    st.dataframe(shown.style.format(units, na_rep=""), hide_index=True, width="stretch")
 
 
 def render() -> None:
@@ -32,14 +29,12 @@ def render() -> None:
     trace = analysis.trace.rank(entry["rank"])
     _table("Host operators", op_table(trace), "No operators (cpu_op events) in the window.",
            "By self time (their own time, less the operators they call); phase: where most of their time fell. "
-           "Times in ms.",
-           {"total_ms": _ms, "self_ms": _ms, "mean_ms": _ms})
+           "Times in ms.")
     _shapes(analysis, entry["rank"], trace)
     kernels = kernel_table(trace)
     _table("GPU kernels", kernels.assign(tensor_cores=kernels["tensor_cores"].map({True: "yes"})),
            "No GPU kernels in the window.",
-           "By total time (ms). Tensor Cores: yes where the kernel's name says so, blank where it does not say.",
-           {"total_ms": _ms, "mean_ms": _ms, "max_ms": _ms, "share_of_kernel_time": lambda v: f"{v:.1%}"})
+           "By total time (ms). Tensor Cores: yes where the kernel's name says so, blank where it does not say.")
 
 
 def _shapes(analysis, rank: int, trace) -> None:
@@ -58,4 +53,5 @@ def _shapes(analysis, rank: int, trace) -> None:
         st.caption("The trace records no input shapes (capture with record_shapes=True).")
         return
     st.caption(f"{len(table):,} (operator, input shapes) pairs, by total time; the first {min(TOP, len(table))} shown.")
-    st.dataframe(table.head(TOP).style.format({"total_ms": _ms, "mean_ms": _ms}), hide_index=True, width="stretch")
+    shown, units = display_table(table.head(TOP).rename(columns={"input_shapes": "input shapes"}))
+    st.dataframe(shown.style.format(units, na_rep=""), hide_index=True, width="stretch")
