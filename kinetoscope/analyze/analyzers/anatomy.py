@@ -242,13 +242,11 @@ def analyze_phases(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
     w = window(trace)
     phases = host_phases(trace)
     steps = _steps_or_window(trace, w)
-    rows = []
-    for s in steps.itertuples():
-        row: dict[str, Any] = {"step": int(s.step), "step_us": s.dur_ns / 1000.0}
-        for p in PHASES:
-            row[f"{p}_us"] = iv.measure(iv.clip(phases[p], int(s.start_ns), int(s.end_ns))) / 1000.0
-        rows.append(row)
-    per_step = pd.DataFrame(rows)
+    # each phase's time inside each step: one pass per phase over every step (was: a clip per step and phase)
+    start, end = steps["start_ns"].to_numpy(np.int64), steps["end_ns"].to_numpy(np.int64)
+    per_step = pd.DataFrame({"step": steps["step"].to_numpy(np.int64), "step_us": steps["dur_ns"].to_numpy() / 1000.0,
+                             **{f"{p}_us": iv.overlap_each(start, end, phases[p]) / 1000.0 for p in PHASES}})
+    rows = per_step.to_dict("records")
     gpu_time: dict[str, int] | None = None
     if trace.has_gpu:
         work = gpu_work(trace)

@@ -304,14 +304,17 @@ def _missing_finding(trace: RankTrace, w: Window, missing: Any, judged: bool) ->
 
 def _per_step(trace: RankTrace) -> pd.DataFrame:
     """Per step and device: busy (union of all streams) and idle, in us."""
-    rows = []
-    for device, busy in device_busy(trace).items():
-        for s in trace.steps.itertuples():
-            clipped = iv.clip(busy, int(s.start_ns), int(s.end_ns))
-            gaps = iv.complement(clipped, int(s.start_ns), int(s.end_ns))
-            rows.append({"step": int(s.step), "device": device, "busy_us": iv.measure(clipped) / 1000.0,
-                         "idle_us": iv.measure(gaps) / 1000.0})
-    return pd.DataFrame(rows, columns=["step", "device", "busy_us", "idle_us"])
+    steps = trace.steps
+    start = steps["start_ns"].to_numpy(np.int64)
+    end = steps["end_ns"].to_numpy(np.int64)
+    parts = []
+    for device, busy in device_busy(trace).items():  # one pass per device over every step (was: a clip per step)
+        busy_ns = iv.overlap_each(start, end, busy)
+        parts.append(pd.DataFrame({"step": steps["step"].to_numpy(np.int64), "device": device,
+                                   "busy_us": busy_ns / 1000.0, "idle_us": (end - start - busy_ns) / 1000.0}))
+    if not parts:
+        return pd.DataFrame(columns=["step", "device", "busy_us", "idle_us"])
+    return pd.concat(parts, ignore_index=True)[["step", "device", "busy_us", "idle_us"]]
 
 
 _ADVICE = {
