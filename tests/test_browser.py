@@ -125,6 +125,14 @@ def choose(page, label: str, option: str) -> None:
     page.get_by_role("option", name=option).first.click()
 
 
+def open_trace(page, app_url: str, trace: Path) -> None:
+    """Open the app and pick one of its given traces in the sidebar, its analysis shown."""
+    page.goto(app_url)
+    page.get_by_text("Findings (").first.wait_for(timeout=120_000)
+    choose(page, "Trace", trace.name)
+    page.get_by_text(f"{trace.name} ·").first.wait_for(timeout=60_000)
+
+
 def no_errors(page) -> list[str]:
     errors = page.locator("[data-testid=stException], [data-testid=stAlertContentError]")
     return [errors.nth(i).inner_text() for i in range(errors.count())]
@@ -147,10 +155,7 @@ def test_upload_a_loader_bound_trace_and_see_the_stall(app_url, page, tmp_path):
 
 
 def test_compare_two_given_traces(app_url, page):
-    page.goto(app_url)
-    page.get_by_text("Findings (").first.wait_for(timeout=120_000)
-    choose(page, "Trace", AFTER.name)
-    page.get_by_text(f"{AFTER.name} ·").first.wait_for(timeout=60_000)
+    open_trace(page, app_url, AFTER)
     page.get_by_role("link", name="Compare").click()
     choose(page, "Compare the current trace", BEFORE.name)
     page.get_by_text("Findings gone: predicted and measured").first.wait_for(timeout=60_000)
@@ -208,10 +213,7 @@ def test_the_timeline_of_a_95_mb_trace_shows_kernels_within_5_s(app_url, page, d
 def test_open_in_perfetto_hands_the_redacted_trace_over(app_url, page):
     from kinetoscope.analyze.redact import redacted_trace
 
-    page.goto(app_url)
-    page.get_by_text("Findings (").first.wait_for(timeout=120_000)
-    choose(page, "Trace", BEFORE.name)
-    page.get_by_text(f"{BEFORE.name} ·").first.wait_for(timeout=60_000)
+    open_trace(page, app_url, BEFORE)
     page.get_by_role("link", name="Timeline").click()
     page.get_by_role("button", name=f"Open {BEFORE.name} in Perfetto").click()
     frame = page.frame_locator("iframe[title='st.iframe'], iframe").first
@@ -232,10 +234,7 @@ TITLES = {"overview": "Overview", "steps": "Step breakdown", "streams": "Streams
 def test_no_error_element_on_any_page(app_url, page, trace):
     """Every page of two given traces (the 95 MB one is checked by the timeline test; AppTest covers every page of
     every bundled sample), reached by clicking as a user does, with each page's script finished."""
-    page.goto(app_url)
-    page.get_by_text("Findings (").first.wait_for(timeout=120_000)
-    choose(page, "Trace", trace.name)
-    page.get_by_text(f"{trace.name} ·").first.wait_for(timeout=60_000)
+    open_trace(page, app_url, trace)
     seen = {}
     for name, title in TITLES.items():
         page.get_by_role("link", name=title, exact=True).click()
