@@ -119,10 +119,10 @@ def page(browser):
     context.close()
 
 
-def choose(page, label: str, option: str) -> None:
+def choose(page, label: str, option: str, exact: bool = False) -> None:
     """Pick ``option`` in the selectbox labelled ``label``."""
     page.locator("[data-testid=stSelectbox]").filter(has_text=label).first.click()
-    page.get_by_role("option", name=option).first.click()
+    page.get_by_role("option", name=option, exact=exact).first.click()
 
 
 def open_trace(page, app_url: str, trace: Path) -> None:
@@ -131,6 +131,24 @@ def open_trace(page, app_url: str, trace: Path) -> None:
     page.get_by_text("Findings (").first.wait_for(timeout=120_000)
     choose(page, "Trace", trace.name)
     page.get_by_text(f"{trace.name} ·").first.wait_for(timeout=60_000)
+
+
+#: each page's link title and the heading it draws first (in the main area)
+HEADINGS = {"Overview": "Kinetoscope", "Step breakdown": "Step breakdown", "Streams": "CUDA streams", "Copies": "Copies",
+            "Memory": "Memory", "Operators & kernels": "Operators and kernels", "Telemetry": "Telemetry",
+            "Timeline": "Timeline", "Ranks": "Ranks", "Distributed": "Distributed", "Compare": "Compare",
+            "Metadata": "Metadata", "Export": "Export"}
+_SHOWN = """([heading]) => {
+  const main = document.querySelector('[data-testid=stMain]') || document;
+  const h = [...main.querySelectorAll('h1, h2')].some(e => e.innerText.startsWith(heading));
+  return h && !document.querySelector('[data-testid=stStatusWidget]') && !main.querySelector('[data-stale=true]');
+}"""
+
+
+def go(page, title: str) -> None:
+    """Click a page's link and wait until that page is drawn and its script has finished."""
+    page.get_by_role("link", name=title, exact=True).click()
+    page.wait_for_function(_SHOWN, arg=[HEADINGS[title]], timeout=60_000, polling=50)
 
 
 def no_errors(page) -> list[str]:
@@ -237,9 +255,48 @@ def test_no_error_element_on_any_page(app_url, page, trace):
     open_trace(page, app_url, trace)
     seen = {}
     for name, title in TITLES.items():
-        page.get_by_role("link", name=title, exact=True).click()
-        page.wait_for_url(f"**/{name}" if name != "overview" else "**/*", timeout=30_000)
-        page.wait_for_function("() => !document.querySelector('[data-testid=stStatusWidget]')", timeout=60_000)
-        page.wait_for_timeout(300)
+        go(page, title)
         seen[name] = no_errors(page)
     assert not any(seen.values()), seen
+
+
+@pytest.fixture(scope="module")
+def samples_url():
+    """The app on its bundled samples (no path given), as `scripts/run-app` opens it."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "kinetoscope", "app", "--port", str(port), "--headless"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        try:
+            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
+                if r.status == 200:
+                    break
+        except OSError:
+            time.sleep(0.5)
+    else:
+        proc.kill()
+        pytest.fail("the app did not start within 60 s")
+    yield url
+    proc.terminate()
+    proc.wait(timeout=20)
+
+
+def test_no_error_element_on_any_page_of_any_bundled_sample(samples_url, page):
+    """Every bundled sample, every page, clicked through in Chromium as a user would: no error or exception element."""
+    from kinetoscope.app.data import sample_choices
+
+    page.goto(samples_url)
+    page.get_by_text("Findings (").first.wait_for(timeout=120_000)
+    seen: dict[str, list[str]] = {}
+    for label in [c.label for c in sample_choices()]:
+        go(page, "Overview")
+        choose(page, "Trace", label, exact=True)
+        page.get_by_text(f"{label} ·").first.wait_for(timeout=60_000)
+        for name, title in TITLES.items():
+            go(page, title)
+            errors = no_errors(page)
+            if errors:
+                seen[f"{label} / {name}"] = errors
+    assert not seen, seen
