@@ -290,9 +290,9 @@ def test_distributed_view_names_the_straggler_and_splits_each_ranks_step(tmp_pat
     assert metrics["Longest collective wait"] == "0.300 ms/step"
     ranks = at.dataframe[0].value.set_index("rank")
     # by construction (ms per step): gemm 0.8; all-reduce 1.0 on the others, 0.7 on rank 2 (it arrives 0.3 late)
-    assert list(ranks["computation only (ms/step)"]) == [0.8] * 4
-    assert list(ranks["communication only (ms/step)"]) == [1.0, 1.0, 0.7, 1.0]
-    assert list(ranks["collective wait (ms/step)"]) == [0.3, 0.3, 0.0, 0.3]
+    assert list(ranks["computation only (ms/step)"]) == ["0.800"] * 4
+    assert list(ranks["communication only (ms/step)"]) == ["1.000", "1.000", "0.700", "1.000"]
+    assert list(ranks["collective wait (ms/step)"]) == ["0.300", "0.300", "0.000", "0.300"]
     assert list(ranks["waited for rank"].astype(object)) == [2, 2, pd.NA, 2]
     assert list(ranks["straggler"]) == [False, False, True, False]
     assert set(at.dataframe[1].value["waited for rank"]) == {2}

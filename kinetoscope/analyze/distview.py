@@ -87,6 +87,9 @@ def distributed_view(trace: Trace, report: Report) -> DistributedView:
     ranks = pd.DataFrame(rows, columns=list(RANK_COLUMNS))
     for col in ("waited_for_rank", "last_to_arrive"):
         ranks[col] = pd.array(ranks[col], dtype="Int64")
+    for col in RANK_COLUMNS:
+        if col.endswith("_ms"):  # unknown is NaN in a float column (None made it an object column)
+            ranks[col] = pd.to_numeric(ranks[col], errors="coerce").astype("float64")
     res = report.job_results.get("collectives")
     table = res.tables.get("collectives") if res is not None else None
     if table is None:

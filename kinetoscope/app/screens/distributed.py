@@ -2,6 +2,7 @@
 the matched collectives (all computed in analyze.distview)."""
 
 import altair as alt
+import pandas as pd
 import streamlit as st
 
 from kinetoscope.analyze.distview import distributed_view
@@ -67,9 +68,10 @@ def render() -> None:
     st.subheader("Ranks")
     st.caption(view.about)
     shown = ranks.rename(columns=LABELS)
-    st.dataframe(shown.style.format({LABELS[c]: "{:,.3f}" for c in RANK_COLUMNS_MS}, na_rep="")
-                 .apply(lambda row: ["background-color: #fde2e1" if row["straggler"] else "" for _ in row], axis=1),
-                 hide_index=True, width="stretch")
+    for c in RANK_COLUMNS_MS:  # as text: a blank where the trace cannot say (the grid draws a missing number as "None")
+        shown[LABELS[c]] = shown[LABELS[c]].map(lambda v: "" if pd.isna(v) else f"{v:,.3f}")
+    st.dataframe(shown.style.apply(lambda row: ["background-color: #fde2e1" if row["straggler"] else "" for _ in row],
+                                   axis=1), hide_index=True, width="stretch")
     st.subheader("Collectives")
     coll = view.collectives
     if coll.empty:
