@@ -78,13 +78,10 @@ def dense_trace(tmp_path_factory):
     return path
 
 
-@pytest.fixture(scope="module")
-def app_url(fake_perfetto, dense_trace):
-    """The app on three given paths (the 95 MB trace first, so it is analysed once the page opens)."""
+def serve_app(*args: str, env: dict[str, str] | None = None):
+    """Run ``kinetoscope app ARGS`` on a free port; yields its URL once healthy, stops it afterwards."""
     port = free_port()
-    env = {**os.environ, "KINETOSCOPE_PERFETTO_URL": fake_perfetto}
-    proc = subprocess.Popen([sys.executable, "-m", "kinetoscope", "app", "--port", str(port), "--headless",
-                             str(dense_trace), str(BEFORE), str(AFTER)],
+    proc = subprocess.Popen([sys.executable, "-m", "kinetoscope", "app", "--port", str(port), "--headless", *args],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 60
@@ -101,6 +98,13 @@ def app_url(fake_perfetto, dense_trace):
     yield url
     proc.terminate()
     proc.wait(timeout=20)
+
+
+@pytest.fixture(scope="module")
+def app_url(fake_perfetto, dense_trace):
+    """The app on three given paths (the 95 MB trace first, so it is analysed once the page opens)."""
+    yield from serve_app(str(dense_trace), str(BEFORE), str(AFTER),
+                         env={**os.environ, "KINETOSCOPE_PERFETTO_URL": fake_perfetto})
 
 
 @pytest.fixture(scope="module")
@@ -263,24 +267,7 @@ def test_no_error_element_on_any_page(app_url, page, trace):
 @pytest.fixture(scope="module")
 def samples_url():
     """The app on its bundled samples (no path given), as `scripts/run-app` opens it."""
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "kinetoscope", "app", "--port", str(port), "--headless"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        try:
-            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            time.sleep(0.5)
-    else:
-        proc.kill()
-        pytest.fail("the app did not start within 60 s")
-    yield url
-    proc.terminate()
-    proc.wait(timeout=20)
+    yield from serve_app()
 
 
 def test_no_error_element_on_any_page_of_any_bundled_sample(samples_url, page):

@@ -13,9 +13,9 @@ import numpy as np
 import pandas as pd
 
 from kinetoscope.analyze import intervals as iv
-from kinetoscope.analyze.analyzers.comm import collectives
+from kinetoscope.analyze.analyzers.comm import collectives, comm_compute_sets
 from kinetoscope.analyze.report import Report
-from kinetoscope.analyze.timeline import kernels, window
+from kinetoscope.analyze.timeline import window
 from kinetoscope.analyze.trace import RankTrace, Trace, trace_view
 
 #: the per-rank table's columns: ms per step unless named otherwise
@@ -39,14 +39,10 @@ class DistributedView:
 def gpu_split_ns(r: RankTrace) -> dict[str, int] | None:
     """The window split four ways by the GPU's kernels: computation only, computation and communication
     at once, communication only, neither (ns). None where the rank recorded no collective kernels."""
-    coll = collectives(r)
-    if coll.empty:
+    if collectives(r).empty:
         return None
     w = window(r)
-    k = kernels(r)
-    compute = k[~k.index.isin(coll.index)]
-    comm_set = iv.clip(iv.union(coll["ts_ns"].to_numpy(), coll["end_ns"].to_numpy()), w.start_ns, w.end_ns)
-    comp_set = iv.clip(iv.union(compute["ts_ns"].to_numpy(), compute["end_ns"].to_numpy()), w.start_ns, w.end_ns)
+    comm_set, comp_set = comm_compute_sets(r)
     both = iv.measure(iv.intersect(comm_set, comp_set))
     comm, comp = iv.measure(comm_set), iv.measure(comp_set)
     return {"compute_only": comp - both, "overlap": both, "communication_only": comm - both,

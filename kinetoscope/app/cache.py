@@ -56,3 +56,18 @@ def analyse(key: str, label: str, job: Job, upload: Path | None = None) -> data.
         return None
     cache.put(key, analysis)
     return analysis
+
+
+@st.cache_resource(show_spinner=False, max_entries=8)
+def _store_choices(store: str, traces_mtime_ns: int) -> list[data.Choice]:
+    return data.store_choices(store)
+
+
+def store_choices(store: str) -> list[data.Choice]:
+    """A batch store's jobs, read once per state of the store (its traces folder changes when a row lands): every
+    interaction reruns the sidebar, and a store of thousands of files took a read of all of them each time."""
+    try:
+        stamp = (Path(store) / "traces").stat().st_mtime_ns
+    except OSError:
+        stamp = -1
+    return _store_choices(str(store), stamp)

@@ -12,7 +12,7 @@ import os
 import streamlit as st
 
 from kinetoscope.app import data, state
-from kinetoscope.app.cache import analyse, watch_upload
+from kinetoscope.app.cache import analyse, store_choices, watch_upload
 from kinetoscope.app.launch import PATHS_ENV
 from kinetoscope.batch.store import is_store
 from kinetoscope.app.screens import (
@@ -42,7 +42,7 @@ def sidebar() -> None:
             # a platform team's store: its jobs are what the other pages show (opened in place from the Fleet page)
             st.session_state[fleet.STORE_KEY] = stores[0]
             given = [p for p in given if p not in stores]
-            choices = data.store_choices(stores[0]) + (data.path_choices(given) if given else [])
+            choices = store_choices(stores[0]) + (data.path_choices(given) if given else [])
         else:
             choices = data.path_choices(given) if given else data.sample_choices()
     except KinetoscopeError as exc:

@@ -85,6 +85,18 @@ def collectives(trace: RankTrace) -> pd.DataFrame:
                        out_nelems=pd.array(pick("out_nelems"), dtype="Int64"))
 
 
+@trace_view
+def comm_compute_sets(trace: RankTrace) -> tuple[iv.Intervals, iv.Intervals]:
+    """The window's time in collective kernels and in the other (compute) kernels, each a union."""
+    coll = collectives(trace)
+    w = window(trace)
+    work = gpu_work(trace)
+    compute = work[(work["kind"] == "kernel") & ~work.index.isin(coll.index)]
+    comm_set = iv.clip(iv.union(coll["ts_ns"].to_numpy(), coll["end_ns"].to_numpy()), w.start_ns, w.end_ns)
+    compute_set = iv.clip(iv.union(compute["ts_ns"].to_numpy(), compute["end_ns"].to_numpy()), w.start_ns, w.end_ns)
+    return comm_set, compute_set
+
+
 @register("comm", "Communication overlap")
 def analyze_comm(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
     """Collective time (union), how much of it overlaps compute kernels, and the exposed remainder."""
@@ -92,10 +104,7 @@ def analyze_comm(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
     if coll.empty:
         return _host_collectives(trace)
     w = window(trace)
-    work = gpu_work(trace)
-    compute = work[(work["kind"] == "kernel") & ~work.index.isin(coll.index)]
-    comm_set = iv.clip(iv.union(coll["ts_ns"].to_numpy(), coll["end_ns"].to_numpy()), w.start_ns, w.end_ns)
-    compute_set = iv.clip(iv.union(compute["ts_ns"].to_numpy(), compute["end_ns"].to_numpy()), w.start_ns, w.end_ns)
+    comm_set, compute_set = comm_compute_sets(trace)
     comm_ns = iv.measure(comm_set)
     overlap_ns = iv.measure(iv.intersect(comm_set, compute_set))
     by_op = coll.groupby("op")["dur_ns"].agg(["count", "sum"])

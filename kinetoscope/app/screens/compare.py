@@ -7,7 +7,7 @@ import streamlit as st
 
 from kinetoscope.analyze.compare import compare_reports, finding_changes, fix_check
 from kinetoscope.app import data, state
-from kinetoscope.app.cache import analyse
+from kinetoscope.app.cache import analyse, store_choices
 from kinetoscope.app.launch import PATHS_ENV
 from kinetoscope.app.screens.fleet import STORE_KEY
 from kinetoscope.render.format import compare_display
@@ -20,7 +20,7 @@ def _choices() -> list[data.Choice]:
     out: list[data.Choice] = list(st.session_state.get(state.UPLOAD_RUNS) or [])
     store = st.session_state.get(STORE_KEY)
     if store:
-        out += data.store_choices(store)
+        out += store_choices(store)
         given = [p for p in given if p != store]
     for p in given:
         try:
