@@ -100,3 +100,13 @@ def test_cli_start_up_stays_light():
             "sys.exit(1 if heavy else 0)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout
+
+
+def test_analyze_starts_reading_before_the_analyses_are_imported():
+    """What `kinetoscope analyze` imports before its first file's scan starts (``scan.Ahead``): no numpy, no
+    pandas, nothing of the capture side; those imports then run beside the scan."""
+    code = ("import sys, kinetoscope.cli, kinetoscope.analyze.jobs, kinetoscope.analyze.scan\n"
+            "print(sorted(m for m in ('numpy', 'pandas', 'pyarrow', 'torch', 'kinetoscope.capture.profiler',"
+            " 'kinetoscope.capture.output', 'kinetoscope.analyze.raw') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -210,6 +210,51 @@ def test_corrupt_gzip_is_refused_by_the_scanner(tmp_path):
         scan.scan_file(path)
 
 
+def test_gzip_without_isal_gives_the_same_tables(tmp_path, monkeypatch):
+    """ISA-L inflates when installed, zlib otherwise: the same columns either way, and the same refusals."""
+    sources = [p for p in _paths() if p.name.endswith(".gz")][:4]
+    assert sources
+    for src in sources:
+        fast = scan.scan_file(src)
+        with monkeypatch.context() as m:
+            m.setattr(scan, "_GzipFile", gzip.GzipFile)
+            slow = scan.scan_file(src)
+        _assert_same(_tables(*fast), _tables(*slow))
+    path = tmp_path / "t.json.gz"
+    path.write_bytes(gzip.compress(DOC)[:-30])
+    monkeypatch.setattr(scan, "_GzipFile", gzip.GzipFile)
+    with pytest.raises(TraceFormatError, match="corrupt or truncated gzip"):
+        scan.scan_file(path)
+
+
+def test_isal_inflates_gzip_here():
+    """The speed figures in BENCHMARKS.md are for ISA-L's inflate: it must be what a plain install uses."""
+    from isal.igzip import IGzipFile
+
+    assert scan._GzipFile is IGzipFile
+
+
+def test_a_scan_started_ahead_hands_over_its_columns_or_its_error(tmp_path):
+    path = tmp_path / "t.json"
+    path.write_bytes(DOC)
+    ahead = scan.Ahead(path)
+    got = ahead.result()
+    _assert_same(_tables(*got), _tables(*scan.scan_file(path)))
+    assert ahead.result() is None  # handed over once: the columns are not kept by the Ahead
+    broken = tmp_path / "b.json"
+    broken.write_bytes(DOC[:-40])
+    with pytest.raises(TraceFormatError, match="ends early"):
+        scan.Ahead(broken).result()
+
+
+def test_one_malloc_arena_takes_on_glibc():
+    import platform
+
+    if platform.libc_ver()[0] != "glibc":
+        pytest.skip("mallopt is glibc's")
+    assert scan.one_malloc_arena() is True
+
+
 def test_the_reference_decoder_can_be_forced(monkeypatch, tmp_path):
     monkeypatch.setenv("KINETOSCOPE_DECODER", "reference")
     path = tmp_path / "t.json"

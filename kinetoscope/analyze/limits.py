@@ -89,3 +89,8 @@ def inflates_too_much(source: str, out_bytes: int, in_bytes: int) -> TraceFormat
         return TraceFormatError(source, f"a gzip bomb: {size_text(in_bytes)} inflate to more than {size_text(out_bytes)} "
                                 f"({out_bytes // max(in_bytes, 1):,}-fold; a trace compresses 10-30-fold)")
     return None
+
+
+#: why a PyTorch execution trace (``{"schema": ..., "nodes": [...]}``) is refused
+EXECUTION_TRACE = ("a PyTorch execution trace (ExecutionTraceObserver), not a Kineto trace: capture with "
+                   "torch.profiler instead")

@@ -9,10 +9,9 @@ from __future__ import annotations
 import gzip
 import io
 import os
-import re
 import time
 import zlib
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Union
 
@@ -22,6 +21,16 @@ import pandas as pd
 
 from kinetoscope.analyze import scan
 from kinetoscope.analyze.build import build_rank_trace
+from kinetoscope.analyze.jobs import (
+    SIDECAR_SUFFIXES,
+    TRACE_SUFFIXES,
+    Job,
+    find_jobs,
+    is_trace_file,
+    rank_from_name,
+    resolve,
+)
+from kinetoscope.analyze.jobs import _WINDOW_IN_NAME
 from kinetoscope.analyze.limits import (
     DEFAULT_LIMITS,
     GZIP_RATIO_AFTER_BYTES,
@@ -36,71 +45,8 @@ from kinetoscope.analyze.raw import RawColumns, from_parsed
 from kinetoscope.analyze.trace import RankTrace, Trace
 from kinetoscope.errors import KinetoscopeError, TraceFormatError, TraceSourceError
 
-TRACE_SUFFIXES = (".json", ".json.gz")
-#: files a capture writes beside its traces; they are not traces
-SIDECAR_SUFFIXES = (".manifest.json", ".steps.json")
-_RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
-#: ``rank-0.step-3-5.pt.trace.json.gz``: one capture window of one rank
-_WINDOW_IN_NAME = re.compile(r"\.step-(\d+)-(\d+)\.")
-
-
-@dataclass(frozen=True)
-class Job:
-    """One job to analyse: a name and the files of its ranks."""
-
-    name: str
-    files: tuple[Path, ...]
-
-
-def is_trace_file(path: Path) -> bool:
-    name = path.name.lower()
-    return (
-        path.is_file()
-        and name.endswith(TRACE_SUFFIXES)
-        and not name.endswith(SIDECAR_SUFFIXES)
-        and not name.startswith(".")
-    )
-
-
-def find_jobs(path: str | os.PathLike[str]) -> list[Job]:
-    """The jobs at ``path``: a file is one job; a directory is one job, or one per capture window."""
-    p = Path(path)
-    if not p.exists():
-        raise TraceSourceError(f"{p}: no such file or directory")
-    if p.is_file():
-        return [Job(str(p), (p,))]
-    if not p.is_dir():
-        raise TraceSourceError(f"{p}: not a regular file or a directory (a device, socket or pipe?)")
-    try:
-        files = sorted(f for f in p.iterdir() if is_trace_file(f))
-    except OSError as exc:
-        raise TraceSourceError(f"{p}: cannot list ({exc.strerror or exc})") from None
-    if not files:
-        raise TraceSourceError(f"{p}: directory holds no .json or .json.gz trace files")
-    windows: dict[str, list[Path]] = {}
-    for f in files:
-        m = _WINDOW_IN_NAME.search(f.name)
-        windows.setdefault(f"steps {m.group(1)}-{m.group(2)}" if m else "", []).append(f)
-    if len(windows) == 1:
-        return [Job(str(p), tuple(files))]
-    return [Job(f"{p} ({w or 'other files'})", tuple(fs)) for w, fs in sorted(windows.items(), key=lambda kv: _window_key(kv[0]))]
-
-
-def _window_key(label: str) -> tuple[int, str]:
-    digits = re.findall(r"\d+", label)
-    return (int(digits[0]) if digits else -1, label)
-
-
-def resolve(path: str | os.PathLike[str]) -> list[Path]:
-    """The trace files of the one job at ``path``."""
-    jobs = find_jobs(path)
-    if len(jobs) > 1:
-        raise TraceSourceError(
-            f"{path}: holds {len(jobs)} capture windows ({', '.join(j.name for j in jobs)}); "
-            "analyse them with 'kinetoscope analyze' (one report per window) or pass one window's files"
-        )
-    return list(jobs[0].files)
-
+__all__ = ["SIDECAR_SUFFIXES", "TRACE_SUFFIXES", "Job", "find_jobs", "is_trace_file", "load_job", "load_job_tolerant",
+           "load_rank", "load_trace", "rank_from_bytes", "rank_from_name", "read_bytes", "resolve"]
 
 def read_bytes(path: Path, limits: LoadLimits = DEFAULT_LIMITS, *, fallback: str | None = None) -> bytes:
     """The trace's JSON bytes, gunzipped when the file is gzip (by magic, not name), within the size limit.
@@ -153,18 +99,13 @@ def _gunzip(data: bytes, source: str, limits: LoadLimits, *, cap: int | None = N
     return b"".join(parts)
 
 
-def rank_from_name(path: Path) -> int | None:
-    m = _RANK_IN_NAME.search(path.name)
-    return int(m.group(1)) if m else None
-
-
 def load_rank(path: Path, *, default_rank: int = 0, limits: LoadLimits = DEFAULT_LIMITS,
-              cache: Path | None = None) -> RankTrace:
+              cache: Path | None = None, ahead: scan.Ahead | None = None) -> RankTrace:
     """Load one rank file. Rank: distributedInfo, else ``rank-N`` in the name, else default.
 
     The file is streamed through the columnar scanner (bounded memory); the reference decoder
     takes over for anything the scanner leaves to it. With ``cache`` (a directory), a trace
-    parsed before is reopened from its Parquet tables.
+    parsed before is reopened from its Parquet tables. ``ahead``: this file's scan, already started.
     """
     started = time.perf_counter()
     key = None
@@ -176,7 +117,8 @@ def load_rank(path: Path, *, default_rank: int = 0, limits: LoadLimits = DEFAULT
         if hit is not None:
             return replace(hit, meta=replace(hit.meta, load_seconds=time.perf_counter() - started))
     try:
-        scanned = scan.scan_file(path, limits) or _reference(read_bytes(path, limits), path, limits)
+        scanned = ((ahead.result() if ahead is not None else scan.scan_file(path, limits))
+                   or _reference(read_bytes(path, limits), path, limits))
     except scan.Unhandled as why:
         scanned = _reference(read_bytes(path, limits, fallback=str(why)), path, limits)
     trace = _rank_from_raw(*scanned, path, default_rank=default_rank, started=started)
@@ -331,13 +273,17 @@ def load_trace(path: str | os.PathLike[str], limits: LoadLimits = DEFAULT_LIMITS
     return load_job(Job(str(path), tuple(resolve(path))), limits, cache)
 
 
-def load_job(job: Job, limits: LoadLimits = DEFAULT_LIMITS, cache: Path | None = None, processes: int = 1) -> Trace:
+def load_job(job: Job, limits: LoadLimits = DEFAULT_LIMITS, cache: Path | None = None, processes: int = 1,
+             ahead: scan.Ahead | None = None) -> Trace:
     """Load a job's rank files; with ``processes`` > 1, ranks are parsed in parallel worker processes
-    that hand back Parquet tables (the parent never holds a rank's raw JSON)."""
+    that hand back Parquet tables (the parent never holds a rank's raw JSON). ``ahead``: the scan of one of
+    the job's files, already started (``scan.Ahead``)."""
     if processes > 1 and len(job.files) > 1:
         ranks = _load_in_processes(job, limits, processes)
     else:
-        ranks = [load_rank(f, default_rank=i, limits=limits, cache=cache) for i, f in enumerate(job.files)]
+        ranks = [load_rank(f, default_rank=i, limits=limits, cache=cache,
+                           ahead=ahead if ahead is not None and ahead.path == f and cache is None else None)
+                 for i, f in enumerate(job.files)]
     return _assemble(job, ranks)
 
 

@@ -17,7 +17,7 @@ from typing import Any, Union
 import msgspec
 import numpy as np
 
-from kinetoscope.analyze.limits import DEFAULT_LIMITS, LoadLimits, too_many_events
+from kinetoscope.analyze.limits import DEFAULT_LIMITS, EXECUTION_TRACE, LoadLimits, too_many_events
 from kinetoscope.errors import TraceFormatError
 
 Number = Union[int, float]
@@ -72,8 +72,6 @@ class CounterEvent(msgspec.Struct, gc=False):
     args: Union[dict[str, Any], None] = None
 
 
-EXECUTION_TRACE = ("a PyTorch execution trace (ExecutionTraceObserver), not a Kineto trace: capture with "
-                   "torch.profiler instead")
 
 #: marks an item of traceEvents that was not a JSON object
 NOT_AN_OBJECT = "<not an object>"

@@ -11,7 +11,6 @@ import sys
 import time
 from pathlib import Path
 
-from kinetoscope.capture.output import tidy_output_dir
 from kinetoscope.errors import ConfigError, KinetoscopeError
 
 SITE_DIR = Path(__file__).resolve().parent / "_site"
@@ -46,6 +45,8 @@ def add_capture_command(sub: argparse._SubParsersAction) -> None:  # type: ignor
 
 
 def run_capture(args: argparse.Namespace) -> int:
+    from kinetoscope.capture.output import tidy_output_dir  # here, not at the top: every command lists capture
+
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
