@@ -1,9 +1,10 @@
 """Event-dense traces (a launch-bound loop, benchmarks/dense_trace.py) analysed as a user times it: the whole
 ``kinetoscope analyze`` process on the plain JSON and on its gzip, beside the physical limits measured in the same
 run (reading the file; zlib alone decompressing the .gz), with peak RSS, the start-up (imports) and the time of
-every analyzer.
+every analyzer. With ``--hta``, HolisticTraceAnalysis 0.5.0's whole process too (``TraceAnalysis`` load + temporal
+breakdown + idle-time breakdown, imports included, as for us), on the same plain JSON.
 
-    python benchmarks/dense_speed.py [MB ...]      (default: 50 200 357)
+    python benchmarks/dense_speed.py [--hta] [MB ...]      (default: 50 200 357)
 """
 
 from __future__ import annotations
@@ -52,6 +53,20 @@ def whole(cmd: list[str]) -> tuple[float, int]:
     return float(out[0]), int(out[1])
 
 
+HTA = """
+import contextlib, io, logging, sys
+logging.disable(logging.CRITICAL)
+from hta.trace_analysis import TraceAnalysis
+with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+    a = TraceAnalysis(trace_dir=sys.argv[1])
+    a.get_temporal_breakdown(visualize=False)
+    try:
+        a.get_idle_time_breakdown(visualize=False)
+    except Exception:
+        pass
+"""
+
+
 def read_s(path: Path) -> float:
     t = time.perf_counter()
     with open(path, "rb") as fh:
@@ -69,10 +84,10 @@ def zlib_s(path: Path) -> float:
     return time.perf_counter() - t
 
 
-def main(sizes: list[float]) -> None:
+def main(sizes: list[float], hta: bool = False) -> None:
     print("| JSON | events | whole process, plain | MB/s | peak RSS / JSON | read file | .gz | whole process, .gz "
-          "| zlib alone | .gz / zlib |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "| zlib alone | .gz / zlib |" + (" HTA whole process | HTA peak RSS / JSON | HTA / us |" if hta else ""))
+    print("|---|---|---|---|---|---|---|---|---|---|" + ("---|---|---|" if hta else ""))
     details = []
     with tempfile.TemporaryDirectory() as tmp:
         for mb in sizes:
@@ -89,8 +104,20 @@ def main(sizes: list[float]) -> None:
             w, rss = whole([sys.executable, "-m", "kinetoscope", "analyze", str(plain)])
             z = zlib_s(gz)
             wg, _ = whole([sys.executable, "-m", "kinetoscope", "analyze", str(gz)])
+            versus = ""
+            if hta:  # HTA reads a directory of traces: the plain file alone in one
+                alone = Path(tmp) / f"hta-{steps}"
+                alone.mkdir()
+                (alone / plain.name).hardlink_to(plain)
+                try:
+                    hw, hrss = whole([sys.executable, "-c", HTA, str(alone)])
+                    versus = f" {hw:.1f} s | {hrss / size:.2f}x | **{hw / w:.1f}x** |"
+                except (RuntimeError, subprocess.CalledProcessError) as exc:
+                    versus = f" failed ({str(exc)[:40]}) | | |"
+                (alone / plain.name).unlink()
             print(f"| {size / 1e6:,.0f} MB | {events / 1e6:.2f}M | {w:.2f} s | {size / 1e6 / w:,.0f} | {rss / size:.2f}x "
-                  f"| {r:.2f} s | {gz.stat().st_size / 1e6:,.1f} MB | {wg:.2f} s | {z:.2f} s | {wg / z:.1f}x |")
+                  f"| {r:.2f} s | {gz.stat().st_size / 1e6:,.1f} MB | {wg:.2f} s | {z:.2f} s | {wg / z:.1f}x |{versus}",
+                  flush=True)
             inside = subprocess.run([sys.executable, "-c", INSIDE, str(plain)], capture_output=True, text=True,
                                     check=True).stdout.strip()
             details.append(f"{size / 1e6:,.0f} MB: {inside}")
@@ -102,4 +129,5 @@ def main(sizes: list[float]) -> None:
 
 
 if __name__ == "__main__":
-    main([float(a) for a in sys.argv[1:]] or [50.0, 200.0, 357.0])
+    args = [a for a in sys.argv[1:] if a != "--hta"]
+    main([float(a) for a in args] or [50.0, 200.0, 357.0], hta="--hta" in sys.argv[1:])

@@ -7,8 +7,10 @@ or changes meaning; new keys may appear at any time.
 
 from __future__ import annotations
 
+import os
 import time
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -130,6 +132,25 @@ def _capped(found: tuple[Finding, ...], entry: dict[str, Any]) -> list[Finding]:
             for f in found]
 
 
+def analysis_threads() -> int:
+    """Threads a rank's analyzers share: up to 4 (past that the GIL-bound parts dominate), ``KINETOSCOPE_THREADS``
+    to choose (1: one after another)."""
+    chosen = os.environ.get("KINETOSCOPE_THREADS", "")
+    if chosen.isdigit() and int(chosen) > 0:
+        return int(chosen)
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+def _timed(key: str, rank: int, fn: Any, *args: Any) -> tuple[Any, AnalyzerFailure | None, float]:
+    """(fn's result, None, seconds) or (None, the failure, seconds): run on an analysis thread."""
+    started = time.perf_counter()
+    try:
+        return fn(*args), None, time.perf_counter() - started
+    except Exception as exc:
+        return None, AnalyzerFailure(key, rank, f"{type(exc).__name__}: {exc}", traceback.format_exc()), \
+            time.perf_counter() - started
+
+
 def _guarded(failures: list[AnalyzerFailure], rank: int | None, fn: Any) -> Any:
     try:
         return fn()
@@ -151,31 +172,33 @@ def build_report(trace: Trace, config: AnalysisConfig = DEFAULT_CONFIG) -> Repor
     failures: list[AnalyzerFailure] = []
     timings: dict[str, float] = {}
     registered = analyzers()
-    for r in trace.ranks:
-        entry = _rank_header(r)
-        results[r.rank] = {}
-        mine: list[Finding] = []
-        for a in registered:
-            if a.scope != "rank":
-                continue
+    per_rank = [a for a in registered if a.scope == "rank"]
+    # a rank's analyzers are pure and independent: they run on threads (numpy and pandas release the GIL in
+    # their sorts, searches and takes); results are taken in the registry's order, so the report is the same
+    with ThreadPoolExecutor(max_workers=analysis_threads(), thread_name_prefix="kinetoscope-analyze") as pool:
+        for r in trace.ranks:
+            entry = _rank_header(r)
+            results[r.rank] = {}
+            mine: list[Finding] = []
+            running = [pool.submit(_timed, a.key, r.rank, a.fn, r, config) for a in per_rank]
+            replay = pool.submit(_timed, "whatif", r.rank, whatif.replay_entry, r)
+            for a, future in zip(per_rank, running):
+                res, failure, took = future.result()
+                timings[a.key] = timings.get(a.key, 0.0) + took
+                if failure is not None:  # one broken analyzer must not sink the report
+                    failures.append(failure)
+                    continue
+                results[r.rank][a.key] = res
+                entry.update(res.metrics)
+                mine.extend(_capped(res.findings, entry))
+            entry["replay"], failure, took = replay.result()
+            timings["replay"] = timings.get("replay", 0.0) + took
+            if failure is not None:  # the what-if must not sink the report
+                failures.append(failure)
             started = time.perf_counter()
-            try:
-                res = a.fn(r, config)
-            except Exception as exc:  # one broken analyzer must not sink the report
-                failures.append(AnalyzerFailure(a.key, r.rank, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
-                continue
-            finally:
-                timings[a.key] = timings.get(a.key, 0.0) + time.perf_counter() - started
-            results[r.rank][a.key] = res
-            entry.update(res.metrics)
-            mine.extend(_capped(res.findings, entry))
-        started = time.perf_counter()
-        entry["replay"] = _guarded(failures, r.rank, lambda: whatif.replay_entry(r))
-        timings["replay"] = timings.get("replay", 0.0) + time.perf_counter() - started
-        started = time.perf_counter()
-        findings.extend(_estimated(r, mine, failures))
-        timings["estimates"] = timings.get("estimates", 0.0) + time.perf_counter() - started
-        entries.append(entry)
+            findings.extend(_estimated(r, mine, failures))
+            timings["estimates"] = timings.get("estimates", 0.0) + time.perf_counter() - started
+            entries.append(entry)
     job: dict[str, Any] = {"ranks": len(trace.ranks), "world_size": trace.world_size}
     job_results: dict[str, AnalysisResult] = {}
     for a in registered:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import threading
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Callable, TypeVar
@@ -58,6 +59,8 @@ class RankTrace:
     comm_args: pd.DataFrame = field(default_factory=lambda: empty_frame(COMM_ARG_COLUMNS))
     #: derived views (``trace_view``), computed once and dropped with the trace
     _views: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    #: one lock per view, so analyzers running in threads compute each view once
+    _view_locks: dict[str, threading.Lock] = field(default_factory=dict, repr=False, compare=False)
 
     @cached_property
     def gpu_events(self) -> pd.DataFrame:
@@ -95,7 +98,8 @@ def trace_view(fn: Callable[[RankTrace], V]) -> Callable[[RankTrace], V]:
     """A derived view of a rank trace, computed on first use and kept by the trace itself.
 
     Module-level caches would hold every trace they ever saw; a view lives exactly as long as its
-    trace. Two threads asking at once may both compute it (the result is the same), never block.
+    trace. A thread asking for a view another thread is computing waits for it rather than computing it
+    again (views form no cycles: a view only asks for the views it is built on).
     """
     key = f"{fn.__module__}.{fn.__qualname__}"
 
@@ -105,7 +109,12 @@ def trace_view(fn: Callable[[RankTrace], V]) -> Callable[[RankTrace], V]:
         try:
             return views[key]  # type: ignore[no-any-return]
         except KeyError:
-            value = views[key] = fn(trace)
-            return value
+            pass
+        with trace._view_locks.setdefault(key, threading.Lock()):  # setdefault is atomic
+            try:
+                return views[key]  # type: ignore[no-any-return]
+            except KeyError:
+                value = views[key] = fn(trace)
+                return value
 
     return view

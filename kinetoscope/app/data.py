@@ -213,7 +213,8 @@ def analyse(label: str, job: Job, upload: Path | None = None) -> Analysis:
 
 def _named_by_file(trace: Trace, label: str) -> Trace:
     """The trace with each rank's source the uploaded file's name (not its path in the server's folder)."""
-    ranks = tuple(replace(r, meta=replace(r.meta, source=Path(r.meta.source).name), _views={}) for r in trace.ranks)
+    ranks = tuple(replace(r, meta=replace(r.meta, source=Path(r.meta.source).name), _views={},
+                           _view_locks={}) for r in trace.ranks)
     return Trace(source=label, ranks=ranks)
 
 

@@ -1,0 +1,64 @@
+"""A rank's analyzers run on threads: the report is the one they give one after another, a view asked for by two
+threads at once is computed once, and a failing analyzer is reported in its place."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from kinetoscope.analyze import registry as registry_module
+from kinetoscope.analyze import report as report_module
+from kinetoscope.analyze.loader import load_trace
+from kinetoscope.analyze.report import build_report
+from kinetoscope.analyze.trace import trace_view
+from kinetoscope.render.json import report_to_json
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLES = [ROOT / "sample_traces" / "real" / "hta_2rank", ROOT / "sample_traces" / "real" / "v100_resnet50_2021.json.gz",
+           ROOT / "sample_traces" / "cpu" / "loader_bound"]
+
+
+def _json(report) -> str:
+    return report_to_json(replace(report, timings_s={}))
+
+
+@pytest.mark.parametrize("path", SAMPLES, ids=lambda p: p.name)
+def test_the_report_on_threads_is_the_report_one_after_another(path, monkeypatch):
+    monkeypatch.setenv("KINETOSCOPE_THREADS", "1")
+    alone = _json(build_report(load_trace(path)))
+    monkeypatch.setenv("KINETOSCOPE_THREADS", "4")
+    assert report_module.analysis_threads() == 4
+    assert _json(build_report(load_trace(path))) == alone
+
+
+def test_a_view_two_threads_ask_for_at_once_is_computed_once():
+    calls = []
+
+    @trace_view
+    def slow_view(trace):
+        calls.append(threading.get_ident())
+        time.sleep(0.2)
+        return len(trace.events)
+
+    rank = load_trace(SAMPLES[2]).ranks[0]
+    got = []
+    threads = [threading.Thread(target=lambda: got.append(slow_view(rank))) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1 and got == [len(rank.events)] * 3
+
+
+def test_a_failing_analyzer_on_a_thread_is_reported_and_the_others_kept(monkeypatch):
+    monkeypatch.setenv("KINETOSCOPE_THREADS", "2")
+    real = registry_module.analyzers()
+    broken = [replace(a, fn=lambda r, c: 1 / 0) if a.key == "gpu" else a for a in real]
+    monkeypatch.setattr(report_module, "analyzers", lambda: broken)
+    report = build_report(load_trace(SAMPLES[1]))
+    assert [(f.analyzer, f.rank, f.error) for f in report.failures] == [("gpu", 0, "ZeroDivisionError: division by zero")]
+    assert "loader" in report.timings_s and report.ranks[0]["steps"]["count"] > 0
