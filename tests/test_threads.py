@@ -28,10 +28,10 @@ def _json(report) -> str:
 
 @pytest.mark.parametrize("path", SAMPLES, ids=lambda p: p.name)
 def test_the_report_on_threads_is_the_report_one_after_another(path, monkeypatch):
-    monkeypatch.setenv("KINETOSCOPE_THREADS", "1")
-    alone = _json(build_report(load_trace(path)))
+    alone = _json(build_report(load_trace(path), threads=1))
     monkeypatch.setenv("KINETOSCOPE_THREADS", "4")
     assert report_module.analysis_threads() == 4
+    monkeypatch.setattr(report_module, "THREADS_FROM_EVENTS", 0)  # these samples are below it
     assert _json(build_report(load_trace(path))) == alone
 
 
@@ -56,9 +56,28 @@ def test_a_view_two_threads_ask_for_at_once_is_computed_once():
 
 def test_a_failing_analyzer_on_a_thread_is_reported_and_the_others_kept(monkeypatch):
     monkeypatch.setenv("KINETOSCOPE_THREADS", "2")
+    monkeypatch.setattr(report_module, "THREADS_FROM_EVENTS", 0)
     real = registry_module.analyzers()
     broken = [replace(a, fn=lambda r, c: 1 / 0) if a.key == "gpu" else a for a in real]
     monkeypatch.setattr(report_module, "analyzers", lambda: broken)
     report = build_report(load_trace(SAMPLES[1]))
     assert [(f.analyzer, f.rank, f.error) for f in report.failures] == [("gpu", 0, "ZeroDivisionError: division by zero")]
     assert "loader" in report.timings_s and report.ranks[0]["steps"]["count"] > 0
+
+
+def test_threads_only_for_ranks_large_enough(monkeypatch):
+    """Small ranks' analyzers run one after another: threads would only take the GIL in turns."""
+    used = []
+    real = report_module.ThreadPoolExecutor
+
+    def spy(max_workers, **kw):
+        used.append(max_workers)
+        return real(max_workers=max_workers, **kw)
+
+    monkeypatch.setattr(report_module, "ThreadPoolExecutor", spy)
+    monkeypatch.setenv("KINETOSCOPE_THREADS", "3")
+    trace = load_trace(SAMPLES[1])
+    build_report(trace)
+    monkeypatch.setattr(report_module, "THREADS_FROM_EVENTS", len(trace.ranks[0].events))
+    build_report(trace)
+    assert used == [1, 3]

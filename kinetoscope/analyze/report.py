@@ -132,6 +132,11 @@ def _capped(found: tuple[Finding, ...], entry: dict[str, Any]) -> list[Finding]:
             for f in found]
 
 
+#: a rank's analyzers share threads when a rank holds this many events (measured: 290k events 0.31 -> 0.23 s on
+#: two threads; 104k events 0.12 -> 0.13 s, 27k events 0.08 -> 0.10 s: the GIL taken in turns costs more)
+THREADS_FROM_EVENTS = 200_000
+
+
 def analysis_threads() -> int:
     """Threads a rank's analyzers share: up to 4 (past that the GIL-bound parts dominate), ``KINETOSCOPE_THREADS``
     to choose (1: one after another)."""
@@ -159,13 +164,21 @@ def _guarded(failures: list[AnalyzerFailure], rank: int | None, fn: Any) -> Any:
         return None
 
 
+def _estimated_alone(r: RankTrace, found: list[Finding]) -> tuple[list[Finding], list[AnalyzerFailure]]:
+    """``_estimated`` with its own list of failures (run on a thread)."""
+    failures: list[AnalyzerFailure] = []
+    return _estimated(r, found, failures), failures
+
+
 def _estimated(r: RankTrace, found: list[Finding], failures: list[AnalyzerFailure]) -> list[Finding]:
     """Each finding with what fixing it alone is worth for its rank (``whatif``)."""
     return [replace(f, estimate=_guarded(failures, r.rank, lambda f=f: whatif.estimate(r, f))) for f in found]
 
 
-def build_report(trace: Trace, config: AnalysisConfig = DEFAULT_CONFIG) -> Report:
-    """Run the registry over every rank, then the job-level analyzers."""
+def build_report(trace: Trace, config: AnalysisConfig = DEFAULT_CONFIG, *, threads: int | None = None) -> Report:
+    """Run the registry over every rank, then the job-level analyzers. ``threads``: how many the analyzers share
+    (default: ``analysis_threads()`` when a rank has THREADS_FROM_EVENTS events, else 1; a caller running reports
+    side by side, such as a batch worker, gives 1)."""
     entries: list[dict[str, Any]] = []
     findings: list[Finding] = []
     results: dict[int, dict[str, AnalysisResult]] = {}
@@ -173,16 +186,21 @@ def build_report(trace: Trace, config: AnalysisConfig = DEFAULT_CONFIG) -> Repor
     timings: dict[str, float] = {}
     registered = analyzers()
     per_rank = [a for a in registered if a.scope == "rank"]
-    # a rank's analyzers are pure and independent: they run on threads (numpy and pandas release the GIL in
-    # their sorts, searches and takes); results are taken in the registry's order, so the report is the same
-    with ThreadPoolExecutor(max_workers=analysis_threads(), thread_name_prefix="kinetoscope-analyze") as pool:
-        for r in trace.ranks:
+    # a rank's analyzers are pure and independent: every rank's run on threads at once (numpy and pandas release
+    # the GIL in their sorts, searches and takes); results are taken in the registry's and the ranks' order, so
+    # the report is the one they give one after another
+    if threads is None:  # below ~200k events a rank's pandas operations are too small: threads only contend
+        big = any(len(r.events) >= THREADS_FROM_EVENTS for r in trace.ranks)
+        threads = analysis_threads() if big else 1
+    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kinetoscope-analyze") as pool:
+        running = [([pool.submit(_timed, a.key, r.rank, a.fn, r, config) for a in per_rank],
+                    pool.submit(_timed, "whatif", r.rank, whatif.replay_entry, r)) for r in trace.ranks]
+        estimating = []
+        for r, (futures, replay) in zip(trace.ranks, running):
             entry = _rank_header(r)
             results[r.rank] = {}
             mine: list[Finding] = []
-            running = [pool.submit(_timed, a.key, r.rank, a.fn, r, config) for a in per_rank]
-            replay = pool.submit(_timed, "whatif", r.rank, whatif.replay_entry, r)
-            for a, future in zip(per_rank, running):
+            for a, future in zip(per_rank, futures):
                 res, failure, took = future.result()
                 timings[a.key] = timings.get(a.key, 0.0) + took
                 if failure is not None:  # one broken analyzer must not sink the report
@@ -195,10 +213,13 @@ def build_report(trace: Trace, config: AnalysisConfig = DEFAULT_CONFIG) -> Repor
             timings["replay"] = timings.get("replay", 0.0) + took
             if failure is not None:  # the what-if must not sink the report
                 failures.append(failure)
-            started = time.perf_counter()
-            findings.extend(_estimated(r, mine, failures))
-            timings["estimates"] = timings.get("estimates", 0.0) + time.perf_counter() - started
+            estimating.append(pool.submit(_timed, "whatif", r.rank, _estimated_alone, r, mine))
             entries.append(entry)
+        for future in estimating:
+            (found, lost), _, took = future.result()  # _estimated_alone catches its own failures
+            findings.extend(found)
+            failures.extend(lost)
+            timings["estimates"] = timings.get("estimates", 0.0) + took
     job: dict[str, Any] = {"ranks": len(trace.ranks), "world_size": trace.world_size}
     job_results: dict[str, AnalysisResult] = {}
     for a in registered:

@@ -66,7 +66,7 @@ def analyze_file(path: str, job: str, index: int, store: str, resume: bool = Fal
         rank = load_rank(Path(path), default_rank=index, limits=limits)
         base["size_bytes"] = rank.meta.bytes_read
         parsed = time.perf_counter()
-        report = build_report(Trace(source=job, ranks=(rank,)))
+        report = build_report(Trace(source=job, ranks=(rank,)), threads=1)  # the workers are the parallelism
     except KinetoscopeError as exc:
         row = {**base, "status": "failed", "error": str(exc), "parse_s": time.perf_counter() - started}
         write_rows(root, "traces", key, [row])
