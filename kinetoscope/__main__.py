@@ -1,5 +1,5 @@
 """python -m kinetoscope: the same as the kinetoscope command."""
 
-from kinetoscope.cli import main
+from kinetoscope.cli import run
 
-raise SystemExit(main())
+run()

@@ -110,3 +110,15 @@ def test_analyze_starts_reading_before_the_analyses_are_imported():
             " 'kinetoscope.capture.output', 'kinetoscope.analyze.raw') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_a_quick_exit_still_delivers_every_byte_and_the_status():
+    """analyze ends its process with os._exit once its output is flushed: a pipe gets the whole report, and
+    the exit status is the command's."""
+    proc = run("analyze", "--format", "json", "--fail-on", "warning", str(SAMPLES / "cpu" / "loader_bound"),
+               str(SAMPLES / "real" / "v100_resnet50_2021.json.gz"))
+    reports = [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
+    assert len(reports) == 2 and reports[1]["ranks"][0]["steps"]["count"] > 0
+    assert proc.returncode == 3 and "--fail-on warning" in proc.stderr
+    app = subprocess.run([sys.executable, "-m", "kinetoscope", "app", "--help"], capture_output=True, text=True)
+    assert app.returncode == 0 and "usage" in app.stdout  # commands that do not opt in exit as usual
