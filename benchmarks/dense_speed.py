@@ -4,7 +4,10 @@ run (reading the file; zlib alone decompressing the .gz), with peak RSS, the sta
 every analyzer. With ``--hta``, HolisticTraceAnalysis 0.5.0's whole process too (``TraceAnalysis`` load + temporal
 breakdown + idle-time breakdown, imports included, as for us), on the same plain JSON.
 
-    python benchmarks/dense_speed.py [--hta] [MB ...]      (default: 50 200 357)
+    python benchmarks/dense_speed.py [--hta [--hta-python PYTHON]] [MB ...]      (default: 50 200 357)
+
+HTA 0.5.0 under pandas 3 fails on traces of more than ~32k events of a kind (an int16 cast); ``--hta-python``
+runs it with another interpreter, e.g. a venv holding ``HolisticTraceAnalysis==0.5.0 "pandas<3"``.
 """
 
 from __future__ import annotations
@@ -84,7 +87,7 @@ def zlib_s(path: Path) -> float:
     return time.perf_counter() - t
 
 
-def main(sizes: list[float], hta: bool = False) -> None:
+def main(sizes: list[float], hta: bool = False, hta_python: str = sys.executable) -> None:
     print("| JSON | events | whole process, plain | MB/s | peak RSS / JSON | read file | .gz | whole process, .gz "
           "| zlib alone | .gz / zlib |" + (" HTA whole process | HTA peak RSS / JSON | HTA / us |" if hta else ""))
     print("|---|---|---|---|---|---|---|---|---|---|" + ("---|---|---|" if hta else ""))
@@ -110,7 +113,7 @@ def main(sizes: list[float], hta: bool = False) -> None:
                 alone.mkdir()
                 (alone / plain.name).hardlink_to(plain)
                 try:
-                    hw, hrss = whole([sys.executable, "-c", HTA, str(alone)])
+                    hw, hrss = whole([hta_python, "-c", HTA, str(alone)])
                     versus = f" {hw:.1f} s | {hrss / size:.2f}x | **{hw / w:.1f}x** |"
                 except (RuntimeError, subprocess.CalledProcessError) as exc:
                     versus = f" failed ({str(exc)[:40]}) | | |"
@@ -129,5 +132,11 @@ def main(sizes: list[float], hta: bool = False) -> None:
 
 
 if __name__ == "__main__":
-    args = [a for a in sys.argv[1:] if a != "--hta"]
-    main([float(a) for a in args] or [50.0, 200.0, 357.0], hta="--hta" in sys.argv[1:])
+    argv = sys.argv[1:]
+    python = sys.executable
+    if "--hta-python" in argv:
+        i = argv.index("--hta-python")
+        python = argv[i + 1]
+        del argv[i:i + 2]
+    sizes = [float(a) for a in argv if a != "--hta"]
+    main(sizes or [50.0, 200.0, 357.0], hta="--hta" in argv, hta_python=python)

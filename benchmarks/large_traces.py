@@ -92,13 +92,13 @@ def run(code: str, arg: str) -> tuple[float, int]:
     return run_whole(code, arg)[1:]
 
 
-def run_whole(code: str, arg: str) -> tuple[float, float, int]:
+def run_whole(code: str, arg: str, python: str = sys.executable) -> tuple[float, float, int]:
     """(the whole process's wall seconds as a user times it, imports and interpreter included; the seconds the
     code timed inside; peak RSS)."""
     # both tools with the environment `kinetoscope analyze` sets for itself (no spinning BLAS threads)
     env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}
     started = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", code, arg], capture_output=True, text=True, timeout=3600, env=env)
+    proc = subprocess.run([python, "-c", code, arg], capture_output=True, text=True, timeout=3600, env=env)
     wall = time.perf_counter() - started
     if proc.returncode != 0:
         raise RuntimeError(proc.stderr[-500:])
@@ -124,12 +124,15 @@ def main() -> None:
     ap.add_argument("--source", type=Path, default=DEFAULT)
     ap.add_argument("--layout", choices=("indented", "compact"), default="indented")
     ap.add_argument("--no-hta", action="store_true")
+    ap.add_argument("--hta-python", default=sys.executable,
+                    help="the interpreter to run HTA with (HTA 0.5.0 fails under pandas 3 on large traces: a venv "
+                         "with pandas<3)")
     ap.add_argument("--gzip", action="store_true", help="also time the .json.gz of each trace against plain gunzip")
     ap.add_argument("k", type=int, nargs="*", default=[1, 2, 4, 8])
     args = ap.parse_args()
     print(f"machine: {os.cpu_count()} cores; source {args.source.name}; layout {args.layout}")
-    print("Whole processes as a user times them (interpreter, imports, load, analyses, exit); in brackets the "
-          "seconds each timed inside, imports excluded.")
+    print("Whole processes as a user times them (interpreter, imports, load, analyses, exit); the last three "
+          "columns: the seconds each timed inside its process, imports excluded.")
     print("| JSON MB | kinetoscope analyze s | MB/s | peak RSS / JSON | HTA s | MB/s | peak RSS / JSON | speed-up "
           "| inside: kinetoscope s | HTA s | speed-up |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
@@ -145,7 +148,7 @@ def main() -> None:
             hta = "not run | | | | | | |"
             if not args.no_hta:
                 try:
-                    hta_whole, hta_s, hta_rss = run_whole(HTA, str(job))
+                    hta_whole, hta_s, hta_rss = run_whole(HTA, str(job), args.hta_python)
                     hta = (f"{hta_whole:.1f} | {size / 1e6 / hta_whole:.0f} | {hta_rss / size:.1f}x | "
                            f"**{hta_whole / ks_whole:.1f}x** | {ks_s:.2f} | {hta_s:.1f} | {hta_s / ks_s:.1f}x")
                 except (RuntimeError, subprocess.TimeoutExpired) as exc:
