@@ -10,7 +10,7 @@ from typing import Any, Callable, Sequence
 
 from kinetoscope import __version__
 from kinetoscope.deps import require
-from kinetoscope.errors import ConfigError, KinetoscopeError
+from kinetoscope.errors import ConfigError, KinetoscopeError, OutputError
 
 # The analyses do no linear algebra worth a BLAS thread pool, and OpenBLAS's idle threads spin on
 # the cores the scanner uses (~5% of a 2-core run); must be set before numpy is first imported.
@@ -23,9 +23,7 @@ SEVERITY_LEVEL = {"info": 2, "warning": 1, "critical": 0}
 def _cmd_analyze(args: argparse.Namespace) -> int:
     from kinetoscope.analyze.jobs import find_jobs
     from kinetoscope.analyze.limits import LoadLimits, parse_size
-    from kinetoscope.analyze.scan import Ahead, one_malloc_arena
-
-    one_malloc_arena()  # before any thread starts: this process is ours
+    from kinetoscope.analyze.scan import Ahead
 
     limits = LoadLimits(max_decompressed_bytes=parse_size(args.max_size), max_events=args.max_events,
                         max_depth=args.max_depth, max_fallback_bytes=parse_size(args.max_fallback))
@@ -69,11 +67,11 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
             status = EXIT_INTERNAL if status == EXIT_OK else status
             continue
         if args.format == "json":
-            sys.stdout.write(report_to_json(report, indent=args.indent) + "\n")
+            _write(report_to_json(report, indent=args.indent) + "\n")
         else:
             if i:
-                sys.stdout.write("\n")
-            sys.stdout.write(render_text(report))
+                _write("\n")
+            _write(render_text(report))
         if args.fail_on and any(SEVERITY_LEVEL[f.severity] <= SEVERITY_LEVEL[args.fail_on] for f in report.findings):
             worst = report.findings[0]
             _error(f"{path}: {worst.severity} finding {worst.id} (--fail-on {args.fail_on})")
@@ -84,6 +82,18 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
                 sys.stderr.write(failure.detail)
             status = EXIT_INTERNAL if status == EXIT_OK else status
     return status
+
+
+def _write(text: str) -> None:
+    """Write to standard output; a closed or full output is said plainly (exit 2), not as an internal error."""
+    if sys.stdout is None:
+        raise OutputError("cannot write the output (standard output is closed)")
+    try:
+        sys.stdout.write(text)
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        raise OutputError(f"cannot write the output ({exc.strerror or exc})") from None
 
 
 def _parse_fraction(text: str) -> float:
@@ -130,10 +140,10 @@ def _cmd_diff(args: argparse.Namespace) -> int:
                                                            "before_median_us", "after_median_us", "before_noise",
                                                            "after_noise")},
                "max_regression": limit, "regressed": bool(regressed)}
-        sys.stdout.write(json.dumps(_clean(doc)) + "\n")
+        _write(json.dumps(_clean(doc)) + "\n")
     else:
-        sys.stdout.write(render_diff(args.before, args.after, metrics, findings, kernels, ops, fixes))
-        sys.stdout.write(_step_change_text(change) + "\n")
+        _write(render_diff(args.before, args.after, metrics, findings, kernels, ops, fixes))
+        _write(_step_change_text(change) + "\n")
     if regressed:
         _error(f"median step grew {change['change']:+.1%} (95% CI {change['ci_low']:+.1%} to {change['ci_high']:+.1%}), "
                f"above the allowed {limit:.1%}")
@@ -367,9 +377,9 @@ def _cmd_whatif(args: argparse.Namespace) -> int:
                     "applied": [f.id for f in chosen],
                     "not_found": [f for f in wanted if f not in {c.id for c in chosen}]})
     if args.format == "json":
-        sys.stdout.write(json.dumps(_clean({"source": args.path, "fix": wanted, "ranks": out})) + "\n")
+        _write(json.dumps(_clean({"source": args.path, "fix": wanted, "ranks": out})) + "\n")
     else:
-        sys.stdout.write(render_whatif(args.path, wanted, out))
+        _write(render_whatif(args.path, wanted, out))
     return EXIT_OK
 
 
@@ -412,18 +422,35 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run() -> None:
-    """The ``kinetoscope`` command. A command that only reads and prints (analyze, diff, whatif) ends its process
-    at once once its output is flushed: tearing the interpreter down (pandas' modules, the trace's columns) took
-    ~0.12 s of a 0.8 s analysis. Commands that start servers, clusters or child processes exit normally."""
+    """The ``kinetoscope`` command's process. A command that only reads and prints (analyze, diff, whatif) ends the
+    process as soon as its output is flushed: tearing the interpreter down (pandas' modules, the trace's columns)
+    took ~0.12 s of a 0.8 s analysis. Commands that start servers, clusters or child processes exit normally."""
+    from kinetoscope.analyze.scan import one_malloc_arena
+
+    one_malloc_arena()  # this process is ours, and no thread has started yet
     code, quick = _main(None)
     if not quick:
         sys.exit(code)
-    try:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    except (BrokenPipeError, OSError):  # the reader went away: nothing left to say to it
-        pass
-    os._exit(code)
+    os._exit(_flushed(code))
+
+
+def _flushed(code: int) -> int:
+    """``code`` once stdout and stderr are flushed; a failed write (a full disk) is an error, said on stderr if it
+    can be; a reader that went away (a closed pipe) is not."""
+    for stream in (sys.stdout, sys.stderr):
+        if stream is None:  # started with the descriptor closed
+            continue
+        try:
+            stream.flush()
+        except BrokenPipeError:
+            pass
+        except OSError as exc:
+            try:
+                os.write(2, f"kinetoscope: error: cannot write the output ({exc.strerror or exc})\n".encode())
+            except OSError:
+                pass
+            code = code if code not in (EXIT_OK, EXIT_GATE) else OutputError.exit_code
+    return code
 
 
 def _main(argv: Sequence[str] | None) -> tuple[int, bool]:

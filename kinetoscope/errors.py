@@ -24,3 +24,7 @@ class TraceSourceError(KinetoscopeError):
 
 class ConfigError(KinetoscopeError):
     """An option or threshold out of its valid range."""
+
+
+class OutputError(KinetoscopeError):
+    """The report cannot be written: standard output closed, a full disk."""

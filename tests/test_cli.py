@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from tracebuilder import TraceBuilder
 
@@ -122,3 +125,58 @@ def test_a_quick_exit_still_delivers_every_byte_and_the_status():
     assert proc.returncode == 3 and "--fail-on warning" in proc.stderr
     app = subprocess.run([sys.executable, "-m", "kinetoscope", "app", "--help"], capture_output=True, text=True)
     assert app.returncode == 0 and "usage" in app.stdout  # commands that do not opt in exit as usual
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+def test_output_that_cannot_be_written_is_an_error_not_a_silent_success():
+    """A full disk under a small report (it fits the buffer, so only the final flush fails)."""
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run([sys.executable, "-m", "kinetoscope", "analyze", "--format", "json",
+                               str(SAMPLES / "cpu" / "leak")], stdout=full, stderr=subprocess.PIPE, text=True,
+                              timeout=300, env={**os.environ, "PYTHONUNBUFFERED": ""})
+    assert proc.returncode == 2
+    assert proc.stderr == "kinetoscope: error: cannot write the output (No space left on device)\n"
+
+
+def test_a_closed_stdout_gives_no_traceback():
+    proc = subprocess.run([sys.executable, "-m", "kinetoscope", "analyze", str(SAMPLES / "cpu" / "leak")],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=300,
+                          preexec_fn=lambda: os.close(1))
+    assert proc.returncode == 2
+    assert proc.stderr == "kinetoscope: error: cannot write the output (standard output is closed)\n"
+
+
+def test_analyze_scans_its_first_file_ahead_and_uses_that_scan(monkeypatch, capsys):
+    from kinetoscope import cli
+    from kinetoscope.analyze import scan
+
+    made, used = [], []
+
+    class Spy(scan.Ahead):
+        def __init__(self, path, limits):
+            made.append(path)
+            super().__init__(path, limits)
+
+        def result(self):
+            used.append(self.path)
+            return super().result()
+
+    calls = []
+    real_scan = scan.scan_file
+    monkeypatch.setattr(scan, "Ahead", Spy)
+    monkeypatch.setattr(scan, "scan_file", lambda path, limits=None: calls.append(path) or real_scan(path, limits))
+    folder = SAMPLES / "real" / "hta_2rank"
+    assert cli.main(["analyze", str(folder)]) == 0
+    files = sorted(p for p in folder.iterdir() if p.name.endswith((".json", ".json.gz")))
+    assert made == [files[0]] and used == [files[0]]
+    assert sorted(calls) == files  # each file scanned once: the first by the Ahead, the second by the loader
+    assert "Kinetoscope report" in capsys.readouterr().out
+
+
+def test_diff_prints_the_same_table_whatever_the_hash_seed():
+    """Findings gone, new and still there are listed in the reports' order (most severe first), not a set's."""
+    pairs = SAMPLES / "pairs"
+    outs = {subprocess.run([sys.executable, "-m", "kinetoscope", "diff", str(pairs / "v100_resnet50_num_workers_0_run2.json.gz"),
+                            str(pairs / "v100_resnet50_num_workers_4_run2.json.gz")], capture_output=True, text=True,
+                           timeout=300, env={**os.environ, "PYTHONHASHSEED": seed}).stdout for seed in ("1", "2", "3", "4")}
+    assert len(outs) == 1 and "still there" in outs.pop()

@@ -81,3 +81,46 @@ def test_threads_only_for_ranks_large_enough(monkeypatch):
     monkeypatch.setattr(report_module, "THREADS_FROM_EVENTS", len(trace.ranks[0].events))
     build_report(trace)
     assert used == [1, 3]
+
+
+def test_ctrl_c_drops_the_analyses_not_yet_started(monkeypatch):
+    """A KeyboardInterrupt met while the analyzers run ends build_report at once: the queued ones are not waited for."""
+    real = registry_module.analyzers()
+    started = []
+
+    def slow(r, c):
+        started.append(1)
+        time.sleep(0.5)
+
+    def interrupted(r, c):
+        raise KeyboardInterrupt
+
+    rigged = [replace(a, fn=interrupted if i == 0 else slow) for i, a in enumerate(a for a in real if a.scope == "rank")]
+    monkeypatch.setattr(report_module, "analyzers", lambda: rigged)
+    trace = load_trace(SAMPLES[1])
+    began = time.perf_counter()
+    with pytest.raises(KeyboardInterrupt):
+        build_report(trace, threads=1)
+    assert time.perf_counter() - began < 0.9 and len(started) <= 1  # 8 queued analyzers of 0.5 s each: dropped
+
+
+def test_an_analysed_trace_can_be_pickled_and_copied():
+    """The per-view locks are not carried: a copy starts with none, and its views still compute."""
+    import copy
+    import pickle
+
+    trace = load_trace(SAMPLES[2])
+    before = _json(build_report(trace))
+    assert len(trace.ranks[0]._view_locks) > 0
+    for twin in (pickle.loads(pickle.dumps(trace)), copy.deepcopy(trace)):
+        assert len(twin.ranks[0]._view_locks) == 0
+        assert _json(build_report(twin)) == before
+
+
+@pytest.mark.parametrize("value", ["0", "abc", "-2", "100"])
+def test_a_wrong_thread_count_is_a_clear_error(monkeypatch, value):
+    from kinetoscope.errors import ConfigError
+
+    monkeypatch.setenv("KINETOSCOPE_THREADS", value)
+    with pytest.raises(ConfigError, match="KINETOSCOPE_THREADS"):
+        build_report(load_trace(SAMPLES[2]))

@@ -53,9 +53,10 @@ def finding_changes(before: Report, after: Report) -> pd.DataFrame:
     key = lambda f: (f.id, f.rank)  # noqa: E731
     old = {key(f): f for f in before.findings}
     new = {key(f): f for f in after.findings}
-    rows = [{"status": "appeared", "id": k[0], "rank": k[1], "title": new[k].title} for k in new.keys() - old.keys()]
-    rows += [{"status": "gone", "id": k[0], "rank": k[1], "title": old[k].title} for k in old.keys() - new.keys()]
-    rows += [{"status": "still there", "id": k[0], "rank": k[1], "title": new[k].title} for k in new.keys() & old.keys()]
+    # in each report's own order (most severe first), never a set's: the same runs give the same table
+    rows = [{"status": "appeared", "id": k[0], "rank": k[1], "title": f.title} for k, f in new.items() if k not in old]
+    rows += [{"status": "gone", "id": k[0], "rank": k[1], "title": f.title} for k, f in old.items() if k not in new]
+    rows += [{"status": "still there", "id": k[0], "rank": k[1], "title": f.title} for k, f in new.items() if k in old]
     return pd.DataFrame(rows, columns=["status", "id", "rank", "title"])
 
 

@@ -20,6 +20,7 @@ from kinetoscope.analyze.config import DEFAULT_CONFIG, AnalysisConfig
 from kinetoscope.analyze.findings import Finding, rank_findings
 from kinetoscope.analyze.registry import AnalysisResult, analyzers
 from kinetoscope.analyze.trace import RankTrace, Trace
+from kinetoscope.errors import ConfigError
 
 SCHEMA_VERSION = 1
 
@@ -140,10 +141,13 @@ THREADS_FROM_EVENTS = 200_000
 def analysis_threads() -> int:
     """Threads a rank's analyzers share: up to 4 (past that the GIL-bound parts dominate), ``KINETOSCOPE_THREADS``
     to choose (1: one after another)."""
-    chosen = os.environ.get("KINETOSCOPE_THREADS", "")
-    if chosen.isdigit() and int(chosen) > 0:
+    chosen = os.environ.get("KINETOSCOPE_THREADS", "").strip()
+    if chosen:
+        if not chosen.isdigit() or not 1 <= int(chosen) <= 64:
+            raise ConfigError(f"KINETOSCOPE_THREADS={chosen!r}: expected a whole number of threads from 1 to 64")
         return int(chosen)
-    return max(1, min(4, os.cpu_count() or 1))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(4, cores))
 
 
 def _timed(key: str, rank: int, fn: Any, *args: Any) -> tuple[Any, AnalyzerFailure | None, float]:
@@ -190,21 +194,24 @@ def build_report(trace: Trace, config: AnalysisConfig = DEFAULT_CONFIG, *, threa
     # the GIL in their sorts, searches and takes); results are taken in the registry's and the ranks' order, so
     # the report is the one they give one after another
     if threads is None:  # below ~200k events a rank's pandas operations are too small: threads only contend
-        big = any(len(r.events) >= THREADS_FROM_EVENTS for r in trace.ranks)
-        threads = analysis_threads() if big else 1
-    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kinetoscope-analyze") as pool:
+        chosen = analysis_threads()
+        threads = chosen if any(len(r.events) >= THREADS_FROM_EVENTS for r in trace.ranks) else 1
+    pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kinetoscope-analyze")
+    try:
         running = [([pool.submit(_timed, a.key, r.rank, a.fn, r, config) for a in per_rank],
                     pool.submit(_timed, "whatif", r.rank, whatif.replay_entry, r)) for r in trace.ranks]
         estimating = []
+        rank_failures: list[list[AnalyzerFailure]] = []  # in the order one thread would meet them, rank by rank
         for r, (futures, replay) in zip(trace.ranks, running):
             entry = _rank_header(r)
             results[r.rank] = {}
             mine: list[Finding] = []
+            lost: list[AnalyzerFailure] = []
             for a, future in zip(per_rank, futures):
                 res, failure, took = future.result()
                 timings[a.key] = timings.get(a.key, 0.0) + took
                 if failure is not None:  # one broken analyzer must not sink the report
-                    failures.append(failure)
+                    lost.append(failure)
                     continue
                 results[r.rank][a.key] = res
                 entry.update(res.metrics)
@@ -212,14 +219,19 @@ def build_report(trace: Trace, config: AnalysisConfig = DEFAULT_CONFIG, *, threa
             entry["replay"], failure, took = replay.result()
             timings["replay"] = timings.get("replay", 0.0) + took
             if failure is not None:  # the what-if must not sink the report
-                failures.append(failure)
+                lost.append(failure)
             estimating.append(pool.submit(_timed, "whatif", r.rank, _estimated_alone, r, mine))
+            rank_failures.append(lost)
             entries.append(entry)
-        for future in estimating:
-            (found, lost), _, took = future.result()  # _estimated_alone catches its own failures
+        for future, lost in zip(estimating, rank_failures):
+            (found, more), _, took = future.result()  # _estimated_alone catches its own failures
             findings.extend(found)
-            failures.extend(lost)
+            failures.extend(lost + more)
             timings["estimates"] = timings.get("estimates", 0.0) + took
+    except BaseException:  # Ctrl-C (or a bug): the analyses not yet started are dropped, not waited for
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
     job: dict[str, Any] = {"ranks": len(trace.ranks), "world_size": trace.world_size}
     job_results: dict[str, AnalysisResult] = {}
     for a in registered:

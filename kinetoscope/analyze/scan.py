@@ -15,6 +15,7 @@ import io
 import os
 import queue
 import re
+import sys
 import threading
 import zlib
 from pathlib import Path
@@ -127,7 +128,9 @@ def scan_file(path: Path, limits: LoadLimits = DEFAULT_LIMITS) -> tuple[RawColum
     except TraceFormatError:
         raise
     except EOFError:
-        raise TraceFormatError(str(path), "corrupt or truncated gzip (the stream ends early)") from None
+        # (ISA-L says the same of bytes after the last gzip member that are not gzip)
+        raise TraceFormatError(str(path), "corrupt or truncated gzip (the stream ends early, or what follows it "
+                               "is not gzip)") from None
     except (gzip.BadGzipFile, zlib.error, _inflate_error) as exc:
         raise TraceFormatError(str(path), f"corrupt or truncated gzip ({exc})") from None
     except OSError as exc:
@@ -150,12 +153,15 @@ def one_malloc_arena() -> bool:
     The scanner's threads grow their columns with malloc; by default each thread gets its own arena, and
     what a scanner thread frees stays in its arena while the main thread's tables grow in another: the
     process's peak was ~20% higher (441 against 370 MB on a 358 MB trace). For a command's own process
-    (``kinetoscope analyze``), called before any thread starts; a library must not change it for its host."""
+    (the ``kinetoscope`` command, ``cli.run``), called before any thread starts; a library must not change it for
+    its host."""
+    if not sys.platform.startswith("linux"):
+        return False
     import ctypes
 
     try:
         mallopt = ctypes.CDLL(None).mallopt  # the interpreter's own C library
-    except (OSError, AttributeError):  # not glibc (musl, macOS, Windows): nothing to set
+    except (OSError, AttributeError, TypeError):  # not glibc (musl has no mallopt): nothing to set
         return False
     return bool(mallopt(-8, 1))  # M_ARENA_MAX (glibc's malloc.h)
 

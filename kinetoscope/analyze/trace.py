@@ -39,6 +39,20 @@ class TraceMeta:
     load_seconds: float = 0.0
 
 
+class ViewLocks(dict):  # type: ignore[type-arg]
+    """A trace's per-view locks (view key -> ``threading.Lock``). Locks cannot be pickled or copied, and a copy of
+    a trace needs none of its original's: pickling or copying gives an empty set."""
+
+    def __reduce__(self) -> tuple[type, tuple[()]]:
+        return (ViewLocks, ())
+
+    def __copy__(self) -> ViewLocks:
+        return ViewLocks()
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> ViewLocks:
+        return ViewLocks()
+
+
 @dataclass(frozen=True, eq=False)
 class RankTrace:
     """One rank's trace as typed columnar tables (see ``schema`` for columns)."""
@@ -60,7 +74,7 @@ class RankTrace:
     #: derived views (``trace_view``), computed once and dropped with the trace
     _views: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
     #: one lock per view, so analyzers running in threads compute each view once
-    _view_locks: dict[str, threading.Lock] = field(default_factory=dict, repr=False, compare=False)
+    _view_locks: ViewLocks = field(default_factory=lambda: ViewLocks(), repr=False, compare=False)
 
     @cached_property
     def gpu_events(self) -> pd.DataFrame:

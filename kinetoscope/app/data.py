@@ -22,7 +22,7 @@ from kinetoscope.fsutil import pid_alive
 from kinetoscope.analyze.limits import LoadLimits, parse_size
 from kinetoscope.analyze.loader import Job, find_jobs, load_job_tolerant
 from kinetoscope.analyze.report import Report, build_report
-from kinetoscope.analyze.trace import Trace
+from kinetoscope.analyze.trace import Trace, ViewLocks
 from kinetoscope.app.launch import MAX_UPLOAD_MB, bundled_samples
 from kinetoscope.errors import KinetoscopeError
 
@@ -214,7 +214,7 @@ def analyse(label: str, job: Job, upload: Path | None = None) -> Analysis:
 def _named_by_file(trace: Trace, label: str) -> Trace:
     """The trace with each rank's source the uploaded file's name (not its path in the server's folder)."""
     ranks = tuple(replace(r, meta=replace(r.meta, source=Path(r.meta.source).name), _views={},
-                           _view_locks={}) for r in trace.ranks)
+                           _view_locks=ViewLocks()) for r in trace.ranks)
     return Trace(source=label, ranks=ranks)
 
 

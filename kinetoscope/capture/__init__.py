@@ -6,6 +6,7 @@ The names below are imported on first use, so ``kinetoscope analyze`` (whose com
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -18,9 +19,12 @@ _HOME = {"mark_step": "auto", "Profiler": "profiler", "Schedule": "profiler", "p
 
 def __getattr__(name: str) -> Any:
     home = _HOME.get(name)
-    if home is None:
+    if home is not None:
+        value = getattr(importlib.import_module(f"kinetoscope.capture.{home}"), name)
+    elif not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        value = importlib.import_module(f"{__name__}.{name}")  # a submodule: kinetoscope.capture.profiler
+    else:
         raise AttributeError(f"module 'kinetoscope.capture' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"kinetoscope.capture.{home}"), name)
     globals()[name] = value
     return value
 
