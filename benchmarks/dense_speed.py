@@ -22,6 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from dense_trace import write_dense_trace  # noqa: E402
+from large_traces import HTA  # noqa: E402  (the same HTA calls as the real-trace replicas get)
 
 MB_PER_STEP = 95.13 / 227  # dense_trace.py, 200 kernels per step
 
@@ -56,18 +57,6 @@ def whole(cmd: list[str]) -> tuple[float, int]:
     return float(out[0]), int(out[1])
 
 
-HTA = """
-import contextlib, io, logging, sys
-logging.disable(logging.CRITICAL)
-from hta.trace_analysis import TraceAnalysis
-with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-    a = TraceAnalysis(trace_dir=sys.argv[1])
-    a.get_temporal_breakdown(visualize=False)
-    try:
-        a.get_idle_time_breakdown(visualize=False)
-    except Exception:
-        pass
-"""
 
 
 def read_s(path: Path) -> float:

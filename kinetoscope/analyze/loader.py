@@ -122,6 +122,8 @@ def load_rank(path: Path, *, default_rank: int = 0, limits: LoadLimits = DEFAULT
     except scan.Unhandled as why:
         scanned = _reference(read_bytes(path, limits, fallback=str(why)), path, limits)
     trace = _rank_from_raw(*scanned, path, default_rank=default_rank, started=started)
+    del scanned
+    scan.give_back_free_memory()  # the raw columns' pages, before the analyses allocate theirs
     if key is not None:
         columnar.save(trace, key, cache)
     return trace

@@ -166,6 +166,20 @@ def one_malloc_arena() -> bool:
     return bool(mallopt(-8, 1))  # M_ARENA_MAX (glibc's malloc.h)
 
 
+def give_back_free_memory() -> None:
+    """Return the C heap's free pages to the system (glibc ``malloc_trim``), e.g. once a trace's raw columns are
+    dropped: freed, they stay resident, and the analyses' larger arrays come from fresh pages beside them (peak
+    230 -> 212 MiB on a 223 MB trace). A no-op elsewhere than glibc."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError, TypeError):
+        pass
+
+
 class Ahead:
     """``scan_file`` on a thread, started before the analyses' imports: the scanner runs without the GIL, so
     the interpreter importing pandas on one core costs the scan on the other little, and a command's start-up
