@@ -22,15 +22,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from dense_trace import write_dense_trace  # noqa: E402
-from large_traces import HTA  # noqa: E402  (the same HTA calls as the real-trace replicas get)
+from large_traces import HTA, whole  # noqa: E402  (the same HTA calls as the real-trace replicas get)
 
 MB_PER_STEP = 95.13 / 227  # dense_trace.py, 200 kernels per step
-
-WRAP = ("import subprocess, sys, time, resource\n"
-        "t = time.perf_counter()\n"
-        "p = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)\n"
-        "w = time.perf_counter() - t\n"
-        "print(w, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024, p.returncode)\n")
 
 INSIDE = """
 import sys, time
@@ -48,15 +42,6 @@ t4 = time.perf_counter()
 parts = ", ".join(f"{k} {v:.2f}" for k, v in sorted(report.timings_s.items(), key=lambda kv: -kv[1]) if v >= 0.005)
 print(f"imports {t1 - t0:.2f} s, load {t2 - t1:.2f} s, analyses {t3 - t2:.2f} s ({parts}), text {t4 - t3:.2f} s")
 """
-
-
-def whole(cmd: list[str]) -> tuple[float, int]:
-    out = subprocess.run([sys.executable, "-c", WRAP, *cmd], capture_output=True, text=True, check=True).stdout.split()
-    if out[2] not in ("0", "3"):
-        raise RuntimeError(f"{cmd} exited {out[2]}")
-    return float(out[0]), int(out[1])
-
-
 
 
 def read_s(path: Path) -> float:

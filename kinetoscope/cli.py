@@ -93,7 +93,11 @@ def _write(text: str) -> None:
     except BrokenPipeError:
         raise
     except OSError as exc:
-        raise OutputError(f"cannot write the output ({exc.strerror or exc})") from None
+        raise _unwritable(exc) from None
+
+
+def _unwritable(exc: OSError) -> OutputError:
+    return OutputError(f"cannot write the output ({exc.strerror or exc})")
 
 
 def _parse_fraction(text: str) -> float:
@@ -425,7 +429,7 @@ def run() -> None:
     """The ``kinetoscope`` command's process. A command that only reads and prints (analyze, diff, whatif) ends the
     process as soon as its output is flushed: tearing the interpreter down (pandas' modules, the trace's columns)
     took ~0.12 s of a 0.8 s analysis. Commands that start servers, clusters or child processes exit normally."""
-    from kinetoscope.analyze.scan import one_malloc_arena
+    from kinetoscope.heap import one_malloc_arena
 
     one_malloc_arena()  # this process is ours, and no thread has started yet
     code, quick = _main(None)
@@ -445,8 +449,8 @@ def _flushed(code: int) -> int:
         except BrokenPipeError:
             pass
         except OSError as exc:
-            try:
-                os.write(2, f"kinetoscope: error: cannot write the output ({exc.strerror or exc})\n".encode())
+            try:  # not through sys.stderr: it may be the stream that failed
+                os.write(2, f"kinetoscope: error: {_unwritable(exc)}\n".encode())
             except OSError:
                 pass
             code = code if code not in (EXIT_OK, EXIT_GATE) else OutputError.exit_code

@@ -76,6 +76,12 @@ def resolve(path: str | os.PathLike[str]) -> list[Path]:
     return list(jobs[0].files)
 
 
+def is_capture_window(path: Path) -> bool:
+    """Whether the file is one window of a Kinetoscope capture (``rank-0.step-3-5.pt.trace.json.gz``), with the
+    capture's sidecars beside it."""
+    return _WINDOW_IN_NAME.search(path.name) is not None
+
+
 def rank_from_name(path: Path) -> int | None:
     m = _RANK_IN_NAME.search(path.name)
     return int(m.group(1)) if m else None

@@ -26,11 +26,11 @@ from kinetoscope.analyze.jobs import (
     TRACE_SUFFIXES,
     Job,
     find_jobs,
+    is_capture_window,
     is_trace_file,
     rank_from_name,
     resolve,
 )
-from kinetoscope.analyze.jobs import _WINDOW_IN_NAME
 from kinetoscope.analyze.limits import (
     DEFAULT_LIMITS,
     GZIP_RATIO_AFTER_BYTES,
@@ -44,6 +44,7 @@ from kinetoscope.analyze.parser import parse_bytes
 from kinetoscope.analyze.raw import RawColumns, from_parsed
 from kinetoscope.analyze.trace import RankTrace, Trace
 from kinetoscope.errors import KinetoscopeError, TraceFormatError, TraceSourceError
+from kinetoscope.heap import give_back_free_memory
 
 __all__ = ["SIDECAR_SUFFIXES", "TRACE_SUFFIXES", "Job", "find_jobs", "is_trace_file", "load_job", "load_job_tolerant",
            "load_rank", "load_trace", "rank_from_bytes", "rank_from_name", "read_bytes", "resolve"]
@@ -123,7 +124,7 @@ def load_rank(path: Path, *, default_rank: int = 0, limits: LoadLimits = DEFAULT
         scanned = _reference(read_bytes(path, limits, fallback=str(why)), path, limits)
     trace = _rank_from_raw(*scanned, path, default_rank=default_rank, started=started)
     del scanned
-    scan.give_back_free_memory()  # the raw columns' pages, before the analyses allocate theirs
+    give_back_free_memory()  # the raw columns' pages, before the analyses allocate theirs
     if key is not None:
         columnar.save(trace, key, cache)
     return trace
@@ -189,7 +190,7 @@ class _Manifest(msgspec.Struct):
 
 def _manifest_bytes(path: Path, rank: int) -> bytes | None:
     """The capture's manifest beside a captured trace (``rank-<r>.manifest.json``), if there is one."""
-    if not _WINDOW_IN_NAME.search(path.name):
+    if not is_capture_window(path):
         return None
     try:
         return path.with_name(f"rank-{rank}.manifest.json").read_bytes()
@@ -241,7 +242,7 @@ class _StepTimes(msgspec.Struct):
 
 def _run_steps(path: Path, rank: int) -> tuple[pd.DataFrame | None, str | None]:
     """The capture's always-on step timings beside a captured trace, if present."""
-    if not _WINDOW_IN_NAME.search(path.name):
+    if not is_capture_window(path):
         return None, None
     sidecar = path.with_name(f"rank-{rank}.steps.json")
     if not sidecar.is_file():

@@ -150,8 +150,9 @@ def analysis_threads() -> int:
     return max(1, min(4, cores))
 
 
-def _timed(key: str, rank: int, fn: Any, *args: Any) -> tuple[Any, AnalyzerFailure | None, float]:
-    """(fn's result, None, seconds) or (None, the failure, seconds): run on an analysis thread."""
+def _timed(key: str, rank: int | None, fn: Any, *args: Any) -> tuple[Any, AnalyzerFailure | None, float]:
+    """(fn's result, None, seconds) or (None, the failure, seconds): one broken analyzer, or what-if, must not sink
+    the report."""
     started = time.perf_counter()
     try:
         return fn(*args), None, time.perf_counter() - started
@@ -160,23 +161,14 @@ def _timed(key: str, rank: int, fn: Any, *args: Any) -> tuple[Any, AnalyzerFailu
             time.perf_counter() - started
 
 
-def _guarded(failures: list[AnalyzerFailure], rank: int | None, fn: Any) -> Any:
-    try:
-        return fn()
-    except Exception as exc:  # the what-if must not sink the report
-        failures.append(AnalyzerFailure("whatif", rank, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
-        return None
-
-
-def _estimated_alone(r: RankTrace, found: list[Finding]) -> tuple[list[Finding], list[AnalyzerFailure]]:
-    """``_estimated`` with its own list of failures (run on a thread)."""
-    failures: list[AnalyzerFailure] = []
-    return _estimated(r, found, failures), failures
-
-
-def _estimated(r: RankTrace, found: list[Finding], failures: list[AnalyzerFailure]) -> list[Finding]:
-    """Each finding with what fixing it alone is worth for its rank (``whatif``)."""
-    return [replace(f, estimate=_guarded(failures, r.rank, lambda f=f: whatif.estimate(r, f))) for f in found]
+def _estimated(r: RankTrace, found: list[Finding]) -> tuple[list[Finding], list[AnalyzerFailure]]:
+    """Each finding with what fixing it alone is worth for its rank (``whatif``), and the estimates that failed."""
+    out, failures = [], []
+    for f in found:
+        estimate, failure, _ = _timed("whatif", r.rank, whatif.estimate, r, f)
+        out.append(replace(f, estimate=estimate))
+        failures.extend([failure] if failure is not None else [])
+    return out, failures
 
 
 def build_report(trace: Trace, config: AnalysisConfig = DEFAULT_CONFIG, *, threads: int | None = None) -> Report:
@@ -220,11 +212,11 @@ def build_report(trace: Trace, config: AnalysisConfig = DEFAULT_CONFIG, *, threa
             timings["replay"] = timings.get("replay", 0.0) + took
             if failure is not None:  # the what-if must not sink the report
                 lost.append(failure)
-            estimating.append(pool.submit(_timed, "whatif", r.rank, _estimated_alone, r, mine))
+            estimating.append(pool.submit(_timed, "whatif", r.rank, _estimated, r, mine))
             rank_failures.append(lost)
             entries.append(entry)
         for future, lost in zip(estimating, rank_failures):
-            (found, more), _, took = future.result()  # _estimated_alone catches its own failures
+            (found, more), _, took = future.result()  # _estimated catches its own failures
             findings.extend(found)
             failures.extend(lost + more)
             timings["estimates"] = timings.get("estimates", 0.0) + took
@@ -237,20 +229,19 @@ def build_report(trace: Trace, config: AnalysisConfig = DEFAULT_CONFIG, *, threa
     for a in registered:
         if a.scope != "job":
             continue
-        started = time.perf_counter()
-        try:
-            res = a.fn(trace, config)
-        except Exception as exc:
-            failures.append(AnalyzerFailure(a.key, None, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+        res, failure, took = _timed(a.key, None, a.fn, trace, config)
+        timings[a.key] = timings.get(a.key, 0.0) + took
+        if failure is not None:
+            failures.append(failure)
             continue
-        finally:
-            timings[a.key] = timings.get(a.key, 0.0) + time.perf_counter() - started
         job_results[a.key] = res
         if res.metrics:
             job[a.key] = res.metrics
         for f in res.findings:
             ranks = [r for r in trace.ranks if r.rank == f.rank]
-            findings.extend(_estimated(ranks[0], [f], failures) if ranks else [f])
+            found, lost = _estimated(ranks[0], [f]) if ranks else ([f], [])
+            findings.extend(found)
+            failures.extend(lost)
     violations = [f"rank {e['rank']}: {v}" for e in entries for v in fraction_violations(e)]
     violations += [f"job: {v}" for v in fraction_violations(job)]
     violations += [f"finding {f.id} (rank {f.rank}): {v}" for f in findings for v in fraction_violations(f.evidence)]

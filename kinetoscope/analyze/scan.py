@@ -15,7 +15,6 @@ import io
 import os
 import queue
 import re
-import sys
 import threading
 import zlib
 from pathlib import Path
@@ -145,39 +144,6 @@ def scan_bytes(data: bytes, source: str, limits: LoadLimits = DEFAULT_LIMITS) ->
         return _finish(_feed(_scan.Scanner(max_depth=limits.max_depth), io.BytesIO(data), source, limits))
     except _Bail as bail:
         raise _verdict(str(bail), source, limits) from None
-
-
-def one_malloc_arena() -> bool:
-    """Ask glibc to serve every thread from one malloc arena (``mallopt(M_ARENA_MAX, 1)``); True if it took.
-
-    The scanner's threads grow their columns with malloc; by default each thread gets its own arena, and
-    what a scanner thread frees stays in its arena while the main thread's tables grow in another: the
-    process's peak was ~20% higher (441 against 370 MB on a 358 MB trace). For a command's own process
-    (the ``kinetoscope`` command, ``cli.run``), called before any thread starts; a library must not change it for
-    its host."""
-    if not sys.platform.startswith("linux"):
-        return False
-    import ctypes
-
-    try:
-        mallopt = ctypes.CDLL(None).mallopt  # the interpreter's own C library
-    except (OSError, AttributeError, TypeError):  # not glibc (musl has no mallopt): nothing to set
-        return False
-    return bool(mallopt(-8, 1))  # M_ARENA_MAX (glibc's malloc.h)
-
-
-def give_back_free_memory() -> None:
-    """Return the C heap's free pages to the system (glibc ``malloc_trim``), e.g. once a trace's raw columns are
-    dropped: freed, they stay resident, and the analyses' larger arrays come from fresh pages beside them (peak
-    230 -> 212 MiB on a 223 MB trace). A no-op elsewhere than glibc."""
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
-
-    try:
-        ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError, TypeError):
-        pass
 
 
 class Ahead:
