@@ -115,6 +115,56 @@ def test_analyze_starts_reading_before_the_analyses_are_imported():
     assert out.strip() == "[]"
 
 
+def test_pandas_without_pyarrow_until_something_asks_for_it():
+    """The analysing commands import pandas as an install without the optional pyarrow would; pyarrow itself
+    still imports afterwards, and a process that already has pandas keeps it as it is."""
+    pytest.importorskip("pyarrow")
+    code = ("import sys\n"
+            "from kinetoscope.deps import import_pandas_without_pyarrow\n"
+            "import_pandas_without_pyarrow()\n"
+            "import pandas as pd\n"
+            "print('pyarrow' in sys.modules, pd.Series(['a']).dtype.storage)\n"
+            "import pyarrow\n"
+            "print(pyarrow.array([1]).to_pylist())\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "python", "[1]"]
+    code = ("import sys, pandas as pd\n"
+            "from kinetoscope.deps import import_pandas_without_pyarrow\n"
+            "import_pandas_without_pyarrow()\n"
+            "print(pd.Series(['a']).dtype.storage)\n")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True).stdout.split() == ["pyarrow"]
+
+
+def test_analyze_never_imports_pyarrow_and_reports_as_with_it():
+    """`kinetoscope analyze` (no --cache, no --processes) runs without pyarrow: the report is byte for byte the
+    one this process, whose pandas has pyarrow, builds."""
+    pytest.importorskip("pyarrow")
+    from kinetoscope.analyze.loader import load_trace
+    from kinetoscope.analyze.report import build_report
+    from kinetoscope.render.json import report_to_json
+
+    path = SAMPLES / "real" / "hta_2rank"
+    # the command ends with os._exit: the check runs there, just before it
+    code = ("import os, sys\n"
+            "exit_ = os._exit\n"
+            "def _exit(code):\n"
+            "    sys.stderr.write('pyarrow loaded: %s\\n' % (sys.modules.get('pyarrow') is not None))\n"
+            "    sys.stderr.flush()\n"
+            "    exit_(code)\n"
+            "os._exit = _exit\n"
+            "sys.argv = ['kinetoscope', 'analyze', '--format', 'json', sys.argv[1]]\n"
+            "from kinetoscope.cli import run\n"
+            "run()\n")
+    proc = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "pyarrow loaded: False" in proc.stderr
+    import pandas as pd
+
+    assert pd.Series(["a"]).dtype.storage == "pyarrow"  # this process: the other string storage
+    assert proc.stdout == report_to_json(build_report(load_trace(path))) + "\n"
+
+
 def test_a_quick_exit_still_delivers_every_byte_and_the_status():
     """analyze ends its process with os._exit once its output is flushed: a pipe gets the whole report, and
     the exit status is the command's."""
