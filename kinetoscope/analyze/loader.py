@@ -122,6 +122,7 @@ def load_rank(path: Path, *, default_rank: int = 0, limits: LoadLimits = DEFAULT
                    or _reference(read_bytes(path, limits), path, limits))
     except scan.Unhandled as why:
         scanned = _reference(read_bytes(path, limits, fallback=str(why)), path, limits)
+    give_back_free_memory()  # the scan's spent buffers, before the tables take pages of their own
     trace = _rank_from_raw(*scanned, path, default_rank=default_rank, started=started)
     del scanned
     give_back_free_memory()  # the raw columns' pages, before the analyses allocate theirs
@@ -160,7 +161,8 @@ def _rank_from_raw(raw: RawColumns, size: int, path: Path, *, default_rank: int,
             rank, rank_source = named, "filename"
     if rank is None:
         rank = default_rank
-    trace = build_rank_trace(raw, source=str(path), rank=rank, rank_source=rank_source, bytes_read=size)
+    trace = build_rank_trace(raw, source=str(path), rank=rank, rank_source=rank_source, bytes_read=size,
+                             consume=True)  # the raw columns are dropped after this
     if trace.events.empty and trace.memory.empty:
         raise TraceFormatError(str(path), "trace holds no timed events (nothing to analyse)")
     run_steps, note = _run_steps(path, rank)
