@@ -52,6 +52,9 @@ BACKWARD_RE = re.compile(r"^autograd::engine::evaluate_function:|^[A-Za-z0-9_:]*
 COPY_OPS = frozenset({"aten::to", "aten::_to_copy", "aten::copy_"})
 
 
+_MAIN_COLUMNS = ("ts_ns", "dur_ns", "end_ns", "name", "kind", "tid")
+
+
 @trace_view
 def phase_events(trace: RankTrace) -> dict[str, pd.DataFrame]:
     """The raw events behind each phase (before precedence), for analyzers that need them."""
@@ -68,7 +71,8 @@ def phase_events(trace: RankTrace) -> dict[str, pd.DataFrame]:
         "optimizer": ev[host & name_mask(ev, OPTIMIZER_STEP_RE)],
         "sync": ev[is_sync_op],
         "backward": ev[host & name_mask(ev, BACKWARD_RE) & kind_mask(ev, ("cpu_op",))],
-        "main": ev[main],
+        # the training thread's host events: only what the phases read of them (most of a trace's rows)
+        "main": ev[list(_MAIN_COLUMNS)][main],
     }
 
 

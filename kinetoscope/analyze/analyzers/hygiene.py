@@ -30,7 +30,7 @@ def _per_step(trace: RankTrace, frame: pd.DataFrame) -> set[int]:
     if frame.empty:
         return set()
     steps = step_at(trace, frame["ts_ns"].to_numpy())
-    return {int(s) for s in steps if s >= 0}
+    return set(np.unique(steps[steps >= 0]).tolist())
 
 
 def _accumulating_steps(trace: RankTrace) -> set[int]:
