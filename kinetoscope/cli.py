@@ -59,7 +59,7 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
         path = job.name
         try:
             report = build_report(load_job(job, limits, cache, processes=args.processes,
-                                           ahead=ahead if i == 0 else None))
+                                           ahead=ahead if i == 0 else None), keep_views=False)
         except KinetoscopeError as exc:
             _error(str(exc))
             status = max(status, exc.exit_code)

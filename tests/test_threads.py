@@ -124,3 +124,65 @@ def test_a_wrong_thread_count_is_a_clear_error(monkeypatch, value):
     monkeypatch.setenv("KINETOSCOPE_THREADS", value)
     with pytest.raises(ConfigError, match="KINETOSCOPE_THREADS"):
         build_report(load_trace(SAMPLES[2]))
+
+
+def _straggling_job(folder: Path, ranks: int = 5) -> Path:
+    """Ranks of 3 steps, an all-reduce each; the last rank arrives 300 us later than the others every time (built
+    with tests/tracebuilder, no randomness)."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from tracebuilder import TraceBuilder
+
+    nccl = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
+    folder.mkdir()
+    for rank in range(ranks):
+        arrive = 400 if rank == ranks - 1 else 100
+        b = TraceBuilder(rank=rank, world_size=ranks)
+        for step in range(3):
+            t = step * 1000
+            b.step(step, t, 1000).kernel(t + 10, 80, name="gemm").kernel(t + arrive, 600 - arrive, stream=20, name=nccl)
+        b.write(folder / f"rank-{rank}.json")
+    return folder
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_views_dropped_as_ranks_finish_give_the_same_report(tmp_path, threads):
+    """keep_views=False (what the command asks for): the same report, byte for byte; each rank then keeps only what
+    the job analyzers reduce over (the straggler's summary), and the straggler is still found."""
+    from kinetoscope.analyze.analyzers.straggler import rank_summary
+
+    job = _straggling_job(tmp_path / "job")
+    kept = build_report(load_trace(job), threads=threads)
+    trace = load_trace(job)
+    dropped = build_report(trace, threads=threads, keep_views=False)
+    assert _json(dropped) == _json(kept)
+    assert [f.id for f in dropped.findings if f.id == "straggler"] == ["straggler"]
+    assert next(f for f in dropped.findings if f.id == "straggler").rank == 4
+    for r in trace.ranks[:-1]:  # the straggler's own views come back for its finding's estimate
+        assert list(r._views) == [rank_summary.view_key] and "gpu_events" not in r.__dict__
+
+
+def test_a_job_analysed_without_views_holds_two_ranks_views_at_a_time(tmp_path, monkeypatch):
+    """One thread, RANKS_IN_FLIGHT = 2: when a rank's first analyzer starts, at most one other rank still holds
+    views beyond its summary (the rank before it); with keep_views (the default) every earlier rank does."""
+    from kinetoscope.analyze.analyzers.straggler import rank_summary
+
+    job = _straggling_job(tmp_path / "job", ranks=6)
+    real = registry_module.analyzers()
+    first = next(a for a in real if a.scope == "rank")
+    seen: list[int] = []
+
+    def recording(trace_of_rank, config):
+        seen.append(sum(1 for r in trace.ranks if set(r._views) - {rank_summary.view_key} and r is not trace_of_rank))
+        return first.fn(trace_of_rank, config)
+
+    monkeypatch.setattr(report_module, "analyzers", lambda: tuple(replace(a, fn=recording) if a is first else a
+                                                                   for a in real))
+    trace = load_trace(job)
+    build_report(trace, threads=1, keep_views=False)
+    assert report_module.RANKS_IN_FLIGHT == 2 and len(seen) == 6 and max(seen) <= 1
+    seen.clear()
+    trace = load_trace(job)
+    build_report(trace, threads=1)
+    assert seen == [0, 1, 2, 3, 4, 5]

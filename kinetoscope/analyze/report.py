@@ -171,10 +171,31 @@ def _estimated(r: RankTrace, found: list[Finding]) -> tuple[list[Finding], list[
     return out, failures
 
 
-def build_report(trace: Trace, config: AnalysisConfig = DEFAULT_CONFIG, *, threads: int | None = None) -> Report:
+#: ranks whose analyses are under way at once when views are dropped as ranks finish (``keep_views=False``)
+RANKS_IN_FLIGHT = 2
+
+
+def _finish_rank(r: RankTrace, found: list[Finding], per_rank: list[Any], keep_views: bool) -> tuple[list[Finding], list[AnalyzerFailure]]:
+    """A rank's last work: its findings' estimates, then the job analyzers' map steps (views, kept with the rank;
+    one that fails here fails again, reported, in its analyzer); then, unless kept, its other views are dropped."""
+    out = _estimated(r, found)
+    for step in per_rank:
+        try:
+            step(r)
+        except Exception:  # noqa: BLE001 - reported by the job analyzer, which asks for it again
+            pass
+    if not keep_views:
+        r.drop_views(keep=tuple(per_rank))
+    return out
+
+
+def build_report(trace: Trace, config: AnalysisConfig = DEFAULT_CONFIG, *, threads: int | None = None,
+                 keep_views: bool = True) -> Report:
     """Run the registry over every rank, then the job-level analyzers. ``threads``: how many the analyzers share
     (default: ``analysis_threads()`` when a rank has THREADS_FROM_EVENTS events, else 1; a caller running reports
-    side by side, such as a batch worker, gives 1)."""
+    side by side, such as a batch worker, gives 1). ``keep_views=False``: each rank's derived views are dropped
+    once its analyses end, and only RANKS_IN_FLIGHT ranks are analysed at once, so a job of many ranks holds the
+    views of a few, not of all (for a caller that will not look at the views again, such as the command)."""
     entries: list[dict[str, Any]] = []
     findings: list[Finding] = []
     results: dict[int, dict[str, AnalysisResult]] = {}
@@ -182,19 +203,27 @@ def build_report(trace: Trace, config: AnalysisConfig = DEFAULT_CONFIG, *, threa
     timings: dict[str, float] = {}
     registered = analyzers()
     per_rank = [a for a in registered if a.scope == "rank"]
-    # a rank's analyzers are pure and independent: every rank's run on threads at once (numpy and pandas release
-    # the GIL in their sorts, searches and takes); results are taken in the registry's and the ranks' order, so
-    # the report is the one they give one after another
+    # the job analyzers' map steps, while each rank's views are at hand (one rank: nothing to reduce over)
+    maps = [a.per_rank for a in registered if a.scope == "job" and a.per_rank is not None] if len(trace.ranks) > 1 else []
+    # a rank's analyzers are pure and independent: ranks' analyzers run on threads at once (numpy and pandas
+    # release the GIL in their sorts, searches and takes); results are taken in the registry's and the ranks'
+    # order, so the report is the one they give one after another
     if threads is None:  # below ~200k events a rank's pandas operations are too small: threads only contend
         chosen = analysis_threads()
         threads = chosen if any(len(r.events) >= THREADS_FROM_EVENTS for r in trace.ranks) else 1
+    in_flight = len(trace.ranks) if keep_views else RANKS_IN_FLIGHT
     pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kinetoscope-analyze")
+
+    def start(r: RankTrace) -> tuple[list[Any], Any]:
+        return ([pool.submit(_timed, a.key, r.rank, a.fn, r, config) for a in per_rank],
+                pool.submit(_timed, "whatif", r.rank, whatif.replay_entry, r))
+
     try:
-        running = [([pool.submit(_timed, a.key, r.rank, a.fn, r, config) for a in per_rank],
-                    pool.submit(_timed, "whatif", r.rank, whatif.replay_entry, r)) for r in trace.ranks]
+        running = [start(r) for r in trace.ranks[:in_flight]]
         estimating = []
         rank_failures: list[list[AnalyzerFailure]] = []  # in the order one thread would meet them, rank by rank
-        for r, (futures, replay) in zip(trace.ranks, running):
+        for i, r in enumerate(trace.ranks):
+            futures, replay = running[i]
             entry = _rank_header(r)
             results[r.rank] = {}
             mine: list[Finding] = []
@@ -212,11 +241,13 @@ def build_report(trace: Trace, config: AnalysisConfig = DEFAULT_CONFIG, *, threa
             timings["replay"] = timings.get("replay", 0.0) + took
             if failure is not None:  # the what-if must not sink the report
                 lost.append(failure)
-            estimating.append(pool.submit(_timed, "whatif", r.rank, _estimated, r, mine))
+            estimating.append(pool.submit(_timed, "whatif", r.rank, _finish_rank, r, mine, maps, keep_views))
+            if i + in_flight < len(trace.ranks):  # queued after this rank's last work: its views go first
+                running.append(start(trace.ranks[i + in_flight]))
             rank_failures.append(lost)
             entries.append(entry)
         for future, lost in zip(estimating, rank_failures):
-            (found, more), _, took = future.result()  # _estimated catches its own failures
+            (found, more), _, took = future.result()  # _finish_rank catches its own failures
             findings.extend(found)
             failures.extend(lost + more)
             timings["estimates"] = timings.get("estimates", 0.0) + took

@@ -85,6 +85,15 @@ class RankTrace:
     def has_gpu(self) -> bool:
         return bool(len(self.gpu_events))
 
+    def drop_views(self, keep: tuple[Callable[..., Any], ...] = ()) -> None:
+        """Forget the derived views (and ``gpu_events``) but those in ``keep`` (``trace_view`` functions): a caller
+        done with a rank gives their memory back; a view asked for again is computed again. Not while another
+        thread may be using this rank's views."""
+        kept = {getattr(fn, "view_key", None) for fn in keep}
+        for key in [k for k in self._views if k not in kept]:
+            del self._views[key]
+        self.__dict__.pop("gpu_events", None)
+
 
 @dataclass(frozen=True, eq=False)
 class Trace:
@@ -131,4 +140,5 @@ def trace_view(fn: Callable[[RankTrace], V]) -> Callable[[RankTrace], V]:
                 value = views[key] = fn(trace)
                 return value
 
+    view.view_key = key  # type: ignore[attr-defined]  # for RankTrace.drop_views(keep=...)
     return view

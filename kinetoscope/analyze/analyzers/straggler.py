@@ -30,8 +30,9 @@ from kinetoscope.analyze.timeline import (
     missing_activity,
     window,
 )
-from kinetoscope.analyze.trace import RankTrace, Trace
+from kinetoscope.analyze.trace import RankTrace, Trace, trace_view
 
+@trace_view
 def rank_summary(r: RankTrace) -> RankSummary:
     """What the job-level analysis needs from one rank (batch computes it where the rank was loaded)."""
     w = window(r)
@@ -178,7 +179,7 @@ def job_analysis(summaries: list[RankSummary], config: AnalysisConfig) -> tuple[
     return metrics, table, straggler_finding(summaries, m, a, config)
 
 
-@register("collectives", "Collectives across ranks", scope="job")
+@register("collectives", "Collectives across ranks", scope="job", per_rank=rank_summary)
 def analyze_collectives(trace: Trace, config: AnalysisConfig) -> AnalysisResult:
     """Match collectives across ranks (process group, sequence number, operation and size), align the
     ranks' clocks on collective completion, and name the rank each collective waited for and the straggler."""
