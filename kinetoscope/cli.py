@@ -48,7 +48,7 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     ahead = None
     if jobs and cache is None and not (args.processes > 1 and len(jobs[0].files) > 1):
         ahead = Ahead(jobs[0].files[0], limits)  # read while the analyses below are imported (~0.3 s)
-    if cache is None and not in_processes:
+    if cache is None and not in_processes and args.own_process:
         import_pandas_without_pyarrow()  # no tables handed over as Arrow here: pandas' plain columns, 0.15 s sooner
     from kinetoscope.analyze.loader import load_job
     from kinetoscope.analyze.report import build_report
@@ -117,7 +117,8 @@ def _parse_fraction(text: str) -> float:
 def _cmd_diff(args: argparse.Namespace) -> int:
     import json
 
-    import_pandas_without_pyarrow()
+    if args.own_process:
+        import_pandas_without_pyarrow()
     from kinetoscope.analyze.compare import compare_reports, finding_changes, fix_check, name_changes, step_change
     from kinetoscope.analyze.loader import load_trace
     from kinetoscope.analyze.report import build_report
@@ -347,7 +348,8 @@ def _fix_params(pairs: list[str]) -> dict[str, dict[str, Any]]:
 def _cmd_whatif(args: argparse.Namespace) -> int:
     import json
 
-    import_pandas_without_pyarrow()
+    if args.own_process:
+        import_pandas_without_pyarrow()
     from kinetoscope.analyze import whatif
     from kinetoscope.analyze.findings import FINDING_IDS
     from kinetoscope.analyze.loader import load_trace
@@ -436,7 +438,7 @@ def run() -> None:
     from kinetoscope.heap import one_malloc_arena
 
     one_malloc_arena()  # this process is ours, and no thread has started yet
-    code, quick = _main(None)
+    code, quick = _main(None, own_process=True)
     if not quick:
         sys.exit(code)
     os._exit(_flushed(code))
@@ -461,10 +463,12 @@ def _flushed(code: int) -> int:
     return code
 
 
-def _main(argv: Sequence[str] | None) -> tuple[int, bool]:
-    """(exit status, whether the process may end without the interpreter's teardown)."""
+def _main(argv: Sequence[str] | None, own_process: bool = False) -> tuple[int, bool]:
+    """(exit status, whether the process may end without the interpreter's teardown). ``own_process``: the command's
+    own process (``run``), whose imports it may choose; never so for ``main``, called from someone else's."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.own_process = own_process
     func: Callable[[argparse.Namespace], int] | None = getattr(args, "func", None)
     if func is None:
         parser.print_help()

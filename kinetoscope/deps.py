@@ -16,15 +16,33 @@ def require(module: str, what: str, extra: str) -> None:
         raise ConfigError(f"{what} needs {module}: pip install 'kinetoscope[{extra}]' (or pip install {module})") from None
 
 
-def import_pandas_without_pyarrow() -> None:
-    """Import pandas as on an install without pyarrow (its plain string columns), when this process has imported
-    neither yet. pyarrow is optional (``app`` and ``cluster`` extras) and the analyses never need it; importing it
-    with pandas costs ~0.15 s of CPU and ~38 MB of memory. ``import pyarrow`` still works afterwards."""
-    if "pandas" in sys.modules or "pyarrow" in sys.modules:
-        return
+def _pandas_major() -> int | None:
+    """The installed pandas' major version, read from its dist-info folder's name without importing it (a few ms,
+    where importlib.metadata costs ~25); None when it cannot be told."""
+    import importlib.util
+    from pathlib import Path
+
+    try:
+        spec = importlib.util.find_spec("pandas")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.origin:
+        return None
+    majors = {name.split("-")[1].split(".")[0] for name in (p.name for p in Path(spec.origin).parent.parent.glob("pandas-*.dist-info"))}
+    return int(majors.pop()) if len(majors) == 1 and next(iter(majors)).isdigit() else None
+
+
+def import_pandas_without_pyarrow() -> bool:
+    """In a process the command owns (never a library caller's: pandas would believe pyarrow missing for the rest of
+    it), import pandas as on an install without pyarrow, when neither is imported yet and pandas is 3.x (2.x's
+    pyarrow hooks break when it is blocked). pyarrow is optional (``app`` and ``cluster`` extras) and the analyses
+    never need it; importing it with pandas costs ~0.15 s of CPU and ~38 MB of memory. True if it did."""
+    if "pandas" in sys.modules or "pyarrow" in sys.modules or (_pandas_major() or 0) < 3:
+        return False
     sys.modules["pyarrow"] = None  # type: ignore[assignment]  # an import of it raises ImportError
     try:
         import pandas  # noqa: F401
     finally:
         if "pyarrow" in sys.modules and sys.modules["pyarrow"] is None:
             del sys.modules["pyarrow"]
+    return True

@@ -115,27 +115,58 @@ def test_analyze_starts_reading_before_the_analyses_are_imported():
     assert out.strip() == "[]"
 
 
+def _pandas_major() -> int:
+    import pandas as pd
+
+    return int(pd.__version__.split(".")[0])
+
+
+def test_the_installed_pandas_version_is_read_without_importing_it():
+    from kinetoscope.deps import _pandas_major as read
+
+    assert read() == _pandas_major()
+
+
+@pytest.mark.skipif(_pandas_major() < 3, reason="pandas 2's pyarrow hooks break when it is blocked: not done there")
 def test_pandas_without_pyarrow_until_something_asks_for_it():
-    """The analysing commands import pandas as an install without the optional pyarrow would; pyarrow itself
-    still imports afterwards, and a process that already has pandas keeps it as it is."""
+    """The analysing commands' own processes import pandas as an install without the optional pyarrow would; pyarrow
+    itself still imports afterwards, and a process that already has pandas keeps it as it is."""
     pytest.importorskip("pyarrow")
     code = ("import sys\n"
             "from kinetoscope.deps import import_pandas_without_pyarrow\n"
-            "import_pandas_without_pyarrow()\n"
+            "print(import_pandas_without_pyarrow())\n"
             "import pandas as pd\n"
             "print('pyarrow' in sys.modules, pd.Series(['a']).dtype.storage)\n"
             "import pyarrow\n"
             "print(pyarrow.array([1]).to_pylist())\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.split() == ["False", "python", "[1]"]
+    assert out.split() == ["True", "False", "python", "[1]"]
     code = ("import sys, pandas as pd\n"
             "from kinetoscope.deps import import_pandas_without_pyarrow\n"
-            "import_pandas_without_pyarrow()\n"
-            "print(pd.Series(['a']).dtype.storage)\n")
+            "print(import_pandas_without_pyarrow(), pd.Series(['a']).dtype.storage)\n")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          check=True).stdout.split() == ["pyarrow"]
+                          check=True).stdout.split() == ["False", "pyarrow"]
 
 
+def test_cli_main_called_as_a_library_leaves_pandas_and_pyarrow_alone():
+    """``kinetoscope.cli.main`` runs in someone else's process: pandas keeps its pyarrow there (Arrow dtypes work
+    after an analyze, a diff and a whatif)."""
+    pytest.importorskip("pyarrow")
+    pairs = SAMPLES / "pairs"
+    before, after = (str(pairs / f"v100_resnet50_profiler_api_num_workers_{n}.json.gz") for n in (0, 4))
+    code = ("import io, contextlib, sys\n"
+            "import kinetoscope.cli as c\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            "    codes = [c.main(['analyze', sys.argv[1]]), c.main(['diff', sys.argv[1], sys.argv[2]]),\n"
+            "             c.main(['whatif', sys.argv[1], '--fix', 'loader_stall'])]\n"
+            "import pandas as pd, pyarrow as pa\n"
+            "print(codes, pd.Series([1], dtype=pd.ArrowDtype(pa.int64())).dtype, pd.array(['a'], dtype='string[pyarrow]').dtype)\n")
+    out = subprocess.run([sys.executable, "-c", code, before, after], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["[0,", "0,", "0]", "int64[pyarrow]", "string"]
+
+
+@pytest.mark.skipif(_pandas_major() < 3, reason="pandas 2's pyarrow hooks break when it is blocked: not done there")
 def test_analyze_never_imports_pyarrow_and_reports_as_with_it():
     """`kinetoscope analyze` (no --cache, no --processes) runs without pyarrow: the report is byte for byte the
     one this process, whose pandas has pyarrow, builds."""

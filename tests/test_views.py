@@ -130,23 +130,3 @@ def test_rounding_overlaps_are_not_nesting_and_step_labels_are_thinned(tmp_path)
     assert len(v.steps) == 20 and list(v.steps["step"][:3]) == [0, 15, 30]
     assert int(v.spans[v.spans["row"] == "steps"]["spans"].sum()) == 300
 
-
-def test_a_view_keeping_every_row_shares_its_columns_and_stays_apart(tmp_path):
-    """Kernels of a trace whose GPU work is all kernels, launches of one whose runtime calls all launch: the same
-    rows as filtering gives, sharing the parent's columns (no copy), and a write to one never reaches the other."""
-    import numpy as np
-
-    from kinetoscope.analyze.timeline import gpu_work, kernels, launches, rows, runtime_calls
-
-    r = load_built(tmp_path, nested_trace()).ranks[0]
-    work, calls = gpu_work(r), runtime_calls(r)
-    assert len(work) == 1 and len(calls) == 1
-    assert kernels(r).equals(work) and launches(r).equals(calls)
-    assert np.shares_memory(kernels(r)["ts_ns"].to_numpy(), work["ts_ns"].to_numpy())
-    assert np.shares_memory(launches(r)["ts_ns"].to_numpy(), calls["ts_ns"].to_numpy())
-    some = rows(r.events, (r.events["kind"] == "cpu_op").to_numpy())
-    # aten::linear, aten::addmm and 300 aten::tiny: a real filter, a copy
-    assert len(some) == 302 and not np.shares_memory(some["ts_ns"].to_numpy(), r.events["ts_ns"].to_numpy())
-    shared = rows(r.events, np.ones(len(r.events), dtype=bool))
-    shared.loc[shared.index[0], "ts_ns"] = -1
-    assert r.events["ts_ns"].iloc[0] != -1

@@ -90,12 +90,6 @@ def name_mask(frame: pd.DataFrame, pattern: re.Pattern[str] | None = None, names
     return np.isin(np.asarray(name.codes), codes)
 
 
-def rows(frame: pd.DataFrame, mask: np.ndarray) -> pd.DataFrame:
-    """``frame[mask]``; where every row is kept (all of a trace's GPU work is kernels, all its runtime calls
-    launch), the frame's columns shared rather than copied: pandas' copy-on-write keeps them apart."""
-    return frame.copy(deep=False) if mask.all() else frame[mask]
-
-
 @trace_view
 def runtime_calls(trace: RankTrace) -> pd.DataFrame:
     """CUDA/HIP runtime and driver calls on the host."""
@@ -106,14 +100,14 @@ def runtime_calls(trace: RankTrace) -> pd.DataFrame:
 def kernels(trace: RankTrace) -> pd.DataFrame:
     """Kernels of ``gpu_work``."""
     work = gpu_work(trace)
-    return rows(work, kind_mask(work, ("kernel",)))
+    return work[kind_mask(work, ("kernel",))]
 
 
 @trace_view
 def gpu_work(trace: RankTrace) -> pd.DataFrame:
     """Kernels, copies and memsets with a device and stream, sorted by start."""
     gpu = trace.gpu_events
-    gpu = rows(gpu, gpu["device"].notna().to_numpy())
+    gpu = gpu[gpu["device"].notna()]
     return gpu.assign(device=gpu["device"].astype(np.int64), stream=gpu["stream"].fillna(-1).astype(np.int64))
 
 
@@ -169,7 +163,7 @@ def launches(trace: RankTrace) -> pd.DataFrame:
     work_corr = gpu_work(trace)["correlation"].dropna().to_numpy(np.int64)
     corr = calls["correlation"]
     matched = corr.notna().to_numpy() & np.isin(corr.fillna(-1).to_numpy(np.int64), work_corr)
-    return rows(calls, matched | name_mask(calls, GRAPH_LAUNCH_RE))
+    return calls[matched | name_mask(calls, GRAPH_LAUNCH_RE)]
 
 
 @trace_view

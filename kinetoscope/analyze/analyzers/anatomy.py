@@ -72,7 +72,7 @@ def phase_events(trace: RankTrace) -> dict[str, pd.DataFrame]:
         "sync": ev[is_sync_op],
         "backward": ev[host & name_mask(ev, BACKWARD_RE) & kind_mask(ev, ("cpu_op",))],
         # the training thread's host events: only what the phases read of them (most of a trace's rows)
-        "main": ev[list(_MAIN_COLUMNS)][main],
+        "main": ev.loc[main, list(_MAIN_COLUMNS)],
     }
 
 
