@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from tracebuilder import TraceBuilder
 
 from kinetoscope.analyze import registry as registry_module
 from kinetoscope.analyze import report as report_module
@@ -127,13 +128,7 @@ def test_a_wrong_thread_count_is_a_clear_error(monkeypatch, value):
 
 
 def _straggling_job(folder: Path, ranks: int = 5) -> Path:
-    """Ranks of 3 steps, an all-reduce each; the last rank arrives 300 us later than the others every time (built
-    with tests/tracebuilder, no randomness)."""
-    import sys
-
-    sys.path.insert(0, str(ROOT / "tests"))
-    from tracebuilder import TraceBuilder
-
+    """Ranks of 3 steps, an all-reduce each; the last rank arrives 300 us later than the others every time."""
     nccl = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
     folder.mkdir()
     for rank in range(ranks):
@@ -186,3 +181,40 @@ def test_a_job_analysed_without_views_holds_two_ranks_views_at_a_time(tmp_path, 
     trace = load_trace(job)
     build_report(trace, threads=1)
     assert seen == [0, 1, 2, 3, 4, 5]
+
+
+def test_a_failure_after_a_ranks_estimates_keeps_its_findings_and_is_reported(tmp_path, monkeypatch):
+    """Past the estimates (each caught on its own), a bug in a rank's last work (here dropping its views) loses
+    nothing: the rank's findings are listed, unestimated, and the failure is reported as the what-if's."""
+    from kinetoscope.analyze.trace import RankTrace
+
+    job = _straggling_job(tmp_path / "job")
+    kept = build_report(load_trace(job), threads=1)
+
+    def broken(self, keep=()):
+        raise RuntimeError("drop_views broke")
+
+    monkeypatch.setattr(RankTrace, "drop_views", broken)
+    report = build_report(load_trace(job), threads=1, keep_views=False)
+    assert sorted((f.id, f.rank) for f in report.findings) == sorted((f.id, f.rank) for f in kept.findings)
+    assert [(f.analyzer, f.rank, f.error) for f in report.failures] == \
+        [("whatif", r, "RuntimeError: drop_views broke") for r in range(5)]
+
+
+def test_the_analyze_command_drops_views_and_a_library_caller_keeps_them(monkeypatch, capsys):
+    from kinetoscope import cli
+
+    asked = []
+    real = report_module.build_report
+    monkeypatch.setattr(report_module, "build_report", lambda *a, **kw: asked.append(kw) or real(*a, **kw))
+    assert cli.main(["analyze", str(SAMPLES[0])]) == 0
+    assert [kw.get("keep_views") for kw in asked] == [False]
+    assert real.__kwdefaults__["keep_views"] is True
+
+
+def test_a_per_rank_step_is_a_job_analyzers_trace_view():
+    with pytest.raises(ValueError, match="per_rank is a job analyzer's trace_view"):
+        registry_module.register("x", "x", scope="job", per_rank=lambda r: r)
+    with pytest.raises(ValueError, match="per_rank is a job analyzer's trace_view"):
+        registry_module.register("x", "x", scope="rank", per_rank=trace_view(lambda r: r))
+    assert "x" not in {a.key for a in registry_module.analyzers()}
