@@ -129,4 +129,3 @@ def test_rounding_overlaps_are_not_nesting_and_step_labels_are_thinned(tmp_path)
     v = timeline_view(r, width_px=1200)  # 20 labels fit
     assert len(v.steps) == 20 and list(v.steps["step"][:3]) == [0, 15, 30]
     assert int(v.spans[v.spans["row"] == "steps"]["spans"].sum()) == 300
-
