@@ -28,7 +28,8 @@ def _pandas_major() -> int | None:
         return None
     if spec is None or not spec.origin:
         return None
-    majors = {name.split("-")[1].split(".")[0] for name in (p.name for p in Path(spec.origin).parent.parent.glob("pandas-*.dist-info"))}
+    found = Path(spec.origin).parent.parent.glob("pandas-*.dist-info")
+    majors = {p.name.split("-")[1].split(".")[0] for p in found}
     return int(majors.pop()) if len(majors) == 1 and next(iter(majors)).isdigit() else None
 
 

@@ -3,6 +3,7 @@ each function does nothing. No imports beyond the standard library: the command 
 
 from __future__ import annotations
 
+import functools
 import sys
 from typing import Any
 
@@ -10,8 +11,10 @@ from typing import Any
 _M_ARENA_MAX = -8
 
 
+@functools.lru_cache(maxsize=1)
 def _glibc() -> Any | None:
-    """The interpreter's own C library when it is glibc on Linux, else None (macOS, Windows; musl lacks these)."""
+    """The interpreter's own C library when it is glibc on Linux, else None (macOS, Windows; musl lacks these);
+    looked up once per process."""
     if not sys.platform.startswith("linux"):
         return None
     import ctypes

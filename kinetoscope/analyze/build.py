@@ -56,14 +56,17 @@ class _Fields:
         per-field copies exist), so the split never holds both in full: a build's peak memory."""
         order = np.argsort(raw.f_id, kind="stable")
         bounds = np.searchsorted(raw.f_id[order], np.arange(len(F) + 1))
+
+        def split(name: str) -> dict[int, np.ndarray]:
+            column = getattr(raw, name)
+            if consume:
+                setattr(raw, name, column[:0].copy())  # the full column lives only until its split is made
+            return {f: column[order[bounds[f]:bounds[f + 1]]] for f in range(len(F))}
+
         if consume:
             raw.f_id = raw.f_id[:0].copy()
-        self._events = {f: raw.f_event[order[bounds[f]:bounds[f + 1]]] for f in range(len(F))}
-        if consume:
-            raw.f_event = raw.f_event[:0].copy()
-        self._values = {f: raw.f_value[order[bounds[f]:bounds[f + 1]]] for f in range(len(F))}
-        if consume:
-            raw.f_value = raw.f_value[:0].copy()
+        self._events = split("f_event")
+        self._values = split("f_value")
         self._position = np.empty(raw.n, dtype=np.int32 if raw.n < 2**31 else np.int64)
         self._rows: np.ndarray | None = None
         self._odd: dict[int, list[tuple[int, Any]]] = {}

@@ -122,7 +122,6 @@ def load_rank(path: Path, *, default_rank: int = 0, limits: LoadLimits = DEFAULT
                    or _reference(read_bytes(path, limits), path, limits))
     except scan.Unhandled as why:
         scanned = _reference(read_bytes(path, limits, fallback=str(why)), path, limits)
-    give_back_free_memory()  # the scan's spent buffers, before the tables take pages of their own
     trace = _rank_from_raw(*scanned, path, default_rank=default_rank, started=started)
     del scanned
     give_back_free_memory()  # the raw columns' pages, before the analyses allocate theirs

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import time
 import traceback
+from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -207,7 +208,7 @@ def build_report(trace: Trace, config: AnalysisConfig = DEFAULT_CONFIG, *, threa
     findings: list[Finding] = []
     results: dict[int, dict[str, AnalysisResult]] = {}
     failures: list[AnalyzerFailure] = []
-    timings: dict[str, float] = {}
+    timings: defaultdict[str, float] = defaultdict(float)
     registered = analyzers()
     per_rank = [a for a in registered if a.scope == "rank"]
     # the job analyzers' map steps, while each rank's views are at hand (one rank: nothing to reduce over)
@@ -239,7 +240,7 @@ def build_report(trace: Trace, config: AnalysisConfig = DEFAULT_CONFIG, *, threa
             lost: list[AnalyzerFailure] = []
             for a, future in zip(per_rank, futures):
                 res, failure, took = future.result()
-                timings[a.key] = timings.get(a.key, 0.0) + took
+                timings[a.key] += took
                 if failure is not None:  # one broken analyzer must not sink the report
                     lost.append(failure)
                     continue
@@ -247,7 +248,7 @@ def build_report(trace: Trace, config: AnalysisConfig = DEFAULT_CONFIG, *, threa
                 entry.update(res.metrics)
                 mine.extend(_capped(res.findings, entry))
             entry["replay"], failure, took = replay.result()
-            timings["replay"] = timings.get("replay", 0.0) + took
+            timings["replay"] += took
             if failure is not None:  # the what-if must not sink the report
                 lost.append(failure)
             estimating.append(pool.submit(_timed, "whatif", r.rank, _finish_rank, r, mine, maps, keep_views))
@@ -266,8 +267,8 @@ def build_report(trace: Trace, config: AnalysisConfig = DEFAULT_CONFIG, *, threa
             findings.extend(found)
             failures.extend(lost + more)
             for key, seconds in mapped.items():
-                timings[key] = timings.get(key, 0.0) + seconds
-            timings["estimates"] = timings.get("estimates", 0.0) + took - sum(mapped.values())
+                timings[key] += seconds
+            timings["estimates"] += took - sum(mapped.values())
     except BaseException:  # Ctrl-C (or a bug): the analyses not yet started are dropped, not waited for
         pool.shutdown(wait=False, cancel_futures=True)
         raise
@@ -278,7 +279,7 @@ def build_report(trace: Trace, config: AnalysisConfig = DEFAULT_CONFIG, *, threa
         if a.scope != "job":
             continue
         res, failure, took = _timed(a.key, None, a.fn, trace, config)
-        timings[a.key] = timings.get(a.key, 0.0) + took
+        timings[a.key] += took
         if failure is not None:
             failures.append(failure)
             continue
@@ -302,5 +303,5 @@ def build_report(trace: Trace, config: AnalysisConfig = DEFAULT_CONFIG, *, threa
         job_results=job_results,
         failures=tuple(failures),
         violations=tuple(violations),
-        timings_s=timings,
+        timings_s=dict(timings),
     )
