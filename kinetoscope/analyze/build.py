@@ -18,7 +18,7 @@ import pandas as pd
 from kinetoscope.analyze import schema
 from kinetoscope.analyze.parser import NOT_AN_OBJECT
 from kinetoscope.analyze.raw import INT64_MAX, INT64_MIN, F, RawColumns
-from kinetoscope.analyze.timeline import kind_mask
+from kinetoscope.analyze.timeline import codes_in, kind_mask
 from kinetoscope.analyze.trace import RankTrace, TraceMeta
 
 _STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
@@ -242,7 +242,7 @@ def build_events(raw: RawColumns, rows: np.ndarray, fields: _Fields) -> tuple[pd
     cat = _recode(_categorical(raw.cat[file_rows], raw.strings, order), schema.normalise_category)
     kind = _recode(cat, lambda c: schema.CATEGORY_KIND.get(c, "other"), categories=list(schema.KINDS))
     gpu_kinds = [list(schema.KINDS).index(k) for k in ("kernel", "memcpy", "memset", "gpu_annotation", "sync")]
-    is_gpu = np.isin(np.asarray(kind.codes), gpu_kinds)
+    is_gpu = codes_in(np.asarray(kind.codes), gpu_kinds)
     columns = {
         "ts_ns": ts_ns,
         "dur_ns": dur_ns,

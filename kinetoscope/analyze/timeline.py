@@ -75,8 +75,21 @@ def _set(frame: pd.DataFrame, w: Window) -> iv.Intervals:
 def kind_mask(frame: pd.DataFrame, kinds: tuple[str, ...] | list[str]) -> np.ndarray:
     """Rows whose ``kind`` is one of ``kinds``, compared on the categorical codes."""
     kind = frame["kind"].cat
-    codes = [i for i, k in enumerate(kind.categories) if k in kinds]
-    return np.isin(np.asarray(kind.codes), codes)
+    return codes_in(np.asarray(kind.codes), [i for i, k in enumerate(kind.categories) if k in kinds])
+
+
+def codes_in(codes: np.ndarray, wanted: list[int]) -> np.ndarray:
+    """``np.isin(codes, wanted)`` for a categorical's codes (-1: missing, never wanted), in one pass: a few
+    equality tests, or a lookup table for more (``isin`` sorts or masks, 5 ms on 700k int8 codes, where
+    three equality tests take 0.1 ms)."""
+    if len(wanted) <= 4:
+        out = np.zeros(len(codes), dtype=bool)
+        for c in wanted:
+            out |= codes == c
+        return out
+    table = np.zeros(max(wanted) + 2, dtype=bool)  # the last slot: codes past the largest wanted, and -1
+    table[wanted] = True
+    return table.take(np.minimum(codes, len(table) - 1, dtype=np.intp), mode="wrap")
 
 
 def name_mask(frame: pd.DataFrame, pattern: re.Pattern[str] | None = None, names: frozenset[str] | None = None,
@@ -85,9 +98,8 @@ def name_mask(frame: pd.DataFrame, pattern: re.Pattern[str] | None = None, names
     ``names``, tested once per distinct name."""
     name = frame["name"].cat
     test = (pattern.search if search else pattern.match) if pattern is not None else None
-    codes = [i for i, n in enumerate(name.categories)
-             if (test is not None and test(n)) or (names is not None and n in names)]
-    return np.isin(np.asarray(name.codes), codes)
+    return codes_in(np.asarray(name.codes), [i for i, n in enumerate(name.categories)
+                                              if (test is not None and test(n)) or (names is not None and n in names)])
 
 
 @trace_view
@@ -127,8 +139,7 @@ def any_gpu_busy(trace: RankTrace) -> iv.Intervals:
 def _tid_mask(frame: pd.DataFrame, tids: set[str] | frozenset[str]) -> np.ndarray:
     """Rows whose thread is one of ``tids``, compared on the categorical codes."""
     tid = frame["tid"].cat
-    codes = [i for i, t in enumerate(tid.categories) if str(t) in tids]
-    return np.isin(np.asarray(tid.codes), codes)
+    return codes_in(np.asarray(tid.codes), [i for i, t in enumerate(tid.categories) if str(t) in tids])
 
 
 @trace_view
@@ -429,12 +440,22 @@ def top_level(frame: pd.DataFrame) -> pd.DataFrame:
     """Events of one thread not nested inside another of them (sorted by start, longest first)."""
     if frame.empty:
         return frame
-    ts, dur = frame["ts_ns"].to_numpy(), frame["dur_ns"].to_numpy()
-    # by start, longest first at equal starts (stable): one numpy sort, one take of the frame
-    order = np.lexsort((-dur, ts))
-    ends = frame["end_ns"].to_numpy()[order]
-    prior_max = np.concatenate(([np.iinfo(np.int64).min], np.maximum.accumulate(ends)[:-1]))
-    return frame.iloc[order[ends > prior_max]]
+    ts, ends = frame["ts_ns"].to_numpy(), frame["end_ns"].to_numpy()
+    if len(ts) > 1 and (ts[1:] < ts[:-1]).any():
+        # by start, longest first at equal starts (stable): one numpy sort, one take of the frame
+        order = np.lexsort((-frame["dur_ns"].to_numpy(), ts))
+        ends = ends[order]
+        prior_max = np.concatenate(([np.iinfo(np.int64).min], np.maximum.accumulate(ends)[:-1]))
+        return frame.iloc[order[ends > prior_max]]
+    # time-ordered already (the tables are): of the events starting together, the longest (the first of equals)
+    # is the one that can be top level, when it ends after everything that started before
+    first = np.flatnonzero(np.concatenate(([True], ts[1:] != ts[:-1])))
+    group_end = np.maximum.reduceat(ends, first)
+    group = np.repeat(np.arange(len(first)), np.diff(np.append(first, len(ts))))
+    longest = np.flatnonzero(ends == group_end[group])
+    longest = longest[np.concatenate(([True], group[longest[1:]] != group[longest[:-1]]))]  # one per group
+    prior_max = np.concatenate(([np.iinfo(np.int64).min], np.maximum.accumulate(group_end)[:-1]))
+    return frame.iloc[longest[group_end > prior_max]]
 
 
 def intervals_of(frame: pd.DataFrame, w: Window) -> iv.Intervals:
