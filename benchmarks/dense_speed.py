@@ -4,7 +4,11 @@ run (reading the file; zlib alone decompressing the .gz), with peak RSS, the sta
 every analyzer. With ``--hta``, HolisticTraceAnalysis 0.5.0's whole process too (``TraceAnalysis`` load + temporal
 breakdown + idle-time breakdown, imports included, as for us), on the same plain JSON.
 
-    python benchmarks/dense_speed.py [--hta [--hta-python PYTHON]] [MB ...]      (default: 50 200 357)
+    python benchmarks/dense_speed.py [--hta [--hta-python PYTHON]] [--runs N] [MB ...]      (default: 50 200 357)
+
+Each whole process of ours runs N times (default 3) and the median is shown; beside them, the floors measured in
+the same run: the stack's start-up (interpreter, numpy, pandas), the compiled scanner alone on the file, reading
+the file, zlib alone on the .gz.
 
 HTA 0.5.0 under pandas 3 fails on traces of more than ~32k events of a kind (an int16 cast); ``--hta-python``
 runs it with another interpreter, e.g. a venv holding ``HolisticTraceAnalysis==0.5.0 "pandas<3"``.
@@ -13,6 +17,7 @@ runs it with another interpreter, e.g. a venv holding ``HolisticTraceAnalysis==0
 from __future__ import annotations
 
 import gzip
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -22,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from dense_trace import write_dense_trace  # noqa: E402
-from large_traces import HTA, whole  # noqa: E402  (the same HTA calls as the real-trace replicas get)
+from large_traces import HTA, whole, whole_runs  # noqa: E402  (the same HTA calls as the real-trace replicas get)
 
 MB_PER_STEP = 95.13 / 227  # dense_trace.py, 200 kernels per step
 
@@ -44,6 +49,15 @@ print(f"imports {t1 - t0:.2f} s, load {t2 - t1:.2f} s, analyses {t3 - t2:.2f} s 
 """
 
 
+#: the floor under any whole process of ours: the interpreter, numpy and pandas imported as the command imports them
+STACK = ("from kinetoscope.deps import import_pandas_without_pyarrow\n"
+         "import_pandas_without_pyarrow()\n"
+         "import numpy, pandas\n")
+#: the compiled scanner alone on the file (both threads), no tables, no analyses, pandas never imported
+SCAN = ("import sys\nfrom pathlib import Path\nfrom kinetoscope.analyze.scan import scan_file\n"
+        "scan_file(Path(sys.argv[1]))\n")
+
+
 def read_s(path: Path) -> float:
     t = time.perf_counter()
     with open(path, "rb") as fh:
@@ -61,10 +75,14 @@ def zlib_s(path: Path) -> float:
     return time.perf_counter() - t
 
 
-def main(sizes: list[float], hta: bool = False, hta_python: str = sys.executable) -> None:
-    print("| JSON | events | whole process, plain | MB/s | peak RSS / JSON | read file | .gz | whole process, .gz "
-          "| zlib alone | .gz / zlib |" + (" HTA whole process | HTA peak RSS / JSON | HTA / us |" if hta else ""))
-    print("|---|---|---|---|---|---|---|---|---|---|" + ("---|---|---|" if hta else ""))
+def main(sizes: list[float], hta: bool = False, hta_python: str = sys.executable, runs: int = 3) -> None:
+    stack, _, _ = whole_runs([sys.executable, "-c", STACK], runs)
+    print(f"Whole processes, medians of {runs} (HTA: one run). The stack's own start-up (interpreter, numpy and "
+          f"pandas as the command imports them), a floor under every row: {stack:.2f} s\n")
+    print("| JSON | events | whole process, plain | MB/s | peak RSS / JSON | scan alone | read file | .gz "
+          "| whole process, .gz | zlib alone | .gz / zlib |"
+          + (" HTA whole process | HTA peak RSS / JSON | HTA / us |" if hta else ""))
+    print("|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|---|" if hta else ""))
     details = []
     with tempfile.TemporaryDirectory() as tmp:
         for mb in sizes:
@@ -78,9 +96,10 @@ def main(sizes: list[float], hta: bool = False, hta_python: str = sys.executable
             events = steps * (1 + 200 * 7)
             read_s(plain)  # warm the page cache as a user's second run would find it
             r = read_s(plain)
-            w, rss = whole([sys.executable, "-m", "kinetoscope", "analyze", str(plain)])
-            z = zlib_s(gz)
-            wg, _ = whole([sys.executable, "-m", "kinetoscope", "analyze", str(gz)])
+            w, rss, _ = whole_runs([sys.executable, "-m", "kinetoscope", "analyze", str(plain)], runs)
+            alone, _, _ = whole_runs([sys.executable, "-c", SCAN, str(plain)], runs)
+            z = statistics.median(zlib_s(gz) for _ in range(runs))
+            wg, _, _ = whole_runs([sys.executable, "-m", "kinetoscope", "analyze", str(gz)], runs)
             versus = ""
             if hta:  # HTA reads a directory of traces: the plain file alone in one
                 alone = Path(tmp) / f"hta-{steps}"
@@ -93,7 +112,7 @@ def main(sizes: list[float], hta: bool = False, hta_python: str = sys.executable
                     versus = f" failed ({str(exc)[:40]}) | | |"
                 (alone / plain.name).unlink()
             print(f"| {size / 1e6:,.0f} MB | {events / 1e6:.2f}M | {w:.2f} s | {size / 1e6 / w:,.0f} | {rss / size:.2f}x "
-                  f"| {r:.2f} s | {gz.stat().st_size / 1e6:,.1f} MB | {wg:.2f} s | {z:.2f} s | {wg / z:.1f}x |{versus}",
+                  f"| {alone:.2f} s | {r:.2f} s | {gz.stat().st_size / 1e6:,.1f} MB | {wg:.2f} s | {z:.2f} s | {wg / z:.1f}x |{versus}",
                   flush=True)
             inside = subprocess.run([sys.executable, "-c", INSIDE, str(plain)], capture_output=True, text=True,
                                     check=True).stdout.strip()
@@ -112,5 +131,10 @@ if __name__ == "__main__":
         i = argv.index("--hta-python")
         python = argv[i + 1]
         del argv[i:i + 2]
+    runs = 3
+    if "--runs" in argv:
+        i = argv.index("--runs")
+        runs = int(argv[i + 1])
+        del argv[i:i + 2]
     sizes = [float(a) for a in argv if a != "--hta"]
-    main(sizes or [50.0, 200.0, 357.0], hta="--hta" in argv, hta_python=python)
+    main(sizes or [50.0, 200.0, 357.0], hta="--hta" in argv, hta_python=python, runs=runs)
