@@ -10,7 +10,7 @@ steps, taken off the step), what the report gave before the replay.
 Controls change something no finding addresses, or fix a finding that costs nothing on this machine: the
 findings must claim at most 5% of the step.
 
-Run: python benchmarks/whatif_pairs.py [--steps 60] [--repeat 3] [--only NAME] [--keep DIR]
+Run: python benchmarks/whatif_pairs.py [--active 60] [--steps N] [--repeat 3] [--only NAME] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -70,9 +70,9 @@ def median(values: list[float]) -> float:
     return v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2
 
 
-def capture(out: Path, knobs: list[str], steps: int) -> Path:
+def capture(out: Path, knobs: list[str], steps: int, active: int) -> Path:
     cmd = [sys.executable, "-m", "kinetoscope.cli", "capture", "--out", str(out), "--skip-first", "5", "--wait", "5",
-           "--warmup", "2", "--active", "20", "--no-telemetry", "--no-memory", "--", sys.executable, TRAIN,
+           "--warmup", "2", "--active", str(active), "--no-telemetry", "--no-memory", "--", sys.executable, TRAIN,
            "--steps", str(steps), *knobs]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
@@ -110,11 +110,14 @@ def control(before: Path) -> tuple[float, float, str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--active", type=int, default=60, help="profiled steps per run (default 60: a bursty loader's "
+                    "pattern repeats a few times in 20, and its mean moved by 10-15%% between runs)")
+    ap.add_argument("--steps", type=int, default=None, help="steps per run (default: the profiled ones + 20, at least 60)")
     ap.add_argument("--repeat", type=int, default=3, help="runs of each side; medians are reported (default 3)")
     ap.add_argument("--only", default=None, help="run the pairs whose name contains this")
     ap.add_argument("--keep", type=Path, default=None, help="keep the captures here")
     args = ap.parse_args()
+    args.steps = args.steps or max(60, args.active + 20)  # 5 skipped, 5 waited, 2 warm-up, then the profiled ones
     work = args.keep or Path(tempfile.mkdtemp(prefix="kinetoscope-whatif-"))
     rows: list[dict[str, Any]] = []
     try:
@@ -123,8 +126,8 @@ def main() -> None:
                 continue
             runs = []
             for rep in range(args.repeat):  # this VM's step times drift by 10-50% between runs: a median of runs
-                b = capture(work / f"pair{i}-before-{rep}", before_k, args.steps)
-                a = capture(work / f"pair{i}-after-{rep}", before_k + after_k, args.steps)
+                b = capture(work / f"pair{i}-before-{rep}", before_k, args.steps, args.active)
+                a = capture(work / f"pair{i}-after-{rep}", before_k + after_k, args.steps, args.active)
                 runs.append((*predict(b, fid, params), mean_step_us(build_report(load_trace(a)))))
             preds = [r[1] for r in runs if r[1] is not None]
             naives = [r[2] for r in runs if r[2] is not None]
@@ -144,8 +147,8 @@ def main() -> None:
                 continue
             runs = []
             for rep in range(args.repeat):
-                b = capture(work / f"control{i}-before-{rep}", before_k, args.steps)
-                a = capture(work / f"control{i}-after-{rep}", after_k, args.steps)
+                b = capture(work / f"control{i}-before-{rep}", before_k, args.steps, args.active)
+                a = capture(work / f"control{i}-after-{rep}", after_k, args.steps, args.active)
                 runs.append((*control(b), mean_step_us(build_report(load_trace(a)))))
             worst = max(runs, key=lambda r: r[1])
             rows.append({"pair": name, "finding": f"largest claim: {worst[2]}", "before_ms": median([r[0] for r in runs]) / 1000,

@@ -334,3 +334,29 @@ def test_telemetry_samples_land_in_the_trace_and_the_report(tmp_path, monkeypatc
     report = build_report(load_trace(tmp_path))
     tel = report.ranks[0]["telemetry"]["GPU 0 telemetry"]
     assert tel["power_w"]["mean"] == 250.0
+
+
+def test_effective_cores_is_all_threads_throughput_over_one_threads(monkeypatch):
+    """The probe's arithmetic, with the hashing replaced by known counts: one thread hashes 100 blocks in a phase;
+    two together 175 (cores that share a physical core) -> 1.75 cores; more than the thread count is not believed."""
+    from kinetoscope.capture import cores
+
+    def one_thread(seconds, start, counts, i):
+        counts[i] = 100
+
+    monkeypatch.setattr(cores, "_hash_for", one_thread)
+    monkeypatch.setattr(cores, "_together", lambda threads, seconds: 175)
+    assert cores.effective_cores(2) == 1.75
+    monkeypatch.setattr(cores, "_together", lambda threads, seconds: 260)
+    assert cores.effective_cores(2) == 2.0
+    assert cores.effective_cores(1) is None and cores.effective_cores(None) is None
+
+
+def test_effective_cores_runs_one_thread_per_cpu_up_to_the_cap(monkeypatch):
+    from kinetoscope.capture import cores
+
+    started = []
+    monkeypatch.setattr(cores, "_together", lambda threads, seconds: started.append(threads) or threads * 10)
+    monkeypatch.setattr(cores, "_hash_for", lambda seconds, start, counts, i: counts.__setitem__(i, 10))
+    assert cores.effective_cores(4) == 4.0 and started == [4, 4]
+    assert cores.effective_cores(500) == float(cores.MAX_THREADS) and started[-1] == cores.MAX_THREADS

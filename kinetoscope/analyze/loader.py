@@ -217,7 +217,7 @@ def _cut_short_step(path: Path, manifest_bytes: bytes | None) -> tuple[int, str]
 
 
 class _Facts(msgspec.Struct):
-    host: Union[dict[str, Union[int, None]], None] = None
+    host: Union[dict[str, Union[int, float, None]], None] = None  # cpus, cores_effective (measured), torch_threads
     dataloader: Union[dict[str, Union[int, bool, str, None]], None] = None
 
 

@@ -31,7 +31,7 @@ class TraceMeta:
     #: events we read but do not analyse, by phase/kind ("B": 12); never silently lost
     unhandled_events: dict[str, int] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
-    #: what the capture's manifest says about the run beside the trace: ``host`` (cpus, torch_threads) and
+    #: what the capture's manifest says about the run beside the trace: ``host`` (cpus, cores_effective, torch_threads) and
     #: ``dataloader`` (num_workers, prefetch_factor, persistent_workers, pin_memory, batch_size); {} if none
     capture: dict[str, Any] = field(default_factory=dict)
     n_events: int = 0

@@ -598,14 +598,24 @@ def _facts(trace: RankTrace) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def _workers_cpu_per_step(trace: RankTrace) -> float | None:
-    """The DataLoader workers' CPU time per step (ns, median over the run's steps after the first), from the
+    """The DataLoader workers' CPU time per step (ns, the mean over the run's steps after the first: CPU work adds
+    up, and the workers' batches land on alternate steps, so a median misses the expensive ones), from the
     capture's reading of their /proc schedstat; None where not recorded."""
     rs = trace.run_steps
     if rs is None or "workers_cpu_ns" not in rs:
         return None
     values = rs["workers_cpu_ns"].to_numpy(float)[1:]
     values = values[~np.isnan(values)]
-    return float(np.median(values)) if len(values) else None
+    return float(np.mean(values)) if len(values) else None
+
+
+def _cores_together(host: dict[str, Any], cpus: int) -> tuple[float, bool]:
+    """(how many cores' worth of compute the host's CPUs do when all are busy, whether that was measured): the
+    capture's probe (``cores_effective``) where it ran, else the CPU count."""
+    measured = host.get("cores_effective")
+    if isinstance(measured, (int, float)) and not isinstance(measured, bool) and 0 < measured <= cpus:
+        return float(measured), True
+    return float(cpus), False
 
 
 def _cpu_shares(trace: RankTrace) -> tuple[float | None, float | None]:
@@ -685,10 +695,15 @@ def plan_loader(trace: RankTrace, g: ReplayGraph, params: dict[str, Any]) -> Pla
         fix = LoaderFix(items=items, load_ns=load, workers=int(target), prefetch=prefetch, handoff_ns=handoff)
     floor = 0.0
     if single and cpus and load_cpu is not None and comp_cpu is not None:
-        # the loading's CPU work moves beside the training's: together they cannot outrun the CPUs
-        floor = (compute * comp_cpu + float(load.mean() if load is not None else 0) * load_cpu) / cpus
+        # the loading's CPU work moves beside the training's (which also takes each batch over): together they
+        # cannot outrun the CPUs, measured one at a time here, and worth fewer cores when all are busy
+        cores, measured = _cores_together(host, cpus)
+        floor = (compute * comp_cpu + float(load.mean() if load is not None else 0) * load_cpu + handoff) / cores
         assumptions.append(f"{cpus} CPUs shared: loading uses {load_cpu:.2f} cores while it runs, the training "
-                           f"{comp_cpu:.2f} (process CPU time per step, capture)")
+                           f"{comp_cpu:.2f} (process CPU time per step, capture), taking a batch over is CPU work; "
+                           + (f"all busy, they do {cores:.2f} cores' work (measured by the capture)" if measured else
+                              "all busy, they do as much as their count (not measured: cores that share a physical "
+                              "core do less)"))
     elif cpus and comp_cpu is not None and _workers_cpu_per_step(trace) is not None:
         # workers already: their CPU per batch (one batch per step) stays, spread over more of them
         wcpu = float(_workers_cpu_per_step(trace))  # type: ignore[arg-type]
@@ -696,8 +711,10 @@ def plan_loader(trace: RankTrace, g: ReplayGraph, params: dict[str, Any]) -> Pla
         assumptions.append(f"{cpus} CPUs shared: the workers use {wcpu / 1e6:.1f} ms of CPU per batch, the training "
                            f"{comp_cpu:.2f} cores while it computes (capture: process and worker CPU time)")
     elif load is not None:
-        assumptions.append("the workers get CPU cores of their own (" + (
-            "the host's cores are not recorded" if not cpus else "the workers' CPU use is not recorded") + ")")
+        assumptions.append("the workers get CPU cores of their own, and the training's host work keeps its recorded "
+                           "speed beside them (" + ("the host's cores are not recorded" if not cpus
+                                                    else "the workers' CPU use is not recorded")
+                           + "; workers competing with it for cores or memory bandwidth slow it)")
     assumptions.append("the per-batch loading cost stays what it was in the training process")
     return Plan(Edits(loader=fix, floor_step_ns=floor), "replay: DataLoader queue simulation", tuple(assumptions),
                 {"num_workers": int(target) if target is not None else None, "prefetch_factor": prefetch})

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, TypeVar
 
 from kinetoscope.capture._safety import log, never_raises, warn_once
+from kinetoscope.capture.cores import effective_cores
 from kinetoscope.capture.dist import RankInfo, rank_info
 from kinetoscope.capture.output import (
     TraceWriter,
@@ -389,8 +390,9 @@ def _schedstat_ns(pid: int) -> int | None:
 
 
 def _host_facts() -> dict[str, Any]:
-    """The CPUs this process may run on and torch's intra-op threads: what a what-if needs to judge whether
-    DataLoader workers would compete with the training for cores."""
+    """The CPUs this process may run on, how many cores' worth of work they do together (measured: ~0.2 s, once,
+    as the capture ends) and torch's intra-op threads: what a what-if needs to judge whether DataLoader workers
+    would compete with the training for cores."""
     try:
         cpus: int | None = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
@@ -402,7 +404,7 @@ def _host_facts() -> dict[str, Any]:
             threads = int(torch.get_num_threads())
         except Exception:  # noqa: BLE001
             threads = None
-    return {"cpus": cpus, "torch_threads": threads}
+    return {"cpus": cpus, "cores_effective": effective_cores(cpus), "torch_threads": threads}
 
 
 def profile_loop(iterable: Iterable[T], out_dir: str | os.PathLike[str] = "kinetoscope_traces", **options: Any) -> Iterator[T]:
