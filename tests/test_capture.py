@@ -360,3 +360,12 @@ def test_effective_cores_runs_one_thread_per_cpu_up_to_the_cap(monkeypatch):
     monkeypatch.setattr(cores, "_hash_for", lambda seconds, start, counts, i: counts.__setitem__(i, 10))
     assert cores.effective_cores(4) == 4.0 and started == [4, 4]
     assert cores.effective_cores(500) == float(cores.MAX_THREADS) and started[-1] == cores.MAX_THREADS
+
+
+def test_the_cores_probe_runs_only_in_a_job_of_one_process(monkeypatch):
+    """The ranks of a job end together: each would measure the others' probes, so none probes."""
+    from kinetoscope.capture import profiler
+
+    monkeypatch.setattr(profiler, "effective_cores", lambda cpus: 1.5)
+    assert profiler._host_facts(1)["cores_effective"] == 1.5
+    assert profiler._host_facts(8)["cores_effective"] is None

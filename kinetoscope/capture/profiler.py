@@ -375,7 +375,7 @@ class Profiler:
             "windows": [w for w in self.windows if (self.out_dir / w["trace"]).exists()],
             "ended_by": self._ended_by,
             "step_times": f"rank-{r}.steps.json",
-            "host": _host_facts(),
+            "host": _host_facts(self.rank.world_size),
             "dataloader": self._dataloader,
         })
 
@@ -389,9 +389,10 @@ def _schedstat_ns(pid: int) -> int | None:
         return None
 
 
-def _host_facts() -> dict[str, Any]:
+def _host_facts(world_size: int = 1) -> dict[str, Any]:
     """The CPUs this process may run on, how many cores' worth of work they do together (measured: ~0.2 s, once,
-    as the capture ends) and torch's intra-op threads: what a what-if needs to judge whether DataLoader workers
+    as the capture ends; only for a job of one process: the ranks of a job end together, and each would measure
+    the others' probes) and torch's intra-op threads: what a what-if needs to judge whether DataLoader workers
     would compete with the training for cores."""
     try:
         cpus: int | None = len(os.sched_getaffinity(0))
@@ -404,7 +405,8 @@ def _host_facts() -> dict[str, Any]:
             threads = int(torch.get_num_threads())
         except Exception:  # noqa: BLE001
             threads = None
-    return {"cpus": cpus, "cores_effective": effective_cores(cpus), "torch_threads": threads}
+    return {"cpus": cpus, "cores_effective": effective_cores(cpus) if world_size <= 1 else None,
+            "torch_threads": threads}
 
 
 def profile_loop(iterable: Iterable[T], out_dir: str | os.PathLike[str] = "kinetoscope_traces", **options: Any) -> Iterator[T]:
