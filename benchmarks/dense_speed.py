@@ -97,7 +97,7 @@ def main(sizes: list[float], hta: bool = False, hta_python: str = sys.executable
             read_s(plain)  # warm the page cache as a user's second run would find it
             r = read_s(plain)
             w, rss, _ = whole_runs([sys.executable, "-m", "kinetoscope", "analyze", str(plain)], runs)
-            alone, _, _ = whole_runs([sys.executable, "-c", SCAN, str(plain)], runs)
+            scan_s, _, _ = whole_runs([sys.executable, "-c", SCAN, str(plain)], runs)
             z = statistics.median(zlib_s(gz) for _ in range(runs))
             wg, _, _ = whole_runs([sys.executable, "-m", "kinetoscope", "analyze", str(gz)], runs)
             versus = ""
@@ -112,7 +112,7 @@ def main(sizes: list[float], hta: bool = False, hta_python: str = sys.executable
                     versus = f" failed ({str(exc)[:40]}) | | |"
                 (alone / plain.name).unlink()
             print(f"| {size / 1e6:,.0f} MB | {events / 1e6:.2f}M | {w:.2f} s | {size / 1e6 / w:,.0f} | {rss / size:.2f}x "
-                  f"| {alone:.2f} s | {r:.2f} s | {gz.stat().st_size / 1e6:,.1f} MB | {wg:.2f} s | {z:.2f} s | {wg / z:.1f}x |{versus}",
+                  f"| {scan_s:.2f} s | {r:.2f} s | {gz.stat().st_size / 1e6:,.1f} MB | {wg:.2f} s | {z:.2f} s | {wg / z:.1f}x |{versus}",
                   flush=True)
             inside = subprocess.run([sys.executable, "-c", INSIDE, str(plain)], capture_output=True, text=True,
                                     check=True).stdout.strip()
