@@ -362,10 +362,22 @@ def test_effective_cores_runs_one_thread_per_cpu_up_to_the_cap(monkeypatch):
     assert cores.effective_cores(500) == float(cores.MAX_THREADS) and started[-1] == cores.MAX_THREADS
 
 
-def test_the_cores_probe_runs_only_in_a_job_of_one_process(monkeypatch):
-    """The ranks of a job end together: each would measure the others' probes, so none probes."""
+def test_the_cores_probe_runs_only_in_a_job_of_one_process_that_ends_normally(monkeypatch, tmp_path):
+    """The ranks of a job end together: each would measure the others' probes, so none probes; nor does a run
+    ending early (a signal, a crash), which should go at once."""
     from kinetoscope.capture import profiler
+    from kinetoscope.capture.dist import RankInfo
 
     monkeypatch.setattr(profiler, "effective_cores", lambda cpus: 1.5)
-    assert profiler._host_facts(1)["cores_effective"] == 1.5
-    assert profiler._host_facts(8)["cores_effective"] is None
+
+    def host(world_size, ended_by):
+        p = profiler.Profiler(tmp_path / f"{world_size}-{ended_by}")
+        p.out_dir.mkdir()
+        p.rank = RankInfo(0, world_size, 0, "environment")
+        p._ended_by = ended_by
+        p._write_sidecars()
+        return json.loads((tmp_path / f"{world_size}-{ended_by}" / "rank-0.manifest.json").read_text())["host"]
+
+    assert host(1, None)["cores_effective"] == 1.5
+    assert host(8, None)["cores_effective"] is None
+    assert host(1, "SIGTERM")["cores_effective"] is None

@@ -375,7 +375,9 @@ class Profiler:
             "windows": [w for w in self.windows if (self.out_dir / w["trace"]).exists()],
             "ended_by": self._ended_by,
             "step_times": f"rank-{r}.steps.json",
-            "host": _host_facts(self.rank.world_size),
+            # the cores probe: only for a job of one process (a job's ranks end together and would measure each
+            # other's probes), and not when the run ends early (a signal, a crash: the process should go at once)
+            "host": _host_facts(probe=self.rank.world_size == 1 and self._ended_by is None),
             "dataloader": self._dataloader,
         })
 
@@ -389,10 +391,9 @@ def _schedstat_ns(pid: int) -> int | None:
         return None
 
 
-def _host_facts(world_size: int = 1) -> dict[str, Any]:
-    """The CPUs this process may run on, how many cores' worth of work they do together (measured: ~0.2 s, once,
-    as the capture ends; only for a job of one process: the ranks of a job end together, and each would measure
-    the others' probes) and torch's intra-op threads: what a what-if needs to judge whether DataLoader workers
+def _host_facts(probe: bool = False) -> dict[str, Any]:
+    """The CPUs this process may run on, how many cores' worth of work they do together (with ``probe``: measured
+    in ~0.2 s; else None) and torch's intra-op threads: what a what-if needs to judge whether DataLoader workers
     would compete with the training for cores."""
     try:
         cpus: int | None = len(os.sched_getaffinity(0))
@@ -405,7 +406,7 @@ def _host_facts(world_size: int = 1) -> dict[str, Any]:
             threads = int(torch.get_num_threads())
         except Exception:  # noqa: BLE001
             threads = None
-    return {"cpus": cpus, "cores_effective": effective_cores(cpus) if world_size <= 1 else None,
+    return {"cpus": cpus, "cores_effective": effective_cores(cpus) if probe else None,
             "torch_threads": threads}
 
 
