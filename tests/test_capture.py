@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import logging
+import os
 import subprocess
 import sys
 import time
@@ -338,13 +339,10 @@ def test_telemetry_samples_land_in_the_trace_and_the_report(tmp_path, monkeypatc
 
 def test_effective_cores_is_all_threads_throughput_over_one_threads(monkeypatch):
     """The probe's arithmetic, with the hashing replaced by known counts: one thread hashes 100 blocks in a phase;
-    two together 175 (cores that share a physical core) -> 1.75 cores; more than the thread count is not believed."""
+    two together 175 (cores that share a physical core) -> 1.75 cores; more than the CPU count is not believed."""
     from kinetoscope.capture import cores
 
-    def one_thread(seconds, start, counts, i):
-        counts[i] = 100
-
-    monkeypatch.setattr(cores, "_hash_for", one_thread)
+    monkeypatch.setattr(cores, "_alone", lambda seconds: 100)
     monkeypatch.setattr(cores, "_together", lambda threads, seconds: 175)
     assert cores.effective_cores(2) == 1.75
     monkeypatch.setattr(cores, "_together", lambda threads, seconds: 260)
@@ -352,32 +350,79 @@ def test_effective_cores_is_all_threads_throughput_over_one_threads(monkeypatch)
     assert cores.effective_cores(1) is None and cores.effective_cores(None) is None
 
 
-def test_effective_cores_runs_one_thread_per_cpu_up_to_the_cap(monkeypatch):
+def test_effective_cores_of_a_host_larger_than_the_thread_cap(monkeypatch):
+    """On 128 CPUs the probe runs 64 threads; at 0.9 of one thread's throughput each (57.6 threads' worth), the 128
+    CPUs do 115.2 cores' work."""
     from kinetoscope.capture import cores
 
     started = []
-    monkeypatch.setattr(cores, "_together", lambda threads, seconds: started.append(threads) or threads * 10)
-    monkeypatch.setattr(cores, "_hash_for", lambda seconds, start, counts, i: counts.__setitem__(i, 10))
-    assert cores.effective_cores(4) == 4.0 and started == [4, 4]
-    assert cores.effective_cores(500) == float(cores.MAX_THREADS) and started[-1] == cores.MAX_THREADS
+    monkeypatch.setattr(cores, "_alone", lambda seconds: 100)
+    monkeypatch.setattr(cores, "_together", lambda threads, seconds: started.append(threads) or threads * 90)
+    assert cores.effective_cores(128) == 115.2 and started == [cores.MAX_THREADS] * 2
+    assert cores.effective_cores(4) == 3.6 and started[-1] == 4
+
+
+def test_the_real_probe_counts_only_what_each_thread_hashed_inside_one_window():
+    """16 threads on this machine's few CPUs: the threads that get a CPU late count only what they finish inside
+    the window the last one opened, so together they never count more than the CPUs can do (a thread's own window,
+    started whenever it got a CPU, counted 3.6 cores' work on 2 CPUs)."""
+    from kinetoscope.capture import cores
+
+    one = cores._alone(0.02)
+    many = cores._together(16, 0.02)
+    assert many <= one * len(os.sched_getaffinity(0)) * 1.3, (one, many)
+
+
+def test_a_probe_thread_that_cannot_start_leaves_none_waiting(monkeypatch):
+    from kinetoscope.capture import cores
+
+    real_start, calls = cores.threading.Thread.start, []
+
+    def start(self):
+        calls.append(self)
+        if len(calls) == 2:
+            raise RuntimeError("can't start new thread")
+        real_start(self)
+
+    monkeypatch.setattr(cores.threading.Thread, "start", start)
+    t = time.perf_counter()
+    with pytest.raises(RuntimeError):
+        cores._together(4, 0.02)
+    assert time.perf_counter() - t < 2 and not calls[0].is_alive()  # the started one was released, not left waiting
 
 
 def test_the_cores_probe_runs_only_in_a_job_of_one_process_that_ends_normally(monkeypatch, tmp_path):
     """The ranks of a job end together: each would measure the others' probes, so none probes; nor does a run
-    ending early (a signal, a crash), which should go at once."""
+    ending early (a signal, a crash), which should go at once. A probe that fails, or is interrupted, leaves the
+    manifest written without it."""
     from kinetoscope.capture import profiler
     from kinetoscope.capture.dist import RankInfo
 
-    monkeypatch.setattr(profiler, "effective_cores", lambda cpus: 1.5)
-
-    def host(world_size, ended_by):
-        p = profiler.Profiler(tmp_path / f"{world_size}-{ended_by}")
+    def host(world_size, ended_by, probe=lambda cpus: 1.5):
+        monkeypatch.setattr(profiler, "effective_cores", probe)
+        out = tmp_path / f"{world_size}-{ended_by}-{len(list(tmp_path.iterdir()))}"
+        p = profiler.Profiler(out)
         p.out_dir.mkdir()
         p.rank = RankInfo(0, world_size, 0, "environment")
         p._ended_by = ended_by
-        p._write_sidecars()
-        return json.loads((tmp_path / f"{world_size}-{ended_by}" / "rank-0.manifest.json").read_text())["host"]
+        try:
+            p._write_sidecars()
+        finally:
+            manifest = json.loads((out / "rank-0.manifest.json").read_text())
+        assert manifest["steps_run"] == 0 and manifest["host"]["cpus"] >= 1
+        return manifest["host"]
 
     assert host(1, None)["cores_effective"] == 1.5
     assert host(8, None)["cores_effective"] is None
     assert host(1, "SIGTERM")["cores_effective"] is None
+
+    def broken(cpus):
+        raise RuntimeError("can't start new thread")
+
+    assert host(1, None, broken)["cores_effective"] is None
+
+    def interrupted(cpus):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):  # not swallowed: the script's own Ctrl-C handling still sees it
+        host(1, None, interrupted)

@@ -169,13 +169,27 @@ def test_loading_that_computes_competes_for_the_cpus(tmp_path):
 
 def test_cpus_that_do_less_together_make_the_cpu_floor_higher(tmp_path):
     """The same run, where the capture measured the 2 CPUs doing 1.6 cores' work when both are busy (two vCPUs
-    sharing a physical core): the 51 ms of CPU work per step needs 51 / 1.6 = 31.875 ms."""
+    sharing a physical core). The training's 10 ms on 2 CPUs already ran at that rate: 16 ms of work, not 20; the
+    decode's 30 ms ran alone on one; with the 1 ms hand-over, 47 ms of work per step at 1.6 cores: 29.375 ms."""
     b = waiting_steps(40_000, 30_000)
     out = _captured(tmp_path, b, {"num_workers": 0}, {"cpus": 2, "cores_effective": 1.6, "torch_threads": 2})
     _step_times(out, cpu_ns=30_000_000 + 20_000_000, wait_cpu_ns=30_000_000)
     est = whatif.estimate(load_trace(out).ranks[0], finding("loader_stall"), {"num_workers": 4})
-    assert est["step_us_after"] == pytest.approx(31_875, abs=1)
+    assert est["step_us_after"] == pytest.approx(29_375, abs=1)
     assert any("they do 1.60 cores' work (measured by the capture)" in a for a in est["assumptions"])
+
+
+@pytest.mark.parametrize("measured, why", [(True, "not measured"), ("1.6", "not measured"), (0.5, "was ignored"),
+                                           (2.5, "was ignored")])
+def test_a_cores_measure_that_cannot_be_right_is_not_used(tmp_path, measured, why):
+    """A bool, a string, fewer than one core's work or more than the CPU count: the floor over the 2 CPUs,
+    (20 + 30 + 1) / 2 = 25.5 ms, as without the measure, and the estimate says why."""
+    b = waiting_steps(40_000, 30_000)
+    out = _captured(tmp_path, b, {"num_workers": 0}, {"cpus": 2, "cores_effective": measured, "torch_threads": 2})
+    _step_times(out, cpu_ns=30_000_000 + 20_000_000, wait_cpu_ns=30_000_000)
+    est = whatif.estimate(load_trace(out).ranks[0], finding("loader_stall"), {"num_workers": 4})
+    assert est["step_us_after"] == pytest.approx(25_500, abs=1)
+    assert any("2 CPUs shared" in a and why in a for a in est["assumptions"])
 
 
 def test_workers_cpu_per_step_is_their_mean(tmp_path):

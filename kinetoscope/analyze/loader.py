@@ -217,7 +217,7 @@ def _cut_short_step(path: Path, manifest_bytes: bytes | None) -> tuple[int, str]
 
 
 class _Facts(msgspec.Struct):
-    host: Union[dict[str, Union[int, float, None]], None] = None  # cpus, cores_effective (measured), torch_threads
+    host: Union[dict[str, Any], None] = None  # cpus, cores_effective (measured), torch_threads: numbers kept
     dataloader: Union[dict[str, Union[int, bool, str, None]], None] = None
 
 
@@ -229,7 +229,10 @@ def _capture_facts(manifest_bytes: bytes | None) -> dict[str, Any]:
         facts = msgspec.json.decode(manifest_bytes, type=_Facts)
     except (msgspec.DecodeError, msgspec.ValidationError):
         return {}
-    return {k: v for k, v in (("host", facts.host), ("dataloader", facts.dataloader)) if v}
+    # one odd host field (a string, a bool, a list) is dropped, not the others with it
+    host = {k: v for k, v in (facts.host or {}).items()
+            if v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))}
+    return {k: v for k, v in (("host", host), ("dataloader", facts.dataloader)) if v}
 
 
 class _StepTimes(msgspec.Struct):

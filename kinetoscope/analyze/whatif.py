@@ -609,13 +609,17 @@ def _workers_cpu_per_step(trace: RankTrace) -> float | None:
     return float(np.mean(values)) if len(values) else None
 
 
-def _cores_together(host: dict[str, Any], cpus: int) -> tuple[float, bool]:
-    """(how many cores' worth of compute the host's CPUs do when all are busy, whether that was measured): the
-    capture's probe (``cores_effective``) where it ran, else the CPU count."""
+def _cores_together(host: dict[str, Any], cpus: int) -> tuple[float, str]:
+    """(how many cores' worth of compute the host's CPUs do when all are busy, what the estimate says of it): the
+    capture's probe (``cores_effective``) where it ran and gave 1 to ``cpus``, else the CPU count."""
     measured = host.get("cores_effective")
-    if isinstance(measured, (int, float)) and not isinstance(measured, bool) and 0 < measured <= cpus:
-        return float(measured), True
-    return float(cpus), False
+    if isinstance(measured, bool) or not isinstance(measured, (int, float)):
+        return float(cpus), ("all busy, they do as much as their count (not measured: cores that share a physical "
+                             "core do less)")
+    if not 1.0 <= measured <= cpus:
+        return float(cpus), (f"all busy, they do as much as their count (the capture's measure, {measured}, is "
+                             f"outside 1-{cpus} and was ignored)")
+    return float(measured), f"all busy, they do {measured:.2f} cores' work (measured by the capture)"
 
 
 def _cpu_shares(trace: RankTrace) -> tuple[float | None, float | None]:
@@ -696,16 +700,20 @@ def plan_loader(trace: RankTrace, g: ReplayGraph, params: dict[str, Any]) -> Pla
     floor = 0.0
     if single and cpus and load_cpu is not None and comp_cpu is not None:
         # the loading's CPU work moves beside the training's (which also takes each batch over): together they
-        # cannot outrun the CPUs, measured one at a time here, and worth fewer cores when all are busy
-        cores, measured = _cores_together(host, cpus)
-        floor = (compute * comp_cpu + float(load.mean() if load is not None else 0) * load_cpu + handoff) / cores
+        # cannot outrun the CPUs, which do fewer cores' work when all are busy. Work in cores' worth: what ran on
+        # more cores than they are worth together (a multi-threaded training) already ran at that rate, so it
+        # counts at most that many (its part of the floor never exceeds what was recorded)
+        cores, said = _cores_together(host, cpus)
+        work = (compute * min(comp_cpu, cores) + float(load.mean() if load is not None else 0) * min(load_cpu, cores)
+                + handoff)
+        floor = work / cores
         assumptions.append(f"{cpus} CPUs shared: loading uses {load_cpu:.2f} cores while it runs, the training "
                            f"{comp_cpu:.2f} (process CPU time per step, capture), taking a batch over is CPU work; "
-                           + (f"all busy, they do {cores:.2f} cores' work (measured by the capture)" if measured else
-                              "all busy, they do as much as their count (not measured: cores that share a physical "
-                              "core do less)"))
+                           + said)
     elif cpus and comp_cpu is not None and _workers_cpu_per_step(trace) is not None:
-        # workers already: their CPU per batch (one batch per step) stays, spread over more of them
+        # workers already: their CPU per batch (one batch per step) stays, spread over more of them. These CPU times
+        # were recorded with the workers and the training side by side, sharing the cores as they will after the
+        # fix, and the training's includes taking batches over: over the CPU count, with nothing added
         wcpu = float(_workers_cpu_per_step(trace))  # type: ignore[arg-type]
         floor = (compute * comp_cpu + wcpu) / cpus
         assumptions.append(f"{cpus} CPUs shared: the workers use {wcpu / 1e6:.1f} ms of CPU per batch, the training "

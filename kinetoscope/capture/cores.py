@@ -16,46 +16,72 @@ import time
 
 #: seconds each phase of the probe hashes for (two rounds of one thread, then all threads: ~0.2 s in all)
 PHASE_S = 0.04
-#: threads the probe starts at most (a 192-CPU host: 64 threads tell as much)
+#: threads the probe starts at most; on a larger host their per-thread efficiency is taken for every CPU
 MAX_THREADS = 64
 _BLOCK = bytes(range(256)) * 1024  # 256 KiB: hashlib gives the GIL up for the whole block
+#: a probe thread waits this long at most for the others to start (then the round is abandoned)
+START_TIMEOUT_S = 5.0
 
 
-def _hash_for(seconds: float, start: threading.Barrier | None, counts: list[int], i: int) -> None:
+def _hash_until(end: list[float], start: threading.Barrier | None, counts: list[int], i: int) -> None:
+    """Count the blocks hashed before ``end[0]`` (set when every thread has started): a thread that only gets a
+    CPU late counts only what it finished inside the shared window, so busy CPUs are never counted twice."""
     if start is not None:
-        start.wait()
-    end = time.perf_counter() + seconds
+        try:
+            start.wait()
+        except threading.BrokenBarrierError:  # another thread did not start: this round is abandoned
+            return
     n = 0
-    while time.perf_counter() < end:
+    while True:
         hashlib.sha256(_BLOCK).digest()
+        if time.perf_counter() > end[0]:
+            break
         n += 1
     counts[i] = n
 
 
+def _alone(seconds: float) -> int:
+    counts = [0]
+    _hash_until([time.perf_counter() + seconds], None, counts, 0)
+    return counts[0]
+
+
 def _together(threads: int, seconds: float) -> int:
     counts = [0] * threads
-    start = threading.Barrier(threads)
-    workers = [threading.Thread(target=_hash_for, args=(seconds, start, counts, i), daemon=True)
-               for i in range(threads)]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
+    end = [0.0]
+
+    def open_window() -> None:  # run by one thread as the last one arrives: one window for all
+        end[0] = time.perf_counter() + seconds
+
+    start = threading.Barrier(threads, action=open_window, timeout=START_TIMEOUT_S)
+    workers = [threading.Thread(target=_hash_until, args=(end, start, counts, i), daemon=True,
+                                name="kinetoscope-cores-probe") for i in range(threads)]
+    started = []
+    try:
+        for w in workers:
+            w.start()
+            started.append(w)
+    except BaseException:
+        start.abort()  # the started ones stop waiting
+        raise
+    finally:
+        for w in started:
+            w.join()
     return sum(counts)
 
 
 def effective_cores(cpus: int | None, seconds: float = PHASE_S) -> float | None:
-    """All threads' hashing throughput over one thread's, with one thread per CPU (at most MAX_THREADS); the best of
-    two rounds of each (a neighbour's burst only lowers a round). None for one CPU or an unknown count."""
+    """How many cores' work the ``cpus`` CPUs do when all are busy: all threads' hashing throughput over one
+    thread's, with one thread per CPU (at most MAX_THREADS, whose per-thread efficiency then stands for every
+    CPU); the best of two rounds of each (a neighbour's burst only lowers a round). None for one CPU or an unknown
+    count."""
     if not cpus or cpus < 2:
         return None
     threads = min(cpus, MAX_THREADS)
     one, many = 0, 0
     for _ in range(2):
-        counts = [0]
-        _hash_for(seconds, None, counts, 0)
-        one = max(one, counts[0])
+        one = max(one, _alone(seconds))
         many = max(many, _together(threads, seconds))
     if one == 0:
         return None
-    return round(min(float(threads), many / one), 2)
+    return round(min(float(cpus), many / one * cpus / threads), 2)

@@ -363,7 +363,7 @@ class Profiler:
             "workers_cpu_ns": self._step_workers_cpu_ns,
             "profiled": [self.schedule.is_active(i) for i in range(len(self._step_wall_ns))],
         })
-        write_manifest(self.out_dir, r, {
+        manifest = {
             "world_size": self.rank.world_size,
             "local_rank": self.rank.local_rank,
             "rank_source": self.rank.source,
@@ -375,11 +375,22 @@ class Profiler:
             "windows": [w for w in self.windows if (self.out_dir / w["trace"]).exists()],
             "ended_by": self._ended_by,
             "step_times": f"rank-{r}.steps.json",
-            # the cores probe: only for a job of one process (a job's ranks end together and would measure each
-            # other's probes), and not when the run ends early (a signal, a crash: the process should go at once)
-            "host": _host_facts(probe=self.rank.world_size == 1 and self._ended_by is None),
+            "host": _host_facts(),
             "dataloader": self._dataloader,
-        })
+        }
+        write_manifest(self.out_dir, r, manifest)
+        # then the cores probe, the manifest rewritten with it (a probe that fails or is interrupted loses nothing):
+        # only for a job of one process (a job's ranks end together and would measure each other's probes), and
+        # not when the run ends early (a signal, a crash: the process should go at once)
+        if self.rank.world_size == 1 and self._ended_by is None:
+            self._probe_cores(manifest)
+
+    @never_raises("cores probe")
+    def _probe_cores(self, manifest: dict[str, Any]) -> None:
+        cores = effective_cores(manifest["host"]["cpus"])
+        if cores is not None:
+            manifest["host"]["cores_effective"] = cores
+            write_manifest(self.out_dir, self.rank.rank, manifest)
 
 
 def _schedstat_ns(pid: int) -> int | None:
@@ -391,10 +402,10 @@ def _schedstat_ns(pid: int) -> int | None:
         return None
 
 
-def _host_facts(probe: bool = False) -> dict[str, Any]:
-    """The CPUs this process may run on, how many cores' worth of work they do together (with ``probe``: measured
-    in ~0.2 s; else None) and torch's intra-op threads: what a what-if needs to judge whether DataLoader workers
-    would compete with the training for cores."""
+def _host_facts() -> dict[str, Any]:
+    """The CPUs this process may run on, how many cores' worth of work they do together (None here: measured
+    after the manifest is first written, see ``Profiler._probe_cores``) and torch's intra-op threads: what a
+    what-if needs to judge whether DataLoader workers would compete with the training for cores."""
     try:
         cpus: int | None = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
@@ -406,8 +417,7 @@ def _host_facts(probe: bool = False) -> dict[str, Any]:
             threads = int(torch.get_num_threads())
         except Exception:  # noqa: BLE001
             threads = None
-    return {"cpus": cpus, "cores_effective": effective_cores(cpus) if probe else None,
-            "torch_threads": threads}
+    return {"cpus": cpus, "cores_effective": None, "torch_threads": threads}
 
 
 def profile_loop(iterable: Iterable[T], out_dir: str | os.PathLike[str] = "kinetoscope_traces", **options: Any) -> Iterator[T]:
