@@ -10,7 +10,6 @@ handle exactly like the reference (odd types, invalid JSON, ...), which then dec
 
 from __future__ import annotations
 
-import functools
 import gzip
 import io
 import os
@@ -51,13 +50,6 @@ except ImportError:  # not installed (it is a dependency; a platform without its
 #: bytes handed to the scanner per call; an event cut at the end is carried to the next chunk
 CHUNK_BYTES = 8 * 2**20
 _BOM = b"\xef\xbb\xbf"
-
-
-@functools.lru_cache(maxsize=1)
-def _decoder() -> Any:
-    import msgspec
-
-    return msgspec.json.Decoder()
 
 
 def available() -> bool:
@@ -347,7 +339,7 @@ def _metadata(items: list[tuple[str, bytes]]) -> dict[str, Any]:
     import msgspec  # here, not at the top: the scan starts ~12 ms sooner (a command imports this module first)
 
     try:
-        return {key: _decoder().decode(raw) for key, raw in items}
+        return {key: msgspec.json.decode(raw) for key, raw in items}
     except (msgspec.DecodeError, RecursionError) as exc:
         raise Unhandled(f"top-level metadata: {exc}") from None
 

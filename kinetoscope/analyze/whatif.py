@@ -611,9 +611,10 @@ def _workers_cpu_per_step(trace: RankTrace) -> float | None:
 
 def _cores_together(host: dict[str, Any], cpus: int) -> tuple[float, str]:
     """(how many cores' worth of compute the host's CPUs do when all are busy, what the estimate says of it): the
-    capture's probe (``cores_effective``) where it ran and gave 1 to ``cpus``, else the CPU count."""
+    capture's probe (``cores_effective``; the loader keeps only numbers) where it ran and gave 1 to ``cpus``, else
+    the CPU count."""
     measured = host.get("cores_effective")
-    if isinstance(measured, bool) or not isinstance(measured, (int, float)):
+    if measured is None:
         return float(cpus), ("all busy, they do as much as their count (not measured: cores that share a physical "
                              "core do less)")
     if not 1.0 <= measured <= cpus:
@@ -710,11 +711,10 @@ def plan_loader(trace: RankTrace, g: ReplayGraph, params: dict[str, Any]) -> Pla
         assumptions.append(f"{cpus} CPUs shared: loading uses {load_cpu:.2f} cores while it runs, the training "
                            f"{comp_cpu:.2f} (process CPU time per step, capture), taking a batch over is CPU work; "
                            + said)
-    elif cpus and comp_cpu is not None and _workers_cpu_per_step(trace) is not None:
+    elif cpus and comp_cpu is not None and (wcpu := _workers_cpu_per_step(trace)) is not None:
         # workers already: their CPU per batch (one batch per step) stays, spread over more of them. These CPU times
         # were recorded with the workers and the training side by side, sharing the cores as they will after the
         # fix, and the training's includes taking batches over: over the CPU count, with nothing added
-        wcpu = float(_workers_cpu_per_step(trace))  # type: ignore[arg-type]
         floor = (compute * comp_cpu + wcpu) / cpus
         assumptions.append(f"{cpus} CPUs shared: the workers use {wcpu / 1e6:.1f} ms of CPU per batch, the training "
                            f"{comp_cpu:.2f} cores while it computes (capture: process and worker CPU time)")
