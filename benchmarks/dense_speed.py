@@ -8,7 +8,9 @@ breakdown + idle-time breakdown, imports included, as for us), on the same plain
 
 Each whole process of ours runs N times (default 3) and the median is shown; beside them, the floors measured in
 the same run: the stack's start-up (interpreter, numpy, pandas), the compiled scanner alone on the file, reading
-the file, zlib alone on the .gz.
+the file, zlib alone on the .gz. A last table sets each process's CPU seconds (user + system, every thread) beside
+the CPU time a goal's wall time leaves on this machine's cores: no process ends sooner than its CPU work spread over
+every core.
 
 HTA 0.5.0 under pandas 3 fails on traces of more than ~32k events of a kind (an int16 cast); ``--hta-python``
 runs it with another interpreter, e.g. a venv holding ``HolisticTraceAnalysis==0.5.0 "pandas<3"``.
@@ -17,6 +19,7 @@ runs it with another interpreter, e.g. a venv holding ``HolisticTraceAnalysis==0
 from __future__ import annotations
 
 import gzip
+import os
 import statistics
 import subprocess
 import sys
@@ -50,12 +53,13 @@ print(f"imports {t1 - t0:.2f} s, load {t2 - t1:.2f} s, analyses {t3 - t2:.2f} s 
 
 
 #: the floor under any whole process of ours: the interpreter, numpy and pandas imported as the command imports them
-STACK = ("from kinetoscope.deps import import_pandas_without_pyarrow\n"
+STACK = ("import os\nos.environ.setdefault('OPENBLAS_NUM_THREADS', '1')\n"  # as the command sets it
+         "from kinetoscope.deps import import_pandas_without_pyarrow\n"
          "import_pandas_without_pyarrow()\n"
          "import numpy, pandas\n")
 #: the compiled scanner alone on the file (both threads), no tables, no analyses, pandas never imported
-SCAN = ("import sys\nfrom pathlib import Path\nfrom kinetoscope.analyze.scan import scan_file\n"
-        "scan_file(Path(sys.argv[1]))\n")
+SCAN = ("import os, sys\nos.environ.setdefault('OPENBLAS_NUM_THREADS', '1')\n"
+        "from pathlib import Path\nfrom kinetoscope.analyze.scan import scan_file\nscan_file(Path(sys.argv[1]))\n")
 
 
 def read_s(path: Path) -> float:
@@ -76,14 +80,15 @@ def zlib_s(path: Path) -> float:
 
 
 def main(sizes: list[float], hta: bool = False, hta_python: str = sys.executable, runs: int = 3) -> None:
-    stack, _, _ = whole_runs([sys.executable, "-c", STACK], runs)
+    stack, _, _, stack_cpu = whole_runs([sys.executable, "-c", STACK], runs)
+    cpus = os.cpu_count() or 1
     print(f"Whole processes, medians of {runs} (HTA: one run). The stack's own start-up (interpreter, numpy and "
           f"pandas as the command imports them), a floor under every row: {stack:.2f} s\n")
     print("| JSON | events | whole process, plain | MB/s | peak RSS / JSON | scan alone | read file | .gz "
           "| whole process, .gz | zlib alone | .gz / zlib |"
           + (" HTA whole process | HTA peak RSS / JSON | HTA / us |" if hta else ""))
     print("|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|---|" if hta else ""))
-    details = []
+    details, cpu_rows = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for mb in sizes:
             steps = max(1, round(mb / MB_PER_STEP))
@@ -96,10 +101,11 @@ def main(sizes: list[float], hta: bool = False, hta_python: str = sys.executable
             events = steps * (1 + 200 * 7)
             read_s(plain)  # warm the page cache as a user's second run would find it
             r = read_s(plain)
-            w, rss, _ = whole_runs([sys.executable, "-m", "kinetoscope", "analyze", str(plain)], runs)
-            scan_s, _, _ = whole_runs([sys.executable, "-c", SCAN, str(plain)], runs)
+            w, rss, _, cpu = whole_runs([sys.executable, "-m", "kinetoscope", "analyze", str(plain)], runs)
+            scan_s, _, _, scan_cpu = whole_runs([sys.executable, "-c", SCAN, str(plain)], runs)
             z = statistics.median(zlib_s(gz) for _ in range(runs))
-            wg, _, _ = whole_runs([sys.executable, "-m", "kinetoscope", "analyze", str(gz)], runs)
+            wg, _, _, gz_cpu = whole_runs([sys.executable, "-m", "kinetoscope", "analyze", str(gz)], runs)
+            cpu_rows.append((size, w, cpu, scan_cpu, wg, gz_cpu, z))
             versus = ""
             if hta:  # HTA reads a directory of traces: the plain file alone in one
                 alone = Path(tmp) / f"hta-{steps}"
@@ -122,6 +128,18 @@ def main(sizes: list[float], hta: bool = False, hta_python: str = sys.executable
     print()
     for line in details:
         print(line)
+    # What the goals ask of the CPUs: a process cannot end sooner than its CPU work spread over every core. The
+    # goals' wall times, times the cores, are the CPU seconds they leave for the whole process.
+    print(f"\nCPU seconds (user + system, every thread; medians of {runs}) against what the goals leave on {cpus} "
+          f"cores. The stack's start-up alone: {stack_cpu:.2f} CPU s.\n")
+    print("| JSON | plain: wall | CPU | cores busy | goal 300 MB/s: wall | CPU it leaves | .gz: wall | CPU "
+          "| goal 1.5x zlib: wall | CPU it leaves | scan alone: CPU |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for size, w, cpu, scan_cpu, wg, gz_cpu, z in cpu_rows:
+        goal, goal_gz = size / 300e6, 1.5 * z
+        plain_goal = f"{goal:.2f} s | {goal * cpus:.2f} s" if size >= 200e6 else "(from 200 MB) | "
+        print(f"| {size / 1e6:,.0f} MB | {w:.2f} s | {cpu:.2f} s | {cpu / w:.2f} | {plain_goal} "
+              f"| {wg:.2f} s | {gz_cpu:.2f} s | {goal_gz:.2f} s | {goal_gz * cpus:.2f} s | {scan_cpu:.2f} s |")
 
 
 if __name__ == "__main__":

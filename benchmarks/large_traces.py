@@ -111,24 +111,31 @@ WRAP = ("import subprocess, sys, time, resource\n"
         "t = time.perf_counter()\n"
         "p = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)\n"
         "w = time.perf_counter() - t\n"
-        "print(w, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024, p.returncode)\n")
+        "u = resource.getrusage(resource.RUSAGE_CHILDREN)\n"
+        "print(w, u.ru_maxrss * 1024, p.returncode, u.ru_utime + u.ru_stime)\n")
 
 
-def whole_runs(cmd: list[str], runs: int) -> tuple[float, int, list[float]]:
-    """``whole`` run ``runs`` times in a row: (the median wall seconds, the largest peak RSS, every run's seconds).
-    On a small shared machine one run moves by 15-25%; the median of three is what a table should show."""
-    seen = [whole(cmd) for _ in range(max(1, runs))]
-    walls = sorted(w for w, _ in seen)
-    return statistics.median(walls), max(r for _, r in seen), walls
+def whole_runs(cmd: list[str], runs: int) -> tuple[float, int, list[float], float]:
+    """``whole`` run ``runs`` times in a row: (the median wall seconds, the largest peak RSS, every run's seconds,
+    the median CPU seconds). On a small shared machine one run moves by 15-25%; the median of three is what a table
+    should show."""
+    seen = [whole_cpu(cmd) for _ in range(max(1, runs))]
+    walls = sorted(w for w, _, _ in seen)
+    return statistics.median(walls), max(r for _, r, _ in seen), walls, statistics.median(c for _, _, c in seen)
 
 
 def whole(cmd: list[str]) -> tuple[float, int]:
     """(wall seconds, peak RSS) of the command's whole process, as a user times it (exit 3, a --fail-on gate, is
     a success here)."""
+    return whole_cpu(cmd)[:2]
+
+
+def whole_cpu(cmd: list[str]) -> tuple[float, int, float]:
+    """``whole``, and the CPU seconds (user + system, every thread) the process spent."""
     out = subprocess.run([sys.executable, "-c", WRAP, *cmd], capture_output=True, text=True, check=True).stdout.split()
     if out[2] not in ("0", "3"):
         raise RuntimeError(f"{cmd} exited {out[2]}")
-    return float(out[0]), int(out[1])
+    return float(out[0]), int(out[1]), float(out[3])
 
 
 def main() -> None:
@@ -159,7 +166,7 @@ def main() -> None:
             trace = job / "rank-0.json"
             size = replicate(args.source, k, trace, args.layout)
             ks_s, _ = run(KINETOSCOPE, str(trace))
-            ks_whole, ks_rss, _ = whole_runs([sys.executable, "-m", "kinetoscope", "analyze", str(trace)], args.runs)
+            ks_whole, ks_rss, _, _ = whole_runs([sys.executable, "-m", "kinetoscope", "analyze", str(trace)], args.runs)
             hta = f"not run | | | | {ks_s:.2f} | |"  # the HTA columns, then ours inside, then HTA's
             if not args.no_hta:
                 try:
