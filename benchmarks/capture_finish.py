@@ -80,7 +80,7 @@ def main() -> None:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="kinetoscope-finish-") as tmp:
         raw = Path(tmp) / "raw.json"
-        print(f"| way | raw export | training thread stall s | total s | extra memory MB |")
+        print("| way | raw export | training thread stall s | total s | extra memory MB |")
         print("|---|---|---|---|---|")
         for way, code in (("old", OLD), ("new", NEW)):
             if args.only and way != args.only:

@@ -68,7 +68,7 @@ class TreeMemory:
         self._thread.join()
 
 
-def main() -> None:
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ranks", type=int, default=1024)
     ap.add_argument("--workers", type=int, default=2)
@@ -81,6 +81,18 @@ def main() -> None:
     store = args.dir / f"store-{args.ranks}"
     shutil.rmtree(store, ignore_errors=True)
     truth_path = args.dir / f"job-{args.ranks}.truth"
+    try:
+        return run(args, job, store, truth_path)
+    finally:  # tens of GB: removed on failure too
+        if not args.keep:
+            shutil.rmtree(job, ignore_errors=True)
+            truth_path.unlink(missing_ok=True)
+            shutil.rmtree(store, ignore_errors=True)
+
+
+def run(args: argparse.Namespace, job: Path, store: Path, truth_path: Path) -> int:
+    """Generate the job (unless kept from a run with --keep), batch it, and check what the store holds against
+    the planted truth: 0 when the straggler, its cause and every skew were found, 1 otherwise."""
     if not truth_path.exists():
         t0 = time.perf_counter()
         size = write_job(job, args.ranks, args.steps, args.kernels)
@@ -96,7 +108,12 @@ def main() -> None:
     out, _ = proc.communicate()
     mem.stop()
     wall = time.perf_counter() - started
-    print(out.strip().splitlines()[-3:] and "\n".join(out.strip().splitlines()[-3:]))
+    tail = out.strip().splitlines()[-3:]
+    if tail:
+        print("\n".join(tail))
+    if proc.returncode != 0:
+        print(f"kinetoscope batch exited {proc.returncode}: no numbers")
+        return 1
     print(f"batch: {wall:.0f} s wall, {args.ranks / wall * 60:,.0f} ranks per minute, "
           f"{size / wall / 1e6:,.0f} MB of JSON per second, {args.workers} workers")
     peaks = sorted(((role, rss) for role, rss in mem.peak.values()), key=lambda x: (x[0], -x[1]))
@@ -127,7 +144,9 @@ def main() -> None:
               "ORDER BY rank")
     print(f"store (read with DuckDB): {ok} ranks ok, {failed} failed; jobs row: {jobs}")
     ref = truth["skew_us"][str(ranks[0][0])] if ranks else 0.0
-    errors = [abs((skew or 0.0) - (truth["skew_us"][str(r)] - ref)) for r, skew, _, _ in ranks]
+    # a skew the reduce could not measure (null) is a miss, never an error of 0
+    errors = [abs(skew - (truth["skew_us"][str(r)] - ref)) if skew is not None else float("inf")
+              for r, skew, _, _ in ranks]
     waited = {w for _, _, _, w in ranks if w is not None}
     print(f"planted: straggler rank {truth['straggler']} ({truth['cause']}, {truth['late_us']:.0f} us late every step); "
           f"clock skews within +-1.02 ms")
@@ -137,11 +156,12 @@ def main() -> None:
               f"{matched} collectives matched, {unmatched} unmatched; ranks waited for: {sorted(waited)}")
         print(f"         clock skews: {len(errors)} ranks, largest error {max(errors):.3f} us "
               f"(largest skew {max_skew:,.0f} us); reduce over {len(ranks)} summaries in {reduce_s:.2f} s")
-    if not args.keep:
-        shutil.rmtree(job, ignore_errors=True)
-        truth_path.unlink(missing_ok=True)
-        shutil.rmtree(store, ignore_errors=True)
+    found = bool(jobs) and jobs[0][0] == truth["straggler"] and jobs[0][1] == truth["cause"]
+    exact = len(errors) == args.ranks and failed == 0 and max(errors, default=float("inf")) < 1.0
+    print(f"verdict: straggler and cause {'found' if found else 'MISSED'}; skews "
+          f"{'all within 1 us' if exact else 'MISSED (a rank missing, failed, unmeasured or off by 1 us or more)'}")
+    return 0 if found and exact else 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

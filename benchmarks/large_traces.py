@@ -22,7 +22,6 @@ import argparse
 import gzip
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -117,22 +116,23 @@ WRAP = ("import subprocess, sys, time, resource\n"
 
 def whole_runs(cmd: list[str], runs: int) -> tuple[float, int, list[float], float]:
     """``whole`` run ``runs`` times in a row: (the median wall seconds, the largest peak RSS, every run's seconds,
-    the median CPU seconds). On a small shared machine one run moves by 15-25%; the median of three is what a table
-    should show."""
-    seen = [whole_cpu(cmd) for _ in range(max(1, runs))]
-    walls = sorted(w for w, _, _ in seen)
-    return statistics.median(walls), max(r for _, r, _ in seen), walls, statistics.median(c for _, _, c in seen)
+    the CPU seconds of the run whose wall time is the median). On a small shared machine one run moves by 15-25%;
+    the median of three is what a table should show."""
+    seen = sorted(whole_cpu(cmd) for _ in range(max(1, runs)))
+    middle = seen[(len(seen) - 1) // 2]  # a run's own wall and CPU, so that their ratio means something
+    return middle[0], max(r for _, r, _ in seen), [w for w, _, _ in seen], middle[2]
 
 
-def whole(cmd: list[str]) -> tuple[float, int]:
+def whole(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, int]:
     """(wall seconds, peak RSS) of the command's whole process, as a user times it (exit 3, a --fail-on gate, is
     a success here)."""
-    return whole_cpu(cmd)[:2]
+    return whole_cpu(cmd, env)[:2]
 
 
-def whole_cpu(cmd: list[str]) -> tuple[float, int, float]:
+def whole_cpu(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, int, float]:
     """``whole``, and the CPU seconds (user + system, every thread) the process spent."""
-    out = subprocess.run([sys.executable, "-c", WRAP, *cmd], capture_output=True, text=True, check=True).stdout.split()
+    out = subprocess.run([sys.executable, "-c", WRAP, *cmd], capture_output=True, text=True, check=True,
+                         env=env).stdout.split()
     if out[2] not in ("0", "3"):
         raise RuntimeError(f"{cmd} exited {out[2]}")
     return float(out[0]), int(out[1]), float(out[3])
