@@ -7,7 +7,8 @@ breakdown + idle-time breakdown, imports included, as for us), on the same plain
     python benchmarks/dense_speed.py [--hta [--hta-python PYTHON]] [--runs N] [MB ...]      (default: 50 200 357)
 
 Each whole process of ours runs N times (default 3) and the median is shown; beside them, the floors measured in
-the same run: the stack's start-up (interpreter, numpy, pandas), the compiled scanner alone on the file, reading
+the same run: the stack's start-up (interpreter, numpy, pandas), the scan process (the interpreter, numpy and the
+compiled scanner on the file), reading
 the file, zlib alone on the .gz. A last table sets each process's CPU seconds (user + system, every thread) beside
 the CPU time a goal's wall time leaves on this machine's cores: no process ends sooner than its CPU work spread over
 every core.
@@ -90,7 +91,7 @@ def main(sizes: list[float], hta: bool = False, hta_python: str = sys.executable
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     print(f"Whole processes, medians of {runs} (HTA: one run). The stack's own start-up (interpreter, numpy and "
           f"pandas as the command imports them), a floor under every row: {stack:.2f} s\n")
-    print("| JSON | events | whole process, plain | MB/s | peak RSS / JSON | scan alone | read file | .gz "
+    print("| JSON | events | whole process, plain | MB/s | peak RSS / JSON | scan process | read file | .gz "
           "| whole process, .gz | zlib alone | .gz / zlib |"
           + (" HTA whole process | HTA peak RSS / JSON | HTA / us |" if hta else ""))
     print("|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|---|" if hta else ""))

@@ -116,8 +116,9 @@ WRAP = ("import subprocess, sys, time, resource\n"
 
 def whole_runs(cmd: list[str], runs: int) -> tuple[float, int, list[float], float]:
     """``whole`` run ``runs`` times in a row: (the median wall seconds, the largest peak RSS, every run's seconds,
-    the CPU seconds of the run whose wall time is the median). On a small shared machine one run moves by 15-25%;
-    the median of three is what a table should show."""
+    the CPU seconds of the run whose wall time is the median). With an even count the median is the lower of the
+    two middle runs: one run's own wall and CPU. On a small shared machine one run moves by 15-25%; the median of
+    three is what a table should show."""
     seen = sorted(whole_cpu(cmd) for _ in range(max(1, runs)))
     middle = seen[(len(seen) - 1) // 2]  # a run's own wall and CPU, so that their ratio means something
     return middle[0], max(r for _, r, _ in seen), [w for w, _, _ in seen], middle[2]
