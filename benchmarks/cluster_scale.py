@@ -151,6 +151,7 @@ def run(args: argparse.Namespace, job: Path, store: Path, truth_path: Path) -> i
     # a skew the reduce could not measure (null) is a miss, never an error of 0
     errors = [abs(skew - (truth["skew_us"][str(r)] - ref)) if skew is not None else float("inf")
               for r, skew, _, _ in ranks]
+    worst = max(errors, default=float("inf"))
     waited = {w for _, _, _, w in ranks if w is not None}
     print(f"planted: straggler rank {truth['straggler']} ({truth['cause']}, {truth['late_us']:.0f} us late every step); "
           f"clock skews within +-1.02 ms")
@@ -158,10 +159,10 @@ def run(args: argparse.Namespace, job: Path, store: Path, truth_path: Path) -> i
         srank, cause, wait_us, matched, unmatched, max_skew, reduce_s = jobs[0]
         print(f"found:   straggler rank {srank} ({cause}), the others wait {wait_us:.1f} us per step for it; "
               f"{matched} collectives matched, {unmatched} unmatched; ranks waited for: {sorted(waited)}")
-        print(f"         clock skews: {len(errors)} ranks, largest error {max(errors, default=float('inf')):.3f} us "
+        print(f"         clock skews: {len(errors)} ranks, largest error {worst:.3f} us "
               f"(largest skew {max_skew:,.0f} us); reduce over {len(ranks)} summaries in {reduce_s:.2f} s")
     found = bool(jobs) and jobs[0][0] == truth["straggler"] and jobs[0][1] == truth["cause"]
-    exact = len(errors) == args.ranks and failed == 0 and max(errors, default=float("inf")) < 1.0
+    exact = len(errors) == args.ranks and failed == 0 and worst < 1.0
     print(f"verdict: straggler and cause {'found' if found else 'MISSED'}; skews "
           f"{'all within 1 us' if exact else 'MISSED (a rank missing, failed, unmeasured or off by 1 us or more)'}")
     return 0 if found and exact else 1

@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from dense_trace import write_dense_trace  # noqa: E402
-from large_traces import HTA, whole, whole_runs  # noqa: E402  (the same HTA calls as the real-trace replicas get)
+from large_traces import HTA, TOOL_ENV, whole, whole_runs  # noqa: E402  (the same HTA calls as the real-trace replicas get)
 
 MB_PER_STEP = 95.13 / 227  # dense_trace.py, 200 kernels per step
 
@@ -54,17 +54,14 @@ print(f"imports {t1 - t0:.2f} s, load {t2 - t1:.2f} s, analyses {t3 - t2:.2f} s 
 
 
 #: the floor under any whole process of ours: the interpreter, numpy and pandas imported as the command imports them
-STACK = ("import os\nos.environ.setdefault('OPENBLAS_NUM_THREADS', '1')\n"  # as the command sets it
-         "from kinetoscope.deps import import_pandas_without_pyarrow\n"
+STACK = ("from kinetoscope.deps import import_pandas_without_pyarrow\n"
          "import_pandas_without_pyarrow()\n"
          "import numpy, pandas\n")
-#: the compiled scanner alone on the file (both threads), no tables, no analyses, pandas never imported
-SCAN = ("import os, sys\nos.environ.setdefault('OPENBLAS_NUM_THREADS', '1')\n"
-        "from pathlib import Path\nfrom kinetoscope.analyze.scan import scan_file\nscan_file(Path(sys.argv[1]))\n")
+#: the scan process: the interpreter, numpy and the compiled scanner on the file (both threads); no tables, no pandas
+SCAN = ("import sys\nfrom pathlib import Path\nfrom kinetoscope.analyze.scan import scan_file\nscan_file(Path(sys.argv[1]))\n")
 #: the CPU seconds of scan_file alone, inside a process that has imported what it needs first (numpy, msgspec):
 #: the scan process above also pays for starting the interpreter and those imports
-SCAN_CPU = ("import os, sys, time\nos.environ.setdefault('OPENBLAS_NUM_THREADS', '1')\n"
-            "import numpy, msgspec\nfrom pathlib import Path\nfrom kinetoscope.analyze import raw\n"
+SCAN_CPU = ("import sys, time\nimport numpy, msgspec\nfrom pathlib import Path\nfrom kinetoscope.analyze import raw\n"
             "from kinetoscope.analyze.scan import scan_file\n"
             "t = time.process_time()\nscan_file(Path(sys.argv[1]))\nprint(time.process_time() - t)\n")
 
@@ -112,7 +109,7 @@ def main(sizes: list[float], hta: bool = False, hta_python: str = sys.executable
             scan_s, _, _, scan_cpu = whole_runs([sys.executable, "-c", SCAN, str(plain)], runs)
             scanner_cpu = statistics.median(
                 float(subprocess.run([sys.executable, "-c", SCAN_CPU, str(plain)], capture_output=True, text=True,
-                                     check=True).stdout) for _ in range(runs))
+                                     check=True, env=TOOL_ENV).stdout) for _ in range(runs))
             z = statistics.median(zlib_s(gz) for _ in range(runs))
             wg, _, _, gz_cpu = whole_runs([sys.executable, "-m", "kinetoscope", "analyze", str(gz)], runs)
             cpu_rows.append((size, w, cpu, scan_cpu, scanner_cpu, wg, gz_cpu, z))
@@ -122,8 +119,7 @@ def main(sizes: list[float], hta: bool = False, hta_python: str = sys.executable
                 alone.mkdir()
                 (alone / plain.name).hardlink_to(plain)
                 try:
-                    # with the environment the command sets for itself, as large_traces.py runs HTA
-                    hw, hrss = whole([hta_python, "-c", HTA, str(alone)], {**os.environ, "OPENBLAS_NUM_THREADS": "1"})
+                    hw, hrss = whole([hta_python, "-c", HTA, str(alone)])
                     versus = f" {hw:.1f} s | {hrss / size:.2f}x | **{hw / w:.1f}x** |"
                 except (RuntimeError, subprocess.CalledProcessError) as exc:
                     versus = f" failed ({str(exc)[:40]}) | | |"

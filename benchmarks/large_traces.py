@@ -95,16 +95,18 @@ def run(code: str, arg: str) -> tuple[float, int]:
 def run_whole(code: str, arg: str, python: str = sys.executable) -> tuple[float, float, int]:
     """(the whole process's wall seconds as a user times it, imports and interpreter included; the seconds the
     code timed inside; peak RSS)."""
-    # both tools with the environment `kinetoscope analyze` sets for itself (no spinning BLAS threads)
-    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}
     started = time.perf_counter()
-    proc = subprocess.run([python, "-c", code, arg], capture_output=True, text=True, timeout=3600, env=env)
+    proc = subprocess.run([python, "-c", code, arg], capture_output=True, text=True, timeout=3600, env=TOOL_ENV)
     wall = time.perf_counter() - started
     if proc.returncode != 0:
         raise RuntimeError(proc.stderr[-500:])
     seconds, rss = proc.stdout.split()[-2:]
     return wall, float(seconds), int(rss)
 
+
+#: every timed process gets the environment `kinetoscope analyze` sets for itself (no spinning BLAS threads):
+#: HTA, the floors, and our command (where it changes nothing)
+TOOL_ENV = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}
 
 WRAP = ("import subprocess, sys, time, resource\n"
         "t = time.perf_counter()\n"
@@ -124,16 +126,16 @@ def whole_runs(cmd: list[str], runs: int) -> tuple[float, int, list[float], floa
     return middle[0], max(r for _, r, _ in seen), [w for w, _, _ in seen], middle[2]
 
 
-def whole(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, int]:
+def whole(cmd: list[str]) -> tuple[float, int]:
     """(wall seconds, peak RSS) of the command's whole process, as a user times it (exit 3, a --fail-on gate, is
     a success here)."""
-    return whole_cpu(cmd, env)[:2]
+    return whole_cpu(cmd)[:2]
 
 
-def whole_cpu(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, int, float]:
+def whole_cpu(cmd: list[str]) -> tuple[float, int, float]:
     """``whole``, and the CPU seconds (user + system, every thread) the process spent."""
     out = subprocess.run([sys.executable, "-c", WRAP, *cmd], capture_output=True, text=True, check=True,
-                         env=env).stdout.split()
+                         env=TOOL_ENV).stdout.split()
     if out[2] not in ("0", "3"):
         raise RuntimeError(f"{cmd} exited {out[2]}")
     return float(out[0]), int(out[1]), float(out[3])

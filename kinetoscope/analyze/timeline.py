@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
@@ -72,10 +73,16 @@ def _set(frame: pd.DataFrame, w: Window) -> iv.Intervals:
     return iv.clip(iv.union(frame["ts_ns"].to_numpy(), frame["end_ns"].to_numpy()), w.start_ns, w.end_ns)
 
 
+def category_mask(frame: pd.DataFrame, column: str, keep: Callable[[Any], bool]) -> np.ndarray:
+    """Rows whose categorical ``column`` holds a category ``keep`` accepts: each category tested once, the rows
+    compared on their codes."""
+    cat = frame[column].cat
+    return codes_in(np.asarray(cat.codes), [i for i, c in enumerate(cat.categories) if keep(c)])
+
+
 def kind_mask(frame: pd.DataFrame, kinds: tuple[str, ...] | list[str]) -> np.ndarray:
-    """Rows whose ``kind`` is one of ``kinds``, compared on the categorical codes."""
-    kind = frame["kind"].cat
-    return codes_in(np.asarray(kind.codes), [i for i, k in enumerate(kind.categories) if k in kinds])
+    """Rows whose ``kind`` is one of ``kinds``."""
+    return category_mask(frame, "kind", lambda k: k in kinds)
 
 
 def codes_in(codes: np.ndarray, wanted: list[int]) -> np.ndarray:
@@ -96,10 +103,9 @@ def name_mask(frame: pd.DataFrame, pattern: re.Pattern[str] | None = None, names
               *, search: bool = False) -> np.ndarray:
     """Rows whose ``name`` matches ``pattern`` (at the start; anywhere with ``search``) or is one of
     ``names``, tested once per distinct name."""
-    name = frame["name"].cat
     test = (pattern.search if search else pattern.match) if pattern is not None else None
-    return codes_in(np.asarray(name.codes), [i for i, n in enumerate(name.categories)
-                                              if (test is not None and test(n)) or (names is not None and n in names)])
+    return category_mask(frame, "name", lambda n: (test is not None and bool(test(n)))
+                         or (names is not None and n in names))
 
 
 @trace_view
@@ -137,9 +143,8 @@ def any_gpu_busy(trace: RankTrace) -> iv.Intervals:
 
 
 def _tid_mask(frame: pd.DataFrame, tids: set[str] | frozenset[str]) -> np.ndarray:
-    """Rows whose thread is one of ``tids``, compared on the categorical codes."""
-    tid = frame["tid"].cat
-    return codes_in(np.asarray(tid.codes), [i for i, t in enumerate(tid.categories) if str(t) in tids])
+    """Rows whose thread is one of ``tids``."""
+    return category_mask(frame, "tid", lambda t: str(t) in tids)
 
 
 @trace_view
@@ -441,21 +446,20 @@ def top_level(frame: pd.DataFrame) -> pd.DataFrame:
     if frame.empty:
         return frame
     ts, ends = frame["ts_ns"].to_numpy(), frame["end_ns"].to_numpy()
-    if len(ts) > 1 and (ts[1:] < ts[:-1]).any():
-        # by start, longest first at equal starts (stable): one numpy sort, one take of the frame
-        order = np.lexsort((-frame["dur_ns"].to_numpy(), ts))
-        ends = ends[order]
-        prior_max = np.concatenate(([np.iinfo(np.int64).min], np.maximum.accumulate(ends)[:-1]))
-        return frame.iloc[order[ends > prior_max]]
-    # time-ordered already (the tables are): of the events starting together, the longest (the first of equals)
-    # is the one that can be top level, when it ends after everything that started before
+    order = None
+    if len(ts) > 1 and (ts[1:] < ts[:-1]).any():  # the tables are time-ordered: this sorts other frames only
+        order = np.lexsort((-frame["dur_ns"].to_numpy(), ts))  # by start, longest first at equal starts (stable)
+        ts, ends = ts[order], ends[order]
+    # of the events starting together, the longest (the first of equals) is the one that can be top level, when it
+    # ends after everything that started before
     first = np.flatnonzero(np.concatenate(([True], ts[1:] != ts[:-1])))
     group_end = np.maximum.reduceat(ends, first)
     group = np.repeat(np.arange(len(first)), np.diff(np.append(first, len(ts))))
     longest = np.flatnonzero(ends == group_end[group])
     longest = longest[np.concatenate(([True], group[longest[1:]] != group[longest[:-1]]))]  # one per group
     prior_max = np.concatenate(([np.iinfo(np.int64).min], np.maximum.accumulate(group_end)[:-1]))
-    return frame.iloc[longest[group_end > prior_max]]
+    kept = longest[group_end > prior_max]
+    return frame.iloc[kept if order is None else order[kept]]
 
 
 def intervals_of(frame: pd.DataFrame, w: Window) -> iv.Intervals:
