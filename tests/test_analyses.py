@@ -61,7 +61,9 @@ def test_loader_time_fraction_and_gpu_idle_cost(tmp_path):
 def test_loader_stall_finding_with_evidence(tmp_path):
     rep = report_of(tmp_path, loader_trace())
     (f,) = [f for f in rep.findings if f.id == "loader_stall"]
-    assert f.severity == "warning" and f.rank == 0
+    # waits of 300, 100 and 100 us: a batch taken from a worker costs the loop ~1 ms (the what-if's hand-over when
+    # the trace has no workers to measure it), so more workers are worth nothing here, and the policy says info
+    assert f.estimate["saving_us_per_step"] == 0 and f.severity == "info" and f.rank == 0
     assert f.evidence["gpu_idle_cost_us"] == 400 and f.evidence["worst_steps"][0]["step"] == 1
     assert "num_workers" in f.recommendation
     assert f.impact_us == 400
@@ -126,7 +128,8 @@ def test_gpu_idle_and_sync_point_findings(tmp_path):
     # four kernels are too few to judge a loop by default; the thresholds are what this test is about
     rep = build_report(load_built(tmp_path, gap_trace()), AnalysisConfig(gpu_min_ops=1))
     found = {f.id: f for f in rep.findings}
-    assert found["gpu_idle"].severity == "warning"
+    # idle mostly waiting for a 500 us batch: workers would not help (each hand-over costs ~1 ms), so info
+    assert found["gpu_idle"].severity == "info" and found["gpu_idle"].estimate["saving_us_per_step"] == 0
     assert found["gpu_idle"].evidence["idle_fraction_of_window"] == pytest.approx(0.45)
     assert found["sync_point"].evidence["gpu_idle_caused_us"] == 200
     assert found["sync_point"].evidence["calls"][0]["name"] == "cudaDeviceSynchronize"
@@ -135,8 +138,17 @@ def test_gpu_idle_and_sync_point_findings(tmp_path):
 def test_item_and_local_scalar_dense_count_as_sync(tmp_path):
     b = TraceBuilder().step(1, 0, 1000).kernel(0, 400, launch_at=0).kernel(600, 400)
     b.op("aten::item", 300, 300).op("aten::_local_scalar_dense", 310, 290)  # the GPU drains at 400 meanwhile
+    b.runtime("cudaStreamSynchronize", 320, 270)  # what a CUDA tensor's .item() waits in
     dev = report_of(tmp_path, b).ranks[0]["gpu"]["devices"][0]
     assert dev["idle_by_cause_us"]["sync"] == 200
+
+
+def test_an_item_that_makes_no_device_call_is_no_sync(tmp_path):
+    """.item() of a CPU tensor on a GPU run: no runtime call inside it, nothing to wait for (was: a sync)."""
+    b = TraceBuilder().step(1, 0, 1000).kernel(0, 400, launch_at=0).kernel(600, 400)
+    b.op("aten::item", 300, 300).op("aten::_local_scalar_dense", 310, 290)
+    dev = report_of(tmp_path, b).ranks[0]["gpu"]["devices"][0]
+    assert dev["idle_by_cause_us"]["sync"] == 0
 
 
 def test_launch_bound(tmp_path):

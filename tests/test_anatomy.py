@@ -28,6 +28,8 @@ def one_step(b, t0=0.0, gpu=True):
         b.kernel(t0 + 460, 100, launch_at=t0 + 450, launch_tid=BWD_TID)
     b.op("Optimizer.step#SGD.step", t0 + 720, 130, cat="user_annotation")
     b.op("aten::item", t0 + 860, 40)
+    if gpu:
+        b.runtime("cudaStreamSynchronize", t0 + 865, 30)  # a CUDA tensor's .item() waits for its stream
     return b
 
 

@@ -366,13 +366,15 @@ def test_a_sync_on_a_busy_gpu_costs_nothing_and_is_not_warned_about(tmp_path):
         b.step(i, t, 10_000).loader(t, 10, multiprocess=True)
         b.kernel(t + 20, 9970, launch_at=t + 15, launch_dur=5)  # busy until t + 9990
         b.op("aten::item", t + 50, 9945)  # waits for the busy GPU, returns at t + 9995
+        b.runtime("cudaStreamSynchronize", t + 60, 9930)
         b.memcpy(t + 12, 2000, host="Pageable", stream=8, call="cudaMemcpyAsync", call_at=t + 11)
     rep = report_of(tmp_path, b)
     assert not found(rep, "sync_point")
     (s,) = found(rep, "sync_in_loop")
     # the GPU idles from t + 9990 to the next step's copy at t + 10012 (22 us), the last step to the window's end
     assert s.severity == "info" and s.evidence["gpu_idle_caused_us"] == 9 * 22 + 10
-    assert [f.id for f in rep.findings][0] == "h2d_pageable"
+    # the GPU is busy 99.7% of the window: neither the sync nor the pageable copy beside the kernel is worth a claim
+    assert {f.severity for f in rep.findings} == {"info"}
 
 
 def test_a_sync_that_drains_the_queue_costs_the_refill(tmp_path):
@@ -385,10 +387,12 @@ def test_a_sync_that_drains_the_queue_costs_the_refill(tmp_path):
         b.kernel(t + 700, 300, launch_at=t + 690, launch_dur=5)  # the host relaunches 390 us later
     rep = report_of(tmp_path, b)
     dev = rep.ranks[0]["gpu"]["devices"][0]
-    # per step: idle 300..700; the sync owns 300..(310 + refill, up to the next kernel at 700)
-    assert dev["idle_by_cause_us"]["sync"] == 5 * 400
+    # per step: idle 300..700. Without the sync the host would have started what it does after it 210 us sooner
+    # (100..310 in the sync), so the kernel at 700 would have come at most 210 us sooner: the sync owns 300..510;
+    # the rest of the gap is the host's own work, idle with or without the sync
+    assert dev["idle_by_cause_us"]["sync"] == 5 * 210
     (f,) = found(rep, "sync_point")
-    assert f.evidence["gpu_idle_caused_us"] == 2000
+    assert f.evidence["gpu_idle_caused_us"] == 1050
 
 
 def test_a_sync_on_an_already_idle_gpu_costs_nothing(tmp_path):

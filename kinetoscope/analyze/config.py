@@ -9,6 +9,12 @@ from kinetoscope.errors import ConfigError
 
 @dataclass(frozen=True)
 class AnalysisConfig:
+    #: The severity policy (``policy.judge``): a time cost worth less than 3% of the run is information - within
+    #: the run-to-run noise of most training jobs (steps of real jobs vary 1-5% between identical runs) and
+    #: rarely worth a change of code ...
+    severity_warning_min_worth: float = 0.03
+    #: ... and one worth a quarter of the run or more is the job's main bottleneck: critical.
+    severity_critical_min_worth: float = 0.25
     #: The retired TensorBoard profiler plugin flagged the DataLoader above 5% of step time.
     loader_fraction_warning: float = 0.05
     #: A quarter of the window waiting for data is the job's main bottleneck.
@@ -89,6 +95,7 @@ class AnalysisConfig:
 
 
 _FRACTIONS = frozenset({
+    "severity_warning_min_worth", "severity_critical_min_worth",
     "loader_fraction_warning", "loader_fraction_critical", "gpu_idle_warning", "gpu_idle_critical",
     "sync_idle_fraction", "sync_in_loop_min_fraction", "launch_queue_empty_share", "missing_activity_max_fraction", "startup_max_fraction",
     "pageable_min_fraction", "overlap_min_fraction", "copy_min_fraction",

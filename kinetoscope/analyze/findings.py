@@ -8,59 +8,91 @@ from typing import Any, Literal
 Severity = Literal["critical", "warning", "info"]
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
 
+Nature = Literal["cost", "correctness", "information"]
+
+#: what each finding id is, in one place: a time cost (its severity follows its worth), a correctness problem (its
+#: analyzer's own rule), or information (always info); see ``policy``
+NATURE: dict[str, Nature] = {  # the report's finding ids, each once
+    "loader_stall": "cost",
+    "gpu_idle": "cost",
+    "h2d_pageable": "cost",
+    "h2d_not_overlapped": "cost",
+    "sync_point": "cost",
+    "sync_in_loop": "cost",
+    "launch_bound": "cost",
+    "straggler": "cost",
+    "worker_respawn": "cost",
+    "recompile": "cost",
+    "exposed_comm": "cost",
+    "allocator_churn": "cost",
+    "host_oversubscribed": "cost",
+    "memory_growth": "correctness",
+    "reserved_memory_growth": "correctness",
+    "zero_grad_missing": "correctness",
+    "optimizer_step_mismatch": "correctness",
+    "no_backward": "correctness",
+    "gpu_activity_missing": "information",
+    "memory_inconclusive": "information",
+    "outlier_steps": "information",
+    "accelerator_unread": "information",
+}
+
+
 #: Stable ids a report may contain. Adding one is fine; renaming one breaks users.
-FINDING_IDS = (
-    "loader_stall",
-    "gpu_idle",
-    "h2d_pageable",
-    "h2d_not_overlapped",
-    "sync_point",
-    "memory_growth",
-    "launch_bound",
-    "straggler",
-    "zero_grad_missing",
-    "optimizer_step_mismatch",
-    "no_backward",
-    "sync_in_loop",
-    "worker_respawn",
-    "recompile",
-    "gpu_activity_missing",
-    "memory_inconclusive",
-    "reserved_memory_growth",
-)
+FINDING_IDS = tuple(NATURE)
+
+
+def nature(finding_id: str) -> Nature:
+    return NATURE[finding_id]
 
 
 @dataclass(frozen=True)
 class Finding:
     id: str
-    severity: Severity
     rank: int | None
     title: str
     evidence: dict[str, Any]
     recommendation: str
+    #: set by the severity policy (``policy.judge``) for cost and information findings; a correctness finding's
+    #: analyzer sets it by its own rule
+    severity: Severity = "info"
     #: estimated time this problem costs inside the window (for ranking), us
     impact_us: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
     #: what fixing it is worth (``whatif.estimate``): the rank's mean step after this fix alone; None where
     #: it cannot be estimated
     estimate: dict[str, Any] | None = None
+    #: the strongest severity the evidence supports, whatever the finding is worth (a window filled by start-up,
+    #: steps inferred rather than marked, a step cut short): the severity policy never goes above it
+    ceiling: Severity = "critical"
+    #: why the ceiling is below critical, added to the title where it lowers the finding (None: the title says it)
+    ceiling_reason: str | None = None
+    #: a cost paid once rather than every step (a recompile, a worker start), in total over the window, us: its
+    #: worth is amortised over the run (``policy.worth``); None for a recurring cost
+    one_off_us: float | None = None
+    #: what fixing it is worth over the run (``policy.Worth.to_dict``), set by the severity policy; None for
+    #: findings whose worth is not time (correctness, information)
+    worth: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.id not in FINDING_IDS:
             raise ValueError(f"unknown finding id {self.id!r}")
-        if self.severity not in SEVERITY_ORDER:
-            raise ValueError(f"unknown severity {self.severity!r}")
+        for value in (self.severity, self.ceiling):
+            if value not in SEVERITY_ORDER:
+                raise ValueError(f"unknown severity {value!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "id": self.id,
             "severity": self.severity,
+            "nature": nature(self.id),
             "rank": self.rank,
             "title": self.title,
             "evidence": self.evidence,
             "recommendation": self.recommendation,
             "impact_us": round(self.impact_us, 3),
             "estimate": self.estimate,
+            "worth": self.worth,
         }
 
 

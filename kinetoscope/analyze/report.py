@@ -19,6 +19,8 @@ from kinetoscope import __version__
 from kinetoscope.analyze import whatif
 from kinetoscope.analyze.config import DEFAULT_CONFIG, AnalysisConfig
 from kinetoscope.analyze.findings import Finding, rank_findings
+from kinetoscope.analyze.policy import RunTime, judge, limit
+from kinetoscope.analyze.timeline import window
 from kinetoscope.analyze.registry import AnalysisResult, analyzers
 from kinetoscope.analyze.trace import RankTrace, Trace
 from kinetoscope.errors import ConfigError
@@ -120,18 +122,16 @@ def _rank_header(r: RankTrace) -> dict[str, Any]:
 
 def _capped(found: tuple[Finding, ...], entry: dict[str, Any]) -> list[Finding]:
     """A window the trace did not mark (steps inferred from DataLoader waits) cannot carry the strongest
-    claim: critical findings on it are warnings, and say why."""
+    claim: findings on it are at most warnings, and say why; nothing but a step cut short carries no claim."""
     steps = entry.get("steps") or {}
     if steps.get("partial") and not steps.get("count"):
         # nothing but a step cut short (a crash, a stop): no warning rests on that alone
-        return [replace(f, severity="info", title=f"{f.title} (from a partial step only: the run ended inside it)",
-                        evidence={**f.evidence, "window_basis": "partial_step"}) if f.severity != "info" else f
-                for f in found]
+        return [limit(f, "info", "from a partial step only: the run ended inside it",
+                      {"window_basis": "partial_step"}) for f in found]
     if (entry.get("window") or {}).get("basis") != "inferred_steps":
         return list(found)
-    return [replace(f, severity="warning", title=f"{f.title} (steps inferred: the trace has no ProfilerStep marks)",
-                    evidence={**f.evidence, "window_basis": "inferred_steps"}) if f.severity == "critical" else f
-            for f in found]
+    return [limit(f, "warning", "steps inferred: the trace has no ProfilerStep marks",
+                  {"window_basis": "inferred_steps"}) for f in found]
 
 
 #: a rank's analyzers share threads when a rank holds this many events (measured: 290k events 0.31 -> 0.23 s on
@@ -162,12 +162,28 @@ def _timed(key: str, rank: int | None, fn: Any, *args: Any) -> tuple[Any, Analyz
             time.perf_counter() - started
 
 
-def _estimated(r: RankTrace, found: list[Finding]) -> tuple[list[Finding], list[AnalyzerFailure]]:
-    """Each finding with what fixing it alone is worth for its rank (``whatif``), and the estimates that failed."""
+def run_time(r: RankTrace) -> RunTime:
+    """What a finding of this rank is worth against: its replayed mean step, the run the capture timed, its window."""
+    mean = whatif.baseline(r).mean_step_ns / 1000.0 if whatif.replay_graph(r).steps else None
+    rs = r.run_steps
+    timed = rs is not None and len(rs) > 0
+    return RunTime(mean_step_us=mean, run_steps=int(len(rs)) if timed else None,
+                   run_wall_us=float(rs["wall_ns"].sum()) / 1000.0 if timed else None,
+                   window_us=window(r).dur_ns / 1000.0)
+
+
+def _estimated(r: RankTrace, found: list[Finding],
+               config: AnalysisConfig) -> tuple[list[Finding], list[AnalyzerFailure]]:
+    """Each finding with what fixing it alone is worth for its rank (``whatif``), judged by the severity policy,
+    and the estimates that failed."""
     out, failures = [], []
+    run, failure, _ = _timed("whatif", r.rank, run_time, r)
+    if failure is not None:  # no replay: worth from what the analyzers measured, over the window
+        failures.append(failure)
+        run = RunTime(None, None, None, window(r).dur_ns / 1000.0)
     for f in found:
         estimate, failure, _ = _timed("whatif", r.rank, whatif.estimate, r, f)
-        out.append(replace(f, estimate=estimate))
+        out.append(judge(replace(f, estimate=estimate), run, config))
         failures.extend([failure] if failure is not None else [])
     return out, failures
 
@@ -177,12 +193,12 @@ def _estimated(r: RankTrace, found: list[Finding]) -> tuple[list[Finding], list[
 RANKS_IN_FLIGHT = 2
 
 
-def _finish_rank(r: RankTrace, found: list[Finding], maps: list[tuple[str, Any]],
-                 keep_views: bool) -> tuple[list[Finding], list[AnalyzerFailure], dict[str, float]]:
+def _finish_rank(r: RankTrace, found: list[Finding], maps: list[tuple[str, Any]], keep_views: bool,
+                 config: AnalysisConfig) -> tuple[list[Finding], list[AnalyzerFailure], dict[str, float]]:
     """A rank's last work: its findings' estimates, then the job analyzers' map steps (views, kept with the rank;
     one that fails here fails again, reported, in its analyzer; seconds by analyzer); then, unless kept, its other
     views are dropped."""
-    out, failures = _estimated(r, found)
+    out, failures = _estimated(r, found, config)
     took: dict[str, float] = {}
     for key, step in maps:
         started = time.perf_counter()
@@ -251,7 +267,8 @@ def build_report(trace: Trace, config: AnalysisConfig = DEFAULT_CONFIG, *, threa
             timings["replay"] += took
             if failure is not None:  # the what-if must not sink the report
                 lost.append(failure)
-            estimating.append(pool.submit(_timed, "whatif", r.rank, _finish_rank, r, mine, maps, keep_views))
+            estimating.append(pool.submit(_timed, "whatif", r.rank, _finish_rank, r, mine, maps, keep_views,
+                                          config))
             if i + in_flight < len(trace.ranks):  # queued after this rank's last work: its views go first
                 running.append(start(trace.ranks[i + in_flight]))
             rank_failures.append(lost)
@@ -288,7 +305,7 @@ def build_report(trace: Trace, config: AnalysisConfig = DEFAULT_CONFIG, *, threa
             job[a.key] = res.metrics
         for f in res.findings:
             ranks = [r for r in trace.ranks if r.rank == f.rank]
-            found, lost = _estimated(ranks[0], [f]) if ranks else ([f], [])
+            found, lost = _estimated(ranks[0], [f], config) if ranks else ([f], [])
             findings.extend(found)
             failures.extend(lost)
     violations = [f"rank {e['rank']}: {v}" for e in entries for v in fraction_violations(e)]

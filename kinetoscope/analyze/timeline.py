@@ -195,15 +195,32 @@ def launching_threads(trace: RankTrace) -> frozenset[str]:
 @trace_view
 def sync_calls(trace: RankTrace) -> pd.DataFrame:
     """Synchronising calls on threads that launch GPU work (a sync on an unrelated thread does not
-    stall the launch queue): ``cuda*``/``hip*``/``cu*`` syncs, blocking copies, frees, ``.item()``."""
+    stall the launch queue): ``cuda*``/``hip*``/``cu*`` syncs, blocking copies, frees, ``.item()``. On a run
+    with GPU work, an ``.item()`` that makes no runtime call (a CPU tensor's value) waits for nothing."""
     ev = trace.events
-    is_sync = (kind_mask(ev, ("runtime", "driver")) & name_mask(ev, SYNC_RUNTIME_RE)) | (
-        kind_mask(ev, ("cpu_op",)) & name_mask(ev, names=SYNC_OP_NAMES)
-    )
+    is_runtime = kind_mask(ev, ("runtime", "driver"))
+    is_item = kind_mask(ev, ("cpu_op",)) & name_mask(ev, names=SYNC_OP_NAMES)
+    if trace.has_gpu and is_item.any():
+        is_item &= _holds_a_call(ev, is_item, is_runtime)
+    is_sync = (is_runtime & name_mask(ev, SYNC_RUNTIME_RE)) | is_item
     threads = launching_threads(trace)
     if threads:
         is_sync &= _tid_mask(ev, threads)
     return ev[is_sync]
+
+
+def _holds_a_call(ev: pd.DataFrame, outer: np.ndarray, inner: np.ndarray) -> np.ndarray:
+    """For each row: whether it is an ``outer`` row with an ``inner`` row of its thread starting inside it."""
+    out = np.zeros(len(ev), dtype=bool)
+    tids = ev["tid"].astype(str).to_numpy()
+    ts, end = ev["ts_ns"].to_numpy(), ev["end_ns"].to_numpy()
+    for tid in np.unique(tids[outer]):
+        starts = np.sort(ts[inner & (tids == tid)])
+        rows = np.flatnonzero(outer & (tids == tid))
+        first = np.searchsorted(starts, ts[rows], side="left")
+        out[rows] = (first < len(starts)) & (starts[np.minimum(first, max(len(starts) - 1, 0))] <= end[rows]) \
+            if len(starts) else False
+    return out
 
 
 @dataclass(frozen=True)

@@ -910,6 +910,8 @@ def estimate(trace: RankTrace, finding: Finding, params: dict[str, Any] | None =
         if oom is not None:
             out["steps_to_out_of_memory"] = oom
         return out
+    if finding.one_off_us is not None:
+        return _one_off(trace, base.mean_step_ns, g.steps, finding.one_off_us)
     plan = plan_for(trace, g, finding, params)
     if plan is None:
         return None
@@ -947,6 +949,20 @@ def apply(trace: RankTrace, g: ReplayGraph, edits: Edits, iterations: int = 3) -
             break
         compute = new
     return result  # type: ignore[return-value]
+
+
+def _one_off(trace: RankTrace, mean_step_ns: float, window_steps: int, total_us: float) -> dict[str, Any]:
+    """A cost paid once (a first compilation of a shape): what it is worth per step over every step the capture
+    timed (else over the profiled steps, said so), beside its total."""
+    rs = trace.run_steps
+    timed = int(len(rs)) if rs is not None and len(rs) else 0
+    steps = timed or max(window_steps, 1)
+    over = f"the {steps} steps timed by the capture" if timed else \
+        f"the {steps} profiled steps (the run's length is not known: no step timings beside the trace)"
+    out = _estimate_dict(mean_step_ns, mean_step_ns - total_us * 1000 / steps, "one-off",
+                         (f"a one-off cost of {total_us / 1000:,.1f} ms in all, amortised over {over}",))
+    out.update({"one_off_total_us": round(total_us, 3), "amortised_over_steps": steps})
+    return out
 
 
 def _estimate_dict(before_ns: float, after_ns: float, method: str, assumptions: tuple[str, ...]) -> dict[str, Any]:

@@ -27,6 +27,9 @@ def worth(estimate: dict[str, Any] | None) -> str | None:
         tail = f"; out of memory in ~{oom:,} steps as it grows" if isinstance(oom, int) else ""
         return f"fix this: no step-time change expected ({(estimate.get('assumptions') or [''])[0]}){tail}"
     saving, share = estimate.get("saving_us_per_step"), estimate.get("saving_fraction")
+    if estimate.get("method") == "one-off":
+        return (f"fix this: a one-off {estimate['one_off_total_us'] / 1000:,.1f} ms in all; over "
+                f"{estimate['amortised_over_steps']:,} steps ~{(saving or 0) / 1000:,.2f} ms per step ({share:.1%})")
     if not saving:
         return "fix this: no measurable step-time change expected"
     return (f"fix this: ~{saving / 1000:,.2f} ms per step faster ({share:.0%}; "

@@ -28,8 +28,6 @@ from kinetoscope.analyze import intervals as iv
 from kinetoscope.analyze.config import AnalysisConfig
 from kinetoscope.analyze.registry import AnalysisResult, register
 from kinetoscope.analyze.timeline import (
-    SYNC_OP_NAMES,
-    SYNC_RUNTIME_RE,
     Window,
     gpu_work,
     kind_mask,
@@ -37,6 +35,7 @@ from kinetoscope.analyze.timeline import (
     main_thread,
     name_mask,
     runtime_calls,
+    sync_calls,
     top_level,
     window,
 )
@@ -63,13 +62,12 @@ def phase_events(trace: RankTrace) -> dict[str, pd.DataFrame]:
     # masks on categorical codes, one copy per returned frame
     host = ~kind_mask(ev, ("python", "gpu_annotation", "kernel", "memcpy", "memset", "sync", "trace"))
     main = host & (ev["tid"] == tid).to_numpy(bool) if tid is not None else np.zeros(len(ev), dtype=bool)
-    is_sync_op = main & ((kind_mask(ev, ("runtime", "driver")) & name_mask(ev, SYNC_RUNTIME_RE))
-                         | (kind_mask(ev, ("cpu_op",)) & name_mask(ev, names=SYNC_OP_NAMES)))
+    syncs = sync_calls(trace)
     return {
         "data_wait": loader_spans(trace),
         "zero_grad": ev[host & name_mask(ev, ZERO_GRAD_RE)],
         "optimizer": ev[host & name_mask(ev, OPTIMIZER_STEP_RE)],
-        "sync": ev[is_sync_op],
+        "sync": syncs[(syncs["tid"] == tid).to_numpy(bool)] if tid is not None else syncs.iloc[0:0],
         "backward": ev[host & name_mask(ev, BACKWARD_RE) & kind_mask(ev, ("cpu_op",))],
         # the training thread's host events: only what the phases read of them (most of a trace's rows)
         "main": ev.loc[main, list(_MAIN_COLUMNS)],

@@ -191,7 +191,6 @@ def _h2d_findings(trace: RankTrace, config: AnalysisConfig, w: Window, h2d: dict
                 "host-to-device copies block the host for their whole duration (pageable or synchronous)")
         findings.append(Finding(
             id="h2d_pageable",
-            severity="warning",
             rank=trace.rank,
             title=f"{what} ({pageable_ns / w.dur_ns:.1%} of the {w.dur_ns / 1e6:.1f} ms window)",
             evidence={
@@ -217,7 +216,6 @@ def _h2d_findings(trace: RankTrace, config: AnalysisConfig, w: Window, h2d: dict
     if w.dur_ns and busiest_ns / w.dur_ns >= config.copy_min_fraction and overlap < config.overlap_min_fraction:
         findings.append(Finding(
             id="h2d_not_overlapped",
-            severity="warning",
             rank=trace.rank,
             title=(f"Host-to-device copies ({busiest_ns / w.dur_ns:.0%} of the {w.dur_ns / 1e6:.1f} ms window) overlap "
                    f"compute only {overlap:.0%} of their time"),

@@ -66,8 +66,11 @@ def sync_cost(trace: RankTrace, calls: pd.DataFrame, idle: iv.Intervals, refill_
     work while the host waits, and stays idle until the host, released, launches again. So a sync - an
     episode of nested calls (``.item()`` holding its copy and ``cudaStreamSynchronize``) - costs the idle
     gap that begins while it waits, up to ``refill_max_ns`` after it returns, provided the GPU had work
-    when it began (running, or launched and not yet started). A sync on an already idle GPU drained
-    nothing, even if it launches a small copy of its own; one that returns with the GPU still busy costs
+    when it began (running, or launched and not yet started) - and at most as long as the host spent in the
+    sync: without it the host would have done what it does next that much earlier, so the gap shrinks by at
+    most the sync's own time (the rest of the gap is the host's own work, which idles the GPU with or without
+    the sync). A sync on an already idle GPU drained nothing; one that drains only a few microseconds of work
+    (its own small copy) costs at most those microseconds; one that returns with the GPU still busy costs
     nothing."""
     if calls.empty or idle[0].size == 0:
         return iv.EMPTY
@@ -84,7 +87,8 @@ def sync_cost(trace: RankTrace, calls: pd.DataFrame, idle: iv.Intervals, refill_
     inside = (k >= 0) & (e <= idle[1][kk])
     began_during = inside & (idle[0][kk] >= s) & had_work
     starts = idle[0][kk][began_during]
-    ends = np.minimum(idle[1][kk], e + refill_max_ns)[began_during]
+    held = (e - s)[began_during]  # the host's time in the sync
+    ends = np.minimum(np.minimum(idle[1][kk], e + refill_max_ns)[began_during], starts + held)
     return iv.union(starts, ends)
 
 
@@ -225,7 +229,6 @@ def _gpu_used_but_not_recorded(trace: RankTrace) -> Finding | None:
     examples = list(dict.fromkeys(hits["name"].astype(str)))[:3]
     return Finding(
         id="gpu_activity_missing",
-        severity="info",
         rank=trace.rank,
         title=(f"The run used a GPU ({', '.join(examples)} on the host; the trace lists "
                f"{len(trace.meta.device_properties)} GPU(s)) but no GPU activity was recorded: GPU time is unknown"),
@@ -254,7 +257,7 @@ def _doubted(findings: list[Finding], doubt: str | None) -> list[Finding]:
     """Findings about the GPU's timeline turned into information when the window cannot support them."""
     if doubt is None:
         return findings
-    return [replace(f, severity="info", title=f"{f.title} - but {doubt}", evidence={**f.evidence, "doubt": doubt})
+    return [replace(f, ceiling="info", title=f"{f.title} - but {doubt}", evidence={**f.evidence, "doubt": doubt})
             for f in findings]
 
 
@@ -284,7 +287,6 @@ def _missing_finding(trace: RankTrace, w: Window, missing: Any, judged: bool) ->
                     "or profile more steps so the window is in steady state.")
     return Finding(
         id="gpu_activity_missing",
-        severity="info",
         rank=trace.rank,
         title=(f"GPU activity is missing from the trace for {share:.0%} of the window: "
                + "; ".join(what) + (" - GPU idle time is not reported" if not judged else "")),
@@ -339,7 +341,6 @@ def _device_findings(trace: RankTrace, config: AnalysisConfig, w: Window, device
         out.append(
             Finding(
                 id="gpu_idle",
-                severity="critical" if share >= config.gpu_idle_critical else "warning",
                 rank=trace.rank,
                 title=f"GPU {device} is idle {share:.0%} of the {w.dur_ns / 1e6:.1f} ms window, mostly {main.replace('_', ' ')}",
                 evidence={
@@ -362,7 +363,6 @@ def _device_findings(trace: RankTrace, config: AnalysisConfig, w: Window, device
         out.append(
             Finding(
                 id="sync_point",
-                severity="warning",
                 rank=trace.rank,
                 title=f"Host-device synchronisation leaves GPU {device} idle {sync_ns / w.dur_ns:.0%} of the window",
                 evidence={
@@ -423,7 +423,6 @@ def _launch_bound(trace: RankTrace, config: AnalysisConfig, w: Window, device: i
     return [
         Finding(
             id="launch_bound",
-            severity="warning",
             rank=trace.rank,
             title=(f"Launch-bound: GPU {device} waits for the host to launch each kernel "
                    f"({empty_share:.0%} start as soon as launched; median kernel {kernel_ns / 1000:.1f} us, "

@@ -219,7 +219,6 @@ def _sync_in_loop(trace: RankTrace, all_steps: set[int], config: AnalysisConfig)
         note = f"; it leaves the GPU idle {cost_ns / w.dur_ns:.1%} of the window"
     return [Finding(
         id="sync_in_loop",
-        severity="warning" if costly else "info",
         rank=trace.rank,
         title=f"A host-device sync runs every step ({', '.join(str(n) for n in names.index[:3])}){note}",
         evidence={"steps_with_sync": len(hit), "steps": len(all_steps),
@@ -254,7 +253,7 @@ def _worker_respawn(trace: RankTrace) -> list[Finding]:
         return []
     cost = sum(e["startup_wait_us"] - e["typical_wait_us"] for e in events)
     return [Finding(
-        id="worker_respawn", severity="warning", rank=trace.rank,
+        id="worker_respawn", rank=trace.rank,
         title=f"DataLoader workers were started {len(events)} time(s) inside the profiled steps",
         evidence={"respawns": events[:20], "startup_cost_us": round(cost, 3)},
         recommendation="Create the DataLoader once with persistent_workers=True (workers then survive across epochs "
@@ -274,17 +273,22 @@ def _recompile(trace: RankTrace) -> list[Finding]:
     recompiles = [i for i in ids if not i.endswith("/0")]
     compile_ns = iv.measure(iv.union(spans["ts_ns"].to_numpy(), spans["end_ns"].to_numpy()))
     w = window(trace)
+    compiling_steps = _per_step(trace, spans)
+    # compilation in one step of the window is paid once (a shape seen for the first time), not every step: its
+    # worth is its total over the run; in several steps it recurs, and the window's rate stands for the run's
+    one_off = compile_ns / 1000.0 if len(compiling_steps) <= 1 else None
     return [Finding(
         id="recompile",
-        severity="warning" if recompiles else "info",
         rank=trace.rank,
         title=(f"torch.compile recompiled {len(recompiles)} time(s) inside the profiled steps "
                f"({compile_ns / max(w.dur_ns, 1):.0%} of the window compiling)" if recompiles else
                "torch.compile compiled for the first time inside the profiled steps"),
-        evidence={"compile_ids": ids, "steps": _step_list(_per_step(trace, spans)), "compile_time_us": us(compile_ns)},
+        evidence={"compile_ids": ids, "steps": _step_list(compiling_steps), "compile_time_us": us(compile_ns),
+                  "recurs": one_off is None},
         recommendation=("Recompiles usually follow changing shapes or Python values: mark varying dims dynamic "
                         "(torch._dynamo.mark_dynamic or dynamic=True), pad to a few fixed shapes, and run with "
                         "TORCH_LOGS=recompiles to see the failing guard." if recompiles else
                         "Profile after warm-up (a larger skip_first/wait) so compilation is not mistaken for step time."),
         impact_us=compile_ns / 1000.0,
+        one_off_us=one_off,
     )]

@@ -124,7 +124,6 @@ def analyze_loader(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
         first = (per_step["loader_us"].iloc[0] / per_step["loader_us"].sum()
                  if len(per_step) >= 3 and per_step["loader_us"].sum() else 0.0)
         worst = per_step.sort_values("loader_us", ascending=False).head(3)
-        severity = "critical" if share >= config.loader_fraction_critical else "warning"
         waits = per_step["loader_us"]
         typical = (f"; the training loop waits {waits.mean() / 1000:.1f} ms per step for data "
                    f"(median {waits.median() / 1000:.1f} ms)" if len(waits) else "")
@@ -134,7 +133,6 @@ def analyze_loader(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
         findings.append(
             Finding(
                 id="loader_stall",
-                severity=severity,
                 rank=trace.rank,
                 title=title,
                 evidence={

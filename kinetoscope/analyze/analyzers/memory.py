@@ -277,7 +277,6 @@ def _memory_findings(trace: RankTrace, config: AnalysisConfig, m: dict[str, Any]
     if (n < config.memory_min_steps and slope is not None and slope >= config.memory_growth_min_bytes_per_step):
         return [Finding(
             id="memory_inconclusive",
-            severity="info",
             rank=trace.rank,
             title=(f"{m['device']} memory rose {slope / MiB:.1f} MiB per step over only {n} step ends: too few "
                    "to tell a leak from warm-up"),

@@ -124,7 +124,7 @@ def straggler_finding(summaries: list[RankSummary], m: Matching, a: Arrivals, co
              if incomplete else "")
     return Finding(
         id="straggler",
-        severity="info" if incomplete else "warning",
+        ceiling="info" if incomplete else "critical",
         rank=int(slow),
         title=(f"Rank {slow} is the straggler: it arrives last at {last_share:.0%} of the {considered} collectives of its "
                f"groups in which a rank waited, "

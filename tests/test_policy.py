@@ -1,0 +1,88 @@
+"""The severity policy: one function every finding goes through, severity from what its fix is worth."""
+
+from __future__ import annotations
+
+import pytest
+
+from kinetoscope.analyze.config import AnalysisConfig
+from kinetoscope.analyze.findings import NATURE, Finding
+from kinetoscope.analyze.policy import RunTime, judge, limit, worth
+
+CONFIG = AnalysisConfig()
+#: a rank whose replayed mean step is 100 ms, 1,000 steps timed over 100 s, a 500 ms window
+RUN = RunTime(mean_step_us=100_000.0, run_steps=1000, run_wall_us=100_000_000.0, window_us=500_000.0)
+
+
+def finding(fid: str = "loader_stall", saving_us: float | None = None, **kw) -> Finding:
+    estimate = None if saving_us is None else {"saving_us_per_step": saving_us}
+    return Finding(id=fid, rank=0, title="t", evidence={}, recommendation="", estimate=estimate, **kw)
+
+
+@pytest.mark.parametrize("saving_us, severity", [
+    (0.0, "info"), (2_999.0, "info"), (3_000.0, "warning"), (24_999.0, "warning"), (25_000.0, "critical"),
+])
+def test_a_cost_is_as_severe_as_its_fix_is_worth(saving_us, severity):
+    judged = judge(finding(saving_us=saving_us), RUN, CONFIG)
+    assert judged.severity == severity
+    assert judged.worth == {"fraction": round(saving_us / 100_000, 4), "of": "the rank's mean step time (replayed)",
+                            "basis": "estimate"}
+
+
+def test_the_analyzers_own_guess_does_not_count_for_a_cost():
+    assert judge(finding(saving_us=40.0, severity="critical"), RUN, CONFIG).severity == "info"
+
+
+def test_without_an_estimate_the_measured_cost_stands_in_at_most_as_a_warning():
+    # 400 ms of a 500 ms window measured, no estimate: 80%, but an upper bound, never the strongest claim
+    judged = judge(finding(impact_us=400_000.0), RUN, CONFIG)
+    assert judged.severity == "warning"
+    assert judged.worth["basis"] == "measured cost" and judged.worth["fraction"] == 0.8
+    assert judge(finding(impact_us=10_000.0), RUN, CONFIG).severity == "info"  # 2% of the window
+    assert judge(finding(), RUN, CONFIG).severity == "info" and judge(finding(), RUN, CONFIG).worth["fraction"] is None
+
+
+def test_a_one_off_cost_is_amortised_over_the_run():
+    # a recompile of 3,768 ms once, in a run of 100 s: 3.8% of the run, a warning; in a 1,000 s run, 0.4%: info
+    judged = judge(finding("recompile", saving_us=3_768_000.0, one_off_us=3_768_000.0), RUN, CONFIG)
+    assert judged.worth == {"fraction": 0.0377, "of": "the run's time (1000 steps timed by the capture)",
+                            "basis": "one-off total", "one_off_total_us": 3_768_000.0}
+    assert judged.severity == "warning"
+    long_run = RunTime(100_000.0, 10_000, 1_000_000_000.0, 500_000.0)
+    assert judge(finding("recompile", one_off_us=3_768_000.0), long_run, CONFIG).severity == "info"
+
+
+def test_a_one_off_without_the_runs_length_is_judged_over_the_window_and_says_so():
+    run = RunTime(100_000.0, None, None, 500_000.0)
+    judged = judge(finding("recompile", one_off_us=100_000.0), run, CONFIG)
+    assert judged.worth["fraction"] == 0.2 and "run's length is not known" in judged.worth["of"]
+    assert judged.severity == "warning"
+
+
+def test_the_ceiling_bounds_the_severity_and_says_why_in_the_title():
+    capped = limit(finding(saving_us=50_000.0), "warning", "steps inferred")
+    judged = judge(capped, RUN, CONFIG)
+    assert judged.severity == "warning" and judged.title == "t (steps inferred)"
+    # a ceiling that does not lower the finding leaves its title alone
+    assert judge(limit(finding(saving_us=5_000.0), "warning", "steps inferred"), RUN, CONFIG).title == "t"
+    # a lower ceiling wins over a higher one given later
+    twice = limit(limit(finding(saving_us=50_000.0), "info", "partial"), "warning", "inferred")
+    assert judge(twice, RUN, CONFIG).severity == "info" and judge(twice, RUN, CONFIG).title == "t (partial)"
+
+
+def test_correctness_keeps_its_own_rule_and_information_is_always_info():
+    wrong = Finding(id="zero_grad_missing", rank=0, title="t", evidence={}, recommendation="", severity="critical")
+    assert judge(wrong, RUN, CONFIG).severity == "critical" and judge(wrong, RUN, CONFIG).worth is None
+    assert judge(limit(wrong, "info", "partial step"), RUN, CONFIG).severity == "info"
+    info = finding("gpu_activity_missing", saving_us=90_000.0, severity="critical")
+    assert judge(info, RUN, CONFIG).severity == "info"
+
+
+def test_the_thresholds_come_from_the_config():
+    strict = AnalysisConfig(severity_warning_min_worth=0.01, severity_critical_min_worth=0.10)
+    assert judge(finding(saving_us=1_500.0), RUN, strict).severity == "warning"
+    assert judge(finding(saving_us=10_000.0), RUN, strict).severity == "critical"
+
+
+def test_every_finding_id_has_a_nature():
+    assert set(NATURE.values()) == {"cost", "correctness", "information"}
+    assert worth(finding("gpu_idle", saving_us=1.0), RUN).basis == "estimate"
