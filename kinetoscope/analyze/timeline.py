@@ -15,6 +15,7 @@ import pandas as pd
 
 from kinetoscope.analyze import intervals as iv
 from kinetoscope.analyze.trace import RankTrace, trace_view
+from kinetoscope.analyze.units import us
 
 LOADER_RE = re.compile(r"^enumerate\((DataLoader|DataPipe)\)#")
 #: host calls that block until the device catches up: stream/device/event syncs (runtime and driver
@@ -493,3 +494,66 @@ def step_at(trace: RankTrace, ts_ns: np.ndarray) -> np.ndarray:
     idx = np.searchsorted(starts, ts_ns, side="right") - 1
     ok = (idx >= 0) & (ts_ns < steps["end_ns"].to_numpy()[np.maximum(idx, 0)])
     return np.where(ok, steps["step"].to_numpy()[np.maximum(idx, 0)], -1)
+
+
+@trace_view
+def python_frames(trace: RankTrace) -> pd.DataFrame:
+    """Python stack frames (``with_stack=True``: ``python_function`` events) on the threads that launch GPU work
+    (else the training thread): what the host's Python was running, traced."""
+    ev = trace.events
+    threads = set(launching_threads(trace))
+    tid = main_thread(trace)
+    if tid is not None:
+        threads.add(tid)
+    frames = ev[kind_mask(ev, ("python",)) & _tid_mask(ev, frozenset(threads))]
+    return frames[["ts_ns", "dur_ns", "end_ns", "name", "tid"]]
+
+
+#: a frame holding this share of the time looked at wraps everything (``<module>``, a training function): it names
+#: nothing in particular
+_HOTSPOT_WRAPS_ALL = 0.9
+#: a frame holding less than this share is not among what the host was doing
+_HOTSPOT_MIN_SHARE = 0.05
+
+
+def python_hotspots(frames: pd.DataFrame, at: iv.Intervals, top: int = 3) -> list[dict[str, Any]]:
+    """What the host's Python was doing during ``at``: the frames holding the most of that time (at least 5% of it),
+    leaving out those that wrap nearly all of it and those inside a frame already named, most time first:
+    ``[{"function", "time_us", "share"}]`` (share of ``at``)."""
+    total = iv.measure(at)
+    if frames.empty or total == 0:
+        return []
+    inside = iv.overlap_each(frames["ts_ns"].to_numpy(), frames["end_ns"].to_numpy(), at)
+    keep = inside > 0
+    f = frames[keep]
+    inside = inside[keep]
+    order = np.lexsort((-f["dur_ns"].to_numpy(), f["ts_ns"].to_numpy(), f["tid"].astype(str).to_numpy()))
+    ts, end = f["ts_ns"].to_numpy()[order], f["end_ns"].to_numpy()[order]
+    tids, names = f["tid"].astype(str).to_numpy()[order], f["name"].astype(str).to_numpy()[order]
+    inside = inside[order]
+    parent = np.full(len(ts), -1, dtype=np.int64)
+    stack: list[int] = []
+    for i in range(len(ts)):  # frames nest on their thread: each one's caller is the innermost open frame
+        while stack and (tids[stack[-1]] != tids[i] or end[stack[-1]] < end[i]):
+            stack.pop()
+        parent[i] = stack[-1] if stack else -1
+        stack.append(i)
+    by_name: dict[str, float] = {}
+    for name, t in zip(names, inside):
+        by_name[name] = by_name.get(name, 0) + t
+    chosen: list[str] = []
+    for name, t in sorted(by_name.items(), key=lambda kv: -kv[1]):
+        if len(chosen) == top or t < _HOTSPOT_MIN_SHARE * total:
+            break
+        if t >= _HOTSPOT_WRAPS_ALL * total:
+            continue
+        rows = np.flatnonzero(names == name)
+        nested = False
+        for r in rows[:64]:  # is this frame called from inside one already named?
+            p = parent[r]
+            while p >= 0 and not nested:
+                nested = names[p] in chosen
+                p = parent[p]
+        if not nested:
+            chosen.append(name)
+    return [{"function": n, "time_us": us(by_name[n]), "share": round(by_name[n] / total, 4)} for n in chosen]

@@ -320,7 +320,7 @@ class Edits:
 
 
 #: measured savings that remove host time only: the GPU's own work per step still bounds the step
-HOST_ONLY = frozenset({"launch", "compile"})
+HOST_ONLY = frozenset({"launch", "compile", "host_python"})
 
 
 @dataclass(frozen=True)
@@ -851,6 +851,11 @@ def plan_for(trace: RankTrace, g: ReplayGraph, finding: Finding, params: dict[st
             return plan_loader(trace, g, p)
         if cause == "sync":
             return plan_syncs(trace, g, p)
+        if cause == "host_python" and by_cause.get("host_python"):
+            return plan_from_measure("host_python", by_cause["host_python"] * 1000 / n,
+                                     "measured: GPU idle while the training thread ran Python",
+                                     ("the Python work the GPU waited for runs off the training thread (DataLoader "
+                                      "workers, a background thread), overlapped with the GPU's work",))
         if cause == "host_launch" and by_cause.get("host_launch"):
             return plan_from_measure("launch", by_cause["host_launch"] * 1000 / n - GRAPH_REPLAY_NS,
                                      "measured: GPU idle waiting for launches",

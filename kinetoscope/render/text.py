@@ -101,6 +101,10 @@ def render_text(report: Report) -> str:
                     + (f" at {d['peak_op']}" if d.get("peak_op") else "")
                     + (f", growth {_mib(growth)}/step (R^2 {d['growth_r2']:.2f})" if growth is not None else "")
                 )
+        unread = (r.get("coverage") or {}).get("unread_events")
+        if unread:
+            out.append("  not read       " + ", ".join(f"{n:,} {c} events" for c, n in unread.items())
+                       + " (no analysis reads these categories)")
         for w in r.get("warnings") or []:
             out.append(f"  note: {w}")
     coll = report.job.get("collectives")

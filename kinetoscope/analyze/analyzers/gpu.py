@@ -23,6 +23,8 @@ from kinetoscope.analyze.timeline import (
     intervals_of,
     launch_queue,
     pending_work,
+    python_frames,
+    python_hotspots,
     loader_spans,
     missing_activity,
     name_mask,
@@ -35,7 +37,7 @@ from kinetoscope.analyze.trace import RankTrace
 from kinetoscope.analyze.units import frac, us
 
 #: Idle time is attributed to the first cause that covers it, in this order (docs/findings.md).
-CAUSES = ("data_wait", "sync", "host_compute", "host_launch", "other")
+CAUSES = ("data_wait", "sync", "host_compute", "host_launch", "host_python", "other")
 
 
 def _stream_table(trace: RankTrace, w: Window) -> pd.DataFrame:
@@ -147,6 +149,8 @@ def analyze_gpu(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
         "data_wait": intervals_of(loader_spans(trace), w),
         "host_compute": hw.compute,
         "host_launch": hw.launch,
+        # Python the trace recorded (with_stack) running on the launching threads between ops: named, not "untraced"
+        "host_python": intervals_of(python_frames(trace), w),
     }
     devices: list[dict[str, Any]] = []
     idle_by_device: list[int] = []
@@ -182,7 +186,7 @@ def analyze_gpu(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
             }
         )
         if judged:
-            findings += _doubted(_device_findings(trace, config, w, device, idle_ns, by_cause_ns, gaps)
+            findings += _doubted(_device_findings(trace, config, w, device, idle_ns, parts, gaps)
                                  + _launch_bound(trace, config, w, device, idle, parts), doubt)
     all_idle = iv.complement(any_gpu_busy(trace), w.start_ns, w.end_ns)
     metrics = {
@@ -327,28 +331,36 @@ _ADVICE = {
                     "into DataLoader workers, or off the training thread.",
     "host_launch": "the host cannot launch work fast enough: fuse small ops (torch.compile), use CUDA graphs, or grow "
                    "the batch.",
+    "host_python": "the training thread runs Python between launches (the functions below, from the trace's Python "
+                   "stacks): move that work off the loop - into DataLoader workers (preprocessing, decoding) or a "
+                   "background thread - or onto the GPU.",
     "other": "the host is doing untraced work between launches (Python code, I/O, logging): profile with "
              "with_stack=True to find it.",
 }
 
 
 def _device_findings(trace: RankTrace, config: AnalysisConfig, w: Window, device: int, idle_ns: int,
-                     by_cause_ns: dict[str, int], gaps: pd.DataFrame) -> list[Finding]:
+                     parts: dict[str, iv.Intervals], gaps: pd.DataFrame) -> list[Finding]:
+    by_cause_ns = {c: iv.measure(parts[c]) for c in CAUSES}
     out = []
     share = idle_ns / w.dur_ns if w.dur_ns else 0.0
     if share >= config.gpu_idle_warning:
         main = max(CAUSES, key=lambda c: by_cause_ns[c])
+        hot = python_hotspots(python_frames(trace), parts["host_python"]) if main == "host_python" else []
+        named = f" ({', '.join(h['function'] for h in hot)})" if hot else ""
         out.append(
             Finding(
                 id="gpu_idle",
                 rank=trace.rank,
-                title=f"GPU {device} is idle {share:.0%} of the {w.dur_ns / 1e6:.1f} ms window, mostly {main.replace('_', ' ')}",
+                title=(f"GPU {device} is idle {share:.0%} of the {w.dur_ns / 1e6:.1f} ms window, mostly "
+                       f"{main.replace('_', ' ')}{named}"),
                 evidence={
                     "device": device,
                     "idle_us": us(idle_ns),
                     "idle_fraction_of_window": frac(idle_ns, w.dur_ns),
                     "window_us": us(w.dur_ns),
                     "idle_by_cause_us": {c: us(v) for c, v in by_cause_ns.items()},
+                    "host_python_hotspots": hot,
                     "largest_gaps": gaps.head(3)[["start_us", "dur_us", "step", "cause"]].to_dict("records"),
                 },
                 recommendation=_ADVICE[main],
@@ -403,7 +415,7 @@ def _launch_bound(trace: RankTrace, config: AnalysisConfig, w: Window, device: i
     kernel_ns = float(np.median(q["dur_ns"].to_numpy()))
     # idle the host's launching explains (traced launch overhead or untraced Python between ops),
     # as opposed to waiting for data, a sync, or a slow CPU op
-    host_side_ns = iv.measure(parts["host_launch"]) + iv.measure(parts["other"])
+    host_side_ns = iv.measure(parts["host_launch"]) + iv.measure(parts["host_python"]) + iv.measure(parts["other"])
     if not (empty_share >= config.launch_queue_empty_share and kernel_ns < interval_ns
             and host_side_ns >= config.launch_idle_share * idle_ns):
         return []
@@ -416,8 +428,8 @@ def _launch_bound(trace: RankTrace, config: AnalysisConfig, w: Window, device: i
     ok = (k < idle[0].size) & (idle[1][kk] == gap_end)
     ok &= (gap_end - idle[0][kk]) <= max(config.launch_gap_max_intervals * interval_ns, config.launch_queue_empty_us * 1000)
     waited = iv.union(idle[0][kk][ok], gap_end[ok])
-    host_side = iv.union(np.concatenate((parts["host_launch"][0], parts["other"][0])),
-                         np.concatenate((parts["host_launch"][1], parts["other"][1])))
+    host_side = iv.union(np.concatenate([parts[c][0] for c in ("host_launch", "host_python", "other")]),
+                         np.concatenate([parts[c][1] for c in ("host_launch", "host_python", "other")]))
     cost_ns = iv.measure(iv.intersect(waited, host_side))
     steps = max(len(trace.steps), 1)
     return [

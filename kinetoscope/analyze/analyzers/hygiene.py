@@ -47,7 +47,9 @@ def _accumulating_steps(trace: RankTrace) -> set[int]:
             continue
         covered = iv.overlap_each(inner["ts_ns"].to_numpy(), inner["end_ns"].to_numpy(),
                                   iv.union(group["ts_ns"].to_numpy(), group["end_ns"].to_numpy()))
-        nested = inner[covered == inner["dur_ns"].to_numpy()]
+        # a zero-length event is inside nothing (an overlap of 0 equals its length of 0 everywhere)
+        dur = inner["dur_ns"].to_numpy()
+        nested = inner[(covered == dur) & (dur > 0)]
         hits |= _per_step(trace, nested)
     return hits
 

@@ -1,0 +1,63 @@
+"""What the analysis does not read: event categories it has no rule for, and the accelerators they belong to.
+
+A trace of an accelerator other than CUDA/ROCm GPUs (MTIA, Gaudi/HPU, XPU, ...) holds device and runtime events
+under categories of its own. The analyses judge none of them, so such a trace must say so rather than read as
+"no problems found".
+"""
+
+from __future__ import annotations
+
+import re
+
+from kinetoscope.analyze.config import AnalysisConfig
+from kinetoscope.analyze.findings import Finding
+from kinetoscope.analyze.registry import AnalysisResult, register
+from kinetoscope.analyze.timeline import kind_mask
+from kinetoscope.analyze.trace import RankTrace
+
+#: categories (and distributed backends) of accelerators the analyses do not read, with their usual names
+_ACCELERATORS = (
+    (re.compile(r"mtia", re.I), "MTIA"),
+    (re.compile(r"hpu|habana|gaudi|synapse", re.I), "Gaudi (HPU)"),
+    (re.compile(r"xpu|level_zero|sycl", re.I), "Intel XPU"),
+    (re.compile(r"npu|ascend", re.I), "NPU"),
+    (re.compile(r"tpu|xla", re.I), "TPU/XLA"),
+    (re.compile(r"privateuse", re.I), "a PrivateUse1 backend"),
+)
+
+
+def _accelerator(text: str) -> str | None:
+    return next((name for pattern, name in _ACCELERATORS if pattern.search(text)), None)
+
+
+@register("coverage", "What the analysis does not read")
+def analyze_coverage(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
+    """Events of categories no analysis reads, by category, and the accelerators they belong to."""
+    ev = trace.events
+    other = ev[kind_mask(ev, ("other",))]
+    counts = {str(c): int(n) for c, n in other["cat"].value_counts(sort=True).items() if n}
+    accelerators: dict[str, dict[str, int]] = {}
+    for cat, n in counts.items():
+        name = _accelerator(cat)
+        if name is not None:
+            accelerators.setdefault(name, {})[cat] = n
+    backend = str((trace.meta.distributed_info or {}).get("backend") or "")
+    for part in backend.split(","):
+        name = _accelerator(part.split(":", 1)[0])
+        if name is not None:
+            accelerators.setdefault(name, {})
+    metrics = {"unread_events": counts or None, "accelerators_unread": sorted(accelerators) or None}
+    findings = []
+    for name, cats in sorted(accelerators.items()):
+        events = sum(cats.values())
+        what = (f"{events:,} of its events ({', '.join(f'{c}: {n:,}' for c, n in cats.items())})" if events
+                else f"a process group on it (backend {backend})")
+        findings.append(Finding(
+            id="accelerator_unread", rank=trace.rank,
+            title=(f"The trace holds {name} accelerator work that Kinetoscope does not analyse - {what}: its device "
+                   "time, idle, copies and launches are not judged, so no finding here speaks for that device"),
+            evidence={"accelerator": name, "events_by_category": cats, "distributed_backend": backend or None},
+            recommendation=(f"Read the {name} timeline with its vendor's tools (or the trace in Perfetto); Kinetoscope's "
+                            "host-side findings (data loading, the training loop's phases) still hold."),
+        ))
+    return AnalysisResult(key="coverage", metrics={"coverage": metrics}, findings=tuple(findings))
