@@ -32,12 +32,13 @@ def test_the_analyzers_own_guess_does_not_count_for_a_cost():
     assert judge(finding(saving_us=40.0, severity="critical"), RUN, CONFIG).severity == "info"
 
 
-def test_without_an_estimate_the_measured_cost_stands_in_at_most_as_a_warning():
-    # 400 ms of a 500 ms window measured, no estimate: 80%, but an upper bound, never the strongest claim
-    judged = judge(finding(impact_us=400_000.0), RUN, CONFIG)
-    assert judged.severity == "warning"
+def test_without_an_estimate_the_measured_cost_stands_in_for_half_of_itself():
+    # a fix removes at most what the cost measured: a bound, credited at half (upper_bound_credit)
+    judged = judge(finding(impact_us=400_000.0), RUN, CONFIG)  # 80% of a 500 ms window: 40%, critical
+    assert judged.severity == "critical"
     assert judged.worth["basis"] == "measured cost" and judged.worth["fraction"] == 0.8
-    assert judge(finding(impact_us=10_000.0), RUN, CONFIG).severity == "info"  # 2% of the window
+    assert judge(finding(impact_us=200_000.0), RUN, CONFIG).severity == "warning"  # 40%: 20%
+    assert judge(finding(impact_us=25_000.0), RUN, CONFIG).severity == "info"  # 5%: 2.5%
     assert judge(finding(), RUN, CONFIG).severity == "info" and judge(finding(), RUN, CONFIG).worth["fraction"] is None
 
 
@@ -75,6 +76,14 @@ def test_correctness_keeps_its_own_rule_and_information_is_always_info():
     assert judge(limit(wrong, "info", "partial step"), RUN, CONFIG).severity == "info"
     info = finding("gpu_activity_missing", saving_us=90_000.0, severity="critical")
     assert judge(info, RUN, CONFIG).severity == "info"
+
+
+def test_an_upper_bound_estimate_counts_for_half_of_itself():
+    bound = finding(saving_us=40_000.0)
+    bound = Finding(**{**bound.__dict__, "estimate": {"saving_us_per_step": 40_000.0, "bound": "upper"}})
+    judged = judge(bound, RUN, CONFIG)  # 40% of the step, credited 20%: a warning, not critical
+    assert judged.severity == "warning" and judged.worth["basis"] == "upper bound" and judged.worth["fraction"] == 0.4
+    assert judge(bound, RUN, AnalysisConfig(upper_bound_credit=1.0)).severity == "critical"
 
 
 def test_the_thresholds_come_from_the_config():

@@ -8,7 +8,9 @@ A finding is a claim a user acts on, so how loud it is follows what acting on it
   amortised over every step the capture timed (else over the profiled window, and said so). Below
   ``config.severity_warning_min_worth`` it is information; from ``config.severity_critical_min_worth`` it is
   critical; warning between. Without an estimate the measured cost's share of the window stands in, and the
-  finding is at most a warning, saying its worth was not estimated.
+  finding says its worth was not estimated. A bound rather than an estimate (the measured cost, which a fix
+  removes at most, or an estimate optimistic by what the trace cannot check) counts for
+  ``config.upper_bound_credit`` of itself.
 * **correctness** findings (gradients never cleared, an optimizer that does not step with the loop, memory
   heading out of memory) keep the severity their analyzer's rule gives: their worth is not time.
 * **information** findings are always ``info``.
@@ -45,8 +47,9 @@ class Worth:
     fraction: float | None
     #: what ``fraction`` is a share of
     of: str
-    #: "estimate" (the what-if's saving per step), "one-off total" (a cost paid once, over the run),
-    #: "measured cost" (no estimate: the cost the analyzer measured in the window), "none"
+    #: "estimate" (the what-if's saving per step), "upper bound" (an estimate optimistic by what the trace cannot
+    #: check), "one-off total" (a cost paid once, over the run), "measured cost" (no estimate: the cost the analyzer
+    #: measured in the window), "none"
     basis: str
     one_off_total_us: float | None = None
 
@@ -71,7 +74,8 @@ def worth(finding: Finding, run: RunTime) -> Worth:
     est = finding.estimate or {}
     saving = est.get("saving_us_per_step")
     if saving is not None and run.mean_step_us:
-        return Worth(float(saving) / run.mean_step_us, "the rank's mean step time (replayed)", "estimate")
+        return Worth(float(saving) / run.mean_step_us, "the rank's mean step time (replayed)",
+                     "upper bound" if est.get("bound") == "upper" else "estimate")
     if finding.impact_us > 0 and run.window_us:
         return Worth(finding.impact_us / run.window_us, "the profiled window (worth not estimated: the cost measured)",
                      "measured cost")
@@ -79,11 +83,15 @@ def worth(finding: Finding, run: RunTime) -> Worth:
 
 
 def severity_for(value: Worth, config: AnalysisConfig) -> Severity:
-    if value.fraction is None or value.fraction < config.severity_warning_min_worth:
+    if value.fraction is None:
         return "info"
-    if value.basis == "measured cost":  # an upper bound, not an estimate: never the strongest claim
-        return "warning"
-    return "critical" if value.fraction >= config.severity_critical_min_worth else "warning"
+    # a bound rather than an estimate (a fix's saving resting on what the trace cannot check in the optimistic
+    # direction, or the measured cost itself, which a fix removes at most) counts for part of itself
+    bound = value.basis in ("upper bound", "measured cost")
+    credited = value.fraction * (config.upper_bound_credit if bound else 1.0)
+    if credited < config.severity_warning_min_worth:
+        return "info"
+    return "critical" if credited >= config.severity_critical_min_worth else "warning"
 
 
 def _weaker(a: Severity, b: Severity) -> Severity:

@@ -554,6 +554,9 @@ class Plan:
     method: str
     assumptions: tuple[str, ...]
     extra: dict[str, Any] = field(default_factory=dict)
+    #: "upper" where an assumption the trace cannot check can only make the estimate optimistic (workers that
+    #: take no cores or memory bandwidth from the training, on a host whose cores are not recorded); else None
+    bound: str | None = None
 
 
 def _window_items(g: ReplayGraph, kind: str) -> np.ndarray:
@@ -724,8 +727,12 @@ def plan_loader(trace: RankTrace, g: ReplayGraph, params: dict[str, Any]) -> Pla
                                                     else "the workers' CPU use is not recorded")
                            + "; workers competing with it for cores or memory bandwidth slow it)")
     assumptions.append("the per-batch loading cost stays what it was in the training process")
+    # workers that cost the training nothing (cores, memory bandwidth) and enough of them: what the trace cannot check
+    # makes the estimate only more optimistic
+    upper = floor == 0.0 and (load is None or not single or not cpus or comp_cpu is None)
     return Plan(Edits(loader=fix, floor_step_ns=floor), "replay: DataLoader queue simulation", tuple(assumptions),
-                {"num_workers": int(target) if target is not None else None, "prefetch_factor": prefetch})
+                {"num_workers": int(target) if target is not None else None, "prefetch_factor": prefetch},
+                bound="upper" if upper else None)
 
 
 def _pinned_gbps(trace: RankTrace) -> tuple[float, str]:
@@ -825,8 +832,9 @@ def plan_respawn(trace: RankTrace, g: ReplayGraph, finding: Finding) -> Plan | N
                  f"and start, {extra * g.steps / 1e6:.1f} ms in all) goes too"))
 
 
-def plan_from_measure(key: str, saving_ns_per_step: float, method: str, assumptions: tuple[str, ...]) -> Plan:
-    return Plan(Edits(analytic_ns={key: max(0.0, saving_ns_per_step)}), method, assumptions)
+def plan_from_measure(key: str, saving_ns_per_step: float, method: str, assumptions: tuple[str, ...],
+                      bound: str | None = None) -> Plan:
+    return Plan(Edits(analytic_ns={key: max(0.0, saving_ns_per_step)}), method, assumptions, bound=bound)
 
 
 def plan_for(trace: RankTrace, g: ReplayGraph, finding: Finding, params: dict[str, Any] | None = None) -> Plan | None:
@@ -855,12 +863,14 @@ def plan_for(trace: RankTrace, g: ReplayGraph, finding: Finding, params: dict[st
             return plan_from_measure("host_python", by_cause["host_python"] * 1000 / n,
                                      "measured: GPU idle while the training thread ran Python",
                                      ("the Python work the GPU waited for runs off the training thread (DataLoader "
-                                      "workers, a background thread), overlapped with the GPU's work",))
+                                      "workers, a background thread), overlapped with the GPU's work",), bound="upper")
         if cause == "host_launch" and by_cause.get("host_launch"):
             return plan_from_measure("launch", by_cause["host_launch"] * 1000 / n - GRAPH_REPLAY_NS,
                                      "measured: GPU idle waiting for launches",
                                      ("the GPU's idle time while the host launched work goes (CUDA graphs, fused "
-                                      "ops), less one graph replay call per step",))
+                                      "ops), less one graph replay call per step",
+                                      "the step can be captured as a graph or fused (static shapes, no host logic "
+                                      "between its kernels): not something the trace can check"), bound="upper")
         return None
     if fid == "launch_bound":
         idle = finding.evidence.get("gpu_idle_waiting_for_launches_us")
@@ -869,7 +879,16 @@ def plan_for(trace: RankTrace, g: ReplayGraph, finding: Finding, params: dict[st
         return plan_from_measure("launch", float(idle) * 1000 / n - GRAPH_REPLAY_NS, "measured: launch-bound idle",
                                  ("under CUDA graphs the host launches each step's kernels in one call: the GPU's "
                                   "idle time waiting for launches goes, less one replay call per step",
-                                  "the step's shapes are static (a graph replays fixed shapes)"))
+                                  "the step's shapes are static (a graph replays fixed shapes)"), bound="upper")
+    if fid == "exposed_comm":
+        exposed = finding.evidence.get("exposed_us")
+        if exposed is None:
+            return None
+        return plan_from_measure("comm", float(exposed) * 1000 / n, "measured: exposed communication",
+                                 ("the collectives' exposed time overlaps compute (bucketing, prefetching, pipelining "
+                                  "the step); what they spend waiting for other ranks, and what the next work needs "
+                                  "from them before it can start, would stay: not something one rank's trace shows",),
+                                 bound="upper")
     if fid == "recompile":
         ns = float(finding.evidence.get("compile_time_us") or 0) * 1000
         return plan_from_measure("compile", ns / n, "measured: compile time",
@@ -923,6 +942,8 @@ def estimate(trace: RankTrace, finding: Finding, params: dict[str, Any] | None =
     after = apply(trace, g, plan.edits)
     out = _estimate_dict(base.mean_step_ns, after.mean_step_ns, plan.method, plan.assumptions)
     out.update({k: v for k, v in plan.extra.items() if v is not None})
+    if plan.bound is not None:
+        out["bound"] = plan.bound
     return out
 
 

@@ -88,6 +88,9 @@ def render_text(report: Report) -> str:
         if comm and comm.get("overlap_fraction") is not None:
             out.append(f"  communication  {comm['collectives']} collectives, {_ms(comm['time_us'])}, overlapped with compute "
                        f"{_pct(comm['overlap_fraction'])}, exposed {_ms(comm['exposed_us'])}")
+        elif comm and comm.get("where") == "gpu":
+            out.append(f"  communication  {comm['collectives']} collectives, {_ms(comm['time_us'])}; overlap with compute "
+                       "not judged: the trace misses part of the GPU's activity")
         elif comm:
             ops = ", ".join(f"{v['count']} {k}" for k, v in comm["by_op"].items())
             out.append(f"  communication  {comm['collectives']} collectives on the host ({ops}), {_ms(comm['time_us'])} = "

@@ -13,9 +13,10 @@ import pandas as pd
 
 from kinetoscope.analyze import intervals as iv
 from kinetoscope.analyze.config import AnalysisConfig
+from kinetoscope.analyze.findings import Finding
 from kinetoscope.analyze.registry import AnalysisResult, register
 from kinetoscope.analyze.distributed import normalise_op
-from kinetoscope.analyze.timeline import gpu_work, kernels, kind_mask, name_mask, window
+from kinetoscope.analyze.timeline import gpu_work, kernels, kind_mask, missing_activity, name_mask, window
 from kinetoscope.analyze.trace import RankTrace, trace_view
 from kinetoscope.analyze.units import frac, us
 
@@ -97,29 +98,91 @@ def comm_compute_sets(trace: RankTrace) -> tuple[iv.Intervals, iv.Intervals]:
     return comm_set, compute_set
 
 
+def _exposed_by_op(coll: pd.DataFrame, exposed: iv.Intervals, w: Any) -> dict[str, int]:
+    """Exposed time per collective kind (a union per kind: concurrent collectives of two kinds count for each)."""
+    out = {}
+    for op, g in coll.groupby("op", sort=True):
+        mine = iv.clip(iv.union(g["ts_ns"].to_numpy(), g["end_ns"].to_numpy()), w.start_ns, w.end_ns)
+        out[str(op)] = iv.measure(iv.intersect(mine, exposed))
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+_OVERLAP_ADVICE = {
+    "all_reduce": "DDP's gradient all-reduce: let it overlap backward (smaller bucket_cap_mb so buckets start earlier, "
+                  "gradient_as_bucket_view=True, static_graph=True; under gradient accumulation, no_sync() on the "
+                  "micro-steps that do not step)",
+    "all_gather": "FSDP's parameter all-gathers: prefetch them (forward_prefetch / backward_prefetch, FSDP2's "
+                  "reshard_after_forward) so each runs behind the previous layer's compute",
+    "reduce_scatter": "FSDP's gradient reduce-scatters: let them overlap backward (backward_prefetch, a limit on "
+                      "in-flight all-gathers that leaves room for them)",
+    "all_to_all": "all-to-all (embedding or expert exchange): pipeline it with the previous batch's compute (TorchRec's "
+                  "TrainPipelineSparseDist, MoE overlap schedules)",
+}
+
+
+def _exposed_finding(trace: RankTrace, config: AnalysisConfig, w: Any, exposed_ns: int, comm_ns: int,
+                     by_op: dict[str, int], where: str, unknown_ns: int = 0) -> Finding | None:
+    if not w.dur_ns or exposed_ns < config.exposed_comm_min_fraction * w.dur_ns:
+        return None
+    parts = ", ".join(f"{op} {ns / w.dur_ns:.1%}" for op, ns in by_op.items() if ns)
+    advice = [_OVERLAP_ADVICE[op] for op in by_op if by_op[op] and op in _OVERLAP_ADVICE]
+    return Finding(
+        id="exposed_comm", rank=trace.rank,
+        title=(f"Communication not overlapped with compute takes {exposed_ns / w.dur_ns:.0%} of the "
+               f"{w.dur_ns / 1e6:.1f} ms window ({parts})"),
+        evidence={"exposed_us": us(exposed_ns), "exposed_fraction_of_window": frac(exposed_ns, w.dur_ns),
+                  "communication_us": us(comm_ns), "exposed_by_op_us": {op: us(ns) for op, ns in by_op.items()},
+                  "where": where, "steps": int(len(trace.steps)), "window_us": us(w.dur_ns),
+                  "unknown_us": us(unknown_ns),
+                  "measure": "collective time (a union) during which no compute runs"
+                             + (" on the GPU, where the trace shows the GPU's activity (unknown_us: collective time "
+                                "it does not)" if where == "gpu" else " on the training process's compute threads")},
+        recommendation=("Overlap communication with compute: " + "; ".join(advice or [
+            "issue collectives asynchronously and wait for them only where their result is needed"])
+            + ". Part of the exposed time can be waiting for slower ranks: compare ranks (kinetoscope analyze on the "
+              "job's directory) before tuning overlap."),
+        impact_us=exposed_ns / 1000.0,
+    )
+
+
 @register("comm", "Communication overlap")
 def analyze_comm(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
-    """Collective time (union), how much of it overlaps compute kernels, and the exposed remainder."""
+    """Collective time (union), how much of it overlaps compute kernels, and the exposed remainder, by kind."""
     coll = collectives(trace)
     if coll.empty:
-        return _host_collectives(trace)
+        return _host_collectives(trace, config)
     w = window(trace)
     comm_set, compute_set = comm_compute_sets(trace)
     comm_ns = iv.measure(comm_set)
-    overlap_ns = iv.measure(iv.intersect(comm_set, compute_set))
+    # where the trace misses GPU work (queued before recording, unrecorded graph replays) the compute a collective
+    # overlapped may be what is missing: exposure is counted only where the GPU's activity is known; a file with
+    # events cut out of it (sampled, trimmed) may lack compute anywhere: there exposure is not judged at all
+    missing = missing_activity(trace)
+    blind = missing.blind
+    exposed = iv.subtract(iv.subtract(comm_set, compute_set), blind)
+    unknown_ns = iv.measure(iv.intersect(comm_set, blind))
+    judged = unknown_ns < comm_ns and missing.holes_ns <= config.missing_activity_max_fraction * w.dur_ns
+    exposed_ns = iv.measure(exposed)
+    overlap_ns = comm_ns - unknown_ns - exposed_ns  # known collective time is overlapped or exposed
+    exposed_by_op = _exposed_by_op(coll, exposed, w) if judged else {}
+    found = _exposed_finding(trace, config, w, exposed_ns, comm_ns, exposed_by_op, "gpu", unknown_ns) \
+        if judged else None
     by_op = coll.groupby("op")["dur_ns"].agg(["count", "sum"])
     metrics = {
         "collectives": int(len(coll)),
         "time_us": us(comm_ns),
         "fraction": frac(comm_ns, w.dur_ns),
         "fraction_of": "window",
-        "overlap_fraction": frac(overlap_ns, comm_ns),
+        "overlap_fraction": frac(overlap_ns, comm_ns - unknown_ns) if judged else None,
         "overlap_fraction_of": "collective time",
-        "exposed_us": us(comm_ns - overlap_ns),
+        "exposed_us": us(exposed_ns) if judged else None,
+        "exposed_by_op_us": {op: us(ns) for op, ns in exposed_by_op.items()} if judged else None,
+        "unknown_us": us(unknown_ns),
         "by_op": {str(k): {"count": int(r["count"]), "time_us": us(r["sum"])} for k, r in by_op.iterrows()},
         "where": "gpu",
     }
-    return AnalysisResult(key="comm", metrics={"comm": metrics}, tables={"collectives": coll})
+    return AnalysisResult(key="comm", metrics={"comm": metrics}, tables={"collectives": coll},
+                          findings=(found,) if found else ())
 
 
 #: host-side collective annotations ("gloo:all_reduce", "nccl:all_reduce"): CPU-only runs have only these
@@ -139,23 +202,50 @@ def host_collectives(trace: RankTrace) -> pd.DataFrame:
                       out_nelems=pd.array([None] * len(sel), dtype="Int64"))
 
 
-def _host_collectives(trace: RankTrace) -> AnalysisResult:
+#: host ops that are communication or its bookkeeping, or containers of other work: not compute
+_NOT_HOST_COMPUTE_RE = re.compile(r"^(?:c10d::|record_param_comms|nccl:|gloo:|rccl:|aten::wait|ProfilerStep#|"
+                                  r"enumerate\(|Optimizer\.|## |DistributedDataParallel\.)")
+
+
+def _host_compute(trace: RankTrace, comm_threads: set[str], w: Any) -> iv.Intervals:
+    """CPU compute of a run without GPU work: the ops on threads other than the collectives' own, less
+    communication, its bookkeeping and containers."""
+    ev = trace.events
+    ops = ev[kind_mask(ev, ("cpu_op",)) & ~name_mask(ev, _NOT_HOST_COMPUTE_RE)]
+    ops = ops[~ops["tid"].astype(str).isin(comm_threads).to_numpy()]
+    return iv.clip(iv.union(ops["ts_ns"].to_numpy(), ops["end_ns"].to_numpy()), w.start_ns, w.end_ns)
+
+
+def _host_collectives(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
     coll = host_collectives(trace)
     if coll.empty:
         return AnalysisResult(key="comm", metrics={"comm": None})
     w = window(trace)
-    comm_ns = iv.measure(iv.clip(iv.union(coll["ts_ns"].to_numpy(), coll["end_ns"].to_numpy()), w.start_ns, w.end_ns))
+    comm_set = iv.clip(iv.union(coll["ts_ns"].to_numpy(), coll["end_ns"].to_numpy()), w.start_ns, w.end_ns)
+    comm_ns = iv.measure(comm_set)
     by_op = coll.groupby("op")["dur_ns"].agg(["count", "sum"])
+    found = None
+    exposed_ns: int | None = None
+    exposed_by_op: dict[str, int] = {}
+    if not trace.has_gpu:  # a CPU run: the collectives' time against the CPU compute of the other threads
+        compute = _host_compute(trace, {str(t) for t in coll["tid"].unique()}, w)
+        if iv.measure(compute):  # no compute traced at all (a trimmed trace): overlap cannot be told
+            exposed = iv.subtract(comm_set, compute)
+            exposed_ns = iv.measure(exposed)
+            exposed_by_op = _exposed_by_op(coll, exposed, w)
+            found = _exposed_finding(trace, config, w, exposed_ns, comm_ns, exposed_by_op, "host")
     return AnalysisResult(key="comm", metrics={"comm": {
         "collectives": int(len(coll)),
         "time_us": us(comm_ns),
         "fraction": frac(comm_ns, w.dur_ns),
         "fraction_of": "window",
-        "overlap_fraction": None,  # host-side calls: what the device overlapped is not recorded
+        "overlap_fraction": frac(comm_ns - exposed_ns, comm_ns) if exposed_ns is not None else None,
         "overlap_fraction_of": "collective time",
-        "exposed_us": None,
+        "exposed_us": us(exposed_ns),
+        "exposed_by_op_us": {op: us(ns) for op, ns in exposed_by_op.items()} or None,
         "by_op": {str(k): {"count": int(r["count"]), "time_us": us(r["sum"])} for k, r in by_op.iterrows()},
-        "where": "host (no collective kernels recorded: gloo, or GPU activity not recorded)",
-    }}, tables={"collectives": coll})
+        "where": ("host (a CPU run: gloo)" if not trace.has_gpu
+                  else "host (no collective kernels recorded: GPU activity not recorded)"),
+    }}, tables={"collectives": coll}, findings=(found,) if found else ())
 
 

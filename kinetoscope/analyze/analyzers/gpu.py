@@ -21,6 +21,7 @@ from kinetoscope.analyze.timeline import (
     gpu_work,
     host_work,
     intervals_of,
+    kind_mask,
     launch_queue,
     pending_work,
     python_frames,
@@ -254,6 +255,9 @@ def _doubt(trace: RankTrace, config: AnalysisConfig, w: Window, startup: pd.Data
     ops = int(((work["end_ns"] > w.start_ns) & (work["ts_ns"] < w.end_ns)).sum())
     if ops < config.gpu_min_ops:
         return f"the window holds only {ops} GPU operation{'s' if ops != 1 else ''}: too little work to judge"
+    if not len(trace.steps) and not kind_mask(trace.events, ("cpu_op",)).any():
+        return ("the trace holds no steps and no host operators: what the GPU waited for, and whether it recurs, "
+                "cannot be told")
     return None
 
 
@@ -344,7 +348,7 @@ def _device_findings(trace: RankTrace, config: AnalysisConfig, w: Window, device
     by_cause_ns = {c: iv.measure(parts[c]) for c in CAUSES}
     out = []
     share = idle_ns / w.dur_ns if w.dur_ns else 0.0
-    if share >= config.gpu_idle_warning:
+    if share >= config.gpu_idle_min_fraction:
         main = max(CAUSES, key=lambda c: by_cause_ns[c])
         hot = python_hotspots(python_frames(trace), parts["host_python"]) if main == "host_python" else []
         named = f" ({', '.join(h['function'] for h in hot)})" if hot else ""
@@ -402,7 +406,7 @@ def _launch_bound(trace: RankTrace, config: AnalysisConfig, w: Window, device: i
     """The GPU waits for the host to issue each next kernel: its queue is empty (kernels start as soon
     as they are launched), and kernels finish faster than the host launches them."""
     idle_ns = iv.measure(idle)
-    if not w.dur_ns or idle_ns / w.dur_ns < config.gpu_idle_warning:
+    if not w.dur_ns or idle_ns / w.dur_ns < config.gpu_idle_min_fraction:
         return []
     q = launch_queue(trace)
     q = q[(q["device"] == device).to_numpy() & (q["ts_ns"] >= w.start_ns).to_numpy() & (q["ts_ns"] < w.end_ns).to_numpy()]

@@ -72,15 +72,45 @@ def _seed_draws(trace: RankTrace) -> pd.DataFrame:
     return rnd[gap <= _SEED_GAP_NS]
 
 
+#: a range covering this share of its step wraps the whole step body (a user's record_function("train_step")): a
+#: container, not a library's code
+_WRAPS_STEP = 0.9
+
+
+def _inside_library(trace: RankTrace, raw: dict[str, pd.DataFrame], sync: pd.DataFrame) -> np.ndarray:
+    """Syncs made inside another op or a library's annotated range on the training thread (an aten::to's blocking
+    copy, an embedding library's all-to-all set-up, ``if tensor:``): not the loop's own ``.item()``, and not removable
+    by reading metrics less often."""
+    main = raw["main"]
+    main = main[(main["kind"].isin(["cpu_op", "annotation"])).to_numpy() & ~main.index.isin(sync.index)
+                & ~name_mask(main, _STEP_RE)]
+    if main.empty:
+        return np.zeros(len(sync), dtype=bool)
+    steps = trace.steps
+    if len(steps):
+        idx = np.clip(np.searchsorted(steps["start_ns"].to_numpy(), main["ts_ns"].to_numpy(), side="right") - 1,
+                      0, len(steps) - 1)
+        step_dur = steps["dur_ns"].to_numpy()[idx]
+        main = main[(main["dur_ns"].to_numpy() < _WRAPS_STEP * step_dur)]
+    cover = iv.union(main["ts_ns"].to_numpy(), main["end_ns"].to_numpy())
+    dur = sync["dur_ns"].to_numpy()
+    return (iv.overlap_each(sync["ts_ns"].to_numpy(), sync["end_ns"].to_numpy(), cover) >= dur) & (dur > 0)
+
+
+_STEP_RE = re.compile(r"^ProfilerStep#")
+
+
 def _sync_ops(trace: RankTrace) -> pd.DataFrame:
-    """Synchronising calls of the loop itself: not inside optimizer/zero_grad/DataLoader, not a seed draw."""
+    """Synchronising calls of the loop itself: not inside optimizer/zero_grad/DataLoader, not a seed draw, not
+    made by a library's code inside another op."""
     raw = phase_events(trace)
-    sync = raw["sync"]
+    sync = top_level(raw["sync"])
     if sync.empty:
         return sync
     excluded = pd.concat([raw["optimizer"], raw["zero_grad"], loader_spans(trace)])
     inside = iv.overlap_each(sync["ts_ns"].to_numpy(), sync["end_ns"].to_numpy(),
                              iv.union(excluded["ts_ns"].to_numpy(), excluded["end_ns"].to_numpy())) > 0
+    inside |= _inside_library(trace, raw, sync)
     seeds = _seed_draws(trace)
     after_seed = np.zeros(len(sync), dtype=bool)
     if len(seeds):
@@ -210,15 +240,13 @@ def _sync_in_loop(trace: RankTrace, all_steps: set[int], config: AnalysisConfig)
 
         idle = iv.complement(any_gpu_busy(trace), w.start_ns, w.end_ns)
         cost_ns = iv.measure(sync_cost(trace, sync, idle, int(config.sync_refill_max_us * 1000)))
-    # a sync costs the GPU idle it causes (while the host waits, and while the drained queue refills),
-    # not the host's wait for a busy GPU
-    costly = cost_ns is not None and cost_ns >= config.sync_in_loop_min_fraction * w.dur_ns
-    if trace.has_gpu and not costly:
-        note = f"; it costs the GPU only {us(cost_ns) or 0:.0f} us of idle time in the window"
-    elif not trace.has_gpu:
-        note = "; harmless on this CPU run, it stalls the launch queue on a GPU"
+    # what it is worth is the what-if's to say (a sync also keeps the host from running ahead of a busy GPU): the
+    # title states what was measured
+    if not trace.has_gpu:
+        note = "; no device to wait for on this CPU run (on a GPU it would stall the launch queue)"
     else:
-        note = f"; it leaves the GPU idle {cost_ns / w.dur_ns:.1%} of the window"
+        note = (f"; the host waits {blocked_ns / 1e6:,.1f} ms in them over the window, and the GPU idles "
+                f"{(cost_ns or 0) / 1e6:,.2f} ms right after them")
     return [Finding(
         id="sync_in_loop",
         rank=trace.rank,

@@ -116,7 +116,7 @@ def analyze_loader(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
     basis_ns = cost_ns if cost_ns is not None else loader_ns
     share = basis_ns / w.dur_ns if w.dur_ns else 0.0
     in_window = int(((frame["end_ns"] > w.start_ns) & (frame["ts_ns"] < w.end_ns)).sum())
-    if in_window >= 2 and share >= config.loader_fraction_warning:
+    if in_window >= 2 and share >= config.loader_min_fraction:
         from kinetoscope.analyze.analyzers.copies import h2d_copies
 
         pageable = bool(h2d_copies(trace)["pageable"].any()) if has_gpu else False
