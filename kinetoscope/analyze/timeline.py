@@ -409,15 +409,44 @@ def _holes(trace: RankTrace, w: Window) -> iv.Intervals:
 STARTUP_CALL_NS = 1_000_000
 
 
+#: device memory allocated and freed by the runtime (the caching allocator's misses, empty_cache, an allocator
+#: bypassed): cudaFree/hipFree synchronise the device
+ALLOCATOR_RE = re.compile(r"^(cuda|hip)(Malloc|MallocAsync|MallocManaged|MallocHost|HostAlloc|Free|FreeAsync|FreeHost|"
+                          r"HostFree)$|^cuMem(Alloc|Free|AllocHost|FreeHost|AllocAsync|FreeAsync)(_v2)?$")
+
+
+@trace_view
+def allocator_calls(trace: RankTrace) -> pd.DataFrame:
+    """Device mallocs and frees on the threads that launch GPU work, in the window."""
+    w = window(trace)
+    calls = runtime_calls(trace)
+    calls = calls[name_mask(calls, ALLOCATOR_RE) & (calls["end_ns"] > w.start_ns).to_numpy()
+                  & (calls["ts_ns"] < w.end_ns).to_numpy()]
+    threads = launching_threads(trace)
+    return calls[_tid_mask(calls, threads)] if threads else calls
+
+
+def recurring_allocator_calls(trace: RankTrace) -> pd.DataFrame:
+    """Allocator calls in steps where they recur: at least two steps of the window hold some (one step's
+    allocations are that step's start-up)."""
+    calls = allocator_calls(trace)
+    if calls.empty or not len(trace.steps):
+        return calls.iloc[0:0]
+    step = step_at(trace, calls["ts_ns"].to_numpy())
+    return calls[step >= 0] if len(np.unique(step[step >= 0])) >= 2 else calls.iloc[0:0]
+
+
 @trace_view
 def startup_calls(trace: RankTrace) -> pd.DataFrame:
-    """Runtime/driver calls of at least STARTUP_CALL_NS in the window during which no GPU work ran."""
+    """Runtime/driver calls of at least STARTUP_CALL_NS in the window during which no GPU work ran; device
+    mallocs and frees that recur step after step are no start-up (see ``recurring_allocator_calls``)."""
     w = window(trace)
     calls = runtime_calls(trace)
     calls = calls[((calls["dur_ns"] >= STARTUP_CALL_NS) & (calls["end_ns"] > w.start_ns)
                    & (calls["ts_ns"] < w.end_ns)).to_numpy()]
     if calls.empty:
         return calls
+    calls = calls[~calls.index.isin(recurring_allocator_calls(trace).index)]
     busy = iv.overlap_each(calls["ts_ns"].to_numpy(), calls["end_ns"].to_numpy(), any_gpu_busy(trace))
     return calls[busy == 0]
 

@@ -320,7 +320,7 @@ class Edits:
 
 
 #: measured savings that remove host time only: the GPU's own work per step still bounds the step
-HOST_ONLY = frozenset({"launch", "compile", "host_python"})
+HOST_ONLY = frozenset({"launch", "compile", "host_python", "allocator"})
 
 
 @dataclass(frozen=True)
@@ -880,6 +880,13 @@ def plan_for(trace: RankTrace, g: ReplayGraph, finding: Finding, params: dict[st
                                  ("under CUDA graphs the host launches each step's kernels in one call: the GPU's "
                                   "idle time waiting for launches goes, less one replay call per step",
                                   "the step's shapes are static (a graph replays fixed shapes)"), bound="upper")
+    if fid == "allocator_churn":
+        held = finding.evidence.get("recurring_time_us")
+        if not held:
+            return None
+        return plan_from_measure("allocator", float(held) * 1000 / n, "measured: host time in device mallocs and frees",
+                                 ("the caching allocator keeps the memory between steps: the runtime calls, and the "
+                                  "device syncs the frees make, go",))
     if fid == "exposed_comm":
         exposed = finding.evidence.get("exposed_us")
         if exposed is None:

@@ -108,14 +108,14 @@ def _exposed_by_op(coll: pd.DataFrame, exposed: iv.Intervals, w: Any) -> dict[st
 
 
 _OVERLAP_ADVICE = {
-    "all_reduce": "DDP's gradient all-reduce: let it overlap backward (smaller bucket_cap_mb so buckets start earlier, "
+    "allreduce": "DDP's gradient all-reduce: let it overlap backward (smaller bucket_cap_mb so buckets start earlier, "
                   "gradient_as_bucket_view=True, static_graph=True; under gradient accumulation, no_sync() on the "
                   "micro-steps that do not step)",
-    "all_gather": "FSDP's parameter all-gathers: prefetch them (forward_prefetch / backward_prefetch, FSDP2's "
+    "allgather": "FSDP's parameter all-gathers: prefetch them (forward_prefetch / backward_prefetch, FSDP2's "
                   "reshard_after_forward) so each runs behind the previous layer's compute",
-    "reduce_scatter": "FSDP's gradient reduce-scatters: let them overlap backward (backward_prefetch, a limit on "
+    "reducescatter": "FSDP's gradient reduce-scatters: let them overlap backward (backward_prefetch, a limit on "
                       "in-flight all-gathers that leaves room for them)",
-    "all_to_all": "all-to-all (embedding or expert exchange): pipeline it with the previous batch's compute (TorchRec's "
+    "alltoall": "all-to-all (embedding or expert exchange): pipeline it with the previous batch's compute (TorchRec's "
                   "TrainPipelineSparseDist, MoE overlap schedules)",
 }
 

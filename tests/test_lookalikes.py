@@ -1,0 +1,248 @@
+"""Signals real traces share with a problem that is not there, and problems real traces hid: each test builds the
+case in code with its answer known by construction (issue 28's cases from traces nobody here had read)."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import load_built
+from kinetoscope.analyze.report import build_report
+from tracebuilder import TraceBuilder
+
+
+def report_of(tmp_path, b, name="t.json"):
+    return build_report(load_built(tmp_path, b, name))
+
+
+def found(rep, id_):
+    return [f for f in rep.findings if f.id == id_]
+
+
+# --- zero-length events are inside nothing --------------------------------------------------
+def test_a_zero_length_add_at_the_edge_of_accumulate_grad_is_no_accumulation(tmp_path):
+    """Was: zero_grad_missing on a trace that clears gradients every step (TorchRec, A100): zero-length aten::add_
+    events at AccumulateGrad's edges counted as inside it (an overlap of 0 equals a length of 0)."""
+    b = TraceBuilder()
+    for i in range(4):
+        t = i * 1000
+        b.step(i, t, 1000).op("aten::linear", t + 10, 100)
+        b.op("autograd::engine::evaluate_function: AddmmBackward0", t + 200, 200, tid=200)
+        b.op("torch::autograd::AccumulateGrad", t + 300, 50, tid=200)
+        b.op("aten::add_", t + 350, 0, tid=200)  # zero length, at AccumulateGrad's end
+        b.op("Optimizer.step#SGD.step", t + 600, 100, cat="user_annotation")
+    assert not found(report_of(tmp_path, b), "zero_grad_missing")
+
+
+def test_an_add_with_a_length_inside_accumulate_grad_still_counts(tmp_path):
+    b = TraceBuilder()
+    for i in range(4):
+        t = i * 1000
+        b.step(i, t, 1000).op("aten::linear", t + 10, 100)
+        b.op("autograd::engine::evaluate_function: AddmmBackward0", t + 200, 200, tid=200)
+        b.op("torch::autograd::AccumulateGrad", t + 300, 50, tid=200)
+        b.op("aten::add_", t + 310, 20, tid=200)
+        b.op("Optimizer.step#SGD.step", t + 600, 100, cat="user_annotation")
+    (f,) = found(report_of(tmp_path, b), "zero_grad_missing")
+    assert f.evidence["steps"] == [1, 2, 3] and f.severity == "warning"
+
+
+# --- a sync costs at most the host's own time in it ------------------------------------------
+def test_an_item_that_drains_its_own_small_copy_costs_its_own_microseconds(tmp_path):
+    """Was: sync_point where the GPU was already all but idle: an .item() that drained its own 4 us kernel was charged
+    the whole gap the host's own work left after it."""
+    b = TraceBuilder()
+    for i in range(5):
+        t = i * 10_000
+        b.step(i, t, 10_000).kernel(t + 10, 3000, launch_at=t, launch_dur=5)  # idle from t + 3010 ...
+        b.kernel(t + 5002, 4, launch_at=t + 4995, launch_dur=5)  # ... but for the .item()'s own 4 us kernel
+        b.op("aten::item", t + 5001, 10)
+        b.runtime("cudaStreamSynchronize", t + 5002, 8)  # returns at t + 5010: 9 us in the sync
+        # the host's own work (untraced) until the next step's kernel: the GPU idles 5006..10010 regardless
+    rep = report_of(tmp_path, b)
+    dev = rep.ranks[0]["gpu"]["devices"][0]
+    # each sync: the gap starting at t + 5006 is charged at most the 10 us the host spent in the sync
+    assert dev["idle_by_cause_us"]["sync"] == 5 * 10
+    assert not found(rep, "sync_point")
+
+
+def test_an_item_of_a_cpu_tensor_on_a_gpu_run_is_no_sync(tmp_path):
+    """.item() with no runtime call inside (a CPU tensor's value) waits for no device."""
+    b = TraceBuilder()
+    for i in range(5):
+        t = i * 1000
+        b.step(i, t, 1000).kernel(t + 10, 500, launch_at=t, launch_dur=5)
+        b.op("aten::item", t + 100, 600)  # long, and the GPU drains meanwhile: still no sync
+    rep = report_of(tmp_path, b)
+    assert rep.ranks[0]["gpu"]["devices"][0]["idle_by_cause_us"]["sync"] == 0
+    assert not found(rep, "sync_in_loop") and not found(rep, "sync_point")
+
+
+def test_a_sync_inside_a_library_op_is_not_the_loops_own(tmp_path):
+    """Was: 'keep metrics on the device' for syncs made by an embedding library's all-to-all set-up and by aten::to's
+    blocking copies: nothing the loop's own code can defer."""
+    b = TraceBuilder()
+    for i in range(5):
+        t = i * 1000
+        b.step(i, t, 1000).kernel(t + 10, 400, launch_at=t, launch_dur=5)
+        b.op("## sparse_data_dist ##", t + 50, 300, cat="user_annotation")
+        b.op("aten::item", t + 60, 100).runtime("cudaStreamSynchronize", t + 70, 80)
+        b.op("aten::to", t + 200, 100).runtime("cudaStreamSynchronize", t + 210, 80)
+    assert not found(report_of(tmp_path, b), "sync_in_loop")
+
+
+def test_the_loops_own_item_every_step_is_still_found(tmp_path):
+    b = TraceBuilder()
+    for i in range(5):
+        t = i * 1000
+        b.step(i, t, 1000).kernel(t + 10, 400, launch_at=t, launch_dur=5)
+        b.op("aten::item", t + 900, 50).runtime("cudaStreamSynchronize", t + 905, 40)
+    (f,) = found(report_of(tmp_path, b), "sync_in_loop")
+    assert f.evidence["steps_with_sync"] == 5 and f.evidence["host_blocked_us"] == 5 * 50
+
+
+def test_a_range_wrapping_the_whole_step_is_a_container(tmp_path):
+    """A user's record_function('train_step') around the step body: its .item() is still the loop's own."""
+    b = TraceBuilder()
+    for i in range(5):
+        t = i * 1000
+        b.step(i, t, 1000).op("train_step", t + 5, 990, cat="user_annotation")
+        b.kernel(t + 10, 400, launch_at=t + 6, launch_dur=4)
+        b.op("aten::item", t + 900, 50).runtime("cudaStreamSynchronize", t + 905, 40)
+    assert len(found(report_of(tmp_path, b), "sync_in_loop")) == 1
+
+
+# --- the host's Python, named ----------------------------------------------------------------
+def python(b, name, ts, dur, tid=100):
+    return b.op(name, ts, dur, cat="python_function", tid=tid)
+
+
+def test_gpu_idle_behind_traced_python_is_named_not_untraced(tmp_path):
+    """Was: 'untraced work, profile with with_stack=True' on a trace holding the stacks of video preprocessing."""
+    b = TraceBuilder()
+    t = 0
+    b.step(1, t, 10_000)
+    python(b, "train.py(10): <module>", 0, 10_000)
+    python(b, "pipeline.py(50): __call__", 10, 9_980)
+    python(b, "image_processing.py(40): preprocess", 100, 6_000)  # 60% of the window
+    python(b, "image_processing.py(80): resize", 200, 5_000)  # inside preprocess: not named apart
+    python(b, "video.py(174): read_video_pyav", 6_200, 2_000)  # 20%
+    python(b, "model.py(9): forward", 8_300, 1_600)
+    for k in range(15):  # the forward's kernels, back to back from 8.3 ms
+        b.kernel(8_310 + k * 100, 100, launch_at=8_305 + k * 100, launch_dur=4)
+    rep = report_of(tmp_path, b)
+    dev = rep.ranks[0]["gpu"]["devices"][0]
+    # idle: 0..8310 and 9810..10000; Python frames cover the window, so all of it but what the launches explain
+    assert dev["idle_by_cause_us"]["other"] == 0
+    (f,) = found(rep, "gpu_idle")
+    names = [h["function"] for h in f.evidence["host_python_hotspots"]]
+    assert names == ["image_processing.py(40): preprocess", "video.py(174): read_video_pyav"]
+    assert f.evidence["host_python_hotspots"][0]["time_us"] == 6000
+    assert "preprocess" in f.title and "DataLoader workers" in f.recommendation
+
+
+# --- exposed communication --------------------------------------------------------------------
+def nccl(b, ts, dur, op="AllToAll", stream=20):
+    return b.kernel(ts, dur, stream=stream, name=f"ncclDevKernel_{op}_RING_LL")
+
+
+def test_communication_not_overlapped_with_compute_is_found_by_kind(tmp_path):
+    """Was: 19% of a window in exposed NCCL communication with no finding."""
+    b = TraceBuilder()
+    for i in range(4):
+        t = i * 10_000
+        b.step(i, t, 10_000)
+        b.kernel(t, 6_000, launch_at=t - 5)  # compute
+        nccl(b, t + 5_000, 3_000, "AllReduce")  # 1,000 us under compute, 2,000 exposed
+        nccl(b, t + 8_000, 1_000, "AllToAll")  # all exposed
+    rep = report_of(tmp_path, b)
+    (f,) = found(rep, "exposed_comm")
+    assert f.evidence["exposed_us"] == 4 * 3_000
+    assert f.evidence["exposed_by_op_us"] == {"allreduce": 8_000, "alltoall": 4_000}
+    assert rep.ranks[0]["comm"]["overlap_fraction"] == pytest.approx(4_000 / 16_000)
+    assert f.estimate["bound"] == "upper" and f.estimate["saving_us_per_step"] == 3_000
+    # 30% of the step, an upper bound credited at half: a warning
+    assert f.severity == "warning"
+
+
+def test_communication_hidden_behind_compute_is_not_found(tmp_path):
+    b = TraceBuilder()
+    for i in range(4):
+        t = i * 10_000
+        b.step(i, t, 10_000).kernel(t, 9_000, launch_at=t - 5)
+        nccl(b, t + 1_000, 5_000, "AllReduce")
+    rep = report_of(tmp_path, b)
+    assert not found(rep, "exposed_comm") and rep.ranks[0]["comm"]["exposed_us"] == 0
+
+
+def test_a_cpu_gloo_job_waiting_on_its_all_reduce_is_found(tmp_path):
+    """Was: a CPU gloo job whose all-reduce takes 86% of the window given only information."""
+    b = TraceBuilder()
+    for i in range(4):
+        t = i * 10_000
+        b.step(i, t, 10_000).op("aten::linear", t + 100, 1_000)  # compute on the training thread
+        b.op("autograd::engine::evaluate_function: AddmmBackward0", t + 1_200, 300, tid=200)
+        b.op("gloo:all_reduce", t + 1_300, 8_600, cat="user_annotation", tid=300)  # on gloo's thread
+    rep = report_of(tmp_path, b)
+    (f,) = found(rep, "exposed_comm")
+    # 1,300..1,500 overlaps the backward op: 8,400 of 8,600 exposed per step
+    assert f.evidence["exposed_us"] == 4 * 8_400 and f.evidence["where"] == "host"
+    assert f.severity == "critical"  # 84% of the step, credited at half: 42%
+
+
+def test_a_trimmed_gloo_trace_with_no_compute_cannot_judge_overlap(tmp_path):
+    b = TraceBuilder().step(1, 0, 10_000)
+    b.op("gloo:all_reduce", 100, 9_000, cat="user_annotation", tid=300)
+    rep = report_of(tmp_path, b)
+    assert not found(rep, "exposed_comm") and rep.ranks[0]["comm"]["exposed_us"] is None
+
+
+# --- device allocations every step ------------------------------------------------------------
+def test_a_free_every_step_is_allocator_churn_not_start_up(tmp_path):
+    """Was: a hipFree/cudaFree storm with the caching allocator bypassed (3.35 s of a 3.39 s window) read as start-up,
+    which made every GPU finding information."""
+    b = TraceBuilder()
+    for i in range(5):
+        t = i * 10_000
+        b.step(i, t, 10_000)
+        for k in range(4):
+            b.kernel(t + 100 + k * 500, 400, launch_at=t + 90 + k * 500, launch_dur=5)
+        b.runtime("hipFree", t + 2_100, 7_800)  # the GPU idle meanwhile: once, this would look like start-up
+    rep = report_of(tmp_path, b)
+    (f,) = found(rep, "allocator_churn")
+    assert f.evidence["steps_with_calls"] == 5 and f.evidence["recurring_time_us"] == 5 * 7_800
+    assert f.estimate["saving_us_per_step"] == 7_800 and f.severity == "critical"  # 78% of the step
+    assert rep.ranks[0]["gpu"]["startup_fraction"] == 0
+
+
+def test_allocations_in_one_step_are_information(tmp_path):
+    b = TraceBuilder()
+    for i in range(5):
+        t = i * 10_000
+        b.step(i, t, 10_000).kernel(t + 100, 9_000, launch_at=t + 90)
+    b.runtime("cudaMalloc", 5, 80)
+    b.runtime("cudaMalloc", 1_000, 3_000)
+    (f,) = found(report_of(tmp_path, b), "allocator_churn")
+    assert f.severity == "info" and "whether it recurs cannot be told" in f.title
+
+
+# --- an accelerator the analysis does not read ------------------------------------------------
+def test_an_accelerator_the_analysis_does_not_read_is_named(tmp_path):
+    """Was: an MTIA trace read as 'no problems found'."""
+    b = TraceBuilder().step(1, 0, 1_000).op("aten::mm", 10, 100)
+    for k in range(7):
+        b.op("runFunction - job_prep_and_submit_for_execution", 200 + k * 10, 5, cat="mtia_runtime")
+        b.raw({"ph": "X", "cat": "mtia_ccp_events", "name": "dma_request", "pid": 9, "tid": 801, "ts": 300 + k * 10,
+               "dur": 8, "args": {}})
+    rep = report_of(tmp_path, b)
+    (f,) = found(rep, "accelerator_unread")
+    assert f.evidence["accelerator"] == "MTIA"
+    assert f.evidence["events_by_category"] == {"mtia_runtime": 7, "mtia_ccp_events": 7}
+    assert rep.ranks[0]["coverage"]["unread_events"] == {"mtia_runtime": 7, "mtia_ccp_events": 7}
+    assert f.severity == "info"
+
+
+def test_a_plain_gpu_trace_names_nothing_unread(tmp_path):
+    b = TraceBuilder().step(1, 0, 1_000).kernel(10, 900, launch_at=5)
+    rep = report_of(tmp_path, b)
+    assert rep.ranks[0]["coverage"] == {"unread_events": None, "accelerators_unread": None}
+    assert not found(rep, "accelerator_unread")
