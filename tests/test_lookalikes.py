@@ -246,3 +246,43 @@ def test_a_plain_gpu_trace_names_nothing_unread(tmp_path):
     rep = report_of(tmp_path, b)
     assert rep.ranks[0]["coverage"] == {"unread_events": None, "accelerators_unread": None}
     assert not found(rep, "accelerator_unread")
+
+
+# --- loader advice that cannot loop -----------------------------------------------------------
+def steps_json(path, *, wall, wait, wait_cpu, cpu):
+    import json
+
+    n = len(wall)
+    (path / "rank-0.steps.json").write_text(json.dumps({
+        "rank": 0, "unit": "ns", "step_wall_ns": wall, "data_wait_ns": wait, "step_cpu_ns": cpu,
+        "data_wait_cpu_ns": wait_cpu, "workers_cpu_ns": [None] * n, "profiled": [True] * n}))
+
+
+def workers_trace(tmp_path, wait_us):
+    b = TraceBuilder()
+    for i in range(6):
+        t = i * 10_000
+        b.step(i, t, 10_000).loader(t, wait_us, multiprocess=True).op("aten::linear", t + wait_us + 10, 8_000)
+    b.write(tmp_path / "rank-0.step-0-5.pt.trace.json")  # a capture window: its step timings are read beside it
+    return tmp_path
+
+
+def test_the_hand_over_is_not_workers_falling_behind(tmp_path):
+    """Was: 'workers cannot keep up: raise num_workers' for the 2-3 ms the main process spends taking each batch
+    from a worker, repeated after 2 -> 4 workers gained nothing. The capture's CPU times tell them apart: the loop's
+    CPU works through the hand-over, and sits idle while workers fall behind."""
+    workers_trace(tmp_path, 2_500)
+    steps_json(tmp_path, wall=[10_000_000] * 6, wait=[2_500_000] * 6, wait_cpu=[2_400_000] * 6, cpu=[9_900_000] * 6)
+    rep = build_report(__import__("kinetoscope.analyze.loader", fromlist=["load_trace"]).load_trace(tmp_path))
+    (f,) = found(rep, "loader_stall")
+    assert f.evidence["wait_kind"] == "handover" and f.evidence["wait_cpu_fraction"] == 0.96
+    assert "more workers will not help" in f.recommendation and "raise num_workers" not in f.recommendation
+
+
+def test_workers_falling_behind_are_told_to_grow(tmp_path):
+    workers_trace(tmp_path, 2_500)
+    steps_json(tmp_path, wall=[10_000_000] * 6, wait=[2_500_000] * 6, wait_cpu=[100_000] * 6, cpu=[7_600_000] * 6)
+    rep = build_report(__import__("kinetoscope.analyze.loader", fromlist=["load_trace"]).load_trace(tmp_path))
+    (f,) = found(rep, "loader_stall")
+    assert f.evidence["wait_kind"] == "starved" and f.evidence["wait_cpu_fraction"] == 0.04
+    assert "cannot keep up" in f.recommendation and "raise num_workers" in f.recommendation

@@ -278,7 +278,7 @@ def test_whatif_command(tmp_path):
     alone = min(f["estimate"]["step_us_after"] for f in rank["fixes"])
     assert rank["together"]["step_us_after"] <= alone
     text = run_cli("whatif", sample, "--fix", "loader_stall")
-    assert text.returncode == 0 and "fix this: ~" in text.stdout and "together (loader_stall)" in text.stdout
+    assert text.returncode == 0 and "fix this with num_workers=" in text.stdout and "together (loader_stall)" in text.stdout
     bad = run_cli("whatif", sample, "--fix", "no_such_thing")
     assert bad.returncode == 2 and "unknown finding id" in bad.stderr and "Traceback" not in bad.stderr
     bad = run_cli("whatif", sample, "--fix", "loader_stall", "--set", "loader_stall.num_workers=many")

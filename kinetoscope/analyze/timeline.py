@@ -586,3 +586,28 @@ def python_hotspots(frames: pd.DataFrame, at: iv.Intervals, top: int = 3) -> lis
         if not nested:
             chosen.append(name)
     return [{"function": n, "time_us": us(by_name[n]), "share": round(by_name[n] / total, 4)} for n in chosen]
+
+
+def cpu_shares(trace: RankTrace) -> tuple[float | None, float | None]:
+    """(CPU cores' worth of work the loading did per ns of wait, the process's CPU per ns of step outside
+    the wait), from the capture's per-step process CPU time; None where not recorded."""
+    rs = trace.run_steps
+    if rs is None or "cpu_ns" not in rs or rs["cpu_ns"].isna().all():
+        return None, None
+    rs = rs.iloc[1:] if len(rs) > 2 else rs  # the first step carries start-up work
+    wait, wait_cpu = rs["data_wait_ns"].to_numpy(float), rs["data_wait_cpu_ns"].to_numpy(float)
+    wall, cpu = rs["wall_ns"].to_numpy(float), rs["cpu_ns"].to_numpy(float)
+    load = float(np.nansum(wait_cpu) / np.nansum(wait)) if np.nansum(wait) > 0 else None
+    rest = wall - wait
+    comp = float(np.nansum(cpu - wait_cpu) / np.nansum(rest)) if np.nansum(rest) > 0 else None
+    return load, comp
+
+
+def handoff_ns(waits: np.ndarray) -> float:
+    """What taking a batch that is already prepared costs the loop: the median of the short waits (at most a
+    quarter of the longest) where at least a quarter of the waits are short, so those batches were evidently
+    ready; 0 where nearly every step stalled alike (no evidence of a ready batch)."""
+    if not len(waits):
+        return 0.0
+    short = waits[waits <= 0.25 * float(np.max(waits))]
+    return float(np.median(short)) if len(short) >= 0.25 * len(waits) else 0.0

@@ -33,6 +33,8 @@ import pandas as pd
 from kinetoscope.analyze import intervals as iv
 from kinetoscope.analyze.findings import Finding
 from kinetoscope.analyze.timeline import (
+    cpu_shares,
+    handoff_ns,
     SYNC_RUNTIME_RE,
     gpu_work,
     launches,
@@ -505,16 +507,6 @@ def simulate_loader(fix: LoaderFix, compute_ns: np.ndarray, rounds: int = 8) -> 
     return waits[-n:]
 
 
-def handoff_ns(waits: np.ndarray) -> float:
-    """What taking a batch that is already prepared costs the loop: the median of the short waits (at most a
-    quarter of the longest) where at least a quarter of the waits are short, so those batches were evidently
-    ready; 0 where nearly every step stalled alike (no evidence of a ready batch)."""
-    if not len(waits):
-        return 0.0
-    short = waits[waits <= 0.25 * float(np.max(waits))]
-    return float(np.median(short)) if len(short) >= 0.25 * len(waits) else 0.0
-
-
 def stalled(waits: np.ndarray, handoff: float) -> np.ndarray:
     """Waits for a batch still being prepared, as opposed to the hand-over's own jitter."""
     return waits > 2.0 * handoff + 500_000.0
@@ -626,21 +618,6 @@ def _cores_together(host: dict[str, Any], cpus: int) -> tuple[float, str]:
     return float(measured), f"all busy, they do {measured:.2f} cores' work (measured by the capture)"
 
 
-def _cpu_shares(trace: RankTrace) -> tuple[float | None, float | None]:
-    """(CPU cores' worth of work the loading did per ns of wait, the process's CPU per ns of step outside
-    the wait), from the capture's per-step process CPU time; None where not recorded."""
-    rs = trace.run_steps
-    if rs is None or "cpu_ns" not in rs or rs["cpu_ns"].isna().all():
-        return None, None
-    rs = rs.iloc[1:] if len(rs) > 2 else rs  # the first step carries start-up work
-    wait, wait_cpu = rs["data_wait_ns"].to_numpy(float), rs["data_wait_cpu_ns"].to_numpy(float)
-    wall, cpu = rs["wall_ns"].to_numpy(float), rs["cpu_ns"].to_numpy(float)
-    load = float(np.nansum(wait_cpu) / np.nansum(wait)) if np.nansum(wait) > 0 else None
-    rest = wall - wait
-    comp = float(np.nansum(cpu - wait_cpu) / np.nansum(rest)) if np.nansum(rest) > 0 else None
-    return load, comp
-
-
 def plan_loader(trace: RankTrace, g: ReplayGraph, params: dict[str, Any]) -> Plan | None:
     items = _window_waits(g)
     if not len(items) or not g.steps:
@@ -657,7 +634,7 @@ def plan_loader(trace: RankTrace, g: ReplayGraph, params: dict[str, Any]) -> Pla
     assumptions = []
     before = 0 if single else dl.get("num_workers")
     prefetch = int(params.get("prefetch_factor") or dl.get("prefetch_factor") or 2)
-    load_cpu, comp_cpu = _cpu_shares(trace)
+    load_cpu, comp_cpu = cpu_shares(trace)
     if single:
         load = waits  # loading runs inline: each wait is one batch's loading
         assumptions.append("num_workers=0 before: each recorded wait is one batch's full loading time")
@@ -731,7 +708,8 @@ def plan_loader(trace: RankTrace, g: ReplayGraph, params: dict[str, Any]) -> Pla
     # makes the estimate only more optimistic
     upper = floor == 0.0 and (load is None or not single or not cpus or comp_cpu is None)
     return Plan(Edits(loader=fix, floor_step_ns=floor), "replay: DataLoader queue simulation", tuple(assumptions),
-                {"num_workers": int(target) if target is not None else None, "prefetch_factor": prefetch},
+                {"num_workers": int(target) if target is not None else None, "prefetch_factor": prefetch,
+                 "cpus": int(cpus) if cpus else None},
                 bound="upper" if upper else None)
 
 

@@ -30,9 +30,14 @@ def worth(estimate: dict[str, Any] | None) -> str | None:
     if estimate.get("method") == "one-off":
         return (f"fix this: a one-off {estimate['one_off_total_us'] / 1000:,.1f} ms in all; over "
                 f"{estimate['amortised_over_steps']:,} steps ~{(saving or 0) / 1000:,.2f} ms per step ({share:.1%})")
+    workers = estimate.get("num_workers")
+    cpus = estimate.get("cpus")
+    assumed = ("" if workers is None else
+               f" with num_workers={workers}" + (f" on {cpus} CPUs" if cpus else " (the host's CPUs are not recorded)"))
+    bound = " at most" if estimate.get("bound") == "upper" else ""
     if not saving:
-        return "fix this: no measurable step-time change expected"
-    return (f"fix this: ~{saving / 1000:,.2f} ms per step faster ({share:.0%}; "
+        return f"fix this{assumed}: no measurable step-time change expected"
+    return (f"fix this{assumed}:{bound} ~{saving / 1000:,.2f} ms per step faster ({share:.0%}; "
             f"{estimate['step_us_after'] / 1000:,.2f} ms per step after)")
 
 

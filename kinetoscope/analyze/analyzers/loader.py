@@ -11,6 +11,8 @@ from kinetoscope.analyze.findings import Finding
 from kinetoscope.analyze.registry import AnalysisResult, register
 from kinetoscope.analyze.timeline import (
     any_gpu_busy,
+    cpu_shares,
+    handoff_ns,
     intervals_of,
     loader_spans,
     main_thread,
@@ -40,19 +42,51 @@ def _per_step(trace: RankTrace, spans: iv.Intervals, idle_cost: iv.Intervals | N
     return out
 
 
-def _recommendation(names: set[str], pageable_h2d: bool, first_step_share: float, gpu: bool) -> str:
+#: the process's CPU works through at least this share of a wait for a worker's batch: the wait is the hand-over
+#: (unpickling the batch, copying it out of shared memory), not the workers falling behind
+HANDOVER_CPU_SHARE = 0.5
+
+
+def wait_kind(trace: RankTrace, waits_ns: np.ndarray) -> tuple[str, float | None]:
+    """Why the loop waits for batches from worker processes: "handover" (the loop itself works through the wait:
+    taking each batch over), "starved" (it sits idle while the workers prepare batches), or "unknown"; and the
+    process's CPU share during the waits, from the capture's per-step CPU times (None where not recorded)."""
+    load_cpu, _ = cpu_shares(trace)
+    if load_cpu is not None:
+        return ("handover" if load_cpu >= HANDOVER_CPU_SHARE else "starved"), load_cpu
+    handoff = handoff_ns(waits_ns)
+    if handoff and float(np.mean(waits_ns > 2.0 * handoff + 500_000.0)) < 0.25:  # ready batches, few stalls
+        return "handover", None
+    return "unknown", None
+
+
+def _recommendation(names: set[str], pageable_h2d: bool, first_step_share: float, gpu: bool, kind: str,
+                    wait_cpu: float | None, cpus: int | None) -> str:
     tips = []
     multiprocess = any("MultiProcessing" in n for n in names)
     if any("SingleProcess" in n for n in names):
         tips.append(
             "the DataLoader runs in the training process (num_workers=0): set num_workers to the "
             + ("number of free CPU cores (e.g. 4-8 per GPU)" if gpu else "number of CPU cores the training leaves free")
-            + " so batches are prepared in parallel"
+            + (f" (this host has {cpus})" if cpus else "") + " so batches are prepared in parallel"
         )
-    elif any("MultiProcessing" in n for n in names):
+    elif multiprocess and kind == "handover":
         tips.append(
-            "the worker processes cannot keep up: raise num_workers, raise prefetch_factor (default 2), "
-            "and make the Dataset's __getitem__ cheaper ("
+            "the workers keep up: the loop's wait is taking each batch over from them ("
+            + (f"the process's CPU is busy {wait_cpu:.0%} of the wait" if wait_cpu is not None
+               else "the waits are alike and short, batches were ready")
+            + "), so more workers will not help: make batches cheaper to hand over (a few large tensors rather than "
+              "many small ones or Python objects, a smaller dtype, collate in the workers)"
+        )
+    elif multiprocess:
+        tips.append(
+            ("the worker processes cannot keep up" + (f" (the loop sits idle through {1 - wait_cpu:.0%} of its waits)"
+                                                      if wait_cpu is not None else "")
+             if kind == "starved" else
+             "the loop waits for the workers (whether they fall behind or the hand-over costs this much cannot be told "
+             "without the capture's CPU times: run under kinetoscope capture)")
+            + ": raise num_workers" + (f" (this host has {cpus} CPUs)" if cpus else "")
+            + ", raise prefetch_factor (default 2), and make the Dataset's __getitem__ cheaper ("
             + ("decode/augment on the GPU, " if gpu else "") + "cache preprocessed data)"
         )
     else:
@@ -120,6 +154,8 @@ def analyze_loader(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
         from kinetoscope.analyze.analyzers.copies import h2d_copies
 
         pageable = bool(h2d_copies(trace)["pageable"].any()) if has_gpu else False
+        kind, wait_cpu = wait_kind(trace, frame["dur_ns"].to_numpy())
+        cpus = (trace.meta.capture.get("host") or {}).get("cpus")
         # worker start-up shows as a long first wait; it needs several steps to tell apart
         first = (per_step["loader_us"].iloc[0] / per_step["loader_us"].sum()
                  if len(per_step) >= 3 and per_step["loader_us"].sum() else 0.0)
@@ -141,13 +177,15 @@ def analyze_loader(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
                     "gpu_idle_cost_us": us(cost_ns),
                     "calls": int(len(frame)),
                     "iterator": metrics["iterator"],
+                    "wait_kind": kind if any("MultiProcessing" in n for n in names) else None,
+                    "wait_cpu_fraction": round(wait_cpu, 4) if wait_cpu is not None else None,
                     "worst_steps": [
                         {"step": int(r.step), "loader_us": round(float(r.loader_us), 3), "step_us": round(float(r.step_us), 3)}
                         for r in worst.itertuples()
                     ],
                     "window_us": us(w.dur_ns),
                 },
-                recommendation=_recommendation(names, pageable, float(first), trace.has_gpu),
+                recommendation=_recommendation(names, pageable, float(first), trace.has_gpu, kind, wait_cpu, cpus),
                 impact_us=float(basis_ns) / 1000.0,
             )
         )
