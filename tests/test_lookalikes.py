@@ -286,3 +286,35 @@ def test_workers_falling_behind_are_told_to_grow(tmp_path):
     (f,) = found(rep, "loader_stall")
     assert f.evidence["wait_kind"] == "starved" and f.evidence["wait_cpu_fraction"] == 0.04
     assert "cannot keep up" in f.recommendation and "raise num_workers" in f.recommendation
+
+
+# --- a host that gives the training a fraction of a core --------------------------------------
+def busy_trace(tmp_path):
+    b = TraceBuilder()
+    for i in range(6):
+        t = i * 10_000
+        b.step(i, t, 10_000).loader(t, 1_000).op("aten::linear", t + 1_000, 8_000)  # busy 8 ms of each step
+    b.write(tmp_path / "rank-0.step-0-5.pt.trace.json")
+    return tmp_path
+
+
+def test_a_process_given_a_third_of_a_core_is_oversubscribed(tmp_path):
+    """The capture records the process's CPU per step: 8 ms busy in operators on 2.7 ms of CPU (outside the data
+    wait) is a third of a core - another process or too many threads took the rest."""
+    busy_trace(tmp_path)
+    steps_json(tmp_path, wall=[10_000_000] * 6, wait=[1_000_000] * 6, wait_cpu=[1_000_000] * 6,
+               cpu=[3_700_000] * 6)
+    rep = build_report(__import__("kinetoscope.analyze.loader", fromlist=["load_trace"]).load_trace(tmp_path))
+    assert rep.ranks[0]["host"]["cores_while_busy"] == pytest.approx(2.7 / 8, abs=1e-4)
+    (f,) = found(rep, "host_oversubscribed")
+    assert f.evidence["lost_us"] == 6 * 5_300 and f.estimate["saving_us_per_step"] == 5_300
+    assert f.severity == "critical"  # 53% of the step, an upper bound credited at half: 26.5%
+
+
+def test_a_process_with_its_core_is_not_oversubscribed(tmp_path):
+    busy_trace(tmp_path)
+    steps_json(tmp_path, wall=[10_000_000] * 6, wait=[1_000_000] * 6, wait_cpu=[1_000_000] * 6,
+               cpu=[8_900_000] * 6)
+    rep = build_report(__import__("kinetoscope.analyze.loader", fromlist=["load_trace"]).load_trace(tmp_path))
+    assert rep.ranks[0]["host"]["cores_while_busy"] == pytest.approx(7.9 / 8, abs=1e-4)
+    assert not found(rep, "host_oversubscribed")

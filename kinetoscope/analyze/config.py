@@ -49,6 +49,11 @@ class AnalysisConfig:
     #: Device mallocs and frees through the runtime holding the host this share of the window (the caching
     #: allocator makes them rare after warm-up) are worth looking at.
     allocator_min_fraction: float = 0.05
+    #: A process given less than half a core while its training thread is busy in operators is competing for the
+    #: host's CPUs (a busy single-threaded operator gets a whole core on a host with room) ...
+    host_min_core_share: float = 0.5
+    #: ... when the busy time it ran without a core adds up to this share of the window.
+    host_min_lost_fraction: float = 0.05
     #: Kernels shorter than this cost about as much to launch as to run.
     short_kernel_us: float = 20.0
     #: A kernel starting less than this after its launch call returned found the GPU's queue empty
@@ -106,7 +111,7 @@ _FRACTIONS = frozenset({
     "severity_warning_min_worth", "severity_critical_min_worth", "upper_bound_credit",
     "loader_min_fraction", "gpu_idle_min_fraction",
     "sync_idle_fraction", "launch_queue_empty_share", "missing_activity_max_fraction", "startup_max_fraction",
-    "pageable_min_fraction", "overlap_min_fraction", "copy_min_fraction", "exposed_comm_min_fraction", "allocator_min_fraction",
+    "pageable_min_fraction", "overlap_min_fraction", "copy_min_fraction", "exposed_comm_min_fraction", "allocator_min_fraction", "host_min_core_share", "host_min_lost_fraction",
     "launch_idle_share", "memory_growth_min_persistence", 
     "reserved_growth_max_allocated_share",
     "straggler_min_spread_fraction", "straggler_min_last_share",

@@ -322,7 +322,7 @@ class Edits:
 
 
 #: measured savings that remove host time only: the GPU's own work per step still bounds the step
-HOST_ONLY = frozenset({"launch", "compile", "host_python", "allocator"})
+HOST_ONLY = frozenset({"launch", "compile", "host_python", "allocator", "host_cpu"})
 
 
 @dataclass(frozen=True)
@@ -858,6 +858,14 @@ def plan_for(trace: RankTrace, g: ReplayGraph, finding: Finding, params: dict[st
                                  ("under CUDA graphs the host launches each step's kernels in one call: the GPU's "
                                   "idle time waiting for launches goes, less one replay call per step",
                                   "the step's shapes are static (a graph replays fixed shapes)"), bound="upper")
+    if fid == "host_oversubscribed":
+        lost = finding.evidence.get("lost_us")
+        if not lost:
+            return None
+        return plan_from_measure("host_cpu", float(lost) * 1000 / n, "measured: busy time without a core",
+                                 ("the training process gets a core whenever its thread is busy: its operators run "
+                                  "at the speed a core gives (what the other threads or processes then lose is not "
+                                  "counted)",), bound="upper")
     if fid == "allocator_churn":
         held = finding.evidence.get("recurring_time_us")
         if not held:
