@@ -318,3 +318,29 @@ def test_a_process_with_its_core_is_not_oversubscribed(tmp_path):
     rep = build_report(__import__("kinetoscope.analyze.loader", fromlist=["load_trace"]).load_trace(tmp_path))
     assert rep.ranks[0]["host"]["cores_while_busy"] == pytest.approx(7.9 / 8, abs=1e-4)
     assert not found(rep, "host_oversubscribed")
+
+
+# --- a straggler slowed by its own training thread --------------------------------------------
+def test_a_straggler_slowed_by_untraced_work_on_its_own_thread_is_worth_the_others_wait(tmp_path):
+    """Was: a straggler whose cause is untraced work on its own training thread (a CPU gloo job) was sent 'outside
+    the profiled threads' and worth 'no change' while the other rank waited 31.7 ms of 39 per step."""
+    from kinetoscope.analyze.loader import load_trace
+
+    for rank in (0, 1):
+        b = TraceBuilder(rank=rank, world_size=2)
+        for s in range(6):
+            t = s * 40_000
+            b.step(s, t, 40_000).op("aten::linear", t + 100, 5_000)  # both ranks compute 5 ms
+            # rank 1 then runs 30 ms of untraced Python on its training thread before it joins the all-reduce
+            arrive = t + 5_200 + (30_000 if rank == 1 else 0)
+            b.op("gloo:all_reduce", arrive, t + 37_000 - arrive, cat="user_annotation", tid=300)
+        b.write(tmp_path / "job" / f"rank-{rank}.json")
+    rep = build_report(load_trace(tmp_path / "job"))
+    (f,) = found(rep, "straggler")
+    assert f.rank == 1 and f.evidence["cause"] == "untraced"
+    assert f.evidence["others_wait_us_per_step"] == 30_000
+    # outside its 5 ms of compute and its collective: rank 1, 40 - 5 - 1.8 ms; rank 0, 40 - 5 - 31.8 ms
+    assert f.evidence["components_us_per_step"]["1"]["untraced"] == 33_200
+    assert f.evidence["components_us_per_step"]["0"]["untraced"] == 3_200
+    assert f.evidence["cause_excess_us_per_step"] == 30_000
+    assert f.estimate["saving_us_per_step"] == 30_000 and "bound" not in f.estimate

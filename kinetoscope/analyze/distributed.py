@@ -35,7 +35,7 @@ POINT_TO_POINT = frozenset({"send", "recv", "sendrecv"})
 MAX_OFFSET = 64
 #: a matched collective's implied skew must be this consistent (median absolute deviation, as a share
 #: of the mean step) for an alignment to count
-COMPONENTS = ("input", "copy", "compute", "host")
+COMPONENTS = ("input", "copy", "compute", "host", "untraced")
 #: arrivals closer than this are simultaneous: nobody waited
 NO_WAIT_NS = 1000
 

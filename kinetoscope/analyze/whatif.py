@@ -889,10 +889,13 @@ def plan_for(trace: RankTrace, g: ReplayGraph, finding: Finding, params: dict[st
     if fid == "straggler":
         ev = finding.evidence
         excess = ev.get("cause_excess_us_per_step")
+        known = ev.get("cause") != "unknown" and excess is not None
         return plan_from_measure("straggler", straggler_saving_us(ev) * 1000, "measured: collective waits",
                                  (f"rank {ev.get('rank')}'s cause ({ev.get('cause')}) removed: the others' waits for it "
                                   "at collectives shrink by its lateness"
-                                  + (", at most its measured excess" if excess is not None else ""),))
+                                  + (", at most its measured excess" if known else
+                                     " (its cause is not in the trace: the others' whole wait, at most)"),),
+                                 bound=None if known else "upper")
     return None
 
 
@@ -901,7 +904,9 @@ def straggler_saving_us(evidence: dict[str, Any]) -> float:
     straggler's measured excess in that cause."""
     wait = float(evidence.get("others_wait_us_per_step") or 0)
     excess = evidence.get("cause_excess_us_per_step")
-    return min(wait, float(excess)) if excess is not None else wait
+    if evidence.get("cause") == "unknown" or excess is None:  # what explains it is not in the trace: its whole wait
+        return wait
+    return min(wait, float(excess))
 
 
 #: findings that are not a time cost: their estimate says so instead of a number

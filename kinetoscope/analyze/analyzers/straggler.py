@@ -10,6 +10,7 @@ compute (GPU kernels), host (the launching threads' own work).
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -26,8 +27,11 @@ from kinetoscope.analyze.timeline import (
     gpu_work,
     host_busy,
     intervals_of,
+    kind_mask,
     loader_spans,
+    main_thread,
     missing_activity,
+    name_mask,
     window,
 )
 from kinetoscope.analyze.trace import RankTrace, Trace, trace_view
@@ -48,8 +52,10 @@ def rank_summary(r: RankTrace) -> RankSummary:
     components: dict[str, float | None] = {
         "input": iv.measure(intervals_of(loader_spans(r), w)) / 1000.0 / per,
         "copy": iv.measure(intervals_of(copies, w)) / 1000.0 / per if r.has_gpu else None,
-        "compute": iv.measure(intervals_of(compute, w)) / 1000.0 / per if r.has_gpu else None,
+        # a CPU run computes on the host: its operators on the training thread
+        "compute": (iv.measure(intervals_of(compute, w)) if r.has_gpu else iv.measure(_cpu_compute(r, w))) / 1000.0 / per,
         "host": iv.measure(host_busy(r)) / 1000.0 / per if r.has_gpu else None,
+        "untraced": iv.measure(iv.subtract(_untraced(r, w), comm_set)) / 1000.0 / per if steps else None,
     }
 
     def ints(col: str) -> list[int | None]:
@@ -71,6 +77,38 @@ def rank_summary(r: RankTrace) -> RankSummary:
         collective_us=iv.measure(comm_set) / 1000.0,
         unknown_fraction=missing_activity(r).blind_ns() / w.dur_ns if w.dur_ns else 0.0,
     )
+
+
+def _cpu_compute(r: RankTrace, w: Any) -> iv.Intervals:
+    """A CPU run's compute: the training thread's operators (communication and containers left out)."""
+    ev = r.events
+    tid = main_thread(r)
+    if tid is None:
+        return iv.EMPTY
+    ops = ev[kind_mask(ev, ("cpu_op",)) & (ev["tid"] == tid).to_numpy(bool) & ~name_mask(ev, _NOT_COMPUTE_RE)]
+    return iv.clip(iv.union(ops["ts_ns"].to_numpy(), ops["end_ns"].to_numpy()), w.start_ns, w.end_ns)
+
+
+#: communication and its bookkeeping, containers of other work, and marks: not the step's own traced work
+_NOT_COMPUTE_RE = re.compile(r"^(?:c10d::|record_param_comms|nccl:|gloo:|rccl:|ProfilerStep#|enumerate\()")
+
+
+def _untraced(r: RankTrace, w: Any) -> iv.Intervals:
+    """The training thread's time in its steps inside no traced event (operators, runtime calls, annotations, Python
+    frames, data waits): Python the profiler did not record, I/O, sleeps - work a straggler can hide on its own
+    training thread. (The caller leaves out the rank's time in collectives, where it waits for the others.)"""
+    ev = r.events
+    tid = main_thread(r)
+    if tid is None or r.steps.empty:
+        return iv.EMPTY
+    mine = ev[kind_mask(ev, ("cpu_op", "annotation", "runtime", "driver", "python")) & (ev["tid"] == tid).to_numpy(bool)
+              & ~name_mask(ev, _STEP_RE)]
+    traced = iv.union(mine["ts_ns"].to_numpy(), mine["end_ns"].to_numpy())
+    steps = iv.clip(iv.union(r.steps["start_ns"].to_numpy(), r.steps["end_ns"].to_numpy()), w.start_ns, w.end_ns)
+    return iv.subtract(steps, traced)
+
+
+_STEP_RE = re.compile(r"^ProfilerStep#")
 
 
 def straggler_finding(summaries: list[RankSummary], m: Matching, a: Arrivals, config: AnalysisConfig) -> Finding | None:
@@ -114,8 +152,11 @@ def straggler_finding(summaries: list[RankSummary], m: Matching, a: Arrivals, co
                    "its GPU's clocks, thermals and power limits.",
         "host": f"Rank {slow}'s host takes longer to issue the step: check CPU contention on its node (other processes, "
                 "too many DataLoader workers, CPU affinity).",
-        "unknown": f"Rank {slow} arrives last, but none of its input, copy, compute or host time explains it: check "
-                   "what runs outside the profiled threads on its node.",
+        "untraced": f"Rank {slow}'s training thread spends longer than the others' outside any traced operator "
+                    "(Python the profiler did not record, I/O, a sleep, logging): profile it with with_stack=True to "
+                    "see what it runs there, and make it run on every rank alike or off the training thread.",
+        "unknown": f"Rank {slow} arrives last, but none of its input, copy, compute, host or untraced time explains "
+                   "it: check what runs outside the profiled threads on its node.",
     }[cause]
     # a collective kernel's start is the rank's arrival only when the trace shows everything queued before it
     incomplete = sorted(s.rank for s in summaries if s.unknown_fraction > config.missing_activity_max_fraction)
