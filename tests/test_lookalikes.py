@@ -344,3 +344,35 @@ def test_a_straggler_slowed_by_untraced_work_on_its_own_thread_is_worth_the_othe
     assert f.evidence["components_us_per_step"]["0"]["untraced"] == 3_200
     assert f.evidence["cause_excess_us_per_step"] == 30_000
     assert f.estimate["saving_us_per_step"] == 30_000 and "bound" not in f.estimate
+
+
+# --- a leak judged against the device's memory ----------------------------------------------------
+KiB, MiB, GiB = 1024, 1024 ** 2, 1024 ** 3
+
+
+def slow_leak(total):
+    props = [{"id": 0, "name": "GPU", "totalGlobalMem": total}] if total else []
+    b = TraceBuilder(device_properties=props)
+    for i in range(12):
+        allocated = GiB + i * 100 * KiB  # 100 KiB a step, exactly
+        b.step(i, i * 1000, 1000).memory(i * 1000 + 500, 100 * KiB, allocated=allocated, reserved=GiB + 32 * MiB)
+    return b
+
+
+def test_a_slow_leak_that_fills_a_small_device_within_a_run_is_a_warning(tmp_path):
+    """Was: leaks judged only from 1 MiB a step. 100 KiB a step on an 8 GiB device: out of memory in ~83,000 steps,
+    within a run of 100,000."""
+    (f,) = found(report_of(tmp_path, slow_leak(8 * GiB)), "memory_growth")
+    # headroom: 8 GiB less the 1 GiB + 32 MiB reserved at the peak, over 100 KiB
+    assert f.evidence["steps_to_out_of_memory"] == (8 * GiB - GiB - 32 * MiB) // (100 * KiB)
+    assert f.severity == "warning" and "100.0 KiB" in f.title
+
+
+def test_the_same_leak_on_a_large_device_is_information(tmp_path):
+    (f,) = found(report_of(tmp_path, slow_leak(80 * GiB)), "memory_growth")
+    assert f.evidence["steps_to_out_of_memory"] == (80 * GiB - GiB - 32 * MiB) // (100 * KiB)
+    assert f.severity == "info" and "longer than a run of 100,000 steps" in f.title
+
+
+def test_the_same_growth_on_a_device_of_unknown_size_is_below_the_noise_floor(tmp_path):
+    assert not found(report_of(tmp_path, slow_leak(None)), "memory_growth")

@@ -84,6 +84,11 @@ class AnalysisConfig:
     #: one-sided). A leak landing every other step, in chunks or under noise passes; 5 step ends pass only if
     #: each one is higher than the last.
     memory_growth_min_trend_z: float = 2.33
+    #: A leak is judged against the device's memory over a long run: growth that would take a tenth of the device
+    #: over 100,000 steps (a few days of training) is a leak however small per step, and one that leaves the device
+    #: room for more than 100,000 steps is information, not a warning.
+    memory_leak_horizon_steps: int = 100_000
+    memory_leak_device_share: float = 0.1
     #: Fewer step ends than this cannot tell a leak from warm-up (3 points fit any curve's start).
     memory_min_steps: int = 5
     #: Out of memory projected within this many steps turns a growth warning critical ...
@@ -111,7 +116,7 @@ _FRACTIONS = frozenset({
     "severity_warning_min_worth", "severity_critical_min_worth", "upper_bound_credit",
     "loader_min_fraction", "gpu_idle_min_fraction",
     "sync_idle_fraction", "launch_queue_empty_share", "missing_activity_max_fraction", "startup_max_fraction",
-    "pageable_min_fraction", "overlap_min_fraction", "copy_min_fraction", "exposed_comm_min_fraction", "allocator_min_fraction", "host_min_core_share", "host_min_lost_fraction",
+    "pageable_min_fraction", "overlap_min_fraction", "copy_min_fraction", "exposed_comm_min_fraction", "memory_leak_device_share", "allocator_min_fraction", "host_min_core_share", "host_min_lost_fraction",
     "launch_idle_share", "memory_growth_min_persistence", 
     "reserved_growth_max_allocated_share",
     "straggler_min_spread_fraction", "straggler_min_last_share",

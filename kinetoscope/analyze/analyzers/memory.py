@@ -110,13 +110,22 @@ def growth(steps: np.ndarray, values: np.ndarray) -> dict[str, float | int | Non
     }
 
 
-def steady(g: dict[str, float | int | None], config: AnalysisConfig) -> bool:
-    """Growth a leak would show: enough steps, a robust slope past the noise floor, persisting into the
-    later steps at half the rate or more, and a rise too consistent to be noise (Mann-Kendall)."""
+def growth_floor(config: AnalysisConfig, total_bytes: int | None) -> float:
+    """The least growth per step a leak is judged from: 1 MiB/step (allocator noise below), or less on a device
+    whose memory is known, where growth taking a tenth of it over a long run is a leak however small per step."""
+    floor = config.memory_growth_min_bytes_per_step
+    if total_bytes:
+        floor = min(floor, config.memory_leak_device_share * total_bytes / config.memory_leak_horizon_steps)
+    return floor
+
+
+def steady(g: dict[str, float | int | None], config: AnalysisConfig, floor: float | None = None) -> bool:
+    """Growth a leak would show: enough steps, a robust slope past the noise floor (``growth_floor``), persisting
+    into the later steps at half the rate or more, and a rise too consistent to be noise (Mann-Kendall)."""
     slope, late, z = g["slope"], g["late_slope"], g["trend_z"]
     return bool(
         int(g["points"] or 0) >= config.memory_min_steps
-        and slope is not None and slope >= config.memory_growth_min_bytes_per_step
+        and slope is not None and slope >= (config.memory_growth_min_bytes_per_step if floor is None else floor)
         and late is not None and late >= config.memory_growth_min_persistence * slope
         and z is not None and z >= config.memory_growth_min_trend_z
     )
@@ -186,6 +195,7 @@ def _device_metrics(trace: RankTrace, group: pd.DataFrame, config: AnalysisConfi
     slope = alloc_growth["slope"]
     device_type = int(group["device_type"].iloc[0])
     device_id = int(group["device_id"].iloc[0])
+    floor = growth_floor(config, _total_memory(trace, device_id) if device_type != 0 else None)
     metrics = {
         "device": device_label(device_type, device_id),
         "basis": basis,
@@ -202,10 +212,10 @@ def _device_metrics(trace: RankTrace, group: pd.DataFrame, config: AnalysisConfi
         "rising_step_share": round(alloc_growth["rising_share"], 6) if alloc_growth["rising_share"] is not None else None,
         "growth_tau": round(alloc_growth["tau"], 6) if alloc_growth["tau"] is not None else None,
         "growth_trend_z": round(alloc_growth["trend_z"], 4) if alloc_growth["trend_z"] is not None else None,
-        "steady_growth": steady(alloc_growth, config),
+        "steady_growth": steady(alloc_growth, config, floor),
         "reserved_growth_bytes_per_step": (round(res_growth["slope"], 3)
                                            if res_growth and res_growth["slope"] is not None else None),
-        "steady_reserved_growth": bool(res_growth and steady(res_growth, config)),
+        "steady_reserved_growth": bool(res_growth and steady(res_growth, config, floor)),
         "fragmentation_bytes_max": int(per_step["fragmentation_bytes"].max()) if per_step["fragmentation_bytes"].notna().any() else None,
         "steps_fitted": int(len(fit)),
     }
@@ -294,11 +304,16 @@ def _growth_finding(trace: RankTrace, config: AnalysisConfig, m: dict[str, Any],
     total, steps_to_oom = _steps_to_oom(trace, m, device_type, device_id, slope)
     critical = (steps_to_oom is not None and steps_to_oom <= config.memory_critical_steps_to_oom
                 and n >= config.memory_critical_min_steps)
+    # against the device's memory: a run of memory_leak_horizon_steps fails on it, or it has room for far longer
+    roomy = steps_to_oom is not None and steps_to_oom > config.memory_leak_horizon_steps
+    oom = (f"; out of memory in ~{steps_to_oom:,} steps" if steps_to_oom is not None
+           else "; the device's memory is not recorded")
     return Finding(
         id="memory_growth",
-        severity="critical" if critical else "warning",
+        severity="critical" if critical else ("info" if roomy else "warning"),
         rank=trace.rank,
-        title=f"{m['device']} memory grows {slope / MiB:.1f} MiB every step (judged over {n} steps)",
+        title=(f"{m['device']} memory grows {_size(slope)} every step (judged over {n} steps){oom}"
+               + (f", longer than a run of {config.memory_leak_horizon_steps:,} steps" if roomy else "")),
         evidence={
             "device": m["device"],
             "growth_bytes_per_step": slope,
@@ -325,6 +340,10 @@ def _growth_finding(trace: RankTrace, config: AnalysisConfig, m: dict[str, Any],
         ),
         impact_us=0.0,
     )
+
+
+def _size(per_step: float) -> str:
+    return f"{per_step / MiB:.1f} MiB" if per_step >= MiB / 10 else f"{per_step / 1024:.1f} KiB"
 
 
 def _reserved_finding(trace: RankTrace, config: AnalysisConfig, m: dict[str, Any], device_type: int, device_id: int) -> Finding:
