@@ -376,3 +376,46 @@ def test_the_same_leak_on_a_large_device_is_information(tmp_path):
 
 def test_the_same_growth_on_a_device_of_unknown_size_is_below_the_noise_floor(tmp_path):
     assert not found(report_of(tmp_path, slow_leak(None)), "memory_growth")
+
+
+# --- the step's anatomy under gradient accumulation and compilation ------------------------------
+def test_each_micro_step_of_an_accumulated_step_gets_its_forward(tmp_path):
+    """Was: under gradient accumulation forward read 8.9% where the trace shows ~39%: backward ran from the step's
+    first autograd op to its last, swallowing the forwards of micro-steps 2..4."""
+    b = TraceBuilder()
+    for s in range(3):
+        t = s * 2_000
+        b.step(s, t, 2_000)
+        for k in range(4):  # 4 micro-steps of 400 us: forward 200 us, then backward 150 us (autograd's thread)
+            m = t + k * 400
+            b.op("aten::linear", m, 180).op("aten::relu", m + 180, 20)
+            b.op("autograd::engine::evaluate_function: AddmmBackward0", m + 210, 100, tid=200)
+            b.op("autograd::engine::evaluate_function: ReluBackward0", m + 310, 50, tid=200)
+        b.op("Optimizer.step#SGD.step", t + 1_700, 200, cat="user_annotation")
+    phases = report_of(tmp_path, b).ranks[0]["phases"]
+    # per micro-step: forward from its first op (m) to its backward's start (m + 210); backward m + 210 .. m + 360
+    assert phases["forward"]["time_us"] == 3 * 4 * 210
+    assert phases["backward"]["time_us"] == 3 * 4 * 150
+    assert phases["optimizer"]["time_us"] == 3 * 200
+
+
+def test_compilation_inside_the_forward_call_is_compile_time(tmp_path):
+    """Was: a recompile inside the forward call counted as the step's forward or backward."""
+    b = TraceBuilder()
+    for s in range(3):
+        t = s * 10_000
+        b.step(s, t, 10_000).op("aten::linear", t + 10, 90)
+        bwd = t + 7_500
+        if s == 1:  # a recompile: dynamo's frame compile in the forward call, the backward compiled lazily at backward
+            b.op("entire_frame_compile", t + 100, 5_000)
+            b.op("aten::mm", t + 200, 50)  # traced while compiling: still compile time
+            b.op("entire_backward_compile", t + 7_500, 2_000, tid=200)
+            bwd = t + 9_500
+        b.op("aten::mm", t + 7_300, 100)
+        b.op("autograd::engine::evaluate_function: MmBackward0", bwd, 300, tid=200)
+    phases = report_of(tmp_path, b).ranks[0]["phases"]
+    assert phases["compile"]["time_us"] == 7_000
+    # forward: each step from its first op (t + 10) to its backward, less compile time: 7,490 in steps 0 and 2;
+    # in step 1, 10..9,500 less the 5,000 + 2,000 compiling
+    assert phases["forward"]["time_us"] == 2 * 7_490 + 2_490
+    assert phases["backward"]["time_us"] == 3 * 300

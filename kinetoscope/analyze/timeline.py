@@ -18,6 +18,9 @@ from kinetoscope.analyze.trace import RankTrace, trace_view
 from kinetoscope.analyze.units import us
 
 LOADER_RE = re.compile(r"^enumerate\((DataLoader|DataPipe)\)#")
+#: torch.compile compiling (dynamo's frame compile, the lazily compiled backward, the backend): not the step's work
+COMPILE_RE = re.compile(r"^(entire_frame_compile|entire_backward_compile|_compile\.compile_inner|backend_compile)"
+                        r"(?:$| \(dynamo_timed\))")
 #: host calls that block until the device catches up: stream/device/event syncs (runtime and driver
 #: API), blocking copies, and frees (cudaFree synchronises the device)
 SYNC_RUNTIME_RE = re.compile(

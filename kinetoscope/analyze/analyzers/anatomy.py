@@ -2,13 +2,16 @@
 
 Host phases come from what PyTorch records on the training thread:
   data_wait  ``enumerate(DataLoader)#...`` spans
+  compile    torch.compile's compilation (``entire_frame_compile``, ``entire_backward_compile``, ...): compile
+             time is neither forward nor backward
   zero_grad  ``Optimizer.zero_grad#...`` annotations
   optimizer  ``Optimizer.step#...`` annotations
   sync       ``aten::item``/``_local_scalar_dense``/``cuda*Synchronize``/``cudaMemcpy`` on the training thread
-  backward   from the step's first to its last autograd op (``autograd::engine::evaluate_function``,
-             or a bare ``...Backward`` node in 2021 traces), on any thread
+  backward   each backward pass of the step, from its first to its last autograd op (``autograd::engine::
+             evaluate_function``, or a bare ``...Backward`` node in 2021 traces), on any thread; a step holds
+             several under gradient accumulation (autograd work separated by forward ops on the training thread)
   h2d        top-level ``aten::to``/``_to_copy``/``copy_`` before backward (GPU runs only)
-  forward    from the step's first other top-level op to the start of backward
+  forward    for each backward pass, from the first other top-level op after the previous pass to its start
   other      the rest of the window (Python between phases, untraced work); on the device, also
              work whose launching call is not in the trace (launched before recording began)
 Each nanosecond of the window belongs to exactly one phase (first match in that order), so the
@@ -28,6 +31,7 @@ from kinetoscope.analyze import intervals as iv
 from kinetoscope.analyze.config import AnalysisConfig
 from kinetoscope.analyze.registry import AnalysisResult, register
 from kinetoscope.analyze.timeline import (
+    COMPILE_RE,
     Window,
     gpu_work,
     kind_mask,
@@ -42,7 +46,7 @@ from kinetoscope.analyze.timeline import (
 from kinetoscope.analyze.trace import RankTrace, trace_view
 from kinetoscope.analyze.units import frac, us
 
-PHASES = ("data_wait", "zero_grad", "optimizer", "sync", "backward", "h2d", "forward", "other")
+PHASES = ("data_wait", "compile", "zero_grad", "optimizer", "sync", "backward", "h2d", "forward", "other")
 OPTIMIZER_STEP_RE = re.compile(r"^Optimizer\.step#")
 ZERO_GRAD_RE = re.compile(r"^Optimizer\.zero_grad#")
 #: autograd work: the engine's wrapper (2022+) or a bare autograd node (2021: "AddmmBackward")
@@ -65,6 +69,7 @@ def phase_events(trace: RankTrace) -> dict[str, pd.DataFrame]:
     syncs = sync_calls(trace)
     return {
         "data_wait": loader_spans(trace),
+        "compile": ev[host & name_mask(ev, COMPILE_RE)],
         "zero_grad": ev[host & name_mask(ev, ZERO_GRAD_RE)],
         "optimizer": ev[host & name_mask(ev, OPTIMIZER_STEP_RE)],
         "sync": syncs[(syncs["tid"] == tid).to_numpy(bool)] if tid is not None else syncs.iloc[0:0],
@@ -100,10 +105,15 @@ def host_phases(trace: RankTrace) -> dict[str, iv.Intervals]:
     raw = phase_events(trace)
     steps = _steps_or_window(trace, w)
     sets: dict[str, iv.Intervals] = {}
-    for name in ("data_wait", "zero_grad", "optimizer", "sync"):
+    for name in ("data_wait", "compile", "zero_grad", "optimizer", "sync"):
         frame = raw[name]
         sets[name] = iv.clip(iv.union(frame["ts_ns"].to_numpy(), frame["end_ns"].to_numpy()), w.start_ns, w.end_ns)
-    sets["backward"] = iv.clip(_step_envelopes(steps, raw["backward"]), w.start_ns, w.end_ns)
+    main = raw["main"]
+    # the training thread's own top-level work that is not autograd's: it separates the backward passes of an
+    # accumulated step (forward of the next micro-step) - communication and containers do not
+    own = main[kind_mask(main, ("cpu_op", "runtime", "driver")) & ~name_mask(main, _NOT_FORWARD_RE)
+               & ~name_mask(main, BACKWARD_RE)]
+    sets["backward"] = iv.clip(_backward_passes(steps, raw["backward"], own), w.start_ns, w.end_ns)
     # a closure optimizer (LBFGS) runs forward and backward inside its step: those spans are the
     # optimizer's only where nothing else is (its own arithmetic, the line search)
     opt = raw["optimizer"]
@@ -124,16 +134,16 @@ def host_phases(trace: RankTrace) -> dict[str, iv.Intervals]:
     else:
         closure_forward = iv.EMPTY
 
-    main = raw["main"]
     # user annotations (record_function ranges) are containers, not work: look at the ops inside
     candidates = (~name_mask(main, _STEP_PREFIX_RE) & ~main.index.isin(raw["data_wait"].index)
                   & kind_mask(main, ("cpu_op", "runtime", "driver")))
     tops = top_level(main[candidates])
-    claimed = sets["data_wait"], sets["zero_grad"], sets["optimizer"], sets["sync"], sets["backward"]
+    claimed = sets["data_wait"], sets["compile"], sets["zero_grad"], sets["optimizer"], sets["sync"], sets["backward"]
     busy_elsewhere = iv.union(np.concatenate([c[0] for c in claimed]), np.concatenate([c[1] for c in claimed]))
-    # ops that start before backward and are not already another phase
+    # ops outside the step's backward passes that are not already another phase
     bwd_start_at = _backward_start_per_op(steps, tops, sets["backward"])
-    before_bwd = tops["ts_ns"].to_numpy() < bwd_start_at
+    last_bwd_end = _backward_end_per_op(steps, tops, sets["backward"])
+    before_bwd = tops["ts_ns"].to_numpy() < last_bwd_end  # after the step's last pass: not the forward
     free = iv.overlap_each(tops["ts_ns"].to_numpy(), tops["end_ns"].to_numpy(), busy_elsewhere) < tops["dur_ns"].to_numpy()
     if closures[0].size:  # inside a closure optimizer's step, forward is found per evaluation (_closure_forwards)
         free &= iv.overlap_each(tops["ts_ns"].to_numpy(), tops["end_ns"].to_numpy(), closures) == 0
@@ -142,13 +152,9 @@ def host_phases(trace: RankTrace) -> dict[str, iv.Intervals]:
     sets["h2d"] = iv.clip(iv.union(fwd_ops.loc[copies, "ts_ns"].to_numpy(), fwd_ops.loc[copies, "end_ns"].to_numpy()),
                           w.start_ns, w.end_ns)
     compute = fwd_ops[~copies]
-    # forward: from the step's first compute op to backward's start (or to its last compute op)
-    env = _step_envelopes(steps, compute)
-    if env[0].size:
-        bwd_cut = _backward_start_per_op(steps, pd.DataFrame({"ts_ns": env[0]}), sets["backward"])
-        ends = np.where(bwd_cut < np.iinfo(np.int64).max, np.maximum(bwd_cut, env[0]), env[1])
-        env = iv.union(env[0], ends)
-    sets["forward"] = iv.clip(env, w.start_ns, w.end_ns)
+    # forward: for each backward pass, from the first compute op after the previous pass (or the step's start) to
+    # the pass's start; after a step's last pass (or in a step with none), to its last compute op
+    sets["forward"] = iv.clip(_forward_passes(steps, compute, sets["backward"]), w.start_ns, w.end_ns)
     if closure_forward[0].size:  # each closure evaluation's forward, inside the optimizer's step
         sets["forward"] = iv.union(np.concatenate((sets["forward"][0], closure_forward[0])),
                                    np.concatenate((sets["forward"][1], closure_forward[1])))
@@ -166,6 +172,62 @@ def host_phases(trace: RankTrace) -> dict[str, iv.Intervals]:
         taken = iv.union(np.concatenate((taken[0], rest[0])), np.concatenate((taken[1], rest[1])))
     out["other"] = iv.complement(taken, w.start_ns, w.end_ns)
     return out
+
+
+#: work on the training thread that is no forward computation: communication and its bookkeeping, containers
+_NOT_FORWARD_RE = re.compile(r"^(?:c10d::|record_param_comms|nccl:|gloo:|rccl:|ProfilerStep#|enumerate\(|Optimizer\.)")
+
+
+def _backward_passes(steps: pd.DataFrame, bwd: pd.DataFrame, own: pd.DataFrame) -> iv.Intervals:
+    """Each backward pass: autograd ops of one step, split where the training thread runs its own (forward) work
+    between two of them - a step under gradient accumulation holds one pass per micro-step. One envelope per pass,
+    from its first autograd op's start to its last one's end."""
+    if bwd.empty or steps.empty:
+        return iv.EMPTY
+    order = np.argsort(bwd["ts_ns"].to_numpy(), kind="stable")
+    ts, end = bwd["ts_ns"].to_numpy()[order], bwd["end_ns"].to_numpy()[order]
+    step = np.searchsorted(steps["start_ns"].to_numpy(), ts, side="right") - 1
+    inside = (step >= 0) & (ts < steps["end_ns"].to_numpy()[np.maximum(step, 0)])
+    ts, end, step = ts[inside], end[inside], step[inside]
+    if ts.size == 0:
+        return iv.EMPTY
+    reach = np.maximum.accumulate(end)  # autograd work so far ends here
+    # own work starting after the autograd work so far and before the next autograd op: a new pass begins
+    starts = np.sort(own["ts_ns"].to_numpy()) if len(own) else np.zeros(0, dtype=np.int64)
+    between = np.searchsorted(starts, ts[1:], side="left") - np.searchsorted(starts, reach[:-1], side="left")
+    new = np.concatenate(([True], (between > 0) | (step[1:] != step[:-1])))
+    first = np.flatnonzero(new)
+    return iv.union(ts[first], np.maximum.reduceat(end, first))
+
+
+def _forward_passes(steps: pd.DataFrame, compute: pd.DataFrame, backward: iv.Intervals) -> iv.Intervals:
+    """Forward stretches: before each backward pass, from the first compute op after the previous pass (or the
+    step's start) to the pass's start; in a step without a backward pass, from its first compute op to its last
+    one's end."""
+    if compute.empty or steps.empty:
+        return iv.EMPTY
+    ts, end = compute["ts_ns"].to_numpy(), compute["end_ns"].to_numpy()
+    order = np.argsort(ts, kind="stable")
+    ts, end = ts[order], end[order]
+    s_start, s_end = steps["start_ns"].to_numpy(), steps["end_ns"].to_numpy()
+    out_s, out_e = [], []
+    b_start, b_end = backward
+    for i in range(len(s_start)):
+        lo, hi = s_start[i], s_end[i]
+        passes = np.flatnonzero((b_start >= lo) & (b_start < hi))
+        prev = lo
+        for p in passes:  # one forward per pass: compute after the previous boundary, up to the pass's start
+            k = np.searchsorted(ts, prev, side="left")
+            if k < len(ts) and ts[k] < b_start[p]:
+                out_s.append(ts[k])
+                out_e.append(b_start[p])
+            prev = max(prev, b_end[p])
+        k0 = np.searchsorted(ts, prev, side="left")
+        k1 = np.searchsorted(ts, hi, side="left")
+        if k1 > k0 and not len(passes):  # a step without backward (inference, validation): its compute
+            out_s.append(ts[k0])
+            out_e.append(int(end[k0:k1].max()))
+    return iv.union(np.asarray(out_s, dtype=np.int64), np.asarray(out_e, dtype=np.int64))
 
 
 def _closure_forwards(trace: RankTrace, closures: iv.Intervals, backward: iv.Intervals) -> iv.Intervals:
@@ -188,6 +250,25 @@ def _closure_forwards(trace: RankTrace, closures: iv.Intervals, backward: iv.Int
     starts = marks[np.minimum(first, marks.size - 1)]
     ok &= starts < b_start
     return iv.intersect(iv.union(starts[ok], b_start[ok]), closures)
+
+
+def _backward_end_per_op(steps: pd.DataFrame, frame: pd.DataFrame, backward: iv.Intervals) -> np.ndarray:
+    """For each event, the end of the last backward pass in its step (int64 max when the step has none)."""
+    big = np.iinfo(np.int64).max
+    ts = frame["ts_ns"].to_numpy()
+    if backward[0].size == 0 or ts.size == 0:
+        return np.full(ts.shape, big, dtype=np.int64)
+    starts, ends = steps["start_ns"].to_numpy(), steps["end_ns"].to_numpy()
+    step_idx = np.searchsorted(starts, ts, side="right") - 1
+    bwd_step = np.searchsorted(starts, backward[0], side="right") - 1
+    last_bwd = np.full(len(starts), big, dtype=np.int64)
+    valid = bwd_step >= 0
+    if valid.any():
+        found = np.full(len(starts), np.iinfo(np.int64).min, dtype=np.int64)
+        np.maximum.at(found, bwd_step[valid], backward[1][valid])
+        last_bwd = np.where(found > np.iinfo(np.int64).min, found, big)
+    out = np.where(step_idx >= 0, last_bwd[np.maximum(step_idx, 0)], big)
+    return np.where((step_idx >= 0) & (ts < ends[np.maximum(step_idx, 0)]), out, big)
 
 
 def _backward_start_per_op(steps: pd.DataFrame, frame: pd.DataFrame, backward: iv.Intervals) -> np.ndarray:

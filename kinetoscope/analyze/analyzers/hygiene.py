@@ -16,11 +16,10 @@ from kinetoscope.analyze.analyzers.anatomy import phase_events
 from kinetoscope.analyze.config import AnalysisConfig
 from kinetoscope.analyze.findings import Finding
 from kinetoscope.analyze.registry import AnalysisResult, register
-from kinetoscope.analyze.timeline import any_gpu_busy, loader_spans, main_thread, name_mask, step_at, top_level, window
+from kinetoscope.analyze.timeline import COMPILE_RE, any_gpu_busy, loader_spans, main_thread, name_mask, step_at, top_level, window
 from kinetoscope.analyze.trace import RankTrace, trace_view
 from kinetoscope.analyze.units import frac, us
 
-_COMPILE_SPAN_RE = re.compile(r"^(_compile\.compile_inner|entire_frame_compile)")
 _COMPILE_ID_RE = re.compile(r"compile_id=(\d+)/(\d+)")
 #: DataLoader iterators draw a shared seed when created or reset: empty().random_().item()
 _SEED_GAP_NS = 1_000_000
@@ -295,7 +294,7 @@ def _worker_respawn(trace: RankTrace) -> list[Finding]:
 def _recompile(trace: RankTrace) -> list[Finding]:
     ev = trace.events
     names = ev["name"].cat.categories
-    spans = ev[ev["name"].isin([n for n in names if _COMPILE_SPAN_RE.match(n)])]
+    spans = ev[ev["name"].isin([n for n in names if COMPILE_RE.match(n)])]
     spans = spans[step_at(trace, spans["ts_ns"].to_numpy()) >= 0]
     if spans.empty:
         return []
