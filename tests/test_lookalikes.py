@@ -419,3 +419,44 @@ def test_compilation_inside_the_forward_call_is_compile_time(tmp_path):
     # in step 1, 10..9,500 less the 5,000 + 2,000 compiling
     assert phases["forward"]["time_us"] == 2 * 7_490 + 2_490
     assert phases["backward"]["time_us"] == 3 * 300
+
+
+# --- steps unlike the others --------------------------------------------------------------------
+def test_a_step_holding_a_validation_pass_is_named_from_the_capture_marks(tmp_path):
+    b = TraceBuilder()
+    # steps 0-3 and 5 take 1 ms; step 4 takes 6 ms and holds a 5 ms validation stretch
+    t = 0
+    for s in range(6):
+        dur = 6_000 if s == 4 else 1_000
+        b.step(s, t, dur).op("aten::linear", t + 10, 100)
+        b.op("autograd::engine::evaluate_function: AddmmBackward0", t + 200, 100, tid=200)
+        if s == 4:
+            b.op("kinetoscope::validation", t + 500, 5_000, cat="kinetoscope")
+        t += dur
+    rep = report_of(tmp_path, b)
+    (f,) = found(rep, "outlier_steps")
+    assert f.evidence["outliers"] == [{"step": 4, "step_us": 6_000, "times_median": 6.0, "holds": "validation",
+                                       "known_from": "capture marks", "held_us": 5_000}]
+    assert f.severity == "info" and f.evidence["excess_us"] == 5_000
+
+
+def test_a_step_without_backward_among_training_steps_is_inferred_evaluation(tmp_path):
+    b = TraceBuilder()
+    t = 0
+    for s in range(6):
+        dur = 5_000 if s == 2 else 1_000
+        b.step(s, t, dur).op("aten::linear", t + 10, 100)
+        if s != 2:
+            b.op("autograd::engine::evaluate_function: AddmmBackward0", t + 200, 100, tid=200)
+        t += dur
+    (f,) = found(report_of(tmp_path, b), "outlier_steps")
+    (row,) = f.evidence["outliers"]
+    assert row["step"] == 2 and row["holds"] == "evaluation" and "inferred" in row["known_from"]
+
+
+def test_alike_steps_have_no_outliers(tmp_path):
+    b = TraceBuilder()
+    for s in range(6):
+        b.step(s, s * 1_000, 1_000 if s % 2 else 1_200).op("aten::linear", s * 1_000 + 10, 100)
+    rep = report_of(tmp_path, b)
+    assert not found(rep, "outlier_steps") and rep.ranks[0]["outliers"]["outlier_steps"] == 0

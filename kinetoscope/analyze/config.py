@@ -54,6 +54,11 @@ class AnalysisConfig:
     host_min_core_share: float = 0.5
     #: ... when the busy time it ran without a core adds up to this share of the window.
     host_min_lost_fraction: float = 0.05
+    #: A step this many times the window's median step is not like the others (a validation pass, a checkpoint,
+    #: a compilation): said, with what it holds ...
+    outlier_step_ratio: float = 3.0
+    #: ... among at least this many steps (with fewer, the median is no baseline).
+    outlier_min_steps: int = 4
     #: Kernels shorter than this cost about as much to launch as to run.
     short_kernel_us: float = 20.0
     #: A kernel starting less than this after its launch call returned found the GPU's queue empty
