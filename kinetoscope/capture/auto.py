@@ -98,7 +98,7 @@ def write_status(out_dir: str | None, fields: dict[str, Any]) -> None:
             with open(path) as fh:
                 doc = json.load(fh)
         except (OSError, ValueError):
-            doc = {"pid": os.getpid(), "argv": sys.argv[:8]}
+            doc = {"pid": os.getpid()}  # no command line: it may hold secrets, and nothing reads it
         doc.update(fields)
         os.makedirs(out_dir, exist_ok=True)
         with open(path + ".new", "w") as fh:

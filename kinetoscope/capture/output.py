@@ -2,7 +2,9 @@
 
 The artifact is a contract with ``kinetoscope.analyze``: per rank,
 ``rank-<r>.step-<a>-<b>.pt.trace.json.gz`` (Kineto JSON, gzip, with the loop's marks spliced in) and
-``rank-<r>.manifest.json``; always-on step timings in ``rank-<r>.steps.json``.
+``rank-<r>.manifest.json``; always-on step timings in ``rank-<r>.steps.json``. Sidecars pass through the
+project's redaction (``kinetoscope.analyze.redact``: numpy and the standard library) before they are written:
+a secret on the command line never reaches the disk.
 """
 
 from __future__ import annotations
@@ -289,6 +291,25 @@ def versions() -> dict[str, Any]:
     return info
 
 
+def warm_redaction() -> None:
+    """Load the redaction's detectors now (~0.2 s, once per process), before the training runs: the sidecars are
+    redacted as the process exits, when importing them would cost a Ctrl-C its exit status (130: see
+    ``redact.load_detectors``). Not on a thread of its own: its imports must be over before the script can end."""
+    if "detect_secrets.core.scan" in sys.modules:
+        return
+    from kinetoscope.analyze.redact import load_detectors
+
+    load_detectors()
+
+
+def redacted(data: bytes) -> bytes:
+    """JSON text with every secret in its strings redacted, as ``kinetoscope redact`` does to traces (the command
+    line's ``--api-key sk-...``, ``HF_TOKEN=...``, credentials in URLs)."""
+    from kinetoscope.analyze.redact import redact_json_bytes  # numpy and the standard library; only when writing
+
+    return redact_json_bytes(data)[0]
+
+
 def write_manifest(out_dir: Path, rank: int, payload: dict[str, Any]) -> Path:
     doc = {
         "manifest_version": MANIFEST_VERSION,
@@ -300,11 +321,11 @@ def write_manifest(out_dir: Path, rank: int, payload: dict[str, Any]) -> Path:
         **payload,
     }
     path = out_dir / f"rank-{rank}.manifest.json"
-    atomic_write(path, json.dumps(doc, indent=2, default=str).encode())
+    atomic_write(path, redacted(json.dumps(doc, indent=2, default=str).encode()))
     return path
 
 
 def write_step_times(out_dir: Path, rank: int, payload: dict[str, Any]) -> Path:
     path = out_dir / f"rank-{rank}.steps.json"
-    atomic_write(path, msgspec.json.encode(payload))
+    atomic_write(path, redacted(msgspec.json.encode(payload)))
     return path

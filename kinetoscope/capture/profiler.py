@@ -40,6 +40,7 @@ from kinetoscope.capture.output import (
     base_time_ns,
     tidy_output_dir,
     trace_name,
+    warm_redaction,
     write_manifest,
     write_step_times,
 )
@@ -163,6 +164,8 @@ class Profiler:
     def start(self) -> None:
         self.rank = rank_info()
         self._writable = self._prepare_dir()
+        if self._writable:
+            self._warm_redaction()  # before the first step's clock starts
         if self._own_loop:
             self._attach_loop()
         self._started_unix_ns = time.time_ns()
@@ -176,6 +179,10 @@ class Profiler:
             self._step_unix_entered[0] = time.time_ns()
             if self.telemetry_enabled:
                 self._start_telemetry()
+
+    @never_raises("redaction")
+    def _warm_redaction(self) -> None:
+        warm_redaction()
 
     @never_raises("loop recorder")
     def _attach_loop(self) -> None:
