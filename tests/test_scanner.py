@@ -42,7 +42,7 @@ def _tables(raw, size, consume=False):
 
 def _assert_same(a, b):
     (ta, ma), (tb, mb) = a, b
-    for name in ("events", "memory", "counters", "flows", "instants", "steps", "comm_args"):
+    for name in ("events", "memory", "counters", "flows", "instants", "steps", "comm_args", "marks"):
         pd.testing.assert_frame_equal(getattr(ta, name), getattr(tb, name), check_exact=True)
     assert ma == mb
 
@@ -395,3 +395,48 @@ def test_a_repeated_trace_events_key_counts_as_a_json_decoder_reads_it():
     doc = b'{"traceEvents": null, "traceEvents": [{"ph": "X", "ts": 1, "dur": 2, "name": "a", "pid": 1, "tid": 1}]}'
     raw, _ = scan.scan_bytes(doc, "t.json")
     assert raw.n == 1
+
+
+def _marked_trace(n: int) -> list[dict]:
+    """Ops with a loop mark (category kinetoscope) every fifth event, args of every type a mark carries; one mark
+    of another case (not a mark's category: its args are not read) and one whose args is an odd value."""
+    events = []
+    for i in range(n):
+        events.append({"ph": "X", "cat": "cpu_op", "name": f"op{i % 7}", "pid": 1, "tid": 1, "ts": i * 10, "dur": 5,
+                       "args": {"External id": i}})
+        if i % 5 == 0:
+            events.append({"ph": "X", "cat": "kinetoscope", "name": "kinetoscope::data_wait", "pid": 1, "tid": 1,
+                           "ts": i * 10 + 1, "dur": 2, "args": {"loader": i % 3, "role": ["train", "eval"][i % 2],
+                                                                 "batch": i, "exhausted": i % 10 == 0, "x": None,
+                                                                 "nested": {"a": [1, 2.5, "z"]}}})
+    events.append({"ph": "X", "cat": "Kinetoscope", "name": "kinetoscope::backward", "pid": 1, "tid": 1, "ts": 3,
+                   "dur": 1, "args": {"micro_step": 1}})
+    events.append({"ph": "X", "cat": "kinetoscope", "name": "kinetoscope::compile", "pid": 1, "tid": 1, "ts": 4,
+                   "dur": 1, "args": {"compile_id": 7, "recompile": "yes", "micro_step": True, "batch": 2**70}})
+    return events
+
+
+def test_loop_marks_decode_like_the_reference_across_chunks_and_halves(tmp_path, monkeypatch):
+    path = tmp_path / "marked.json"
+    path.write_bytes(json.dumps({"traceEvents": _marked_trace(4000)}, indent=1).encode())
+    monkeypatch.setattr(scan, "CHUNK_BYTES", 4096)
+    one = scan.scan_file(path)
+    monkeypatch.setattr(scan, "PARALLEL_MIN_BYTES", 0)
+    merged = []
+    monkeypatch.setattr(scan, "_merge", lambda a, b, merge=scan._merge: merged.append(1) or merge(a, b))
+    halves = scan.scan_file(path)
+    assert merged  # the two halves' marks were merged
+    reference = _tables(*_reference(path))
+    for scanned in (one, halves):
+        assert scanned[0].decoder == "scanner" and len(scanned[0].marks) == 801
+        _assert_same(_tables(*scanned), reference)
+    marks = reference[0].marks
+    # 800 data waits and the compile mark (kind "mark"), and the mark of another case: its category normalises to
+    # "kinetoscope" (kind "mark"), its args are not read: <NA>
+    assert len(marks) == 802 and marks["name"].value_counts().to_dict() == {
+        "kinetoscope::data_wait": 800, "kinetoscope::backward": 1, "kinetoscope::compile": 1}
+    waits = marks[marks["name"] == "kinetoscope::data_wait"]
+    assert waits["batch"].tolist() == list(range(0, 4000, 5)) and waits["exhausted"].sum() == 400
+    odd = marks[marks["name"] != "kinetoscope::data_wait"]
+    # values not of their column's type are <NA>, never coerced (7 is no compile id, "yes" no bool, True no int)
+    assert odd[["micro_step", "compile_id", "recompile", "batch"]].isna().all().all()

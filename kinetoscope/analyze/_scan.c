@@ -8,6 +8,7 @@
  *   id and 13 args fields   -> sparse (event, field, int64) triples; values that are not plain
  *                              int64 (strings, floats, huge ints) are handed to Python as objects
  *   counter ("C") args      -> (event, series code, float64) rows
+ *   args of cat "kinetoscope" events (the capture's loop marks: a few per step) -> (event, raw JSON bytes)
  *   other top-level keys    -> (key, raw JSON bytes) for Python to decode
  * Everything else is validated as JSON and skipped without being materialised.
  *
@@ -180,7 +181,8 @@ typedef struct {
     Buf ev_odd;                             /* odd values of the event being parsed */
     Buf odd;                                /* records: event, field, kind, length, bytes */
     Buf meta;                               /* records: key length, key, value length, raw value */
-    int32_t code_empty, code_C, ident_empty;
+    Buf marks;                              /* records: event, args length, raw args */
+    int32_t code_empty, code_C, code_mark, ident_empty;
     PyThreadState *tstate;                  /* while feed() runs without the GIL */
     int busy;
 } Scanner;
@@ -793,6 +795,12 @@ static int commit(Scanner *s, Ev *ev) {
         int r = counter_rows(s, ev);
         if (r != OK) return r;
     }
+    if (cat == s->code_mark && ev->args_start) { /* validated already: handed to Python whole */
+        int64_t len = ev->args_end - ev->args_start;
+        if (buf_put(&s->marks, &idx, 8) < 0 || buf_put(&s->marks, &len, 8) < 0 ||
+            buf_put(&s->marks, ev->args_start, len) < 0)
+            return ERR;
+    }
     if (buf_put(&s->ph, &ph, 4) < 0 || buf_put(&s->name, &name, 4) < 0 || buf_put(&s->cat, &cat, 4) < 0 ||
         buf_put(&s->pid, &pid, 4) < 0 || buf_put(&s->tid, &tid, 4) < 0 || buf_put(&s->ts, &ev->ts, 8) < 0 ||
         buf_put(&s->dur, &ev->dur, 8) < 0)
@@ -1022,16 +1030,32 @@ static PyObject *meta_items(Buf *b) {
     return list;
 }
 
+static PyObject *mark_items(Buf *b) {
+    PyObject *list = PyList_New(0);
+    const char *q = b->data, *qe = q + b->len;
+    while (list && q < qe) {
+        int64_t idx, len;
+        memcpy(&idx, q, 8);
+        memcpy(&len, q + 8, 8);
+        PyObject *t = Py_BuildValue("(Ly#)", (long long)idx, q + 16, (Py_ssize_t)len);
+        if (!t || PyList_Append(list, t) < 0) { Py_XDECREF(t); Py_CLEAR(list); break; }
+        Py_DECREF(t);
+        q += 16 + len;
+    }
+    buf_free(b);
+    return list;
+}
+
 static PyObject *Scanner_finish(Scanner *s, PyObject *Py_UNUSED(ignored)) {
     if (s->busy) { PyErr_SetString(PyExc_RuntimeError, "Scanner.finish called during feed"); return NULL; }
     PyObject *d = Py_BuildValue(
-        "{s:n,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N}",
+        "{s:n,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N}",
         "n", s->n, "ph", bytes_of(&s->ph), "name", bytes_of(&s->name), "cat", bytes_of(&s->cat),
         "ts", bytes_of(&s->ts), "dur", bytes_of(&s->dur), "pid", bytes_of(&s->pid), "tid", bytes_of(&s->tid),
         "strings", table_values(&s->strings), "idents", table_values(&s->idents), "f_event", bytes_of(&s->f_event),
         "f_id", bytes_of(&s->f_id), "f_value", bytes_of(&s->f_value), "odd", odd_values(&s->odd),
         "c_event", bytes_of(&s->c_event), "c_series", bytes_of(&s->c_series), "c_value", bytes_of(&s->c_value),
-        "meta", meta_items(&s->meta));
+        "meta", meta_items(&s->meta), "marks", mark_items(&s->marks));
     return d;
 }
 
@@ -1046,7 +1070,8 @@ static void Scanner_dealloc(Scanner *s) {
     table_free(&s->strings);
     table_free(&s->idents);
     Buf *bufs[] = {&s->ph, &s->name, &s->cat, &s->ts, &s->dur, &s->pid, &s->tid, &s->f_event, &s->f_id,
-                   &s->f_value, &s->c_event, &s->c_series, &s->c_value, &s->scratch, &s->ev_odd, &s->odd, &s->meta};
+                   &s->f_value, &s->c_event, &s->c_series, &s->c_value, &s->scratch, &s->ev_odd, &s->odd, &s->meta,
+                   &s->marks};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) buf_free(bufs[i]);
     Py_TYPE(s)->tp_free((PyObject *)s);
 }
@@ -1067,8 +1092,9 @@ static int Scanner_init(Scanner *s, PyObject *args, PyObject *kw) {
     if (table_init(&s->strings) < 0 || table_init(&s->idents) < 0) { PyErr_NoMemory(); return -1; }
     s->code_empty = table_get(&s->strings, "", 0, 's');
     s->code_C = table_get(&s->strings, "C", 1, 's');
+    s->code_mark = table_get(&s->strings, "kinetoscope", 11, 's');
     s->ident_empty = table_get(&s->idents, "", 0, 's');
-    if (s->code_empty < 0 || s->code_C < 0 || s->ident_empty < 0) { PyErr_NoMemory(); return -1; }
+    if (s->code_empty < 0 || s->code_C < 0 || s->code_mark < 0 || s->ident_empty < 0) { PyErr_NoMemory(); return -1; }
     return 0;
 }
 

@@ -218,7 +218,8 @@ def _external_column(rows: np.ndarray, order: np.ndarray | None, fields: _Fields
     return _nullable(np.where(ext_present, ext, legacy), np.where(ext_present, ext_ok, legacy_ok))
 
 
-def build_events(raw: RawColumns, rows: np.ndarray, fields: _Fields) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
+def build_events(raw: RawColumns, rows: np.ndarray, fields: _Fields
+                 ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, list[str]]:
     warnings: list[str] = []
     ts, dur = raw.ts[rows], raw.dur[rows]
     # no time, or a time/duration int64 nanoseconds cannot hold (|t| >= ~106 days of us): unusable
@@ -263,7 +264,35 @@ def build_events(raw: RawColumns, rows: np.ndarray, fields: _Fields) -> tuple[pd
     }
     df = pd.DataFrame(columns, copy=False)  # every column is a fresh array of ours: no copy, no consolidation
     comm = build_comm_args(raw, file_rows, order, fields)
-    return df, comm, warnings
+    marks = build_marks(raw, df, file_rows, order)
+    return df, comm, marks, warnings
+
+
+_MARK_TYPES: dict[str, type] = {c.name: {"Int64": int, "boolean": bool, "category": str}[c.dtype]
+                                for c in schema.MARK_COLUMNS if c.name not in ("row", "name")}
+
+
+def build_marks(raw: RawColumns, events: pd.DataFrame, file_rows: np.ndarray, order: np.ndarray | None) -> pd.DataFrame:
+    """The loop marks of the events table (kind "mark") with their args: each value kept only when of its column's
+    type (an int that is not a bool, a bool, a string), else <NA>. Few rows: built in Python."""
+    rows = np.flatnonzero(kind_mask(events, ("mark",)))
+    if not len(rows):
+        return schema.empty_frame(schema.MARK_COLUMNS)
+    by_event = dict(raw.marks)
+    source = _in_order(file_rows, order)[rows]
+    values: dict[str, list[Any]] = {name: [] for name in _MARK_TYPES}
+    for event in source.tolist():
+        args = by_event.get(event) or {}
+        for name, kind in _MARK_TYPES.items():
+            v = args.get(name)
+            ok = isinstance(v, kind) and (kind is not int or not isinstance(v, bool))
+            values[name].append(v if ok and (kind is not int or INT64_MIN <= v <= INT64_MAX) else None)
+    columns: dict[str, Any] = {"row": rows.astype(np.int64),
+                               "name": pd.Categorical([str(n) for n in events["name"].to_numpy()[rows]])}
+    for c in schema.MARK_COLUMNS[2:]:
+        columns[c.name] = (pd.Categorical(values[c.name]) if c.dtype == "category"
+                           else pd.array(values[c.name], dtype=c.dtype))
+    return pd.DataFrame(columns)
 
 
 _COMM_INT = ("in_nelems", "out_nelems", "group_size", "seq")
@@ -501,7 +530,7 @@ def build_rank_trace(raw: RawColumns, *, source: str, rank: int, rank_source: st
     instant_rows = rows_of("i")
     memory_code = raw.strings.index("[memory]") if "[memory]" in raw.strings else -1
     is_memory = raw.name[instant_rows] == memory_code
-    events, comm_args, warnings = build_events(raw, rows_of("X"), fields)
+    events, comm_args, marks, warnings = build_events(raw, rows_of("X"), fields)
     warnings = list(raw.notes) + warnings
     memory = build_memory(raw, instant_rows[is_memory], fields, warnings)
     flows = build_flows(raw, rows_of("flow"), fields, warnings)
@@ -543,4 +572,5 @@ def build_rank_trace(raw: RawColumns, *, source: str, rank: int, rank_source: st
         instants=instants,
         steps=steps,
         comm_args=comm_args,
+        marks=marks,
     )

@@ -135,7 +135,7 @@ def hta_view(trace: RankTrace) -> RankTrace:
     view = view.sort_values("ts_ns", kind="stable").reset_index(drop=True)
     return RankTrace(rank=trace.rank, meta=trace.meta, events=view, memory=trace.memory.iloc[0:0],
                      counters=trace.counters.iloc[0:0], flows=trace.flows, instants=trace.instants,
-                     steps=steps.iloc[0:0], comm_args=trace.comm_args.iloc[0:0])
+                     steps=steps.iloc[0:0], comm_args=trace.comm_args.iloc[0:0], marks=trace.marks.iloc[0:0])
 
 
 

@@ -219,10 +219,12 @@ def _cut_short_step(path: Path, manifest_bytes: bytes | None) -> tuple[int, str]
 class _Facts(msgspec.Struct):
     host: Union[dict[str, Any], None] = None  # cpus, cores_effective (measured), torch_threads: numbers kept
     dataloader: Union[dict[str, Union[int, bool, str, None]], None] = None
+    loop: Any = None  # the loop marks' run totals (manifest_version 2): checked by _loop_facts
 
 
 def _capture_facts(manifest_bytes: bytes | None) -> dict[str, Any]:
-    """The host's CPUs, torch's threads and the DataLoader's configuration from the capture's manifest."""
+    """The host's CPUs, torch's threads, the DataLoader's configuration and the loop marks' totals from the
+    capture's manifest."""
     if manifest_bytes is None:
         return {}
     try:
@@ -232,7 +234,19 @@ def _capture_facts(manifest_bytes: bytes | None) -> dict[str, Any]:
     # one odd host field (a string, a bool, a list) is dropped, not the others with it
     host = {k: v for k, v in (facts.host or {}).items()
             if v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))}
-    return {k: v for k, v in (("host", host), ("dataloader", facts.dataloader)) if v}
+    return {k: v for k, v in (("host", host), ("dataloader", facts.dataloader), ("loop", _loop_facts(facts.loop))) if v}
+
+
+def _loop_facts(loop: Any) -> dict[str, Any] | None:
+    """The manifest's ``loop`` object as written (JSON data, never evaluated), when it is one: a dict naming its
+    contract version (``marks``, an int) and the kinds it recorded (a list of strings)."""
+    if not isinstance(loop, dict):
+        return None
+    version, recorded = loop.get("marks"), loop.get("recorded")
+    if not isinstance(version, int) or isinstance(version, bool) or not isinstance(recorded, list) \
+            or not all(isinstance(k, str) for k in recorded):
+        return None
+    return loop
 
 
 class _StepTimes(msgspec.Struct):
@@ -242,6 +256,19 @@ class _StepTimes(msgspec.Struct):
     step_cpu_ns: list[int] = []
     data_wait_cpu_ns: list[int] = []
     workers_cpu_ns: list[Union[int, None]] = []
+    # the loop marks' per-step lists (manifest_version 2); null: not recorded
+    train_data_wait_ns: Union[list[int], None] = None
+    eval_data_wait_ns: Union[list[int], None] = None
+    validation_ns: Union[list[int], None] = None
+    compile_ns: Union[list[int], None] = None
+    checkpoint_ns: Union[list[int], None] = None
+    backward_calls: Union[list[int], None] = None
+    optimizer_steps: Union[list[int], None] = None
+
+
+#: run_steps columns of the loop marks: nanoseconds (float64, NaN where not recorded) and counts (Int64, <NA>)
+LOOP_NS_COLUMNS = ("train_data_wait_ns", "eval_data_wait_ns", "validation_ns", "compile_ns", "checkpoint_ns")
+LOOP_COUNT_COLUMNS = ("backward_calls", "optimizer_steps")
 
 
 def _run_steps(path: Path, rank: int) -> tuple[pd.DataFrame | None, str | None]:
@@ -264,6 +291,12 @@ def _run_steps(path: Path, rank: int) -> tuple[pd.DataFrame | None, str | None]:
         out[:len(got)] = got
         return out
 
+    def counts(values: list[int] | None) -> pd.arrays.IntegerArray:
+        out = [None] * n
+        for i, v in enumerate((values or [])[:n]):
+            out[i] = v
+        return pd.array(out, dtype="Int64")
+
     return pd.DataFrame({
         "step": np.arange(n, dtype=np.int64),
         "wall_ns": np.asarray(times.step_wall_ns[:n], dtype=np.int64),
@@ -272,6 +305,8 @@ def _run_steps(path: Path, rank: int) -> tuple[pd.DataFrame | None, str | None]:
         "cpu_ns": optional(times.step_cpu_ns),
         "data_wait_cpu_ns": optional(times.data_wait_cpu_ns),
         "workers_cpu_ns": optional(times.workers_cpu_ns),
+        **{k: optional(getattr(times, k) or []) for k in LOOP_NS_COLUMNS},
+        **{k: counts(getattr(times, k)) for k in LOOP_COUNT_COLUMNS},
     }), None
 
 

@@ -62,6 +62,14 @@ class Event(msgspec.Struct, gc=False):
     args: Union[Args, None] = None
 
 
+class MarkProbe(msgspec.Struct, gc=False):
+    """Third, narrow pass used only when a trace has events in category ``kinetoscope`` (the capture's loop
+    marks): their args, whole."""
+
+    cat: Any = None
+    args: Any = None
+
+
 class CounterEvent(msgspec.Struct, gc=False):
     """Second, narrow pass used only when a trace has counter (``C``) events."""
 
@@ -78,6 +86,9 @@ NOT_AN_OBJECT = "<not an object>"
 
 _events_decoder = msgspec.json.Decoder(list[Event])
 _counter_decoder = msgspec.json.Decoder(list[CounterEvent])
+_mark_decoder = msgspec.json.Decoder(list[MarkProbe])
+#: the category of the capture's loop marks (``kinetoscope.capture.loop``), matched exactly as the scanner does
+MARK_CATEGORY = "kinetoscope"
 _top_decoder = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _any_decoder = msgspec.json.Decoder()
 
@@ -89,6 +100,8 @@ class ParsedTrace:
     metadata: dict[str, Any]
     lenient: bool = False
     notes: list[str] = field(default_factory=list)
+    #: (event, args) of the loop marks (events of category ``kinetoscope`` with an args object)
+    marks: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
 
 
 def _json_error(source: str, exc: Exception) -> TraceFormatError:
@@ -186,7 +199,19 @@ def _parse(data: bytes, source: str) -> ParsedTrace:
             counters = [c for c in _counter_decoder.decode(raw_events) if c.ph == "C"]
         except msgspec.ValidationError as exc:
             notes.append(f"counter events skipped: {exc}")
-    return ParsedTrace(events=events, counters=counters, metadata=metadata, lenient=lenient, notes=notes)
+    marks = _marks(events, raw_events) if any(e.cat == MARK_CATEGORY for e in events) else []
+    return ParsedTrace(events=events, counters=counters, metadata=metadata, lenient=lenient, notes=notes,
+                       marks=marks)
+
+
+def _marks(events: list[Event], raw: bytes | msgspec.Raw) -> list[tuple[int, dict[str, Any]]]:
+    """The args of each loop mark, by its position in traceEvents (items that are not objects keep theirs)."""
+    try:
+        probes: list[Any] = _mark_decoder.decode(raw)
+    except msgspec.ValidationError:  # items that are not objects: decoded generically
+        probes = [MarkProbe(cat=i.get("cat"), args=i.get("args")) if isinstance(i, dict) else MarkProbe()
+                  for i in _any_decoder.decode(raw)]
+    return [(i, p.args) for i, p in enumerate(probes) if p.cat == MARK_CATEGORY and isinstance(p.args, dict)]
 
 
 def _lenient_events(raw: bytes | msgspec.Raw, source: str) -> list[Event]:

@@ -10,7 +10,8 @@ counter series) are int32 codes into ``strings``; ``pid``/``tid`` are codes into
 and strings kept apart, as in the trace). The few args fields the analyses use, and the flow
 ``id``, are sparse ``(event, field, value)`` triples: most events carry one or two of them. A value
 that is not a plain int64 (a string such as ``"0x0"``, a float, a huge int) is kept as the Python
-object in ``odd`` and coerced once, the same way for both decoders.
+object in ``odd`` and coerced once, the same way for both decoders. The args of events in category
+``kinetoscope`` (the capture's loop marks, a few per step) are kept whole, decoded, in ``marks``.
 """
 
 from __future__ import annotations
@@ -59,10 +60,27 @@ class RawColumns:
     metadata: dict[str, Any]
     notes: list[str] = field(default_factory=list)
     decoder: str = "reference"
+    #: (event, its args) of each event whose ``cat`` is exactly "kinetoscope" (loop marks), in event order
+    marks: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
 
 
 def _array(value: Any, dtype: Any) -> np.ndarray:
     return np.frombuffer(value, dtype=dtype) if isinstance(value, bytes) else np.asarray(value, dtype=dtype)
+
+
+def _decoded_marks(items: list[tuple[int, bytes]]) -> list[tuple[int, dict[str, Any]]]:
+    """The loop marks' raw args (JSON objects the scanner validated), decoded; data only, never evaluated."""
+    import msgspec
+
+    out = []
+    for event, text in items:
+        try:
+            args = msgspec.json.decode(text)
+        except (msgspec.DecodeError, RecursionError):
+            continue
+        if isinstance(args, dict):
+            out.append((int(event), args))
+    return out
 
 
 def from_scanner(out: dict[str, Any], metadata: dict[str, Any]) -> RawColumns:
@@ -93,6 +111,7 @@ def from_scanner(out: dict[str, Any], metadata: dict[str, Any]) -> RawColumns:
         c_value=_array(out["c_value"], np.float64),
         metadata=metadata,
         decoder="scanner",
+        marks=_decoded_marks(out.get("marks", [])),
     )
 
 
@@ -168,7 +187,7 @@ def from_parsed(parsed: ParsedTrace) -> RawColumns:
         c_pid=np.array([r[2] for r in rows], dtype=np.int32),
         c_series=np.array([r[3] for r in rows], dtype=np.int32),
         c_value=np.array([r[4] for r in rows], dtype=np.float64),
-        metadata=parsed.metadata, notes=list(parsed.notes),
+        metadata=parsed.metadata, notes=list(parsed.notes), marks=list(parsed.marks),
     )
 
 

@@ -108,6 +108,13 @@ def _detect_secrets_values(text: str) -> list[str]:
     return values
 
 
+def load_detectors() -> None:
+    """Import and set up detect-secrets' detectors now. For a process that redacts what it writes as it exits (the
+    capture's sidecars, from atexit): importing them then would define classes through ``exec``, which in CPython
+    (3.11) clears the note that the process is ending on an unhandled Ctrl-C - it would exit 1, not by SIGINT."""
+    _detect_secrets_values("")
+
+
 def _value_span(m: re.Match[str], group: int) -> tuple[int, int]:
     """The span of a matched value, quotes left out."""
     start, end = m.span(group)

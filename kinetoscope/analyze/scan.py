@@ -457,5 +457,6 @@ def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
         out[key] = np.concatenate([np.frombuffer(a.pop(key), dtype=dtype), right])
         del right
     out["odd"] = a["odd"] + [(e + n, f, v) for e, f, v in b["odd"]]
+    out["marks"] = a.get("marks", []) + [(e + n, v) for e, v in b.get("marks", [])]
     out["meta"] = a["meta"] + b["meta"]
     return out

@@ -83,9 +83,32 @@ COMM_ARG_COLUMNS: tuple[Column, ...] = (
     Column("seq", "Int64", "args['Seq']: the collective's sequence number in its process group"),
 )
 
+#: Loop marks (category ``kinetoscope``, kind "mark"): what the capture saw the training loop do, one row per
+#: mark event with its args (``kinetoscope.capture.loop``; docs/report.md "Loop marks"). A mark is no host work:
+#: analyzers that take "every host event but ..." must leave kind "mark" out.
+MARK_COLUMNS: tuple[Column, ...] = (
+    Column("row", "int64", "position of the mark in the events table"),
+    Column("name", "category", "the mark: kinetoscope::data_wait, ::validation, ::backward, ::optimizer_step, "
+                               "::compile, ::checkpoint"),
+    Column("loader", "Int64", "data_wait: the DataLoader's number in the process; validation: the loader iterated "
+                              "inside (<NA>: none)"),
+    Column("role", "category", "data_wait: the loader's role when the window was written (train/eval/unknown)"),
+    Column("batch", "Int64", "data_wait: the batch's index within its iterator"),
+    Column("exhausted", "boolean", "data_wait: the next() that ended the iterator (StopIteration)"),
+    Column("module", "category", "validation: the class of the root module in eval mode"),
+    Column("batches", "Int64", "validation: the data waits inside the stretch"),
+    Column("micro_step", "Int64", "backward: its 1-based index within the current optimizer step"),
+    Column("thread", "category", "backward: main (the training thread) / other"),
+    Column("backward_calls", "Int64", "optimizer_step: backward calls since the previous optimizer step"),
+    Column("compile_id", "category", "compile: dynamo's compile id, frame/compilation (\"0/1\")"),
+    Column("recompile", "boolean", "compile: a second or later compilation of its frame"),
+    Column("trigger", "category", "compile: dynamo (a frame) / lazy_backward (AOT's backward, inside backward())"),
+    Column("call", "category", "checkpoint: torch.save / torch.distributed.checkpoint.save / ...async_save"),
+)
+
 KINDS = (
     "kernel", "memcpy", "memset", "runtime", "driver", "cpu_op", "annotation",
-    "gpu_annotation", "python", "sync", "trace", "other",
+    "gpu_annotation", "python", "sync", "trace", "other", "mark",
 )
 
 #: 2021 traces wrote capitalised categories; newer ones use these names.
@@ -115,6 +138,7 @@ CATEGORY_KIND: dict[str, str] = {
     "python_function": "python",
     "cuda_sync": "sync",
     "trace": "trace",
+    "kinetoscope": "mark",
 }
 
 #: Kinds that occupy a GPU stream (busy time is their union).

@@ -10,7 +10,7 @@ from typing import Any, Callable, TypeVar
 
 import pandas as pd
 
-from kinetoscope.analyze.schema import COMM_ARG_COLUMNS, GPU_BUSY_KINDS, empty_frame
+from kinetoscope.analyze.schema import COMM_ARG_COLUMNS, GPU_BUSY_KINDS, MARK_COLUMNS, empty_frame
 
 
 @dataclass(frozen=True)
@@ -31,8 +31,10 @@ class TraceMeta:
     #: events we read but do not analyse, by phase/kind ("B": 12); never silently lost
     unhandled_events: dict[str, int] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
-    #: what the capture's manifest says about the run beside the trace: ``host`` (cpus, cores_effective, torch_threads) and
-    #: ``dataloader`` (num_workers, prefetch_factor, persistent_workers, pin_memory, batch_size); {} if none
+    #: what the capture's manifest says about the run beside the trace: ``host`` (cpus, cores_effective, torch_threads),
+    #: ``dataloader`` (num_workers, prefetch_factor, persistent_workers, pin_memory, batch_size) and ``loop`` (the loop
+    #: marks' run totals: loaders and their roles, backward calls, optimizer steps, validation, compile, checkpoint;
+    #: docs/report.md "Loop marks"); {} if none
     capture: dict[str, Any] = field(default_factory=dict)
     n_events: int = 0
     bytes_read: int = 0
@@ -66,11 +68,15 @@ class RankTrace:
     instants: pd.DataFrame
     #: ``ProfilerStep#N`` spans: step, start_ns, end_ns, dur_ns, tid (the training thread); sorted by start
     steps: pd.DataFrame
-    #: every step of the run timed by the capture's host clocks (step, wall_ns, data_wait_ns,
-    #: profiled), from ``rank-<r>.steps.json`` beside the trace; None when absent
+    #: every step of the run timed by the capture's host clocks (step, wall_ns, data_wait_ns, profiled, cpu_ns,
+    #: data_wait_cpu_ns, workers_cpu_ns, and the loop marks' train_data_wait_ns, eval_data_wait_ns, validation_ns,
+    #: compile_ns, checkpoint_ns (float, NaN: not recorded), backward_calls, optimizer_steps (Int64, <NA>: not
+    #: recorded)), from ``rank-<r>.steps.json`` beside the trace; None when absent
     run_steps: pd.DataFrame | None = None
     #: collective metadata of events that carry it (see ``schema.COMM_ARG_COLUMNS``)
     comm_args: pd.DataFrame = field(default_factory=lambda: empty_frame(COMM_ARG_COLUMNS))
+    #: the capture's loop marks (events of kind "mark") with their args (see ``schema.MARK_COLUMNS``)
+    marks: pd.DataFrame = field(default_factory=lambda: empty_frame(MARK_COLUMNS))
     #: derived views (``trace_view``), computed once and dropped with the trace
     _views: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
     #: one lock per view, so analyzers running in threads compute each view once

@@ -29,13 +29,14 @@ import time
 from typing import Any
 
 from kinetoscope.capture._safety import warn_once
+from kinetoscope.capture.loop import LoopRecorder
 from kinetoscope.capture.profiler import Profiler, Schedule
 
 #: step sources, most preferred first
 SOURCES = ("marker", "optimizer", "dataloader", "backward")
 
 _state: dict[str, Any] = {"profiler": None, "optimizer": None, "source": None, "config": None,
-                          "disabled": False, "in_optimizer_step": 0, "crashed": None, "pid": None,
+                          "disabled": False, "crashed": None, "pid": None, "loop": None,
                           "profiled": False, "terminating": False, "atexit": False}
 
 #: which processes capture may profile: the one whose parent's pid this names (``kinetoscope capture`` sets
@@ -46,30 +47,41 @@ PARENT_ENV = "KINETOSCOPE_CAPTURE_PARENT"
 
 def install(config_json: str) -> None:
     import torch
-    from torch.optim.optimizer import register_optimizer_step_pre_hook, register_optimizer_step_post_hook
 
     _state["config"] = json.loads(config_json)
+    _state["pid"] = os.getpid()
+    os.environ[PARENT_ENV] = str(os.getpid())  # a launcher (torchrun): its workers are the ranks to profile
+    # the loop recorder's hooks (DataLoader, backward, optimizer steps, ...) end the steps too: one set of hooks,
+    # recording from here on (a compile in the first step, before the profiler starts, is counted)
+    loop = LoopRecorder()
+    loop.attach(_LISTENER)
+    _state["loop"] = loop
+    _watch_other_profilers(torch)
+    _on_crash_and_signals()
+    _hook_exec()
+    status(torch=True)
 
-    def before_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
-        _state["in_optimizer_step"] += 1
 
-    def after_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
-        _state["in_optimizer_step"] = max(0, _state["in_optimizer_step"] - 1)
+class _StepBoundaries:
+    """What ends a step, told by the loop recorder's hooks."""
+
+    def on_data_wait(self, iterator: Any) -> None:
+        if threading.current_thread() is threading.main_thread():
+            _boundary("dataloader")
+
+    def on_backward(self, in_optimizer_step: int) -> None:
+        # a backward() outside an optimizer step (a manual SGD loop) ends a step; inside one (a closure) it does not
+        if in_optimizer_step == 0 and threading.current_thread() is threading.main_thread():
+            _boundary("backward")
+
+    def on_optimizer_step(self, optimizer: Any) -> None:
         if _state["optimizer"] is None:
             _state["optimizer"] = id(optimizer)
         if id(optimizer) == _state["optimizer"]:  # GANs etc.: one optimizer defines the step
             _boundary("optimizer")
 
-    register_optimizer_step_pre_hook(before_optimizer_step)
-    register_optimizer_step_post_hook(after_optimizer_step)
-    _state["pid"] = os.getpid()
-    os.environ[PARENT_ENV] = str(os.getpid())  # a launcher (torchrun): its workers are the ranks to profile
-    _hook_data_loader()
-    _hook_backward(torch)
-    _watch_other_profilers(torch)
-    _on_crash_and_signals()
-    _hook_exec()
-    status(torch=True)
+
+_LISTENER = _StepBoundaries()
 
 
 def status(**fields: Any) -> None:
@@ -86,7 +98,7 @@ def write_status(out_dir: str | None, fields: dict[str, Any]) -> None:
             with open(path) as fh:
                 doc = json.load(fh)
         except (OSError, ValueError):
-            doc = {"pid": os.getpid(), "argv": sys.argv[:8]}
+            doc = {"pid": os.getpid()}  # no command line: it may hold secrets, and nothing reads it
         doc.update(fields)
         os.makedirs(out_dir, exist_ok=True)
         with open(path + ".new", "w") as fh:
@@ -131,7 +143,7 @@ def _boundary(kind: str) -> None:
             config = _state["config"]
             os.environ[PARENT_ENV] = "0"  # a training process: its subprocesses (an eval script) are not profiled
             prof = Profiler(config["out_dir"], schedule=Schedule(**config.get("schedule", {})),
-                            **config.get("options", {}))
+                            loop=_state["loop"], step_source=kind, **config.get("options", {}))
             prof.start()
             _state["profiler"] = prof
             _state["profiled"] = True
@@ -146,43 +158,6 @@ def _boundary(kind: str) -> None:
             status(steps=n, source=kind)
     except Exception as exc:  # noqa: BLE001
         warn_once("capture hook", f"capture hook failed ({type(exc).__name__}: {exc}); training continues")
-
-
-def _hook_data_loader() -> None:
-    """Count the time each step waits in ``next(DataLoader iterator)``; each call is an iteration."""
-    from torch.utils.data import dataloader
-
-    original = dataloader._BaseDataLoaderIter.__next__
-
-    def timed_next(self: Any) -> Any:
-        t0, c0 = time.perf_counter_ns(), time.process_time_ns()
-        try:
-            return original(self)
-        finally:
-            if threading.current_thread() is threading.main_thread():
-                prof = _state["profiler"]
-                if prof is not None:
-                    prof.add_data_wait(time.perf_counter_ns() - t0, time.process_time_ns() - c0)
-                    prof.note_dataloader(self)
-                    prof.note_workers(self)
-                _boundary("dataloader")
-
-    dataloader._BaseDataLoaderIter.__next__ = timed_next  # type: ignore[method-assign]
-
-
-def _hook_backward(torch: Any) -> None:
-    """A ``backward()`` outside an optimizer step (a manual SGD loop) ends a step."""
-    original = torch.autograd.backward
-
-    def backward(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return original(*args, **kwargs)
-        finally:
-            if _state["in_optimizer_step"] == 0 and threading.current_thread() is threading.main_thread():
-                _boundary("backward")
-
-    backward.__wrapped__ = original  # type: ignore[attr-defined]
-    torch.autograd.backward = backward
 
 
 def _profiler_running() -> bool:
@@ -261,6 +236,16 @@ def _stand_aside(why: str) -> None:
             prof.discard()
         except Exception:  # noqa: BLE001
             pass
+    _release_loop()  # the script runs as it would without capture: nothing patched
+
+
+def _release_loop() -> None:
+    loop, _state["loop"] = _state["loop"], None
+    if loop is not None:
+        try:
+            loop.detach(_LISTENER)
+        except Exception:  # noqa: BLE001
+            pass
 
 
 def _on_crash_and_signals() -> None:
@@ -308,3 +293,4 @@ def _finish() -> None:
         prof.abandon_step()  # the time after the last step boundary is not a training step
         prof.stop(ended_by=_state["crashed"])
         status(steps=len(prof._step_wall_ns), finished=True)
+    _release_loop()

@@ -1,8 +1,10 @@
 """Capture artifacts: gzipped traces written atomically, a manifest, step timings.
 
 The artifact is a contract with ``kinetoscope.analyze``: per rank,
-``rank-<r>.step-<a>-<b>.pt.trace.json.gz`` (Kineto JSON, gzip) and
-``rank-<r>.manifest.json``; always-on step timings in ``rank-<r>.steps.json``.
+``rank-<r>.step-<a>-<b>.pt.trace.json.gz`` (Kineto JSON, gzip, with the loop's marks spliced in) and
+``rank-<r>.manifest.json``; always-on step timings in ``rank-<r>.steps.json``. Sidecars pass through the
+project's redaction (``kinetoscope.analyze.redact``: numpy and the standard library) before they are written:
+a secret on the command line never reaches the disk.
 """
 
 from __future__ import annotations
@@ -19,15 +21,19 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from kinetoscope.fsutil import atomic_target, atomic_write, pid_alive
 
+if TYPE_CHECKING:
+    from kinetoscope.capture.loop import WindowMarks
+
 log = logging.getLogger("kinetoscope.capture")
 
-MANIFEST_VERSION = 1
+#: 2: the ``loop`` object (loop marks, contract version ``loop.marks``)
+MANIFEST_VERSION = 2
 
 
 def trace_name(rank: int, first_step: int, last_step: int) -> str:
@@ -41,14 +47,19 @@ _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 
 
 def finish_trace(raw_path: Path, final_path: Path, *, extra_events: list[dict[str, Any]],
-                 distributed_info: dict[str, Any] | None) -> None:
-    """Add telemetry counters and missing distributedInfo to a raw export, gzip it, rename atomically.
+                 distributed_info: dict[str, Any] | None, marks: WindowMarks | None = None) -> None:
+    """Add telemetry counters, the loop's marks and missing distributedInfo to a raw export, gzip it, rename
+    atomically.
 
-    Streamed in bounded memory: the additions are spliced into the JSON text (the counters right after
+    Streamed in bounded memory: the additions are spliced into the JSON text (the counters and marks right after
     ``"traceEvents": [``, distributedInfo right after the opening brace) and the file is copied through
-    gzip in 8 MiB chunks; the trace is never decoded. Where the text is not shaped as expected (no
-    ``traceEvents`` near the start), the trace is written as exported, without the additions.
+    gzip in 8 MiB chunks; the trace is never decoded. The marks' host times are placed on the trace's clock
+    through the window's ProfilerStep spans (found by a first pass over the text, ``step_starts``). Where the text
+    is not shaped as expected (no ``traceEvents`` near the start), the trace is written as exported, without the
+    additions.
     """
+    if marks is not None and marks.marks:
+        extra_events = list(extra_events) + _mark_events(raw_path, marks)
     with open(raw_path, "rb") as src:
         head = src.read(_HEAD_BYTES)
         splice = _splice_points(head, extra_events, distributed_info)
@@ -63,6 +74,59 @@ def finish_trace(raw_path: Path, final_path: Path, *, extra_events: list[dict[st
             while chunk := src.read(_CHUNK):
                 gz.write(chunk)
     raw_path.unlink(missing_ok=True)
+
+
+def _mark_events(raw_path: Path, marks: WindowMarks) -> list[dict[str, Any]]:
+    offset = marks.offset_ns(step_starts(raw_path, set(marks.steps)), base_time_ns(raw_path))
+    if offset is None:
+        log.warning("kinetoscope: %s has neither ProfilerStep spans nor baseTimeNanoseconds; loop marks not added",
+                    raw_path.name)
+        return []
+    return marks.events(offset)
+
+
+#: a host-side ProfilerStep span: its name, then (before its args) its start; the category in between or before
+_STEP_NAME = re.compile(rb'"name"\s*:\s*"ProfilerStep#(\d+)"')
+_TS = re.compile(rb'"ts"\s*:\s*(-?[0-9][0-9.eE+-]*)')
+_CAT = re.compile(rb'"cat"\s*:\s*"([^"]*)"')
+
+
+def step_starts(raw_path: Path, wanted: set[int]) -> dict[int, int]:
+    """The trace-clock start (ns) of each ``ProfilerStep#N`` host span in ``wanted``: one pass over the text in
+    8 MiB chunks (a memchr-speed search for the name), never decoding the trace. The device-side copies Kineto
+    writes of these spans (``gpu_user_annotation``) are left out."""
+    found: dict[int, int] = {}
+    if not wanted:
+        return found
+    ahead, behind = 4096, 1024  # an event is read whole: its name is searched this far from a chunk's ends
+    with open(raw_path, "rb") as fh:
+        data, begin = b"", 0
+        while True:
+            chunk = fh.read(_CHUNK)
+            data += chunk
+            limit = len(data) if not chunk else max(len(data) - ahead, begin)  # later: with the next chunk
+            for m in _STEP_NAME.finditer(data, begin, limit):
+                step = int(m.group(1))
+                if step not in wanted or step in found:
+                    continue
+                start = data.rfind(b"{", 0, m.start())
+                end = data.find(b"}", m.end())
+                if start < 0 or end < 0:
+                    continue
+                cat = _CAT.search(data, start, end)
+                if cat is None or cat.group(1) not in (b"user_annotation", b"cpu_op", b"User Annotation", b"Operator"):
+                    continue
+                ts = _TS.search(data, start, end)
+                if ts is None:
+                    continue
+                try:
+                    found[step] = round(float(ts.group(1)) * 1000.0)
+                except ValueError:
+                    continue
+            if not chunk or len(found) == len(wanted):
+                return found
+            keep = max(limit - behind, 0)
+            data, begin = data[keep:], limit - keep
 
 
 def _splice_points(head: bytes, extra_events: list[dict[str, Any]],
@@ -227,6 +291,25 @@ def versions() -> dict[str, Any]:
     return info
 
 
+def warm_redaction() -> None:
+    """Load the redaction's detectors now (~0.2 s, once per process), before the training runs: the sidecars are
+    redacted as the process exits, when importing them would cost a Ctrl-C its exit status (130: see
+    ``redact.load_detectors``). Not on a thread of its own: its imports must be over before the script can end."""
+    if "detect_secrets.core.scan" in sys.modules:
+        return
+    from kinetoscope.analyze.redact import load_detectors
+
+    load_detectors()
+
+
+def redacted(data: bytes) -> bytes:
+    """JSON text with every secret in its strings redacted, as ``kinetoscope redact`` does to traces (the command
+    line's ``--api-key sk-...``, ``HF_TOKEN=...``, credentials in URLs)."""
+    from kinetoscope.analyze.redact import redact_json_bytes  # numpy and the standard library; only when writing
+
+    return redact_json_bytes(data)[0]
+
+
 def write_manifest(out_dir: Path, rank: int, payload: dict[str, Any]) -> Path:
     doc = {
         "manifest_version": MANIFEST_VERSION,
@@ -238,11 +321,11 @@ def write_manifest(out_dir: Path, rank: int, payload: dict[str, Any]) -> Path:
         **payload,
     }
     path = out_dir / f"rank-{rank}.manifest.json"
-    atomic_write(path, json.dumps(doc, indent=2, default=str).encode())
+    atomic_write(path, redacted(json.dumps(doc, indent=2, default=str).encode()))
     return path
 
 
 def write_step_times(out_dir: Path, rank: int, payload: dict[str, Any]) -> Path:
     path = out_dir / f"rank-{rank}.steps.json"
-    atomic_write(path, msgspec.json.encode(payload))
+    atomic_write(path, redacted(msgspec.json.encode(payload)))
     return path

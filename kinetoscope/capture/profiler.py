@@ -14,7 +14,11 @@ Two ways in::
 
 Between profiled windows every step's wall time and the time spent waiting
 for the data iterator are recorded with host clocks (no profiler), so a
-report can say how loader-bound the *whole* run was.
+report can say how loader-bound the *whole* run was. While it runs, the loop
+recorder (``loop.py``) writes down what the loop does - DataLoader waits per
+loader and their roles, eval stretches, backward calls, optimizer steps,
+compilations, checkpoint saves - into the manifest's ``loop`` object, per-step
+lists of ``steps.json``, and marks spliced into each window's trace.
 """
 
 from __future__ import annotations
@@ -29,11 +33,14 @@ from typing import Any, Iterable, Iterator, TypeVar
 from kinetoscope.capture._safety import log, never_raises, warn_once
 from kinetoscope.capture.cores import effective_cores
 from kinetoscope.capture.dist import RankInfo, rank_info
+from kinetoscope.capture.hooks import is_data_loader_iterator
+from kinetoscope.capture.loop import MARKS_VERSION, STEP_LISTS, LoopRecorder, WindowMarks
 from kinetoscope.capture.output import (
     TraceWriter,
     base_time_ns,
     tidy_output_dir,
     trace_name,
+    warm_redaction,
     write_manifest,
     write_step_times,
 )
@@ -79,7 +86,12 @@ class Schedule:
 
 
 class Profiler:
-    """Scheduled torch.profiler capture that writes rank-aware gzipped traces and never breaks training."""
+    """Scheduled torch.profiler capture that writes rank-aware gzipped traces and never breaks training.
+
+    ``loop``: a loop recorder already attached to the hooks (``kinetoscope capture`` keeps one for the whole
+    process); without it the Profiler attaches its own on ``start()`` and detaches it on ``stop()``/``discard()``.
+    ``step_source``: what ends a step, for the manifest ("profiler_step": the script calls ``step()``).
+    """
 
     def __init__(
         self,
@@ -92,6 +104,8 @@ class Profiler:
         with_stack: bool = False,
         telemetry: bool = True,
         telemetry_interval_s: float = 0.5,
+        loop: LoopRecorder | None = None,
+        step_source: str = "profiler_step",
     ) -> None:
         self.out_dir = Path(out_dir)
         self.schedule = schedule or Schedule()
@@ -109,6 +123,13 @@ class Profiler:
         self._exiting = False
         self._step_start_ns = 0
         self._step_unix_start: dict[int, int] = {}
+        #: host time just after ``prof.step()`` (``start()`` for step 0) started each ProfilerStep span: with
+        #: ``_step_unix_start`` it brackets the span's start, which places the marks on the trace's clock
+        self._step_unix_entered: dict[int, int] = {}
+        self.loop = loop
+        self._own_loop = loop is None
+        self.step_source = step_source
+        self._closed = False
         self._data_wait_ns = 0
         self._data_wait_cpu_ns = 0
         self._step_cpu_start_ns = 0
@@ -143,14 +164,36 @@ class Profiler:
     def start(self) -> None:
         self.rank = rank_info()
         self._writable = self._prepare_dir()
+        if self._writable:
+            self._warm_redaction()  # before the first step's clock starts
+        if self._own_loop:
+            self._attach_loop()
         self._started_unix_ns = time.time_ns()
         self._step_start_ns = time.perf_counter_ns()
         self._step_cpu_start_ns = time.process_time_ns()
         self._step_unix_start[0] = self._started_unix_ns
+        if self.loop is not None:
+            self.loop.begin_steps(self._started_unix_ns)
         if self._writable:
             self._start_profiler()
+            self._step_unix_entered[0] = time.time_ns()
             if self.telemetry_enabled:
                 self._start_telemetry()
+
+    @never_raises("redaction")
+    def _warm_redaction(self) -> None:
+        warm_redaction()
+
+    @never_raises("loop recorder")
+    def _attach_loop(self) -> None:
+        loop = LoopRecorder()
+        loop.attach()
+        self.loop = loop
+
+    @never_raises("loop recorder")
+    def _detach_loop(self) -> None:
+        if self._own_loop and self.loop is not None:
+            self.loop.detach()
 
     @never_raises("output directory")
     def _prepare_dir(self) -> bool:
@@ -197,17 +240,29 @@ class Profiler:
     def stop(self, ended_by: str | None = None) -> None:
         """Stop profiling and write the sidecars. ``ended_by``: why the process is ending early (an
         uncaught exception's type, ``SIGTERM``), recorded in the manifest."""
+        if self._closed:
+            return
         self._ended_by = ended_by
         self._close_step()
+        self._closed = True
+        self._finish_loop()
         self._exiting = True
-        if self._prof is not None:
-            prof, self._prof = self._prof, None
-            self._stop_profiler(prof)
-        self._stop_telemetry()
-        self.writer.close()  # every trace on disk before the manifest names it
-        self.traces = [p for p in self.traces if p.exists()]
-        if self._writable:
-            self._write_sidecars()
+        try:
+            if self._prof is not None:
+                prof, self._prof = self._prof, None
+                self._stop_profiler(prof)
+            self._stop_telemetry()
+            self.writer.close()  # every trace on disk before the manifest names it
+            self.traces = [p for p in self.traces if p.exists()]
+            if self._writable:
+                self._write_sidecars()
+        finally:
+            self._detach_loop()
+
+    @never_raises("loop recorder")
+    def _finish_loop(self) -> None:
+        if self.loop is not None:
+            self.loop.finish(time.time_ns(), keep=self._keeps_marks(self.step_num))
 
     @never_raises("profiler stop")
     def _stop_profiler(self, prof: Any) -> None:
@@ -216,10 +271,16 @@ class Profiler:
     def discard(self) -> None:
         """Stop without writing anything (capture stands aside for the script's own profiler)."""
         self._discarding = True
-        if self._prof is not None:
-            prof, self._prof = self._prof, None
-            self._stop_profiler(prof)
-        self._stop_telemetry()
+        self._closed = True
+        try:
+            if self._prof is not None:
+                prof, self._prof = self._prof, None
+                self._stop_profiler(prof)
+            self._stop_telemetry()
+        finally:
+            if self.loop is not None and not self._own_loop:
+                self.loop.drop_marks()
+            self._detach_loop()
 
     @never_raises("telemetry stop")
     def _stop_telemetry(self) -> None:
@@ -227,7 +288,8 @@ class Profiler:
 
     # --- per step --------------------------------------------------------------------
     def add_data_wait(self, ns: int, cpu_ns: int = 0) -> None:
-        """Time the loop spent waiting for the next batch during this step (and the process's CPU time then)."""
+        """Time the loop spent waiting for the next batch during this step (and the process's CPU time then), for
+        an iterable that is not a DataLoader (the loop recorder times those)."""
         self._data_wait_ns += ns
         self._data_wait_cpu_ns += cpu_ns
 
@@ -277,29 +339,53 @@ class Profiler:
         """The loop ended: the step just opened never ran, so it is not recorded."""
         self._step_abandoned = True
 
-    def _close_step(self) -> None:
-        now = time.perf_counter_ns()
-        if self._step_abandoned:
+    def _keeps_marks(self, step: int) -> bool:
+        """Whether a window records ``step`` (its marks go into that window's trace)."""
+        return self._prof is not None and self.schedule.is_active(step)
+
+    def _close_step(self, unix_now: int | None = None) -> None:
+        if self._closed:
             return
-        if now > self._step_start_ns and (self.step_num > len(self._step_wall_ns) - 1):
+        now = time.perf_counter_ns()
+        unix_now = time.time_ns() if unix_now is None else unix_now
+        record = (not self._step_abandoned and now > self._step_start_ns
+                  and self.step_num > len(self._step_wall_ns) - 1)
+        wait_ns, wait_cpu_ns = self._data_wait_ns, self._data_wait_cpu_ns
+        seen = self._loop_step(unix_now, record)
+        if seen is not None:
+            wait_ns += seen.data_wait_ns
+            wait_cpu_ns += seen.data_wait_cpu_ns
+            if seen.iterator is not None:
+                self.note_dataloader(seen.iterator)
+                self.note_workers(seen.iterator)
+        if record:
             self._step_wall_ns.append(now - self._step_start_ns)
-            self._step_wait_ns.append(self._data_wait_ns)
+            self._step_wait_ns.append(wait_ns)
             self._step_cpu_ns.append(time.process_time_ns() - self._step_cpu_start_ns)
-            self._step_wait_cpu_ns.append(self._data_wait_cpu_ns)
+            self._step_wait_cpu_ns.append(wait_cpu_ns)
             self._step_workers_cpu_ns.append(self._workers_cpu())
+
+    @never_raises("loop recorder")
+    def _loop_step(self, unix_now: int, record: bool) -> Any:
+        if self.loop is None:
+            return None
+        return self.loop.close_step(unix_now, record=record, keep=self._keeps_marks(self.step_num))
 
     def step(self) -> None:
         """Mark the end of a training step."""
-        self._close_step()
+        unix_now = time.time_ns()
+        self._close_step(unix_now)
         self.step_num += 1
         self._data_wait_ns = 0
         self._data_wait_cpu_ns = 0
         self._step_cpu_start_ns = time.process_time_ns()
         self._step_start_ns = time.perf_counter_ns()
-        self._step_unix_start[self.step_num] = time.time_ns()
+        self._step_unix_start[self.step_num] = unix_now
         self._step_unix_start.pop(self.step_num - 4 * self.schedule.period - 2, None)
+        self._step_unix_entered.pop(self.step_num - 4 * self.schedule.period - 2, None)
         if self._prof is not None:
             self._profiler_step()
+            self._step_unix_entered[self.step_num] = time.time_ns()
 
     def _profiler_step(self) -> None:
         try:
@@ -323,20 +409,32 @@ class Profiler:
             self._warn_if_huge(raw, first, last)
             base = base_time_ns(raw)
             start = self._step_unix_start.get(first, self._started_unix_ns)
-            counters = self.sampler.counter_events(base, start, time.time_ns()) if base and self.sampler.enabled else []
+            end = time.time_ns()
+            counters = self.sampler.counter_events(base, start, end) if base and self.sampler.enabled else []
+            marks = self._window_marks(first, last, start, end)
             dist = None
             if self.rank.source == "environment":
                 dist = {"rank": self.rank.rank, "world_size": self.rank.world_size, "backend": "unknown",
                         "note": "added by kinetoscope from RANK/WORLD_SIZE"}
             final = self.out_dir / trace_name(self.rank.rank, first, last)
             # gzip and the telemetry merge run on the writer's thread: training goes on meanwhile
-            self.writer.submit(raw, final, extra_events=counters, distributed_info=dist)
+            self.writer.submit(raw, final, extra_events=counters, distributed_info=dist, marks=marks)
             self.traces.append(final)
             # a window the process's end cut short: its last step (the one open at the end) is partial
             self.windows.append({"trace": final.name, "first_step": first, "last_step": last,
                                  "cut_short": self._exiting, "ended_by": self._ended_by if self._exiting else None})
         except Exception as exc:  # noqa: BLE001 - a full disk must not stop training
             warn_once("trace export", f"could not write a trace ({type(exc).__name__}: {exc}); training continues")
+
+    @never_raises("loop marks")
+    def _window_marks(self, first: int, last: int, start: int, end: int) -> WindowMarks | None:
+        """The window's loop marks, with the host times that place them on the trace's clock."""
+        if self.loop is None:
+            return None
+        marks = self.loop.take_marks(start, end)
+        steps = {k: (self._step_unix_start[k], self._step_unix_entered[k]) for k in range(first, last + 1)
+                 if k in self._step_unix_start and k in self._step_unix_entered}
+        return WindowMarks(tuple(marks), steps, os.getpid()) if marks else None
 
     #: a raw export larger than this gets a warning with the ways to shrink it
     HUGE_TRACE_BYTES = 1 << 30
@@ -353,6 +451,7 @@ class Profiler:
     @never_raises("manifest")
     def _write_sidecars(self) -> None:
         r = self.rank.rank
+        steps = len(self._step_wall_ns)
         write_step_times(self.out_dir, r, {
             "rank": r,
             "unit": "ns",
@@ -361,8 +460,10 @@ class Profiler:
             "step_cpu_ns": self._step_cpu_ns,
             "data_wait_cpu_ns": self._step_wait_cpu_ns,
             "workers_cpu_ns": self._step_workers_cpu_ns,
-            "profiled": [self.schedule.is_active(i) for i in range(len(self._step_wall_ns))],
+            "profiled": [self.schedule.is_active(i) for i in range(steps)],
+            **self._loop_lists(steps),
         })
+        loop = self._loop_manifest()
         manifest = {
             "world_size": self.rank.world_size,
             "local_rank": self.rank.local_rank,
@@ -376,7 +477,8 @@ class Profiler:
             "ended_by": self._ended_by,
             "step_times": f"rank-{r}.steps.json",
             "host": _host_facts(),
-            "dataloader": self._dataloader,
+            "dataloader": self._training_loader(),
+            "loop": loop,
         }
         write_manifest(self.out_dir, r, manifest)
         # then the cores probe, the manifest rewritten with it (a probe that fails or is interrupted loses nothing):
@@ -384,6 +486,37 @@ class Profiler:
         # not when the run ends early (a signal, a crash: the process should go at once)
         if self.rank.world_size == 1 and self._ended_by is None:
             self._probe_cores(manifest)
+
+    def _loop_lists(self, steps: int) -> dict[str, Any]:
+        lists = self._loop_step_lists(steps)
+        if lists is None:  # nothing recorded (no loop recorder): every list null, never 0
+            lists = {k: None for k in STEP_LISTS}
+        return lists
+
+    @never_raises("loop recorder")
+    def _loop_step_lists(self, steps: int) -> dict[str, Any] | None:
+        return self.loop.step_lists(steps) if self.loop is not None else None
+
+    def _loop_manifest(self) -> dict[str, Any]:
+        loop = self._loop_manifest_of_recorder()
+        if loop is None:
+            loop = {"marks": MARKS_VERSION, "recorded": [], "step_source": self.step_source, "loaders": None,
+                    "backward_calls": None, "optimizer_steps": None, "validation": None, "compile": None,
+                    "checkpoint": None}
+        return loop
+
+    @never_raises("loop recorder")
+    def _loop_manifest_of_recorder(self) -> dict[str, Any] | None:
+        return self.loop.manifest(self.step_source) if self.loop is not None else None
+
+    @never_raises("loop recorder", default=None)
+    def _training_loop_config(self) -> dict[str, Any] | None:
+        return self.loop.training_loader_config() if self.loop is not None else None
+
+    def _training_loader(self) -> dict[str, Any] | None:
+        """The DataLoader configuration the manifest gives: the training loader's (role "train"), else the first
+        one the loop took a batch from."""
+        return self._training_loop_config() or self._dataloader
 
     @never_raises("cores probe")
     def _probe_cores(self, manifest: dict[str, Any]) -> None:
@@ -421,11 +554,14 @@ def _host_facts() -> dict[str, Any]:
 
 
 def profile_loop(iterable: Iterable[T], out_dir: str | os.PathLike[str] = "kinetoscope_traces", **options: Any) -> Iterator[T]:
-    """Yield from ``iterable``, one profiler step per item, timing the wait for each item."""
+    """Yield from ``iterable``, one profiler step per item, timing the wait for each item (a DataLoader's waits
+    are timed by the loop recorder, once: never here as well)."""
+    options.setdefault("step_source", "dataloader")
     prof = Profiler(out_dir, **options)
     prof.start()
     try:
         it = iter(iterable)
+        timed_by_loop = is_data_loader_iterator(it)
         first = True
         while True:
             if not first:
@@ -436,10 +572,11 @@ def profile_loop(iterable: Iterable[T], out_dir: str | os.PathLike[str] = "kinet
             except StopIteration:
                 prof.abandon_step()
                 return
-            prof.add_data_wait(time.perf_counter_ns() - t0, time.process_time_ns() - c0)
-            if hasattr(iterable, "num_workers"):
-                prof.note_dataloader(iterable)
-                prof.note_workers(it)
+            if not timed_by_loop:
+                prof.add_data_wait(time.perf_counter_ns() - t0, time.process_time_ns() - c0)
+                if hasattr(iterable, "num_workers"):
+                    prof.note_dataloader(iterable)
+                    prof.note_workers(it)
             first = False
             yield item
     finally:

@@ -64,7 +64,7 @@ def phase_events(trace: RankTrace) -> dict[str, pd.DataFrame]:
     ev = trace.events
     tid = main_thread(trace)
     # masks on categorical codes, one copy per returned frame
-    host = ~kind_mask(ev, ("python", "gpu_annotation", "kernel", "memcpy", "memset", "sync", "trace"))
+    host = ~kind_mask(ev, ("python", "gpu_annotation", "kernel", "memcpy", "memset", "sync", "trace", "mark"))
     main = host & (ev["tid"] == tid).to_numpy(bool) if tid is not None else np.zeros(len(ev), dtype=bool)
     syncs = sync_calls(trace)
     return {

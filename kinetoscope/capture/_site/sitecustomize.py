@@ -113,7 +113,7 @@ def _note_started() -> None:
         if out and os.path.isdir(out):
             path = os.path.join(out, f".kinetoscope-status-{os.getpid()}.json")
             with open(path, "w") as fh:
-                json.dump({"pid": os.getpid(), "argv": sys.argv[:8], "python": True}, fh)
+                json.dump({"pid": os.getpid(), "python": True}, fh)  # no command line: it may hold secrets
     except Exception:  # noqa: BLE001
         pass
 

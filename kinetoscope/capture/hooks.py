@@ -1,0 +1,511 @@
+"""The loop recorder's hooks: one set of patches for the whole process, reference counted and reversible.
+
+``attach()`` (``LoopRecorder.attach``: ``Profiler.start()``, ``kinetoscope capture``) acquires them, ``detach()``
+releases them, and the last release puts every patched function back (or, where someone wrapped it after us,
+leaves our wrapper in place as a plain pass-through). What is patched: ``_BaseDataLoaderIter.__next__`` (the wait,
+timed) and ``DataLoader.__iter__`` (which loader an iterator belongs to), ``torch.nn.Module.train`` (the outermost
+call only: ``train()`` recurses into the children), ``torch.autograd.backward`` (outermost calls: a reentrant
+checkpoint's inner backward is part of its outer one), the global optimizer step hooks, dynamo's compile start/end
+callbacks (registered once torch._dynamo is imported: ``torch.compile`` is wrapped to do it, as importing dynamo up
+front costs ~1.5 s), ``torch.save`` and, once imported, ``torch.distributed.checkpoint.save``/``async_save``.
+
+Per event the thread where it happens pays its clock reads (``time.time_ns``; a DataLoader wait also reads the
+``perf_counter`` and process CPU clocks the capture always read) and one append to each recorder's ``pending``
+list: what the events mean is worked out by the recorder (``loop.py``), once per step. A forked child (a DataLoader
+worker, a hogwild trainer) records nothing of its parent's.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import threading
+import time
+import weakref
+from typing import TYPE_CHECKING, Any, Callable, Protocol
+
+from kinetoscope.capture._safety import warn_once
+
+if TYPE_CHECKING:
+    from kinetoscope.capture.loop import LoopRecorder
+
+#: the kinds of loop event, in the manifest's order
+KINDS = ("data_wait", "validation", "backward", "optimizer_step", "compile", "checkpoint")
+
+
+class LoopListener(Protocol):
+    """What ``kinetoscope capture`` needs to end its steps (called on the thread where the event happened)."""
+
+    def on_data_wait(self, iterator: Any) -> None: ...
+
+    def on_backward(self, in_optimizer_step: int) -> None: ...
+
+    def on_optimizer_step(self, optimizer: Any) -> None: ...
+
+
+class _Hooks:
+    """The process's patches and who listens to them. One instance (``_HOOKS``); state lives here, not in modules
+    the patches touch."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.refs = 0
+        self.live = False
+        self.recorders: tuple[LoopRecorder, ...] = ()
+        self.listeners: tuple[LoopListener, ...] = ()
+        self.undo: list[Callable[[], None]] = []
+        self.recordable: set[str] = set()
+        self.in_optimizer_step = 0
+        self.in_backward = 0
+        self.local = threading.local()
+        self.opt_started: list[int] = []
+        self.compile_started: dict[str, int] = {}
+        self.dynamo_registered = False
+        self.dcp_patched = False
+        self.at_fork = False
+        self.grad_enabled: Callable[[], bool] = lambda: True
+        #: DataLoader -> its number in this process (from 0), and a loader's sampler -> the same number, for an
+        #: iterator made before the patches (it is not tagged)
+        self.loader_ids: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+        self.sampler_ids: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+        self.loader_config: dict[int, dict[str, Any]] = {}
+        self.next_loader = 0
+
+    # --- lifecycle ---------------------------------------------------------------------------
+    def acquire(self, recorder: LoopRecorder | None, listener: LoopListener | None) -> None:
+        with self.lock:
+            if recorder is not None:
+                self.recorders += (recorder,)
+            if listener is not None:
+                self.listeners += (listener,)
+            self.refs += 1
+            if self.refs == 1:
+                self._install()
+
+    def release(self, recorder: LoopRecorder | None, listener: LoopListener | None) -> None:
+        with self.lock:
+            if recorder is not None and recorder in self.recorders:
+                self.recorders = tuple(r for r in self.recorders if r is not recorder)
+            if listener is not None and listener in self.listeners:
+                self.listeners = tuple(x for x in self.listeners if x is not listener)
+            self.refs = max(0, self.refs - 1)
+            if self.refs == 0:
+                self._uninstall()
+
+    def _install(self) -> None:
+        import torch
+
+        if self.undo:  # a forked child's patches, inherited: put back before patching anew (never twice over)
+            self._uninstall()
+        self.grad_enabled = torch.is_grad_enabled
+        self.recordable = set()
+        if not self.at_fork:
+            os.register_at_fork(after_in_child=_forked_child)
+            self.at_fork = True
+        for kind, install in (("data_wait", self._patch_data_loader), ("validation", self._patch_train),
+                              ("backward", self._patch_backward), ("optimizer_step", self._hook_optimizer),
+                              ("compile", self._arm_compile), ("checkpoint", self._patch_save)):
+            try:
+                if install(torch):
+                    self.recordable.add(kind)
+            except Exception as exc:  # noqa: BLE001 - a torch without this hook: that kind is not recorded
+                warn_once(f"loop hook {kind}", f"cannot record {kind} marks ({type(exc).__name__}: {exc})")
+        self.live = True
+
+    def _uninstall(self) -> None:
+        self.live = False
+        for undo in reversed(self.undo):
+            try:
+                undo()
+            except Exception:  # noqa: BLE001 - put back what can be put back
+                pass
+        self.undo.clear()
+        self.dynamo_registered = False
+        self.dcp_patched = False
+        self.in_optimizer_step = self.in_backward = 0
+        self.opt_started.clear()
+        self.compile_started.clear()
+
+    def _patch(self, owner: Any, name: str, make: Callable[[Any], Any]) -> None:
+        """Replace ``owner.name`` by ``make(original)``; undone only while ours is still the one in place."""
+        original = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
+        wrapper = make(original)
+        setattr(owner, name, wrapper)
+
+        def undo() -> None:
+            current = owner.__dict__.get(name) if isinstance(owner, type) else getattr(owner, name, None)
+            if current is wrapper:
+                setattr(owner, name, original)
+
+        self.undo.append(undo)
+
+    # --- DataLoader ------------------------------------------------------------------------------
+    def _patch_data_loader(self, torch: Any) -> bool:
+        from torch.utils.data import dataloader
+
+        hooks = self
+
+        def make_next(original: Any) -> Any:
+            @functools.wraps(original)
+            def __next__(self: Any) -> Any:
+                if not hooks.live:
+                    return original(self)
+                p0, c0 = time.perf_counter_ns(), time.process_time_ns()
+                exhausted = False
+                try:
+                    return original(self)
+                except StopIteration:
+                    exhausted = True
+                    raise
+                finally:
+                    p1, t1 = time.perf_counter_ns(), time.time_ns()
+                    hooks.data_wait(self, t1, p1 - p0, time.process_time_ns() - c0, exhausted)
+
+            return __next__
+
+        def make_iter(original: Any) -> Any:
+            @functools.wraps(original)
+            def __iter__(self: Any) -> Any:
+                it = original(self)
+                if hooks.live:
+                    try:
+                        it._kinetoscope_loader = hooks.loader_id(self, it)
+                    except Exception:  # noqa: BLE001 - an iterator of another shape: found by its sampler later
+                        pass
+                return it
+
+            return __iter__
+
+        self._patch(dataloader._BaseDataLoaderIter, "__next__", make_next)
+        self._patch(dataloader.DataLoader, "__iter__", make_iter)
+        return True
+
+    def data_wait(self, it: Any, t1: int, wait_ns: int, cpu_ns: int, exhausted: bool) -> None:
+        try:
+            event = ("W", t1, wait_ns, cpu_ns, threading.get_native_id(), it,
+                     getattr(it, "_num_yielded", 0) - (0 if exhausted else 1), self.grad_enabled(), exhausted)
+            for r in self.recorders:
+                r.pending.append(event)
+            for listener in self.listeners:
+                listener.on_data_wait(it)
+        except Exception as exc:  # noqa: BLE001
+            warn_once("loop data wait", f"data wait not recorded ({type(exc).__name__}: {exc}); training continues")
+
+    def loader_id(self, loader: Any, it: Any = None) -> int:
+        """The loader's number in this process (from 0), assigned when it is first iterated."""
+        n = self.loader_ids.get(loader)
+        if n is None:
+            n = self.loader_ids[loader] = self._new_loader(_loader_config(loader, type(loader).__name__))
+        sampler = getattr(it, "_index_sampler", None) if it is not None else None
+        if sampler is not None:
+            try:
+                self.sampler_ids.setdefault(sampler, n)
+            except TypeError:  # a sampler that cannot be weakly referenced
+                pass
+        return n
+
+    def iterator_loader(self, it: Any) -> int:
+        """The number of the loader ``it`` iterates: its tag, else its loader's sampler, else a new number."""
+        n = getattr(it, "_kinetoscope_loader", None)
+        if isinstance(n, int):
+            return n
+        sampler = getattr(it, "_index_sampler", None)
+        found = None
+        if sampler is not None:
+            try:
+                found = self.sampler_ids.get(sampler)
+            except TypeError:
+                found = None
+        if found is None:
+            found = self._new_loader(_loader_config(it, None))
+            if sampler is not None:
+                try:
+                    self.sampler_ids[sampler] = found
+                except TypeError:
+                    pass
+        try:
+            it._kinetoscope_loader = found
+        except Exception:  # noqa: BLE001
+            pass
+        return found
+
+    def _new_loader(self, config: dict[str, Any]) -> int:
+        n = self.next_loader
+        self.next_loader += 1
+        self.loader_config[n] = config
+        return n
+
+    # --- eval mode ---------------------------------------------------------------------------------
+    def _patch_train(self, torch: Any) -> bool:
+        hooks = self
+
+        def make(original: Any) -> Any:
+            @functools.wraps(original)
+            def train(self: Any, mode: bool = True) -> Any:
+                local = hooks.local
+                if not hooks.live or getattr(local, "train_depth", 0):
+                    return original(self, mode)  # a child of the call being recorded
+                local.train_depth = 1
+                try:
+                    out = original(self, mode)
+                finally:
+                    local.train_depth = 0
+                hooks.mode_change(self, mode)
+                return out
+
+            return train
+
+        self._patch(torch.nn.Module, "train", make)
+        return True
+
+    def mode_change(self, module: Any, mode: Any) -> None:
+        try:
+            event = ("M", time.time_ns(), threading.get_native_id(), id(module), type(module).__name__, bool(mode))
+            for r in self.recorders:
+                r.pending.append(event)
+        except Exception:  # noqa: BLE001
+            pass
+
+    # --- backward and optimizer steps ----------------------------------------------------------
+    def _patch_backward(self, torch: Any) -> bool:
+        hooks = self
+
+        def make(original: Any) -> Any:
+            @functools.wraps(original)
+            def backward(*args: Any, **kwargs: Any) -> Any:
+                # outermost calls only, process-wide: a reentrant activation checkpoint runs its own backward()
+                # inside the outer one, on the engine's thread
+                if not hooks.live or hooks.in_backward:
+                    return original(*args, **kwargs)
+                hooks.in_backward += 1
+                t0 = time.time_ns()
+                try:
+                    return original(*args, **kwargs)
+                finally:
+                    hooks.in_backward -= 1
+                    hooks.backward_done(t0)
+
+            return backward
+
+        self._patch(torch.autograd, "backward", make)
+        return True
+
+    def backward_done(self, t0: int) -> None:
+        try:
+            event = ("B", t0, time.time_ns(), threading.get_native_id())
+            for r in self.recorders:
+                r.pending.append(event)
+            for listener in self.listeners:
+                listener.on_backward(self.in_optimizer_step)
+        except Exception as exc:  # noqa: BLE001
+            warn_once("loop backward", f"backward not recorded ({type(exc).__name__}: {exc}); training continues")
+
+    def _hook_optimizer(self, torch: Any) -> bool:
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+        def before(optimizer: Any, args: Any, kwargs: Any) -> None:
+            if self.live:
+                self.in_optimizer_step += 1
+                self.opt_started.append(time.time_ns())
+
+        def after(optimizer: Any, args: Any, kwargs: Any) -> None:
+            if not self.live:
+                return
+            try:
+                t1 = time.time_ns()
+                self.in_optimizer_step = max(0, self.in_optimizer_step - 1)
+                t0 = self.opt_started.pop() if self.opt_started else t1
+                event = ("O", t0, t1, threading.get_native_id(), id(optimizer))
+                for r in self.recorders:
+                    r.pending.append(event)
+                for listener in self.listeners:
+                    listener.on_optimizer_step(optimizer)
+            except Exception as exc:  # noqa: BLE001
+                warn_once("loop optimizer", f"optimizer step not recorded ({type(exc).__name__}: {exc})")
+
+        handles = [register_optimizer_step_pre_hook(before), register_optimizer_step_post_hook(after)]
+        self.undo.append(lambda: [h.remove() for h in handles])
+        return True
+
+    # --- torch.compile --------------------------------------------------------------------------
+    def _arm_compile(self, torch: Any) -> bool:
+        """Dynamo's callbacks now if dynamo is imported, else on the first ``torch.compile`` call (or at a step
+        boundary once something imported it)."""
+        if self._register_dynamo():
+            return True
+        if not callable(getattr(torch, "compile", None)):
+            return False
+        hooks = self
+
+        def make(original: Any) -> Any:
+            @functools.wraps(original)
+            def compile(*args: Any, **kwargs: Any) -> Any:
+                out = original(*args, **kwargs)  # imports dynamo; compiling happens at the first call of ``out``
+                if hooks.live and not hooks.dynamo_registered:
+                    hooks._register_dynamo()
+                return out
+
+            return compile
+
+        self._patch(torch, "compile", make)
+        return True
+
+    def _register_dynamo(self) -> bool:
+        module = sys.modules.get("torch._dynamo.callback")
+        handler = getattr(module, "callback_handler", None)
+        if handler is None or self.dynamo_registered:
+            return self.dynamo_registered
+        try:
+            handler.register_start_callback(self._compile_start)
+            handler.register_end_callback(self._compile_end)
+        except Exception as exc:  # noqa: BLE001
+            warn_once("loop compile", f"cannot record torch.compile ({type(exc).__name__}: {exc})")
+            return False
+        self.dynamo_registered = True
+
+        def undo() -> None:
+            for remove, cb in ((handler.remove_start_callback, self._compile_start),
+                               (handler.remove_end_callback, self._compile_end)):
+                try:
+                    remove(cb)
+                except ValueError:
+                    pass
+
+        self.undo.append(undo)
+        return True
+
+    def _compile_start(self, args: Any) -> None:
+        if self.live:
+            self.compile_started[str(getattr(args, "compile_id", ""))] = time.time_ns()
+
+    def _compile_end(self, args: Any) -> None:
+        if not self.live:
+            return
+        try:
+            t1 = time.time_ns()
+            cid = str(getattr(args, "compile_id", ""))
+            t0 = self.compile_started.pop(cid, t1)
+            trigger = getattr(getattr(args, "callback_trigger", None), "name", "") or "unknown"
+            event = ("C", t0, t1, threading.get_native_id(), cid, trigger.lower())
+            for r in self.recorders:
+                r.pending.append(event)
+        except Exception:  # noqa: BLE001
+            pass
+
+    # --- checkpoints ------------------------------------------------------------------------------------
+    def _patch_save(self, torch: Any) -> bool:
+        self._patch(torch, "save", lambda original: self._timed_save(original, "torch.save"))
+        self._patch_dcp()
+        return True
+
+    def _patch_dcp(self) -> None:
+        dcp = sys.modules.get("torch.distributed.checkpoint")
+        if dcp is None or self.dcp_patched:
+            return
+        self.dcp_patched = True
+        for name in ("save", "async_save"):
+            if callable(getattr(dcp, name, None)):
+                self._patch(dcp, name, lambda original, n=name: self._timed_save(
+                    original, f"torch.distributed.checkpoint.{n}"))
+
+    def _timed_save(self, original: Any, call: str) -> Any:
+        hooks = self
+
+        @functools.wraps(original)
+        def save(*args: Any, **kwargs: Any) -> Any:
+            local = hooks.local
+            if not hooks.live or getattr(local, "save_depth", 0):
+                return original(*args, **kwargs)  # inside another save (dcp writing through torch.save)
+            local.save_depth = 1
+            t0 = time.time_ns()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                local.save_depth = 0
+                event = ("S", t0, time.time_ns(), threading.get_native_id(), call)
+                for r in hooks.recorders:
+                    r.pending.append(event)
+
+        return save
+
+    def late_imports(self) -> None:
+        """At a step boundary: hook what the script imported since (dynamo by another path, dcp)."""
+        if not self.live:
+            return
+        if "compile" in self.recordable and not self.dynamo_registered:
+            self._register_dynamo()
+        if not self.dcp_patched and "torch.distributed.checkpoint" in sys.modules:
+            with self.lock:
+                self._patch_dcp()
+
+
+_HOOKS = _Hooks()
+
+
+def _forked_child() -> None:
+    """A forked child (a DataLoader worker, a hogwild trainer) records nothing of its parent's: the inherited
+    patches pass through until the child acquires the hooks itself."""
+    hooks = _HOOKS
+    hooks.live = False
+    hooks.lock = threading.Lock()  # another thread may have held it at the fork
+    hooks.refs = 0
+    hooks.recorders = ()
+    hooks.listeners = ()
+
+
+def _loader_config(obj: Any, cls: str | None) -> dict[str, Any]:
+    """A DataLoader's (or, for an untagged iterator, the iterator's) configuration, as the manifest gives it."""
+    try:
+        get = lambda *names: next((getattr(obj, n) for n in names if hasattr(obj, n)), None)  # noqa: E731
+        sampler = get("batch_sampler", "_index_sampler")
+        batch_size = getattr(sampler, "batch_size", None) if sampler is not None else get("batch_size")
+        config = {"num_workers": get("num_workers", "_num_workers"),
+                  "prefetch_factor": get("prefetch_factor", "_prefetch_factor"),
+                  "persistent_workers": get("persistent_workers", "_persistent_workers"),
+                  "pin_memory": get("pin_memory", "_pin_memory"),
+                  "batch_size": batch_size}
+        out = {k: (v if isinstance(v, (int, bool)) or v is None else str(v)) for k, v in config.items()}
+    except Exception:  # noqa: BLE001 - a loader of an unexpected shape is described by what is known
+        out = {k: None for k in ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory", "batch_size")}
+    out["class"] = cls
+    return out
+
+
+def attach(recorder: LoopRecorder | None = None, listener: LoopListener | None = None) -> None:
+    """Acquire the process's loop hooks for a recorder and/or a listener (installed on the first acquire)."""
+    _HOOKS.acquire(recorder, listener)
+
+
+def detach(recorder: LoopRecorder | None = None, listener: LoopListener | None = None) -> None:
+    """Release what ``attach`` acquired; the last release puts every patched function back."""
+    _HOOKS.release(recorder, listener)
+
+
+def recordable() -> frozenset[str]:
+    """The kinds of event the installed hooks record."""
+    return frozenset(_HOOKS.recordable)
+
+
+def iterator_loader(it: Any) -> int:
+    """The number of the DataLoader a DataLoader iterator belongs to (from 0, in the order first seen)."""
+    return _HOOKS.iterator_loader(it)
+
+
+def loader_config(loader: int) -> dict[str, Any]:
+    """Loader ``loader``'s configuration as the manifest gives it (num_workers, ..., class)."""
+    return dict(_HOOKS.loader_config.get(loader, {}))
+
+
+def late_imports() -> None:
+    """At a step boundary: hook what the script imported since (dynamo by another path, dcp)."""
+    _HOOKS.late_imports()
+
+
+def is_data_loader_iterator(it: Any) -> bool:
+    """Whether ``next(it)`` is timed by the hooks (a DataLoader iterator while they are installed)."""
+    if not _HOOKS.live or "data_wait" not in _HOOKS.recordable:
+        return False
+    module = sys.modules.get("torch.utils.data.dataloader")
+    base = getattr(module, "_BaseDataLoaderIter", None)
+    return base is not None and isinstance(it, base)

@@ -1,0 +1,419 @@
+"""What the training loop does, written down with host clocks while it runs (formats: docs/report.md, "What the
+capture writes"): every ``next()`` on a DataLoader iterator, the stretches a root module spends in eval mode,
+``backward()`` calls, optimizer steps, torch.compile compilations and checkpoint saves.
+
+The hooks (``hooks.py``) append raw events to each attached ``LoopRecorder``'s ``pending`` list; the recorder
+turns them into the run's totals (the manifest's ``loop`` object), per-step lists (steps.json) and marks (spans in
+the windows' traces) once per step, at the step boundary (``close_step``): a few us per event, and marks are built
+only for the steps a window records.
+
+Rules (issue 28's contract, with two changes, said here and in docs/report.md):
+* a loader is "train" when at least half of its batches are followed by a ``backward()`` before that loader's
+  next batch; "eval" when none are and its batches were taken with grad disabled or a root module in eval mode
+  more often than not; "unknown" otherwise (no batches yet included). Change: a batch taken with grad disabled,
+  or while a root module is in an eval stretch that has seen no backward, is never "followed" - else the last
+  batch of each validation pass, followed by the next training step's backward, would make every validation
+  loader "unknown" (and a one-batch validation loader "train").
+* a validation stretch runs from a root module's outermost ``.eval()``/``.train(False)`` to its next outermost
+  ``.train()`` with no ``backward()`` or optimizer step in between; one still open when the recorder finishes (a
+  final evaluation) ends there.
+* Change: dynamo's lazy backward compilation (it runs inside ``backward()``) is a ``kinetoscope::compile`` span
+  too, with ``trigger: "lazy_backward"``, counted in ``total_ns`` but not in ``compiles``; every compile mark says
+  its ``trigger``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from kinetoscope.capture._safety import warn_once
+from kinetoscope.capture import hooks
+from kinetoscope.capture.hooks import KINDS, LoopListener
+
+#: version of the marks contract written into the manifest's ``loop`` object
+MARKS_VERSION = 1
+PREFIX = "kinetoscope::"
+#: steps.json's per-step lists of loop marks (beside step_wall_ns, data_wait_ns, ...)
+STEP_LISTS = ("train_data_wait_ns", "eval_data_wait_ns", "validation_ns", "compile_ns", "checkpoint_ns",
+              "backward_calls", "optimizer_steps")
+
+
+# --- what the events mean ---------------------------------------------------------------------------------
+@dataclass
+class _Loader:
+    batches: int = 0
+    followed: int = 0
+    #: next() calls that returned a batch with grad disabled or a root module in eval mode
+    evalish: int = 0
+
+    def role(self) -> str:
+        if self.batches == 0:
+            return "unknown"
+        if 2 * self.followed >= self.batches:
+            return "train"
+        if self.followed == 0 and 2 * self.evalish > self.batches:
+            return "eval"
+        return "unknown"
+
+
+@dataclass
+class _Stretch:
+    t0: int
+    module: str
+    batches: int = 0
+    loaders: dict[int, int] = field(default_factory=dict)
+    trained: bool = False
+
+
+@dataclass
+class StepLoop:
+    """What the loop hooks saw in one step on the training thread: its DataLoader waits (the process's CPU time
+    then) and the last DataLoader iterator it took a batch from."""
+
+    data_wait_ns: int = 0
+    data_wait_cpu_ns: int = 0
+    iterator: Any = None
+
+
+class LoopRecorder:
+    """One recording (a ``Profiler``'s, or ``kinetoscope capture``'s for the whole process): the events the hooks
+    append to ``pending``, turned into totals, per-step lists and marks at each step boundary."""
+
+    def __init__(self) -> None:
+        self.training_thread = threading.get_native_id()
+        self.pending: list[tuple[Any, ...]] = []
+        self.attached = False
+        #: the kinds the hooks could record, as they were installed
+        self._recordable: frozenset[str] = frozenset()
+        self._loaders: dict[int, _Loader] = {}
+        self._awaiting: set[int] = set()
+        self._stretches: dict[int, _Stretch] = {}
+        self._optimizer: int | None = None
+        self._micro = 0
+        self.backward_calls = 0
+        self.optimizer_steps = 0
+        self._validation = {"stretches": 0, "batches": 0}
+        self._validation_spans: list[tuple[int, int]] = []
+        self._compile = {"compiles": 0, "recompiles": 0}
+        self._compile_spans: list[tuple[int, int]] = []
+        self._checkpoint = {"saves": 0}
+        self._checkpoint_spans: list[tuple[int, int]] = []
+        self._begin_steps(None)
+        #: processed marks of the steps a window records: (name, t0, t1, native tid, args)
+        self._marks: list[tuple[str, int, int, int, dict[str, Any]]] = []
+
+    # --- hooks -------------------------------------------------------------------------------
+    def attach(self, listener: LoopListener | None = None) -> None:
+        if not self.attached:
+            hooks.attach(self, listener)
+            self.attached = True
+            self._recordable = hooks.recordable()
+
+    def detach(self, listener: LoopListener | None = None) -> None:
+        if self.attached:
+            self.attached = False
+            hooks.detach(self, listener)
+
+    @property
+    def recorded(self) -> list[str]:
+        return [k for k in KINDS if k in self._recordable]
+
+    # --- steps ----------------------------------------------------------------------------------------
+    def _begin_steps(self, start_unix_ns: int | None) -> None:
+        self._step_start = start_unix_ns
+        self._starts: list[int] = []
+        self._ends: list[int] = []
+        self._rows: dict[str, list[int]] = {k: [] for k in (
+            "validation_ns", "compile_ns", "checkpoint_ns", "backward_calls", "optimizer_steps")}
+        #: per loader, its training-thread waits in each step
+        self._waits: dict[int, list[int]] = {}
+
+    def begin_steps(self, start_unix_ns: int) -> None:
+        """The first step starts now (a new ``Profiler``): per-step lists start over, totals go on."""
+        self._begin_steps(start_unix_ns)
+
+    def close_step(self, end_unix_ns: int, *, record: bool, keep: bool) -> StepLoop:
+        """The step that started at the previous boundary ends now: its events are accounted, a row of the per-step
+        lists is added (``record``: it is one of the run's steps), and its marks are kept (``keep``: a window records
+        it)."""
+        hooks.late_imports()
+        events, self.pending = self.pending, []
+        start = self._step_start
+        if record and start is not None:
+            self._starts.append(start)
+            self._ends.append(end_unix_ns)
+            for values in self._rows.values():
+                values.append(0)
+            for values in self._waits.values():
+                values.append(0)
+        self._step_start = end_unix_ns
+        out = StepLoop()
+        for event in events:
+            try:
+                getattr(self, "_on_" + event[0])(event, out, keep)
+            except Exception as exc:  # noqa: BLE001 - one odd event never costs the others
+                warn_once("loop event", f"a loop event could not be accounted ({type(exc).__name__}: {exc})")
+        return out
+
+    def _step_of(self, t: int) -> int:
+        """The recorded step holding time ``t`` (-1: none)."""
+        i = bisect.bisect_right(self._starts, t) - 1
+        return i if i >= 0 and t <= self._ends[i] else -1
+
+    def _spread(self, row: str, t0: int, t1: int) -> None:
+        """Add the overlap of [t0, t1] with each recorded step to that step's ``row``."""
+        values = self._rows[row]
+        i = max(bisect.bisect_right(self._starts, t0) - 1, 0)
+        while i < len(self._starts) and self._starts[i] < t1:
+            lo, hi = max(t0, self._starts[i]), min(t1, self._ends[i])
+            if hi > lo:
+                values[i] += hi - lo
+            i += 1
+
+    def _count(self, row: str, t: int) -> None:
+        i = self._step_of(t)
+        if i >= 0:
+            self._rows[row][i] += 1
+
+    def _keep(self, keep: bool, name: str, t0: int, t1: int, tid: int, args: dict[str, Any]) -> None:
+        if keep:
+            self._marks.append((name, t0, t1, tid, args))
+
+    # --- one event each -----------------------------------------------------------------------------
+    def _on_W(self, e: tuple[Any, ...], out: StepLoop, keep: bool) -> None:
+        _, t1, wait, cpu, tid, it, batch, grad, exhausted = e
+        lid = hooks.iterator_loader(it)
+        loader = self._loaders.setdefault(lid, _Loader())
+        if not exhausted:
+            loader.batches += 1
+            in_eval = bool(self._stretches)
+            loader.evalish += (not grad) or in_eval
+            if grad and not any(not s.trained for s in self._stretches.values()):
+                self._awaiting.add(lid)
+            else:
+                self._awaiting.discard(lid)
+        t0 = t1 - wait
+        if tid == self.training_thread:
+            out.data_wait_ns += wait
+            out.data_wait_cpu_ns += cpu
+            out.iterator = it
+            i = self._step_of(t1)
+            if i >= 0:
+                waits = self._waits.get(lid)
+                if waits is None:
+                    waits = self._waits[lid] = [0] * len(self._starts)
+                waits[i] += wait
+            if not exhausted:
+                for s in self._stretches.values():
+                    s.batches += 1
+                    s.loaders[lid] = s.loaders.get(lid, 0) + 1
+        args: dict[str, Any] = {"loader": lid, "role": None, "batch": int(batch)}
+        if exhausted:
+            args["exhausted"] = True
+        self._keep(keep, "data_wait", t0, t1, tid, args)
+
+    def _on_B(self, e: tuple[Any, ...], out: StepLoop, keep: bool) -> None:
+        _, t0, t1, tid = e
+        self.backward_calls += 1
+        self._micro += 1
+        for lid in self._awaiting:
+            self._loaders[lid].followed += 1
+        self._awaiting.clear()
+        for s in self._stretches.values():
+            s.trained = True
+        self._count("backward_calls", t1)
+        self._keep(keep, "backward", t0, t1, tid, {"micro_step": self._micro,
+                                                    "thread": "main" if tid == self.training_thread else "other"})
+
+    def _on_O(self, e: tuple[Any, ...], out: StepLoop, keep: bool) -> None:
+        _, t0, t1, tid, opt = e
+        for s in self._stretches.values():
+            s.trained = True
+        if self._optimizer is None:
+            self._optimizer = opt  # the first optimizer to step defines the step (GANs: one of two)
+        if opt != self._optimizer:
+            return
+        self.optimizer_steps += 1
+        self._count("optimizer_steps", t1)
+        self._keep(keep, "optimizer_step", t0, t1, tid, {"backward_calls": self._micro})
+        self._micro = 0
+
+    def _on_M(self, e: tuple[Any, ...], out: StepLoop, keep: bool) -> None:
+        _, t, tid, module, name, mode = e
+        if not mode:
+            self._stretches.setdefault(module, _Stretch(t, name))
+            return
+        stretch = self._stretches.pop(module, None)
+        if stretch is not None and not stretch.trained:
+            self._validation_done(stretch, t, tid, keep)
+
+    def _validation_done(self, s: _Stretch, t1: int, tid: int, keep: bool) -> None:
+        self._validation["stretches"] += 1
+        self._validation["batches"] += s.batches
+        self._validation_spans.append((s.t0, t1))
+        self._spread("validation_ns", s.t0, t1)
+        loader = max(s.loaders, key=lambda k: (s.loaders[k], -k)) if s.loaders else None
+        self._keep(keep, "validation", s.t0, t1, tid, {"module": s.module, "batches": s.batches, "loader": loader})
+
+    def _on_C(self, e: tuple[Any, ...], out: StepLoop, keep: bool) -> None:
+        _, t0, t1, tid, cid, trigger = e
+        recompile = _is_recompile(cid)
+        if trigger == "dynamo":
+            self._compile["compiles"] += 1
+            self._compile["recompiles"] += recompile
+        self._compile_spans.append((t0, t1))
+        self._spread("compile_ns", t0, t1)
+        self._keep(keep, "compile", t0, t1, tid, {"compile_id": cid, "recompile": recompile, "trigger": trigger})
+
+    def _on_S(self, e: tuple[Any, ...], out: StepLoop, keep: bool) -> None:
+        _, t0, t1, tid, call = e
+        if tid != self.training_thread:
+            return
+        self._checkpoint["saves"] += 1
+        self._checkpoint_spans.append((t0, t1))
+        self._spread("checkpoint_ns", t0, t1)
+        self._keep(keep, "checkpoint", t0, t1, tid, {"call": call})
+
+    # --- the end, and what is written --------------------------------------------------------------------
+    def finish(self, end_unix_ns: int, *, keep: bool) -> None:
+        """The recording ends: eval stretches still open (a final evaluation) end here."""
+        for module in list(self._stretches):
+            s = self._stretches.pop(module)
+            if not s.trained:
+                self._validation_done(s, end_unix_ns, self.training_thread, keep)
+
+    def roles(self) -> dict[int, str]:
+        return {lid: loader.role() for lid, loader in self._loaders.items()}
+
+    def take_marks(self, start_unix_ns: int, end_unix_ns: int) -> list[tuple[str, int, int, int, dict[str, Any]]]:
+        """The kept marks overlapping [start, end] (a window's span), data waits with their loader's role as now
+        known; the kept list starts over."""
+        marks, self._marks = self._marks, []
+        roles = self.roles()
+        out = []
+        for name, t0, t1, tid, args in marks:
+            if t1 < start_unix_ns or t0 > end_unix_ns:
+                continue
+            if name == "data_wait":
+                args = {**args, "role": roles.get(args["loader"], "unknown")}
+            out.append((name, t0, t1, tid, args))
+        return out
+
+    def drop_marks(self) -> None:
+        self._marks = []
+
+    def training_loader_config(self) -> dict[str, Any] | None:
+        """The configuration of the loader the training loop takes batches from (role "train", most batches)."""
+        roles = self.roles()
+        train = [lid for lid, role in roles.items() if role == "train"]
+        if not train:
+            return None
+        best = max(train, key=lambda lid: (self._loaders[lid].batches, -lid))
+        config = hooks.loader_config(best)
+        config.pop("class", None)
+        return config
+
+    def manifest(self, step_source: str) -> dict[str, Any]:
+        """The manifest's ``loop`` object: null where a kind was not recorded, never 0."""
+        recorded = self.recorded
+        roles = self.roles()
+        loaders = []
+        for lid in sorted(self._loaders):
+            loader = self._loaders[lid]
+            loaders.append({"loader": lid, "role": roles[lid], "batches": loader.batches,
+                            "batches_followed_by_backward": loader.followed, **hooks.loader_config(lid)})
+        return {
+            "marks": MARKS_VERSION,
+            "recorded": recorded,
+            "step_source": step_source,
+            "loaders": loaders if "data_wait" in recorded else None,
+            "backward_calls": self.backward_calls if "backward" in recorded else None,
+            "optimizer_steps": self.optimizer_steps if "optimizer_step" in recorded else None,
+            "validation": ({**self._validation, "total_ns": _union_ns(self._validation_spans)}
+                           if "validation" in recorded else None),
+            "compile": ({**self._compile, "total_ns": _union_ns(self._compile_spans)} if "compile" in recorded else None),
+            "checkpoint": ({**self._checkpoint, "total_ns": _union_ns(self._checkpoint_spans)}
+                          if "checkpoint" in recorded else None),
+        }
+
+    def step_lists(self, steps: int) -> dict[str, list[int] | None]:
+        """steps.json's per-step lists (``steps`` rows: the Profiler's), null where not recorded."""
+        recorded = self.recorded
+        n = len(self._starts)
+        if n != steps:  # never expected: the lists would not line up with the steps, so they are not written
+            warn_once("loop steps", f"loop marks cover {n} steps, the timings {steps}: per-step marks left out")
+            recorded = []
+        roles = self.roles()
+
+        def waits(role: str) -> list[int]:
+            total = [0] * n
+            for lid, values in self._waits.items():
+                if roles.get(lid) == role:
+                    total = [a + b for a, b in zip(total, values)]
+            return total
+
+        def row(kind: str, name: str) -> list[int] | None:
+            return list(self._rows[name]) if kind in recorded else None
+
+        return {
+            "train_data_wait_ns": waits("train") if "data_wait" in recorded else None,
+            "eval_data_wait_ns": waits("eval") if "data_wait" in recorded else None,
+            "validation_ns": row("validation", "validation_ns"),
+            "compile_ns": row("compile", "compile_ns"),
+            "checkpoint_ns": row("checkpoint", "checkpoint_ns"),
+            "backward_calls": row("backward", "backward_calls"),
+            "optimizer_steps": row("optimizer_step", "optimizer_steps"),
+        }
+
+
+def _is_recompile(compile_id: str) -> bool:
+    """"0/1": frame 0's second compilation. (Compiled autograd's "!0/1/2" ends the same way.)"""
+    tail = compile_id.rsplit("/", 1)
+    return len(tail) == 2 and tail[1].isdigit() and int(tail[1]) > 0
+
+
+def _union_ns(spans: list[tuple[int, int]]) -> int:
+    total, end = 0, None
+    for s, e in sorted(spans):
+        if end is None or s > end:
+            total += e - s
+            end = e
+        elif e > end:
+            total += e - end
+            end = e
+    return total
+
+
+# --- into the trace ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class WindowMarks:
+    """A window's marks on host clocks, and what places them on the trace's clock: each step's host time just
+    before and just after ``prof.step()`` started its ``ProfilerStep#N`` span."""
+
+    marks: tuple[tuple[str, int, int, int, dict[str, Any]], ...]
+    steps: dict[int, tuple[int, int]]
+    pid: int
+
+    def offset_ns(self, step_starts_ns: dict[int, int], base_time_ns: int | None) -> int | None:
+        """Trace clock (ns) minus host clock (ns). Each step's span started between its two host times, so the
+        offset lies in [trace - after, trace - before] for every step: the largest lower bound is taken (the span
+        starts at the very end of ``prof.step()``, so ``after`` is the tight side), kept under the smallest upper
+        bound. Without steps in the trace: ``baseTimeNanoseconds`` (the telemetry's placing)."""
+        lows, highs = [], []
+        for step, trace_ns in step_starts_ns.items():
+            host = self.steps.get(step)
+            if host is not None:
+                before, after = host
+                lows.append(trace_ns - after)
+                highs.append(trace_ns - before)
+        if lows:
+            return min(max(lows), min(highs))
+        return -base_time_ns if base_time_ns else None
+
+    def events(self, offset_ns: int) -> list[dict[str, Any]]:
+        return [{"ph": "X", "cat": "kinetoscope", "name": PREFIX + name, "pid": self.pid, "tid": tid,
+                 "ts": round((t0 + offset_ns) / 1000.0, 3), "dur": round(max(t1 - t0, 0) / 1000.0, 3), "args": args}
+                for name, t0, t1, tid, args in self.marks]
