@@ -278,7 +278,7 @@ def test_capture_under_torchrun_writes_one_trace_per_rank(tmp_path):
     # a CPU (gloo) DDP run records its all-reduces on the host only: the text report still shows them
     from kinetoscope.render.text import render_text
 
-    assert render_text(report).count("communication  3 collectives on the host (3 allreduce)") == 2
+    assert render_text(report).count("communication  3 collectives, ") == 2  # gloo: overlap with the CPU compute
 
 
 def test_sigterm_mid_write_leaves_no_file_under_the_final_name(tmp_path):

@@ -32,7 +32,7 @@ def test_text_report_lists_findings_then_ranks():
     assert proc.returncode == 0, proc.stderr
     text = proc.stdout
     assert text.index("Findings") < text.index("Rank 0")
-    assert "loader_stall" in text and "CRITICAL" in text
+    assert "loader_stall" in text and "WARNING" in text  # an upper bound (host cores not recorded): a warning
 
 
 def test_json_report_is_one_object_per_job_with_the_documented_keys():

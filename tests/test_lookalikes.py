@@ -460,3 +460,56 @@ def test_alike_steps_have_no_outliers(tmp_path):
         b.step(s, s * 1_000, 1_000 if s % 2 else 1_200).op("aten::linear", s * 1_000 + 10, 100)
     rep = report_of(tmp_path, b)
     assert not found(rep, "outlier_steps") and rep.ranks[0]["outliers"]["outlier_steps"] == 0
+
+
+# --- what the capture knows: a validation loader's waits are not the training loop's --------------
+def marked_trace(tmp_path, manifest_roles=None):
+    """Training steps of 1 ms, each waiting 100 us for the training loader (0); step 3 also runs a validation pass
+    of 5 batches from loader 1, each waiting 900 us (the capture marks each wait with its loader and role)."""
+    import json
+
+    b = TraceBuilder()
+    t = 0
+    for s in range(6):
+        dur = 6_000 if s == 3 else 1_000
+        b.step(s, t, dur)
+        b.op("kinetoscope::data_wait", t, 100, cat="kinetoscope", loader=0, role="train", batch=s)
+        b.loader(t, 100)
+        b.op("aten::linear", t + 150, 500)
+        b.op("autograd::engine::evaluate_function: AddmmBackward0", t + 700, 200, tid=200)
+        if s == 3:
+            b.op("kinetoscope::validation", t + 950, 5_000, cat="kinetoscope", module="Net", batches=5, loader=1)
+            for k in range(5):
+                v = t + 950 + k * 1_000
+                b.op("kinetoscope::data_wait", v, 900, cat="kinetoscope", loader=1, role="eval", batch=k)
+                b.loader(v, 900)
+                b.op("aten::linear", v + 900, 90)
+        t += dur
+    b.write(tmp_path / "rank-0.step-0-5.pt.trace.json")
+    if manifest_roles is not None:
+        (tmp_path / "rank-0.manifest.json").write_text(json.dumps({"manifest_version": 2, "rank": 0, "loop": {
+            "marks": 1, "recorded": ["data_wait", "validation"],
+            "loaders": [{"loader": k, "role": r} for k, r in manifest_roles.items()]}}))
+    return tmp_path
+
+
+def test_a_validation_loaders_waits_are_not_the_training_loops(tmp_path):
+    """Was: a slow validation loader's waits became the training loop's critical 'waits 348.6 ms per step'."""
+    from kinetoscope.analyze.loader import load_trace
+
+    rep = build_report(load_trace(marked_trace(tmp_path)))
+    loader = rep.ranks[0]["loader"]
+    assert loader["time_us"] == 6 * 100 and loader["eval_loader_wait_us"] == 5 * 900
+    (stall,) = found(rep, "loader_stall")  # the training loader's 600 us of the 11 ms window: worth nothing
+    assert stall.evidence["loader_time_us"] == 600 and stall.severity == "info"
+    (f,) = found(rep, "outlier_steps")
+    assert f.evidence["outliers"][0]["holds"] == "validation"
+
+
+def test_the_manifests_final_role_wins_over_the_marks(tmp_path):
+    """A loader whose role the capture settled only at the run's end (the marks said 'eval', the manifest 'train')
+    is the training loader."""
+    from kinetoscope.analyze.loader import load_trace
+
+    rep = build_report(load_trace(marked_trace(tmp_path, manifest_roles={0: "train", 1: "train"})))
+    assert rep.ranks[0]["loader"]["time_us"] == 6 * 100 + 5 * 900

@@ -158,19 +158,56 @@ def all_loader_spans(trace: RankTrace) -> pd.DataFrame:
     return ev[name_mask(ev, LOADER_RE) & ~kind_mask(ev, ("gpu_annotation",))]
 
 
+def loader_roles(trace: RankTrace) -> dict[int, str]:
+    """Each DataLoader's role as the capture decided it when the run ended (the manifest's ``loop.loaders``), else as
+    its marks in this trace say: "train", "eval" or "unknown"; {} for a trace without the capture's marks."""
+    loop = (trace.meta.capture or {}).get("loop") or {}
+    roles: dict[int, str] = {}
+    for entry in loop.get("loaders") or []:
+        if isinstance(entry, dict) and isinstance(entry.get("loader"), int) and isinstance(entry.get("role"), str):
+            roles[entry["loader"]] = entry["role"]
+    marks = trace.marks
+    waits = marks[(marks["name"] == "kinetoscope::data_wait").to_numpy()] if len(marks) else marks
+    for loader, role in zip(waits["loader"], waits["role"]):
+        if loader is not pd.NA and not pd.isna(loader) and int(loader) not in roles and isinstance(role, str):
+            roles[int(loader)] = role
+    return roles
+
+
+@trace_view
+def other_role_waits(trace: RankTrace) -> pd.DataFrame:
+    """The capture's data-wait marks of loaders that are not the training loop's (validation, evaluation): their
+    waits are no training data wait."""
+    marks = trace.marks
+    if marks.empty:
+        return trace.events.iloc[0:0]
+    roles = loader_roles(trace)
+    waits = marks[(marks["name"] == "kinetoscope::data_wait").to_numpy()]
+    other = [roles.get(int(x)) == "eval" if not pd.isna(x) else False for x in waits["loader"]]
+    return trace.events.iloc[waits["row"].to_numpy()[np.asarray(other, dtype=bool)]]
+
+
 @trace_view
 def loader_spans(trace: RankTrace) -> pd.DataFrame:
-    """The training loop's waits for data: DataLoader spans on the training thread only."""
+    """The training loop's waits for data: DataLoader spans on the training thread only, and - where the capture
+    marked which loader each wait was for - only the training loader's (a validation loader's waits are not)."""
     spans = all_loader_spans(trace)
     tid = main_thread(trace)
     if tid is None or spans.empty:
         return spans.iloc[0:0]
-    return spans[_tid_mask(spans, {tid})]
+    spans = spans[_tid_mask(spans, {tid})]
+    other = other_role_waits(trace)
+    if len(other) and len(spans):
+        marked = iv.union(other["ts_ns"].to_numpy(), other["end_ns"].to_numpy())
+        inside = iv.overlap_each(spans["ts_ns"].to_numpy(), spans["end_ns"].to_numpy(), marked)
+        spans = spans[inside < spans["dur_ns"].to_numpy() / 2]  # mostly inside another loader's wait: not training
+    return spans
 
 
 @trace_view
 def other_loader_spans(trace: RankTrace) -> pd.DataFrame:
-    """DataLoader spans on other threads (prefetchers): loader work the training loop did not wait for."""
+    """DataLoader spans that are not the training loop's waits: on other threads (prefetchers), or - where the
+    capture marked them - a validation loader's."""
     spans = all_loader_spans(trace)
     return spans[~spans.index.isin(loader_spans(trace).index)]
 

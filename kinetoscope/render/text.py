@@ -56,7 +56,11 @@ def render_text(report: Report) -> str:
             )
         run = loader.get("run") if loader else None
         if run:
-            out.append(f"  whole run      {run['steps']} steps timed, waiting for data {_pct(run['data_wait_fraction'])} of wall time")
+            waiting = (f"waiting for data {_pct(run['data_wait_fraction'])} of wall time"
+                       if run.get("data_wait_fraction") is not None else "waiting for data: not recorded by this capture")
+            validation = (f", validation {_ms(run['validation_us'])} = {_pct(run['validation_fraction'])}"
+                          if run.get("validation_us") else "")
+            out.append(f"  whole run      {run['steps']} steps timed, {waiting}{validation}")
         gpu = r.get("gpu")
         if gpu:
             missing = gpu.get("missing_activity") or {}

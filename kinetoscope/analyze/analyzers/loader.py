@@ -18,6 +18,7 @@ from kinetoscope.analyze.timeline import (
     main_thread,
     missing_activity,
     other_loader_spans,
+    other_role_waits,
     window,
 )
 from kinetoscope.analyze.trace import RankTrace
@@ -98,18 +99,41 @@ def _recommendation(names: set[str], pageable_h2d: bool, first_step_share: float
     return "; ".join(tips) + "."
 
 
-def _whole_run(trace: RankTrace) -> dict[str, object] | None:
-    """Data wait over every step of the run, from the capture's host clocks (not only profiled steps)."""
+def _recorded_sum(rs: pd.DataFrame, column: str) -> float | None:
+    """A steps.json list's total, None where the capture did not record it."""
+    if column not in rs or rs[column].isna().all():
+        return None
+    return float(rs[column].astype(float).sum())
+
+
+def _whole_run(trace: RankTrace, window_wait_ns: int) -> dict[str, object] | None:
+    """Data wait over every step of the run, from the capture's host clocks (not only profiled steps): the
+    training loader's where the capture told loaders apart, with validation apart; None where not recorded."""
     rs = trace.run_steps
     if rs is None or rs.empty:
         return None
     wall = int(rs["wall_ns"].sum())
-    wait = int(rs["data_wait_ns"].sum())
+    train = _recorded_sum(rs, "train_data_wait_ns")
+    wait: float | None = train if train is not None else float(rs["data_wait_ns"].sum())
+    loop = (trace.meta.capture or {}).get("loop") or {}
+    recorded = loop.get("recorded")
+    # a capture that timed no waits (the Profiler API before it recorded them) reads 0 beside waits in its trace:
+    # that 0 is not a measurement
+    if (not wait and window_wait_ns > 0 and (recorded is None or "data_wait" not in recorded)):
+        wait = None
+    validation = _recorded_sum(rs, "validation_ns")
+    eval_wait = _recorded_sum(rs, "eval_data_wait_ns")
     return {
         "steps": int(len(rs)),
         "wall_us": us(wall),
         "data_wait_us": us(wait),
         "data_wait_fraction": frac(wait, wall),
+        "data_wait_of": ("the training loader's waits (the capture told loaders apart)" if train is not None
+                         else "every DataLoader wait on the training thread" if wait is not None
+                         else "not recorded by this capture"),
+        "validation_us": us(validation),
+        "validation_fraction": frac(validation, wall),
+        "eval_data_wait_us": us(eval_wait),
         "fraction_of": "wall time of every step of the run (host clocks)",
         "mean_step_us": us(wall / len(rs)),
     }
@@ -122,8 +146,10 @@ def analyze_loader(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
     frame = loader_spans(trace)
     spans = intervals_of(frame, w)
     loader_ns = iv.measure(spans)
-    others = other_loader_spans(trace)
+    others = other_loader_spans(trace)  # on other threads (a prefetcher); a validation loader's are counted apart
+    others = others[others["tid"].astype(str).to_numpy() != str(main_thread(trace))]
     other_ns = iv.measure(intervals_of(others, w))
+    eval_ns = iv.measure(intervals_of(other_role_waits(trace), w))
     # the GPU's idle during the wait, where the trace shows what the GPU did
     has_gpu = trace.has_gpu and missing_activity(trace).blind_ns() <= config.missing_activity_max_fraction * w.dur_ns
     idle_cost = iv.subtract(spans, any_gpu_busy(trace)) if has_gpu else None
@@ -141,8 +167,9 @@ def analyze_loader(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
         "thread": main_thread(trace) if len(frame) else None,
         "other_threads_us": us(other_ns),
         "other_threads_calls": int(len(others)),
+        "eval_loader_wait_us": us(eval_ns) if len(trace.marks) else None,
         "max_step_us": float(per_step["loader_us"].max()) if len(per_step) else None,
-        "run": _whole_run(trace),
+        "run": _whole_run(trace, loader_ns),
     }
     findings = []
     # On a GPU run what matters is the GPU time the wait cost (a prefetched
