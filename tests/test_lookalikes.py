@@ -513,3 +513,27 @@ def test_the_manifests_final_role_wins_over_the_marks(tmp_path):
 
     rep = build_report(load_trace(marked_trace(tmp_path, manifest_roles={0: "train", 1: "train"})))
     assert rep.ranks[0]["loader"]["time_us"] == 6 * 100 + 5 * 900
+
+
+def test_validation_over_the_run_is_said_with_how_often_and_its_share(tmp_path):
+    """'validation every 10 steps: 1.35 s, 46% of the run', never a training data wait."""
+    import json
+
+    workers_trace(tmp_path, 100)
+    n = 30
+    wall = [100_000_000] * n
+    validation = [0] * n
+    for s in (9, 19, 29):
+        wall[s] += 1_350_000_000
+        validation[s] = 1_350_000_000
+    (tmp_path / "rank-0.steps.json").write_text(json.dumps({
+        "rank": 0, "unit": "ns", "step_wall_ns": wall, "data_wait_ns": [100_000] * n, "profiled": [True] * n,
+        "train_data_wait_ns": [100_000] * n, "eval_data_wait_ns": [0] * n, "validation_ns": validation}))
+    rep = build_report(__import__("kinetoscope.analyze.loader", fromlist=["load_trace"]).load_trace(tmp_path))
+    (f,) = found(rep, "outlier_steps")
+    v = f.evidence["run"]["validation"]
+    # 3 x 1.35 s of the run's 3 s + 4.05 s
+    assert v == {"steps_with": 3, "total_us": 4_050_000, "fraction_of_run": round(4.05 / 7.05, 4), "every_steps": 10,
+                 "mean_us": 1_350_000}
+    assert "validation every 10 steps, 3 time(s), 1,350.0 ms each: 57% of the run" in f.title
+    assert rep.ranks[0]["loader"]["run"]["validation_us"] == 4_050_000

@@ -59,6 +59,9 @@ class AnalysisConfig:
     outlier_step_ratio: float = 3.0
     #: ... among at least this many steps (with fewer, the median is no baseline).
     outlier_min_steps: int = 4
+    #: Validation or checkpoints taking this share of the run (the capture's step timings) are said, with how often
+    #: and how long.
+    periodic_min_fraction: float = 0.05
     #: Kernels shorter than this cost about as much to launch as to run.
     short_kernel_us: float = 20.0
     #: A kernel starting less than this after its launch call returned found the GPU's queue empty
@@ -121,7 +124,7 @@ _FRACTIONS = frozenset({
     "severity_warning_min_worth", "severity_critical_min_worth", "upper_bound_credit",
     "loader_min_fraction", "gpu_idle_min_fraction",
     "sync_idle_fraction", "launch_queue_empty_share", "missing_activity_max_fraction", "startup_max_fraction",
-    "pageable_min_fraction", "overlap_min_fraction", "copy_min_fraction", "exposed_comm_min_fraction", "memory_leak_device_share", "allocator_min_fraction", "host_min_core_share", "host_min_lost_fraction",
+    "pageable_min_fraction", "overlap_min_fraction", "copy_min_fraction", "exposed_comm_min_fraction", "memory_leak_device_share", "allocator_min_fraction", "host_min_core_share", "host_min_lost_fraction", "periodic_min_fraction",
     "launch_idle_share", "memory_growth_min_persistence", 
     "reserved_growth_max_allocated_share",
     "straggler_min_spread_fraction", "straggler_min_last_share",

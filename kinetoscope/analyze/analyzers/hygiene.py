@@ -304,8 +304,12 @@ def _recompile(trace: RankTrace) -> list[Finding]:
     w = window(trace)
     compiling_steps = _per_step(trace, spans)
     # compilation in one step of the window is paid once (a shape seen for the first time), not every step: its
-    # worth is its total over the run; in several steps it recurs, and the window's rate stands for the run's
-    one_off = compile_ns / 1000.0 if len(compiling_steps) <= 1 else None
+    # worth is its total over the run; in several steps it recurs, and the window's rate stands for the run's.
+    # Where the capture recorded the run's compile time, that total is what it is worth, whichever it is
+    run_total = ((trace.meta.capture or {}).get("loop") or {}).get("compile") or {}
+    run_total_ns = run_total.get("total_ns") if isinstance(run_total.get("total_ns"), (int, float)) else None
+    one_off = (run_total_ns / 1000.0 if run_total_ns else
+               compile_ns / 1000.0 if len(compiling_steps) <= 1 else None)
     return [Finding(
         id="recompile",
         rank=trace.rank,
@@ -313,7 +317,9 @@ def _recompile(trace: RankTrace) -> list[Finding]:
                f"({compile_ns / max(w.dur_ns, 1):.0%} of the window compiling)" if recompiles else
                "torch.compile compiled for the first time inside the profiled steps"),
         evidence={"compile_ids": ids, "steps": _step_list(compiling_steps), "compile_time_us": us(compile_ns),
-                  "recurs": one_off is None},
+                  "recurs": len(compiling_steps) > 1, "run_compile_time_us": us(run_total_ns),
+                  "run_recompiles": run_total.get("recompiles") if isinstance(run_total.get("recompiles"), int)
+                  else None},
         recommendation=("Recompiles usually follow changing shapes or Python values: mark varying dims dynamic "
                         "(torch._dynamo.mark_dynamic or dynamic=True), pad to a few fixed shapes, and run with "
                         "TORCH_LOGS=recompiles to see the failing guard." if recompiles else

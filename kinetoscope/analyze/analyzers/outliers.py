@@ -50,21 +50,66 @@ def _what(trace: RankTrace, start: int, end: int, has_backward: np.ndarray, i: i
     return "unknown", "nothing in the trace names it", None
 
 
+def run_periodic(trace: RankTrace) -> dict[str, Any] | None:
+    """Validation and checkpoints over the whole run, from the capture's step timings: how many steps held them,
+    every how many steps, their time and share of the run; None where not recorded."""
+    rs = trace.run_steps
+    if rs is None or rs.empty:
+        return None
+    wall = float(rs["wall_ns"].sum())
+    out: dict[str, Any] = {}
+    for kind in ("validation", "checkpoint"):
+        col = f"{kind}_ns"
+        if col not in rs or rs[col].isna().all():
+            continue
+        values = rs[col].astype(float).fillna(0).to_numpy()
+        held = np.flatnonzero(values > 0)
+        gaps = np.diff(rs["step"].to_numpy()[held])
+        out[kind] = {"steps_with": int(len(held)), "total_us": us(values.sum()),
+                     "fraction_of_run": round(float(values.sum() / wall), 4) if wall else None,
+                     "every_steps": int(np.median(gaps)) if len(gaps) else None,
+                     "mean_us": us(values[held].mean()) if len(held) else None}
+    return out or None
+
+
+def _periodic_finding(trace: RankTrace, config: AnalysisConfig, periodic: dict[str, Any]) -> Finding | None:
+    parts = []
+    for kind, v in periodic.items():
+        if v["fraction_of_run"] is not None and v["fraction_of_run"] >= config.periodic_min_fraction:
+            every = f"every {v['every_steps']} steps, " if v["every_steps"] else ""
+            parts.append(f"{kind} {every}{v['steps_with']} time(s), {v['mean_us'] / 1000:,.1f} ms each: "
+                         f"{v['fraction_of_run']:.0%} of the run")
+    if not parts:
+        return None
+    return Finding(
+        id="outlier_steps", rank=trace.rank,
+        title="Outside the training steps' own work, the run spends time on " + "; ".join(parts),
+        evidence={"run": periodic},
+        recommendation=("This time is part of the run, not of a training step (the capture told them apart): weigh "
+                        "how often it runs and on how many batches against what it costs."),
+    )
+
+
 @register("outliers", "Steps unlike the others")
 def analyze_outliers(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
-    """Steps at least ``outlier_step_ratio`` times the median step, and what each one holds."""
+    """Steps at least ``outlier_step_ratio`` times the median step, and what each one holds; validation and
+    checkpoints over the whole run where the capture recorded them."""
     steps = trace.steps
     if "partial" in steps:
         steps = steps[~steps["partial"].to_numpy()]
+    periodic = run_periodic(trace)
+    run_finding = _periodic_finding(trace, config, periodic) if periodic else None
     if len(steps) < config.outlier_min_steps:
-        return AnalysisResult(key="outliers", metrics={"outliers": None})
+        return AnalysisResult(key="outliers", metrics={"outliers": {"run": periodic} if periodic else None},
+                              findings=(run_finding,) if run_finding else ())
     dur = steps["dur_ns"].to_numpy()
     median = float(np.median(dur))
     out = np.flatnonzero(dur >= config.outlier_step_ratio * median)
     metrics: dict[str, Any] = {"median_step_us": us(median), "steps": int(len(steps)), "outlier_steps": int(len(out)),
-                               "ratio": config.outlier_step_ratio}
+                               "ratio": config.outlier_step_ratio, "run": periodic}
     if not len(out):
-        return AnalysisResult(key="outliers", metrics={"outliers": metrics})
+        return AnalysisResult(key="outliers", metrics={"outliers": metrics},
+                              findings=(run_finding,) if run_finding else ())
     starts, ends = steps["start_ns"].to_numpy(), steps["end_ns"].to_numpy()
     bwd = phase_events(trace)["backward"]
     bwd_spans = iv.union(bwd["ts_ns"].to_numpy(), bwd["end_ns"].to_numpy())
@@ -85,7 +130,7 @@ def analyze_outliers(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult
         id="outlier_steps", rank=trace.rank,
         title=(f"{len(out)} of the window's {len(steps)} steps take {config.outlier_step_ratio:g}x the median step "
                f"({median / 1e6:,.1f} ms) or more: {listed}"),
-        evidence={"median_step_us": us(median), "outliers": rows[:20], "excess_us": us(excess)},
+        evidence={"median_step_us": us(median), "outliers": rows[:20], "excess_us": us(excess), "run": periodic},
         recommendation=("Numbers over the window include these steps. "
                         + ("A validation pass or checkpoint inside the window is part of the run's time, but not of a "
                            "training step's: profile a window of training steps alone to judge the step, and weigh "
@@ -97,4 +142,5 @@ def analyze_outliers(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult
                            "process): profile with with_stack=True." if "unknown" in kinds else "")).strip(),
         impact_us=excess / 1000.0,
     )
-    return AnalysisResult(key="outliers", metrics={"outliers": metrics}, findings=(finding,))
+    return AnalysisResult(key="outliers", metrics={"outliers": metrics},
+                          findings=(finding,) + ((run_finding,) if run_finding else ()))
