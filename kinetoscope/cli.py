@@ -119,95 +119,24 @@ def _cmd_diff(args: argparse.Namespace) -> int:
 
     if args.own_process:
         import_pandas_without_pyarrow()
-    from kinetoscope.analyze.compare import compare_reports, finding_changes, fix_check, name_changes, step_change
+    from kinetoscope.analyze.compare import diff_runs
     from kinetoscope.analyze.loader import load_trace
     from kinetoscope.analyze.report import build_report
+    from kinetoscope.render.diff import gate_line, render_diff
     from kinetoscope.render.json import _clean
 
     limit = _parse_fraction(args.max_regression) if args.max_regression else None
     before, after = load_trace(args.before), load_trace(args.after)
-    rb, ra = build_report(before), build_report(after)
-    metrics = compare_reports(rb, ra)
-    findings = finding_changes(rb, ra)
-    kernels = name_changes(before, after, ("kernel", "memcpy", "memset"))
-    ops = name_changes(before, after, ("cpu_op",))
-    change = step_change(before, after)
-    fixes = fix_check(before, rb, ra)
-    if change["change"] is None:  # no step at all: compare the windows
-        window = metrics[metrics["metric"] == "window (us)"].iloc[0]
-        change.update(change=window["change"], ci_low=window["change"], ci_high=window["change"])
-    # a regression fails the gate only when it is beyond the limit with 95% confidence: the interval's
-    # low end is above it (noise alone never fails a build)
-    regressed = limit is not None and change["ci_low"] is not None and change["ci_low"] > limit
+    diff = diff_runs(before, after, build_report(before), build_report(after), before_label=args.before,
+                     after_label=args.after, max_regression=limit)
     if args.format == "json":
-        doc = {"before": args.before, "after": args.after, "metrics": metrics.to_dict("records"),
-               "findings": findings.to_dict("records"), "kernels": kernels.to_dict("records"),
-               "ops": ops.to_dict("records"), "fixes": fixes.to_dict("records"), "step_change": change["change"], "step_change_statistic": "median",
-               "step_change_ci95": [change["ci_low"], change["ci_high"]],
-               "step_samples": {k: change.get(k) for k in ("before_steps", "after_steps", "before_source", "after_source",
-                                                           "before_median_us", "after_median_us", "before_noise",
-                                                           "after_noise")},
-               "max_regression": limit, "regressed": bool(regressed)}
-        _write(json.dumps(_clean(doc)) + "\n")
+        _write(json.dumps(_clean(diff.to_dict())) + "\n")
     else:
-        _write(render_diff(args.before, args.after, metrics, findings, kernels, ops, fixes))
-        _write(_step_change_text(change) + "\n")
-    if regressed:
-        _error(f"median step grew {change['change']:+.1%} (95% CI {change['ci_low']:+.1%} to {change['ci_high']:+.1%}), "
-               f"above the allowed {limit:.1%}")
+        _write(render_diff(diff))
+    if diff.gate is not None and diff.gate.regressed:
+        _error(gate_line(diff.gate, diff.step_change))
         return EXIT_GATE
-    if limit is not None and change["change"] is not None and change["change"] > limit:
-        _error(f"median step grew {change['change']:+.1%}, but within the noise (95% CI {change['ci_low']:+.1%} to "
-               f"{change['ci_high']:+.1%}): not failing the gate")
     return EXIT_OK
-
-
-def _step_change_text(c: dict[str, Any]) -> str:
-    if c["change"] is None:
-        return "Step time: not comparable (no steps in one of the runs)."
-    ci = (f" (95% CI {c['ci_low']:+.1%} to {c['ci_high']:+.1%}, block bootstrap)" if c["ci_low"] is not None else "")
-    medians = (f" ({c['before_median_us'] / 1000:.2f} -> {c['after_median_us'] / 1000:.2f} ms)"
-               if c.get("before_median_us") is not None else "")
-    noise = ", ".join(f"{name} {c[k]:.1%}" for name, k in (("before", "before_noise"), ("after", "after_noise"))
-                      if c.get(k) is not None)
-    return (f"Step time: median {c['change']:+.1%}{medians}{ci}; from {c['before_source']} before and "
-            f"{c['after_source']} after" + (f"; step-to-step noise (IQR/median) {noise}" if noise else "") + ".")
-
-
-def render_diff(before: str, after: str, metrics, findings, kernels, ops, fixes=None) -> str:  # type: ignore[no-untyped-def]
-    out = [f"Kinetoscope diff: {before} -> {after}", ""]
-    def number(value: Any, metric: str) -> str:
-        if value is None or value != value:
-            return "n/a"
-        return f"{value:.1%}" if "fraction" in metric else f"{value:,.1f}"
-
-    for r in metrics.itertuples():
-        if number(r.before, "") == "n/a" and number(r.after, "") == "n/a":
-            continue
-        change = "" if r.change is None or r.change != r.change else f"{r.change:+.1%}"
-        verdict = {True: "better", False: "worse"}.get(r.better, "")
-        out.append(f"  {r.metric:<40} {number(r.before, r.metric):>14} -> {number(r.after, r.metric):<14} {change:>8} {verdict}")
-    if len(findings):
-        out.append("")
-        out.append("Findings:")
-        for f in findings.itertuples():
-            out.append(f"  {f.status:<12} rank {f.rank}: {f.title} ({f.id})")
-    if fixes is not None and len(fixes):
-        out.append("")
-        out.append("Findings gone: the step time their fix was predicted to give, and what was measured (mean step):")
-        for x in fixes.itertuples():
-            pred = "not estimated" if x.predicted_step_us is None or x.predicted_step_us != x.predicted_step_us else (
-                f"predicted {x.predicted_step_us / 1000:,.2f} ms ({x.predicted_change:+.1%})")
-            meas = "n/a" if x.measured_step_us is None else f"{x.measured_step_us / 1000:,.2f} ms ({x.measured_change:+.1%})"
-            err = "" if x.error is None or x.error != x.error else f", off by {x.error:+.1%}"
-            out.append(f"  rank {x.rank} {x.id}: {pred}; measured {meas}{err}")
-    for label, table in (("GPU kernels", kernels), ("CPU ops", ops)):
-        if len(table):
-            out.append("")
-            out.append(f"{label} whose time per step changed most (us per step):")
-            for k in table.itertuples():
-                out.append(f"  {k.change_us_per_step:+12.1f}  {k.before_us_per_step:12.1f} -> {k.after_us_per_step:<12.1f} {k.name[:90]}")
-    return "\n".join(out) + "\n"
 
 
 def _cmd_app(args: argparse.Namespace) -> int:
@@ -269,13 +198,15 @@ def build_parser() -> argparse.ArgumentParser:
     diff = sub.add_parser(
         "diff",
         help="compare two traces (or jobs): what got faster or slower, findings that appeared or disappeared",
-        description=("Compare BEFORE and AFTER: step time and every analysis' headline numbers, the kernels and ops "
-                     "whose time per step changed most, and the findings that appeared or disappeared. With "
-                     "--max-regression, exit 3 when the mean step time grew by more than that (a CI gate)."),
+        description=("Compare BEFORE and AFTER: the time per step over every step each run timed (the mean, with a "
+                     "95% interval that DataLoader bursts and periodic validation cannot fool), every analysis' "
+                     "headline numbers, the kernels and ops whose time per step changed most, and the findings that "
+                     "appeared, disappeared or changed cost. With --max-regression, exit 3 when the time per step "
+                     "grew by more than that with 95% confidence (a CI gate)."),
     )
     diff.add_argument("before", metavar="BEFORE")
     diff.add_argument("after", metavar="AFTER")
-    diff.add_argument("--max-regression", help="allowed growth of the mean step time, e.g. 5%% or 0.05")
+    diff.add_argument("--max-regression", help="allowed growth of the time per step, e.g. 5%% or 0.05")
     diff.add_argument("--format", choices=("text", "json"), default="text")
     diff.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
     diff.set_defaults(func=_cmd_diff, quick_exit=True)

@@ -1,5 +1,6 @@
 """Issue 18: `kinetoscope capture` on real scripts (tests/scripts, written for this project), as a user runs it:
-signals and exit codes, any loop shape, no side effects, partial windows, runs kept apart, an honest diff gate."""
+signals and exit codes, any loop shape, no side effects, partial windows, runs kept apart (the honest diff gate:
+test_diff.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ import termios
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 pytest.importorskip("torch")
@@ -211,37 +211,8 @@ def test_a_second_run_into_the_same_out_moves_the_first_aside(tmp_path):
     assert len(list(out.glob("*.pt.trace.json.gz"))) == 1
 
 
-# --- 8. an honest diff gate ---------------------------------------------------------------------------
-def _diff(a: Path, b: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kinetoscope.cli", "diff", str(a), str(b), "--max-regression", "5%",
-                           "--format", "json"], capture_output=True, text=True, timeout=300)
-
-
-def test_the_gate_ignores_noise_and_fails_a_real_regression(tmp_path):
-    """Was: only the 3 profiled steps compared, so normal noise called a 5.6% slower run faster (or slower)."""
-    def run(name: str, step_s: float, seed: int) -> Path:
-        proc = capture(tmp_path / name, str(SCRIPTS / "train_loop.py"), "80", str(tmp_path / "m"), "--step-s",
-                       str(step_s), "--noise", "0.2", "--seed", str(seed))
-        assert proc.returncode == 0, proc.stderr
-        return tmp_path / name
-
-    base = run("base", 0.02, 0)
-    timed = json.loads((base / "rank-0.steps.json").read_text())
-    walls = [w for w, p in zip(timed["step_wall_ns"][1:], timed["profiled"][1:]) if not p]
-    mean_s = sum(walls) / len(walls) / 1e9
-    noisy = run("noisy", 0.02, 1)  # the same run, other noise
-    slower = run("slower", 0.02 + 0.2 * mean_s, 2)  # every step 20% longer than the base's mean
-    same = _diff(base, noisy)
-    doc = json.loads(same.stdout)
-    assert same.returncode == 0 and not doc["regressed"]
-    assert doc["step_samples"]["before_steps"] >= 70 and "unprofiled steps" in doc["step_samples"]["before_source"]
-    worse = _diff(base, slower)
-    doc = json.loads(worse.stdout)
-    assert worse.returncode == 3 and doc["regressed"] and doc["step_change_ci95"][0] > 0.05
-    # the sleep grows by 20% of the base's mean step; this 2-core machine's jitter in the rest of the step
-    # (measured: 2-15 ms around a 4 ms median, wider in some runs) comes on top, so the bound is loose
-    assert 0.10 < doc["step_change"] < 0.80
-
+# --- 8. an honest diff gate: tests/test_diff.py (real captures started together, so the machine's load falls on
+# all of them alike) and tests/test_steptime.py (the interval, on step series built in code) --------------------
 
 
 # --- review of issue 18 (an independent reviewer's findings, each a test that failed before) ---------------
@@ -349,21 +320,3 @@ def test_steps_are_marked_steps_from_the_first_mark_on(tmp_path):
     proc = capture(tmp_path / "out", str(script))
     assert proc.returncode == 0, proc.stderr
     assert manifest(tmp_path / "out")["steps_run"] == 9  # 10 marks; the first starts the profiler
-
-
-def test_the_gate_holds_up_under_a_stall_and_sees_a_real_slowdown():
-    """Was (issue-18 review): an iid bootstrap of means. One burst of eight slow steps made identical runs
-    '+626.7% (CI +235% to +1018%)', failing the gate, and hid a 6-fold slowdown ('-17.4%'). Now the median,
-    with a block bootstrap for steps that come in bursts."""
-    from kinetoscope.analyze.compare import median_change
-
-    rng = np.random.default_rng(0)
-    calm = 500.0 + rng.normal(0, 10, 60)  # 0.5 ms steps, 2% noise
-    stall = calm.copy()
-    stall[20:28] = 24_000.0  # one stall: eight consecutive 24 ms steps
-    slow = 3000.0 + rng.normal(0, 60, 60)  # every step 6 times as long
-    same = median_change(calm, stall)
-    assert abs(same["change"]) < 0.03 and same["ci_low"] < 0.05  # the gate (5%) does not fire
-    worse = median_change(stall, slow)
-    assert worse["change"] == pytest.approx(np.median(slow) / np.median(stall) - 1) and worse["ci_low"] > 4.0
-    assert worse["before_noise"] == pytest.approx((np.quantile(stall, 0.75) - np.quantile(stall, 0.25)) / np.median(stall))

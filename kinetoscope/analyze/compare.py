@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
 
+from kinetoscope.analyze import timeline
+from kinetoscope.analyze.findings import Finding
 from kinetoscope.analyze.report import Report, entry_value
-from kinetoscope.analyze.trace import Trace
+from kinetoscope.analyze.steptime import SeriesStats, change_of_means, summarize
+from kinetoscope.analyze.trace import RankTrace, Trace
 
 #: (label, path into a rank entry, lower is better; None: a composition, neither better nor worse)
 HEADLINES: tuple[tuple[str, tuple[str, ...], bool | None], ...] = (
@@ -49,15 +53,51 @@ def compare_reports(before: Report, after: Report, rank: int | None = None) -> p
     return pd.DataFrame(rows)
 
 
+#: findings whose measured cost is memory growth (bytes per step, ``evidence.growth_bytes_per_step``), not time
+MEMORY_FINDINGS = ("memory_growth", "memory_inconclusive", "reserved_memory_growth")
+
+
 def finding_changes(before: Report, after: Report) -> pd.DataFrame:
+    """Findings that appeared, went, or are still there, each with its measured cost in each run where it was
+    found: time (``impact_us``, what it cost in the profiled window) per complete step of that window, or, for
+    memory growth, bytes per step. A finding with no time cost (a correctness finding) has null cost."""
     key = lambda f: (f.id, f.rank)  # noqa: E731
     old = {key(f): f for f in before.findings}
     new = {key(f): f for f in after.findings}
+    rows = []
+
+    def row(status: str, k: tuple[str, Any]) -> dict[str, Any]:
+        b, a = old.get(k), new.get(k)
+        tb, ta = _time_cost(before, b), _time_cost(after, a)
+        gb, ga = _growth(b), _growth(a)
+        return {"status": status, "id": k[0], "rank": k[1], "title": (a or b).title,  # type: ignore[union-attr]
+                "before_us_per_step": tb, "after_us_per_step": ta,
+                "change_us_per_step": ta - tb if ta is not None and tb is not None else None,
+                "before_bytes_per_step": gb, "after_bytes_per_step": ga}
+
     # in each report's own order (most severe first), never a set's: the same runs give the same table
-    rows = [{"status": "appeared", "id": k[0], "rank": k[1], "title": f.title} for k, f in new.items() if k not in old]
-    rows += [{"status": "gone", "id": k[0], "rank": k[1], "title": f.title} for k, f in old.items() if k not in new]
-    rows += [{"status": "still there", "id": k[0], "rank": k[1], "title": f.title} for k, f in new.items() if k in old]
-    return pd.DataFrame(rows, columns=["status", "id", "rank", "title"])
+    rows = [row("appeared", k) for k in new if k not in old]
+    rows += [row("gone", k) for k in old if k not in new]
+    rows += [row("still there", k) for k in new if k in old]
+    return pd.DataFrame(rows, columns=["status", "id", "rank", "title", "before_us_per_step", "after_us_per_step",
+                                       "change_us_per_step", "before_bytes_per_step", "after_bytes_per_step"])
+
+
+def _time_cost(report: Report, f: Finding | None) -> float | None:
+    """What the finding cost per step of its rank's window (us): ``impact_us`` over the window's complete steps;
+    None where it has no time cost (memory growth, correctness) or the window has no complete step."""
+    if f is None or f.id in MEMORY_FINDINGS or not f.impact_us:
+        return None
+    entry = next((r for r in report.ranks if r["rank"] == f.rank), None)
+    count = entry_value(entry, "steps", "count") if entry is not None else None
+    return f.impact_us / count if isinstance(count, int) and count > 0 else None
+
+
+def _growth(f: Finding | None) -> float | None:
+    if f is None or f.id not in MEMORY_FINDINGS:
+        return None
+    value = f.evidence.get("growth_bytes_per_step")
+    return float(value) if isinstance(value, (int, float)) else None
 
 
 def name_changes(before: Trace, after: Trace, kinds: tuple[str, ...], top: int = 10) -> pd.DataFrame:
@@ -77,68 +117,216 @@ def name_changes(before: Trace, after: Trace, kinds: tuple[str, ...], top: int =
     return table.rename_axis("name").reset_index()
 
 
-def step_samples(trace: Trace) -> tuple[np.ndarray, str]:
-    """Per-step wall times (us) to compare runs on, and where they come from: every step the capture timed
-    (``steps.json``), less the first (cold start) and the profiled ones (the profiler slows them); else the
-    ProfilerStep spans of the trace (the window only)."""
-    timed = [r.run_steps for r in trace.ranks if r.run_steps is not None and len(r.run_steps)]
-    if timed:
-        rs = timed[0]
-        keep = (rs["step"] > 0).to_numpy() & ~rs["profiled"].to_numpy()
-        if keep.sum() >= 3:
-            return rs["wall_ns"].to_numpy()[keep] / 1000.0, f"{int(keep.sum())} unprofiled steps timed by the capture"
-    steps = trace.ranks[0].steps
-    if "partial" in steps:
+# --- time per step: the run-level change (what ``kinetoscope diff`` and its gate judge) --------------------------
+StepSource = Literal["capture", "profiled", "window"]
+Verdict = Literal["faster", "slower", "no change", "unknown"]
+
+
+@dataclass(frozen=True)
+class RunSteps:
+    """One rank's step times (us, in run order) to compare runs on, and where they come from."""
+
+    rank: int
+    wall_us: np.ndarray
+    #: "capture": every step the capture timed (``rank-<r>.steps.json``), but the first; "profiled": the trace's
+    #: complete steps (ProfilerStep spans, or inferred ones); "window": no step at all, the window as one sample
+    source: StepSource
+    #: the first step the capture timed (us), left out of the mean: start-up (the profiler starting, the first
+    #: batch, workers starting), paid once a run, not once a step; None where there is no capture
+    first_step_us: float | None = None
+    #: of the steps compared, how many the profiler recorded (they carry its overhead); None where unknown
+    profiled_steps: int | None = None
+
+
+def _capture_steps(rank: RankTrace) -> RunSteps | None:
+    rs = rank.run_steps
+    if rs is None or len(rs) < 3:  # the first is left out: at least two to compare
+        return None
+    wall = rs["wall_ns"].to_numpy(dtype=np.float64) / 1000.0
+    return RunSteps(rank.rank, wall[1:], "capture", first_step_us=float(wall[0]),
+                    profiled_steps=int(rs["profiled"].to_numpy()[1:].sum()))
+
+
+def _trace_steps(rank: RankTrace) -> RunSteps | None:
+    steps = rank.steps
+    if len(steps) and "partial" in steps:
         steps = steps[~steps["partial"].to_numpy()]
-    return steps["dur_ns"].to_numpy() / 1000.0, f"{len(steps)} profiled steps (ProfilerStep spans)"
+    if not len(steps):
+        return None
+    wall = steps["dur_ns"].to_numpy(dtype=np.float64) / 1000.0
+    return RunSteps(rank.rank, wall, "profiled", profiled_steps=len(wall))
 
 
-def step_change(before: Trace, after: Trace, *, resamples: int = 4000, seed: int = 0) -> dict[str, Any]:
-    """How the typical step changed between two runs (see ``median_change``), from every step each timed."""
-    a, source_a = step_samples(before)
-    b, source_b = step_samples(after)
-    out = median_change(a, b, resamples=resamples, seed=seed)
-    out.update(before_source=source_a, after_source=source_b)
-    return out
+def _window(rank: RankTrace) -> RunSteps:
+    return RunSteps(rank.rank, np.array([timeline.window(rank).dur_ns / 1000.0]), "window")
 
 
-def median_change(a: np.ndarray, b: np.ndarray, *, resamples: int = 4000, seed: int = 0) -> dict[str, Any]:
-    """The change of the median step time (after / before - 1) with a 95% confidence interval, and each run's
-    noise (interquartile range over median).
+def rank_steps(before: Trace, after: Trace) -> tuple[dict[int, RunSteps], dict[int, RunSteps]]:
+    """Each rank's steps in both runs, from the same source everywhere (like for like): every step the captures
+    timed where both runs have them for every rank, else the traces' complete steps where every rank of both has
+    some, else each rank's window (one sample)."""
+    for source in (_capture_steps, _trace_steps):
+        b = {r.rank: source(r) for r in before.ranks}
+        a = {r.rank: source(r) for r in after.ranks}
+        if all(s is not None for s in (*b.values(), *a.values())):
+            return b, a  # type: ignore[return-value]
+    return {r.rank: _window(r) for r in before.ranks}, {r.rank: _window(r) for r in after.ranks}
 
-    The median, not the mean: one stall (a checkpoint, a page-cache miss, a noisy neighbour) of a few slow
-    steps moves the mean of a few dozen steps by tens of percent, the median not at all. The interval comes
-    from a moving-block bootstrap (blocks of about sqrt(n) consecutive steps, resampled with replacement):
-    step times are autocorrelated (slow steps come in bursts), and resampling single steps as if independent
-    would claim far more confidence than the data holds."""
-    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    out: dict[str, Any] = {"statistic": "median", "before_steps": int(len(a)), "after_steps": int(len(b)),
-                           "change": None, "ci_low": None, "ci_high": None, "before_noise": None, "after_noise": None,
-                           "before_median_us": None, "after_median_us": None}
-    if len(a) == 0 or len(b) == 0 or np.median(a) <= 0:
+
+@dataclass(frozen=True)
+class StepSide:
+    """One run's side of a step change: where its steps come from and their summary."""
+
+    rank: int
+    source: StepSource
+    stats: SeriesStats
+    first_step_us: float | None
+    profiled_steps: int | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rank": self.rank, "source": self.source, **asdict(self.stats), "first_step_us": self.first_step_us,
+                "profiled_steps": self.profiled_steps}
+
+
+@dataclass(frozen=True)
+class StepChange:
+    """How the time per step changed between two runs: the mean step (the run's step time over its step count),
+    its 95% interval (``steptime.change_of_means``: batch means of whole periods) and the verdict it supports.
+
+    ``scope`` "job": ``before``/``after`` are each run's slowest rank (the largest mean step), since the ranks of a
+    job wait for each other, and ``ranks`` holds the change of each rank in both runs; "rank": one rank."""
+
+    scope: Literal["job", "rank"]
+    rank: int | None
+    before: StepSide
+    after: StepSide
+    #: "mean": the mean step; "window": no steps in a run, its window's length compared (one sample, no interval)
+    statistic: Literal["mean", "window"]
+    change: float | None
+    ci_low: float | None
+    ci_high: float | None
+    #: the interval's degrees of freedom (Welch); None without an interval
+    df: float | None
+    #: "slower" / "faster": the interval lies above / below 0; "no change": it holds 0; "unknown": no interval
+    verdict: Verdict
+    #: after / before - 1 of the median step, and whether it says the same as the mean (lies inside the mean's
+    #: interval). Where it does not, steps come in bursts or periods (or a stall) and the median would mislead:
+    #: the mean is the one that follows the run's length
+    median_change: float | None
+    median_agrees: bool | None
+    ranks: tuple[StepChange, ...] = ()
+
+    @property
+    def few_steps(self) -> bool:
+        """The interval rests on the trace's profiled steps only (no ``steps.json``): a handful of steps."""
+        return self.before.source == "profiled"
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "scope": self.scope, "rank": self.rank, "statistic": self.statistic, "change": self.change,
+            "ci95": [self.ci_low, self.ci_high] if self.ci_low is not None else None, "df": self.df,
+            "verdict": self.verdict, "median_change": self.median_change, "median_agrees": self.median_agrees,
+            "few_steps": self.few_steps, "before": self.before.to_dict(), "after": self.after.to_dict()}
+        if self.scope == "job":
+            out["ranks"] = [r.to_dict() for r in self.ranks]
         return out
-    ma, mb = float(np.median(a)), float(np.median(b))
-    out.update(change=mb / ma - 1.0, before_median_us=ma, after_median_us=mb)
-    for key, x in (("before_noise", a), ("after_noise", b)):
-        if len(x) >= 4:
-            q1, q3 = np.quantile(x, [0.25, 0.75])
-            out[key] = float((q3 - q1) / np.median(x))
-    if len(a) >= 2 and len(b) >= 2:
-        rng = np.random.default_rng(seed)
-        ratios = _block_medians(b, resamples, rng) / _block_medians(a, resamples, rng) - 1.0
-        out["ci_low"], out["ci_high"] = (float(q) for q in np.quantile(ratios, [0.025, 0.975]))
-    return out
 
 
-def _block_medians(x: np.ndarray, resamples: int, rng: np.random.Generator) -> np.ndarray:
-    """Medians of ``resamples`` moving-block bootstrap resamples of ``x``."""
-    n = len(x)
-    block = max(1, int(round(np.sqrt(n))))
-    blocks = -(-n // block)
-    resamples = max(200, min(resamples, 20_000_000 // max(n, 1)))  # bounded memory for very long runs
-    starts = rng.integers(0, n - block + 1, (resamples, blocks))
-    idx = (starts[:, :, None] + np.arange(block)).reshape(resamples, blocks * block)[:, :n]
-    return np.median(x[idx], axis=1)
+def series_change(before: RunSteps, after: RunSteps, *, scope: Literal["job", "rank"] = "rank",
+                  rank: int | None = None, ranks: tuple[StepChange, ...] = ()) -> StepChange:
+    """The change of the mean step between two runs' steps (see ``StepChange``)."""
+    sb, sa = summarize(before.wall_us), summarize(after.wall_us)
+    m = change_of_means(sb, sa)
+    if m.ci_low is None or m.ci_high is None:
+        verdict: Verdict = "unknown"
+    else:
+        verdict = "slower" if m.ci_low > 0 else "faster" if m.ci_high < 0 else "no change"
+    agrees = None
+    if m.median_change is not None and m.ci_low is not None and m.ci_high is not None:
+        slack = 1e-9 * max(1.0, abs(m.ci_low), abs(m.ci_high))  # a zero-width interval holds its own end
+        agrees = m.ci_low - slack <= m.median_change <= m.ci_high + slack
+    side = lambda r, s: StepSide(r.rank, r.source, s, r.first_step_us, r.profiled_steps)  # noqa: E731
+    return StepChange(scope=scope, rank=rank, before=side(before, sb), after=side(after, sa),
+                      statistic="window" if before.source == "window" or after.source == "window" else "mean",
+                      change=m.change, ci_low=m.ci_low, ci_high=m.ci_high, df=m.df, verdict=verdict,
+                      median_change=m.median_change, median_agrees=agrees, ranks=ranks)
+
+
+def run_step_change(before: Trace, after: Trace) -> StepChange:
+    """How the time per step changed from ``before`` to ``after`` (two loaded jobs, one rank or several): the
+    job's change (each run's slowest rank) with every rank's change in ``ranks`` (ranks in both runs, by number).
+    The steps are every step each capture timed, but the first (``rank-<r>.steps.json``; profiled ones
+    included), else the traces' complete steps (an interval over few steps), else each window as one sample."""
+    b, a = rank_steps(before, after)
+    per_rank = tuple(series_change(b[r], a[r], rank=r) for r in sorted(b) if r in a)
+    slowest_b = max(b.values(), key=lambda s: float(np.mean(s.wall_us)))
+    slowest_a = max(a.values(), key=lambda s: float(np.mean(s.wall_us)))
+    return series_change(slowest_b, slowest_a, scope="job", ranks=per_rank)
+
+
+@dataclass(frozen=True)
+class Gate:
+    """``--max-regression``: fails when the time per step grew by more than the limit with 95% confidence (the
+    interval's low end above it; noise alone never fails a build); with no interval (one sample a run), when the
+    change itself is above it."""
+
+    max_regression: float
+    regressed: bool
+    basis: Literal["interval", "change"]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def gate(change: StepChange, max_regression: float) -> Gate:
+    if change.ci_low is not None:
+        return Gate(max_regression, change.ci_low > max_regression, "interval")
+    return Gate(max_regression, change.change is not None and change.change > max_regression, "change")
+
+
+@dataclass(frozen=True)
+class Diff:
+    """Everything ``kinetoscope diff`` shows, computed once; renderers only format it."""
+
+    before: str
+    after: str
+    step_change: StepChange
+    #: ``compare_reports``, ``finding_changes``, ``name_changes`` (kernels, CPU ops) and ``fix_check``
+    metrics: pd.DataFrame
+    findings: pd.DataFrame
+    kernels: pd.DataFrame
+    ops: pd.DataFrame
+    fixes: pd.DataFrame
+    gate: Gate | None = None
+    #: the rank whose window entries ``metrics`` compares: the job's slowest rank after (None: one rank)
+    metrics_rank: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        c = self.step_change
+        return {"before": self.before, "after": self.after,
+                "step_change": c.change, "step_change_statistic": c.statistic,
+                "step_change_ci95": [c.ci_low, c.ci_high] if c.ci_low is not None else None,
+                "step_change_verdict": c.verdict, "step_times": c.to_dict(),
+                "metrics_rank": self.metrics_rank,
+                "max_regression": self.gate.max_regression if self.gate else None,
+                "regressed": bool(self.gate and self.gate.regressed),
+                "gate": self.gate.to_dict() if self.gate else None,
+                "metrics": self.metrics.to_dict("records"), "findings": self.findings.to_dict("records"),
+                "kernels": self.kernels.to_dict("records"), "ops": self.ops.to_dict("records"),
+                "fixes": self.fixes.to_dict("records")}
+
+
+def diff_runs(before: Trace, after: Trace, rb: Report, ra: Report, *, before_label: str, after_label: str,
+              max_regression: float | None = None) -> Diff:
+    """Compare two loaded jobs and their reports (``build_report``)."""
+    change = run_step_change(before, after)
+    several = len(rb.ranks) > 1 or len(ra.ranks) > 1
+    rank = change.after.rank if several else None
+    return Diff(before=before_label, after=after_label, step_change=change, metrics_rank=rank,
+                metrics=compare_reports(rb, ra, rank=rank), findings=finding_changes(rb, ra),
+                kernels=name_changes(before, after, ("kernel", "memcpy", "memset")),
+                ops=name_changes(before, after, ("cpu_op",)), fixes=fix_check(before, rb, ra),
+                gate=gate(change, max_regression) if max_regression is not None else None)
 
 
 def fix_check(before: Trace, rb: Report, ra: Report) -> pd.DataFrame:
