@@ -16,6 +16,8 @@ pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 from tracebuilder import TraceBuilder  # noqa: E402
 
+from kinetoscope.app.ui import unescaped  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "kinetoscope" / "app" / "main.py"
 SAMPLES = ROOT / "sample_traces"
@@ -200,7 +202,7 @@ def test_compare_waits_for_a_choice():
 def test_overview_shows_every_fix_and_what_it_is_worth_without_a_click():
     """Was: the fix and the evidence hid in collapsed expanders, the evidence as raw JSON."""
     at = open_app("overview", trace="real/v100_resnet50_2021.json.gz")
-    texts = [m.value for m in at.markdown]
+    texts = [unescaped(m.value) for m in at.markdown]
     assert sum(t.startswith("**What to do:**") for t in texts) == 4
     assert any(t.startswith("**Fix this: ~58.82 ms per step faster") for t in texts)
     assert any("- loader time: 415.79 ms" in t for t in texts)  # evidence as text, units from the key
@@ -247,7 +249,7 @@ def test_telemetry_page_shows_the_capture_counters_in_their_units(tmp_path):
     data = _json.dumps(b.document()).encode()
     at = open_app("telemetry", source="Upload", pending_uploads=[("telemetry.json", data)])
     assert not at.exception and not at.error
-    shown = {m.label: m.value for m in at.metric}
+    shown = {unescaped(m.label): unescaped(m.value) for m in at.metric}
     assert shown["gpu_util_pct (mean)"] == "50.0 %" and shown["mem_used_bytes (mean)"] == "2,048.0 MiB"
     none = open_app("telemetry", trace="cpu/leak")
     assert not none.exception and "No telemetry in this trace" in none.info[0].value

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import streamlit as st
+from kinetoscope.app.ui import md, st
 
 from kinetoscope.analyze.loader import Job
 from kinetoscope.app import data

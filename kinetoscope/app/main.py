@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import os
 
-import streamlit as st
-
 from kinetoscope.app import data, state
+from kinetoscope.app.ui import md, page_style, st
 from kinetoscope.app.cache import analyse, store_choices, watch_upload
 from kinetoscope.app.launch import PATHS_ENV
 from kinetoscope.batch.store import is_store
@@ -57,7 +56,7 @@ def sidebar() -> None:
     pending = st.session_state.pop(PENDING_UPLOADS, None)
     if source == "Upload" or pending:
         files = st.sidebar.file_uploader(
-            f"Kineto trace files (.json, .json.gz), up to {data.MAX_UPLOAD_MB} MiB in total.",
+            md("Kineto trace files (.json, .json.gz), up to {} MiB in total.", data.MAX_UPLOAD_MB),
             type=["json", "gz"], accept_multiple_files=True, key="upload",
         )
         uploads = pending or [(f.name, f.getvalue()) for f in files or []]
@@ -102,9 +101,9 @@ def sidebar() -> None:
                 current = st.session_state[state.CURRENT]
                 defaulted = [r for r in current.report.ranks if r["rank_source"] == "default"] if current else []
                 if len(job.files) > 1 and defaulted:
-                    st.sidebar.warning(f"{len(defaulted)} of the {len(job.files)} files name no rank (no "
-                                       "distributedInfo, no rank-N in the name): they were numbered in file order. "
-                                       "If they are separate runs, say so above.")
+                    st.sidebar.warning(md("{} of the {} files name no rank (no distributedInfo, no rank-N in the "
+                                          "name): they were numbered in file order. If they are separate runs, say "
+                                          "so above.", len(defaulted), len(job.files)))
         elif source == "Upload" and st.session_state.get("upload_key") is None:
             st.session_state[state.CURRENT] = None
     else:
@@ -125,18 +124,18 @@ def sidebar() -> None:
         job = choice.job
         st.session_state[state.JOB] = job
         if choice.unread:
-            st.sidebar.warning(f"{choice.unread} of this job's {choice.unread + len(job.files)} rank files could not be "
-                               "read by the batch: opened without them (see the Fleet page for why).")
+            st.sidebar.warning(md("{} of this job's {} rank files could not be read by the batch: opened without "
+                                  "them (see the Fleet page for why).", choice.unread, choice.unread + len(job.files)))
         if len(job.files) > fleet.MAX_OPEN_RANKS:
-            st.sidebar.warning(f"{label} has {len(job.files):,} rank files: more than the {fleet.MAX_OPEN_RANKS} the app "
-                               "opens at once. Its job-level results are on the Fleet page.")
+            st.sidebar.warning(md("{} has {:,} rank files: more than the {} the app opens at once. Its job-level "
+                                  "results are on the Fleet page.", label, len(job.files), fleet.MAX_OPEN_RANKS))
             st.session_state[state.CURRENT] = None
             return
         st.session_state[state.CURRENT] = analyse(data.content_key(job.files), label, job)
     analysis = st.session_state.get(state.CURRENT)
     if analysis is not None:
         for name, reason in analysis.failed:
-            st.error(f"{name} was not analysed: {reason}")
+            st.error(md("{} was not analysed: {}", name, reason))
         ranks = [r["rank"] for r in analysis.report.ranks]
         if len(ranks) > 1:
             worst = analysis.report.worst_rank
@@ -147,6 +146,7 @@ def sidebar() -> None:
 
 
 st.set_page_config(page_title="Kinetoscope", layout="wide")
+page_style()
 sidebar()
 PAGES = [
     ("overview", "Overview", overview.render),

@@ -3,7 +3,7 @@ the matched collectives (all computed in analyze.distview)."""
 
 import altair as alt
 import pandas as pd
-import streamlit as st
+from kinetoscope.app.ui import md, st
 
 from kinetoscope.analyze.distview import distributed_view
 from kinetoscope.app import state

@@ -2,7 +2,7 @@
 spans under a pixel merged (analyze.views.timeline_view); the full trace in Perfetto."""
 
 import altair as alt
-import streamlit as st
+from kinetoscope.app.ui import md, st
 
 from kinetoscope.analyze.views import KIND_COLOURS, step_range_ms, timeline_view
 from kinetoscope.app import state
