@@ -8,17 +8,20 @@ Run with ``kinetoscope app [PATH ...]``. Pages only lay out results; every numbe
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from kinetoscope.app import data, state
 from kinetoscope.app.ui import md, page_style, st
-from kinetoscope.app.cache import analyse, store_choices, watch_upload
+from kinetoscope.app.cache import analyse, store_choices, try_analyse, watch_upload
 from kinetoscope.app.launch import PATHS_ENV
 from kinetoscope.batch.store import is_store
 from kinetoscope.app.screens import (
     compare, copies, distributed, export, fleet, memory, metadata, operators, overview, ranks, steps, streams, telemetry,
     timeline,
 )
+from kinetoscope.analyze.loader import Job
 from kinetoscope.errors import KinetoscopeError
+from kinetoscope.render.format import missing_ranks_text
 
 #: tests (and scripts) may put uploads here instead of going through the browser widget
 PENDING_UPLOADS = "pending_uploads"
@@ -28,6 +31,8 @@ UPLOAD_DIR = "upload_dir"
 UPLOADED = "uploaded_job"
 UPLOAD_MODE = "upload_mode"
 RANKS, RUNS = "ranks of one job", "separate runs"
+#: the same question for given paths and a store's jobs whose files name no rank
+PATHS_MODE = "paths_mode"
 #: the page shown first (tests use it: AppTest cannot switch between function pages)
 START_PAGE = "start_page"
 
@@ -60,12 +65,6 @@ def sidebar() -> None:
             type=["json", "gz"], accept_multiple_files=True, key="upload",
         )
         uploads = pending or [(f.name, f.getvalue()) for f in files or []]
-        # several files: ranks of one job, or runs to compare? Asked, never assumed (a second file once became
-        # rank 1 of the first without a word)
-        separate = len(uploads) > 1 and st.sidebar.radio(
-            "These files are", [RANKS, RUNS], key=UPLOAD_MODE,
-            help="ranks of one job: analysed together (collectives, stragglers); separate runs: each analysed on "
-                 "its own, to pick one and compare it with the others") == RUNS
         if uploads:
             key = data.upload_key(uploads)
             if key != st.session_state.get("upload_key"):
@@ -86,24 +85,9 @@ def sidebar() -> None:
                 st.session_state["upload_key"] = key
                 st.session_state[state.CURRENT] = None
             job = st.session_state[UPLOADED]
-            folder = st.session_state[UPLOAD_DIR]
-            if separate:
-                runs = data.separate_runs(job)
-                st.session_state[state.UPLOAD_RUNS] = runs
-                label = st.sidebar.selectbox("Run", [r.label for r in runs], key="upload_run")
-                run = next(r for r in runs if r.label == label)
-                st.session_state[state.JOB] = run.job
-                st.session_state[state.CURRENT] = analyse(key + "/" + label, label, run.job, folder.path)
-            else:
-                st.session_state[state.UPLOAD_RUNS] = []
-                st.session_state[state.JOB] = job
-                st.session_state[state.CURRENT] = analyse(key, job.name, job, folder.path)
-                current = st.session_state[state.CURRENT]
-                defaulted = [r for r in current.report.ranks if r["rank_source"] == "default"] if current else []
-                if len(job.files) > 1 and defaulted:
-                    st.sidebar.warning(md("{} of the {} files name no rank (no distributedInfo, no rank-N in the "
-                                          "name): they were numbered in file order. If they are separate runs, say "
-                                          "so above.", len(defaulted), len(job.files)))
+            # several files: ranks of one job, or runs to compare? Asked, never assumed (a second file once became
+            # rank 1 of the first without a word)
+            open_job(job, key, job.name, st.session_state[UPLOAD_DIR].path, ask=True)
         elif source == "Upload" and st.session_state.get("upload_key") is None:
             st.session_state[state.CURRENT] = None
     else:
@@ -131,7 +115,7 @@ def sidebar() -> None:
                                   "results are on the Fleet page.", label, len(job.files), fleet.MAX_OPEN_RANKS))
             st.session_state[state.CURRENT] = None
             return
-        st.session_state[state.CURRENT] = analyse(data.content_key(job.files), label, job)
+        open_job(job, data.content_key(job.files), label, None, ask=False)
     analysis = st.session_state.get(state.CURRENT)
     if analysis is not None:
         for name, reason in analysis.failed:
@@ -143,6 +127,58 @@ def sidebar() -> None:
                 st.session_state["rank"] = worst
             st.sidebar.selectbox("Rank", ranks, key="rank",
                                  format_func=lambda r: f"{r} (most severe finding)" if r == worst else str(r))
+
+
+def _files_are_runs(key: str) -> bool:
+    return st.sidebar.radio(
+        "These files are", [RANKS, RUNS], key=key,
+        help="ranks of one job: analysed together (collectives, stragglers); separate runs: each analysed on its "
+             "own, to pick one and compare it with the others") == RUNS
+
+
+def open_job(job: Job, key: str, label: str, folder: Path | None, *, ask: bool) -> None:
+    """Analyse the chosen job and make it the current analysis. Several files are the ranks of one job or separate
+    runs: for an upload the user is asked at once; for given paths and a store's jobs, when the files do not say
+    their ranks (no distributedInfo, no rank-N in the name: four unrelated traces once read as "rank 3 of 4"), the
+    same question and a warning. As separate runs, each file is analysed on its own; a file that cannot be is
+    never a run to pick, and its error stays in the sidebar."""
+    several = len(job.files) > 1
+    separate = several and ask and _files_are_runs(UPLOAD_MODE)
+    if not separate:
+        analysis = analyse(key, label, job, folder)
+        defaulted = [r for r in analysis.report.ranks if r["rank_source"] == "default"] if analysis else []
+        if several and defaulted:
+            st.sidebar.warning(md("{} of the {} files name no rank (no distributedInfo, no rank-N in the name): they "
+                                  "were numbered in file order, as the ranks of one job. If they are separate runs, "
+                                  "say so {}.", len(defaulted), len(job.files), "above" if ask else "below"))
+            separate = not ask and _files_are_runs(PATHS_MODE)
+        if analysis is not None:
+            missing = missing_ranks_text(analysis.report.job)
+            if missing:
+                st.sidebar.warning(md("{}.", missing[0].upper() + missing[1:]))
+        if not separate:
+            st.session_state[state.UPLOAD_RUNS] = []
+            st.session_state[state.JOB] = job
+            st.session_state[state.CURRENT] = analysis
+            return
+    runs = data.separate_runs(job)
+    outcomes = {r.label: try_analyse((key + "/" + r.label) if folder is not None else data.content_key(r.job.files),
+                                     r.label, r.job, folder) for r in runs}
+    good = [r for r in runs if not isinstance(outcomes[r.label], str)]
+    for r in runs:
+        if isinstance(outcomes[r.label], str):
+            st.sidebar.error(md("{} cannot be opened as a run: {}", r.label, outcomes[r.label]))
+    st.session_state[state.UPLOAD_RUNS] = good
+    if not good:
+        st.session_state[state.CURRENT] = None
+        return
+    labels = [r.label for r in good]
+    if st.session_state.get("upload_run") not in labels:
+        st.session_state.pop("upload_run", None)
+    chosen = st.sidebar.selectbox("Run", labels, key="upload_run")
+    run = good[labels.index(chosen)]
+    st.session_state[state.JOB] = run.job
+    st.session_state[state.CURRENT] = outcomes[chosen]
 
 
 st.set_page_config(page_title="Kinetoscope", layout="wide")
