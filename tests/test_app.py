@@ -16,6 +16,8 @@ pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 from tracebuilder import TraceBuilder  # noqa: E402
 
+from kinetoscope.app.ui import unescaped  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "kinetoscope" / "app" / "main.py"
 SAMPLES = ROOT / "sample_traces"
@@ -200,7 +202,7 @@ def test_compare_waits_for_a_choice():
 def test_overview_shows_every_fix_and_what_it_is_worth_without_a_click():
     """Was: the fix and the evidence hid in collapsed expanders, the evidence as raw JSON."""
     at = open_app("overview", trace="real/v100_resnet50_2021.json.gz")
-    texts = [m.value for m in at.markdown]
+    texts = [unescaped(m.value) for m in at.markdown]
     assert sum(t.startswith("**What to do:**") for t in texts) == 4
     assert any(t.startswith("**Fix this: ~58.82 ms per step faster") for t in texts)
     assert any("- loader time: 415.79 ms" in t for t in texts)  # evidence as text, units from the key
@@ -247,7 +249,7 @@ def test_telemetry_page_shows_the_capture_counters_in_their_units(tmp_path):
     data = _json.dumps(b.document()).encode()
     at = open_app("telemetry", source="Upload", pending_uploads=[("telemetry.json", data)])
     assert not at.exception and not at.error
-    shown = {m.label: m.value for m in at.metric}
+    shown = {unescaped(m.label): unescaped(m.value) for m in at.metric}
     assert shown["gpu_util_pct (mean)"] == "50.0 %" and shown["mem_used_bytes (mean)"] == "2,048.0 MiB"
     none = open_app("telemetry", trace="cpu/leak")
     assert not none.exception and "No telemetry in this trace" in none.info[0].value
@@ -382,3 +384,58 @@ def test_open_in_perfetto_prepares_a_new_upload_of_the_same_name_afresh():
     at.button(key="perfetto_prepare_0").click().run()
     (second,) = at.session_state["perfetto_prepared"].values()
     assert second[1] != first[1] and len(second[1]) > 0
+
+
+def unrelated_traces(folder: Path) -> Path:
+    """Four unrelated single-process runs in one folder: no distributedInfo, no rank in their names, steps of 1, 10,
+    100 and 150 ms."""
+    for name, step_us in (("bert.json", 1000), ("gpt.json", 10_000), ("resnet.json", 100_000), ("vit.json", 150_000)):
+        TraceBuilder().step(1, 0, step_us).step(2, step_us, step_us).write(folder / name)
+    return folder
+
+
+def test_given_unrelated_traces_get_the_uploads_check_and_open_as_runs(tmp_path, monkeypatch):
+    """Was: a directory of four different models read as "rank 3 of 4" of one job, "straggler: none"."""
+    monkeypatch.setenv("KINETOSCOPE_APP_PATHS", str(unrelated_traces(tmp_path / "runs")))
+    at = open_app("overview")
+    assert not at.exception and not at.error
+    warnings = [unescaped(w.value) for w in at.sidebar.warning]
+    assert any("4 of the 4 files name no rank" in w and "say so below" in w for w in warnings), warnings
+    assert at.radio(key="paths_mode").options == ["ranks of one job", "separate runs"]
+    at = open_app("overview", paths_mode="separate runs")
+    assert not at.exception and not at.error
+    assert at.selectbox(key="upload_run").options == ["bert.json", "gpt.json", "resnet.json", "vit.json"]
+    assert len(at.session_state["analysis"].report.ranks) == 1 and at.session_state["analysis"].label == "bert.json"
+    at = open_app("compare", paths_mode="separate runs", upload_run="vit.json", compare_with="bert.json")
+    assert not at.exception and not at.error
+    table = at.dataframe[0].value
+    assert list(table[table["metric"] == "mean step"][["before", "after"]].iloc[0]) == ["1.00 ms", "150.00 ms"]
+
+
+def test_a_job_missing_a_rank_says_so_and_judges_no_straggler(tmp_path, monkeypatch):
+    from test_trust import straggler_job
+
+    straggler_job(tmp_path / "job", slow=3, n=4)
+    (tmp_path / "job" / "rank-2.json").unlink()
+    monkeypatch.setenv("KINETOSCOPE_APP_PATHS", str(tmp_path / "job"))
+    at = open_app("distributed")
+    assert not at.exception and not at.error
+    said = [unescaped(w.value) for w in at.sidebar.warning]
+    assert any(w.startswith("1 of the job's 4 ranks have no file (rank 2)") for w in said), said
+    metrics = {unescaped(m.label): unescaped(m.value) for m in at.metric}
+    assert metrics["Straggler"] == "not judged" and "Most waited for (of the 3 given)" in metrics
+    assert not [f for f in at.session_state["analysis"].report.findings if f.id == "straggler"]
+    assert not any(r.key == "paths_mode" for r in at.radio)  # the files name their ranks: nothing to ask
+
+
+def test_uploads_as_separate_runs_never_default_to_a_broken_file():
+    """Was: the first file was the default run even when it could not be read; its error went with the next click."""
+    healthy = next((SAMPLES / "cpu" / "healthy").glob("*.pt.trace.json.gz")).read_bytes()
+    files = [("a-broken.json", b"{"), ("b-good.json.gz", healthy), ("c-empty.json", b"")]
+    at = open_app("overview", source="Upload", pending_uploads=files, upload_mode="separate runs")
+    assert not at.exception
+    assert at.selectbox(key="upload_run").options == ["b-good.json.gz"]
+    assert at.session_state["analysis"].label == "b-good.json.gz"
+    errors = [unescaped(e.value) for e in at.sidebar.error]
+    assert len(errors) == 2 and errors[0].startswith("a-broken.json cannot be opened as a run:")
+    assert errors[1].startswith("c-empty.json cannot be opened as a run:") and "empty" in errors[1]

@@ -143,3 +143,42 @@ def test_a_long_process_group_is_named_short_and_alike_on_every_rank():
     assert name.startswith("0 [0, 1, …, 1023] (1024 ranks, #") and len(name) < 64
     assert group_name("0", ranks) == name and group_name("0", other) != name
     assert group_name("0", "[0, 1, 2, 3]") == "0 [0, 1, 2, 3]" and group_name(None, None) == "default"
+
+
+def test_a_rank_missing_from_a_job_is_said_and_no_straggler_is_claimed(tmp_path):
+    """4 ranks (distributedInfo: world size 4), rank 3 waiting 300 us longer for data each step: with every file, rank
+    3 is the straggler; without rank 2's file, the job says rank 2 is missing and claims no straggler (the others
+    may have waited for rank 2 as much)."""
+    from test_trust import straggler_job
+
+    from kinetoscope.render.text import render_text
+
+    straggler_job(tmp_path / "job", slow=3, n=4)
+    whole = build_report(load_trace(tmp_path / "job"))
+    assert whole.job["missing_ranks"] == [] and [f.rank for f in whole.findings if f.id == "straggler"] == [3]
+    (tmp_path / "job" / "rank-2.json").unlink()
+    partial = build_report(load_trace(tmp_path / "job"))
+    assert partial.job["ranks"] == 3 and partial.job["world_size"] == 4 and partial.job["missing_ranks"] == [2]
+    assert not [f for f in partial.findings if f.id == "straggler"]
+    assert partial.job["collectives"]["matched"] == whole.job["collectives"]["matched"]  # what the ranks show, shown
+    assert ("Job: 1 of the job's 4 ranks have no file (rank 2): nothing is claimed about the whole job (its "
+            "straggler)") in render_text(partial)
+
+
+def test_missing_ranks_from_file_names_and_none_when_files_name_no_rank(tmp_path):
+    """No distributedInfo: rank-0 and rank-2 named in the files' names miss rank 1; files that name no rank are
+    numbered in file order, and no gap can be told."""
+    for name in ("rank-0.json", "rank-2.json"):
+        TraceBuilder().step(1, 0, 1000).write(tmp_path / "named" / name)
+    for name in ("a.json", "b.json"):
+        TraceBuilder().step(1, 0, 1000).write(tmp_path / "unnamed" / name)
+    assert load_trace(tmp_path / "named").missing_ranks == (1,)
+    assert load_trace(tmp_path / "unnamed").missing_ranks == ()
+    single = TraceBuilder(rank=34, world_size=300).step(1, 0, 1000).write(tmp_path / "one.json")
+    assert load_trace(single).missing_ranks == tuple(r for r in range(300) if r != 34)
+
+
+def test_rank_ranges_read_as_ranges():
+    from kinetoscope.render.format import rank_ranges
+
+    assert rank_ranges([2]) == "2" and rank_ranges([8, 0, 1, 2, 5, 7]) == "0-2, 5, 7-8" and rank_ranges([]) == ""

@@ -103,6 +103,9 @@ def distributed_view(trace: Trace, report: Report) -> DistributedView:
     waits = ranks["collective_wait_ms"].dropna()
     headline = {
         "ranks": len(ranks),
+        #: ranks of the job no file holds: the straggler is then not judged (None below means "not judged")
+        "missing_ranks": list(report.job.get("missing_ranks") or []),
+        "world_size": report.job.get("world_size"),
         "matched_collectives": coll.get("matched"),
         "unmatched_collectives": coll.get("unmatched"),
         "straggler_rank": straggler.rank if straggler else None,

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import numpy as np
 
@@ -378,3 +378,18 @@ def redact_json_bytes(data: bytes) -> tuple[bytes, int]:
 def redacted_trace(data: bytes) -> bytes:
     """A trace's JSON with every secret redacted, in the metadata and in every event's arguments."""
     return redact_json_bytes(data)[0]
+
+
+def redact_strings(values: Iterable[str]) -> list[str]:
+    """Each string with its secrets redacted, exactly as it would be inside a trace (for what the app shows: table
+    cells, chart labels, titles). The strings go through the same JSON-text pass as a trace, each in a list of its
+    own (an argv flag in one string never reaches into the next), so the fast search for hints decides which few
+    are checked closely."""
+    values = list(values)
+    if not values:
+        return values
+    data = json.dumps([[v] for v in values], ensure_ascii=False).encode()
+    cleaned, changed = redact_json_bytes(data)
+    if not changed:
+        return values
+    return [v[0] for v in json.loads(cleaned)]

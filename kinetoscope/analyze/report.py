@@ -290,7 +290,8 @@ def build_report(trace: Trace, config: AnalysisConfig = DEFAULT_CONFIG, *, threa
         pool.shutdown(wait=False, cancel_futures=True)
         raise
     pool.shutdown()
-    job: dict[str, Any] = {"ranks": len(trace.ranks), "world_size": trace.world_size}
+    missing = list(trace.missing_ranks)
+    job: dict[str, Any] = {"ranks": len(trace.ranks), "world_size": trace.world_size, "missing_ranks": missing}
     job_results: dict[str, AnalysisResult] = {}
     for a in registered:
         if a.scope != "job":
@@ -304,6 +305,8 @@ def build_report(trace: Trace, config: AnalysisConfig = DEFAULT_CONFIG, *, threa
         if res.metrics:
             job[a.key] = res.metrics
         for f in res.findings:
+            if missing:  # a claim about the whole job (its straggler) over ranks it never saw is not made
+                continue
             ranks = [r for r in trace.ranks if r.rank == f.rank]
             found, lost = _estimated(ranks[0], [f], config) if ranks else ([f], [])
             findings.extend(found)

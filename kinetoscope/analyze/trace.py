@@ -119,6 +119,21 @@ class Trace:
         sizes = [r.meta.world_size for r in self.ranks if r.meta.world_size]
         return max(sizes) if sizes else len(self.ranks)
 
+    @property
+    def missing_ranks(self) -> tuple[int, ...]:
+        """The job's ranks no file holds: below the world size the traces state (distributedInfo), or, where none
+        states one and every file names its rank (rank-0, rank-2), below the highest rank named. Ranks numbered in
+        file order (the files say nothing) show no gap: whether files are missing cannot be told."""
+        present = {r.rank for r in self.ranks}
+        sizes = [r.meta.world_size for r in self.ranks if r.meta.world_size]
+        if sizes:
+            size = max(sizes)
+        elif self.ranks and all(r.meta.rank_source == "filename" for r in self.ranks):
+            size = max(present) + 1
+        else:
+            return ()
+        return tuple(r for r in range(size) if r not in present)
+
 
 V = TypeVar("V")
 

@@ -41,13 +41,17 @@ MAX_DEPTH = 12
 WIDTH_PX = 1600
 #: marks a browser chart draws smoothly; past this, spans are merged at a coarser resolution
 MAX_MARKS = 30_000
-SPAN_COLUMNS = ["row", "name", "kind", "start_ms", "end_ms", "dur_ms", "spans", "correlation", "link", "link_id"]
+SPAN_COLUMNS = ["row", "name", "kind", "start_ms", "end_ms", "dur_ms", "busy_fraction", "spans", "correlation", "link",
+                "link_id"]
 
 
 @dataclass(frozen=True)
 class TimelineView:
-    #: one mark per row: ``row`` (label, in ``rows`` order), name, kind (a key of KIND_COLOURS), start/end/duration in
-    #: ms from the window start, ``spans`` (1, or how many spans a merged block holds), correlation (launch<->kernel,
+    #: one mark per row: ``row`` (label, in ``rows`` order), name, kind (a key of KIND_COLOURS), start/end in ms from the
+    #: window start (as drawn: a block is at least a pixel wide), ``dur_ms`` (the time its spans ran: the union of
+    #: their intervals), ``busy_fraction`` (dur_ms over end - start: 1 for a span drawn alone; the share of the block
+    #: its spans cover, which it is drawn with as its opacity, so a block is never darker than the time it holds),
+    #: ``spans`` (1, or how many spans a merged block holds), correlation (launch<->kernel,
     #: -1 where none), ``link`` (the other end of a launch, in words) and ``link_id`` (the correlation where there is
     #: one, else a value of the span's own: hovering one end of a launch highlights both ends and nothing else)
     spans: pd.DataFrame
@@ -181,8 +185,10 @@ def timeline_view(trace: RankTrace, start_ms: float | None = None, end_ms: float
     link[is_gpu] = _kernel_links(trace, corr[is_gpu], origin)
     link[~is_gpu] = _launch_links(trace, corr[~is_gpu], origin)
     spans = spans.assign(link=link, link_id=np.where(corr >= 0, corr, -1 - np.arange(len(spans))))
+    drawn = np.maximum(spans["end_ns"].to_numpy(np.int64) - spans["ts_ns"].to_numpy(np.int64), 1)
     spans = spans.assign(start_ms=(spans["ts_ns"] - origin) / 1e6, end_ms=(spans["end_ns"] - origin) / 1e6,
-                         dur_ms=spans["busy_ns"] / 1e6)
+                         dur_ms=spans["busy_ns"] / 1e6,
+                         busy_fraction=np.minimum(spans["busy_ns"].to_numpy(np.float64) / drawn, 1.0))
     return TimelineView(spans=spans[SPAN_COLUMNS].reset_index(drop=True), rows=rows, steps=step_labels,
                         start_ms=(lo - origin) / 1e6, end_ms=(hi - origin) / 1e6, total_spans=total,
                         merged_spans=merged, resolution_ms=px / 1e6,
@@ -192,14 +198,15 @@ def timeline_view(trace: RankTrace, start_ms: float | None = None, end_ms: float
 
 def _merge_small(frame: pd.DataFrame, lo: int, px: float) -> tuple[pd.DataFrame, int]:
     """Spans under ``px`` ns merged per (row, kind, pixel): one block from the first start to the last end,
-    ``spans`` = how many, ``busy_ns`` = their summed duration, named by the first one and the count."""
+    ``spans`` = how many, ``busy_ns`` = the union of their intervals (spans of one row may overlap: nested host
+    calls deeper than MAX_DEPTH share a row), named by the first one and the count."""
     dur = frame["end_ns"].to_numpy(np.int64) - frame["ts_ns"].to_numpy(np.int64)
     small = dur < px
     big = frame[~small].assign(spans=1, busy_ns=dur[~small])
     if not small.any():
         return big, 0
-    tiny = frame[small].assign(bin=((frame["ts_ns"].to_numpy(np.int64)[small] - lo) // px).astype(np.int64),
-                               busy_ns=dur[small])
+    tiny = frame[small].assign(bin=((frame["ts_ns"].to_numpy(np.int64)[small] - lo) // px).astype(np.int64))
+    tiny = tiny.assign(busy_ns=_union_in_groups(tiny, ["row", "kind", "bin"]))
     g = tiny.groupby(["row", "kind", "bin"], sort=False, observed=True)
     agg = g.agg(name=("name", "first"), ts_ns=("ts_ns", "min"), end_ns=("end_ns", "max"), spans=("name", "size"),
                 busy_ns=("busy_ns", "sum"), correlation=("correlation", "first"), gpu=("gpu", "first")).reset_index()
@@ -210,6 +217,24 @@ def _merge_small(frame: pd.DataFrame, lo: int, px: float) -> tuple[pd.DataFrame,
     # a block narrower than a pixel is drawn a pixel wide, or the browser would not draw it at all
     agg["end_ns"] = np.maximum(agg["end_ns"].to_numpy(np.int64), agg["ts_ns"].to_numpy(np.int64) + int(px))
     return pd.concat([big, agg.drop(columns=["bin"])], ignore_index=True), int(small.sum())
+
+
+def _union_in_groups(frame: pd.DataFrame, keys: list[str]) -> np.ndarray:
+    """For each span, the time it adds to the union of its group's intervals taken in start order (so the group's
+    sum is the measure of that union): its end past the furthest end of the spans before it, or 0."""
+    ordered = frame.sort_values(keys + ["ts_ns"], kind="stable")
+    ts = ordered["ts_ns"].to_numpy(np.int64)
+    end = ordered["end_ns"].to_numpy(np.int64)
+    group = ordered.groupby(keys, sort=False, observed=True).ngroup().to_numpy()
+    reach = pd.Series(end).groupby(group).cummax().to_numpy()
+    before = np.empty_like(reach)  # the furthest end of the group's earlier spans (-inf for the first)
+    before[1:] = reach[:-1]
+    first = np.ones(len(ts), dtype=bool)
+    first[1:] = group[1:] != group[:-1]
+    before[first] = np.iinfo(np.int64).min
+    added = np.maximum(end - np.maximum(ts, before), 0)
+    out = pd.Series(added, index=ordered.index).reindex(frame.index).to_numpy()
+    return out
 
 
 def _launch_index(trace: RankTrace) -> tuple[np.ndarray, pd.DataFrame]:

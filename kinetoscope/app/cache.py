@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import streamlit as st
+from kinetoscope.app.ui import md, st
 
 from kinetoscope.analyze.loader import Job
 from kinetoscope.app import data
@@ -38,24 +38,31 @@ def watch_upload(folder: Path) -> None:
         upload_janitor().watch(ctx.session_id, folder)
 
 
-def analyse(key: str, label: str, job: Job, upload: Path | None = None) -> data.Analysis | None:
-    """The job's analysis, or None after showing one clear sentence on the page."""
+def try_analyse(key: str, label: str, job: Job, upload: Path | None = None) -> data.Analysis | str:
+    """The job's analysis, or why it could not be made (one sentence, naming no server folder)."""
     cache = shared_cache()
     hit = cache.get(key)
     if hit is not None:
         return hit
     try:
-        with st.spinner(f"Parsing and analysing {label}…"):
+        with st.spinner(md("Parsing and analysing {}…", label)):
             analysis = data.analyse(label, job, upload)
     except KinetoscopeError as exc:
-        st.error(f"Could not analyse {label}: {exc}")
-        return None
+        return str(exc)
     except Exception as exc:  # noqa: BLE001 - a bug must still read as one sentence
-        st.error(f"Internal error while analysing {label} ({type(exc).__name__}: "
-                 f"{data.without_folder(str(exc), upload)}). Please report it.")
-        return None
+        return (f"internal error ({type(exc).__name__}: {data.without_folder(str(exc), upload)}); "
+                "please report it")
     cache.put(key, analysis)
     return analysis
+
+
+def analyse(key: str, label: str, job: Job, upload: Path | None = None) -> data.Analysis | None:
+    """The job's analysis, or None after showing one clear sentence on the page."""
+    got = try_analyse(key, label, job, upload)
+    if isinstance(got, str):
+        st.error(md("Could not analyse {}: {}", label, got))
+        return None
+    return got
 
 
 @st.cache_resource(show_spinner=False, max_entries=8)

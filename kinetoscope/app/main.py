@@ -8,18 +8,20 @@ Run with ``kinetoscope app [PATH ...]``. Pages only lay out results; every numbe
 from __future__ import annotations
 
 import os
-
-import streamlit as st
+from pathlib import Path
 
 from kinetoscope.app import data, state
-from kinetoscope.app.cache import analyse, store_choices, watch_upload
+from kinetoscope.app.ui import md, page_style, st
+from kinetoscope.app.cache import analyse, store_choices, try_analyse, watch_upload
 from kinetoscope.app.launch import PATHS_ENV
 from kinetoscope.batch.store import is_store
 from kinetoscope.app.screens import (
     compare, copies, distributed, export, fleet, memory, metadata, operators, overview, ranks, steps, streams, telemetry,
     timeline,
 )
+from kinetoscope.analyze.loader import Job
 from kinetoscope.errors import KinetoscopeError
+from kinetoscope.render.format import missing_ranks_text
 
 #: tests (and scripts) may put uploads here instead of going through the browser widget
 PENDING_UPLOADS = "pending_uploads"
@@ -29,6 +31,8 @@ UPLOAD_DIR = "upload_dir"
 UPLOADED = "uploaded_job"
 UPLOAD_MODE = "upload_mode"
 RANKS, RUNS = "ranks of one job", "separate runs"
+#: the same question for given paths and a store's jobs whose files name no rank
+PATHS_MODE = "paths_mode"
 #: the page shown first (tests use it: AppTest cannot switch between function pages)
 START_PAGE = "start_page"
 
@@ -57,16 +61,10 @@ def sidebar() -> None:
     pending = st.session_state.pop(PENDING_UPLOADS, None)
     if source == "Upload" or pending:
         files = st.sidebar.file_uploader(
-            f"Kineto trace files (.json, .json.gz), up to {data.MAX_UPLOAD_MB} MiB in total.",
+            md("Kineto trace files (.json, .json.gz), up to {} MiB in total.", data.MAX_UPLOAD_MB),
             type=["json", "gz"], accept_multiple_files=True, key="upload",
         )
         uploads = pending or [(f.name, f.getvalue()) for f in files or []]
-        # several files: ranks of one job, or runs to compare? Asked, never assumed (a second file once became
-        # rank 1 of the first without a word)
-        separate = len(uploads) > 1 and st.sidebar.radio(
-            "These files are", [RANKS, RUNS], key=UPLOAD_MODE,
-            help="ranks of one job: analysed together (collectives, stragglers); separate runs: each analysed on "
-                 "its own, to pick one and compare it with the others") == RUNS
         if uploads:
             key = data.upload_key(uploads)
             if key != st.session_state.get("upload_key"):
@@ -87,24 +85,9 @@ def sidebar() -> None:
                 st.session_state["upload_key"] = key
                 st.session_state[state.CURRENT] = None
             job = st.session_state[UPLOADED]
-            folder = st.session_state[UPLOAD_DIR]
-            if separate:
-                runs = data.separate_runs(job)
-                st.session_state[state.UPLOAD_RUNS] = runs
-                label = st.sidebar.selectbox("Run", [r.label for r in runs], key="upload_run")
-                run = next(r for r in runs if r.label == label)
-                st.session_state[state.JOB] = run.job
-                st.session_state[state.CURRENT] = analyse(key + "/" + label, label, run.job, folder.path)
-            else:
-                st.session_state[state.UPLOAD_RUNS] = []
-                st.session_state[state.JOB] = job
-                st.session_state[state.CURRENT] = analyse(key, job.name, job, folder.path)
-                current = st.session_state[state.CURRENT]
-                defaulted = [r for r in current.report.ranks if r["rank_source"] == "default"] if current else []
-                if len(job.files) > 1 and defaulted:
-                    st.sidebar.warning(f"{len(defaulted)} of the {len(job.files)} files name no rank (no "
-                                       "distributedInfo, no rank-N in the name): they were numbered in file order. "
-                                       "If they are separate runs, say so above.")
+            # several files: ranks of one job, or runs to compare? Asked, never assumed (a second file once became
+            # rank 1 of the first without a word)
+            open_job(job, key, job.name, st.session_state[UPLOAD_DIR].path, ask=True)
         elif source == "Upload" and st.session_state.get("upload_key") is None:
             st.session_state[state.CURRENT] = None
     else:
@@ -125,18 +108,18 @@ def sidebar() -> None:
         job = choice.job
         st.session_state[state.JOB] = job
         if choice.unread:
-            st.sidebar.warning(f"{choice.unread} of this job's {choice.unread + len(job.files)} rank files could not be "
-                               "read by the batch: opened without them (see the Fleet page for why).")
+            st.sidebar.warning(md("{} of this job's {} rank files could not be read by the batch: opened without "
+                                  "them (see the Fleet page for why).", choice.unread, choice.unread + len(job.files)))
         if len(job.files) > fleet.MAX_OPEN_RANKS:
-            st.sidebar.warning(f"{label} has {len(job.files):,} rank files: more than the {fleet.MAX_OPEN_RANKS} the app "
-                               "opens at once. Its job-level results are on the Fleet page.")
+            st.sidebar.warning(md("{} has {:,} rank files: more than the {} the app opens at once. Its job-level "
+                                  "results are on the Fleet page.", label, len(job.files), fleet.MAX_OPEN_RANKS))
             st.session_state[state.CURRENT] = None
             return
-        st.session_state[state.CURRENT] = analyse(data.content_key(job.files), label, job)
+        open_job(job, data.content_key(job.files), label, None, ask=False)
     analysis = st.session_state.get(state.CURRENT)
     if analysis is not None:
         for name, reason in analysis.failed:
-            st.error(f"{name} was not analysed: {reason}")
+            st.error(md("{} was not analysed: {}", name, reason))
         ranks = [r["rank"] for r in analysis.report.ranks]
         if len(ranks) > 1:
             worst = analysis.report.worst_rank
@@ -146,7 +129,60 @@ def sidebar() -> None:
                                  format_func=lambda r: f"{r} (most severe finding)" if r == worst else str(r))
 
 
+def _files_are_runs(key: str) -> bool:
+    return st.sidebar.radio(
+        "These files are", [RANKS, RUNS], key=key,
+        help="ranks of one job: analysed together (collectives, stragglers); separate runs: each analysed on its "
+             "own, to pick one and compare it with the others") == RUNS
+
+
+def open_job(job: Job, key: str, label: str, folder: Path | None, *, ask: bool) -> None:
+    """Analyse the chosen job and make it the current analysis. Several files are the ranks of one job or separate
+    runs: for an upload the user is asked at once; for given paths and a store's jobs, when the files do not say
+    their ranks (no distributedInfo, no rank-N in the name: four unrelated traces once read as "rank 3 of 4"), the
+    same question and a warning. As separate runs, each file is analysed on its own; a file that cannot be is
+    never a run to pick, and its error stays in the sidebar."""
+    several = len(job.files) > 1
+    separate = several and ask and _files_are_runs(UPLOAD_MODE)
+    if not separate:
+        analysis = analyse(key, label, job, folder)
+        defaulted = [r for r in analysis.report.ranks if r["rank_source"] == "default"] if analysis else []
+        if several and defaulted:
+            st.sidebar.warning(md("{} of the {} files name no rank (no distributedInfo, no rank-N in the name): they "
+                                  "were numbered in file order, as the ranks of one job. If they are separate runs, "
+                                  "say so {}.", len(defaulted), len(job.files), "above" if ask else "below"))
+            separate = not ask and _files_are_runs(PATHS_MODE)
+        if analysis is not None:
+            missing = missing_ranks_text(analysis.report.job)
+            if missing:
+                st.sidebar.warning(md("{}.", missing[0].upper() + missing[1:]))
+        if not separate:
+            st.session_state[state.UPLOAD_RUNS] = []
+            st.session_state[state.JOB] = job
+            st.session_state[state.CURRENT] = analysis
+            return
+    runs = data.separate_runs(job)
+    outcomes = {r.label: try_analyse((key + "/" + r.label) if folder is not None else data.content_key(r.job.files),
+                                     r.label, r.job, folder) for r in runs}
+    good = [r for r in runs if not isinstance(outcomes[r.label], str)]
+    for r in runs:
+        if isinstance(outcomes[r.label], str):
+            st.sidebar.error(md("{} cannot be opened as a run: {}", r.label, outcomes[r.label]))
+    st.session_state[state.UPLOAD_RUNS] = good
+    if not good:
+        st.session_state[state.CURRENT] = None
+        return
+    labels = [r.label for r in good]
+    if st.session_state.get("upload_run") not in labels:
+        st.session_state.pop("upload_run", None)
+    chosen = st.sidebar.selectbox("Run", labels, key="upload_run")
+    run = good[labels.index(chosen)]
+    st.session_state[state.JOB] = run.job
+    st.session_state[state.CURRENT] = outcomes[chosen]
+
+
 st.set_page_config(page_title="Kinetoscope", layout="wide")
+page_style()
 sidebar()
 PAGES = [
     ("overview", "Overview", overview.render),

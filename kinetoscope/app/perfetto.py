@@ -12,13 +12,12 @@ import html
 import json
 import os
 
-import streamlit as st
-import streamlit.components.v1 as components
 
 from kinetoscope.analyze.loader import read_bytes
 from kinetoscope.analyze.redact import redacted_trace
 from kinetoscope.app import state
 from kinetoscope.app.data import Analysis, app_limits, content_key, job_file
+from kinetoscope.app.ui import components_html, plain, st
 from kinetoscope.errors import KinetoscopeError
 
 URL_ENV = "KINETOSCOPE_PERFETTO_URL"
@@ -53,7 +52,7 @@ def open_in_perfetto(analysis: Analysis, rank: int) -> None:
         st.warning(got)
         return
     file_name, data = got
-    _launcher(file_name, data)
+    _launcher(plain(file_name), data)  # the name as the page shows it: a secret in it redacted
 
 
 def _prepare(analysis: Analysis, rank: int, name: str) -> tuple[str, bytes] | str:
@@ -80,7 +79,7 @@ def _launcher(file_name: str, data: bytes) -> None:
     url = perfetto_url()
     payload = base64.b64encode(data).decode("ascii")
     # the click inside this frame is the user gesture that lets the browser open a tab
-    components.html(f"""
+    components_html(f"""
 <button id="open" style="font: 14px sans-serif; padding: 6px 12px; cursor: pointer">Open {html.escape(file_name)} in
 Perfetto ↗</button> <span id="status" style="font: 13px sans-serif; color: #555"></span>
 <script>

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import streamlit as st
+from kinetoscope.app.ui import md, st
 
 from kinetoscope.analyze.registry import AnalysisResult
 from kinetoscope.app.data import Analysis

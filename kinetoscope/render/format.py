@@ -18,6 +18,30 @@ def mib(nbytes: Any) -> str:
     return "n/a" if nbytes is None else f"{nbytes / 2**20:,.1f} MiB"
 
 
+def rank_ranges(ranks: Any) -> str:
+    """Rank numbers as a person reads them: [2] -> '2', [0, 1, 2, 5, 7, 8] -> '0-2, 5, 7-8'."""
+    ranks = sorted(int(r) for r in ranks)
+    parts: list[str] = []
+    i = 0
+    while i < len(ranks):
+        j = i
+        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
+            j += 1
+        parts.append(str(ranks[i]) if i == j else f"{ranks[i]}-{ranks[j]}")
+        i = j + 1
+    return ", ".join(parts)
+
+
+def missing_ranks_text(job: dict[str, Any]) -> str | None:
+    """What a job misses, in a sentence, or None when it has every rank it names."""
+    missing = job.get("missing_ranks") or []
+    if not missing:
+        return None
+    n, size = len(missing), job.get("world_size")
+    return (f"{n:,} of the job's {size:,} ranks have no file (rank{'s' if n > 1 else ''} {rank_ranges(missing)}): "
+            "nothing is claimed about the whole job (its straggler); what the ranks given show is shown")
+
+
 def worth(estimate: dict[str, Any] | None) -> str | None:
     """What fixing a finding is worth, as one line: 'fix this: ~12.30 ms per step faster (34%)'."""
     if not estimate:

@@ -6,6 +6,7 @@ from typing import Any
 
 from kinetoscope.analyze.report import Report
 from kinetoscope.render.format import mib as _mib
+from kinetoscope.render.format import missing_ranks_text
 from kinetoscope.render.format import ms as _ms
 from kinetoscope.render.format import pct as _pct
 from kinetoscope.render.format import worth
@@ -126,6 +127,10 @@ def render_text(report: Report) -> str:
                        f"last to arrive {r['waited_for_count']} times ({r['matched']} matched, {r['unmatched']} unmatched)")
         if coll["most_waited_for_rank"] is not None:
             out.append(f"  most waited-for rank: {coll['most_waited_for_rank']}")
+    missing = missing_ranks_text(report.job)
+    if missing:
+        out.append("")
+        out.append(f"Job: {missing}.")
     if report.violations:
         out.append("")
         out.append("Numbers that break an invariant (a bug in Kinetoscope; please report it):")

@@ -3,7 +3,7 @@ finding gone, the step time its fix was predicted to give beside the one measure
 
 import os
 
-import streamlit as st
+from kinetoscope.app.ui import md, st
 
 from kinetoscope.analyze.compare import compare_reports, finding_changes, fix_check
 from kinetoscope.app import data, state

@@ -2,7 +2,7 @@
 
 import altair as alt
 import pandas as pd
-import streamlit as st
+from kinetoscope.app.ui import md, st
 
 from kinetoscope.app import state
 from kinetoscope.render.format import display_table
@@ -14,7 +14,7 @@ def render() -> None:
         c = entry.get(key)
         st.subheader(label)
         if not c:
-            st.write("No such copies.")
+            st.markdown("No such copies.")
             continue
         cols = st.columns(5)
         cols[0].metric("Copies", c["count"])

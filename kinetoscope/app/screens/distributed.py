@@ -3,10 +3,11 @@ the matched collectives (all computed in analyze.distview)."""
 
 import altair as alt
 import pandas as pd
-import streamlit as st
+from kinetoscope.app.ui import md, st
 
 from kinetoscope.analyze.distview import distributed_view
 from kinetoscope.app import state
+from kinetoscope.render.format import missing_ranks_text
 
 #: the four parts of a step on the GPU, and the wait, in fixed colours (the same on every job)
 PARTS = {
@@ -30,11 +31,18 @@ def render() -> None:
     if h["ranks"] < 2:
         st.info("A single rank: load a directory (or upload several files as the ranks of one job) to see how the "
                 "ranks wait for each other.")
+    missing = missing_ranks_text({"missing_ranks": h["missing_ranks"], "world_size": h["world_size"]})
+    if missing:
+        st.warning(md("{}.", missing[0].upper() + missing[1:]))
     cols = st.columns(4)
-    cols[0].metric("Straggler", "none found" if h["straggler_rank"] is None else f"rank {h['straggler_rank']}",
-                   help="the rank the others wait for at most collectives, with its cause"
-                   + (f": {h['straggler_cause']}" if h["straggler_cause"] else ""))
-    cols[1].metric("Most waited for", "n/a" if h["most_waited_for_rank"] is None else f"rank {h['most_waited_for_rank']}",
+    if missing:
+        cols[0].metric("Straggler", "not judged", help=md("{} of the job's ranks have no file", len(h["missing_ranks"])))
+    else:
+        cols[0].metric("Straggler", "none found" if h["straggler_rank"] is None else f"rank {h['straggler_rank']}",
+                       help=md("the rank the others wait for at most collectives, with its cause{}",
+                               f": {h['straggler_cause']}" if h["straggler_cause"] else ""))
+    cols[1].metric("Most waited for" + (f" (of the {h['ranks']} given)" if missing else ""),
+                   "n/a" if h["most_waited_for_rank"] is None else f"rank {h['most_waited_for_rank']}",
                    help="the rank that arrived last at the most matched collectives")
     cols[2].metric("Longest collective wait", "n/a" if h["wait_ms_per_step_max"] is None else
                    f"{h['wait_ms_per_step_max']:,.3f} ms/step",

@@ -1,6 +1,6 @@
 """Export: the JSON report, CSV tables, and the way to Perfetto."""
 
-import streamlit as st
+from kinetoscope.app.ui import download, md, redacted_csv, redacted_json, st
 
 from kinetoscope.analyze.loader import read_bytes
 from kinetoscope.analyze.redact import redacted_trace
@@ -15,20 +15,20 @@ def render() -> None:
     analysis = state.current()
     report = analysis.report
     st.header("Export")
-    st.download_button("JSON report", report_to_json(report, indent=2), file_name="kinetoscope-report.json",
-                       mime="application/json", key="dl_json")
+    st.download_button("JSON report", download(redacted_json(report_to_json(report, indent=2))),
+                       file_name="kinetoscope-report.json", mime="application/json", key="dl_json")
     tables = {f"rank {rank} · {key} · {name}": table
               for rank, results in report.results.items() for key, res in results.items() for name, table in res.tables.items()
               if len(table)}
     if tables:
         choice = st.selectbox("Table", list(tables), key="dl_table")
-        st.download_button("CSV", tables[choice].to_csv(index=False), file_name=f"{choice.replace(' · ', '-').replace(' ', '_')}.csv",
-                           mime="text/csv", key="dl_csv")
+        st.download_button("CSV", download(redacted_csv(tables[choice])),
+                           file_name=f"{choice.replace(' · ', '-').replace(' ', '_')}.csv", mime="text/csv", key="dl_csv")
     st.subheader("Open in Perfetto")
     entry = state.rank_entry(analysis)
     open_in_perfetto(analysis, entry["rank"])
-    st.markdown("Or download a file below, open [ui.perfetto.dev](https://ui.perfetto.dev), choose *Open trace file* and "
-                "pick it (it reads Kineto JSON and gzip directly, in your browser).")
+    st.markdown(md("Or download a file below, open [ui.perfetto.dev](https://ui.perfetto.dev), choose *Open trace file* "
+                   "and pick it (it reads Kineto JSON and gzip directly, in your browser)."))
     st.caption("The trace files are prepared with secret-looking values (tokens, keys, passwords, credentials in "
                "URLs) redacted in the metadata and in every event's arguments.")
     # prepared only when asked, with the app's size limits: not re-read on every rerun of the page; from this
@@ -48,4 +48,5 @@ def render() -> None:
         except KinetoscopeError as exc:
             st.error(f"{name}: {getattr(exc, 'reason', exc)}")
             continue
-        st.download_button(f"Download {name}", data, file_name=name, mime="application/json", key=f"dl_trace_{rank}")
+        st.download_button(f"Download {name}", download(data), file_name=name, mime="application/json",
+                           key=f"dl_trace_{rank}")

@@ -1,6 +1,6 @@
 """Fleet: a batch store's jobs x findings, worst first; broken jobs apart; a job opened in place."""
 
-import streamlit as st
+from kinetoscope.app.ui import bullets, md, st
 
 from kinetoscope.analyze.findings import SEVERITY_ORDER
 from kinetoscope.app import state
@@ -60,12 +60,12 @@ def render() -> None:
     job_row = job_row[job_row["job"] == key]
     if len(job_row):
         j = job_row.iloc[0]
-        st.markdown(f"**Across ranks** (the reduce over {int(j['ranks']):,} ranks' summaries): "
+        st.markdown(md("**Across ranks** {}", f"(the reduce over {int(j['ranks']):,} ranks' summaries): "
                     + (f"straggler rank {int(j['straggler_rank'])} ({j['straggler_cause']}), the others wait "
                        f"{j['straggler_wait_us_per_step'] / 1000:,.3f} ms per step for it; "
                        if j["straggler_rank"] == j["straggler_rank"] and j["straggler_rank"] is not None else "no straggler; ")
                     + f"{int(j['matched']):,} collectives matched, {int(j['unmatched']):,} unmatched; largest clock skew "
-                    + ("n/a" if j["max_abs_clock_skew_us"] != j["max_abs_clock_skew_us"] else f"{j['max_abs_clock_skew_us'] / 1000:,.3f} ms"))
+                    + ("n/a" if j["max_abs_clock_skew_us"] != j["max_abs_clock_skew_us"] else f"{j['max_abs_clock_skew_us'] / 1000:,.3f} ms")))
         per_rank = read_table(store, "job_ranks")
         per_rank = per_rank[per_rank["job"] == key].sort_values("rank")
         shown, formats = display_table(per_rank.drop(columns=["key", "job"]))
@@ -79,7 +79,7 @@ def render() -> None:
     mine = mine.assign(_order=order, _saving=saving).sort_values(["_order", "_saving"], ascending=[True, False])
     for f in mine.itertuples():
         with st.expander(f"{f.severity.upper()} · rank {f.rank} · {f.title}"):
-            st.markdown("\n".join(f"- {x}" for x in evidence_lines(_json(f.evidence_json))))
+            st.markdown(bullets(evidence_lines(_json(f.evidence_json))))
 
 
 def _json(text: str) -> dict:

@@ -1,7 +1,7 @@
 """Memory: allocated and reserved per step and over time, the peak, and the growth line."""
 
 import altair as alt
-import streamlit as st
+from kinetoscope.app.ui import md, st
 
 from kinetoscope.analyze.ops import allocations_by_op
 from kinetoscope.app import state
@@ -11,7 +11,7 @@ def render() -> None:
     _, entry, results = state.page("Memory")
     mem = entry.get("memory")
     if not mem:
-        st.write("No [memory] events in this trace (capture with profile_memory=True).")
+        st.markdown("No [memory] events in this trace (capture with profile_memory=True).")
         st.stop()
     per_step = results["memory"].tables["memory_per_step"]
     timeline = results["memory"].tables["memory_timeline"]

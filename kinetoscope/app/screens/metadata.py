@@ -1,6 +1,6 @@
 """Metadata: devices, versions, distributed info — secret-looking values redacted."""
 
-import streamlit as st
+from kinetoscope.app.ui import md, st
 
 from kinetoscope.analyze.redact import redact
 from kinetoscope.app import state
@@ -11,8 +11,8 @@ def render() -> None:
     entry = state.rank_entry(analysis)
     meta = analysis.trace.rank(entry["rank"]).meta
     st.header(f"Metadata · rank {entry['rank']}")
-    st.markdown(f"**File** `{meta.source}` · schema {meta.schema_version} · {meta.n_events:,} events · "
-                f"loaded in {meta.load_seconds:.2f} s · rank from {meta.rank_source}")
+    st.markdown(md("**File** {} · schema {} · {:,} events · loaded in {:.2f} s · rank from {}", meta.source,
+                   meta.schema_version, meta.n_events, meta.load_seconds, meta.rank_source))
     # st.json parses a string as JSON: what is absent is said in words, never handed to it
     for title, value, missing in (
             ("Devices", list(meta.device_properties), "The trace has no deviceProperties."),

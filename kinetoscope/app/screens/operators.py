@@ -1,7 +1,7 @@
 """Operators and kernels: the host ops and GPU kernels of the window by name (computed in analyze.ops)."""
 
 import pandas as pd
-import streamlit as st
+from kinetoscope.app.ui import md, st
 
 from kinetoscope.analyze.loader import read_bytes
 from kinetoscope.analyze.ops import kernel_table, op_shapes, op_table

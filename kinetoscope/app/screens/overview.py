@@ -1,11 +1,11 @@
 """Overview: the findings, ranked, and the headline numbers."""
 
-import streamlit as st
+from kinetoscope.app.ui import bullets, md, st
 
 from kinetoscope.app import state
 from kinetoscope.render.format import evidence_lines, worth
 
-SEVERITY = {"critical": ":red[**CRITICAL**]", "warning": ":orange[**WARNING**]", "info": ":blue[info]"}
+SEVERITY = {"critical": md(":red[**CRITICAL**]"), "warning": md(":orange[**WARNING**]"), "info": md(":blue[info]")}
 
 
 def render() -> None:
@@ -39,16 +39,16 @@ def render() -> None:
         st.success("No problems found: no loader stalls, idle GPU, copy, sync, memory, loop-hygiene or straggler findings.")
     for f in report.findings:
         with st.container(border=True):
-            st.markdown(f"{SEVERITY[f.severity]} · rank {f.rank} · {f.title}")
-            st.markdown(f"**What to do:** {f.recommendation}")
+            st.markdown(md("{} · rank {} · {}", SEVERITY.get(f.severity, f.severity), f.rank, f.title))
+            st.markdown(md("**What to do:** {}", f.recommendation))
             line = worth(f.estimate)
             if line:
-                st.markdown(f"**{line[0].upper()}{line[1:]}**")
+                st.markdown(md("**{}**", line[0].upper() + line[1:]))
                 if f.estimate and f.estimate.get("assumptions"):
                     st.caption("assuming: " + "; ".join(f.estimate["assumptions"]))
             with st.expander("Evidence", expanded=False):
-                st.markdown("\n".join(f"- {x}" for x in evidence_lines(f.evidence)))
-                st.caption(f"finding id `{f.id}` · measured cost {state.ms(f.impact_us)} in the window")
+                st.markdown(bullets(evidence_lines(f.evidence)))
+                st.caption(md("finding id `{}` · measured cost {} in the window", f.id, state.ms(f.impact_us)))
     for w in entry.get("warnings") or []:
         st.caption(f"note: {w}")
     for failure in report.failures:

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import altair as alt
 import pandas as pd
-import streamlit as st
+from kinetoscope.app.ui import md, st
 
 from kinetoscope.app import state
 from kinetoscope.render.format import display_table

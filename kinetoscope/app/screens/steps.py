@@ -2,7 +2,7 @@
 
 import altair as alt
 import pandas as pd
-import streamlit as st
+from kinetoscope.app.ui import md, st
 
 from kinetoscope.app import state
 from kinetoscope.render.format import display_table, series_label
@@ -29,25 +29,25 @@ def render() -> None:
     _, entry, results = state.page("Step breakdown")
     anatomy = results.get("phases")
     if anatomy is None or anatomy.tables["phases_per_step"].empty:
-        st.write("No steps to break down.")
+        st.markdown("No steps to break down.")
         st.stop()
     per_step = anatomy.tables["phases_per_step"].set_index("step")
     phase_cols = [c for c in per_step.columns if c.endswith("_us") and c != "step_us"]
-    st.markdown("**Host (training thread)** — every moment of each step in exactly one phase")
+    st.markdown(md("**Host (training thread)** — every moment of each step in exactly one phase"))
     _stacked(per_step, phase_cols, "ms", PHASE_COLOURS)
     gpu = results.get("gpu")
     if gpu is not None and "gpu_per_step" in gpu.tables and len(gpu.tables["gpu_per_step"]):
-        st.markdown("**GPU** — busy (union of all streams) and idle per step")
+        st.markdown(md("**GPU** — busy (union of all streams) and idle per step"))
         g = gpu.tables["gpu_per_step"]
         for device, rows in g.groupby("device"):
             _stacked(rows.set_index("step"), ["busy_us", "idle_us"], f"GPU {device}, ms",
                      {"busy": "#4c78a8", "idle": "#e45756"})
-    st.markdown("**Phases over the window**")
+    st.markdown(md("**Phases over the window**"))
     phases = pd.DataFrame(entry["phases"]).T
     table, formats = display_table(phases.reset_index(names="phase"))
     st.dataframe(table.style.format(formats, na_rep=""), hide_index=True, width="stretch")
     loader = results.get("loader")
     if loader is not None and len(loader.tables["loader_per_step"]):
-        st.markdown("**Data loading per step**")
+        st.markdown(md("**Data loading per step**"))
         table, formats = display_table(loader.tables["loader_per_step"])
         st.dataframe(table.style.format(formats, na_rep=""), hide_index=True, width="stretch")

@@ -2,7 +2,7 @@
 
 import altair as alt
 import pandas as pd
-import streamlit as st
+from kinetoscope.app.ui import md, st
 
 from kinetoscope.app import state
 from kinetoscope.render.format import display_table, series_label
@@ -12,15 +12,16 @@ def render() -> None:
     _, entry, results = state.page("CUDA streams")
     gpu = entry.get("gpu")
     if not gpu:
-        st.write("No GPU activity in this trace.")
+        st.markdown("No GPU activity in this trace.")
         st.stop()
     missing = gpu.get("missing_activity") or {}
     for d in gpu["devices"]:
         if d["idle_fraction"] is None:
-            st.markdown(f"**GPU {d['device']}**: busy {state.ms(d['busy_us'])}; idle not judged - the trace misses the "
-                        f"GPU's activity for {state.pct(missing.get('unknown_fraction'))} of the window")
+            st.markdown(md("**GPU {}**: busy {}; idle not judged - the trace misses the GPU's activity for {} of the "
+                           "window", d["device"], state.ms(d["busy_us"]), state.pct(missing.get("unknown_fraction"))))
             continue
-        st.markdown(f"**GPU {d['device']}**: idle {state.pct(d['idle_fraction'])} of the window ({state.ms(d['idle_us'])})")
+        st.markdown(md("**GPU {}**: idle {} of the window ({})", d["device"], state.pct(d["idle_fraction"]),
+                       state.ms(d["idle_us"])))
         causes = pd.DataFrame({"cause": [series_label(c) for c in d["idle_by_cause_us"]],
                                "ms": [v / 1000 for v in d["idle_by_cause_us"].values()]})
         st.altair_chart(alt.Chart(causes).mark_bar(color="#e45756").encode(
@@ -28,11 +29,11 @@ def render() -> None:
             tooltip=["cause", alt.Tooltip("ms:Q", format=",.3f")]), width="stretch")
     if gpu.get("judgement"):
         st.caption(f"GPU findings are information only here: {gpu['judgement']}")
-    st.markdown("**Streams** (busy is the union of kernels, copies and memsets; idle is the measure of the gaps)")
+    st.markdown(md("**Streams** (busy is the union of kernels, copies and memsets; idle is the measure of the gaps)"))
     table, formats = display_table(results["gpu"].tables["streams"])
     st.dataframe(table.style.format(formats, na_rep=""), hide_index=True, width="stretch")
     gaps = results["gpu"].tables["gaps"]
     if len(gaps):
-        st.markdown("**Largest device gaps** (step = the ProfilerStep it starts in)")
+        st.markdown(md("**Largest device gaps** (step = the ProfilerStep it starts in)"))
         table, formats = display_table(gaps, window_start_ns=state.window_start_ns(state.current(), entry))
         st.dataframe(table.style.format(formats, na_rep=""), hide_index=True, width="stretch")

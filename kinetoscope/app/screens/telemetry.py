@@ -1,7 +1,7 @@
 """Telemetry: the GPU counters the capture sampled through NVML (utilisation, memory, clocks, power, PCIe)."""
 
 import altair as alt
-import streamlit as st
+from kinetoscope.app.ui import md, st
 
 from kinetoscope.app import state
 
