@@ -95,3 +95,12 @@ def test_the_thresholds_come_from_the_config():
 def test_every_finding_id_has_a_nature():
     assert set(NATURE.values()) == {"cost", "correctness", "information"}
     assert worth(finding("gpu_idle", saving_us=1.0), RUN).basis == "estimate"
+
+
+def test_a_fix_worth_nothing_is_not_advised():
+    """Was: 'raise num_workers' repeated after 2 -> 4 workers gained nothing."""
+    f = Finding(id="loader_stall", rank=0, title="t", recommendation="raise num_workers",
+                evidence={"advice_if_no_gain": "more workers would not help"}, estimate={"saving_us_per_step": 100.0})
+    assert judge(f, RUN, CONFIG).recommendation == "more workers would not help"  # 0.1% of the step
+    worth_it = Finding(**{**f.__dict__, "estimate": {"saving_us_per_step": 10_000.0}})
+    assert judge(worth_it, RUN, CONFIG).recommendation == "raise num_workers"

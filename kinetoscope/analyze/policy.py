@@ -121,4 +121,12 @@ def judge(finding: Finding, run: RunTime, config: AnalysisConfig) -> Finding:
     title = finding.title
     if severity != wanted and finding.ceiling_reason:
         title = f"{title} ({finding.ceiling_reason})"
-    return replace(finding, severity=severity, title=title, worth=value.to_dict() if value is not None else None)
+    advice = finding.recommendation
+    # a fix the estimate finds worth nothing is not advised: the analyzer's advice for that case replaces it (no
+    # loop of 'raise num_workers' after more workers gained nothing)
+    no_gain = finding.evidence.get("advice_if_no_gain")
+    if (no_gain and value is not None and value.basis in ("estimate", "upper bound")
+            and (value.fraction or 0) < config.severity_warning_min_worth):
+        advice = str(no_gain)
+    return replace(finding, severity=severity, title=title, recommendation=advice,
+                   worth=value.to_dict() if value is not None else None)
