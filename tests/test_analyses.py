@@ -65,7 +65,7 @@ def test_loader_stall_finding_with_evidence(tmp_path):
     # the trace has no workers to measure it), so more workers are worth nothing here, and the policy says info
     assert f.estimate["saving_us_per_step"] == 0 and f.severity == "info" and f.rank == 0
     assert f.evidence["gpu_idle_cost_us"] == 400 and f.evidence["worst_steps"][0]["step"] == 1
-    assert "num_workers" in f.recommendation
+    assert "More DataLoader workers would not make the step faster" in f.recommendation  # worth nothing: not advised
     assert f.impact_us == 400
 
 
