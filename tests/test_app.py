@@ -146,10 +146,11 @@ def test_fleet_view_of_a_batch_store(tmp_path, monkeypatch):
     assert "loader stall" in jobs.columns  # a column per finding id
     assert any("DataLoader stalls" in e.label for e in at.expander)
     # the job's step time, GPU idle, and its worst finding with what fixing it is worth (the V100 sample:
-    # 174.83 ms steps, 44% idle, the critical loader stall worth 58.82 ms per step)
+    # 174.83 ms steps, 44% idle mostly waiting for data, worth at most 58.82 ms per step: an upper bound, a warning;
+    # gpu_idle and loader_stall share that cause and estimate, the idle is the larger measured cost)
     v100 = jobs.set_index("job").loc["job-v100"]
     assert v100["mean step (ms)"] == pytest.approx(174.829, abs=0.001) and v100["gpu idle (%)"] == pytest.approx(0.44, abs=0.005)
-    assert v100["worst finding"] == "critical loader_stall"
+    assert v100["worst finding"] == "warning gpu_idle"
     assert v100["worst saving (ms/step)"] == pytest.approx(58.82, abs=0.01)
     assert list(jobs.columns[:9]) == ["job", "files", "failed", "critical", "warnings", "mean step (ms)", "gpu idle (%)",
                                       "worst finding", "worst saving (ms/step)"]
