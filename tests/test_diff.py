@@ -1,18 +1,21 @@
 """Issue 28, item 6: ``kinetoscope diff`` and its gate judge the time per step over the whole timed run. Capture-like
 directories built in code (a trace window and ``rank-<r>.steps.json`` with step times known by construction), the
-fallback to profiled steps, ranks, findings' measured cost and the gate's wording."""
+fallback to profiled steps, ranks, findings' measured cost, the gate's wording, and real captures of two small
+training scripts (tests/scripts/bursty_loader.py, periodic_eval.py) run identically and with a planted slowdown."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 from tracebuilder import TraceBuilder
 
+from kinetoscope import cli
 from kinetoscope.analyze.compare import run_step_change
 from kinetoscope.analyze.loader import load_trace
 
@@ -159,3 +162,59 @@ def test_a_trace_without_any_step_compares_windows(tmp_path):
     assert code == 3 and "Gate --max-regression 10.0%: failed: +25.0% (no interval), above 10.0%" in err
     assert ("Time per step: unknown: +25.0% (no steps: one window a run, no interval), 1.20 ms -> 1.50 ms (the "
             "windows' lengths)") in out
+
+
+# --- real captures ----------------------------------------------------------------------------------------------
+SCHEDULE = ["--skip-first", "1", "--wait", "0", "--warmup", "1", "--active", "3", "--no-telemetry"]
+
+
+def _captures(tmp_path: Path, runs: dict[str, tuple[str, float]], seconds: float = 3.0) -> None:
+    """Capture every run at once; each trains for ``seconds`` from the moment all are set up, so they cover the
+    same stretch of time and the machine's load falls on all of them alike."""
+    go = tmp_path / "go"
+    procs = {name: subprocess.Popen(
+        [sys.executable, "-m", "kinetoscope.cli", "capture", "--out", str(tmp_path / name), *SCHEDULE, "--",
+         sys.executable, str(ROOT / "tests" / "scripts" / script), "100000", "--seconds", str(seconds),
+         "--extra-ms", str(extra), "--ready", str(tmp_path / f"{name}.ready"), "--go", str(go)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for name, (script, extra) in runs.items()}
+    deadline = time.monotonic() + 240
+    while not all((tmp_path / f"{name}.ready").exists() for name in runs):
+        failed = [n for n, p in procs.items() if p.poll() is not None]
+        assert not failed and time.monotonic() < deadline, f"{failed} ended before training: " + "".join(
+            procs[n].stderr.read() for n in failed)
+        time.sleep(0.02)
+    go.touch()
+    for name, proc in procs.items():
+        _, err = proc.communicate(timeout=240)
+        assert proc.returncode == 0, err
+
+
+def _mean_step_ms(folder: Path) -> float:
+    walls = json.loads((folder / "rank-0.steps.json").read_text())["step_wall_ns"][1:]
+    return sum(walls) / len(walls) / 1e6
+
+
+def test_real_captures_identical_runs_are_no_change_and_a_planted_slowdown_is_found(tmp_path, capsys):
+    """Two scripts, each captured three times at once: twice identically, once with a slowdown planted.
+    bursty_loader.py: two workers that cannot keep up (40 ms a batch: a slow step, a fast one, ~20 ms a step);
+    planted: 40 ms more per batch, +20 ms a step. periodic_eval.py: 20 ms steps and a 60 ms validation every 10
+    (~26 ms a step); planted: 26 ms more per step. The expected change is the planted time over the before run's
+    mean step, read from its steps.json (not from the tool); the verdicts, not the timings, are asserted."""
+    _captures(tmp_path, {"bursty-a": ("bursty_loader.py", 0), "bursty-b": ("bursty_loader.py", 0),
+                         "bursty-c": ("bursty_loader.py", 40), "periodic-a": ("periodic_eval.py", 0),
+                         "periodic-b": ("periodic_eval.py", 0), "periodic-c": ("periodic_eval.py", 26)})
+    for shape, planted_ms in (("bursty", 20.0), ("periodic", 26.0)):
+        a, b, c = (tmp_path / f"{shape}-{x}" for x in "abc")
+        same = run_step_change(load_trace(a), load_trace(b))
+        assert same.verdict == "no change" and same.before.source == "capture", (shape, same.change, same.ci_low)
+        worse = run_step_change(load_trace(a), load_trace(c))
+        expected = planted_ms / _mean_step_ms(a)
+        assert worse.verdict == "slower" and worse.ci_low <= expected <= worse.ci_high, (
+            shape, expected, worse.change, worse.ci_low, worse.ci_high)
+    # the command line: the identical pair passes a 5% gate quietly, the planted bursty pair fails it
+    capsys.readouterr()
+    assert cli.main(["diff", str(tmp_path / "bursty-a"), str(tmp_path / "bursty-b"), "--max-regression", "5%"]) == 0
+    out, err = capsys.readouterr()
+    assert err == "" and "Gate --max-regression 5.0%: passed" in out
+    assert cli.main(["diff", str(tmp_path / "bursty-a"), str(tmp_path / "bursty-c"), "--max-regression", "5%"]) == 3
+    assert "Gate --max-regression 5.0%: failed" in capsys.readouterr().err

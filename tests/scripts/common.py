@@ -29,3 +29,18 @@ def model():
 def say(text):
     print(text, flush=True)
     sys.stdout.flush()
+
+
+def wait_for_go(ready, go, timeout_s=300):
+    """Say this run is set up (``ready``), then wait until ``go`` exists: runs started together then train at
+    the same time, under the same load."""
+    import os
+
+    if not ready or not go:
+        return
+    open(ready, "w").close()
+    deadline = time.monotonic() + timeout_s
+    while not os.path.exists(go):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{go} never appeared")
+        time.sleep(0.01)
