@@ -49,9 +49,10 @@ class AnalysisConfig:
     #: Device mallocs and frees through the runtime holding the host this share of the window (the caching
     #: allocator makes them rare after warm-up) are worth looking at.
     allocator_min_fraction: float = 0.05
-    #: A process given less than half a core while its training thread is busy in operators is competing for the
-    #: host's CPUs (a busy single-threaded operator gets a whole core on a host with room) ...
-    host_min_core_share: float = 0.5
+    #: A process given less than three quarters of a core while its training thread has work (not waiting for data,
+    #: the device or other ranks) is competing for the host's CPUs: a runnable thread gets a whole core on a host with
+    #: room, so a quarter of its time went to others ...
+    host_min_core_share: float = 0.75
     #: ... when the busy time it ran without a core adds up to this share of the window.
     host_min_lost_fraction: float = 0.05
     #: A step this many times the window's median step is not like the others (a validation pass, a checkpoint,
@@ -110,6 +111,9 @@ class AnalysisConfig:
     #: ... and that rank is the last to arrive in at least half of the matched collectives (a straggler is
     #: consistently late; lateness that moves from rank to rank is noise).
     straggler_min_last_share: float = 0.5
+    #: ... and where no part of its step explains its lateness (cause unknown), it must be the last nearly always
+    #: to be claimed (lateness that moves between ranks on a loaded or noisy host is no straggler).
+    straggler_unexplained_min_last_share: float = 0.8
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -127,7 +131,7 @@ _FRACTIONS = frozenset({
     "pageable_min_fraction", "overlap_min_fraction", "copy_min_fraction", "exposed_comm_min_fraction", "memory_leak_device_share", "allocator_min_fraction", "host_min_core_share", "host_min_lost_fraction", "periodic_min_fraction",
     "launch_idle_share", "memory_growth_min_persistence", 
     "reserved_growth_max_allocated_share",
-    "straggler_min_spread_fraction", "straggler_min_last_share",
+    "straggler_min_spread_fraction", "straggler_min_last_share", "straggler_unexplained_min_last_share",
 })
 
 

@@ -8,34 +8,42 @@ workers for the host's CPUs - runs them that much slower, and the trace's operat
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 from kinetoscope.analyze import intervals as iv
 from kinetoscope.analyze.config import AnalysisConfig
 from kinetoscope.analyze.findings import Finding
 from kinetoscope.analyze.registry import AnalysisResult, register
-from kinetoscope.analyze.timeline import kind_mask, loader_spans, main_thread, sync_calls, top_level, window
+from kinetoscope.analyze.analyzers.comm import collectives, host_collectives
+from kinetoscope.analyze.timeline import COMPILE_RE, all_loader_spans, main_thread, name_mask, sync_calls, window
 from kinetoscope.analyze.trace import RankTrace
 from kinetoscope.analyze.units import frac, us
 
 
 def _busy_per_step(trace: RankTrace) -> tuple[np.ndarray, np.ndarray]:
-    """(step numbers, ns the training thread spent in operators and runtime calls per step, not waiting for data
-    or for the device)."""
+    """(step numbers, ns per step in which the training thread wanted a CPU): the step, less its waits - for data
+    (any loader), for the device (syncs), for other ranks (collectives) - and less compilation (torch.compile's
+    compilers run in subprocesses, whose CPU the process does not count). Python between operators is work too:
+    a starved process stretches it as much as its operators."""
     ev = trace.events
     tid = main_thread(trace)
     steps = trace.steps[~trace.steps["partial"].to_numpy()] if "partial" in trace.steps else trace.steps
     if tid is None or steps.empty:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-    ops = ev[kind_mask(ev, ("cpu_op", "runtime", "driver")) & (ev["tid"] == tid).to_numpy(bool)]
-    busy = iv.union(ops["ts_ns"].to_numpy(), ops["end_ns"].to_numpy())
-    waits = loader_spans(trace)
-    syncs = sync_calls(trace)
-    idle = iv.union(np.concatenate((waits["ts_ns"].to_numpy(), syncs["ts_ns"].to_numpy())),
-                    np.concatenate((waits["end_ns"].to_numpy(), syncs["end_ns"].to_numpy())))
-    busy = iv.subtract(busy, idle)
+    loaders = all_loader_spans(trace)
+    loaders = loaders[(loaders["tid"].astype(str) == str(tid)).to_numpy()]
+    waits = [loaders, sync_calls(trace), host_collectives(trace), collectives(trace),
+             ev[name_mask(ev, COMPILE_RE) | name_mask(ev, _COMPILE_MARK_RE)]]
+    idle = iv.union(np.concatenate([w["ts_ns"].to_numpy() for w in waits]),
+                    np.concatenate([w["end_ns"].to_numpy() for w in waits]))
+    runnable = iv.subtract(iv.union(steps["start_ns"].to_numpy(), steps["end_ns"].to_numpy()), idle)
     return (steps["step"].to_numpy(np.int64),
-            iv.overlap_each(steps["start_ns"].to_numpy(), steps["end_ns"].to_numpy(), busy))
+            iv.overlap_each(steps["start_ns"].to_numpy(), steps["end_ns"].to_numpy(), runnable))
+
+
+_COMPILE_MARK_RE = re.compile(r"^kinetoscope::compile$")
 
 
 @register("host", "Host CPU")
@@ -56,8 +64,9 @@ def analyze_host(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
     metrics = {
         "steps": int(ok.sum()),
         "cores_while_busy": round(float(np.median(share)), 4),
-        "cores_while_busy_of": "the process's CPU time outside data waits over the training thread's busy time "
-                              "(operators, not syncs or waits), per step (median)",
+        "cores_while_busy_of": "the process's CPU time outside data waits over the time its training thread wanted a "
+                              "CPU (the step less its waits for data, the device, other ranks, and compilation), per "
+                              "step (median)",
         "busy_us_per_step": us(float(np.mean(busy[ok]))),
         "cpu_us_per_step": us(float(np.mean(cpu[ok]))),
         "cpus": host.get("cpus"),
@@ -74,8 +83,8 @@ def analyze_host(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
             f"{workers} DataLoader workers" if isinstance(workers, int) else "") if part)
         findings.append(Finding(
             id="host_oversubscribed", rank=trace.rank,
-            title=(f"The training process got {float(np.median(share)):.2f} of a core while its thread was busy in "
-                   f"operators (median of {int(ok.sum())} steps): its operators ran that much slower"
+            title=(f"The training process got {float(np.median(share)):.2f} of a core while its training thread had work "
+                   f"(median of {int(ok.sum())} steps): its work ran that much slower"
                    + (f" ({facts})" if facts else "")),
             evidence={"cores_while_busy": metrics["cores_while_busy"],
                       "per_step": [{"step": int(s), "busy_us": us(b), "cpu_us": us(c)}
