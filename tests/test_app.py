@@ -57,7 +57,7 @@ def test_pages_handle_a_cpu_only_trace(page):
 
 def test_memory_page_shows_the_leak():
     at = open_app("memory", trace="cpu/leak")
-    assert [m.label for m in at.metric][:2] == ["Peak allocated", "Growth"]
+    assert [m.label for m in at.metric][:2] == ["Peak allocated", "Growth per step"]
     assert at.metric[1].value.startswith("3.0 MiB")
 
 
@@ -292,9 +292,9 @@ def test_distributed_view_names_the_straggler_and_splits_each_ranks_step(tmp_pat
     assert metrics["Longest collective wait"] == "0.300 ms/step"
     ranks = at.dataframe[0].value.set_index("rank")
     # by construction (ms per step): gemm 0.8; all-reduce 1.0 on the others, 0.7 on rank 2 (it arrives 0.3 late)
-    assert list(ranks["computation only (ms/step)"]) == ["0.800"] * 4
-    assert list(ranks["communication only (ms/step)"]) == ["1.000", "1.000", "0.700", "1.000"]
-    assert list(ranks["collective wait (ms/step)"]) == ["0.300", "0.300", "0.000", "0.300"]
+    assert list(ranks["computation only (ms/step)"]) == [0.8] * 4
+    assert list(ranks["communication only (ms/step)"]) == [1.0, 1.0, 0.7, 1.0]
+    assert list(ranks["collective wait (ms/step)"]) == [0.3, 0.3, 0.0, 0.3]
     assert list(ranks["waited for rank"].astype(object)) == [2, 2, pd.NA, 2]
     assert list(ranks["straggler"]) == [False, False, True, False]
     assert set(at.dataframe[1].value["waited for rank"]) == {2}
@@ -350,8 +350,20 @@ def test_memory_page_lists_allocations_by_operator():
     at = open_app("memory", trace="real/h100_bert-small.json.gz")
     assert not at.exception and not at.error
     assert "Allocations by operator" in [s.value for s in at.subheader]
-    table = at.dataframe[-1].value
+    table = at.dataframe[-2].value
     assert table["op"].iloc[0] == "aten::empty" and table["allocations"].iloc[0] == 60  # the trace's 60 empties
+    assert (table["held at the end (MiB)"] == 0).all()  # every block of this window is freed within it
+    # every allocation of the window, counted from the file: [memory] events with Bytes > 0 between the first
+    # ProfilerStep's start and the last one's end
+    import gzip
+    import json
+
+    doc = json.loads(gzip.decompress((SAMPLES / "real" / "h100_bert-small.json.gz").read_bytes()))
+    steps = [e for e in doc["traceEvents"] if str(e.get("name", "")).startswith("ProfilerStep#")]
+    lo, hi = min(e["ts"] for e in steps), max(e["ts"] + e["dur"] for e in steps)
+    allocs = [e for e in doc["traceEvents"] if e.get("name") == "[memory]" and e["args"]["Bytes"] > 0 and lo <= e["ts"] < hi]
+    events = at.dataframe[-1].value
+    assert len(events) == len(allocs) and set(events.columns) >= {"time (ms)", "size (MiB)", "op", "freed at (ms)"}
 
 
 def test_operators_by_input_shapes_on_request():
@@ -439,3 +451,19 @@ def test_uploads_as_separate_runs_never_default_to_a_broken_file():
     errors = [unescaped(e.value) for e in at.sidebar.error]
     assert len(errors) == 2 and errors[0].startswith("a-broken.json cannot be opened as a run:")
     assert errors[1].startswith("c-empty.json cannot be opened as a run:") and "empty" in errors[1]
+
+
+def test_findings_that_share_a_saving_say_so_and_the_fixes_together_are_one_replay():
+    """Was: the V100 trace's loader stall and GPU idle both printed 'fix this: ~58.82 ms per step faster', as if they
+    added up. Each now names the other and what fixing both is worth; a metric gives every fix together."""
+    at = open_app("overview", trace="real/v100_resnet50_2021.json.gz")
+    assert not at.exception and not at.error
+    report = at.session_state["analysis"].report
+    loader = next(f for f in report.findings if f.id == "loader_stall")
+    idle = next(f for f in report.findings if f.id == "gpu_idle")
+    texts = [unescaped(m.value) for m in at.markdown]
+    assert any(t.startswith(f"Shares this saving with: rank 0: {idle.title}. Fixing them together: ~58.82 ms")
+               for t in texts), texts
+    assert any(t.startswith(f"Shares this saving with: rank 0: {loader.title}.") for t in texts)
+    metrics = {m.label: unescaped(m.value) for m in at.metric}
+    assert metrics["All fixes together"].endswith("ms / step")

@@ -127,23 +127,29 @@ def _innermost(op_ts: np.ndarray, op_end: np.ndarray, t: np.ndarray) -> np.ndarr
     return out
 
 
+#: the row that takes frees of blocks the window did not see allocated (before it, or no address to match)
+EARLIER = "(allocated before the window, or unmatched)"
+
+
 @trace_view
-def allocations_by_op(trace: RankTrace) -> pd.DataFrame:
-    """The allocator's [memory] events of the window attributed to the innermost host op running on their thread
-    when they happened (TensorBoard's memory view did the same): per op and device, allocations, MiB allocated,
-    MiB freed, net MiB, the largest single allocation. Events outside any op are "(no op)"."""
+def _allocations(trace: RankTrace) -> pd.DataFrame:
+    """The allocator's [memory] events of the window, each charged to the innermost host op running on its thread
+    when it happened (TensorBoard's memory view did the same; "(no op)" outside any op), each free matched to the
+    allocation of the same block (device and address) before it in the window: t_ns, bytes (signed), op, device,
+    and, for a free, ``alloc`` (the position of its allocation, -1 where none was seen); for an allocation,
+    ``freed_ns`` (when the window freed it, -1 where it did not)."""
     w = window(trace)
     mem = trace.memory
     mem = mem[((mem["ts_ns"] >= w.start_ns) & (mem["ts_ns"] < w.end_ns)).to_numpy()]
-    cols = ["op", "device", "allocations", "allocated_mib", "freed_mib", "net_mib", "largest_mib"]
-    if mem.empty:
-        return pd.DataFrame(columns=cols)
+    mem = mem.iloc[np.argsort(mem["ts_ns"].to_numpy(), kind="stable")]
+    n = len(mem)
     ev = trace.events
     ops = ev[kind_mask(ev, ("cpu_op",)) & ~name_mask(ev, CONTAINER_RE)]
-    names = np.full(len(mem), "(no op)", dtype=object)
+    names = np.full(n, "(no op)", dtype=object)
     mem_tid = mem["tid"].astype(str).to_numpy(object)
     op_tid = ops["tid"].astype(str).to_numpy(object)
-    for tid in np.unique(mem_tid):
+    t_all = mem["ts_ns"].to_numpy(np.int64)
+    for tid in np.unique(mem_tid) if n else ():
         mine = np.flatnonzero(mem_tid == tid)
         sel = ops[op_tid == tid]
         if sel.empty:
@@ -151,21 +157,76 @@ def allocations_by_op(trace: RankTrace) -> pd.DataFrame:
         order = np.lexsort((-sel["end_ns"].to_numpy(), sel["ts_ns"].to_numpy()))
         o_ts, o_end = sel["ts_ns"].to_numpy()[order], sel["end_ns"].to_numpy()[order]
         o_name = sel["name"].astype(str).to_numpy(object)[order]
-        t = mem["ts_ns"].to_numpy()[mine]
-        t_order = np.argsort(t, kind="stable")
-        hit = _innermost(o_ts, o_end, t[t_order])
+        hit = _innermost(o_ts, o_end, t_all[mine])  # mine is in time order already
         found = hit >= 0
-        names[mine[t_order[found]]] = o_name[hit[found]]
+        names[mine[found]] = o_name[hit[found]]
     b = mem["bytes"].to_numpy(np.int64)
     device = np.where(mem["device_type"].to_numpy() == 1, "cuda:" + mem["device_id"].astype(str).to_numpy(object), "cpu")
-    frame = pd.DataFrame({"op": names, "device": device, "alloc": np.where(b > 0, b, 0), "free": np.where(b < 0, -b, 0),
-                          "is_alloc": b > 0})
+    addr = mem["addr"].to_numpy(dtype=np.float64, na_value=np.nan)
+    alloc_of = np.full(n, -1, dtype=np.int64)
+    freed_ns = np.full(n, -1, dtype=np.int64)
+    live: dict[tuple[str, float], int] = {}
+    for i in range(n):
+        if addr[i] != addr[i]:  # no address recorded: nothing to match
+            continue
+        key = (device[i], addr[i])
+        if b[i] > 0:
+            live[key] = i
+        elif b[i] < 0:
+            j = live.pop(key, -1)
+            alloc_of[i] = j
+            if j >= 0:
+                freed_ns[j] = t_all[i]
+    return pd.DataFrame({"t_ns": t_all, "bytes": b, "op": names, "device": device, "alloc": alloc_of,
+                         "freed_ns": freed_ns})
+
+
+@trace_view
+def allocations_by_op(trace: RankTrace) -> pd.DataFrame:
+    """Per op and device (``_allocations``' charging): allocations, MiB allocated, MiB of those freed within the
+    window, MiB they still hold at its end (``held_mib``: allocated less freed, never more than what the op
+    allocated), the largest single allocation. Frees of blocks the window did not see allocated are charged to
+    the ``EARLIER`` row (its held is negative: memory given back). Per device, the rows' held adds up to the change
+    of allocated memory over the window."""
+    a = _allocations(trace)
+    cols = ["op", "device", "allocations", "allocated_mib", "freed_mib", "held_mib", "largest_mib"]
+    if a.empty:
+        return pd.DataFrame(columns=cols)
+    b = a["bytes"].to_numpy(np.int64)
+    is_alloc = b > 0
+    owner = a["op"].to_numpy(object).copy()
+    free = np.flatnonzero(b < 0)
+    matched = a["alloc"].to_numpy()[free]
+    owner[free] = np.where(matched >= 0, a["op"].to_numpy(object)[np.maximum(matched, 0)], EARLIER)
+    frame = pd.DataFrame({"op": owner, "device": a["device"].to_numpy(object), "alloc": np.where(is_alloc, b, 0),
+                          "free": np.where(b < 0, -b, 0), "is_alloc": is_alloc})
     g = frame.groupby(["op", "device"], sort=False)
     out = pd.DataFrame({"allocations": g["is_alloc"].sum(), "allocated_mib": g["alloc"].sum() / 2**20,
                         "freed_mib": g["free"].sum() / 2**20, "largest_mib": g["alloc"].max() / 2**20}).reset_index()
-    out["net_mib"] = out["allocated_mib"] - out["freed_mib"]
+    out["held_mib"] = out["allocated_mib"] - out["freed_mib"]
     out["allocations"] = out["allocations"].astype(np.int64)
-    return out.sort_values(["allocated_mib", "allocations"], ascending=False, kind="stable")[cols].reset_index(drop=True)
+    return out.sort_values(["held_mib", "allocated_mib"], ascending=False, kind="stable")[cols].reset_index(drop=True)
+
+
+def allocation_events(trace: RankTrace, start_ms: float | None = None, end_ms: float | None = None) -> pd.DataFrame:
+    """Every allocation of the window (or of ``[start_ms, end_ms)``, ms from the window start): when (ms from the
+    window start), MiB, the op and device, when the window freed it and how long it lived (ms; blank where the
+    window did not free it)."""
+    a = _allocations(trace)
+    origin = window(trace).start_ns
+    allocs = a[a["bytes"].to_numpy() > 0]
+    t_ms = (allocs["t_ns"].to_numpy(np.int64) - origin) / 1e6
+    keep = np.ones(len(allocs), dtype=bool)
+    if start_ms is not None:
+        keep &= t_ms >= start_ms
+    if end_ms is not None:
+        keep &= t_ms < end_ms
+    allocs, t_ms = allocs[keep], t_ms[keep]
+    freed = allocs["freed_ns"].to_numpy(np.int64)
+    freed_ms = np.where(freed >= 0, (freed - origin) / 1e6, np.nan)
+    return pd.DataFrame({"time_ms": t_ms, "size_mib": allocs["bytes"].to_numpy(np.int64) / 2**20,
+                         "op": allocs["op"].to_numpy(object), "device": allocs["device"].to_numpy(object),
+                         "freed_at_ms": freed_ms, "lifetime_ms": freed_ms - t_ms})
 
 
 class _ShapeArgs(msgspec.Struct, gc=False):

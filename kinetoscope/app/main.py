@@ -38,7 +38,7 @@ START_PAGE = "start_page"
 
 
 def sidebar() -> None:
-    st.sidebar.title("Kinetoscope")
+    st.sidebar.markdown(md("**Kinetoscope**"))
     given = [p for p in os.environ.get(PATHS_ENV, "").split(os.pathsep) if p]
     stores = [p for p in given if is_store(p)]
     try:

@@ -10,7 +10,7 @@ from kinetoscope.render.json import report_to_json
 def render() -> None:
     analysis = state.current()
     report = analysis.report
-    st.header("Export")
+    st.title("Export")
     st.download_button("JSON report", download(redacted_json(report_to_json(report, indent=2))),
                        file_name="kinetoscope-report.json", mime="application/json", key="dl_json")
     tables = {f"rank {rank} · {key} · {name}": table

@@ -21,7 +21,7 @@ def _table(title: str, frame: pd.DataFrame, none: str, about: str) -> None:
     st.caption(f"{len(frame):,} in the window, the first {min(TOP, len(frame))} shown. {about}")
     shown, units = display_table(frame.head(TOP).rename(columns={"share_of_kernel_time": "kernel_time_fraction",
                                                                   "tensor_cores": "Tensor Cores"}))
-    st.dataframe(shown.style.format(units, na_rep=""), hide_index=True, width="stretch")
+    st.dataframe(shown, formats=units, width="stretch")
 
 
 def render() -> None:
@@ -54,4 +54,4 @@ def _shapes(analysis, rank: int, trace) -> None:
         return
     st.caption(f"{len(table):,} (operator, input shapes) pairs, by total time; the first {min(TOP, len(table))} shown.")
     shown, units = display_table(table.head(TOP).rename(columns={"input_shapes": "input shapes"}))
-    st.dataframe(shown.style.format(units, na_rep=""), hide_index=True, width="stretch")
+    st.dataframe(shown, formats=units, width="stretch")
