@@ -467,3 +467,19 @@ def test_findings_that_share_a_saving_say_so_and_the_fixes_together_are_one_repl
     assert any(t.startswith(f"Shares this saving with: rank 0: {loader.title}.") for t in texts)
     metrics = {m.label: unescaped(m.value) for m in at.metric}
     assert metrics["All fixes together"].endswith("ms / step")
+
+
+def test_overview_summarises_the_gpu_and_estimates_occupancy_on_request():
+    """The bundled H100 trace: one H100 (deviceProperties), 76.5% of its 0.307 ms of kernel time in kernels whose
+    names say Tensor Cores (summed from the file: cutlass tensor-op GEMMs 98.718 + 41.280 + 24.511 us, FlashAttention
+    37.408 us, an sm90 xmma GEMM 33.089 us = 235.006 us; layer norm, elementwise, index and reduce kernels the rest);
+    occupancy from the kernels' launch parameters once asked."""
+    at = open_app("overview", trace="real/h100_bert-small.json.gz")
+    assert not at.exception and not at.error
+    texts = [unescaped(m.value) for m in at.markdown]
+    assert ("**GPU 0**: NVIDIA H100 80GB HBM3 · 79.2 GiB · compute capability 9.0 · 132 SMs · Tensor Cores in 76.5% "
+            "of kernel time (0.235 of 0.3072 ms, kernels whose names say so)") in texts
+    at.button(key="overview_occupancy_button").click().run()
+    assert not at.exception and not at.error
+    assert any(t.startswith("**GPU 0**: estimated achieved occupancy ") and "over 60 of 60 kernels" in t
+               for t in (unescaped(m.value) for m in at.markdown))

@@ -5,20 +5,16 @@ page asks), never by ``analyze``: self time needs each op's children, a walk ove
 from __future__ import annotations
 
 import json
-import re
 
 import msgspec
 import numpy as np
 import pandas as pd
 
 from kinetoscope.analyze.analyzers.anatomy import PHASES, _phase_lookup, host_phases
+from kinetoscope.analyze.gpuinfo import TENSOR_CORE_RE  # names that say Tensor Cores; others say nothing
 from kinetoscope.analyze.timeline import CONTAINER_RE, gpu_work, kind_mask, name_mask, window
 from kinetoscope.analyze.trace import RankTrace, trace_view
 
-#: kernel names that say they run on Tensor Cores (MMA instruction shapes, cuBLAS/CUTLASS tensor-op kernels);
-#: a name that says nothing is "unknown", not "no"
-TENSOR_CORE_RE = re.compile(r"884|1688|16816|16832|hmma|xmma|wgmma|imma|tensorop|_s16816|_h16816|gemmSm90|sm90_",
-                            re.IGNORECASE)
 
 
 def _self_ns(ts: np.ndarray, end: np.ndarray, tid: np.ndarray) -> np.ndarray:

@@ -1,10 +1,14 @@
 """Overview: the findings, ranked, and the headline numbers."""
 
 from kinetoscope.analyze.findings import SEVERITY_ORDER
+from kinetoscope.analyze.gpuinfo import device_summary, kernel_launches, occupancy_summary
+from kinetoscope.analyze.loader import read_bytes
 from kinetoscope.analyze.savings import all_together, shared_savings
 from kinetoscope.app import state
+from kinetoscope.app.data import app_limits, job_file
 from kinetoscope.app.ui import bullets, md, st
-from kinetoscope.render.format import evidence_lines, worth
+from kinetoscope.errors import KinetoscopeError
+from kinetoscope.render.format import evidence_lines, number, worth
 
 #: how a severity is marked, by its place in the severity order (the analysis names the severities)
 _SHARED = "overview_shared_savings"
@@ -64,6 +68,7 @@ def render() -> None:
                    help=md("one what-if replay of every fix of rank {} at once: savings do not simply add up",
                            entry["rank"]))
 
+    _gpu_summary(analysis, entry["rank"])
     st.subheader(f"Findings ({len(report.findings)})")
     if not report.findings:
         st.success("No problems found: no loader stalls, idle GPU, copy, sync, memory, loop-hygiene or straggler findings.")
@@ -88,3 +93,52 @@ def render() -> None:
         st.caption(f"note: {w}")
     for failure in report.failures:
         st.error(f"The {failure.analyzer} analysis failed on rank {failure.rank}: {failure.error}")
+
+
+_OCCUPANCY = "overview_occupancy"
+
+
+def _gpu_summary(analysis, rank: int) -> None:
+    """Each GPU of the rank: what it is, and how its kernel time is spent (Tensor Cores, occupancy on request)."""
+    devices = device_summary(analysis.trace.rank(rank))
+    if devices.empty:
+        return
+    st.subheader("GPU")
+    used = devices[devices["kernels"] > 0]
+    if len(used) < len(devices):
+        st.caption(md("The trace lists {} GPU(s); {} ran no kernel in the window.", len(devices),
+                      len(devices) - len(used)))
+    for d in used.to_dict("records"):
+        facts = [d["name"] or "name not recorded",
+                 f"{d['memory_bytes'] / 2**30:,.1f} GiB" if d["memory_bytes"] else "memory not recorded",
+                 f"compute capability {d['compute_capability']}" if d["compute_capability"] else None,
+                 f"{d['sms']} SMs" if d["sms"] else None]
+        share = d["tensor_core_fraction_of_kernel_time"]
+        tc = ("no kernels in the window" if share is None or share != share else
+              f"Tensor Cores in {state.pct(share)} of kernel time ({number(d['tensor_core_ms'])} of "
+              f"{number(d['kernel_ms'])} ms, kernels whose names say so)")
+        st.markdown(md("**GPU {}**: {} · {}", d["device"], " · ".join(f for f in facts if f), tc))
+    key = (id(analysis.report), rank)
+    got = st.session_state.get(_OCCUPANCY)
+    if got is None or got[0] != key:
+        name = dict(analysis.rank_files).get(rank)
+        path = job_file(st.session_state.get(state.JOB), name) if name else None
+        if path is None or not st.button("Estimate occupancy", key="overview_occupancy_button",
+                                         help="reads the trace file again for each kernel's grid, block, registers "
+                                              "and shared memory"):
+            return
+        try:
+            got = (key, occupancy_summary(kernel_launches(read_bytes(path, app_limits()), analysis.trace.rank(rank))))
+        except KinetoscopeError as exc:
+            st.error(md("{}: {}", name, getattr(exc, "reason", exc)))
+            return
+        st.session_state[_OCCUPANCY] = got
+    for o in got[1].to_dict("records"):
+        if not o["kernels_estimated"]:
+            st.caption(md("GPU {}: the trace records no launch parameters (grid, block, registers) for its {:,} kernels: "
+                          "occupancy cannot be estimated.", o["device"], o["kernels"]))
+            continue
+        st.markdown(md("**GPU {}**: estimated achieved occupancy {}, {} blocks per SM (means weighted by kernel time "
+                       "over {:,} of {:,} kernels)", o["device"], state.pct(o["est_achieved_occupancy_fraction"]),
+                       number(o["blocks_per_sm"]) if o["blocks_per_sm"] is not None else "n/a",
+                       o["kernels_estimated"], o["kernels"]))
