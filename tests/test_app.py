@@ -21,8 +21,8 @@ from kinetoscope.app.ui import unescaped  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "kinetoscope" / "app" / "main.py"
 SAMPLES = ROOT / "sample_traces"
-PAGES = ["overview", "steps", "streams", "copies", "memory", "operators", "telemetry", "timeline", "ranks", "distributed",
-         "compare", "metadata", "export"]
+PAGES = ["overview", "steps", "streams", "copies", "memory", "operators", "modules", "telemetry", "timeline", "ranks",
+         "distributed", "compare", "metadata", "export"]
 
 
 def open_app(page: str | None = None, **state: Any) -> AppTest:
@@ -233,8 +233,10 @@ def test_operators_and_kernels_page():
     at = open_app("operators", trace="real/v100_resnet50_2021.json.gz")
     assert not at.exception and not at.error
     ops, kernels = at.dataframe[0].value, at.dataframe[1].value
-    assert len(ops) == 50 and ops["self (ms)"].is_monotonic_decreasing
-    assert len(kernels) == 50 and kernels["total (ms)"].is_monotonic_decreasing
+    # every row (was: the first 50): the V100 trace's 76 operator names and 67 kernel names in the window
+    assert len(ops) == 76 and ops["self (ms)"].is_monotonic_decreasing
+    assert len(kernels) == 67 and kernels["total (ms)"].is_monotonic_decreasing
+    assert {"device self (ms)", "device total (ms)"} <= set(ops.columns)
 
 
 def test_telemetry_page_shows_the_capture_counters_in_their_units(tmp_path):
@@ -367,9 +369,9 @@ def test_memory_page_lists_allocations_by_operator():
 
 
 def test_operators_by_input_shapes_on_request():
-    at = open_app("operators", trace="real/h100_bert-small.json.gz", op_shapes_0=True)
+    at = open_app("operators", trace="real/h100_bert-small.json.gz", op_group_0="input shapes")
     assert not at.exception and not at.error
-    shapes = at.dataframe[1].value
+    shapes = at.dataframe[0].value
     assert list(shapes.columns) == ["name", "input shapes", "calls", "total (ms)", "mean (ms)"]
     assert shapes.iloc[0]["name"] == "aten::linear" and shapes.iloc[0]["input shapes"] == "[[1, 141, 512], [512, 512], [512]]"
 
@@ -483,3 +485,24 @@ def test_overview_summarises_the_gpu_and_estimates_occupancy_on_request():
     assert not at.exception and not at.error
     assert any(t.startswith("**GPU 0**: estimated achieved occupancy ") and "over 60 of 60 kernels" in t
                for t in (unescaped(m.value) for m in at.markdown))
+
+
+def test_operators_by_module_and_by_call_stack_and_the_modules_page():
+    """The H100 BERT trace records its modules and Python frames (with_stack); the 2021 V100 trace wrote a Call stack
+    argument on each op (read from the file again)."""
+    at = open_app("operators", trace="real/h100_bert-small.json.gz", op_group_0="module")
+    assert not at.exception and not at.error
+    by_module = at.dataframe[0].value
+    assert list(by_module.columns[:2]) == ["module", "name"] and by_module["module"].str.contains("BertLayer_0").any()
+    at = open_app("operators", trace="real/h100_bert-small.json.gz", op_group_0="call stack")
+    assert not at.exception and not at.error and "call stack" in at.dataframe[0].value.columns
+    at = open_app("operators", trace="real/v100_resnet50_2021.json.gz", op_group_0="call stack")
+    assert not at.exception and not at.error
+    assert at.dataframe[0].value["call stack"].str.contains("resnet50_profiler_api.py").any()
+    at = open_app("modules", trace="real/h100_bert-small.json.gz")
+    assert not at.exception and not at.error
+    tree = at.dataframe[0].value
+    assert tree["module"].iloc[0] == "BertLMHeadModel_0" and tree["module"].iloc[1] == "\u2003BertModel_0"
+    assert {"host (ms)", "host self (ms)", "device (ms)"} <= set(tree.columns)
+    none = open_app("modules", trace="real/v100_resnet50_2021.json.gz")
+    assert not none.exception and "no nn.Module calls" in none.info[0].value

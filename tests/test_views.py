@@ -235,3 +235,41 @@ def test_the_loader_stall_and_the_gpu_idle_it_causes_share_one_saving():
     loader = next(f for f in report.findings if f.id == "loader_stall")
     assert ("gpu_idle", "loader_stall") in groups
     assert groups[("gpu_idle", "loader_stall")].together["saving_us_per_step"] == loader.estimate["saving_us_per_step"]
+
+
+def module_trace() -> TraceBuilder:
+    """One 1 ms step run by train.py's main(): the module Net_0 (50-800 us) calls Linear_0 (100-300) and Linear_1
+    (400-700); each Linear runs aten::linear holding aten::addmm, which launches a GEMM (200 us, then 100 us); Net_0
+    then runs aten::relu (720-780), launching a 50 us kernel."""
+    b = TraceBuilder().step(0, 0, 1000)
+    b.op("train.py(10): main", 0, 900, cat="python_function")
+    b.op("nn.Module: Net_0", 50, 750, cat="python_function")
+    b.op("nn.Module: Linear_0", 100, 200, cat="python_function").op("nn.Module: Linear_1", 400, 300, cat="python_function")
+    b.op("aten::linear", 110, 180).op("aten::addmm", 120, 160).kernel(150, 200, launch_at=130, launch_dur=5)
+    b.op("aten::linear", 410, 280).op("aten::addmm", 420, 260).kernel(450, 100, launch_at=430, launch_dur=5)
+    b.op("aten::relu", 720, 60).kernel(750, 50, launch_at=730, launch_dur=5)
+    return b
+
+
+def test_device_time_per_operator_through_correlation_ids(tmp_path):
+    from kinetoscope.analyze.ops import op_device_time
+
+    t = op_device_time(load_built(tmp_path, module_trace()).ranks[0]).set_index("name")
+    assert t.loc["aten::addmm"].tolist() == [0.3, 0.3]  # self, total: its two GEMMs
+    assert t.loc["aten::linear"].tolist() == [0.0, 0.3]  # launches nothing itself; its addmm does
+    assert t.loc["aten::relu"].tolist() == [0.05, 0.05]
+
+
+def test_the_module_hierarchy_with_host_and_device_time(tmp_path):
+    from kinetoscope.analyze.ops import module_tree, op_call_stacks, op_modules
+
+    r = load_built(tmp_path, module_trace()).ranks[0]
+    m = module_tree(r)
+    assert m["path"].tolist() == ["Net_0", "Net_0 / Linear_0", "Net_0 / Linear_1"] and m["depth"].tolist() == [0, 1, 1]
+    assert m["host_ms"].tolist() == [0.75, 0.2, 0.3] and m["host_self_ms"].tolist() == [0.25, 0.2, 0.3]
+    assert m["device_ms"].tolist() == [0.35, 0.2, 0.1] and m["calls"].tolist() == [1, 1, 1]
+    by_module = op_modules(r).set_index(["module", "name"])["total_ms"]
+    assert by_module[("Net_0 / Linear_0", "aten::addmm")] == 0.16 and by_module[("Net_0 / Linear_1", "aten::addmm")] == 0.26
+    assert by_module[("Net_0", "aten::relu")] == 0.06
+    stacks = op_call_stacks(r).set_index(["name", "call_stack"])
+    assert stacks.loc[("aten::addmm", "train.py(10): main")].tolist() == [2, 0.42]  # module frames left out

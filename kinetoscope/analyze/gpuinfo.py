@@ -25,7 +25,7 @@ TENSOR_CORE_RE = re.compile(
     r"hmma|imma|xmma|wgmma|wmma|mfma|tensorop|tensor_op|nvjet|gemmsm90|sm90_|sm100_|cutlass_80_|cutlass3x"
     r"|884gemm|1688gemm|16816gemm|16832gemm|_s1688|_h1688|_s16816|_h16816|_i8816|_i16832"
     r"|flash_fwd|flash_bwd|flash_attn|flashattn|pytorch_flash|fmha|flash::"
-    r"|(gemm|matmul|_mm_|scaled_mm).*(e4m3|e5m2|fp8)|(e4m3|e5m2|fp8).*(gemm|matmul)"
+    r"|(?:gemm|matmul|_mm_|scaled_mm).*(?:e4m3|e5m2|fp8)|(?:e4m3|e5m2|fp8).*(?:gemm|matmul)"
     r"|_mi\d+x\d+x\d+",
     re.IGNORECASE,
 )

@@ -16,8 +16,8 @@ from kinetoscope.app.cache import analyse, store_choices, try_analyse, watch_upl
 from kinetoscope.app.launch import PATHS_ENV
 from kinetoscope.batch.store import is_store
 from kinetoscope.app.screens import (
-    compare, copies, distributed, export, fleet, memory, metadata, operators, overview, ranks, steps, streams, telemetry,
-    timeline,
+    compare, copies, distributed, export, fleet, memory, metadata, modules, operators, overview, ranks, steps, streams,
+    telemetry, timeline,
 )
 from kinetoscope.analyze.loader import Job
 from kinetoscope.errors import KinetoscopeError
@@ -191,6 +191,7 @@ PAGES = [
     ("copies", "Copies", copies.render),
     ("memory", "Memory", memory.render),
     ("operators", "Operators & kernels", operators.render),
+    ("modules", "Modules", modules.render),
     ("telemetry", "Telemetry", telemetry.render),
     ("timeline", "Timeline", timeline.render),
     ("ranks", "Ranks", ranks.render),
