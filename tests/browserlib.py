@@ -32,14 +32,20 @@ HEADINGS = {"Overview": "Kinetoscope", "Step breakdown": "Step breakdown", "Stre
 TITLES = {"overview": "Overview", "steps": "Step breakdown", "streams": "Streams", "copies": "Copies", "memory": "Memory",
           "operators": "Operators & kernels", "telemetry": "Telemetry", "timeline": "Timeline", "ranks": "Ranks",
           "distributed": "Distributed", "compare": "Compare", "metadata": "Metadata", "export": "Export"}
+#: the page's script has finished: Streamlit's own state on the app's root (its status widget shows only after a
+#: delay, so a script still sending elements looked finished), and no element left stale from the run before
+_FINISHED = """(() => {
+  const app = document.querySelector('[data-testid=stApp]');
+  return app && app.getAttribute('data-test-script-state') === 'notRunning'
+    && app.getAttribute('data-test-connection-state') === 'CONNECTED'
+    && !document.querySelector('[data-testid=stMain] [data-stale=true]');
+})()"""
 _SHOWN = """([heading]) => {
   const main = document.querySelector('[data-testid=stMain]') || document;
   const h = [...main.querySelectorAll('h1, h2')].some(e => e.innerText.startsWith(heading));
-  return h && !document.querySelector('[data-testid=stStatusWidget]') && !main.querySelector('[data-stale=true]');
+  return h && """ + _FINISHED + """;
 }"""
-#: the script of the page has finished (no running indicator, nothing stale)
-_IDLE = """() => !document.querySelector('[data-testid=stStatusWidget]')
-  && !document.querySelector('[data-testid=stMain] [data-stale=true]')"""
+_IDLE = "() => " + _FINISHED
 
 
 def free_port() -> int:
@@ -134,3 +140,19 @@ def settled(page, timeout_ms: int = 120_000) -> None:
 def no_errors(page) -> list[str]:
     errors = page.locator("[data-testid=stException], [data-testid=stAlertContentError]")
     return [errors.nth(i).inner_text() for i in range(errors.count())]
+
+
+_DRAWN = """() => {
+  const main = document.querySelector('[data-testid=stMain]');
+  if (!main || !""" + _FINISHED + """) return false;
+  if (main.querySelector('[data-testid=stSkeleton], [data-testid=stSkeletonElement]')) return false;  // still loading
+  const charts = [...main.querySelectorAll('[data-testid=stVegaLiteChart]')];
+  const grids = [...main.querySelectorAll('[data-testid=stDataFrame]')];
+  return charts.every(c => c.querySelector('canvas, svg .mark-rect, svg .mark-line, svg .mark-area, svg .mark-text, svg .mark-symbol'))
+    && grids.every(g => g.querySelector('canvas'));
+}"""
+
+
+def drawn(page, timeout_ms: int = 120_000) -> None:
+    """Wait until the page's script has finished and every chart and table on it is drawn."""
+    page.wait_for_function(_DRAWN, timeout=timeout_ms, polling=50)

@@ -310,3 +310,14 @@ def test_telemetry_counters_are_summarised_over_the_window(tmp_path):
 
 def test_no_counters_gives_null_telemetry(tmp_path):
     assert report_of(tmp_path, TraceBuilder().step(1, 0, 10)).ranks[0]["telemetry"] is None
+
+
+def test_the_streams_table_counts_kernels_over_the_window_it_measures(tmp_path):
+    """Two kernels before the first step (warm-up, outside the window), three inside, one straddling its end: the
+    stream's row counts the four that overlap the window, the same window its busy time is measured over (was: 6)."""
+    b = TraceBuilder().step(1, 1000, 1000)
+    for t in (0, 200, 1100, 1300, 1500, 1950):
+        b.kernel(t, 100)
+    res = build_report(load_built(tmp_path, b)).results[0]["gpu"]
+    row = res.tables["streams"].iloc[0]
+    assert row["kernels"] == 4 and row["busy_us"] == 350  # 3 x 100 us, and 50 us of the last one

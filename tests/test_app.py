@@ -21,8 +21,8 @@ from kinetoscope.app.ui import unescaped  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "kinetoscope" / "app" / "main.py"
 SAMPLES = ROOT / "sample_traces"
-PAGES = ["overview", "steps", "streams", "copies", "memory", "operators", "telemetry", "timeline", "ranks", "distributed",
-         "compare", "metadata", "export"]
+PAGES = ["overview", "steps", "streams", "copies", "memory", "operators", "modules", "telemetry", "timeline", "ranks",
+         "distributed", "compare", "metadata", "export"]
 
 
 def open_app(page: str | None = None, **state: Any) -> AppTest:
@@ -57,7 +57,7 @@ def test_pages_handle_a_cpu_only_trace(page):
 
 def test_memory_page_shows_the_leak():
     at = open_app("memory", trace="cpu/leak")
-    assert [m.label for m in at.metric][:2] == ["Peak allocated", "Growth"]
+    assert [m.label for m in at.metric][:2] == ["Peak allocated", "Growth per step"]
     assert at.metric[1].value.startswith("3.0 MiB")
 
 
@@ -234,8 +234,10 @@ def test_operators_and_kernels_page():
     at = open_app("operators", trace="real/v100_resnet50_2021.json.gz")
     assert not at.exception and not at.error
     ops, kernels = at.dataframe[0].value, at.dataframe[1].value
-    assert len(ops) == 50 and ops["self (ms)"].is_monotonic_decreasing
-    assert len(kernels) == 50 and kernels["total (ms)"].is_monotonic_decreasing
+    # every row (was: the first 50): the V100 trace's 76 operator names and 67 kernel names in the window
+    assert len(ops) == 76 and ops["self (ms)"].is_monotonic_decreasing
+    assert len(kernels) == 67 and kernels["total (ms)"].is_monotonic_decreasing
+    assert {"device self (ms)", "device total (ms)"} <= set(ops.columns)
 
 
 def test_telemetry_page_shows_the_capture_counters_in_their_units(tmp_path):
@@ -293,9 +295,9 @@ def test_distributed_view_names_the_straggler_and_splits_each_ranks_step(tmp_pat
     assert metrics["Longest collective wait"] == "0.300 ms/step"
     ranks = at.dataframe[0].value.set_index("rank")
     # by construction (ms per step): gemm 0.8; all-reduce 1.0 on the others, 0.7 on rank 2 (it arrives 0.3 late)
-    assert list(ranks["computation only (ms/step)"]) == ["0.800"] * 4
-    assert list(ranks["communication only (ms/step)"]) == ["1.000", "1.000", "0.700", "1.000"]
-    assert list(ranks["collective wait (ms/step)"]) == ["0.300", "0.300", "0.000", "0.300"]
+    assert list(ranks["computation only (ms/step)"]) == [0.8] * 4
+    assert list(ranks["communication only (ms/step)"]) == [1.0, 1.0, 0.7, 1.0]
+    assert list(ranks["collective wait (ms/step)"]) == [0.3, 0.3, 0.0, 0.3]
     assert list(ranks["waited for rank"].astype(object)) == [2, 2, pd.NA, 2]
     assert list(ranks["straggler"]) == [False, False, True, False]
     assert set(at.dataframe[1].value["waited for rank"]) == {2}
@@ -351,14 +353,26 @@ def test_memory_page_lists_allocations_by_operator():
     at = open_app("memory", trace="real/h100_bert-small.json.gz")
     assert not at.exception and not at.error
     assert "Allocations by operator" in [s.value for s in at.subheader]
-    table = at.dataframe[-1].value
+    table = at.dataframe[-2].value
     assert table["op"].iloc[0] == "aten::empty" and table["allocations"].iloc[0] == 60  # the trace's 60 empties
+    assert (table["held at the end (MiB)"] == 0).all()  # every block of this window is freed within it
+    # every allocation of the window, counted from the file: [memory] events with Bytes > 0 between the first
+    # ProfilerStep's start and the last one's end
+    import gzip
+    import json
+
+    doc = json.loads(gzip.decompress((SAMPLES / "real" / "h100_bert-small.json.gz").read_bytes()))
+    steps = [e for e in doc["traceEvents"] if str(e.get("name", "")).startswith("ProfilerStep#")]
+    lo, hi = min(e["ts"] for e in steps), max(e["ts"] + e["dur"] for e in steps)
+    allocs = [e for e in doc["traceEvents"] if e.get("name") == "[memory]" and e["args"]["Bytes"] > 0 and lo <= e["ts"] < hi]
+    events = at.dataframe[-1].value
+    assert len(events) == len(allocs) and set(events.columns) >= {"time (ms)", "size (MiB)", "op", "freed at (ms)"}
 
 
 def test_operators_by_input_shapes_on_request():
-    at = open_app("operators", trace="real/h100_bert-small.json.gz", op_shapes_0=True)
+    at = open_app("operators", trace="real/h100_bert-small.json.gz", op_group_0="input shapes")
     assert not at.exception and not at.error
-    shapes = at.dataframe[1].value
+    shapes = at.dataframe[0].value
     assert list(shapes.columns) == ["name", "input shapes", "calls", "total (ms)", "mean (ms)"]
     assert shapes.iloc[0]["name"] == "aten::linear" and shapes.iloc[0]["input shapes"] == "[[1, 141, 512], [512, 512], [512]]"
 
@@ -440,3 +454,56 @@ def test_uploads_as_separate_runs_never_default_to_a_broken_file():
     errors = [unescaped(e.value) for e in at.sidebar.error]
     assert len(errors) == 2 and errors[0].startswith("a-broken.json cannot be opened as a run:")
     assert errors[1].startswith("c-empty.json cannot be opened as a run:") and "empty" in errors[1]
+
+
+def test_findings_that_share_a_saving_say_so_and_the_fixes_together_are_one_replay():
+    """Was: the V100 trace's loader stall and GPU idle both printed 'fix this: ~58.82 ms per step faster', as if they
+    added up. Each now names the other and what fixing both is worth; a metric gives every fix together."""
+    at = open_app("overview", trace="real/v100_resnet50_2021.json.gz")
+    assert not at.exception and not at.error
+    report = at.session_state["analysis"].report
+    loader = next(f for f in report.findings if f.id == "loader_stall")
+    idle = next(f for f in report.findings if f.id == "gpu_idle")
+    texts = [unescaped(m.value) for m in at.markdown]
+    assert any(t.startswith(f"Shares this saving with: rank 0: {idle.title}. Fixing them together: ~58.82 ms")
+               for t in texts), texts
+    assert any(t.startswith(f"Shares this saving with: rank 0: {loader.title}.") for t in texts)
+    metrics = {m.label: unescaped(m.value) for m in at.metric}
+    assert metrics["All fixes together"].endswith("ms / step")
+
+
+def test_overview_summarises_the_gpu_and_estimates_occupancy_on_request():
+    """The bundled H100 trace: one H100 (deviceProperties), 76.5% of its 0.307 ms of kernel time in kernels whose
+    names say Tensor Cores (summed from the file: cutlass tensor-op GEMMs 98.718 + 41.280 + 24.511 us, FlashAttention
+    37.408 us, an sm90 xmma GEMM 33.089 us = 235.006 us; layer norm, elementwise, index and reduce kernels the rest);
+    occupancy from the kernels' launch parameters once asked."""
+    at = open_app("overview", trace="real/h100_bert-small.json.gz")
+    assert not at.exception and not at.error
+    texts = [unescaped(m.value) for m in at.markdown]
+    assert ("**GPU 0**: NVIDIA H100 80GB HBM3 · 79.2 GiB · compute capability 9.0 · 132 SMs · Tensor Cores in 76.5% "
+            "of kernel time (0.235 of 0.3072 ms, kernels whose names say so)") in texts
+    at.button(key="overview_occupancy_button").click().run()
+    assert not at.exception and not at.error
+    assert any(t.startswith("**GPU 0**: estimated achieved occupancy ") and "over 60 of 60 kernels" in t
+               for t in (unescaped(m.value) for m in at.markdown))
+
+
+def test_operators_by_module_and_by_call_stack_and_the_modules_page():
+    """The H100 BERT trace records its modules and Python frames (with_stack); the 2021 V100 trace wrote a Call stack
+    argument on each op (read from the file again)."""
+    at = open_app("operators", trace="real/h100_bert-small.json.gz", op_group_0="module")
+    assert not at.exception and not at.error
+    by_module = at.dataframe[0].value
+    assert list(by_module.columns[:2]) == ["module", "name"] and by_module["module"].str.contains("BertLayer_0").any()
+    at = open_app("operators", trace="real/h100_bert-small.json.gz", op_group_0="call stack")
+    assert not at.exception and not at.error and "call stack" in at.dataframe[0].value.columns
+    at = open_app("operators", trace="real/v100_resnet50_2021.json.gz", op_group_0="call stack")
+    assert not at.exception and not at.error
+    assert at.dataframe[0].value["call stack"].str.contains("resnet50_profiler_api.py").any()
+    at = open_app("modules", trace="real/h100_bert-small.json.gz")
+    assert not at.exception and not at.error
+    tree = at.dataframe[0].value
+    assert tree["module"].iloc[0] == "BertLMHeadModel_0" and tree["module"].iloc[1] == "\u2003BertModel_0"
+    assert {"host (ms)", "host self (ms)", "device (ms)"} <= set(tree.columns)
+    none = open_app("modules", trace="real/v100_resnet50_2021.json.gz")
+    assert not none.exception and "no nn.Module calls" in none.info[0].value

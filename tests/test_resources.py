@@ -321,6 +321,19 @@ def test_secrets_in_json_escapes_lists_and_argv_are_redacted(tmp_path):
     assert shown["argv"][2] == shown["cfg"]["password"][0] == shown["esc1"] == "[redacted]"
 
 
+def test_the_redacted_gzip_is_the_redacted_trace_gzipped():
+    """What the app hands out for a trace: gzip of exactly redact_json_bytes' text (built piece by piece)."""
+    import gzip
+
+    from kinetoscope.analyze.redact import redact_json_bytes, redacted_gzip
+
+    doc = ('{"traceEvents": [], "a": "hf_AbCdEfGhIjKlMnOpQrStUvWxYz012345", "b": "x", '
+           '"c": "token=AbCd3fGh1jKl"}').encode()
+    assert gzip.decompress(redacted_gzip(doc)) == redact_json_bytes(doc)[0] == (
+        b'{"traceEvents": [], "a": "[redacted]", "b": "x", "c": "token=[redacted]"}')
+    assert gzip.decompress(redacted_gzip(b'{"traceEvents": []}')) == b'{"traceEvents": []}'
+
+
 def test_redact_refuses_what_is_not_a_trace(tmp_path):
     """Was: a truncated or non-JSON file was 'redacted' with exit 0."""
     from kinetoscope.cli import main

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -55,8 +56,23 @@ def test_tables_are_redacted_cell_by_cell_with_their_labels():
     assert list(frame["name"])[1] == f"cudaSecret {TOKEN}"  # the analysis's own table is left alone
     cat = pd.DataFrame({"name": pd.Categorical([TOKEN, "a", TOKEN])})
     assert list(ui.redact_frame(cat)["name"]) == ["[redacted]", "a", "[redacted]"]
-    styled = ui._redact_table(frame.style.format({"calls": "{:,}"}))
+    styled, _ = ui.table_data(frame, {"calls": "{:,}"})
     assert list(styled.data["name"])[1] == "cudaSecret [redacted]"
+
+
+def test_tables_show_numbers_in_their_format_and_unknown_as_blank():
+    """Was: "None" for unknown, "2.000000" for a float column without a format."""
+    frame = pd.DataFrame({"name": ["a", None], "calls": [2.0, np.nan], "ms": [1.23456, 2.5], "share": [0.25, None],
+                          "hit": [True, False]})
+    styled, _ = ui.table_data(frame, {"share": "{:.1%}"}, highlight=[False, True])
+    html = styled.to_html()
+    assert ">2<" in html and ">1.235<" in html and ">2.500<" in html and ">25.0%<" in html
+    assert "None" not in html and "nan" not in html and ">yes<" in html and ">no<" in html
+    assert html.count(ui.HIGHLIGHT) == 1 and "#T_" in html.split(ui.HIGHLIGHT)[0]  # one CSS rule
+    assert sorted(styled._compute().ctx) == [(1, c) for c in range(5)]  # for the second row's five cells
+    big = pd.DataFrame({"ms": np.arange(50_000) / 7, "gap": [np.nan] + [1.0] * 49_999})
+    data, config = ui.table_data(big, {"ms": "{:,.3f}"})
+    assert config["ms"]["type_config"]["format"] == "%,.3f" and list(data["gap"][:2]) == ["", "1"]
 
 
 def test_charts_are_redacted_in_their_data_and_labels():
@@ -113,3 +129,15 @@ def test_no_screen_reaches_streamlit_around_the_door():
                                        and isinstance(node.args[0].value, str)):
                     bad.append(f"{path.name}:{node.lineno} md() with a template that is not a literal")
     assert not bad, bad
+
+
+@pytest.mark.parametrize("value, shown", [(3146000.0, "3,146,000"), (12.3456, "12.35"), (0.012345, "0.01235"),
+                                          (2.0, "2"), (0.5, "0.5"), (-3.25, "-3.25"), (1234.5678, "1,235"),
+                                          (None, "n/a"), (float("nan"), "n/a"), (7, "7")])
+def test_numbers_read_as_numbers(value, shown):
+    """Was: '3.146e+06' and '2.000000' in evidence and Compare."""
+    from kinetoscope.render.format import evidence_lines, number
+
+    assert number(value) == shown
+    if value is not None:
+        assert evidence_lines({"ratio": value}) == [f"ratio: {'unknown' if False else shown}"]

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pandas as pd
+
 import pytest
 from conftest import load_built
 from tracebuilder import TraceBuilder
@@ -62,23 +64,36 @@ def test_spans_under_a_pixel_are_merged_never_dropped(tmp_path):
     assert int(v.spans["spans"].sum()) == v.total_spans  # every span in the range is in a mark
 
 
-def test_allocations_are_charged_to_the_innermost_op(tmp_path):
+def test_allocations_are_charged_to_the_innermost_op_and_frees_to_the_allocation(tmp_path):
+    """linear (100-500 us) holds addmm (150-250); relu at 600-700. Blocks A-D allocated in linear, addmm (two) and
+    no op; addmm's 4 MiB block B freed inside relu (charged to addmm, which made it: was charged to relu, whose
+    "net" went negative while addmm's stayed at 6 MiB, more than it holds); a 3 MiB block Z the window never saw
+    allocated freed at 850. Per device the held column adds up to the change of allocated memory: 1 MiB."""
+    from kinetoscope.analyze.ops import EARLIER, allocation_events
+
     b = TraceBuilder().step(0, 0, 1000)
     b.op("aten::linear", 100, 400).op("aten::addmm", 150, 100).op("aten::relu", 600, 100)
-    b.memory(120, 1 << 20, allocated=1 << 20)       # in linear, outside addmm
-    b.memory(160, 4 << 20, allocated=5 << 20)       # in addmm
-    b.memory(170, 2 << 20, allocated=7 << 20)       # in addmm
-    b.memory(650, -(4 << 20), allocated=3 << 20)    # a free in relu
-    b.memory(800, 1 << 20, allocated=4 << 20)       # in no op
+    b.memory(120, 1 << 20, allocated=1 << 20, addr=0xA)          # in linear, outside addmm
+    b.memory(160, 4 << 20, allocated=5 << 20, addr=0xB)          # in addmm
+    b.memory(170, 2 << 20, allocated=7 << 20, addr=0xC)          # in addmm
+    b.memory(650, -(4 << 20), allocated=3 << 20, addr=0xB)       # B freed while relu runs
+    b.memory(800, 1 << 20, allocated=4 << 20, addr=0xD)          # in no op
+    b.memory(850, -(3 << 20), allocated=1 << 20, addr=0xE)       # Z: allocated before the window
     r = load_built(tmp_path, b).ranks[0]
-    t = allocations_by_op(r).set_index("op")
-    assert t.loc["aten::addmm", "allocations"] == 2 and t.loc["aten::addmm", "allocated_mib"] == 6.0
-    assert t.loc["aten::addmm", "largest_mib"] == 4.0 and t.loc["aten::addmm", "net_mib"] == 6.0
-    assert t.loc["aten::linear", "allocated_mib"] == 1.0
-    assert t.loc["aten::relu", "allocations"] == 0 and t.loc["aten::relu", "freed_mib"] == 4.0
-    assert t.loc["aten::relu", "net_mib"] == -4.0 and t.loc["(no op)", "allocated_mib"] == 1.0
-    assert list(t.index) == ["aten::addmm", "aten::linear", "(no op)", "aten::relu"]
-
+    t = allocations_by_op(r)
+    assert list(t["op"]) == ["aten::addmm", "aten::linear", "(no op)", EARLIER]
+    t = t.set_index("op")
+    assert t.loc["aten::addmm", ["allocations", "allocated_mib", "freed_mib", "held_mib", "largest_mib"]].tolist() == \
+        [2, 6.0, 4.0, 2.0, 4.0]
+    assert t.loc["aten::linear", "held_mib"] == 1.0 and t.loc["(no op)", "held_mib"] == 1.0
+    assert t.loc[EARLIER, ["allocations", "allocated_mib", "freed_mib", "held_mib"]].tolist() == [0, 0.0, 3.0, -3.0]
+    assert t["held_mib"].sum() == 1.0  # 1 + 4 + 2 - 4 + 1 - 3 MiB over the window
+    e = allocation_events(r)
+    assert e["time_ms"].tolist() == [0.12, 0.16, 0.17, 0.8] and e["size_mib"].tolist() == [1.0, 4.0, 2.0, 1.0]
+    assert e["op"].tolist() == ["aten::linear", "aten::addmm", "aten::addmm", "(no op)"]
+    assert e["freed_at_ms"].iloc[1] == 0.65 and e["lifetime_ms"].iloc[1] == pytest.approx(0.49)
+    assert e["freed_at_ms"].isna().tolist() == [True, False, True, True]
+    assert allocation_events(r, 0.15, 0.5)["time_ms"].tolist() == [0.16, 0.17]  # a range: what starts in it
 
 def test_ops_by_input_shapes_read_from_the_file(tmp_path):
     b = TraceBuilder().step(0, 0, 1000)
@@ -166,3 +181,95 @@ def test_a_block_of_overlapping_spans_counts_their_union_once(tmp_path):
     frame = pd.DataFrame({"row": ["a", "a", "a", "b"], "kind": ["k"] * 4, "bin": [0, 0, 0, 0],
                           "ts_ns": [1000, 3000, 9000, 0], "end_ns": [5000, 7000, 9500, 4000]})
     assert list(_union_in_groups(frame, ["row", "kind", "bin"])) == [4000, 2000, 500, 4000]
+
+
+def test_the_distributed_view_does_not_call_unknown_gpu_time_idle(tmp_path):
+    """Two ranks, a gemm and an all-reduce per 2 ms step. Rank 1 also replays a CUDA graph whose kernels were not
+    recorded (400 us before its next kernel): its GPU idle is not judged on the Overview, and the Distributed view
+    leaves its 'neither' part blank instead of charting it as idle (was: charted as GPU idle)."""
+    from kinetoscope.analyze.distview import distributed_view
+    from kinetoscope.analyze.loader import load_trace
+    from kinetoscope.analyze.report import build_report
+
+    nccl = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
+    for r in range(2):
+        b = TraceBuilder(rank=r, world_size=2)
+        for s in range(3):
+            t = s * 2000
+            b.step(s, t, 2000).kernel(t + 600, 600, name="gemm", launch_at=t + 550)
+            b.kernel(t + 1300, 500, stream=20, name=nccl)
+            if r == 1:
+                b.runtime("cudaGraphLaunch", t + 150, 10, correlation=90_000 + s)
+        b.write(tmp_path / "job" / f"rank-{r}.json")
+    trace = load_trace(tmp_path / "job")
+    report = build_report(trace)
+    assert report.ranks[0]["gpu"]["idle_fraction"] is not None and report.ranks[1]["gpu"]["idle_fraction"] is None
+    view = distributed_view(trace, report).ranks.set_index("rank")
+    assert view.loc[0, "other_ms"] == pytest.approx(0.9)  # 2 ms - 0.6 gemm - 0.5 all-reduce, per step
+    assert pd.isna(view.loc[1, "other_ms"]) and view.loc[1, "compute_only_ms"] == pytest.approx(0.6)
+
+
+def test_findings_whose_savings_overlap_are_grouped():
+    """Four fixes saving 10, 10, 3 and 5 ms: A and B are one cause (together 10), C and D add up (together 8), A and
+    D add up, B and C overlap (together 11 of 13): groups {A, B, C}, D alone (not a group)."""
+    from kinetoscope.analyze.savings import overlapping_groups
+
+    together = {(0, 1): 10.0, (0, 2): 13.0, (0, 3): 15.0, (1, 2): 11.0, (1, 3): 15.0, (2, 3): 8.0}
+    assert overlapping_groups([10.0, 10.0, 3.0, 5.0], lambda pair: together[pair]) == [(0, 1, 2)]
+    assert overlapping_groups([10.0, 5.0], lambda pair: 15.0 - 0.5) == []  # within rounding: they add up
+    assert overlapping_groups([10.0], lambda pair: 0.0) == []
+
+
+def test_the_loader_stall_and_the_gpu_idle_it_causes_share_one_saving():
+    """The bundled V100 ResNet-50 trace: the GPU is idle 44% of the window, mostly waiting on the DataLoader
+    (gpu_idle's causes), so gpu_idle's fix is the loader's: both findings are one group, worth the loader fix once."""
+    from pathlib import Path
+
+    from kinetoscope.analyze.loader import load_trace
+    from kinetoscope.analyze.report import build_report
+    from kinetoscope.analyze.savings import shared_savings
+
+    trace = load_trace(Path(__file__).resolve().parents[1] / "sample_traces" / "real" / "v100_resnet50_2021.json.gz")
+    report = build_report(trace)
+    groups = {tuple(sorted(report.findings[i].id for i in g.findings)): g for g in shared_savings(trace, report)}
+    loader = next(f for f in report.findings if f.id == "loader_stall")
+    assert ("gpu_idle", "loader_stall") in groups
+    assert groups[("gpu_idle", "loader_stall")].together["saving_us_per_step"] == loader.estimate["saving_us_per_step"]
+
+
+def module_trace() -> TraceBuilder:
+    """One 1 ms step run by train.py's main(): the module Net_0 (50-800 us) calls Linear_0 (100-300) and Linear_1
+    (400-700); each Linear runs aten::linear holding aten::addmm, which launches a GEMM (200 us, then 100 us); Net_0
+    then runs aten::relu (720-780), launching a 50 us kernel."""
+    b = TraceBuilder().step(0, 0, 1000)
+    b.op("train.py(10): main", 0, 900, cat="python_function")
+    b.op("nn.Module: Net_0", 50, 750, cat="python_function")
+    b.op("nn.Module: Linear_0", 100, 200, cat="python_function").op("nn.Module: Linear_1", 400, 300, cat="python_function")
+    b.op("aten::linear", 110, 180).op("aten::addmm", 120, 160).kernel(150, 200, launch_at=130, launch_dur=5)
+    b.op("aten::linear", 410, 280).op("aten::addmm", 420, 260).kernel(450, 100, launch_at=430, launch_dur=5)
+    b.op("aten::relu", 720, 60).kernel(750, 50, launch_at=730, launch_dur=5)
+    return b
+
+
+def test_device_time_per_operator_through_correlation_ids(tmp_path):
+    from kinetoscope.analyze.ops import op_device_time
+
+    t = op_device_time(load_built(tmp_path, module_trace()).ranks[0]).set_index("name")
+    assert t.loc["aten::addmm"].tolist() == [0.3, 0.3]  # self, total: its two GEMMs
+    assert t.loc["aten::linear"].tolist() == [0.0, 0.3]  # launches nothing itself; its addmm does
+    assert t.loc["aten::relu"].tolist() == [0.05, 0.05]
+
+
+def test_the_module_hierarchy_with_host_and_device_time(tmp_path):
+    from kinetoscope.analyze.ops import module_tree, op_call_stacks, op_modules
+
+    r = load_built(tmp_path, module_trace()).ranks[0]
+    m = module_tree(r)
+    assert m["path"].tolist() == ["Net_0", "Net_0 / Linear_0", "Net_0 / Linear_1"] and m["depth"].tolist() == [0, 1, 1]
+    assert m["host_ms"].tolist() == [0.75, 0.2, 0.3] and m["host_self_ms"].tolist() == [0.25, 0.2, 0.3]
+    assert m["device_ms"].tolist() == [0.35, 0.2, 0.1] and m["calls"].tolist() == [1, 1, 1]
+    by_module = op_modules(r).set_index(["module", "name"])["total_ms"]
+    assert by_module[("Net_0 / Linear_0", "aten::addmm")] == 0.16 and by_module[("Net_0 / Linear_1", "aten::addmm")] == 0.26
+    assert by_module[("Net_0", "aten::relu")] == 0.06
+    stacks = op_call_stacks(r).set_index(["name", "call_stack"])
+    assert stacks.loc[("aten::addmm", "train.py(10): main")].tolist() == [2, 0.42]  # module frames left out

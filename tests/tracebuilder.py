@@ -74,8 +74,8 @@ class TraceBuilder:
         return self
 
     def memory(self, ts: float, nbytes: int, *, allocated: int | None, reserved: int | None = None,
-               device_type: int = 1, device_id: int = 0) -> "TraceBuilder":
-        args: dict[str, Any] = {"Bytes": nbytes, "Device Type": device_type, "Device Id": device_id, "Addr": 1234}
+               device_type: int = 1, device_id: int = 0, addr: int = 1234) -> "TraceBuilder":
+        args: dict[str, Any] = {"Bytes": nbytes, "Device Type": device_type, "Device Id": device_id, "Addr": addr}
         if allocated is not None:
             args["Total Allocated"] = allocated
         if reserved is not None:

@@ -65,6 +65,11 @@ def distributed_view(trace: Trace, report: Report) -> DistributedView:
         n = int(steps_info.get("count") or 0)
         per_step = max(n, 1)  # no complete step: the window counts as one
         split = gpu_split_ns(r)
+        gpu = entry.get("gpu") or {}
+        if split is not None and gpu and gpu.get("idle_fraction") is None:
+            # the trace misses the GPU's activity for part of the window: what the kernels do not cover is not
+            # known to be idle (the Overview says "not judged"; so does this view)
+            split = {**split, "other": None}
         c = per.get(rank, {})
         wait_us = c.get("wait_us")
         skew_us = c.get("clock_skew_us")

@@ -16,8 +16,8 @@ from kinetoscope.app.cache import analyse, store_choices, try_analyse, watch_upl
 from kinetoscope.app.launch import PATHS_ENV
 from kinetoscope.batch.store import is_store
 from kinetoscope.app.screens import (
-    compare, copies, distributed, export, fleet, memory, metadata, operators, overview, ranks, steps, streams, telemetry,
-    timeline,
+    compare, copies, distributed, export, fleet, memory, metadata, modules, operators, overview, ranks, steps, streams,
+    telemetry, timeline,
 )
 from kinetoscope.analyze.loader import Job
 from kinetoscope.errors import KinetoscopeError
@@ -38,7 +38,7 @@ START_PAGE = "start_page"
 
 
 def sidebar() -> None:
-    st.sidebar.title("Kinetoscope")
+    st.sidebar.markdown(md("**Kinetoscope**"))
     given = [p for p in os.environ.get(PATHS_ENV, "").split(os.pathsep) if p]
     stores = [p for p in given if is_store(p)]
     try:
@@ -191,6 +191,7 @@ PAGES = [
     ("copies", "Copies", copies.render),
     ("memory", "Memory", memory.render),
     ("operators", "Operators & kernels", operators.render),
+    ("modules", "Modules", modules.render),
     ("telemetry", "Telemetry", telemetry.render),
     ("timeline", "Timeline", timeline.render),
     ("ranks", "Ranks", ranks.render),

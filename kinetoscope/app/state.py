@@ -24,6 +24,7 @@ def current() -> Analysis:
     """The analysis the sidebar selected; stops the page with a hint when there is none."""
     analysis = st.session_state.get(CURRENT)
     if analysis is None:
+        st.title("Kinetoscope")
         st.info("Choose a bundled trace or upload one in the sidebar.")
         st.stop()
     return analysis
@@ -39,7 +40,7 @@ def page(title: str) -> tuple[Analysis, dict[str, Any], dict[str, AnalysisResult
     """The preamble of a per-rank page: the analysis, the chosen rank's entry and results, and a header."""
     analysis = current()
     entry = rank_entry(analysis)
-    st.header(f"{title} · rank {entry['rank']}")
+    st.title(f"{title} · rank {entry['rank']}")
     return analysis, entry, analysis.report.results.get(entry["rank"], {})
 
 

@@ -19,6 +19,7 @@ import re
 import string
 from typing import Any, Callable
 
+import numpy as np
 import pandas as pd
 import streamlit as _st
 
@@ -134,17 +135,67 @@ def _redact_series(values: pd.Series) -> pd.Series:
                      dtype=values.dtype, name=values.name)
 
 
-def _redact_table(data: Any) -> Any:
-    from pandas.io.formats.style import Styler
+#: tables up to this many cells are formatted by pandas' Styler (blank for unknown, row colours); larger ones by the
+#: grid itself (Styler costs ~2 s per 100k cells on the server)
+STYLER_MAX_CELLS = 40_000
+HIGHLIGHT = "background-color: #fde2e1"
 
-    if isinstance(data, Styler):
-        data.data = redact_frame(data.data)
-        return data
-    if isinstance(data, pd.DataFrame):
-        return redact_frame(data)
-    if isinstance(data, pd.Series):
-        return redact_frame(data.to_frame()).iloc[:, 0]
-    raise TypeError(f"ui: tables are shown from DataFrames (got {type(data).__name__})")
+
+def _default_format(values: pd.Series) -> str | None:
+    """How a column without a format of its own is shown: whole numbers with thousands separators, other floats to
+    three decimals (never pandas' six), yes/no for booleans."""
+    if pd.api.types.is_bool_dtype(values):
+        return None
+    if pd.api.types.is_float_dtype(values):
+        finite = values[np.isfinite(values.to_numpy(dtype=np.float64, na_value=np.nan))]
+        return "{:,.0f}" if len(finite) and bool((finite == np.round(finite)).all()) else "{:,.3f}"
+    return None
+
+
+def _printf(fmt: str) -> str | None:
+    """A ``str.format`` number format as the grid's printf format ("{:,.3f}" -> "%,.3f"); None where it has none."""
+    m = re.fullmatch(r"\{:(,?)(?:\.(\d+))?([fd])\}", fmt)
+    if m is None:
+        return None
+    return f"%{m.group(1)}.{m.group(2)}f" if m.group(3) == "f" and m.group(2) else f"%{m.group(1)}d"
+
+
+def table_data(frame: pd.DataFrame, formats: dict[str, Any] | None = None, highlight: Any = None,
+               pinned: tuple[str, ...] = ()) -> tuple[Any, dict[str, Any]]:
+    """A table as the grid shows it: redacted, every number in its format (given, or the default), unknown blank,
+    booleans as yes/no, ``highlight`` rows (a boolean mask) coloured, ``pinned`` columns kept in view when the table
+    scrolls sideways. Returns the data for st.dataframe and its column_config."""
+    if not isinstance(frame, pd.DataFrame):
+        raise TypeError(f"ui: tables are shown from DataFrames (got {type(frame).__name__})")
+    frame = redact_frame(frame).reset_index(drop=True)
+    fmts: dict[str, Any] = {}
+    for col in frame.columns:
+        given = (formats or {}).get(col)
+        fmt = given if given is not None else _default_format(frame[col])
+        if fmt is not None:
+            fmts[col] = fmt
+        elif pd.api.types.is_bool_dtype(frame[col]):
+            fmts[col] = lambda v: "yes" if v else "no"
+    config: dict[str, Any] = {c: _st.column_config.Column(pinned=True) for c in pinned if c in frame.columns}
+    if frame.size <= STYLER_MAX_CELLS:
+        styler = frame.style.format(na_rep="").format(fmts, na_rep="")
+        if highlight is not None:
+            mask = list(pd.Series(highlight).fillna(False).astype(bool))
+            styler = styler.apply(lambda row: [HIGHLIGHT if mask[row.name] else "" for _ in row], axis=1)
+        return styler, config
+    out = frame.copy()
+    for col, fmt in fmts.items():
+        printf = _printf(fmt) if isinstance(fmt, str) else None
+        values = out[col]
+        if printf is not None and not values.isna().any():
+            config[col] = _st.column_config.NumberColumn(format=printf, pinned=col in pinned or None)
+            continue
+        out[col] = [("" if (v is None or v != v) else (fmt.format(v) if isinstance(fmt, str) else fmt(v)))
+                    for v in values]
+    for col in out.columns:
+        if out[col].dtype == object:
+            out[col] = out[col].where(out[col].notna(), "")
+    return out, config
 
 
 def redact_chart(chart: Any) -> Any:
@@ -246,6 +297,7 @@ class _Door:
                                  "add it to kinetoscope/app/ui.py with the parameters Streamlit renders as Markdown")
 
         def call(*args: Any, **kwargs: Any) -> Any:
+            extra = {k: kwargs.pop(k) for k in ("formats", "highlight", "pinned") if k in kwargs and name in _TABLES}
             bound = _signature(fn).bind_partial(*args, **kwargs)
             params = bound.arguments
             for key in _MARKDOWN.get(name, ()):
@@ -256,9 +308,16 @@ class _Door:
                 wrap = text if name in _MARKDOWN_OPTIONS else plain
                 params["format_func"] = lambda option: wrap(shown(option))
             if name in _TABLES:
-                params["data"] = _redact_table(params["data"])
+                data, config = table_data(params["data"], extra.pop("formats", None), extra.pop("highlight", None),
+                                          tuple(extra.pop("pinned", ())))
+                params["data"] = data
+                if config:
+                    params["column_config"] = {**config, **(params.get("column_config") or {})}
+                params.setdefault("hide_index", True)
             if name in _CHARTS:
-                params["altair_chart"] = redact_chart(params["altair_chart"])
+                chart = redact_chart(params["altair_chart"])
+                params["altair_chart"] = chart.configure_axis(labelColor=CHART_TEXT, titleColor=CHART_TEXT) \
+                    .configure_legend(labelColor=CHART_TEXT, titleColor=CHART_TEXT, labelLimit=0)
             if name == "json":
                 params["body"] = redact(params["body"])
             if name == "code":
@@ -294,10 +353,24 @@ def components_html(html: str, height: int) -> None:
     components.html(html, height=height)
 
 
+#: the app's CSS. Long words wrap instead of widening the page; a metric's label and value wrap instead of being cut
+#: to an ellipsis (a headline number read "174.…" at 1024 px); keyboard focus is always visible; secondary text
+#: (captions, chart axes) at a contrast of at least 4.5:1 on white (Streamlit's captions were ~3.9:1)
+PAGE_CSS = """<style>
+[data-testid=stMarkdownContainer], [data-testid=stCaptionContainer] { overflow-wrap: anywhere; }
+[data-testid=stMetricValue], [data-testid=stMetricValue] *, [data-testid=stMetricLabel], [data-testid=stMetricLabel] * {
+  white-space: normal !important; overflow: visible !important; text-overflow: clip !important; }
+[data-testid=stMetricValue] { font-size: 1.75rem !important; line-height: 1.2 !important; }
+[data-testid=stCaptionContainer], [data-testid=stCaptionContainer] * { color: #555a66 !important; }
+:focus-visible { outline: 3px solid #1f5fbf !important; outline-offset: 2px !important; }
+</style>"""
+#: chart text colour (axis labels and titles, legends) at >= 4.5:1 on white
+CHART_TEXT = "#4a4f5c"
+
+
 def page_style() -> None:
-    """The app's CSS, once per page: long words wrap instead of widening the page."""
-    _st.html("<style>[data-testid=stMarkdownContainer], [data-testid=stCaptionContainer] "
-             "{overflow-wrap: anywhere;}</style>")
+    """The app's CSS, once per page."""
+    _st.html(PAGE_CSS)
 
 
 def unescaped(shown: str) -> str:

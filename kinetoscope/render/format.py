@@ -18,6 +18,24 @@ def mib(nbytes: Any) -> str:
     return "n/a" if nbytes is None else f"{nbytes / 2**20:,.1f} MiB"
 
 
+def number(value: Any) -> str:
+    """A plain number as a person reads it: four significant digits, thousands separated, never in exponent form
+    (3146000.0 -> '3,146,000', 12.3456 -> '12.35', 0.012345 -> '0.01235', 2.0 -> '2', 0.5 -> '0.5'); 'n/a' for
+    unknown."""
+    import math
+
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "n/a"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int) or float(value).is_integer():
+        return f"{int(value):,}"
+    v = float(value)
+    decimals = max(0, 3 - int(math.floor(math.log10(abs(v))))) if v else 0
+    text = f"{v:,.{decimals}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
 def rank_ranges(ranks: Any) -> str:
     """Rank numbers as a person reads them: [2] -> '2', [0, 1, 2, 5, 7, 8] -> '0-2, 5, 7-8'."""
     ranks = sorted(int(r) for r in ranks)
@@ -84,10 +102,8 @@ def evidence_lines(evidence: dict[str, Any]) -> list[str]:
             text = mib(value)
         elif isinstance(value, (int, float)) and key.endswith(("fraction", "_share")) or "fraction_of" in key:
             text = pct(value) if isinstance(value, (int, float)) else str(value)
-        elif isinstance(value, float):
-            text = f"{value:,.4g}"
-        elif isinstance(value, int):
-            text = f"{value:,}"
+        elif isinstance(value, (int, float)):
+            text = number(value)
         elif isinstance(value, (list, tuple)):
             shown = [", ".join(f"{k} {v}" for k, v in x.items()) if isinstance(x, dict) else str(x) for x in value[:5]]
             text = "; ".join(shown) + (f"; … ({len(value)} in all)" if len(value) > 5 else "") if shown else "none"
@@ -181,7 +197,7 @@ def compare_display(table: Any) -> Any:
             return f"{v:.1%}"
         if "bytes" in label:
             return f"{v / 2**20:,.1f} MiB" + ("/step" if "/step" in label else "")
-        return f"{v:,.4g}"
+        return number(v)
 
     names = {"(us)": "", "(bytes/step)": "", "(bytes)": "", ", fraction of window": " (share of the window)",
              ", fraction of copy time": " (share of copy time)"}

@@ -48,13 +48,15 @@ def _stream_table(trace: RankTrace, w: Window) -> pd.DataFrame:
         gaps = iv.complement(busy, w.start_ns, w.end_ns)
         gap_lengths = gaps[1] - gaps[0]
         idle_ns = int(gap_lengths.sum())  # from the gaps themselves: busy + idle = window is a check, not an identity
+        # counted over the window that busy and idle are measured over (was: every event of the trace)
+        inside = g[((g["end_ns"] > w.start_ns) & (g["ts_ns"] < w.end_ns)).to_numpy()]
         rows.append(
             {
                 "device": int(device),
                 "stream": int(stream),
-                "kernels": int((g["kind"] == "kernel").sum()),
-                "copies": int((g["kind"] == "memcpy").sum()),
-                "memsets": int((g["kind"] == "memset").sum()),
+                "kernels": int((inside["kind"] == "kernel").sum()),
+                "copies": int((inside["kind"] == "memcpy").sum()),
+                "memsets": int((inside["kind"] == "memset").sum()),
                 "busy_us": iv.measure(busy) / 1000.0,
                 "idle_us": idle_ns / 1000.0,
                 "idle_fraction": frac(idle_ns, w.dur_ns),

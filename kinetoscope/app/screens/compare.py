@@ -32,7 +32,7 @@ def _choices() -> list[data.Choice]:
 
 def render() -> None:
     analysis = state.current()
-    st.header("Compare")
+    st.title("Compare")
     choices = _choices()
     labels = [c.label for c in choices if c.label != analysis.label]
     if not labels:
@@ -66,6 +66,5 @@ def render() -> None:
                        "error", "method"]]
         pct = lambda v: "n/a" if v is None or v != v else f"{v:+.1%}"  # noqa: E731
         ms = lambda v: "n/a" if v is None or v != v else f"{v:,.2f} ms"  # noqa: E731
-        st.dataframe(shown.style.format({"before_ms": ms, "predicted_ms": ms, "measured_ms": ms,
-                                         "predicted_change": pct, "measured_change": pct, "error": pct}),
-                     hide_index=True, width="stretch")
+        st.dataframe(shown, formats={"before_ms": ms, "predicted_ms": ms, "measured_ms": ms,
+                                     "predicted_change": pct, "measured_change": pct, "error": pct}, width="stretch")

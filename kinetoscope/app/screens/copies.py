@@ -26,12 +26,13 @@ def render() -> None:
                               "copies": [c["pageable_count"], c["pinned_count"],
                                          c["count"] - c["pageable_count"] - c["pinned_count"]]})
         st.altair_chart(alt.Chart(kinds).mark_bar().encode(
-            x=alt.X("copies:Q", title="copies"), y=alt.Y("host memory:N", title=None, sort=None),
+            x=alt.X("copies:Q", title="copies"), y=alt.Y("host memory:N", title=None, sort=None,
+                                                        axis=alt.Axis(labelOverlap=False, labelLimit=0)),
             color=alt.Color("host memory:N", legend=None, scale=alt.Scale(
                 domain=["pageable", "pinned", "other or unknown"], range=["#e45756", "#54a24b", "#bab0ac"])),
-            tooltip=["host memory", "copies"]).properties(height=110), width="stretch")
+            tooltip=["host memory", "copies"]).properties(height=3 * 28 + 60), width="stretch")
     copies = results.get("copies")
     if copies is not None and "copies" in copies.tables and len(copies.tables["copies"]):
         st.subheader("Every copy")
         table, formats = display_table(copies.tables["copies"], window_start_ns=state.window_start_ns(state.current(), entry))
-        st.dataframe(table.style.format(formats, na_rep=""), hide_index=True, width="stretch")
+        st.dataframe(table, formats=formats, width="stretch")

@@ -7,7 +7,7 @@ from kinetoscope.app.ui import md, st
 
 from kinetoscope.analyze.distview import distributed_view
 from kinetoscope.app import state
-from kinetoscope.render.format import missing_ranks_text
+from kinetoscope.render.format import missing_ranks_text, rank_ranges
 
 #: the four parts of a step on the GPU, and the wait, in fixed colours (the same on every job)
 PARTS = {
@@ -26,7 +26,7 @@ LABELS = {"rank": "rank", "steps": "steps", "step_ms": "mean step (ms)", "comput
 def render() -> None:
     analysis = state.current()
     view = distributed_view(analysis.trace, analysis.report)
-    st.header("Distributed")
+    st.title("Distributed")
     h = view.headline
     if h["ranks"] < 2:
         st.info("A single rank: load a directory (or upload several files as the ranks of one job) to see how the "
@@ -67,6 +67,10 @@ def render() -> None:
             tooltip=["rank", "part", alt.Tooltip("ms:Q", format=",.3f")],
         ).transform_calculate(part_order="indexof(" + str([v[0] for v in PARTS.values()]) + ", datum.part)")
         st.altair_chart(chart.properties(height=30 * len(ranks) + 140), width="stretch")
+        unjudged = ranks.loc[ranks["compute_only_ms"].notna() & ranks["other_ms"].isna(), "rank"].tolist()
+        if unjudged:
+            st.caption(md("Rank {}: the trace misses part of the GPU's activity, so the time its kernels do not cover "
+                          "is not judged idle (left out of the chart).", rank_ranges(unjudged)))
     if ranks["collective_wait_ms"].notna().any():
         st.subheader("Collective wait per rank")
         wait = alt.Chart(ranks).mark_bar(color="#e45756").encode(
@@ -75,11 +79,9 @@ def render() -> None:
         st.altair_chart(wait.properties(height=30 * len(ranks) + 90), width="stretch")
     st.subheader("Ranks")
     st.caption(view.about)
-    shown = ranks.rename(columns=LABELS)
-    for c in RANK_COLUMNS_MS:  # as text: a blank where the trace cannot say (the grid draws a missing number as "None")
-        shown[LABELS[c]] = shown[LABELS[c]].map(lambda v: "" if pd.isna(v) else f"{v:,.3f}")
-    st.dataframe(shown.style.apply(lambda row: ["background-color: #fde2e1" if row["straggler"] else "" for _ in row],
-                                   axis=1), hide_index=True, width="stretch")
+    shown = ranks.rename(columns=LABELS)  # blank where the trace cannot say
+    st.dataframe(shown, formats={LABELS[c]: "{:,.3f}" for c in RANK_COLUMNS_MS}, highlight=shown["straggler"],
+                 width="stretch")
     st.subheader("Collectives")
     coll = view.collectives
     if coll.empty:
@@ -89,9 +91,8 @@ def render() -> None:
                "waited for, the longest wait, and the transfer time (the shortest duration among the ranks).")
     top = coll.sort_values("max_wait_ms", ascending=False, kind="stable").head(200)
     st.dataframe(top.rename(columns={"max_wait_ms": "longest wait (ms)", "transfer_ms": "transfer (ms)",
-                                     "waited_for_rank": "waited for rank"})
-                 .style.format({"longest wait (ms)": "{:,.3f}", "transfer (ms)": "{:,.3f}"}, na_rep=""),
-                 hide_index=True, width="stretch")
+                                     "waited_for_rank": "waited for rank"}),
+                 formats={"longest wait (ms)": "{:,.3f}", "transfer (ms)": "{:,.3f}"}, width="stretch")
 
 
 RANK_COLUMNS_MS = ("step_ms", "compute_only_ms", "overlap_ms", "communication_only_ms", "other_ms",

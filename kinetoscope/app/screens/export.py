@@ -2,19 +2,15 @@
 
 from kinetoscope.app.ui import download, md, redacted_csv, redacted_json, st
 
-from kinetoscope.analyze.loader import read_bytes
-from kinetoscope.analyze.redact import redacted_trace
 from kinetoscope.app import state
-from kinetoscope.app.data import app_limits, job_file
-from kinetoscope.app.perfetto import open_in_perfetto
-from kinetoscope.errors import KinetoscopeError
+from kinetoscope.app.perfetto import gz_name, open_in_perfetto, prepared
 from kinetoscope.render.json import report_to_json
 
 
 def render() -> None:
     analysis = state.current()
     report = analysis.report
-    st.header("Export")
+    st.title("Export")
     st.download_button("JSON report", download(redacted_json(report_to_json(report, indent=2))),
                        file_name="kinetoscope-report.json", mime="application/json", key="dl_json")
     tables = {f"rank {rank} · {key} · {name}": table
@@ -27,26 +23,17 @@ def render() -> None:
     st.subheader("Open in Perfetto")
     entry = state.rank_entry(analysis)
     open_in_perfetto(analysis, entry["rank"])
-    st.markdown(md("Or download a file below, open [ui.perfetto.dev](https://ui.perfetto.dev), choose *Open trace file* "
-                   "and pick it (it reads Kineto JSON and gzip directly, in your browser)."))
-    st.caption("The trace files are prepared with secret-looking values (tokens, keys, passwords, credentials in "
-               "URLs) redacted in the metadata and in every event's arguments.")
-    # prepared only when asked, with the app's size limits: not re-read on every rerun of the page; from this
-    # session's own files (the analysis may be cached from another session whose upload is gone)
-    job = st.session_state.get(state.JOB)
+    st.subheader("The trace, redacted")
+    st.markdown(md("Each rank's trace file with secret-looking values (tokens, keys, passwords, credentials in URLs) "
+                   "redacted in the metadata and in every event's arguments, gzipped. To open one in Perfetto yourself: "
+                   "[ui.perfetto.dev](https://ui.perfetto.dev), *Open trace file* (it reads gzipped Kineto JSON in "
+                   "your browser)."))
     for rank, file_name in analysis.rank_files:
-        path = job_file(job, file_name)
-        name = file_name[:-3] if file_name.endswith(".gz") else file_name
-        if path is None:
-            st.info(f"{file_name} is no longer on the server (the upload was removed when its session ended): "
-                    "upload it again to download it.")
-            continue
-        if not st.button(f"Prepare redacted {name}", key=f"prep_trace_{rank}"):
-            continue
-        try:
-            data = redacted_trace(read_bytes(path, app_limits()))
-        except KinetoscopeError as exc:
-            st.error(f"{name}: {getattr(exc, 'reason', exc)}")
-            continue
-        st.download_button(f"Download {name}", download(data), file_name=name, mime="application/json",
-                           key=f"dl_trace_{rank}")
+        # prepared only when asked (not re-read on every rerun of the page), from this session's own files
+        got = prepared(analysis, rank, f"Prepare the redacted {gz_name(file_name)}", "download")
+        if isinstance(got, str):
+            st.error(got)
+        elif got is not None:
+            name, data = got
+            st.download_button(f"Download {name}", download(data), file_name=name, mime="application/gzip",
+                               key=f"dl_trace_{rank}")

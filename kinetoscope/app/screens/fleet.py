@@ -17,7 +17,7 @@ MAX_OPEN_RANKS = 64
 
 def render() -> None:
     store = st.session_state.get(STORE_KEY)
-    st.header("Fleet")
+    st.title("Fleet")
     if not store:
         st.info("Open a batch store to see the fleet view: kinetoscope app STORE (made by kinetoscope batch).")
         return
@@ -32,7 +32,7 @@ def render() -> None:
     broken = table[table["failed"] == table["files"]]
     table = table[table["failed"] < table["files"]]
     shown, units = display_table(table)
-    st.dataframe(shown.style.format(units, na_rep=""), hide_index=True, width="stretch")
+    st.dataframe(shown, formats=units, width="stretch")
     if len(broken):
         st.subheader(f"Jobs that could not be analysed ({len(broken)})")
         failed = traces[traces["status"] != "ok"]
@@ -69,10 +69,10 @@ def render() -> None:
         per_rank = read_table(store, "job_ranks")
         per_rank = per_rank[per_rank["job"] == key].sort_values("rank")
         shown, formats = display_table(per_rank.drop(columns=["key", "job"]))
-        st.dataframe(shown.style.format(formats, na_rep=""), hide_index=True, width="stretch")
+        st.dataframe(shown, formats=formats, width="stretch")
     shown, units = display_table(rows.drop(columns=["key", "tool_version", "content_sha256"]).assign(
         job=rows["job"].map(names)))
-    st.dataframe(shown.style.format(units, na_rep=""), hide_index=True, width="stretch")
+    st.dataframe(shown, formats=units, width="stretch")
     mine = findings[findings["job"] == key]
     order = mine["severity"].map(SEVERITY_ORDER).fillna(len(SEVERITY_ORDER))
     saving = mine["saving_us_per_step"].fillna(-1) if "saving_us_per_step" in mine else 0

@@ -10,7 +10,7 @@ def render() -> None:
     analysis = state.current()
     entry = state.rank_entry(analysis)
     meta = analysis.trace.rank(entry["rank"]).meta
-    st.header(f"Metadata · rank {entry['rank']}")
+    st.title(f"Metadata · rank {entry['rank']}")
     st.markdown(md("**File** {} · schema {} · {:,} events · loaded in {:.2f} s · rank from {}", meta.source,
                    meta.schema_version, meta.n_events, meta.load_seconds, meta.rank_source))
     # st.json parses a string as JSON: what is absent is said in words, never handed to it

@@ -1,57 +1,107 @@
-"""Operators and kernels: the host ops and GPU kernels of the window by name (computed in analyze.ops)."""
-
-import pandas as pd
-from kinetoscope.app.ui import md, st
+"""Operators and kernels: the host ops and GPU kernels of the window by name, with the GPU time each op launched,
+every row reachable; host ops grouped by input shapes, by module or by call stack on request (analyze.ops)."""
 
 from kinetoscope.analyze.loader import read_bytes
-from kinetoscope.analyze.ops import kernel_table, op_shapes, op_table
+from kinetoscope.analyze.ops import (
+    kernel_table, op_call_stacks, op_call_stacks_from_args, op_device_time, op_modules, op_shapes, op_table,
+)
 from kinetoscope.app import state
-from kinetoscope.render.format import display_table
 from kinetoscope.app.data import app_limits, job_file
+from kinetoscope.app.ui import md, st
 from kinetoscope.errors import KinetoscopeError
+from kinetoscope.render.format import display_table
 
-TOP = 50
+#: the table's height: about 15 rows in view, the rest reached by scrolling (every row is there)
+TABLE_PX = 560
+GROUPS = ("name", "input shapes", "module", "call stack")
 
 
-def _table(title: str, frame: pd.DataFrame, none: str, about: str) -> None:
-    st.subheader(title)
-    if frame.empty:
-        st.caption(none)
-        return
-    st.caption(f"{len(frame):,} in the window, the first {min(TOP, len(frame))} shown. {about}")
-    shown, units = display_table(frame.head(TOP).rename(columns={"share_of_kernel_time": "kernel_time_fraction",
-                                                                  "tensor_cores": "Tensor Cores"}))
-    st.dataframe(shown.style.format(units, na_rep=""), hide_index=True, width="stretch")
+def _table(frame, formats=None, pinned=("name",)) -> None:
+    shown, units = display_table(frame)
+    st.dataframe(shown, formats={**units, **(formats or {})}, pinned=pinned, width="stretch",
+                 height=min(TABLE_PX, 38 + 35 * len(shown)))
 
 
 def render() -> None:
     analysis, entry, _ = state.page("Operators and kernels")
-    trace = analysis.trace.rank(entry["rank"])
-    _table("Host operators", op_table(trace), "No operators (cpu_op events) in the window.",
-           "By self time (their own time, less the operators they call); phase: where most of their time fell. "
-           "Times in ms.")
-    _shapes(analysis, entry["rank"], trace)
+    rank = entry["rank"]
+    trace = analysis.trace.rank(rank)
+    st.subheader("Host operators")
+    group = st.radio("Group by", GROUPS, horizontal=True, key=f"op_group_{rank}",
+                     help="input shapes and (older traces') call stacks are read from the trace file again")
+    if group == "name":
+        ops = op_table(trace)
+        if ops.empty:
+            st.caption("No operators (cpu_op events) in the window.")
+        else:
+            ops = ops.merge(op_device_time(trace), on="name", how="left")
+            st.caption(md("{:,} operators in the window, every one below (scroll), by self time (their own time, less "
+                          "the operators they call). Device: the GPU time of the kernels, copies and memsets they "
+                          "launched (through correlation ids), by themselves (self) and with the operators they call "
+                          "(total). Phase: where most of their time fell. Times in ms.", len(ops)))
+            _table(ops.rename(columns={"device_self_ms": "device_self_ms", "device_total_ms": "device_total_ms"}))
+    elif group == "input shapes":
+        _shapes(analysis, rank, trace)
+    elif group == "module":
+        mods = op_modules(trace)
+        if mods.empty:
+            st.caption("The trace records no nn.Module calls (capture with with_stack=True; PyTorch 2 records "
+                       "modules then).")
+        else:
+            st.caption(md("{:,} (module, operator) pairs: each operator charged to the innermost module it ran in "
+                          "('(outside any module)': the backward pass, the optimizer), by total time (ms).", len(mods)))
+            _table(mods, pinned=("module",))
+    else:
+        _stacks(analysis, rank, trace)
     kernels = kernel_table(trace)
-    _table("GPU kernels", kernels.assign(tensor_cores=kernels["tensor_cores"].map({True: "yes"})),
-           "No GPU kernels in the window.",
-           "By total time (ms). Tensor Cores: yes where the kernel's name says so, blank where it does not say.")
+    st.subheader("GPU kernels")
+    if kernels.empty:
+        st.caption("No GPU kernels in the window.")
+        return
+    st.caption(md("{:,} kernels in the window, every one below, by total time (ms). Tensor Cores: yes where the "
+                  "kernel's name says so, blank where it does not say.", len(kernels)))
+    _table(kernels.assign(tensor_cores=kernels["tensor_cores"].map({True: "yes"})).rename(
+        columns={"share_of_kernel_time": "kernel_time_fraction", "tensor_cores": "Tensor Cores"}))
+
+
+def _file(analysis, rank: int):
+    name = dict(analysis.rank_files).get(rank)
+    return name, (job_file(st.session_state.get(state.JOB), name) if name else None)
 
 
 def _shapes(analysis, rank: int, trace) -> None:
-    """Operators by input shapes: read from the trace file again when asked (the loader does not keep shapes)."""
-    name = dict(analysis.rank_files).get(rank)
-    path = job_file(st.session_state.get(state.JOB), name) if name else None
-    if path is None or not st.toggle("Group by input shapes", key=f"op_shapes_{rank}",
-                                     help="reads the trace file again for the shapes record_shapes=True wrote"):
+    """Operators by input shapes: read from the trace file again (the loader does not keep shapes)."""
+    name, path = _file(analysis, rank)
+    if path is None:
+        st.caption("The trace file is no longer on the server: upload it again to group by shapes.")
         return
     try:
         table = op_shapes(read_bytes(path, app_limits()), trace)
     except KinetoscopeError as exc:
-        st.error(f"{name}: {getattr(exc, 'reason', exc)}")
+        st.error(md("{}: {}", name, getattr(exc, "reason", exc)))
         return
     if table.empty or (table["input_shapes"] == "").all():
         st.caption("The trace records no input shapes (capture with record_shapes=True).")
         return
-    st.caption(f"{len(table):,} (operator, input shapes) pairs, by total time; the first {min(TOP, len(table))} shown.")
-    shown, units = display_table(table.head(TOP).rename(columns={"input_shapes": "input shapes"}))
-    st.dataframe(shown.style.format(units, na_rep=""), hide_index=True, width="stretch")
+    st.caption(md("{:,} (operator, input shapes) pairs, by total time (ms).", len(table)))
+    _table(table.rename(columns={"input_shapes": "input shapes"}))
+
+
+def _stacks(analysis, rank: int, trace) -> None:
+    """Operators by call stack: Python frames recorded as events (with_stack=True), else the Call stack argument
+    older traces wrote on each op (read from the file again)."""
+    table = op_call_stacks(trace)
+    if table.empty:
+        name, path = _file(analysis, rank)
+        if path is not None:
+            try:
+                table = op_call_stacks_from_args(read_bytes(path, app_limits()), trace)
+            except KinetoscopeError as exc:
+                st.error(md("{}: {}", name, getattr(exc, "reason", exc)))
+                return
+    if table.empty:
+        st.caption("The trace records no call stacks (capture with with_stack=True).")
+        return
+    st.caption(md("{:,} (operator, call stack) pairs, by total time (ms); a stack reads from the innermost frame "
+                  "out.", len(table)))
+    _table(table.rename(columns={"call_stack": "call stack"}))

@@ -6,6 +6,7 @@ import altair as alt
 import pandas as pd
 from kinetoscope.app.ui import md, st
 
+from kinetoscope.analyze.distview import distributed_view
 from kinetoscope.app import state
 from kinetoscope.render.format import display_table
 
@@ -13,9 +14,10 @@ from kinetoscope.render.format import display_table
 def render() -> None:
     analysis = state.current()
     report = analysis.report
-    st.header("Ranks")
+    st.title("Ranks")
     rows = []
-    stragglers = {f.rank for f in report.findings if f.id == "straggler"}
+    view = distributed_view(analysis.trace, report)  # the straggler as the analysis names it
+    stragglers = set(view.ranks.loc[view.ranks["straggler"], "rank"])
     coll = {r["rank"]: r for r in (report.job.get("collectives") or {}).get("ranks", [])}
     for r in report.ranks:
         rows.append({
@@ -33,9 +35,7 @@ def render() -> None:
     if len(table) < 2:
         st.info("A single rank: load a directory (or upload several files) of one job to compare ranks.")
     shown, formats = display_table(table.rename(columns={"last_to_arrive": "last to arrive (collectives)"}))
-    st.dataframe(shown.style.format(formats, na_rep="").apply(
-        lambda row: ["background-color: #fde2e1" if row["straggler"] else "" for _ in row], axis=1),
-        hide_index=True, width="stretch")
+    st.dataframe(shown, formats=formats, highlight=shown["straggler"], width="stretch")
     if len(table) > 1 and table["collective_wait_us"].notna().any():
         # in a synchronous job every rank's step is as long as the slowest: the wait is what differs
         wait = table.assign(ms=table["collective_wait_us"] / 1000)

@@ -18,7 +18,7 @@ def _stacked(frame: pd.DataFrame, columns: list[str], title: str, colours: dict[
     domain = [p for p in (colours or {}) if p in set(long["part"])] or sorted(set(long["part"]))
     long["order"] = long["part"].map({p: i for i, p in enumerate(domain)})
     colour = alt.Color("part:N", title=None, scale=alt.Scale(domain=domain, range=[colours[p] for p in domain])
-                       if colours else alt.Undefined, legend=alt.Legend(orient="bottom"))
+                       if colours else alt.Undefined, legend=alt.Legend(orient="bottom", columns=4))
     chart = alt.Chart(long).mark_bar().encode(
         x=alt.X("step:O", title="step"), y=alt.Y("ms:Q", title=title), color=colour,
         order=alt.Order("order:Q"), tooltip=["step", "part", alt.Tooltip("ms:Q", format=",.3f", title="ms")])
@@ -45,9 +45,9 @@ def render() -> None:
     st.markdown(md("**Phases over the window**"))
     phases = pd.DataFrame(entry["phases"]).T
     table, formats = display_table(phases.reset_index(names="phase"))
-    st.dataframe(table.style.format(formats, na_rep=""), hide_index=True, width="stretch")
+    st.dataframe(table, formats=formats, width="stretch")
     loader = results.get("loader")
     if loader is not None and len(loader.tables["loader_per_step"]):
         st.markdown(md("**Data loading per step**"))
         table, formats = display_table(loader.tables["loader_per_step"])
-        st.dataframe(table.style.format(formats, na_rep=""), hide_index=True, width="stretch")
+        st.dataframe(table, formats=formats, width="stretch")

@@ -31,9 +31,9 @@ def render() -> None:
         st.caption(f"GPU findings are information only here: {gpu['judgement']}")
     st.markdown(md("**Streams** (busy is the union of kernels, copies and memsets; idle is the measure of the gaps)"))
     table, formats = display_table(results["gpu"].tables["streams"])
-    st.dataframe(table.style.format(formats, na_rep=""), hide_index=True, width="stretch")
+    st.dataframe(table, formats=formats, width="stretch")
     gaps = results["gpu"].tables["gaps"]
     if len(gaps):
         st.markdown(md("**Largest device gaps** (step = the ProfilerStep it starts in)"))
         table, formats = display_table(gaps, window_start_ns=state.window_start_ns(state.current(), entry))
-        st.dataframe(table.style.format(formats, na_rep=""), hide_index=True, width="stretch")
+        st.dataframe(table, formats=formats, width="stretch")

@@ -9,6 +9,7 @@ from kinetoscope.analyze.views import KIND_COLOURS, step_range_ms, timeline_view
 from kinetoscope.app import state
 from kinetoscope.app.perfetto import open_in_perfetto
 from kinetoscope.app.ui import md, st
+from kinetoscope.render.format import number
 
 #: pixels per row; the chart's height also holds the legend and the axis (~110 px)
 ROW_PX = 20
@@ -58,9 +59,9 @@ def render() -> None:
     if zoom is not None:
         start, end = zoom
     view = timeline_view(rank, start, end)
-    merged = (md("; {:,} spans shorter than a pixel ({:,.1f} µs) are merged into blocks drawn as dark as the share "
-                 "of the block they run (a block half busy is half transparent)", view.merged_spans,
-                 view.resolution_ms * 1000) if view.merged_spans else md(""))
+    merged = (md("; {:,} spans shorter than a pixel ({} ms) are merged into blocks drawn as dark as the share of the "
+                 "block they run (a block half busy is half transparent)", view.merged_spans,
+                 number(view.resolution_ms)) if view.merged_spans else md(""))
     kernels = md(" ({:,} kernels, {:,} drawn one by one)", view.kernels, view.kernels_drawn) if view.kernels else md("")
     st.caption(md("{:,.3f}–{:,.3f} ms from the window start: {:,} spans{}{}. Drag across the chart to zoom in: the "
                   "range is read again at its own resolution. Hover a launch or a kernel to see the other end.",
