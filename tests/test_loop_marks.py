@@ -90,6 +90,16 @@ def auto(tmp_path_factory) -> Path:
     return out
 
 
+def test_a_validation_ended_by_setting_the_mode_directly_is_still_validation(tmp_path):
+    """Lightning restores training mode by setting module.training itself, with no .train() call: the stretch ends
+    at the next training batch (was: never ended, so it held a backward and counted as no validation at all)."""
+    out = tmp_path / "out"
+    capture(out, "--steps", "8", "--acc", "2", "--every", "4", "--val-batches", "3", "--restore-by-attribute")
+    manifest, _ = sidecars(out)
+    validation = manifest["loop"]["validation"]
+    assert validation["stretches"] == 2 and validation["batches"] == 6
+
+
 def test_capture_writes_the_loop_into_the_manifest(auto):
     manifest, _ = sidecars(auto)
     loop = manifest["loop"]

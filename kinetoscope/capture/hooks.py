@@ -71,6 +71,9 @@ class _Hooks:
         self.sampler_ids: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         self.loader_config: dict[int, dict[str, Any]] = {}
         self.next_loader = 0
+        #: root modules put in eval mode by an outermost .eval()/.train(False), until seen training again: a trainer
+        #: may restore training mode by setting ``module.training`` itself (Lightning does), with no call to see
+        self.in_eval: dict[int, weakref.ref[Any]] = {}
 
     # --- lifecycle ---------------------------------------------------------------------------
     def acquire(self, recorder: LoopRecorder | None, listener: LoopListener | None) -> None:
@@ -183,6 +186,7 @@ class _Hooks:
 
     def data_wait(self, it: Any, t1: int, wait_ns: int, cpu_ns: int, exhausted: bool) -> None:
         try:
+            self.training_again(t1 - wait_ns)
             event = ("W", t1, wait_ns, cpu_ns, threading.get_native_id(), it,
                      getattr(it, "_num_yielded", 0) - (0 if exhausted else 1), self.grad_enabled(), exhausted)
             for r in self.recorders:
@@ -262,10 +266,28 @@ class _Hooks:
     def mode_change(self, module: Any, mode: Any) -> None:
         try:
             event = ("M", time.time_ns(), threading.get_native_id(), id(module), type(module).__name__, bool(mode))
+            if mode:
+                self.in_eval.pop(id(module), None)
+            else:
+                self.in_eval[id(module)] = weakref.ref(module)
             for r in self.recorders:
                 r.pending.append(event)
         except Exception:  # noqa: BLE001
             pass
+
+    def training_again(self, t: int) -> None:
+        """A module in eval mode that is training again with no .train() call seen (its mode set as an attribute)
+        ends its eval stretch now, at the latest."""
+        if not self.in_eval:
+            return
+        for mid, ref in list(self.in_eval.items()):
+            module = ref()
+            if module is None or getattr(module, "training", False):
+                del self.in_eval[mid]
+                event = ("M", t, threading.get_native_id(), mid, type(module).__name__ if module is not None else "",
+                         True)
+                for r in self.recorders:
+                    r.pending.append(event)
 
     # --- backward and optimizer steps ----------------------------------------------------------
     def _patch_backward(self, torch: Any) -> bool:
@@ -293,6 +315,7 @@ class _Hooks:
 
     def backward_done(self, t0: int) -> None:
         try:
+            self.training_again(t0)
             event = ("B", t0, time.time_ns(), threading.get_native_id())
             for r in self.recorders:
                 r.pending.append(event)

@@ -33,6 +33,7 @@ ap.add_argument("--compile", action="store_true")
 ap.add_argument("--recompile-at", type=int, default=-1)
 ap.add_argument("--out", default="")
 ap.add_argument("--active", type=int, default=3)
+ap.add_argument("--restore-by-attribute", action="store_true")  # end validation as Lightning does: module.training = True
 args, _ = ap.parse_known_args()
 torch.set_num_threads(1)
 if args.dcp_at:
@@ -69,7 +70,11 @@ def after_optimizer_step(step):
         with torch.no_grad():
             for x, y in val:
                 model(x)
-        model.train()
+        if args.restore_by_attribute:  # no .train() call to see: the mode set on every module directly
+            for m in model.modules():
+                m.training = True
+        else:
+            model.train()
     if step in args.save_at:
         torch.save(model.state_dict(), checkpoint)
     if step in args.dcp_at:
