@@ -122,6 +122,11 @@ StepSource = Literal["capture", "profiled", "window"]
 Verdict = Literal["faster", "slower", "no change", "unknown"]
 
 
+#: a change of the mean step smaller than this reads as no change even when its interval excludes 0: identical
+#: reruns of a real job differ by 1-2% (other work on the host, clock boosts, data order), and a verdict inside that
+#: would call identical runs changed
+NO_CHANGE_WITHIN = 0.02
+
 @dataclass(frozen=True)
 class RunSteps:
     """One rank's step times (us, in run order) to compare runs on, and where they come from."""
@@ -240,7 +245,9 @@ def series_change(before: RunSteps, after: RunSteps, *, scope: Literal["job", "r
     if m.ci_low is None or m.ci_high is None:
         verdict: Verdict = "unknown"
     else:
-        verdict = "slower" if m.ci_low > 0 else "faster" if m.ci_high < 0 else "no change"
+        # a change must be beyond the noise (its interval excludes 0) and beyond what reruns of one job differ by
+        verdict = ("slower" if m.ci_low > 0 and m.change > NO_CHANGE_WITHIN else
+                   "faster" if m.ci_high < 0 and m.change < -NO_CHANGE_WITHIN else "no change")
     agrees = None
     if m.median_change is not None and m.ci_low is not None and m.ci_high is not None:
         slack = 1e-9 * max(1.0, abs(m.ci_low), abs(m.ci_high))  # a zero-width interval holds its own end
