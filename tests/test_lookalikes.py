@@ -537,3 +537,18 @@ def test_validation_over_the_run_is_said_with_how_often_and_its_share(tmp_path):
                  "mean_us": 1_350_000}
     assert "validation every 10 steps, 3 time(s), 1,350.0 ms each: 57% of the run" in f.title
     assert rep.ranks[0]["loader"]["run"]["validation_us"] == 4_050_000
+
+
+def test_a_ranks_wait_for_a_straggler_is_not_exposure_overlap_can_hide(tmp_path):
+    """Was: the ranks waiting for a straggler at each all-reduce read its wait as exposed communication, critical.
+    Rank 2 arrives 300 us late at each of 5 all-reduces of 1 ms: the others' 1.5 ms of waiting is left out."""
+    from kinetoscope.analyze.loader import load_trace
+    from test_trust import straggler_job
+
+    straggler_job(tmp_path / "job", slow=2, n=4)
+    rep = build_report(load_trace(tmp_path / "job"))
+    exposed = {f.rank: f for f in found(rep, "exposed_comm")}
+    assert exposed[0].evidence["waiting_for_other_ranks_us"] == 1_500
+    assert exposed[0].evidence["exposed_including_waits_us"] == 5_000 and exposed[0].evidence["exposed_us"] == 3_500
+    assert exposed[2].evidence["exposed_us"] == 3_500 and "waiting_for_other_ranks_us" not in exposed[2].evidence
+    assert rep.worst_rank == 2  # among findings as severe, the straggler's rank

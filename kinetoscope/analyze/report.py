@@ -54,10 +54,13 @@ class Report:
 
     @property
     def worst_rank(self) -> int | None:
-        """The rank of the first-ranked finding that names one (most severe, largest saving); else the first."""
-        for f in self.findings:
-            if f.rank is not None and any(r["rank"] == f.rank for r in self.ranks):
-                return int(f.rank)
+        """The rank of the first-ranked finding that names one (most severe, largest saving), the straggler among
+        findings as severe (the rank the others wait for is where a job's time goes); else the first."""
+        named = [f for f in self.findings if f.rank is not None and any(r["rank"] == f.rank for r in self.ranks)]
+        if named:
+            top = [f for f in named if f.severity == named[0].severity]
+            straggler = next((f for f in top if f.id == "straggler"), None)
+            return int((straggler or named[0]).rank)  # type: ignore[arg-type]
         return int(self.ranks[0]["rank"]) if self.ranks else None
 
     def to_dict(self) -> dict[str, Any]:
@@ -160,6 +163,26 @@ def _timed(key: str, rank: int | None, fn: Any, *args: Any) -> tuple[Any, Analyz
     except Exception as exc:
         return None, AnalyzerFailure(key, rank, f"{type(exc).__name__}: {exc}", traceback.format_exc()), \
             time.perf_counter() - started
+
+
+def _exposure_less_waits(trace: Trace, findings: list[Finding], job: dict[str, Any], config: AnalysisConfig,
+                         failures: list[AnalyzerFailure]) -> list[Finding]:
+    """Each rank's exposed communication less its waits for later ranks, where the job's collectives were matched
+    across ranks (those waits are the straggler's cost, not overlap to be had), judged again."""
+    from kinetoscope.analyze.analyzers.comm import without_waits
+
+    waits = {r["rank"]: r["wait_us"] for r in (job.get("collectives") or {}).get("ranks", []) if r.get("wait_us")}
+    if not waits:
+        return findings
+    out = []
+    for f in findings:
+        if f.id == "exposed_comm" and f.rank in waits and any(r.rank == f.rank for r in trace.ranks):
+            found, lost = _estimated(trace.rank(f.rank), [without_waits(f, waits[f.rank], config)], config)
+            out.extend(found)
+            failures.extend(lost)
+        else:
+            out.append(f)
+    return out
 
 
 def run_time(r: RankTrace) -> RunTime:
@@ -311,6 +334,7 @@ def build_report(trace: Trace, config: AnalysisConfig = DEFAULT_CONFIG, *, threa
             found, lost = _estimated(ranks[0], [f], config) if ranks else ([f], [])
             findings.extend(found)
             failures.extend(lost)
+    findings = _exposure_less_waits(trace, findings, job, config, failures)
     violations = [f"rank {e['rank']}: {v}" for e in entries for v in fraction_violations(e)]
     violations += [f"job: {v}" for v in fraction_violations(job)]
     violations += [f"finding {f.id} (rank {f.rank}): {v}" for f in findings for v in fraction_violations(f.evidence)]

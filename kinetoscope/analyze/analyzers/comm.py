@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -249,3 +250,20 @@ def _host_collectives(trace: RankTrace, config: AnalysisConfig) -> AnalysisResul
     }}, tables={"collectives": coll}, findings=(found,) if found else ())
 
 
+
+
+def without_waits(finding: Finding, wait_us: float, config: AnalysisConfig) -> Finding:
+    """A rank's exposed communication less what the job's matched collectives show it spent waiting for later ranks
+    (one rank's trace cannot tell a collective's wait from its transfer; the matching across ranks can): what
+    overlap could hide is the rest. Its estimate is made again from it."""
+    ev = dict(finding.evidence)
+    exposed = max(float(ev.get("exposed_us") or 0) - float(wait_us), 0.0)
+    window = float(ev.get("window_us") or 0)
+    ev.update({"exposed_including_waits_us": ev.get("exposed_us"), "waiting_for_other_ranks_us": round(wait_us, 3),
+               "exposed_us": round(exposed, 3),
+               "exposed_fraction_of_window": exposed / window if window else None})
+    title = (f"Communication not overlapped with compute takes {exposed / window:.0%} of the {window / 1000:.1f} ms "
+             f"window once its {wait_us / 1000:,.2f} ms waiting for other ranks is left out (collectives matched "
+             "across the job)" if window else finding.title)
+    return replace(finding, evidence=ev, title=title, impact_us=exposed, estimate=None, worth=None,
+                   severity="info")

@@ -109,10 +109,13 @@ def _gpu_summary(analysis, rank: int) -> None:
         st.caption(md("The trace lists {} GPU(s); {} ran no kernel in the window.", len(devices),
                       len(devices) - len(used)))
     for d in used.to_dict("records"):
-        facts = [d["name"] or "name not recorded",
-                 f"{d['memory_bytes'] / 2**30:,.1f} GiB" if d["memory_bytes"] else "memory not recorded",
-                 f"compute capability {d['compute_capability']}" if d["compute_capability"] else None,
-                 f"{d['sms']} SMs" if d["sms"] else None]
+        def known(v: object) -> bool:  # a table's missing value is None or NaN (a float): not known
+            return v is not None and v == v and v != "" and v != 0
+
+        facts = [str(d["name"]) if known(d["name"]) else "name not recorded",
+                 f"{d['memory_bytes'] / 2**30:,.1f} GiB" if known(d["memory_bytes"]) else "memory not recorded",
+                 f"compute capability {d['compute_capability']}" if known(d["compute_capability"]) else None,
+                 f"{int(d['sms'])} SMs" if known(d["sms"]) else None]
         share = d["tensor_core_fraction_of_kernel_time"]
         tc = ("no kernels in the window" if share is None or share != share else
               f"Tensor Cores in {state.pct(share)} of kernel time ({number(d['tensor_core_ms'])} of "
