@@ -200,7 +200,8 @@ def test_a_crash_inside_the_window_is_a_partial_step_not_a_finding(tmp_path):
     assert steps["partial"].tolist() == [False, False, True] and steps.loc[4, "dur_ns"] >= 500_000_000
     assert r["window_us"] * 1000 == pytest.approx(steps.loc[3, "end_ns"] - steps.loc[2, "start_ns"], abs=1)
     assert steps.loc[3, "end_ns"] <= steps.loc[4, "start_ns"]
-    assert not [f for f in report.findings if f.severity in ("warning", "critical")]
+    # no claim rests on the partial step (whether the test machine was loaded, host_oversubscribed, is another matter)
+    assert not [f for f in report.findings if f.severity in ("warning", "critical") and f.id != "host_oversubscribed"]
 
 
 # --- 6. runs kept apart ---------------------------------------------------------------------------------

@@ -207,9 +207,10 @@ def test_both_decoders_read_the_same_marks(auto, monkeypatch):
     assert scanned.astype(object).equals(reference.astype(object))
 
 
-def test_marks_change_no_analysis_yet(auto, tmp_path):
-    """The analysis reads the marks but no analyzer uses them yet: the report of the trace with its marks is the
-    report of the same trace without them, but for the count of events."""
+def test_marks_tell_the_training_loaders_waits_from_the_validation_loaders(auto, tmp_path):
+    """The same capture with and without its marks: with them, the validation loader's waits in the window (step 3
+    holds a validation pass) are no training data wait, and are reported apart; without them (a trace from
+    elsewhere) every wait on the training thread counts."""
     bare = tmp_path / "bare"
     shutil.copytree(auto, bare)  # the sidecars too: the same capture, but for the marks
     (path,) = bare.glob("*.pt.trace.json.gz")
@@ -217,19 +218,18 @@ def test_marks_change_no_analysis_yet(auto, tmp_path):
     doc["traceEvents"] = [e for e in doc["traceEvents"] if e.get("cat") != "kinetoscope"]
     path.write_bytes(gzip.compress(json.dumps(doc).encode()))
 
-    def report(p: Path) -> dict:
+    def loader(p: Path) -> dict:
         proc = subprocess.run([sys.executable, "-m", "kinetoscope.cli", "analyze", "--format", "json", str(p)],
                               capture_output=True, text=True, timeout=300)
         assert proc.returncode in (0, 1), proc.stderr
-        out = json.loads(proc.stdout)
-        for rank in out["ranks"]:
-            rank.pop("events")
-            rank.pop("file")
-        out.pop("source", None)
-        return out
+        return json.loads(proc.stdout)["ranks"][0]["loader"]
 
-    with_marks, without = report(auto), report(bare)
-    assert with_marks == without
+    with_marks, without = loader(auto), loader(bare)
+    assert with_marks["eval_loader_wait_us"] > 0 and without["eval_loader_wait_us"] is None
+    # the 3 validation batches of the window's step 3, and the next() that found the validation loader exhausted
+    assert with_marks["calls"] == without["calls"] - 4
+    # the training wait loses the validation loader's torch spans, which the marks (whole next() calls) contain
+    assert 0 < without["time_us"] - with_marks["time_us"] <= with_marks["eval_loader_wait_us"]
 
 
 # --- the Python APIs record the same things -------------------------------------------------------------------

@@ -438,7 +438,7 @@ def test_an_upload_is_named_by_its_file_in_pages_and_reports_and_exported_from_t
 
     first = session("metadata", [("mine.json", data)])
     shown = " ".join(m.value for m in first.markdown)
-    assert "`mine.json`" in shown and str(tmp_path) not in shown
+    assert "**File** mine.json" in shown and str(tmp_path) not in shown  # shown as text, never as markup
     assert str(tmp_path) not in report_to_json(first.session_state["analysis"].report)
     first.session_state["pending_uploads"] = [("other.json.gz", other)]
     first.run()  # the first session's copy of mine.json is deleted
