@@ -151,8 +151,7 @@ def test_fleet_view_of_a_batch_store(tmp_path, monkeypatch):
     assert v100["mean step (ms)"] == pytest.approx(174.829, abs=0.001) and v100["gpu idle (%)"] == pytest.approx(0.44, abs=0.005)
     assert v100["worst finding"] == "critical loader_stall"
     assert v100["worst saving (ms/step)"] == pytest.approx(58.82, abs=0.01)
-    assert list(jobs.columns[:9]) == ["job", "files", "failed", "critical", "warnings", "mean step (ms)", "gpu idle (%)",
-                                      "worst finding", "worst saving (ms/step)"]
+    assert list(jobs.columns[:4]) == ["job", "worst saving (ms/step)", "worst finding", "missing ranks"]
 
 
 def test_exported_trace_files_have_their_secrets_redacted():
@@ -506,3 +505,32 @@ def test_operators_by_module_and_by_call_stack_and_the_modules_page():
     assert {"host (ms)", "host self (ms)", "device (ms)"} <= set(tree.columns)
     none = open_app("modules", trace="real/v100_resnet50_2021.json.gz")
     assert not none.exception and "no nn.Module calls" in none.info[0].value
+
+
+def test_fleet_puts_the_worst_jobs_first_by_saving_and_says_which_miss_ranks(tmp_path, monkeypatch):
+    """Three jobs: a 4-rank job, the same job without rank 2's file, a loader-bound single run. Worst first by what
+    fixing each job's worst finding saves (was: by failures, then critical, then warnings counts); the job without
+    rank 2 says 1 of 4 ranks is missing and claims no straggler."""
+    pytest.importorskip("dask")
+    from kinetoscope.batch.run import run_batch
+    from test_trust import straggler_job
+
+    straggler_job(tmp_path / "traces" / "complete")
+    straggler_job(tmp_path / "traces" / "partial")
+    (tmp_path / "traces" / "partial" / "rank-2.json").unlink()
+    single = tmp_path / "traces" / "single"
+    single.mkdir(parents=True)
+    (single / "trace.json.gz").write_bytes(next((SAMPLES / "cpu" / "loader_bound").glob("*.pt.trace.json.gz")).read_bytes())
+    run_batch([tmp_path / "traces"], tmp_path / "store", workers=1)
+    monkeypatch.setenv("KINETOSCOPE_APP_PATHS", str(tmp_path / "store"))
+    at = open_app("fleet", fleet_job="partial")
+    assert not at.exception and not at.error
+    jobs = at.dataframe[0].value.set_index("job")
+    savings = at.dataframe[0].value["worst saving (ms/step)"].tolist()
+    known = [v for v in savings if v == v]
+    assert known == sorted(known, reverse=True) and all(v != v for v in savings[len(known):])
+    assert jobs.loc["partial", "missing ranks"] == 1 and jobs.loc["complete", "missing ranks"] == 0
+    assert pd.isna(jobs.loc["single/trace.json.gz", "missing ranks"])  # states no world size: unknown
+    assert any(unescaped(w.value).startswith("1 of this job's 4 ranks have no readable file") for w in at.warning)
+    assert not any("straggler rank" in unescaped(m.value) for m in at.markdown)
+    assert '"job": {"pinned": true}' in at.dataframe[0].proto.columns  # the job column stays in view
