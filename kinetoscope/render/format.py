@@ -36,6 +36,14 @@ def number(value: Any) -> str:
     return text.rstrip("0").rstrip(".") if "." in text else text
 
 
+def listing(pairs: Any, unit: str = "", limit: int = 12) -> str:
+    """(label, number) pairs as words, for a chart's text alternative: 'data wait 68.69 ms, h2d 2.1 ms, … (40 in
+    all)'."""
+    pairs = list(pairs)
+    shown = [f"{label} {number(value)}{(' ' + unit) if unit else ''}" for label, value in pairs[:limit]]
+    return ", ".join(shown) + (f", … ({len(pairs)} in all)" if len(pairs) > limit else "")
+
+
 def rank_ranges(ranks: Any) -> str:
     """Rank numbers as a person reads them: [2] -> '2', [0, 1, 2, 5, 7, 8] -> '0-2, 5, 7-8'."""
     ranks = sorted(int(r) for r in ranks)
