@@ -211,6 +211,6 @@ def compare_display(table: Any) -> Any:
         "metric": [name(m) for m in table["metric"]],
         "before": [one(m, v) for m, v in zip(table["metric"], table["before"])],
         "after": [one(m, v) for m, v in zip(table["metric"], table["after"])],
-        "change": ["" if c is None or c != c else f"{c:+.1%}" for c in table["change"]],
+        "change": ["" if c is None or c != c else "0.0%" if abs(c) < 0.0005 else f"{c:+.1%}" for c in table["change"]],
         "verdict": ["" if b is None or b != b else "better" if b else "worse" for b in table["better"]],
     })
