@@ -6,6 +6,7 @@ state and the start page before the first run; tests/test_browser.py clicks thro
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -316,13 +317,33 @@ def test_overview_of_the_four_rank_upload_opens_on_the_straggler(tmp_path):
 SAMPLE_LABELS = [c.label for c in __import__("kinetoscope.app.data", fromlist=["sample_choices"]).sample_choices()]
 
 
+#: what a page must never show: Python's None/nan, pandas' six decimals, exponents, raw column names with a unit
+#: suffix (busy_us), a raw float's repr
+RAW = re.compile(r"\bNone\b|\bnan\b|\bNaN\b|\b[1-9]\d*\.\d{6}\b|\d[eE][+-]\d\d\b|\b[a-z]+_(us|ns|bytes|fraction|mib)\b")
+
+
+def raw_values(at: AppTest) -> list[str]:
+    """Raw values in what the page says (markdown, captions, titles, metrics) and in its tables' column names and
+    text cells."""
+    said = [unescaped(e.value) for kind in ("markdown", "caption", "title", "header", "subheader", "info", "warning",
+                                            "success") for e in at.get(kind)]
+    said += [f"{unescaped(m.label)}: {unescaped(m.value)}" for m in at.metric]
+    bad = [t for t in said if RAW.search(t)]
+    for df in at.dataframe:
+        frame = df.value
+        bad += [f"column {c}" for c in frame.columns if RAW.search(str(c)) or "_" in str(c)]
+    return bad
+
+
 @pytest.mark.parametrize("trace", SAMPLE_LABELS)
 def test_every_page_of_every_bundled_sample(trace):
-    """No exception and no error element on any page of any sample (one script run per page)."""
+    """No exception, no error element and no raw value (None, nan, 2.000000, 3.1e+06, busy_us) on any page of any
+    sample (one script run per page)."""
     for page in PAGES:
         at = open_app(page, trace=trace)
         assert not at.exception, (page, at.exception)
         assert not at.error, (page, [e.value for e in at.error])
+        assert not raw_values(at), (page, raw_values(at))
 
 
 def test_fleet_opens_a_job_in_place_and_the_other_pages_show_store_jobs(tmp_path, monkeypatch):
