@@ -141,3 +141,10 @@ def test_numbers_read_as_numbers(value, shown):
     assert number(value) == shown
     if value is not None:
         assert evidence_lines({"ratio": value}) == [f"ratio: {'unknown' if False else shown}"]
+
+
+def test_a_chart_without_a_text_alternative_is_refused():
+    import altair as alt
+
+    with pytest.raises(TypeError, match="text alternative"):
+        ui.st.altair_chart(alt.Chart(pd.DataFrame({"a": [1]})).mark_bar().encode(x="a"))

@@ -273,3 +273,63 @@ def test_the_module_hierarchy_with_host_and_device_time(tmp_path):
     assert by_module[("Net_0", "aten::relu")] == 0.06
     stacks = op_call_stacks(r).set_index(["name", "call_stack"])
     assert stacks.loc[("aten::addmm", "train.py(10): main")].tolist() == [2, 0.42]  # module frames left out
+
+
+def _steps_trace(tmp_path, name: str, step_us: float, steps: int = 12):
+    b = TraceBuilder()
+    for k in range(steps):
+        b.step(k, k * step_us, step_us)
+    return load_built(tmp_path, b, name)
+
+
+@pytest.mark.parametrize("after_us, verdict", [(1000, "no change"), (1010, "no change"), (1100, "slower"),
+                                               (900, "faster")])
+def test_the_run_level_step_change_gives_no_verdict_inside_the_noise(tmp_path, after_us, verdict):
+    """Twelve 1 ms steps against twelve of 1.00, 1.01, 1.1 and 0.9 ms: the 1% change is inside what reruns of one job
+    differ by (2%): no verdict; 10% either way is one."""
+    from kinetoscope.analyze.compareview import run_change
+
+    got = run_change(_steps_trace(tmp_path, "a.json", 1000), _steps_trace(tmp_path, "b.json", after_us))
+    assert got["verdict"] == verdict and got["change"] == pytest.approx(after_us / 1000 - 1)
+    assert got["before_steps"] == 12 and got["after_steps"] == 12
+
+
+def test_findings_are_matched_by_id_and_the_ranks_they_were_found_on():
+    """Before: a loader stall on ranks 0-3 of a 4-rank job and a sync point on rank 1; after (8 ranks): the loader
+    stall on ranks 0-3 still, a straggler on the job, GPU idle on rank 5. Rank 3's stall is the same finding only
+    because the set is the same; the sync point is gone."""
+    from types import SimpleNamespace
+
+    from kinetoscope.analyze.compareview import finding_sets
+    from kinetoscope.analyze.findings import Finding
+
+    def f(fid, rank):
+        return Finding(id=fid, severity="warning", rank=rank, title=f"{fid} title", evidence={}, recommendation="")
+
+    before = SimpleNamespace(findings=[f("loader_stall", r) for r in range(4)] + [f("sync_point", 1)],
+                             ranks=[{"rank": r} for r in range(4)])
+    after = SimpleNamespace(findings=[f("loader_stall", r) for r in (0, 1)] + [f("straggler", None), f("gpu_idle", 5)],
+                            ranks=[{"rank": r} for r in range(8)])
+    t = finding_sets(before, after).set_index("id")
+    assert t.loc["loader_stall", ["status", "ranks_before", "ranks_after"]].tolist() == ["on other ranks", "0-3", "0-1"]
+    assert t.loc["straggler", ["status", "ranks_after"]].tolist() == ["appeared", "the job"]
+    assert t.loc["gpu_idle", "status"] == "appeared" and t.loc["sync_point", "status"] == "gone"
+    assert t.loc["sync_point", ["ranks_before", "ranks_after"]].tolist() == ["1", ""]
+    assert t["ranks_of_the_job_before"].unique().tolist() == [4] and t["ranks_of_the_job_after"].unique().tolist() == [8]
+
+
+def test_kernel_and_operator_diffs_per_step(tmp_path):
+    """Before: a 300 us gemm per 1 ms step; after: a 200 us gemm and a new 50 us relu kernel: -0.1 and +0.05 ms."""
+    from kinetoscope.analyze.compareview import name_diffs
+
+    def run(name, gemm_us, relu_us):
+        b = TraceBuilder()
+        for k in range(4):
+            b.step(k, k * 1000, 1000).kernel(k * 1000 + 10, gemm_us, name="gemm")
+            if relu_us:
+                b.kernel(k * 1000 + 500, relu_us, name="relu")
+        return load_built(tmp_path, b, name)
+
+    d = name_diffs(run("a.json", 300, 0), run("b.json", 200, 50), ("kernel",)).set_index("name")
+    assert d.loc["gemm"].tolist() == [0.3, 0.2, pytest.approx(-0.1)]
+    assert d.loc["relu"].tolist() == [0.0, 0.05, 0.05] and list(d.index) == ["gemm", "relu"]

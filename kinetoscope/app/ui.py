@@ -298,6 +298,11 @@ class _Door:
 
         def call(*args: Any, **kwargs: Any) -> Any:
             extra = {k: kwargs.pop(k) for k in ("formats", "highlight", "pinned") if k in kwargs and name in _TABLES}
+            if name in _CHARTS:
+                if not kwargs.get("description"):
+                    raise TypeError("ui: every chart says what it shows in words (description=...): its text "
+                                    "alternative")
+                extra["description"] = kwargs.pop("description")
             bound = _signature(fn).bind_partial(*args, **kwargs)
             params = bound.arguments
             for key in _MARKDOWN.get(name, ()):
@@ -315,7 +320,7 @@ class _Door:
                     params["column_config"] = {**config, **(params.get("column_config") or {})}
                 params.setdefault("hide_index", True)
             if name in _CHARTS:
-                chart = redact_chart(params["altair_chart"])
+                chart = redact_chart(params["altair_chart"]).properties(description=plain(extra["description"]))
                 params["altair_chart"] = chart.configure_axis(labelColor=CHART_TEXT, titleColor=CHART_TEXT) \
                     .configure_legend(labelColor=CHART_TEXT, titleColor=CHART_TEXT, labelLimit=0)
             if name == "json":

@@ -56,6 +56,21 @@ def fleet(store: str | os.PathLike[str]) -> pd.DataFrame:
     return out[lead + [c for c in out.columns if c not in lead]]
 
 
+def missing_ranks(traces: pd.DataFrame) -> pd.DataFrame:
+    """Per job whose traces state a world size (distributedInfo): the size, the ranks read, and how many of its
+    ranks have no readable file (a job-level claim over it would be about ranks never seen)."""
+    cols = ["job", "world_size", "ranks_read", "missing_ranks"]
+    if traces.empty or "world_size" not in traces:
+        return pd.DataFrame(columns=cols)
+    ok = traces[(traces["status"] == "ok") & traces["world_size"].notna()]
+    if ok.empty:
+        return pd.DataFrame(columns=cols)
+    g = ok.groupby("job")
+    out = pd.DataFrame({"world_size": g["world_size"].max().astype("int64"), "ranks_read": g["rank"].nunique()})
+    out["missing_ranks"] = out["world_size"] - out["ranks_read"]
+    return out.reset_index()[cols]
+
+
 def _worst_findings(findings: pd.DataFrame) -> pd.DataFrame:
     """Per job: its first finding by severity then saving, and what fixing it saves per step (ms; null when
     not estimated)."""

@@ -43,6 +43,8 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("peak_allocated_bytes", pa.float64()), ("collective_us", pa.float64()), ("loader_us", pa.float64()),
         ("findings", pa.int64()), ("critical", pa.int64()), ("warnings", pa.int64()),
         ("replay_step_us", pa.float64()), ("replay_error", pa.float64()),
+        # the job's size as the trace states it (distributedInfo); null where it does not (and in older stores)
+        ("world_size", pa.int64()),
     ]),
     "findings": pa.schema([
         ("key", pa.string()), ("job", pa.string()), ("path", pa.string()), ("rank", pa.int64()), ("id", pa.string()),

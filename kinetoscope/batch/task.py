@@ -103,6 +103,7 @@ def analyze_file(path: str, job: str, index: int, store: str, resume: bool = Fal
         "critical": severities.count("critical"),
         "warnings": severities.count("warning"),
         "replay_step_us": entry_value(entry, "replay", "step_us"),
+        "world_size": rank.meta.world_size,
         "replay_error": entry_value(entry, "replay", "error"),
     }
     findings = [

@@ -36,6 +36,14 @@ def number(value: Any) -> str:
     return text.rstrip("0").rstrip(".") if "." in text else text
 
 
+def listing(pairs: Any, unit: str = "", limit: int = 12) -> str:
+    """(label, number) pairs as words, for a chart's text alternative: 'data wait 68.69 ms, h2d 2.1 ms, … (40 in
+    all)'."""
+    pairs = list(pairs)
+    shown = [f"{label} {number(value)}{(' ' + unit) if unit else ''}" for label, value in pairs[:limit]]
+    return ", ".join(shown) + (f", … ({len(pairs)} in all)" if len(pairs) > limit else "")
+
+
 def rank_ranges(ranks: Any) -> str:
     """Rank numbers as a person reads them: [2] -> '2', [0, 1, 2, 5, 7, 8] -> '0-2, 5, 7-8'."""
     ranks = sorted(int(r) for r in ranks)
@@ -83,36 +91,47 @@ def worth(estimate: dict[str, Any] | None) -> str | None:
             f"{estimate['step_us_after'] / 1000:,.2f} ms per step after)")
 
 
+def _name(key: str) -> str:
+    for suffix in ("_us", "_bytes", "_fraction", "_share"):
+        if key.endswith(suffix):
+            key = key[: -len(suffix)]
+    return key.replace("_", " ")
+
+
+def _is_timestamp(key: str) -> bool:
+    """A key holding a point on the trace's clock (start_us, ts_us, end_ns): meaningless to a reader as is."""
+    return key.endswith(("_us", "_ns")) and key.split("_")[0] in _TIMESTAMPS
+
+
+def _value(key: str, value: Any) -> str:
+    """One evidence value as text, its unit from its key's suffix; dicts and lists item by item, the same way."""
+    if value is None:
+        return "unknown"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, (int, float)) and key.endswith("_us"):
+        return ms(value)
+    if isinstance(value, (int, float)) and key.endswith("_bytes"):
+        return mib(value)
+    if isinstance(value, (int, float)) and (key.endswith(("fraction", "_share")) or "fraction_of" in key):
+        return pct(value)
+    if isinstance(value, (int, float)):
+        return number(value)
+    if isinstance(value, dict):
+        items = [f"{_name(k)} {_value(k, v)}" for k, v in list(value.items())[:8] if not _is_timestamp(str(k))]
+        return ", ".join(items) or "none"
+    if isinstance(value, (list, tuple)):
+        shown = [_value(key, x) for x in value[:5]]
+        return "; ".join(shown) + (f"; … ({len(value)} in all)" if len(value) > 5 else "") if shown else "none"
+    if isinstance(value, str):
+        return value.replace("_", " ") if value.isidentifier() else value
+    return str(value)
+
+
 def evidence_lines(evidence: dict[str, Any]) -> list[str]:
-    """A finding's evidence as readable lines ('loader time: 415.79 ms'), units taken from the key's suffix."""
-    out = []
-    for key, value in evidence.items():
-        name = key
-        for suffix in ("_us", "_bytes", "_fraction", "_share"):
-            if key.endswith(suffix):
-                name = key[: -len(suffix)]
-        name = name.replace("_", " ")
-        if value is None:
-            text = "unknown"
-        elif isinstance(value, bool):
-            text = "yes" if value else "no"
-        elif isinstance(value, (int, float)) and key.endswith("_us"):
-            text = ms(value)
-        elif isinstance(value, (int, float)) and key.endswith("_bytes"):
-            text = mib(value)
-        elif isinstance(value, (int, float)) and key.endswith(("fraction", "_share")) or "fraction_of" in key:
-            text = pct(value) if isinstance(value, (int, float)) else str(value)
-        elif isinstance(value, (int, float)):
-            text = number(value)
-        elif isinstance(value, (list, tuple)):
-            shown = [", ".join(f"{k} {v}" for k, v in x.items()) if isinstance(x, dict) else str(x) for x in value[:5]]
-            text = "; ".join(shown) + (f"; … ({len(value)} in all)" if len(value) > 5 else "") if shown else "none"
-        elif isinstance(value, dict):
-            text = ", ".join(f"{k} {v}" for k, v in list(value.items())[:8]) or "none"
-        else:
-            text = str(value)
-        out.append(f"{name}: {text}")
-    return out
+    """A finding's evidence as readable lines ('loader time: 415.79 ms'), units taken from the key's suffix, in
+    nested values too; points on the trace's clock (start_us ...) left out."""
+    return [f"{_name(key)}: {_value(key, value)}" for key, value in evidence.items() if not _is_timestamp(key)]
 
 
 #: how a column's unit suffix is shown, and the name it loses the suffix for
@@ -211,6 +230,6 @@ def compare_display(table: Any) -> Any:
         "metric": [name(m) for m in table["metric"]],
         "before": [one(m, v) for m, v in zip(table["metric"], table["before"])],
         "after": [one(m, v) for m, v in zip(table["metric"], table["after"])],
-        "change": ["" if c is None or c != c else f"{c:+.1%}" for c in table["change"]],
+        "change": ["" if c is None or c != c else "0.0%" if abs(c) < 0.0005 else f"{c:+.1%}" for c in table["change"]],
         "verdict": ["" if b is None or b != b else "better" if b else "worse" for b in table["better"]],
     })

@@ -3,14 +3,14 @@ finding gone, the step time its fix was predicted to give beside the one measure
 
 import os
 
-from kinetoscope.app.ui import md, st
-
-from kinetoscope.analyze.compare import compare_reports, finding_changes, fix_check
+from kinetoscope.analyze.compare import compare_reports, fix_check
+from kinetoscope.analyze.compareview import finding_sets, name_diffs, run_change
 from kinetoscope.app import data, state
 from kinetoscope.app.cache import analyse, store_choices
 from kinetoscope.app.launch import PATHS_ENV
 from kinetoscope.app.screens.fleet import STORE_KEY
-from kinetoscope.render.format import compare_display
+from kinetoscope.app.ui import md, st
+from kinetoscope.render.format import compare_display, display_table
 
 
 def _choices() -> list[data.Choice]:
@@ -49,12 +49,44 @@ def render() -> None:
         st.stop()
     rank = state.rank_entry(analysis)["rank"]
     before_ranks = [r["rank"] for r in before.report.ranks]
-    st.caption(f"Rank {rank} of the current trace (the rank chosen in the sidebar) against rank "
-               f"{rank if rank in before_ranks else before_ranks[0]} of {other_label}.")
-    table = compare_reports(before.report, analysis.report, rank=rank)
-    st.dataframe(compare_display(table), hide_index=True, width="stretch")
+    # the time per step, run against run: the change with its 95% interval and the verdict it supports
+    change = run_change(before.trace, analysis.trace)
+    st.subheader("Time per step")
+    if change["change"] is None:
+        st.markdown("The runs' step times cannot be compared (no step or window in one of them).")
+    else:
+        interval = (md(" (95% interval {} to {})", f"{change['ci_low']:+.1%}", f"{change['ci_high']:+.1%}")
+                    if change["ci_low"] is not None else md(" (no interval: one sample a run)"))
+        said = {"slower": md("**slower**"), "faster": md("**faster**"),
+                "no change": md("**no change** beyond the noise"), "unknown": md("**not judged**")}
+        st.markdown(md("{} step {} → {}: {}{}: {}.", change["statistic"] or "the", state.ms(change["before_us"]),
+                       state.ms(change["after_us"]), f"{change['change']:+.1%}", interval,
+                       said.get(change["verdict"], change["verdict"])))
+        st.caption(md("Before: {} steps ({}); after: {} steps ({}). A verdict needs the interval to exclude no change "
+                      "and the change to pass what reruns of one job differ by.", change["before_steps"],
+                      change["before_source"], change["after_steps"], change["after_source"]))
+    st.subheader("Headline numbers")
+    st.caption(md("Rank {} of the current trace (the rank chosen in the sidebar) against rank {} of {}; single numbers "
+                  "of one window each: their changes carry no verdict (the time per step above does).", rank,
+                  rank if rank in before_ranks else before_ranks[0], other_label))
+    table = compare_display(compare_reports(before.report, analysis.report, rank=rank)).drop(columns=["verdict"])
+    st.dataframe(table, width="stretch")
     st.subheader("Findings")
-    st.dataframe(finding_changes(before.report, analysis.report), hide_index=True, width="stretch")
+    st.caption("Matched by what they are and the ranks each run found them on (a rank number alone means little "
+               "across jobs of different sizes).")
+    sets = finding_sets(before.report, analysis.report)
+    st.dataframe(sets[["status", "ranks_before", "ranks_after", "title", "ranks_of_the_job_before",
+                       "ranks_of_the_job_after"]].rename(columns={
+        "ranks_before": "ranks before", "ranks_after": "ranks after", "ranks_of_the_job_before": "job's ranks before",
+        "ranks_of_the_job_after": "job's ranks after"}), width="stretch")
+    for kinds, title in ((("kernel",), "GPU kernels"), (("cpu_op",), "Host operators")):
+        diffs = name_diffs(before.trace, analysis.trace, kinds)
+        if diffs.empty:
+            continue
+        st.subheader(f"{title} whose time per step changed most")
+        shown, units = display_table(diffs)
+        st.dataframe(shown, formats={c: "{:+,.3f}" if "change" in c else "{:,.3f}" for c in units}, pinned=("name",),
+                     width="stretch")
     fixes = fix_check(before.trace, before.report, analysis.report)
     if len(fixes):
         st.subheader("Findings gone: predicted and measured")
@@ -64,7 +96,8 @@ def render() -> None:
                              measured_ms=fixes["measured_step_us"] / 1000)
         shown = shown[["id", "rank", "before_ms", "predicted_ms", "measured_ms", "predicted_change", "measured_change",
                        "error", "method"]]
-        pct = lambda v: "n/a" if v is None or v != v else f"{v:+.1%}"  # noqa: E731
-        ms = lambda v: "n/a" if v is None or v != v else f"{v:,.2f} ms"  # noqa: E731
-        st.dataframe(shown, formats={"before_ms": ms, "predicted_ms": ms, "measured_ms": ms,
-                                     "predicted_change": pct, "measured_change": pct, "error": pct}, width="stretch")
+        table, units = display_table(shown.rename(columns={"predicted_change": "predicted_change_fraction",
+                                                           "measured_change": "measured_change_fraction",
+                                                           "error": "error_fraction", "id": "finding"}))
+        st.dataframe(table, formats={**units, **{c: "{:+.1%}" for c in table.columns if c.endswith("(%)")}},
+                     width="stretch")

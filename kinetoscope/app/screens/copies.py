@@ -5,7 +5,7 @@ import pandas as pd
 from kinetoscope.app.ui import md, st
 
 from kinetoscope.app import state
-from kinetoscope.render.format import display_table
+from kinetoscope.render.format import display_table, listing
 
 
 def render() -> None:
@@ -30,7 +30,8 @@ def render() -> None:
                                                         axis=alt.Axis(labelOverlap=False, labelLimit=0)),
             color=alt.Color("host memory:N", legend=None, scale=alt.Scale(
                 domain=["pageable", "pinned", "other or unknown"], range=["#e45756", "#54a24b", "#bab0ac"])),
-            tooltip=["host memory", "copies"]).properties(height=3 * 28 + 60), width="stretch")
+            tooltip=["host memory", "copies"]).properties(height=3 * 28 + 60), width="stretch",
+            description=f"{label} copies by host memory: " + listing(zip(kinds["host memory"], kinds["copies"])))
     copies = results.get("copies")
     if copies is not None and "copies" in copies.tables and len(copies.tables["copies"]):
         st.subheader("Every copy")

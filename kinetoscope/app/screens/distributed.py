@@ -7,7 +7,7 @@ from kinetoscope.app.ui import md, st
 
 from kinetoscope.analyze.distview import distributed_view
 from kinetoscope.app import state
-from kinetoscope.render.format import missing_ranks_text, rank_ranges
+from kinetoscope.render.format import listing, missing_ranks_text, rank_ranges
 
 #: the four parts of a step on the GPU, and the wait, in fixed colours (the same on every job)
 PARTS = {
@@ -66,7 +66,9 @@ def render() -> None:
             order=alt.Order("part_order:Q"),
             tooltip=["rank", "part", alt.Tooltip("ms:Q", format=",.3f")],
         ).transform_calculate(part_order="indexof(" + str([v[0] for v in PARTS.values()]) + ", datum.part)")
-        st.altair_chart(chart.properties(height=30 * len(ranks) + 140), width="stretch")
+        st.altair_chart(chart.properties(height=30 * len(ranks) + 140), width="stretch", description="ms per step on the "
+                        "GPU by rank: " + "; ".join(f"rank {r}: " + listing(zip(g["part"], g["ms"])) for r, g in
+                                                    list(long.groupby("rank", sort=True))[:16]))
         unjudged = ranks.loc[ranks["compute_only_ms"].notna() & ranks["other_ms"].isna(), "rank"].tolist()
         if unjudged:
             st.caption(md("Rank {}: the trace misses part of the GPU's activity, so the time its kernels do not cover "
@@ -76,7 +78,9 @@ def render() -> None:
         wait = alt.Chart(ranks).mark_bar(color="#e45756").encode(
             y=alt.Y("rank:O"), x=alt.X("collective_wait_ms:Q", title="ms per step waiting for the last rank"),
             tooltip=["rank", alt.Tooltip("collective_wait_ms:Q", format=",.3f"), "waited_for_rank"])
-        st.altair_chart(wait.properties(height=30 * len(ranks) + 90), width="stretch")
+        st.altair_chart(wait.properties(height=30 * len(ranks) + 90), width="stretch",
+                        description="ms per step each rank waited in collectives for the last rank: " + listing(
+                            (f"rank {r}", v) for r, v in zip(ranks["rank"], ranks["collective_wait_ms"]) if v == v))
     st.subheader("Ranks")
     st.caption(view.about)
     shown = ranks.rename(columns=LABELS)  # blank where the trace cannot say

@@ -4,7 +4,7 @@ from kinetoscope.app.ui import bullets, md, st
 
 from kinetoscope.analyze.findings import SEVERITY_ORDER
 from kinetoscope.app import state
-from kinetoscope.batch.report import fleet, relative_names
+from kinetoscope.batch.report import fleet, missing_ranks, relative_names
 from kinetoscope.batch.store import read_table
 from kinetoscope.render.format import display_table, evidence_lines
 
@@ -28,11 +28,19 @@ def render() -> None:
     ok = int((traces["status"] == "ok").sum())
     st.caption(f"{store} · {traces['job'].nunique()} jobs · {len(traces)} files ({ok} ok, {len(traces) - ok} failed) · "
                "jobs named from the folder they share")
-    table = table.assign(job=table["job"].map(names))
+    completeness = missing_ranks(traces).set_index("job")
+    gaps = completeness["missing_ranks"]
+    table = table.assign(missing_ranks=table["job"].map(gaps).astype("Int64"), job=table["job"].map(names))
     broken = table[table["failed"] == table["files"]]
     table = table[table["failed"] < table["files"]]
-    shown, units = display_table(table)
-    st.dataframe(shown, formats=units, width="stretch")
+    # worst first by what fixing the job's worst finding saves per step; jobs without an estimate after
+    table = table.sort_values(["worst_saving_ms_per_step", "critical", "warnings"], ascending=False, na_position="last",
+                              kind="stable")
+    lead = ["job", "worst_saving_ms_per_step", "worst_finding", "missing_ranks"]
+    shown, units = display_table(table[lead + [c for c in table.columns if c not in lead]])
+    st.caption("Worst first by what fixing each job's worst finding saves per step; missing ranks: ranks of the job "
+               "(by its world size) with no readable file.")
+    st.dataframe(shown, formats=units, pinned=("job",), width="stretch")
     if len(broken):
         st.subheader(f"Jobs that could not be analysed ({len(broken)})")
         failed = traces[traces["status"] != "ok"]
@@ -58,7 +66,11 @@ def render() -> None:
         st.rerun()
     job_row = read_table(store, "jobs")
     job_row = job_row[job_row["job"] == key]
-    if len(job_row):
+    missing = int(gaps.get(key, 0) or 0)
+    if missing:
+        st.warning(md("{:,} of this job's {:,} ranks have no readable file: nothing is claimed about the whole job "
+                      "(its straggler); the ranks read are below.", missing, int(completeness.loc[key, "world_size"])))
+    if len(job_row) and not missing:
         j = job_row.iloc[0]
         st.markdown(md("**Across ranks** {}", f"(the reduce over {int(j['ranks']):,} ranks' summaries): "
                     + (f"straggler rank {int(j['straggler_rank'])} ({j['straggler_cause']}), the others wait "

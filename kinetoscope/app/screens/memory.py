@@ -6,7 +6,7 @@ import altair as alt
 from kinetoscope.analyze.ops import EARLIER, allocation_events, allocations_by_op
 from kinetoscope.app import state
 from kinetoscope.app.ui import md, st
-from kinetoscope.render.format import number
+from kinetoscope.render.format import listing, number
 
 SERIES = {"allocated_mib": "allocated", "reserved_mib": "reserved", "growth_fit_mib": "growth line (fit)"}
 
@@ -54,7 +54,12 @@ def render() -> None:
                 x="t_ms:Q", y="allocated_mib:Q",
                 tooltip=[alt.Tooltip("t_ms:Q", format=",.2f", title="peak at (ms)"),
                          alt.Tooltip("allocated_mib:Q", format=",.2f", title="MiB")])
-            st.altair_chart(band + drawn + peak, width="stretch")
+            top = series.nlargest(1, "allocated_mib").iloc[0]
+            st.altair_chart(band + drawn + peak, width="stretch", description=(
+                f"{device} allocated memory over the window: {number(series['allocated_min_mib'].min())} to "
+                f"{number(series['allocated_mib'].max())} MiB, peak at {number(top['t_ms'])} ms"
+                + (f"; reserved up to {number(series['reserved_mib'].max())} MiB" if series["reserved_mib"].notna().any()
+                   else "")))
         steps = per_step[per_step["device"] == device]
         if len(steps) >= 2:
             st.markdown(md("**At each step end** — allocated and reserved (solid), the fitted growth line (dashed)"))
@@ -66,7 +71,8 @@ def render() -> None:
                 color=alt.Color("series:N", title=None, legend=alt.Legend(orient="bottom")),
                 strokeDash=alt.condition(alt.datum.series == "growth line (fit)", alt.value([6, 4]), alt.value([1, 0])),
                 tooltip=["step", "series", alt.Tooltip("MiB:Q", format=",.2f")])
-            st.altair_chart(chart, width="stretch")
+            st.altair_chart(chart, width="stretch", description=f"{device} at each step end, MiB: " + "; ".join(
+                f"step {s}: " + listing(zip(g["series"], g["MiB"])) for s, g in list(long.groupby("step"))[:12]))
         else:
             st.caption("One step in the window: no per-step chart (capture more active steps to judge growth).")
     rank = analysis.trace.rank(entry["rank"])

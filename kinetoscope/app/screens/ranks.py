@@ -8,7 +8,7 @@ from kinetoscope.app.ui import md, st
 
 from kinetoscope.analyze.distview import distributed_view
 from kinetoscope.app import state
-from kinetoscope.render.format import display_table
+from kinetoscope.render.format import display_table, listing
 
 
 def render() -> None:
@@ -41,4 +41,6 @@ def render() -> None:
         wait = table.assign(ms=table["collective_wait_us"] / 1000)
         st.altair_chart(alt.Chart(wait).mark_bar(color="#e45756").encode(
             x=alt.X("ms:Q", title="ms waiting in collectives for the last rank, in the window"), y=alt.Y("rank:O"),
-            tooltip=["rank", alt.Tooltip("ms:Q", format=",.3f")]), width="stretch")
+            tooltip=["rank", alt.Tooltip("ms:Q", format=",.3f")]), width="stretch",
+            description="ms each rank waited in collectives for the last rank, in the window: " + listing(
+                (f"rank {r}", v) for r, v in zip(wait["rank"], wait["ms"]) if v == v))

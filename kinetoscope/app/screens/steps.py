@@ -5,7 +5,7 @@ import pandas as pd
 from kinetoscope.app.ui import md, st
 
 from kinetoscope.app import state
-from kinetoscope.render.format import display_table, series_label
+from kinetoscope.render.format import display_table, listing, series_label
 
 #: host phases in fixed colours, the same on every trace
 PHASE_COLOURS = {"data wait": "#ff9da6", "h2d": "#f58518", "forward": "#4c78a8", "backward": "#72b7b2",
@@ -22,7 +22,10 @@ def _stacked(frame: pd.DataFrame, columns: list[str], title: str, colours: dict[
     chart = alt.Chart(long).mark_bar().encode(
         x=alt.X("step:O", title="step"), y=alt.Y("ms:Q", title=title), color=colour,
         order=alt.Order("order:Q"), tooltip=["step", "part", alt.Tooltip("ms:Q", format=",.3f", title="ms")])
-    st.altair_chart(chart, width="stretch")
+    per_step = long.groupby("step", sort=True)
+    st.altair_chart(chart, width="stretch", description=f"{title} per step, by part: " + "; ".join(
+        f"step {s}: " + listing(zip(g["part"], g["ms"])) for s, g in list(per_step)[:12])
+        + (f"; … ({per_step.ngroups} steps in all)" if per_step.ngroups > 12 else ""))
 
 
 def render() -> None:

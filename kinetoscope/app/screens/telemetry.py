@@ -4,6 +4,7 @@ import altair as alt
 from kinetoscope.app.ui import md, st
 
 from kinetoscope.app import state
+from kinetoscope.render.format import number
 
 
 def render() -> None:
@@ -32,4 +33,6 @@ def render() -> None:
             row=alt.Row("series:N", title=None),
             tooltip=["series", alt.Tooltip("t_ms:Q", format=",.1f"), alt.Tooltip("shown:Q", format=",.1f"), "unit"],
         ).properties(height=90).resolve_scale(y="independent")
-        st.altair_chart(chart, width="stretch")
+        st.altair_chart(chart, width="stretch", description=f"{track} over the window: " + "; ".join(
+            f"{n}: min {number(stats[n]['min'])}, mean {number(stats[n]['mean'])}, max {number(stats[n]['max'])}"
+            for n in series_names))

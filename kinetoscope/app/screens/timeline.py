@@ -99,6 +99,11 @@ def render() -> None:
     chart = alt.layer(bars, labels).properties(height=ROW_PX * len(view.rows) + 110).configure_scale(
         bandPaddingInner=0.15)
     event = st.altair_chart(chart, width="stretch", on_select="rerun", selection_mode=["zoom"],
+                            description=(f"Timeline of {number(view.start_ms)} to {number(view.end_ms)} ms from the "
+                                         f"window start: {view.total_spans:,} spans in {len(view.rows)} rows "
+                                         f"({', '.join(view.rows[:12])}{', …' if len(view.rows) > 12 else ''}); "
+                                         f"{view.kernels:,} kernels; steps " + ", ".join(
+                                             str(s) for s in view.steps['step'].head(20))),
                             key=f"tl_chart_{entry['rank']}_{view.start_ms}_{view.end_ms}")
     chosen = ((event or {}).get("selection") or {}).get("zoom") or {}
     picked = chosen.get("start_ms")
