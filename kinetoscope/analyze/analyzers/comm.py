@@ -136,8 +136,8 @@ def _exposed_finding(trace: RankTrace, config: AnalysisConfig, w: Any, exposed_n
                   "where": where, "steps": int(len(trace.steps)), "window_us": us(w.dur_ns),
                   "unknown_us": us(unknown_ns),
                   "measure": "collective time (a union) during which no compute runs"
-                             + (" on the GPU, where the trace shows the GPU's activity (unknown_us: collective time "
-                                "it does not)" if where == "gpu" else " on the training process's compute threads")},
+                             + (" on the GPU, where the trace shows the GPU's activity (unknown: the collective time "
+                                "where it does not)" if where == "gpu" else " on the training process's compute threads")},
         recommendation=("Overlap communication with compute: " + "; ".join(advice or [
             "issue collectives asynchronously and wait for them only where their result is needed"])
             + ". Part of the exposed time can be waiting for slower ranks: compare ranks (kinetoscope analyze on the "
