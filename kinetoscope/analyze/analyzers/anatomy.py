@@ -141,7 +141,6 @@ def host_phases(trace: RankTrace) -> dict[str, iv.Intervals]:
     claimed = sets["data_wait"], sets["compile"], sets["zero_grad"], sets["optimizer"], sets["sync"], sets["backward"]
     busy_elsewhere = iv.union(np.concatenate([c[0] for c in claimed]), np.concatenate([c[1] for c in claimed]))
     # ops outside the step's backward passes that are not already another phase
-    bwd_start_at = _backward_start_per_op(steps, tops, sets["backward"])
     last_bwd_end = _backward_end_per_op(steps, tops, sets["backward"])
     before_bwd = tops["ts_ns"].to_numpy() < last_bwd_end  # after the step's last pass: not the forward
     free = iv.overlap_each(tops["ts_ns"].to_numpy(), tops["end_ns"].to_numpy(), busy_elsewhere) < tops["dur_ns"].to_numpy()
@@ -269,23 +268,6 @@ def _backward_end_per_op(steps: pd.DataFrame, frame: pd.DataFrame, backward: iv.
         last_bwd = np.where(found > np.iinfo(np.int64).min, found, big)
     out = np.where(step_idx >= 0, last_bwd[np.maximum(step_idx, 0)], big)
     return np.where((step_idx >= 0) & (ts < ends[np.maximum(step_idx, 0)]), out, big)
-
-
-def _backward_start_per_op(steps: pd.DataFrame, frame: pd.DataFrame, backward: iv.Intervals) -> np.ndarray:
-    """For each event, the start of backward in its step (int64 max when the step has none)."""
-    big = np.iinfo(np.int64).max
-    ts = frame["ts_ns"].to_numpy()
-    if backward[0].size == 0 or ts.size == 0:
-        return np.full(ts.shape, big, dtype=np.int64)
-    starts, ends = steps["start_ns"].to_numpy(), steps["end_ns"].to_numpy()
-    step_idx = np.searchsorted(starts, ts, side="right") - 1
-    bwd_step = np.searchsorted(starts, backward[0], side="right") - 1
-    first_bwd = np.full(len(starts), big, dtype=np.int64)
-    valid = bwd_step >= 0
-    np.minimum.at(first_bwd, bwd_step[valid], backward[0][valid])
-    out = np.where(step_idx >= 0, first_bwd[np.maximum(step_idx, 0)], big)
-    out = np.where((step_idx >= 0) & (ts < ends[np.maximum(step_idx, 0)]), out, big)
-    return out
 
 
 def _phase_lookup(phases: dict[str, iv.Intervals]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
