@@ -54,8 +54,15 @@ _AUDIT = """() => {
     if (st.textOverflow === 'ellipsis' && e.scrollWidth > e.clientWidth + 1 && e.textContent.trim() && e.offsetParent)
       cut.push(e.textContent.trim().slice(0, 60));
   }
-  for (const t of main.querySelectorAll('[data-testid=stVegaLiteChart] svg text'))
-    if (t.textContent.endsWith('…')) cut.push('chart label ' + t.textContent.slice(0, 60));
+  for (const svg of main.querySelectorAll('[data-testid=stVegaLiteChart] svg')) {
+    const box = svg.closest('[data-testid=stVegaLiteChart]').getBoundingClientRect();
+    for (const t of svg.querySelectorAll('text')) {
+      const r = t.getBoundingClientRect();
+      if (!t.textContent.trim() || r.width === 0) continue;
+      if (t.textContent.endsWith('…') || r.right > box.right + 1)
+        cut.push('chart label ' + t.textContent.slice(0, 60));
+    }
+  }
   const raw = [...main.innerText.matchAll(new RegExp('""" + RAW + """', 'g'))].map(m => m[0]);
   const errors = [...document.querySelectorAll('[data-testid=stException], [data-testid=stAlertContentError]')]
     .map(e => e.innerText.slice(0, 120));
