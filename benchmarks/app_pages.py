@@ -58,7 +58,7 @@ _AUDIT = """() => {
     const box = svg.closest('[data-testid=stVegaLiteChart]').getBoundingClientRect();
     for (const t of svg.querySelectorAll('text')) {
       const r = t.getBoundingClientRect();
-      if (!t.textContent.trim() || r.width === 0) continue;
+      if (!t.textContent.trim() || r.width === 0 || t.getAttribute('opacity') === '0') continue;  // hidden: overlap
       if (t.textContent.endsWith('…') || r.right > box.right + 1)
         cut.push('chart label ' + t.textContent.slice(0, 60));
     }
