@@ -507,7 +507,8 @@ def test_overview_summarises_the_gpu_and_estimates_occupancy_on_request():
     at = open_app("overview", trace="real/h100_bert-small.json.gz")
     assert not at.exception and not at.error
     texts = [unescaped(m.value) for m in at.markdown]
-    assert ("**GPU 0**: NVIDIA H100 80GB HBM3 · 79.2 GiB · compute capability 9.0 · 132 SMs · Tensor Cores in 76.5% "
+    assert ("**GPU 0**: NVIDIA H100 80GB HBM3 · 79.2 GiB · compute capability 9.0 · 132 SMs · Tensor Cores (matrix "
+            "cores on AMD) in 76.5% "
             "of kernel time (0.235 of 0.3072 ms, kernels whose names say so)") in texts
     at.button(key="overview_occupancy_button").click().run()
     assert not at.exception and not at.error

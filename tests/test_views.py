@@ -333,3 +333,12 @@ def test_kernel_and_operator_diffs_per_step(tmp_path):
     d = name_diffs(run("a.json", 300, 0), run("b.json", 200, 50), ("kernel",)).set_index("name")
     assert d.loc["gemm"].tolist() == [0.3, 0.2, pytest.approx(-0.1)]
     assert d.loc["relu"].tolist() == [0.0, 0.05, 0.05] and list(d.index) == ["gemm", "relu"]
+
+
+def test_a_step_label_that_would_run_past_the_range_is_left_out(tmp_path):
+    """Two 1 ms steps viewed over 0-1.99 ms at 1600 px: step 1 starts 0.99 ms before the range ends and keeps its
+    label; viewed over 0-1.02 ms it has 0.02 ms left, under a label's 60 px (0.038 ms): drawn unlabelled."""
+    b = TraceBuilder().step(0, 0, 1000).step(1, 1000, 1000)
+    r = load_built(tmp_path, b).ranks[0]
+    assert list(timeline_view(r, 0.0, 1.99).steps["step"]) == [0, 1]
+    assert list(timeline_view(r, 0.0, 1.02).steps["step"]) == [0]

@@ -39,6 +39,8 @@ NEST_TOLERANCE_NS = 1000
 MAX_DEPTH = 12
 #: the chart's width in pixels the level of detail is computed for
 WIDTH_PX = 1600
+#: the width a step label needs ("step 123" at 11 px), in pixels of WIDTH_PX
+LABEL_PX = 60
 #: marks a browser chart draws smoothly; past this, spans are merged at a coarser resolution
 MAX_MARKS = 30_000
 SPAN_COLUMNS = ["row", "name", "kind", "start_ms", "end_ms", "dur_ms", "busy_fraction", "spans", "correlation", "link",
@@ -127,6 +129,9 @@ def timeline_view(trace: RankTrace, start_ms: float | None = None, end_ms: float
     lab = st
     if len(lab) > width_px // 60:  # a label needs ~60 px: every k-th step labelled, the others drawn unlabelled
         lab = lab.iloc[::int(np.ceil(len(lab) / max(width_px // 60, 1)))]
+    if len(lab):  # a label that would run past the range's end (a step starting near it) would be cut: none
+        room_ns = hi - np.maximum(lab["start_ns"].to_numpy(), lo)
+        lab = lab[room_ns >= LABEL_PX * (hi - lo) / max(width_px, 1)]
     step_labels = pd.DataFrame({"step": lab["step"].astype(np.int64).to_numpy() if len(lab) else np.zeros(0, np.int64),
                                 "start_ms": (np.maximum(lab["start_ns"].to_numpy(), lo) - origin) / 1e6 if len(lab) else np.zeros(0),
                                 "end_ms": (np.minimum(lab["end_ns"].to_numpy(), hi) - origin) / 1e6 if len(lab) else np.zeros(0)})

@@ -71,8 +71,9 @@ def render() -> None:
                                                     list(long.groupby("rank", sort=True))[:16]))
         unjudged = ranks.loc[ranks["compute_only_ms"].notna() & ranks["other_ms"].isna(), "rank"].tolist()
         if unjudged:
-            st.caption(md("Rank {}: the trace misses part of the GPU's activity, so the time its kernels do not cover "
-                          "is not judged idle (left out of the chart).", rank_ranges(unjudged)))
+            st.caption(md("{} {}: the trace misses part of the GPU's activity, so the time the kernels do not cover "
+                          "is not judged idle (left out of the chart).", "Ranks" if len(unjudged) > 1 else "Rank",
+                          rank_ranges(unjudged)))
     if ranks["collective_wait_ms"].notna().any():
         st.subheader("Collective wait per rank")
         wait = alt.Chart(ranks).mark_bar(color="#e45756").encode(

@@ -22,4 +22,5 @@ def render() -> None:
                   "any module. Times in ms.", len(tree)))
     shown = tree.assign(module=[INDENT * d + m for d, m in zip(tree["depth"], tree["module"])])
     table, units = display_table(shown[["module", "calls", "host_ms", "host_self_ms", "device_ms", "path"]])
-    st.dataframe(table, formats=units, pinned=("module",), width="stretch", height=min(640, 38 + 35 * len(table)))
+    st.dataframe(table, formats=units, pinned=("module",), width="stretch", height=min(640, 38 + 35 * len(table)),
+                 column_config={"module": st.column_config.Column(width="large")})

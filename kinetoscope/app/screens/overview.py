@@ -118,7 +118,7 @@ def _gpu_summary(analysis, rank: int) -> None:
                  f"{int(d['sms'])} SMs" if known(d["sms"]) else None]
         share = d["tensor_core_fraction_of_kernel_time"]
         tc = ("no kernels in the window" if share is None or share != share else
-              f"Tensor Cores in {state.pct(share)} of kernel time ({number(d['tensor_core_ms'])} of "
+              f"Tensor Cores (matrix cores on AMD) in {state.pct(share)} of kernel time ({number(d['tensor_core_ms'])} of "
               f"{number(d['kernel_ms'])} ms, kernels whose names say so)")
         st.markdown(md("**GPU {}**: {} · {}", d["device"], " · ".join(f for f in facts if f), tc))
     key = (id(analysis.report), rank)

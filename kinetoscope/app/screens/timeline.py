@@ -83,7 +83,7 @@ def render() -> None:
     bars = alt.Chart(view.spans).mark_bar(clip=True).encode(
         x=x, x2="end_ms:Q", y=y,
         color=alt.Color("kind:N", title=None, scale=alt.Scale(domain=list(KIND_COLOURS), range=list(KIND_COLOURS.values())),
-                        legend=alt.Legend(orient="top", columns=10)),
+                        legend=alt.Legend(orient="top", columns=5)),
         # a block is as dark as the share of it its spans run: a GPU 63% idle never reads as solid busy
         opacity=alt.Opacity("busy_fraction:Q", scale=alt.Scale(domain=[0, 1], range=[0, 1]), legend=None),
         stroke=alt.condition(hover, alt.value("#000000"), alt.value(None)),
