@@ -165,8 +165,8 @@ def _timed(key: str, rank: int | None, fn: Any, *args: Any) -> tuple[Any, Analyz
             time.perf_counter() - started
 
 
-def _exposure_less_waits(trace: Trace, findings: list[Finding], job: dict[str, Any], config: AnalysisConfig,
-                         failures: list[AnalyzerFailure]) -> list[Finding]:
+def _exposure_less_waits(trace: Trace, findings: list[Finding], job: dict[str, Any],
+                         config: AnalysisConfig) -> list[Finding]:
     """Each rank's exposed communication less its waits for later ranks, where the job's collectives were matched
     across ranks (those waits are the straggler's cost, not overlap to be had), judged again."""
     from kinetoscope.analyze.analyzers.comm import without_waits
@@ -177,9 +177,16 @@ def _exposure_less_waits(trace: Trace, findings: list[Finding], job: dict[str, A
     out = []
     for f in findings:
         if f.id == "exposed_comm" and f.rank in waits and any(r.rank == f.rank for r in trace.ranks):
-            found, lost = _estimated(trace.rank(f.rank), [without_waits(f, waits[f.rank], config)], config)
-            out.extend(found)
-            failures.extend(lost)
+            g = without_waits(f, waits[f.rank], config)
+            est = g.estimate or {}
+            mean = (float(est["step_us_after"]) + float(est["saving_us_per_step"])
+                    if est.get("saving_us_per_step") is not None else None)
+            rs = trace.rank(f.rank).run_steps
+            timed = rs is not None and len(rs) > 0
+            run = RunTime(mean_step_us=mean, run_steps=int(len(rs)) if timed else None,
+                          run_wall_us=float(rs["wall_ns"].sum()) / 1000.0 if timed else None,
+                          window_us=float(g.evidence.get("window_us") or 0))
+            out.append(judge(g, run, config))
         else:
             out.append(f)
     return out
@@ -334,7 +341,7 @@ def build_report(trace: Trace, config: AnalysisConfig = DEFAULT_CONFIG, *, threa
             found, lost = _estimated(ranks[0], [f], config) if ranks else ([f], [])
             findings.extend(found)
             failures.extend(lost)
-    findings = _exposure_less_waits(trace, findings, job, config, failures)
+    findings = _exposure_less_waits(trace, findings, job, config)
     violations = [f"rank {e['rank']}: {v}" for e in entries for v in fraction_violations(e)]
     violations += [f"job: {v}" for v in fraction_violations(job)]
     violations += [f"finding {f.id} (rank {f.rank}): {v}" for f in findings for v in fraction_violations(f.evidence)]
