@@ -438,14 +438,14 @@ def test_an_upload_is_named_by_its_file_in_pages_and_reports_and_exported_from_t
 
     first = session("metadata", [("mine.json", data)])
     shown = " ".join(m.value for m in first.markdown)
-    assert "`mine.json`" in shown and str(tmp_path) not in shown
+    assert "**File** mine.json ·" in shown and str(tmp_path) not in shown
     assert str(tmp_path) not in report_to_json(first.session_state["analysis"].report)
     first.session_state["pending_uploads"] = [("other.json.gz", other)]
     first.run()  # the first session's copy of mine.json is deleted
     second = session("export", [("mine.json", data)])  # the same content: the cached analysis
-    assert [b.label for b in second.button if "Prepare" in b.label] == ["Prepare redacted mine.json"]
-    second.button(key="prep_trace_0").click().run()
-    assert [d.label for d in second.get("download_button") if "mine.json" in d.label] == ["Download mine.json"]
+    assert [b.label for b in second.button if "redacted" in b.label] == ["Prepare the redacted mine.json.gz"]
+    second.button(key="download_prepare_0").click().run()
+    assert [d.label for d in second.get("download_button") if "mine.json" in d.label] == ["Download mine.json.gz"]
 
 
 def test_upload_folders_of_ended_sessions_are_deleted_by_the_janitor(tmp_path):
