@@ -59,7 +59,7 @@ _AUDIT = """() => {
     for (const t of svg.querySelectorAll('text')) {
       const r = t.getBoundingClientRect();
       if (!t.textContent.trim() || r.width === 0 || t.getAttribute('opacity') === '0') continue;  // hidden: overlap
-      if (t.textContent.endsWith('…') || r.right > box.right + 1)
+      if (t.textContent.endsWith('…') || r.right > box.right + 3)  // rotated labels' boxes reach 1-2 px out
         cut.push('chart label ' + t.textContent.slice(0, 60));
     }
   }

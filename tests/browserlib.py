@@ -26,11 +26,13 @@ SAMPLES = ROOT / "sample_traces"
 
 #: each page's link title and the heading it draws first (in the main area)
 HEADINGS = {"Overview": "Kinetoscope", "Step breakdown": "Step breakdown", "Streams": "CUDA streams", "Copies": "Copies",
-            "Memory": "Memory", "Operators & kernels": "Operators and kernels", "Telemetry": "Telemetry",
+            "Memory": "Memory", "Operators & kernels": "Operators and kernels", "Modules": "Modules",
+            "Telemetry": "Telemetry",
             "Timeline": "Timeline", "Ranks": "Ranks", "Distributed": "Distributed", "Compare": "Compare",
             "Metadata": "Metadata", "Export": "Export"}
 TITLES = {"overview": "Overview", "steps": "Step breakdown", "streams": "Streams", "copies": "Copies", "memory": "Memory",
-          "operators": "Operators & kernels", "telemetry": "Telemetry", "timeline": "Timeline", "ranks": "Ranks",
+          "operators": "Operators & kernels", "modules": "Modules", "telemetry": "Telemetry", "timeline": "Timeline",
+          "ranks": "Ranks",
           "distributed": "Distributed", "compare": "Compare", "metadata": "Metadata", "export": "Export"}
 #: the page's script has finished: Streamlit's own state on the app's root (its status widget shows only after a
 #: delay, so a script still sending elements looked finished), and no element left stale from the run before

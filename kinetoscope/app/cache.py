@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kinetoscope.app.ui import md, st
-
 from kinetoscope.analyze.loader import Job
 from kinetoscope.app import data
+from kinetoscope.app.ui import md, st
 from kinetoscope.errors import KinetoscopeError
 
 

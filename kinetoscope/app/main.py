@@ -10,16 +10,16 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from kinetoscope.analyze.loader import Job
 from kinetoscope.app import data, state
-from kinetoscope.app.ui import md, page_style, st
 from kinetoscope.app.cache import analyse, store_choices, try_analyse, watch_upload
 from kinetoscope.app.launch import PATHS_ENV
-from kinetoscope.batch.store import is_store
 from kinetoscope.app.screens import (
     compare, copies, distributed, export, fleet, memory, metadata, modules, operators, overview, ranks, steps, streams,
     telemetry, timeline,
 )
-from kinetoscope.analyze.loader import Job
+from kinetoscope.app.ui import md, page_style, st
+from kinetoscope.batch.store import is_store
 from kinetoscope.errors import KinetoscopeError
 from kinetoscope.render.format import missing_ranks_text
 

@@ -103,7 +103,8 @@ def _launcher(file_name: str, data: bytes) -> None:
     # the click inside this frame is the user gesture that lets the browser open a tab
     components_html(f"""
 <div style="font: 14px sans-serif; color: #31333f">
-<button id="open" disabled style="font: 14px sans-serif; padding: 6px 12px; cursor: pointer">Open in Perfetto ↗</button>
+<button id="open" disabled style="font: 14px sans-serif; padding: 6px 12px; cursor: pointer">Open in Perfetto
+↗</button>
 <a id="save" style="display: none; margin-left: 8px">Save {html.escape(file_name)} to open it
 elsewhere</a>
 <div id="status" style="font: 13px sans-serif; color: #31333f; margin-top: 4px">Checking that the Perfetto UI

@@ -99,7 +99,8 @@ def redact_frame(frame: pd.DataFrame) -> pd.DataFrame:
         values = frame[col]
         if isinstance(values, pd.DataFrame):  # a duplicated column name: each copy
             continue
-        if values.dtype == object or pd.api.types.is_string_dtype(values) or isinstance(values.dtype, pd.CategoricalDtype):
+        if (values.dtype == object or pd.api.types.is_string_dtype(values)
+                or isinstance(values.dtype, pd.CategoricalDtype)):
             cleaned = _redact_series(values)
             if cleaned is not values:
                 if out is frame:

@@ -3,10 +3,10 @@ the matched collectives (all computed in analyze.distview)."""
 
 import altair as alt
 import pandas as pd
-from kinetoscope.app.ui import md, st
 
 from kinetoscope.analyze.distview import distributed_view
 from kinetoscope.app import state
+from kinetoscope.app.ui import md, st
 from kinetoscope.render.format import listing, missing_ranks_text, rank_ranges
 
 #: the four parts of a step on the GPU, and the wait, in fixed colours (the same on every job)

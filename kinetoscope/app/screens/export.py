@@ -1,9 +1,8 @@
 """Export: the JSON report, CSV tables, and the way to Perfetto."""
 
-from kinetoscope.app.ui import download, md, redacted_csv, redacted_json, st
-
 from kinetoscope.app import state
 from kinetoscope.app.perfetto import gz_name, open_in_perfetto, prepared
+from kinetoscope.app.ui import download, md, redacted_csv, redacted_json, st
 from kinetoscope.render.json import report_to_json
 
 

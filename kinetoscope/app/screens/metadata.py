@@ -1,9 +1,8 @@
 """Metadata: devices, versions, distributed info — secret-looking values redacted."""
 
-from kinetoscope.app.ui import md, st
-
 from kinetoscope.analyze.redact import redact
 from kinetoscope.app import state
+from kinetoscope.app.ui import md, st
 
 
 def render() -> None:

@@ -10,7 +10,7 @@ from kinetoscope.app.ui import bullets, md, st
 from kinetoscope.errors import KinetoscopeError
 from kinetoscope.render.format import evidence_lines, number, worth
 
-#: how a severity is marked, by its place in the severity order (the analysis names the severities)
+#: the session's shared-savings view of the current analysis (one replay per pair of findings: kept)
 _SHARED = "overview_shared_savings"
 
 

@@ -2,9 +2,9 @@
 
 import altair as alt
 import pandas as pd
-from kinetoscope.app.ui import md, st
 
 from kinetoscope.app import state
+from kinetoscope.app.ui import md, st
 from kinetoscope.render.format import display_table, listing, series_label
 
 

@@ -1,9 +1,9 @@
 """Telemetry: the GPU counters the capture sampled through NVML (utilisation, memory, clocks, power, PCIe)."""
 
 import altair as alt
-from kinetoscope.app.ui import md, st
 
 from kinetoscope.app import state
+from kinetoscope.app.ui import md, st
 from kinetoscope.render.format import number
 
 
