@@ -181,12 +181,7 @@ def _exposure_less_waits(trace: Trace, findings: list[Finding], job: dict[str, A
             est = g.estimate or {}
             mean = (float(est["step_us_after"]) + float(est["saving_us_per_step"])
                     if est.get("saving_us_per_step") is not None else None)
-            rs = trace.rank(f.rank).run_steps
-            timed = rs is not None and len(rs) > 0
-            run = RunTime(mean_step_us=mean, run_steps=int(len(rs)) if timed else None,
-                          run_wall_us=float(rs["wall_ns"].sum()) / 1000.0 if timed else None,
-                          window_us=float(g.evidence.get("window_us") or 0))
-            out.append(judge(g, run, config))
+            out.append(judge(g, _run_of(trace.rank(f.rank), mean, float(g.evidence.get("window_us") or 0)), config))
         else:
             out.append(f)
     return out
@@ -195,11 +190,15 @@ def _exposure_less_waits(trace: Trace, findings: list[Finding], job: dict[str, A
 def run_time(r: RankTrace) -> RunTime:
     """What a finding of this rank is worth against: its replayed mean step, the run the capture timed, its window."""
     mean = whatif.baseline(r).mean_step_ns / 1000.0 if whatif.replay_graph(r).steps else None
+    return _run_of(r, mean, window(r).dur_ns / 1000.0)
+
+
+def _run_of(r: RankTrace, mean_step_us: float | None, window_us: float) -> RunTime:
+    """A RunTime from a mean step and window already known, and the steps the capture timed."""
     rs = r.run_steps
     timed = rs is not None and len(rs) > 0
-    return RunTime(mean_step_us=mean, run_steps=int(len(rs)) if timed else None,
-                   run_wall_us=float(rs["wall_ns"].sum()) / 1000.0 if timed else None,
-                   window_us=window(r).dur_ns / 1000.0)
+    return RunTime(mean_step_us=mean_step_us, run_steps=int(len(rs)) if timed else None,
+                   run_wall_us=float(rs["wall_ns"].sum()) / 1000.0 if timed else None, window_us=window_us)
 
 
 def _estimated(r: RankTrace, found: list[Finding],
