@@ -268,7 +268,7 @@ def without_waits(finding: Finding, wait_us: float, config: AnalysisConfig) -> F
                     "saving_fraction": round(saving / mean, 4) if mean > 0 else None,
                     "assumptions": list(estimate.get("assumptions") or [])
                     + [f"its {wait_us / 1000:,.2f} ms of waiting for other ranks in the window is not exposure "
-                       "overlap can hide (the straggler's cost)"]}
+                       "overlap can hide (it is the late ranks' cost)"]}
     window = float(ev.get("window_us") or 0)
     ev.update({"exposed_including_waits_us": ev.get("exposed_us"), "waiting_for_other_ranks_us": round(wait_us, 3),
                "exposed_us": round(exposed, 3),
