@@ -75,6 +75,20 @@ def test_tables_show_numbers_in_their_format_and_unknown_as_blank():
     assert config["ms"]["type_config"]["format"] == "%,.3f" and list(data["gap"][:2]) == ["", "1"]
 
 
+def test_a_column_holding_an_unknown_is_text_with_the_unknown_empty():
+    """Was: a CPU job's GPU split (None on every rank) read "None" in the Distributed page's Ranks table: the grid
+    draws a missing cell as a grey "None" whatever the Styler's na_rep says."""
+    frame = pd.DataFrame({"rank": [0, 1], "compute_only_ms": [None, None], "wait_ms": [1.5, None],
+                          "name": ["a", None], "flag": [True, None], "steps": [10, 12]})
+    styled, _ = ui.table_data(frame, {"compute_only_ms": "{:,.3f}", "wait_ms": "{:,.3f}"})
+    data = styled.data
+    assert list(data["compute_only_ms"]) == ["", ""] and list(data["wait_ms"]) == ["1.500", ""]
+    assert list(data["name"]) == ["a", ""] and list(data["flag"]) == ["yes", ""]
+    assert not data.isna().any().any()
+    assert list(data["steps"]) == [10, 12] and data["steps"].dtype.kind == "i"  # complete: stays numbers, sorts as such
+    assert frame["compute_only_ms"].isna().all()  # the caller's table is left alone
+
+
 def test_charts_are_redacted_in_their_data_and_labels():
     import altair as alt
 

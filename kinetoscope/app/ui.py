@@ -165,10 +165,13 @@ def table_data(frame: pd.DataFrame, formats: dict[str, Any] | None = None, highl
                pinned: tuple[str, ...] = ()) -> tuple[Any, dict[str, Any]]:
     """A table as the grid shows it: redacted, every number in its format (given, or the default), unknown blank,
     booleans as yes/no, ``highlight`` rows (a boolean mask) coloured, ``pinned`` columns kept in view when the table
-    scrolls sideways. Returns the data for st.dataframe and its column_config."""
+    scrolls sideways. Returns the data for st.dataframe and its column_config.
+
+    The grid draws a missing cell as a grey "None" whatever a Styler says, so a column holding an unknown is shown
+    as text (each value in its format, unknown empty); a column without one keeps its numbers (sorting by value)."""
     if not isinstance(frame, pd.DataFrame):
         raise TypeError(f"ui: tables are shown from DataFrames (got {type(frame).__name__})")
-    frame = redact_frame(frame).reset_index(drop=True)
+    frame = _numbers_as_numbers(redact_frame(frame).reset_index(drop=True))
     fmts: dict[str, Any] = {}
     for col in frame.columns:
         given = (formats or {}).get(col)
@@ -178,25 +181,49 @@ def table_data(frame: pd.DataFrame, formats: dict[str, Any] | None = None, highl
         elif pd.api.types.is_bool_dtype(frame[col]):
             fmts[col] = lambda v: "yes" if v else "no"
     config: dict[str, Any] = {c: _st.column_config.Column(pinned=True) for c in pinned if c in frame.columns}
-    if frame.size <= STYLER_MAX_CELLS:
-        styler = frame.style.format(na_rep="").format(fmts, na_rep="")
+    out = frame.copy()
+    for col in out.columns:
+        values = out[col]
+        if not values.isna().any():
+            continue
+        fmt = fmts.pop(col, None)
+        out[col] = [("" if _unknown(v) else ("yes" if v else "no") if isinstance(v, (bool, np.bool_))
+                     else str(v) if fmt is None else fmt.format(v) if isinstance(fmt, str) else fmt(v))
+                    for v in values]
+    if out.size <= STYLER_MAX_CELLS:
+        styler = out.style.format(fmts)
         if highlight is not None:
             mask = list(pd.Series(highlight).fillna(False).astype(bool))
             styler = styler.apply(lambda row: [HIGHLIGHT if mask[row.name] else "" for _ in row], axis=1)
         return styler, config
-    out = frame.copy()
     for col, fmt in fmts.items():
         printf = _printf(fmt) if isinstance(fmt, str) else None
-        values = out[col]
-        if printf is not None and not values.isna().any():
+        if printf is not None:
             config[col] = _st.column_config.NumberColumn(format=printf, pinned=col in pinned or None)
             continue
-        out[col] = [("" if (v is None or v != v) else (fmt.format(v) if isinstance(fmt, str) else fmt(v)))
-                    for v in values]
-    for col in out.columns:
-        if out[col].dtype == object:
-            out[col] = out[col].where(out[col].notna(), "")
+        out[col] = [fmt.format(v) if isinstance(fmt, str) else fmt(v) for v in out[col]]
     return out, config
+
+
+def _unknown(value: Any) -> bool:
+    """None, NaN, NaT or pd.NA (a scalar cell)."""
+    return value is None or (pd.api.types.is_scalar(value) and bool(pd.isna(value)))
+
+
+def _numbers_as_numbers(frame: pd.DataFrame) -> pd.DataFrame:
+    """Object columns holding only numbers and unknowns (a rank's GPU split on a CPU job: None on every row) as
+    floats, unknown NaN: the grid shows an object column's None as the word "None", a float column's NaN blank."""
+    out = frame
+    for col in frame.columns:
+        values = frame[col]
+        if values.dtype != object:
+            continue
+        known = values[values.notna()]
+        if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in known):
+            if out is frame:
+                out = frame.copy()
+            out[col] = values.astype(float)
+    return out
 
 
 def redact_chart(chart: Any) -> Any:
