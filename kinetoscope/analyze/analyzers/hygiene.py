@@ -33,24 +33,36 @@ def _per_step(trace: RankTrace, frame: pd.DataFrame) -> set[int]:
 
 
 def _accumulating_steps(trace: RankTrace) -> set[int]:
-    """Steps whose AccumulateGrad nodes add into an existing .grad (``aten::add_`` inside them)."""
+    """Steps in which every gradient adds into an existing .grad: each of the step's AccumulateGrad nodes holds an
+    ``aten::add_``. Under gradient accumulation whose gradients were cleared by setting them to None
+    (``model.zero_grad()``, ``optimizer.zero_grad(set_to_none=True)`` outside a recorded span: nothing in the
+    trace), the step's first backward pass starts them afresh (no add) and only the later passes add: not this."""
     ev = trace.events
     acc = ev[ev["name"] == "torch::autograd::AccumulateGrad"]
     if acc.empty:
         return set()
     adds = ev[(ev["name"] == "aten::add_")]
-    hits = set()
-    for tid, group in acc.groupby(acc["tid"].astype(str), observed=True):
+    adding = np.zeros(len(acc), dtype=bool)
+    positions = np.arange(len(acc))
+    for tid, rows in pd.Series(positions).groupby(acc["tid"].astype(str).to_numpy(), observed=True):
         inner = adds[adds["tid"] == tid]
         if inner.empty:
             continue
-        covered = iv.overlap_each(inner["ts_ns"].to_numpy(), inner["end_ns"].to_numpy(),
-                                  iv.union(group["ts_ns"].to_numpy(), group["end_ns"].to_numpy()))
+        idx = rows.to_numpy()
+        starts, ends = acc["ts_ns"].to_numpy()[idx], acc["end_ns"].to_numpy()[idx]
+        order = np.argsort(starts, kind="stable")
+        starts, ends, idx = starts[order], ends[order], idx[order]
+        a_ts, a_end = inner["ts_ns"].to_numpy(), inner["end_ns"].to_numpy()
+        # the AccumulateGrad node starting last at or before each add (nodes of one thread do not nest)
+        at = np.searchsorted(starts, a_ts, side="right") - 1
+        ok = at >= 0
         # a zero-length event is inside nothing (an overlap of 0 equals its length of 0 everywhere)
-        dur = inner["dur_ns"].to_numpy()
-        nested = inner[(covered == dur) & (dur > 0)]
-        hits |= _per_step(trace, nested)
-    return hits
+        ok[ok] &= (a_end[ok] <= ends[at[ok]]) & (a_end[ok] > a_ts[ok])
+        adding[idx[at[ok]]] = True
+    step = step_at(trace, acc["ts_ns"].to_numpy())
+    inside = step >= 0
+    everywhere = pd.Series(adding[inside]).groupby(step[inside]).all()
+    return set(everywhere[everywhere].index.astype(int).tolist())
 
 
 @trace_view
@@ -179,7 +191,8 @@ def _zero_grad(trace: RankTrace, raw: dict[str, pd.DataFrame], bwd: set[int], op
             id="zero_grad_missing", severity="warning", rank=trace.rank,
             title=f"Gradients are never cleared: {len(missing)} steps add into the previous step's gradients",
             evidence={"steps": _step_list(missing), "zero_grad_calls": len(raw["zero_grad"]),
-                      "signal": "AccumulateGrad adds into an existing .grad (aten::add_) after an optimizer step"},
+                      "signal": "every AccumulateGrad of the step adds into an existing .grad (aten::add_) after an "
+                                "optimizer step: no gradient starts afresh"},
             recommendation="Call optimizer.zero_grad(set_to_none=True) once per step, before loss.backward(). If "
                            "accumulating on purpose, step and clear only every N micro-batches.",
         ))
