@@ -21,15 +21,15 @@ SEVERITY_LEVEL = {"info": 2, "warning": 1, "critical": 0}
 
 
 def _cmd_analyze(args: argparse.Namespace) -> int:
-    from kinetoscope.analyze.jobs import find_jobs
-    from kinetoscope.analyze.limits import LoadLimits, parse_size
-    from kinetoscope.analyze.scan import Ahead
+    from kinetoscope.analyze.ingest.jobs import find_jobs
+    from kinetoscope.analyze.ingest.limits import LoadLimits, parse_size
+    from kinetoscope.analyze.ingest.scan import Ahead
 
     limits = LoadLimits(max_decompressed_bytes=parse_size(args.max_size), max_events=args.max_events,
                         max_depth=args.max_depth, max_fallback_bytes=parse_size(args.max_fallback))
     cache = None
     if args.cache or os.environ.get("KINETOSCOPE_CACHE_DIR"):
-        from kinetoscope.analyze.cache import default_dir
+        from kinetoscope.analyze.ingest.cache import default_dir
 
         cache = default_dir()
     status = EXIT_OK
@@ -50,8 +50,8 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
         ahead = Ahead(jobs[0].files[0], limits)  # read while the analyses below are imported (~0.3 s)
     if cache is None and not in_processes and args.own_process:
         import_pandas_without_pyarrow()  # no tables handed over as Arrow here: pandas' plain columns, 0.15 s sooner
-    from kinetoscope.analyze.loader import load_job
-    from kinetoscope.analyze.report import build_report
+    from kinetoscope.analyze.ingest.loader import load_job
+    from kinetoscope.analyze.report.builder import build_report
     from kinetoscope.render.json import report_to_json
     from kinetoscope.render.text import render_text
 
@@ -119,9 +119,9 @@ def _cmd_diff(args: argparse.Namespace) -> int:
 
     if args.own_process:
         import_pandas_without_pyarrow()
-    from kinetoscope.analyze.compare import diff_runs
-    from kinetoscope.analyze.loader import load_trace
-    from kinetoscope.analyze.report import build_report
+    from kinetoscope.analyze.report.compare import diff_runs
+    from kinetoscope.analyze.ingest.loader import load_trace
+    from kinetoscope.analyze.report.builder import build_report
     from kinetoscope.render.diff import gate_line, render_diff
     from kinetoscope.render.json import _clean
 
@@ -284,10 +284,10 @@ def _cmd_whatif(args: argparse.Namespace) -> int:
 
     if args.own_process:
         import_pandas_without_pyarrow()
-    from kinetoscope.analyze import whatif
-    from kinetoscope.analyze.findings import FINDING_IDS
-    from kinetoscope.analyze.loader import load_trace
-    from kinetoscope.analyze.report import build_report
+    from kinetoscope.analyze.whatif import replay as whatif
+    from kinetoscope.analyze.model.findings import FINDING_IDS
+    from kinetoscope.analyze.ingest.loader import load_trace
+    from kinetoscope.analyze.report.builder import build_report
     from kinetoscope.render.json import _clean
     from kinetoscope.render.text import render_whatif
 
@@ -331,9 +331,9 @@ def _cmd_redact(args: argparse.Namespace) -> int:
     import gzip
     from pathlib import Path
 
-    from kinetoscope.analyze.limits import LoadLimits, parse_size
-    from kinetoscope.analyze.loader import load_trace, read_bytes
-    from kinetoscope.analyze.redact import redact_json_bytes
+    from kinetoscope.analyze.ingest.limits import LoadLimits, parse_size
+    from kinetoscope.analyze.ingest.loader import load_trace, read_bytes
+    from kinetoscope.analyze.ingest.redact import redact_json_bytes
     from kinetoscope.errors import TraceSourceError
     from kinetoscope.fsutil import atomic_write
 
@@ -365,9 +365,9 @@ def _redact_directory(source: Any, target: Any, limits: Any) -> int:
 
     import msgspec
 
-    from kinetoscope.analyze.jobs import SIDECAR_SUFFIXES, TRACE_SUFFIXES
-    from kinetoscope.analyze.loader import load_trace, read_bytes
-    from kinetoscope.analyze.redact import redact_json_bytes
+    from kinetoscope.analyze.ingest.jobs import SIDECAR_SUFFIXES, TRACE_SUFFIXES
+    from kinetoscope.analyze.ingest.loader import load_trace, read_bytes
+    from kinetoscope.analyze.ingest.redact import redact_json_bytes
     from kinetoscope.errors import TraceFormatError
 
     src, out = source.resolve(), target.resolve()

@@ -7,7 +7,7 @@ from conftest import load_built
 from tracebuilder import TraceBuilder
 
 from kinetoscope.analyze.analyzers.anatomy import PHASES
-from kinetoscope.analyze.report import build_report
+from kinetoscope.analyze.report.builder import build_report
 
 BWD_TID = 200
 

@@ -108,9 +108,9 @@ def test_cli_start_up_stays_light():
 def test_analyze_starts_reading_before_the_analyses_are_imported():
     """What `kinetoscope analyze` imports before its first file's scan starts (``scan.Ahead``): no numpy, no
     pandas, nothing of the capture side; those imports then run beside the scan."""
-    code = ("import sys, kinetoscope.cli, kinetoscope.analyze.jobs, kinetoscope.analyze.scan\n"
+    code = ("import sys, kinetoscope.cli, kinetoscope.analyze.ingest.jobs, kinetoscope.analyze.ingest.scan\n"
             "print(sorted(m for m in ('numpy', 'pandas', 'pyarrow', 'torch', 'kinetoscope.capture.profiler',"
-            " 'kinetoscope.capture.output', 'kinetoscope.analyze.raw') if m in sys.modules))")
+            " 'kinetoscope.capture.output', 'kinetoscope.analyze.ingest.raw') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
@@ -171,8 +171,8 @@ def test_analyze_never_imports_pyarrow_and_reports_as_with_it():
     """`kinetoscope analyze` (no --cache, no --processes) runs without pyarrow: the report is byte for byte the
     one this process, whose pandas has pyarrow, builds."""
     pytest.importorskip("pyarrow")
-    from kinetoscope.analyze.loader import load_trace
-    from kinetoscope.analyze.report import build_report
+    from kinetoscope.analyze.ingest.loader import load_trace
+    from kinetoscope.analyze.report.builder import build_report
     from kinetoscope.render.json import report_to_json
 
     path = SAMPLES / "real" / "hta_2rank"
@@ -229,7 +229,7 @@ def test_a_closed_stdout_gives_no_traceback():
 
 def test_analyze_scans_its_first_file_ahead_and_uses_that_scan(monkeypatch, capsys):
     from kinetoscope import cli
-    from kinetoscope.analyze import scan
+    from kinetoscope.analyze.ingest import scan
 
     made, used = [], []
 

@@ -11,8 +11,8 @@ import pytest
 from conftest import load_built
 from tracebuilder import TraceBuilder
 
-from kinetoscope.analyze.loader import load_trace
-from kinetoscope.analyze.report import build_report
+from kinetoscope.analyze.ingest.loader import load_trace
+from kinetoscope.analyze.report.builder import build_report
 
 ROOT = Path(__file__).resolve().parents[1]
 NCCL = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
@@ -108,13 +108,13 @@ def test_fail_on_gate():
 
 def test_hta_breakdowns_are_results_or_reasons_never_exceptions():
     pytest.importorskip("hta")
-    from kinetoscope.analyze.hta_adapter import hta_breakdowns, hta_comm_comp_overlap
+    from kinetoscope.analyze.crosscheck.hta import hta_breakdowns, hta_comm_comp_overlap
 
     files = sorted((ROOT / "sample_traces" / "real" / "hta_2rank").glob("*.json.gz"))
     results = hta_breakdowns(files)
     assert set(results) == {"temporal_breakdown", "kernel_breakdown", "comm_comp_overlap", "launch_stats", "queue_length"}
     overlap = hta_comm_comp_overlap(files)
-    from kinetoscope.analyze import intervals as iv
+    from kinetoscope.analyze.model import intervals as iv
     from kinetoscope.analyze.analyzers.comm import comm_compute_sets
 
     # the report does not judge these ranks' overlap (events were cut out of the files); the sets it is made of are

@@ -14,7 +14,7 @@ from typing import Any, Callable, Literal
 
 import pandas as pd
 
-from kinetoscope.analyze.findings import Finding
+from kinetoscope.analyze.model.findings import Finding
 
 
 @dataclass(frozen=True)

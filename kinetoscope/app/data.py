@@ -19,10 +19,10 @@ import numpy as np
 import pandas as pd
 
 from kinetoscope.fsutil import pid_alive
-from kinetoscope.analyze.limits import LoadLimits, parse_size
-from kinetoscope.analyze.loader import Job, find_jobs, load_job_tolerant
-from kinetoscope.analyze.report import Report, build_report
-from kinetoscope.analyze.trace import Trace, ViewLocks
+from kinetoscope.analyze.ingest.limits import LoadLimits, parse_size
+from kinetoscope.analyze.ingest.loader import Job, find_jobs, load_job_tolerant
+from kinetoscope.analyze.report.builder import Report, build_report
+from kinetoscope.analyze.model.trace import Trace, ViewLocks
 from kinetoscope.app.launch import MAX_UPLOAD_MB, bundled_samples
 from kinetoscope.errors import KinetoscopeError
 

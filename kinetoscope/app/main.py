@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from kinetoscope.analyze.loader import Job
+from kinetoscope.analyze.ingest.loader import Job
 from kinetoscope.app import data, state
 from kinetoscope.app.cache import analyse, store_choices, try_analyse, watch_upload
 from kinetoscope.app.launch import PATHS_ENV

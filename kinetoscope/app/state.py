@@ -51,6 +51,6 @@ def quote(path: str) -> str:
 
 def window_start_ns(analysis: Analysis, entry: dict[str, Any]) -> int:
     """The rank's window start on the trace clock, exact (tables show times from it)."""
-    from kinetoscope.analyze.timeline import window
+    from kinetoscope.analyze.model.timeline import window
 
     return window(analysis.trace.rank(entry["rank"])).start_ns

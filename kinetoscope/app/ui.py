@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 import streamlit as _st
 
-from kinetoscope.analyze.redact import redact, redact_json_bytes, redact_strings
+from kinetoscope.analyze.ingest.redact import redact, redact_json_bytes, redact_strings
 
 #: CommonMark/GFM characters that make markup anywhere in a line: escapes, code, emphasis, strikethrough, links and
 #: images, HTML and autolinks, entities, math (Streamlit renders $...$)

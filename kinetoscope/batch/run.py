@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 from kinetoscope.analyze.analyzers.straggler import job_analysis
-from kinetoscope.analyze.distributed import RankSummary
-from kinetoscope.analyze.config import DEFAULT_CONFIG, AnalysisConfig
-from kinetoscope.analyze.limits import DEFAULT_LIMITS, LoadLimits
-from kinetoscope.analyze.loader import Job
-from kinetoscope.analyze.whatif import straggler_saving_us
+from kinetoscope.analyze.model.distributed import RankSummary
+from kinetoscope.analyze.model.config import DEFAULT_CONFIG, AnalysisConfig
+from kinetoscope.analyze.ingest.limits import DEFAULT_LIMITS, LoadLimits
+from kinetoscope.analyze.ingest.loader import Job
+from kinetoscope.analyze.whatif.replay import straggler_saving_us
 from kinetoscope.batch.discover import discover
 from kinetoscope.batch.store import open_store, read_rows, write_rows
 from kinetoscope.batch.task import analyze_file, file_key

@@ -13,10 +13,10 @@ from typing import Any
 
 from kinetoscope import __version__
 from kinetoscope.analyze.analyzers.straggler import rank_summary
-from kinetoscope.analyze.limits import DEFAULT_LIMITS, LoadLimits
-from kinetoscope.analyze.loader import load_rank
-from kinetoscope.analyze.report import build_report, entry_value
-from kinetoscope.analyze.trace import Trace
+from kinetoscope.analyze.ingest.limits import DEFAULT_LIMITS, LoadLimits
+from kinetoscope.analyze.ingest.loader import load_rank
+from kinetoscope.analyze.report.builder import build_report, entry_value
+from kinetoscope.analyze.model.trace import Trace
 from kinetoscope.batch.store import read_rows, write_rows
 from kinetoscope.errors import KinetoscopeError
 

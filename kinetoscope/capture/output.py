@@ -3,7 +3,7 @@
 The artifact is a contract with ``kinetoscope.analyze``: per rank,
 ``rank-<r>.step-<a>-<b>.pt.trace.json.gz`` (Kineto JSON, gzip, with the loop's marks spliced in) and
 ``rank-<r>.manifest.json``; always-on step timings in ``rank-<r>.steps.json``. Sidecars pass through the
-project's redaction (``kinetoscope.analyze.redact``: numpy and the standard library) before they are written:
+project's redaction (``kinetoscope.analyze.ingest.redact``: numpy and the standard library) before they are written:
 a secret on the command line never reaches the disk.
 """
 
@@ -297,7 +297,7 @@ def warm_redaction() -> None:
     ``redact.load_detectors``). Not on a thread of its own: its imports must be over before the script can end."""
     if "detect_secrets.core.scan" in sys.modules:
         return
-    from kinetoscope.analyze.redact import load_detectors
+    from kinetoscope.analyze.ingest.redact import load_detectors
 
     load_detectors()
 
@@ -305,7 +305,7 @@ def warm_redaction() -> None:
 def redacted(data: bytes) -> bytes:
     """JSON text with every secret in its strings redacted, as ``kinetoscope redact`` does to traces (the command
     line's ``--api-key sk-...``, ``HF_TOKEN=...``, credentials in URLs)."""
-    from kinetoscope.analyze.redact import redact_json_bytes  # numpy and the standard library; only when writing
+    from kinetoscope.analyze.ingest.redact import redact_json_bytes  # numpy and the standard library; only when writing
 
     return redact_json_bytes(data)[0]
 

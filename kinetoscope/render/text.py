@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kinetoscope.analyze.report import Report
+from kinetoscope.analyze.report.builder import Report
 from kinetoscope.render.format import mib as _mib
 from kinetoscope.render.format import missing_ranks_text
 from kinetoscope.render.format import ms as _ms

@@ -27,10 +27,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kinetoscope.analyze import intervals as iv
-from kinetoscope.analyze.config import AnalysisConfig
+from kinetoscope.analyze.model import intervals as iv
+from kinetoscope.analyze.model.config import AnalysisConfig
 from kinetoscope.analyze.registry import AnalysisResult, register
-from kinetoscope.analyze.timeline import (
+from kinetoscope.analyze.model.timeline import (
     COMPILE_RE,
     Window,
     gpu_work,
@@ -43,8 +43,8 @@ from kinetoscope.analyze.timeline import (
     top_level,
     window,
 )
-from kinetoscope.analyze.trace import RankTrace, trace_view
-from kinetoscope.analyze.units import frac, us
+from kinetoscope.analyze.model.trace import RankTrace, trace_view
+from kinetoscope.analyze.model.units import frac, us
 
 PHASES = ("data_wait", "compile", "zero_grad", "optimizer", "sync", "backward", "h2d", "forward", "other")
 OPTIMIZER_STEP_RE = re.compile(r"^Optimizer\.step#")

@@ -12,14 +12,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kinetoscope.analyze import intervals as iv
-from kinetoscope.analyze.config import AnalysisConfig
-from kinetoscope.analyze.findings import Finding
+from kinetoscope.analyze.model import intervals as iv
+from kinetoscope.analyze.model.config import AnalysisConfig
+from kinetoscope.analyze.model.findings import Finding
 from kinetoscope.analyze.registry import AnalysisResult, register
-from kinetoscope.analyze.distributed import normalise_op
-from kinetoscope.analyze.timeline import gpu_work, kernels, kind_mask, missing_activity, name_mask, window
-from kinetoscope.analyze.trace import RankTrace, trace_view
-from kinetoscope.analyze.units import frac, us
+from kinetoscope.analyze.model.distributed import normalise_op
+from kinetoscope.analyze.model.timeline import gpu_work, kernels, kind_mask, missing_activity, name_mask, window
+from kinetoscope.analyze.model.trace import RankTrace, trace_view
+from kinetoscope.analyze.model.units import frac, us
 
 #: ncclKernel_AllReduce_RING_LL_Sum_float (<= 2.18), ncclDevKernel_AllReduce_Sum_f32_RING_LL (>= 2.19), rccl
 COLLECTIVE_RE = re.compile(r"^(?:void )?(?:nccl|rccl)(?:Dev)?Kernel|nccl:|^(?:void )?rccl", re.IGNORECASE)

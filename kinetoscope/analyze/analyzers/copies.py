@@ -15,13 +15,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kinetoscope.analyze import intervals as iv
-from kinetoscope.analyze.config import AnalysisConfig
-from kinetoscope.analyze.findings import Finding
+from kinetoscope.analyze.model import intervals as iv
+from kinetoscope.analyze.model.config import AnalysisConfig
+from kinetoscope.analyze.model.findings import Finding
 from kinetoscope.analyze.registry import AnalysisResult, register
-from kinetoscope.analyze.timeline import Window, gpu_work, kernels, runtime_calls, window
-from kinetoscope.analyze.trace import RankTrace, trace_view
-from kinetoscope.analyze.units import frac, us
+from kinetoscope.analyze.model.timeline import Window, gpu_work, kernels, runtime_calls, window
+from kinetoscope.analyze.model.trace import RankTrace, trace_view
+from kinetoscope.analyze.model.units import frac, us
 
 # "Memcpy HtoD (Pageable -> Device)", "Memcpy DtoH (Device -> Pinned)", "Memcpy DtoD (Device -> Device)"
 _DIRECTION_RE = re.compile(r"\b(HtoD|DtoH|DtoD|PtoP|HtoH)\b")

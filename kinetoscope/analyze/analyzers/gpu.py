@@ -10,11 +10,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kinetoscope.analyze import intervals as iv
-from kinetoscope.analyze.config import AnalysisConfig
-from kinetoscope.analyze.findings import Finding
+from kinetoscope.analyze.model import intervals as iv
+from kinetoscope.analyze.model.config import AnalysisConfig
+from kinetoscope.analyze.model.findings import Finding
 from kinetoscope.analyze.registry import AnalysisResult, register
-from kinetoscope.analyze.timeline import (
+from kinetoscope.analyze.model.timeline import (
     Window,
     any_gpu_busy,
     device_busy,
@@ -34,8 +34,8 @@ from kinetoscope.analyze.timeline import (
     sync_calls,
     window,
 )
-from kinetoscope.analyze.trace import RankTrace
-from kinetoscope.analyze.units import frac, us
+from kinetoscope.analyze.model.trace import RankTrace
+from kinetoscope.analyze.model.units import frac, us
 
 #: Idle time is attributed to the first cause that covers it, in this order (docs/findings.md).
 CAUSES = ("data_wait", "sync", "host_compute", "host_launch", "host_python", "other")

@@ -12,14 +12,14 @@ import re
 
 import numpy as np
 
-from kinetoscope.analyze import intervals as iv
-from kinetoscope.analyze.config import AnalysisConfig
-from kinetoscope.analyze.findings import Finding
+from kinetoscope.analyze.model import intervals as iv
+from kinetoscope.analyze.model.config import AnalysisConfig
+from kinetoscope.analyze.model.findings import Finding
 from kinetoscope.analyze.registry import AnalysisResult, register
 from kinetoscope.analyze.analyzers.comm import collectives, host_collectives
-from kinetoscope.analyze.timeline import COMPILE_RE, all_loader_spans, main_thread, name_mask, sync_calls, window
-from kinetoscope.analyze.trace import RankTrace
-from kinetoscope.analyze.units import frac, us
+from kinetoscope.analyze.model.timeline import COMPILE_RE, all_loader_spans, main_thread, name_mask, sync_calls, window
+from kinetoscope.analyze.model.trace import RankTrace
+from kinetoscope.analyze.model.units import frac, us
 
 
 def _busy_per_step(trace: RankTrace) -> tuple[np.ndarray, np.ndarray]:

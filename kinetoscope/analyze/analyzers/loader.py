@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from kinetoscope.analyze import intervals as iv
-from kinetoscope.analyze.config import AnalysisConfig
-from kinetoscope.analyze.findings import Finding
+from kinetoscope.analyze.model import intervals as iv
+from kinetoscope.analyze.model.config import AnalysisConfig
+from kinetoscope.analyze.model.findings import Finding
 from kinetoscope.analyze.registry import AnalysisResult, register
-from kinetoscope.analyze.timeline import (
+from kinetoscope.analyze.model.timeline import (
     any_gpu_busy,
     cpu_shares,
     handoff_ns,
@@ -21,8 +21,8 @@ from kinetoscope.analyze.timeline import (
     other_role_waits,
     window,
 )
-from kinetoscope.analyze.trace import RankTrace
-from kinetoscope.analyze.units import frac, us
+from kinetoscope.analyze.model.trace import RankTrace
+from kinetoscope.analyze.model.units import frac, us
 
 
 def _per_step(trace: RankTrace, spans: iv.Intervals, idle_cost: iv.Intervals | None) -> pd.DataFrame:

@@ -16,14 +16,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kinetoscope.analyze import intervals as iv
+from kinetoscope.analyze.model import intervals as iv
 from kinetoscope.analyze.analyzers.comm import collectives, host_collectives
 from kinetoscope.analyze.analyzers.copies import h2d_copies
-from kinetoscope.analyze.config import AnalysisConfig
-from kinetoscope.analyze.distributed import COMPONENTS, Arrivals, Matching, RankSummary, arrivals, job_metrics, match
-from kinetoscope.analyze.findings import Finding
+from kinetoscope.analyze.model.config import AnalysisConfig
+from kinetoscope.analyze.model.distributed import COMPONENTS, Arrivals, Matching, RankSummary, arrivals, job_metrics, match
+from kinetoscope.analyze.model.findings import Finding
 from kinetoscope.analyze.registry import AnalysisResult, register
-from kinetoscope.analyze.timeline import (
+from kinetoscope.analyze.model.timeline import (
     gpu_work,
     host_busy,
     intervals_of,
@@ -34,7 +34,7 @@ from kinetoscope.analyze.timeline import (
     name_mask,
     window,
 )
-from kinetoscope.analyze.trace import RankTrace, Trace, trace_view
+from kinetoscope.analyze.model.trace import RankTrace, Trace, trace_view
 
 @trace_view
 def rank_summary(r: RankTrace) -> RankSummary:

@@ -4,7 +4,7 @@ the matched collectives (all computed in analyze.distview)."""
 import altair as alt
 import pandas as pd
 
-from kinetoscope.analyze.distview import distributed_view
+from kinetoscope.analyze.views.distributed import distributed_view
 from kinetoscope.app import state
 from kinetoscope.app.ui import md, st
 from kinetoscope.render.format import listing, missing_ranks_text, rank_ranges

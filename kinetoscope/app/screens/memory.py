@@ -3,7 +3,7 @@
 
 import altair as alt
 
-from kinetoscope.analyze.ops import EARLIER, allocation_events, allocations_by_op
+from kinetoscope.analyze.views.ops import EARLIER, allocation_events, allocations_by_op
 from kinetoscope.app import state
 from kinetoscope.app.ui import md, st
 from kinetoscope.render.format import listing, number

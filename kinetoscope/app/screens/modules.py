@@ -1,6 +1,6 @@
 """Modules: the nn.Module hierarchy of the window, with host and device time per module (analyze.ops.module_tree)."""
 
-from kinetoscope.analyze.ops import module_tree
+from kinetoscope.analyze.views.ops import module_tree
 from kinetoscope.app import state
 from kinetoscope.app.ui import md, st
 from kinetoscope.render.format import display_table

@@ -5,7 +5,7 @@ from pathlib import Path
 import altair as alt
 import pandas as pd
 
-from kinetoscope.analyze.distview import distributed_view
+from kinetoscope.analyze.views.distributed import distributed_view
 from kinetoscope.app import state
 from kinetoscope.app.ui import md, st
 from kinetoscope.render.format import display_table, listing

@@ -5,7 +5,7 @@ The full trace in Perfetto."""
 
 import altair as alt
 
-from kinetoscope.analyze.views import KIND_COLOURS, step_range_ms, timeline_view
+from kinetoscope.analyze.views.spans import KIND_COLOURS, step_range_ms, timeline_view
 from kinetoscope.app import state
 from kinetoscope.app.perfetto import open_in_perfetto
 from kinetoscope.app.ui import md, st

@@ -17,7 +17,7 @@ from typing import Any, Union
 import msgspec
 import numpy as np
 
-from kinetoscope.analyze.limits import DEFAULT_LIMITS, EXECUTION_TRACE, LoadLimits, too_many_events
+from kinetoscope.analyze.ingest.limits import DEFAULT_LIMITS, EXECUTION_TRACE, LoadLimits, too_many_events
 from kinetoscope.errors import TraceFormatError
 
 Number = Union[int, float]

@@ -9,9 +9,9 @@ from typing import Any
 
 import pandas as pd
 
-from kinetoscope.analyze import compare
-from kinetoscope.analyze.report import Report
-from kinetoscope.analyze.trace import Trace
+from kinetoscope.analyze.report import compare
+from kinetoscope.analyze.report.builder import Report
+from kinetoscope.analyze.model.trace import Trace
 
 #: the run-level step change, one function: ``run_step_change`` (the mean step over every step the captures timed,
 #: with its 95% interval and verdict) where the analysis has it, else the median change it replaces
@@ -92,7 +92,7 @@ def name_diffs(before: Trace, after: Trace, kinds: tuple[str, ...], top: int = 1
     """The operators (``kinds`` ("cpu_op",)) or kernels (("kernel",)) whose time per step changed most: ms per step
     before and after, and the change (the ranks' mean; a name missing from one run counts 0 there). Record-function
     containers (ProfilerStep, DataLoader waits, optimizer steps) are left out: they hold the operators."""
-    from kinetoscope.analyze.timeline import CONTAINER_RE
+    from kinetoscope.analyze.model.timeline import CONTAINER_RE
 
     t = compare.name_changes(before, after, kinds, top=top + 50)
     t = t[~t["name"].astype(str).str.match(CONTAINER_RE)].head(top)  # steps and DataLoader waits are not operators

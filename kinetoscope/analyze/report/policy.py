@@ -24,8 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from kinetoscope.analyze.config import AnalysisConfig
-from kinetoscope.analyze.findings import SEVERITY_ORDER, Finding, Severity, nature
+from kinetoscope.analyze.model.config import AnalysisConfig
+from kinetoscope.analyze.model.findings import SEVERITY_ORDER, Finding, Severity, nature
 
 @dataclass(frozen=True)
 class RunTime:

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from kinetoscope.analyze.timeline import LOADER_RE, SYNC_OP_NAMES, SYNC_RUNTIME_RE, gpu_work, kind_mask, main_thread, name_mask, window
-from kinetoscope.analyze.trace import RankTrace, trace_view
+from kinetoscope.analyze.model.timeline import LOADER_RE, SYNC_OP_NAMES, SYNC_RUNTIME_RE, gpu_work, kind_mask, main_thread, name_mask, window
+from kinetoscope.analyze.model.trace import RankTrace, trace_view
 
 #: host event kinds drawn on the thread lanes
 HOST_KINDS = ("cpu_op", "runtime", "driver", "annotation", "python", "sync")
@@ -243,7 +243,7 @@ def _union_in_groups(frame: pd.DataFrame, keys: list[str]) -> np.ndarray:
 
 
 def _launch_index(trace: RankTrace) -> tuple[np.ndarray, pd.DataFrame]:
-    from kinetoscope.analyze.timeline import launches
+    from kinetoscope.analyze.model.timeline import launches
 
     calls = launches(trace)
     calls = calls[calls["correlation"].notna().to_numpy()].drop_duplicates("correlation")

@@ -30,9 +30,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kinetoscope.analyze import intervals as iv
-from kinetoscope.analyze.findings import Finding
-from kinetoscope.analyze.timeline import (
+from kinetoscope.analyze.model import intervals as iv
+from kinetoscope.analyze.model.findings import Finding
+from kinetoscope.analyze.model.timeline import (
     cpu_shares,
     handoff_ns,
     SYNC_RUNTIME_RE,
@@ -43,7 +43,7 @@ from kinetoscope.analyze.timeline import (
     name_mask,
     runtime_calls,
 )
-from kinetoscope.analyze.trace import RankTrace, trace_view
+from kinetoscope.analyze.model.trace import RankTrace, trace_view
 
 NONE = -(2**60)  # "no constraint" in int64 arithmetic
 #: a sync that returns at once still costs its call (measured: 2-10 us)

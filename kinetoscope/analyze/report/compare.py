@@ -8,11 +8,11 @@ from typing import Any, Literal
 import numpy as np
 import pandas as pd
 
-from kinetoscope.analyze import timeline
-from kinetoscope.analyze.findings import Finding
-from kinetoscope.analyze.report import Report, entry_value
-from kinetoscope.analyze.steptime import SeriesStats, change_of_means, summarize
-from kinetoscope.analyze.trace import RankTrace, Trace
+from kinetoscope.analyze.model import timeline
+from kinetoscope.analyze.model.findings import Finding
+from kinetoscope.analyze.report.builder import Report, entry_value
+from kinetoscope.analyze.report.steptime import SeriesStats, change_of_means, summarize
+from kinetoscope.analyze.model.trace import RankTrace, Trace
 
 #: (label, path into a rank entry, lower is better; None: a composition, neither better nor worse)
 HEADLINES: tuple[tuple[str, tuple[str, ...], bool | None], ...] = (
@@ -340,7 +340,7 @@ def fix_check(before: Trace, rb: Report, ra: Report) -> pd.DataFrame:
     """For each finding of ``before`` gone in ``after``: the step time its fix was predicted to give (its
     ``estimate``) beside the step time measured after, per rank; and, where several went, all of them
     predicted together (one replay). Measured: each rank's mean window step in ``after``."""
-    from kinetoscope.analyze import whatif
+    from kinetoscope.analyze.whatif import replay as whatif
 
     after_step = {e["rank"]: (e.get("steps") or {}).get("mean_us") for e in ra.ranks}
     before_step = {e["rank"]: (e.get("steps") or {}).get("mean_us") for e in rb.ranks}

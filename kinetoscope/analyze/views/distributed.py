@@ -12,11 +12,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kinetoscope.analyze import intervals as iv
+from kinetoscope.analyze.model import intervals as iv
 from kinetoscope.analyze.analyzers.comm import collectives, comm_compute_sets
-from kinetoscope.analyze.report import Report
-from kinetoscope.analyze.timeline import window
-from kinetoscope.analyze.trace import RankTrace, Trace, trace_view
+from kinetoscope.analyze.report.builder import Report
+from kinetoscope.analyze.model.timeline import window
+from kinetoscope.analyze.model.trace import RankTrace, Trace, trace_view
 
 #: the per-rank table's columns: ms per step unless named otherwise
 RANK_COLUMNS = ("rank", "steps", "step_ms", "compute_only_ms", "overlap_ms", "communication_only_ms", "other_ms",

@@ -19,7 +19,7 @@ from typing import Any
 import pandas as pd
 
 from kinetoscope import __version__
-from kinetoscope.analyze.trace import RankTrace, TraceMeta
+from kinetoscope.analyze.model.trace import RankTrace, TraceMeta
 
 TABLES = ("events", "memory", "counters", "flows", "instants", "steps", "run_steps", "comm_args", "marks")
 #: the tables' layout: part of the key, so a cache written by an older layout is a miss, never misread

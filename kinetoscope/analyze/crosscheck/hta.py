@@ -19,9 +19,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from kinetoscope.analyze import intervals as iv
-from kinetoscope.analyze.timeline import gpu_work
-from kinetoscope.analyze.trace import RankTrace
+from kinetoscope.analyze.model import intervals as iv
+from kinetoscope.analyze.model.timeline import gpu_work
+from kinetoscope.analyze.model.trace import RankTrace
 from kinetoscope.errors import KinetoscopeError
 
 

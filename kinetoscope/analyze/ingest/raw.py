@@ -1,6 +1,6 @@
 """The decoded trace as flat columns: what both decoders produce and the table builder consumes.
 
-Two decoders fill a ``RawColumns``: the compiled scanner (``kinetoscope.analyze._scan``, fed the
+Two decoders fill a ``RawColumns``: the compiled scanner (``kinetoscope.analyze.ingest._scan``, fed the
 file in chunks) and the reference msgspec decoder (``parser.parse_bytes``, whole document, lenient
 fallback for odd dialects) through ``from_parsed``. Everything downstream is shared, so the two
 can only differ in decoding, and tests compare them on every real trace.
@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from kinetoscope.analyze.parser import Args, Event, ParsedTrace
+from kinetoscope.analyze.ingest.parser import Args, Event, ParsedTrace
 
 #: sparse field ids, in the scanner's order (see ``_scan.c``)
 FIELDS = ("correlation", "device", "stream", "external_id", "external_id_legacy", "bytes", "mem_bytes",

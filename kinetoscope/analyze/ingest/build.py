@@ -15,11 +15,11 @@ from typing import Any, Callable
 import numpy as np
 import pandas as pd
 
-from kinetoscope.analyze import schema
-from kinetoscope.analyze.parser import NOT_AN_OBJECT
-from kinetoscope.analyze.raw import INT64_MAX, INT64_MIN, F, RawColumns
-from kinetoscope.analyze.timeline import codes_in, kind_mask
-from kinetoscope.analyze.trace import RankTrace, TraceMeta
+from kinetoscope.analyze.model import schema
+from kinetoscope.analyze.ingest.parser import NOT_AN_OBJECT
+from kinetoscope.analyze.ingest.raw import INT64_MAX, INT64_MIN, F, RawColumns
+from kinetoscope.analyze.model.timeline import codes_in, kind_mask
+from kinetoscope.analyze.model.trace import RankTrace, TraceMeta
 
 _STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
 _STREAM_RE = re.compile(r"(\d+)\s*$")

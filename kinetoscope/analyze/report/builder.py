@@ -16,13 +16,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kinetoscope import __version__
-from kinetoscope.analyze import whatif
-from kinetoscope.analyze.config import DEFAULT_CONFIG, AnalysisConfig
-from kinetoscope.analyze.findings import Finding, rank_findings
-from kinetoscope.analyze.policy import RunTime, judge, limit
-from kinetoscope.analyze.timeline import window
+from kinetoscope.analyze.whatif import replay as whatif
+from kinetoscope.analyze.model.config import DEFAULT_CONFIG, AnalysisConfig
+from kinetoscope.analyze.model.findings import Finding, rank_findings
+from kinetoscope.analyze.report.policy import RunTime, judge, limit
+from kinetoscope.analyze.model.timeline import window
 from kinetoscope.analyze.registry import AnalysisResult, analyzers
-from kinetoscope.analyze.trace import RankTrace, Trace
+from kinetoscope.analyze.model.trace import RankTrace, Trace
 from kinetoscope.errors import ConfigError
 
 SCHEMA_VERSION = 1

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from itertools import combinations
 from typing import Any, Callable, Sequence
 
-from kinetoscope.analyze.findings import Finding, saving_us
-from kinetoscope.analyze.report import Report
-from kinetoscope.analyze.trace import Trace
+from kinetoscope.analyze.model.findings import Finding, saving_us
+from kinetoscope.analyze.report.builder import Report
+from kinetoscope.analyze.model.trace import Trace
 
 #: savings that differ by less than this (us per step, or this share of their sum) are the same
 TOLERANCE_US = 1.0
@@ -52,7 +52,7 @@ def overlapping_groups(savings: Sequence[float], together: Callable[[tuple[int, 
 
 def shared_savings(trace: Trace, report: Report) -> list[SharedSaving]:
     """Per rank, the findings (with a saving) that share a cause, and what fixing each group together is worth."""
-    from kinetoscope.analyze import whatif
+    from kinetoscope.analyze.whatif import replay as whatif
 
     out: list[SharedSaving] = []
     for r in trace.ranks:
@@ -75,7 +75,7 @@ def shared_savings(trace: Trace, report: Report) -> list[SharedSaving]:
 def all_together(trace: Trace, report: Report, rank: int) -> dict[str, Any] | None:
     """What fixing every finding of ``rank`` that has a saving is worth at once (one replay), or None with fewer
     than two."""
-    from kinetoscope.analyze import whatif
+    from kinetoscope.analyze.whatif import replay as whatif
 
     found = [f for f in report.findings if f.rank == rank and saving_us(f) > 0]
     if len(found) < 2:

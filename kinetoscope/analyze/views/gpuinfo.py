@@ -13,8 +13,8 @@ import msgspec
 import numpy as np
 import pandas as pd
 
-from kinetoscope.analyze.timeline import gpu_work, kind_mask, window
-from kinetoscope.analyze.trace import RankTrace, trace_view
+from kinetoscope.analyze.model.timeline import gpu_work, kind_mask, window
+from kinetoscope.analyze.model.trace import RankTrace, trace_view
 
 #: kernel names that say the kernel runs on Tensor Cores (or AMD's matrix cores): MMA instructions and their shapes
 #: (HMMA/IMMA/XMMA/WGMMA, 884/1688/16816/16832), CUTLASS and cuBLAS tensor-op kernels (tensorop, sm80/sm90 xmma

@@ -13,9 +13,9 @@ from typing import Any, Callable
 import numpy as np
 import pandas as pd
 
-from kinetoscope.analyze import intervals as iv
-from kinetoscope.analyze.trace import RankTrace, trace_view
-from kinetoscope.analyze.units import us
+from kinetoscope.analyze.model import intervals as iv
+from kinetoscope.analyze.model.trace import RankTrace, trace_view
+from kinetoscope.analyze.model.units import us
 
 LOADER_RE = re.compile(r"^enumerate\((DataLoader|DataPipe)\)#")
 #: torch.compile compiling (dynamo's frame compile, the lazily compiled backward, the backend): not the step's work

@@ -19,9 +19,9 @@ import msgspec
 import numpy as np
 import pandas as pd
 
-from kinetoscope.analyze import scan
-from kinetoscope.analyze.build import build_rank_trace
-from kinetoscope.analyze.jobs import (
+from kinetoscope.analyze.ingest import scan
+from kinetoscope.analyze.ingest.build import build_rank_trace
+from kinetoscope.analyze.ingest.jobs import (
     SIDECAR_SUFFIXES,
     TRACE_SUFFIXES,
     Job,
@@ -31,7 +31,7 @@ from kinetoscope.analyze.jobs import (
     rank_from_name,
     resolve,
 )
-from kinetoscope.analyze.limits import (
+from kinetoscope.analyze.ingest.limits import (
     DEFAULT_LIMITS,
     GZIP_RATIO_AFTER_BYTES,
     LoadLimits,
@@ -40,9 +40,9 @@ from kinetoscope.analyze.limits import (
     fallback_too_large,
     file_too_large,
 )
-from kinetoscope.analyze.parser import parse_bytes
-from kinetoscope.analyze.raw import RawColumns, from_parsed
-from kinetoscope.analyze.trace import RankTrace, Trace
+from kinetoscope.analyze.ingest.parser import parse_bytes
+from kinetoscope.analyze.ingest.raw import RawColumns, from_parsed
+from kinetoscope.analyze.model.trace import RankTrace, Trace
 from kinetoscope.errors import KinetoscopeError, TraceFormatError, TraceSourceError
 from kinetoscope.heap import give_back_free_memory
 
@@ -111,7 +111,7 @@ def load_rank(path: Path, *, default_rank: int = 0, limits: LoadLimits = DEFAULT
     started = time.perf_counter()
     key = None
     if cache is not None:
-        from kinetoscope.analyze import cache as columnar
+        from kinetoscope.analyze.ingest import cache as columnar
 
         key = columnar.key_for(path, default_rank)
         hit = columnar.load(key, cache)
@@ -331,7 +331,7 @@ def load_job(job: Job, limits: LoadLimits = DEFAULT_LIMITS, cache: Path | None =
 
 def _parse_to_parquet(path: str, default_rank: int, limits: LoadLimits, out: str) -> str:
     """Worker side of parallel loading: parse one rank and write it as columnar tables under ``out``."""
-    from kinetoscope.analyze import cache as columnar
+    from kinetoscope.analyze.ingest import cache as columnar
 
     key = f"rank-{default_rank}"
     columnar.save(load_rank(Path(path), default_rank=default_rank, limits=limits), key, Path(out))
@@ -343,7 +343,7 @@ def _load_in_processes(job: Job, limits: LoadLimits, processes: int) -> list[Ran
     import tempfile
     from concurrent.futures import ProcessPoolExecutor
 
-    from kinetoscope.analyze import cache as columnar
+    from kinetoscope.analyze.ingest import cache as columnar
 
     with tempfile.TemporaryDirectory(prefix="kinetoscope-ranks-") as tmp:
         # spawn, not fork: the caller may be a threaded app

@@ -10,7 +10,7 @@ from typing import Any, Callable, TypeVar
 
 import pandas as pd
 
-from kinetoscope.analyze.schema import COMM_ARG_COLUMNS, GPU_BUSY_KINDS, MARK_COLUMNS, empty_frame
+from kinetoscope.analyze.model.schema import COMM_ARG_COLUMNS, GPU_BUSY_KINDS, MARK_COLUMNS, empty_frame
 
 
 @dataclass(frozen=True)

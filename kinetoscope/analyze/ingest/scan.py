@@ -20,7 +20,7 @@ import zlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from kinetoscope.analyze.limits import (
+from kinetoscope.analyze.ingest.limits import (
     DEFAULT_LIMITS,
     EXECUTION_TRACE,
     LoadLimits,
@@ -32,12 +32,12 @@ from kinetoscope.analyze.limits import (
 from kinetoscope.errors import TraceFormatError, TraceSourceError
 
 if TYPE_CHECKING:
-    from kinetoscope.analyze.raw import RawColumns
-# numpy and the columns (kinetoscope.analyze.raw) are imported where the scanner's output is turned into
+    from kinetoscope.analyze.ingest.raw import RawColumns
+# numpy and the columns (kinetoscope.analyze.ingest.raw) are imported where the scanner's output is turned into
 # columns, not here: scanning can then start before they are imported (``Ahead``)
 
 try:
-    from kinetoscope.analyze import _scan
+    from kinetoscope.analyze.ingest import _scan
 except ImportError:  # built without a C compiler: the reference decoder does all the work
     _scan = None  # type: ignore[assignment]
 try:  # ISA-L's inflate: gunzips a trace 2-4x faster than zlib, leaving the cores to the scanner
@@ -345,7 +345,7 @@ def _metadata(items: list[tuple[str, bytes]]) -> dict[str, Any]:
 
 
 def _columns(out: dict[str, Any]) -> RawColumns:
-    from kinetoscope.analyze.raw import from_scanner
+    from kinetoscope.analyze.ingest.raw import from_scanner
 
     return from_scanner(out, _metadata(out.pop("meta")))
 
@@ -433,7 +433,7 @@ def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     Each input column is dropped as soon as its merged column exists (the peak is one column)."""
     import numpy as np
 
-    from kinetoscope.analyze.raw import STRING_FIELD_IDS
+    from kinetoscope.analyze.ingest.raw import STRING_FIELD_IDS
 
     strings, smap = _remap(a.pop("strings"), b.pop("strings"))
     idents, imap = _remap(a.pop("idents"), b.pop("idents"))

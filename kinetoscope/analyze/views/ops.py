@@ -13,9 +13,9 @@ import numpy as np
 import pandas as pd
 
 from kinetoscope.analyze.analyzers.anatomy import PHASES, _phase_lookup, host_phases
-from kinetoscope.analyze.gpuinfo import TENSOR_CORE_RE  # names that say Tensor Cores; others say nothing
-from kinetoscope.analyze.timeline import CONTAINER_RE, gpu_work, kind_mask, name_mask, window
-from kinetoscope.analyze.trace import RankTrace, trace_view
+from kinetoscope.analyze.views.gpuinfo import TENSOR_CORE_RE  # names that say Tensor Cores; others say nothing
+from kinetoscope.analyze.model.timeline import CONTAINER_RE, gpu_work, kind_mask, name_mask, window
+from kinetoscope.analyze.model.trace import RankTrace, trace_view
 
 
 
@@ -292,7 +292,7 @@ def op_shapes(data: bytes, trace: RankTrace) -> pd.DataFrame:
 def launch_device_ns(trace: RankTrace) -> pd.DataFrame:
     """Each host call that launched recorded GPU work: its thread, start, and the GPU time of what it launched
     (the kernels, copies and memsets of its correlation id, their durations added), sorted by thread then start."""
-    from kinetoscope.analyze.timeline import launches
+    from kinetoscope.analyze.model.timeline import launches
 
     calls = launches(trace)
     calls = calls[calls["correlation"].notna().to_numpy()]

@@ -1,0 +1,7 @@
+"""Analysis of Kineto traces, folders in the order the data flows (each imports only the ones before it):
+
+``ingest`` (file -> ``Trace``) -> ``model`` (the ``Trace`` and the views several stages share) -> ``analyzers``
+(pure ``(trace, config) -> AnalysisResult`` leaves, imported only by ``registry``) -> ``whatif`` (what a fix is
+worth) -> ``report`` (all analyzers over a job into one ``Report``; compare two) -> ``views`` (what the app draws).
+``crosscheck`` stands beside the pipeline. Nothing here imports torch or changes process-wide settings.
+"""

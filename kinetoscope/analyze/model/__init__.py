@@ -1,0 +1,8 @@
+"""Stage 2 of the pipeline, the model every later stage shares: the ``Trace`` and its views.
+
+Takes nothing from above; gives the ``Trace``/``RankTrace`` (``trace``, columns declared in ``schema``), interval
+arithmetic (``intervals``), units at the report edge (``units``), the derived views of a rank that more than one
+layer needs (``timeline`` and the views moved down from the analyzers), ``Finding`` (``findings``), the
+thresholds (``config``) and the cross-rank collective matching (``distributed``). Imports only the standard
+library, numpy, pandas, msgspec and ``kinetoscope.errors``.
+"""
