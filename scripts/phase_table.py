@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from kinetoscope.analyze.analyzers.anatomy import PHASES
+from kinetoscope.analyze.model.phases import PHASES
 from kinetoscope.analyze.ingest.loader import find_jobs, load_job
 from kinetoscope.analyze.report.builder import build_report
 

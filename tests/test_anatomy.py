@@ -6,7 +6,7 @@ import pytest
 from conftest import load_built
 from tracebuilder import TraceBuilder
 
-from kinetoscope.analyze.analyzers.anatomy import PHASES
+from kinetoscope.analyze.model.phases import PHASES
 from kinetoscope.analyze.report.builder import build_report
 
 BWD_TID = 200

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from kinetoscope.analyze.registry import AnalysisResult
+from kinetoscope.analyze.model.analysis import AnalysisResult
 from kinetoscope.app.data import Analysis
-from kinetoscope.app.ui import md, st
+from kinetoscope.app.ui import st
 from kinetoscope.render.format import mib, ms, pct  # noqa: F401  (re-exported for the screens)
 
 CURRENT = "analysis"

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from kinetoscope import __version__
-from kinetoscope.analyze.analyzers.straggler import rank_summary
+from kinetoscope.analyze.registry import analyzer
 from kinetoscope.analyze.ingest.limits import DEFAULT_LIMITS, LoadLimits
 from kinetoscope.analyze.ingest.loader import load_rank
 from kinetoscope.analyze.report.builder import build_report, entry_value
@@ -78,7 +78,8 @@ def analyze_file(path: str, job: str, index: int, store: str, resume: bool = Fal
         return row
     entry = report.ranks[0]
     severities = [f.severity for f in report.findings]
-    summary = rank_summary(rank)
+    # the job-level analysis' map step, through the registry as the report runs it
+    summary = analyzer("collectives").per_rank(rank)  # type: ignore[misc]  # collectives has a per_rank view
     row = {
         **base,
         "rank": rank.rank,

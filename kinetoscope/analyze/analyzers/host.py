@@ -15,8 +15,8 @@ import numpy as np
 from kinetoscope.analyze.model import intervals as iv
 from kinetoscope.analyze.model.config import AnalysisConfig
 from kinetoscope.analyze.model.findings import Finding
-from kinetoscope.analyze.registry import AnalysisResult, register
-from kinetoscope.analyze.analyzers.comm import collectives, host_collectives
+from kinetoscope.analyze.model.analysis import AnalysisResult, register
+from kinetoscope.analyze.model.collectives import collectives, host_collectives
 from kinetoscope.analyze.model.timeline import COMPILE_RE, all_loader_spans, main_thread, name_mask, sync_calls, window
 from kinetoscope.analyze.model.trace import RankTrace
 from kinetoscope.analyze.model.units import frac, us

@@ -8,7 +8,7 @@ import pandas as pd
 from kinetoscope.analyze.model import intervals as iv
 from kinetoscope.analyze.model.config import AnalysisConfig
 from kinetoscope.analyze.model.findings import Finding
-from kinetoscope.analyze.registry import AnalysisResult, register
+from kinetoscope.analyze.model.analysis import AnalysisResult, register
 from kinetoscope.analyze.model.timeline import (
     any_gpu_busy,
     cpu_shares,
@@ -178,7 +178,7 @@ def analyze_loader(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
     share = basis_ns / w.dur_ns if w.dur_ns else 0.0
     in_window = int(((frame["end_ns"] > w.start_ns) & (frame["ts_ns"] < w.end_ns)).sum())
     if in_window >= 2 and share >= config.loader_min_fraction:
-        from kinetoscope.analyze.analyzers.copies import h2d_copies
+        from kinetoscope.analyze.model.copies import h2d_copies
 
         pageable = bool(h2d_copies(trace)["pageable"].any()) if has_gpu else False
         kind, wait_cpu = wait_kind(trace, frame["dur_ns"].to_numpy())

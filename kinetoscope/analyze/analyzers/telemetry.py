@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 
 from kinetoscope.analyze.model.config import AnalysisConfig
-from kinetoscope.analyze.registry import AnalysisResult, register
+from kinetoscope.analyze.model.analysis import AnalysisResult, register
 from kinetoscope.analyze.model.timeline import window
 from kinetoscope.analyze.model.trace import RankTrace
 

@@ -169,7 +169,7 @@ def _exposure_less_waits(trace: Trace, findings: list[Finding], job: dict[str, A
                          config: AnalysisConfig) -> list[Finding]:
     """Each rank's exposed communication less its waits for later ranks, where the job's collectives were matched
     across ranks (those waits are the straggler's cost, not overlap to be had), judged again."""
-    from kinetoscope.analyze.analyzers.comm import without_waits
+    from kinetoscope.analyze.report.exposure import without_waits
 
     waits = {r["rank"]: r["wait_us"] for r in (job.get("collectives") or {}).get("ranks", []) if r.get("wait_us")}
     if not waits:

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from kinetoscope.analyze.model import intervals as iv
-from kinetoscope.analyze.analyzers.comm import collectives, comm_compute_sets
+from kinetoscope.analyze.model.collectives import collectives, comm_compute_sets
 from kinetoscope.analyze.report.builder import Report
 from kinetoscope.analyze.model.timeline import window
 from kinetoscope.analyze.model.trace import RankTrace, Trace, trace_view

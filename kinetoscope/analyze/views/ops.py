@@ -12,7 +12,7 @@ import msgspec
 import numpy as np
 import pandas as pd
 
-from kinetoscope.analyze.analyzers.anatomy import PHASES, _phase_lookup, host_phases
+from kinetoscope.analyze.model.phases import PHASES, phase_lookup, host_phases
 from kinetoscope.analyze.views.gpuinfo import TENSOR_CORE_RE  # names that say Tensor Cores; others say nothing
 from kinetoscope.analyze.model.timeline import CONTAINER_RE, gpu_work, kind_mask, name_mask, window
 from kinetoscope.analyze.model.trace import RankTrace, trace_view
@@ -52,7 +52,7 @@ def op_table(trace: RankTrace) -> pd.DataFrame:
     ts, end = ops["ts_ns"].to_numpy(np.int64), ops["end_ns"].to_numpy(np.int64)
     tid = ops["tid"].astype(str).to_numpy(object)
     self_ns = _self_ns(ts, end, tid)
-    starts, ends, labels = _phase_lookup(host_phases(trace))
+    starts, ends, labels = phase_lookup(host_phases(trace))
     if starts.size:
         k = np.searchsorted(starts, ts, side="right") - 1
         inside = (k >= 0) & (ts < ends[np.maximum(k, 0)])

@@ -231,7 +231,7 @@ def _items(trace: RankTrace, ts: np.ndarray, dur: np.ndarray, anchor: np.ndarray
                 calls.append((int(s_), int(e_), "sync", j, int(e_ - end[j]), int(min(e_ - s_, SYNC_OVERHEAD_NS)), ""))
             else:  # the GPU was done before the call: it cost its own time, and waits if j ends later after a fix
                 calls.append((int(s_), int(e_), "sync", j, int(min(e_ - s_, SYNC_OVERHEAD_NS)), int(e_ - s_), ""))
-        from kinetoscope.analyze.analyzers.copies import copies
+        from kinetoscope.analyze.model.copies import copies
 
         cp = copies(trace)
         if len(cp):
@@ -714,7 +714,7 @@ def plan_loader(trace: RankTrace, g: ReplayGraph, params: dict[str, Any]) -> Pla
 
 
 def _pinned_gbps(trace: RankTrace) -> tuple[float, str]:
-    from kinetoscope.analyze.analyzers.copies import h2d_copies
+    from kinetoscope.analyze.model.copies import h2d_copies
 
     h = h2d_copies(trace)
     big = h[h["pinned"].to_numpy() & (h["bytes"].fillna(0).to_numpy() >= 1 << 20)]
@@ -729,7 +729,7 @@ def _pinned_gbps(trace: RankTrace) -> tuple[float, str]:
 
 
 def _h2d_ops(trace: RankTrace, g: ReplayGraph, pageable_only: bool) -> tuple[np.ndarray, pd.DataFrame]:
-    from kinetoscope.analyze.analyzers.copies import h2d_copies
+    from kinetoscope.analyze.model.copies import h2d_copies
 
     h = h2d_copies(trace)
     if pageable_only:

@@ -4,7 +4,7 @@ import altair as alt
 import pandas as pd
 
 from kinetoscope.app import state
-from kinetoscope.app.ui import md, st
+from kinetoscope.app.ui import st
 from kinetoscope.render.format import display_table, listing
 
 

@@ -2,7 +2,6 @@
 the matched collectives (all computed in analyze.distview)."""
 
 import altair as alt
-import pandas as pd
 
 from kinetoscope.analyze.views.distributed import distributed_view
 from kinetoscope.app import state

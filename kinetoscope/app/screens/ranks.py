@@ -7,7 +7,7 @@ import pandas as pd
 
 from kinetoscope.analyze.views.distributed import distributed_view
 from kinetoscope.app import state
-from kinetoscope.app.ui import md, st
+from kinetoscope.app.ui import st
 from kinetoscope.render.format import display_table, listing
 
 
