@@ -54,7 +54,7 @@ print(f"imports {t1 - t0:.2f} s, load {t2 - t1:.2f} s, analyses {t3 - t2:.2f} s 
 
 
 #: the floor under any whole process of ours: the interpreter, numpy and pandas imported as the command imports them
-STACK = ("from kinetoscope.deps import import_pandas_without_pyarrow\n"
+STACK = ("from kinetoscope.cli.process import import_pandas_without_pyarrow\n"
          "import_pandas_without_pyarrow()\n"
          "import numpy, pandas\n")
 #: the scan process: the interpreter, numpy and the compiled scanner on the file (both threads); no tables, no pandas

@@ -122,7 +122,7 @@ def _pandas_major() -> int:
 
 
 def test_the_installed_pandas_version_is_read_without_importing_it():
-    from kinetoscope.deps import _pandas_major as read
+    from kinetoscope.cli.process import _pandas_major as read
 
     assert read() == _pandas_major()
 
@@ -133,7 +133,7 @@ def test_pandas_without_pyarrow_until_something_asks_for_it():
     itself still imports afterwards, and a process that already has pandas keeps it as it is."""
     pytest.importorskip("pyarrow")
     code = ("import sys\n"
-            "from kinetoscope.deps import import_pandas_without_pyarrow\n"
+            "from kinetoscope.cli.process import import_pandas_without_pyarrow\n"
             "print(import_pandas_without_pyarrow())\n"
             "import pandas as pd\n"
             "print('pyarrow' in sys.modules, pd.Series(['a']).dtype.storage)\n"
@@ -142,7 +142,7 @@ def test_pandas_without_pyarrow_until_something_asks_for_it():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["True", "False", "python", "[1]"]
     code = ("import sys, pandas as pd\n"
-            "from kinetoscope.deps import import_pandas_without_pyarrow\n"
+            "from kinetoscope.cli.process import import_pandas_without_pyarrow\n"
             "print(import_pandas_without_pyarrow(), pd.Series(['a']).dtype.storage)\n")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True).stdout.split() == ["False", "pyarrow"]

@@ -256,7 +256,7 @@ def test_one_malloc_arena_takes_on_glibc():
 
     if platform.libc_ver()[0] != "glibc":
         pytest.skip("mallopt is glibc's")
-    from kinetoscope.heap import one_malloc_arena
+    from kinetoscope.cli.process import one_malloc_arena
 
     assert one_malloc_arena() is True
 

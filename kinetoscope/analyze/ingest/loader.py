@@ -13,7 +13,7 @@ import time
 import zlib
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, Callable, Union
 
 import msgspec
 import numpy as np
@@ -44,7 +44,6 @@ from kinetoscope.analyze.ingest.parser import parse_bytes
 from kinetoscope.analyze.ingest.raw import RawColumns, from_parsed
 from kinetoscope.analyze.model.trace import RankTrace, Trace
 from kinetoscope.errors import KinetoscopeError, TraceFormatError, TraceSourceError
-from kinetoscope.heap import give_back_free_memory
 
 __all__ = ["SIDECAR_SUFFIXES", "TRACE_SUFFIXES", "Job", "find_jobs", "is_trace_file", "load_job", "load_job_tolerant",
            "load_rank", "load_trace", "rank_from_bytes", "rank_from_name", "read_bytes", "resolve"]
@@ -101,12 +100,15 @@ def _gunzip(data: bytes, source: str, limits: LoadLimits, *, cap: int | None = N
 
 
 def load_rank(path: Path, *, default_rank: int = 0, limits: LoadLimits = DEFAULT_LIMITS,
-              cache: Path | None = None, ahead: scan.Ahead | None = None) -> RankTrace:
+              cache: Path | None = None, ahead: scan.Ahead | None = None,
+              after_parse: Callable[[], None] | None = None) -> RankTrace:
     """Load one rank file. Rank: distributedInfo, else ``rank-N`` in the name, else default.
 
     The file is streamed through the columnar scanner (bounded memory); the reference decoder
     takes over for anything the scanner leaves to it. With ``cache`` (a directory), a trace
     parsed before is reopened from its Parquet tables. ``ahead``: this file's scan, already started.
+    ``after_parse``: called once the raw columns are dropped (the command's own process gives the C heap's free
+    pages back there, ``kinetoscope.cli.process.give_back_free_memory``; the library leaves the heap alone).
     """
     started = time.perf_counter()
     key = None
@@ -124,7 +126,8 @@ def load_rank(path: Path, *, default_rank: int = 0, limits: LoadLimits = DEFAULT
         scanned = _reference(read_bytes(path, limits, fallback=str(why)), path, limits)
     trace = _rank_from_raw(*scanned, path, default_rank=default_rank, started=started)
     del scanned
-    give_back_free_memory()  # the raw columns' pages, before the analyses allocate theirs
+    if after_parse is not None:
+        after_parse()  # e.g. the raw columns' pages back, before the analyses allocate theirs
     if key is not None:
         columnar.save(trace, key, cache)
     return trace
@@ -310,13 +313,14 @@ def _run_steps(path: Path, rank: int) -> tuple[pd.DataFrame | None, str | None]:
     }), None
 
 
-def load_trace(path: str | os.PathLike[str], limits: LoadLimits = DEFAULT_LIMITS, cache: Path | None = None) -> Trace:
+def load_trace(path: str | os.PathLike[str], limits: LoadLimits = DEFAULT_LIMITS, cache: Path | None = None, *,
+               after_parse: Callable[[], None] | None = None) -> Trace:
     """Load one job: a trace file, or a directory holding that job's rank files."""
-    return load_job(Job(str(path), tuple(resolve(path))), limits, cache)
+    return load_job(Job(str(path), tuple(resolve(path))), limits, cache, after_parse=after_parse)
 
 
 def load_job(job: Job, limits: LoadLimits = DEFAULT_LIMITS, cache: Path | None = None, processes: int = 1,
-             ahead: scan.Ahead | None = None) -> Trace:
+             ahead: scan.Ahead | None = None, *, after_parse: Callable[[], None] | None = None) -> Trace:
     """Load a job's rank files; with ``processes`` > 1, ranks are parsed in parallel worker processes
     that hand back Parquet tables (the parent never holds a rank's raw JSON). ``ahead``: the scan of one of
     the job's files, already started (``scan.Ahead``)."""
@@ -324,7 +328,8 @@ def load_job(job: Job, limits: LoadLimits = DEFAULT_LIMITS, cache: Path | None =
         ranks = _load_in_processes(job, limits, processes)
     else:
         ranks = [load_rank(f, default_rank=i, limits=limits, cache=cache,
-                           ahead=ahead if ahead is not None and ahead.path == f and cache is None else None)
+                           ahead=ahead if ahead is not None and ahead.path == f and cache is None else None,
+                           after_parse=after_parse)
                  for i, f in enumerate(job.files)]
     return _assemble(job, ranks)
 
