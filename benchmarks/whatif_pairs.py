@@ -27,7 +27,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from kinetoscope.analyze.whatif import replay as whatif  # noqa: E402
+from kinetoscope.analyze import whatif  # noqa: E402
 from kinetoscope.analyze.ingest.loader import load_trace  # noqa: E402
 from kinetoscope.analyze.report.builder import build_report  # noqa: E402
 

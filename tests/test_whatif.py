@@ -13,7 +13,7 @@ import pytest
 from conftest import SAMPLES, load_built
 from tracebuilder import TraceBuilder
 
-from kinetoscope.analyze.whatif import replay as whatif
+from kinetoscope.analyze import whatif
 from kinetoscope.analyze.model.findings import Finding
 from kinetoscope.analyze.ingest.loader import load_trace
 from kinetoscope.analyze.report.builder import build_report

@@ -17,7 +17,7 @@ from kinetoscope.analyze.model.config import DEFAULT_CONFIG, AnalysisConfig
 from kinetoscope.analyze.ingest.limits import DEFAULT_LIMITS, LoadLimits
 from kinetoscope.analyze.ingest.loader import Job
 from kinetoscope.analyze.registry import analyzer
-from kinetoscope.analyze.whatif.replay import straggler_saving_us
+from kinetoscope.analyze.whatif.fixes import straggler_saving_us
 from kinetoscope.batch.discover import discover
 from kinetoscope.batch.store import open_store, read_rows, write_rows
 from kinetoscope.batch.task import analyze_file, file_key

@@ -112,7 +112,7 @@ def analyze_file(path: str, job: str, index: int, store: str, resume: bool = Fal
          "impact_us": f.impact_us, "evidence_json": json.dumps(f.evidence, default=str),
          "saving_us_per_step": (f.estimate or {}).get("saving_us_per_step"),
          "step_us_after": (f.estimate or {}).get("step_us_after"),
-         "estimate_json": json.dumps(f.estimate, default=str) if f.estimate else None}
+         "estimate_json": json.dumps(f.estimate.to_dict(), default=str) if f.estimate else None}
         for f in report.findings
     ]
     loader_steps = report.results[rank.rank]["loader"].tables["loader_per_step"] if "loader" in report.results[rank.rank] else None

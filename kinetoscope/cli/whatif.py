@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.own_process:
         import_pandas_without_pyarrow()
-    from kinetoscope.analyze.whatif import replay as whatif
+    from kinetoscope.analyze import whatif
     from kinetoscope.analyze.model.findings import FINDING_IDS
     from kinetoscope.analyze.ingest.loader import load_trace
     from kinetoscope.analyze.report.builder import build_report
@@ -69,8 +69,9 @@ def run(args: argparse.Namespace) -> int:
     problems = whatif.check_params(params)
     if problems:
         raise ConfigError("--set " + "; ".join(problems))
-    unused = [fid for fid in params if wanted and fid not in wanted
-              and not (fid in ("loader_stall", "sync_in_loop", "sync_point") and "gpu_idle" in wanted)]
+    # a fix that stands for others (gpu_idle) takes their parameters
+    standing_for = {other for w in wanted if w in whatif.FIXES for other in whatif.FIXES[w].stands_for}
+    unused = [fid for fid in params if wanted and fid not in wanted and fid not in standing_for]
     if unused:
         sys.stderr.write(f"kinetoscope: note: --set for {', '.join(unused)}, not among --fix: not used\n")
     trace = load_trace(args.path, after_parse=give_back_free_memory if args.own_process else None)
@@ -83,10 +84,13 @@ def run(args: argparse.Namespace) -> int:
         entry = next(e for e in report.ranks if e["rank"] == r.rank)
         mine = [f for f in report.findings if f.rank == r.rank]
         chosen = [f for f in mine if f.id in wanted]
-        alone = [{"id": f.id, "severity": f.severity, "title": f.title,
-                  "estimate": whatif.estimate(r, f, whatif.params_for(f.id, params)) if params else f.estimate}
-                 for f in (chosen or mine)]
-        together = whatif.combined(r, chosen, params) if chosen else None
+        alone = []
+        for f in chosen or mine:
+            est = whatif.estimate(r, f, whatif.params_for(f.id, params)) if params else f.estimate
+            alone.append({"id": f.id, "severity": f.severity, "title": f.title,
+                          "estimate": est.to_dict() if est is not None else None})
+        both = whatif.combined(r, chosen, params) if chosen else None
+        together = both.to_dict() if both is not None else None
         out.append({"rank": r.rank, "replay": entry.get("replay"), "fixes": alone, "together": together,
                     "applied": [f.id for f in chosen],
                     "not_found": [f for f in wanted if f not in {c.id for c in chosen}]})

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from kinetoscope.analyze.model.estimate import Estimate
+
 Severity = Literal["critical", "warning", "info"]
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
 
@@ -61,7 +63,7 @@ class Finding:
     extra: dict[str, Any] = field(default_factory=dict)
     #: what fixing it is worth (``whatif.estimate``): the rank's mean step after this fix alone; None where
     #: it cannot be estimated
-    estimate: dict[str, Any] | None = None
+    estimate: Estimate | None = None
     #: the strongest severity the evidence supports, whatever the finding is worth (a window filled by start-up,
     #: steps inferred rather than marked, a step cut short): the severity policy never goes above it
     ceiling: Severity = "critical"
@@ -91,7 +93,7 @@ class Finding:
             "evidence": self.evidence,
             "recommendation": self.recommendation,
             "impact_us": round(self.impact_us, 3),
-            "estimate": self.estimate,
+            "estimate": self.estimate.to_dict() if self.estimate is not None else None,
             "worth": self.worth,
         }
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kinetoscope import __version__
-from kinetoscope.analyze.whatif import replay as whatif
+from kinetoscope.analyze import whatif
 from kinetoscope.analyze.model.config import DEFAULT_CONFIG, AnalysisConfig
 from kinetoscope.analyze.model.findings import Finding, rank_findings
 from kinetoscope.analyze.report.policy import RunTime, judge, limit
@@ -46,7 +46,8 @@ class Report:
     results: dict[int, dict[str, AnalysisResult]] = field(repr=False, default_factory=dict)
     job_results: dict[str, AnalysisResult] = field(repr=False, default_factory=dict)
     failures: tuple[AnalyzerFailure, ...] = ()
-    #: numbers that break an invariant (a fraction outside [0, 1]): a bug, reported, never clamped away
+    #: numbers that break an invariant (a fraction outside [0, 1], a fix whose replayed step ends later than before):
+    #: a bug, reported, never clamped away
     violations: tuple[str, ...] = ()
     #: seconds each analyzer took, summed over ranks ("replay" and "estimates": the what-if), for benchmarks;
     #: not part of the JSON report (timings are not results)
@@ -89,6 +90,13 @@ def entry_value(entry: dict[str, Any], *keys: str) -> Any:
 #: keys holding a share of something (``fraction_of`` says what): each must lie in [0, 1]
 _FRACTION_SUFFIXES = ("fraction", "_share")
 _TOLERANCE = 1e-9
+
+
+def estimate_violations(findings: list[Finding]) -> list[str]:
+    """Estimates are never clamped: a fix whose replayed step ends later than before (or before it begins) is the
+    model's error, listed with the report's invariant violations."""
+    return [f"finding {f.id} (rank {f.rank}): {v}" for f in findings if f.estimate is not None
+            for v in f.estimate.violations()]
 
 
 def fraction_violations(obj: Any, path: str = "") -> list[str]:
@@ -178,9 +186,8 @@ def _exposure_less_waits(trace: Trace, findings: list[Finding], job: dict[str, A
     for f in findings:
         if f.id == "exposed_comm" and f.rank in waits and any(r.rank == f.rank for r in trace.ranks):
             g = without_waits(f, waits[f.rank], config)
-            est = g.estimate or {}
-            mean = (float(est["step_us_after"]) + float(est["saving_us_per_step"])
-                    if est.get("saving_us_per_step") is not None else None)
+            est = g.estimate
+            mean = float(est.step_us_after) + float(est.saving_us_per_step) if est is not None else None
             out.append(judge(g, _run_of(trace.rank(f.rank), mean, float(g.evidence.get("window_us") or 0)), config))
         else:
             out.append(f)
@@ -344,6 +351,7 @@ def build_report(trace: Trace, config: AnalysisConfig = DEFAULT_CONFIG, *, threa
     violations = [f"rank {e['rank']}: {v}" for e in entries for v in fraction_violations(e)]
     violations += [f"job: {v}" for v in fraction_violations(job)]
     violations += [f"finding {f.id} (rank {f.rank}): {v}" for f in findings for v in fraction_violations(f.evidence)]
+    violations += estimate_violations(findings)
     return Report(
         source=trace.source,
         ranks=tuple(entries),

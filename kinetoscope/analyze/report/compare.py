@@ -340,7 +340,7 @@ def fix_check(before: Trace, rb: Report, ra: Report) -> pd.DataFrame:
     """For each finding of ``before`` gone in ``after``: the step time its fix was predicted to give (its
     ``estimate``) beside the step time measured after, per rank; and, where several went, all of them
     predicted together (one replay). Measured: each rank's mean window step in ``after``."""
-    from kinetoscope.analyze.whatif import replay as whatif
+    from kinetoscope.analyze import whatif
 
     after_step = {e["rank"]: (e.get("steps") or {}).get("mean_us") for e in ra.ranks}
     before_step = {e["rank"]: (e.get("steps") or {}).get("mean_us") for e in rb.ranks}

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-
 from kinetoscope.analyze.model.config import AnalysisConfig
 from kinetoscope.analyze.model.findings import Finding
 
@@ -19,14 +18,14 @@ def without_waits(finding: Finding, wait_us: float, config: AnalysisConfig) -> F
     before = float(ev.get("exposed_us") or 0)
     exposed = max(before - float(wait_us), 0.0)
     estimate = finding.estimate
-    if estimate and estimate.get("saving_us_per_step") is not None and before > 0:
-        mean = float(estimate["step_us_after"]) + float(estimate["saving_us_per_step"])
-        saving = float(estimate["saving_us_per_step"]) * exposed / before
-        estimate = {**estimate, "step_us_after": round(mean - saving, 3), "saving_us_per_step": round(saving, 3),
-                    "saving_fraction": round(saving / mean, 4) if mean > 0 else None,
-                    "assumptions": list(estimate.get("assumptions") or [])
-                    + [f"its {wait_us / 1000:,.2f} ms of waiting for other ranks in the window is not exposure "
-                       "overlap can hide (it is the late ranks' cost)"]}
+    if estimate is not None and before > 0:
+        mean = float(estimate.step_us_after) + float(estimate.saving_us_per_step)
+        saving = float(estimate.saving_us_per_step) * exposed / before
+        estimate = replace(estimate, step_us_after=round(mean - saving, 3), saving_us_per_step=round(saving, 3),
+                           saving_fraction=round(saving / mean, 4) if mean > 0 else None,
+                           assumptions=(*estimate.assumptions,
+                                        f"its {wait_us / 1000:,.2f} ms of waiting for other ranks in the window is "
+                                        "not exposure overlap can hide (it is the late ranks' cost)"))
     window = float(ev.get("window_us") or 0)
     ev.update({"exposed_including_waits_us": ev.get("exposed_us"), "waiting_for_other_ranks_us": round(wait_us, 3),
                "exposed_us": round(exposed, 3),

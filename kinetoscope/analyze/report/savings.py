@@ -52,7 +52,7 @@ def overlapping_groups(savings: Sequence[float], together: Callable[[tuple[int, 
 
 def shared_savings(trace: Trace, report: Report) -> list[SharedSaving]:
     """Per rank, the findings (with a saving) that share a cause, and what fixing each group together is worth."""
-    from kinetoscope.analyze.whatif import replay as whatif
+    from kinetoscope.analyze import whatif
 
     out: list[SharedSaving] = []
     for r in trace.ranks:
@@ -75,7 +75,7 @@ def shared_savings(trace: Trace, report: Report) -> list[SharedSaving]:
 def all_together(trace: Trace, report: Report, rank: int) -> dict[str, Any] | None:
     """What fixing every finding of ``rank`` that has a saving is worth at once (one replay), or None with fewer
     than two."""
-    from kinetoscope.analyze.whatif import replay as whatif
+    from kinetoscope.analyze import whatif
 
     found = [f for f in report.findings if f.rank == rank and saving_us(f) > 0]
     if len(found) < 2:
