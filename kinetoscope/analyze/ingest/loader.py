@@ -13,7 +13,7 @@ import time
 import zlib
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Union
+from typing import Any, Callable
 
 import msgspec
 import numpy as np
@@ -43,6 +43,7 @@ from kinetoscope.analyze.ingest.limits import (
 from kinetoscope.analyze.ingest.parser import parse_bytes
 from kinetoscope.analyze.ingest.raw import RawColumns, from_parsed
 from kinetoscope.analyze.model.trace import RankTrace, Trace
+from kinetoscope.manifest import ManifestFacts, ManifestWindows, StepTimes, manifest_name, step_times_name
 from kinetoscope.errors import KinetoscopeError, TraceFormatError, TraceSourceError
 
 __all__ = ["SIDECAR_SUFFIXES", "TRACE_SUFFIXES", "Job", "find_jobs", "is_trace_file", "load_job", "load_job_tolerant",
@@ -181,23 +182,12 @@ def _rank_from_raw(raw: RawColumns, size: int, path: Path, *, default_rank: int,
     return replace(trace, meta=meta, run_steps=run_steps, steps=steps)
 
 
-class _Window(msgspec.Struct):
-    trace: str
-    last_step: int
-    cut_short: bool = False
-    ended_by: Union[str, None] = None
-
-
-class _Manifest(msgspec.Struct):
-    windows: list[_Window] = []
-
-
 def _manifest_bytes(path: Path, rank: int) -> bytes | None:
     """The capture's manifest beside a captured trace (``rank-<r>.manifest.json``), if there is one."""
     if not is_capture_window(path):
         return None
     try:
-        return path.with_name(f"rank-{rank}.manifest.json").read_bytes()
+        return path.with_name(manifest_name(rank)).read_bytes()
     except OSError:
         return None
 
@@ -208,7 +198,7 @@ def _cut_short_step(path: Path, manifest_bytes: bytes | None) -> tuple[int, str]
     if manifest_bytes is None:
         return None
     try:
-        manifest = msgspec.json.decode(manifest_bytes, type=_Manifest)
+        manifest = msgspec.json.decode(manifest_bytes, type=ManifestWindows)
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None
     for w in manifest.windows:
@@ -219,19 +209,13 @@ def _cut_short_step(path: Path, manifest_bytes: bytes | None) -> tuple[int, str]
     return None
 
 
-class _Facts(msgspec.Struct):
-    host: Union[dict[str, Any], None] = None  # cpus, cores_effective (measured), torch_threads: numbers kept
-    dataloader: Union[dict[str, Union[int, bool, str, None]], None] = None
-    loop: Any = None  # the loop marks' run totals (manifest_version 2): checked by _loop_facts
-
-
 def _capture_facts(manifest_bytes: bytes | None) -> dict[str, Any]:
     """The host's CPUs, torch's threads, the DataLoader's configuration and the loop marks' totals from the
     capture's manifest."""
     if manifest_bytes is None:
         return {}
     try:
-        facts = msgspec.json.decode(manifest_bytes, type=_Facts)
+        facts = msgspec.json.decode(manifest_bytes, type=ManifestFacts)
     except (msgspec.DecodeError, msgspec.ValidationError):
         return {}
     # one odd host field (a string, a bool, a list) is dropped, not the others with it
@@ -252,23 +236,6 @@ def _loop_facts(loop: Any) -> dict[str, Any] | None:
     return loop
 
 
-class _StepTimes(msgspec.Struct):
-    step_wall_ns: list[int]
-    data_wait_ns: list[int]
-    profiled: list[bool] = []
-    step_cpu_ns: list[int] = []
-    data_wait_cpu_ns: list[int] = []
-    workers_cpu_ns: list[Union[int, None]] = []
-    # the loop marks' per-step lists (manifest_version 2); null: not recorded
-    train_data_wait_ns: Union[list[int], None] = None
-    eval_data_wait_ns: Union[list[int], None] = None
-    validation_ns: Union[list[int], None] = None
-    compile_ns: Union[list[int], None] = None
-    checkpoint_ns: Union[list[int], None] = None
-    backward_calls: Union[list[int], None] = None
-    optimizer_steps: Union[list[int], None] = None
-
-
 #: run_steps columns of the loop marks: nanoseconds (float64, NaN where not recorded) and counts (Int64, <NA>)
 LOOP_NS_COLUMNS = ("train_data_wait_ns", "eval_data_wait_ns", "validation_ns", "compile_ns", "checkpoint_ns")
 LOOP_COUNT_COLUMNS = ("backward_calls", "optimizer_steps")
@@ -278,11 +245,11 @@ def _run_steps(path: Path, rank: int) -> tuple[pd.DataFrame | None, str | None]:
     """The capture's always-on step timings beside a captured trace, if present."""
     if not is_capture_window(path):
         return None, None
-    sidecar = path.with_name(f"rank-{rank}.steps.json")
+    sidecar = path.with_name(step_times_name(rank))
     if not sidecar.is_file():
         return None, None
     try:
-        times = msgspec.json.decode(sidecar.read_bytes(), type=_StepTimes)
+        times = msgspec.json.decode(sidecar.read_bytes(), type=StepTimes)
     except (OSError, msgspec.DecodeError) as exc:
         return None, f"ignored {sidecar.name}: {exc}"
     n = min(len(times.step_wall_ns), len(times.data_wait_ns))
