@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Any
 
 from kinetoscope import __version__
+from kinetoscope.analyze.ingest.jobs import Job
 from kinetoscope.analyze.registry import analyzer
+from kinetoscope.analyze.report.job import analyse_job
 from kinetoscope.analyze.ingest.limits import DEFAULT_LIMITS, LoadLimits
-from kinetoscope.analyze.ingest.loader import load_rank
-from kinetoscope.analyze.report.builder import build_report, entry_value
-from kinetoscope.analyze.model.trace import Trace
+from kinetoscope.analyze.report.builder import entry_value
 from kinetoscope.batch.store import read_rows, write_rows
 from kinetoscope.errors import KinetoscopeError
 
@@ -63,10 +63,12 @@ def analyze_file(path: str, job: str, index: int, store: str, resume: bool = Fal
     base.update(key=key, content_sha256=sha)
     try:
         # streamed: a worker holds the trace's columns, never its JSON text
-        rank = load_rank(Path(path), default_rank=index, limits=limits)
+        # one file of the job: its rank, where the file does not name it, is its place among the job's files
+        analysed = analyse_job(Job(job, (Path(path),)), limits=limits, first_rank=index,
+                               threads=1)  # the workers are the parallelism
+        assert analysed.trace is not None and analysed.report is not None  # not tolerant: a bad file raised
+        rank, report = analysed.trace.ranks[0], analysed.report
         base["size_bytes"] = rank.meta.bytes_read
-        parsed = time.perf_counter()
-        report = build_report(Trace(source=job, ranks=(rank,)), threads=1)  # the workers are the parallelism
     except KinetoscopeError as exc:
         row = {**base, "status": "failed", "error": str(exc), "parse_s": time.perf_counter() - started}
         write_rows(root, "traces", key, [row])
@@ -86,8 +88,8 @@ def analyze_file(path: str, job: str, index: int, store: str, resume: bool = Fal
         "status": "ok" if not report.failures else "failed",
         "error": "; ".join(f"{f.analyzer}: {f.error}" for f in report.failures) or None,
         "events": entry["events"],
-        "parse_s": parsed - started,
-        "analyze_s": time.perf_counter() - parsed,
+        "parse_s": analysed.load_seconds,
+        "analyze_s": analysed.analyse_seconds,
         "window_us": entry["window_us"],
         "steps": entry_value(entry, "steps", "count"),
         "mean_step_us": entry_value(entry, "steps", "mean_us"),

@@ -76,8 +76,7 @@ def run(args: argparse.Namespace) -> int:
         ahead = Ahead(jobs[0].files[0], limits)  # read while the analyses below are imported (~0.3 s)
     if cache is None and not in_processes and args.own_process:
         import_pandas_without_pyarrow()  # no tables handed over as Arrow here: pandas' plain columns, 0.15 s sooner
-    from kinetoscope.analyze.ingest.loader import load_job
-    from kinetoscope.analyze.report.builder import build_report
+    from kinetoscope.analyze.report.job import analyse_job
     from kinetoscope.render.json import report_to_json
     from kinetoscope.render.text import render_text
 
@@ -85,9 +84,9 @@ def run(args: argparse.Namespace) -> int:
     for i, job in enumerate(jobs):
         path = job.name
         try:
-            report = build_report(load_job(job, limits, cache, processes=args.processes,
-                                           ahead=ahead if i == 0 else None, after_parse=after_parse),
-                                  keep_views=False)
+            report = analyse_job(job, limits=limits, cache=cache, processes=args.processes,
+                                 ahead=ahead if i == 0 else None, after_parse=after_parse, keep_views=False).report
+            assert report is not None  # not tolerant: a job that cannot be read raised
         except KinetoscopeError as exc:
             error(str(exc))
             status = max(status, exc.exit_code)

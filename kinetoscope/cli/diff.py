@@ -45,15 +45,16 @@ def run(args: argparse.Namespace) -> int:
     if args.own_process:
         import_pandas_without_pyarrow()
     from kinetoscope.analyze.report.compare import diff_runs
-    from kinetoscope.analyze.ingest.loader import load_trace
-    from kinetoscope.analyze.report.builder import build_report
+    from kinetoscope.analyze.report.job import analyse_job, job_at
     from kinetoscope.render.diff import gate_line, render_diff
     from kinetoscope.render.json import _clean
 
     limit = _parse_fraction(args.max_regression) if args.max_regression else None
     after_parse = give_back_free_memory if args.own_process else None
-    before, after = load_trace(args.before, after_parse=after_parse), load_trace(args.after, after_parse=after_parse)
-    diff = diff_runs(before, after, build_report(before), build_report(after), before_label=args.before,
+    before = analyse_job(job_at(args.before), after_parse=after_parse)
+    after = analyse_job(job_at(args.after), after_parse=after_parse)
+    assert before.trace and before.report and after.trace and after.report  # not tolerant: an unreadable job raised
+    diff = diff_runs(before.trace, after.trace, before.report, after.report, before_label=args.before,
                      after_label=args.after, max_regression=limit)
     if args.format == "json":
         write(json.dumps(_clean(diff.to_dict())) + "\n")

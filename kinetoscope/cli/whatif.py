@@ -56,8 +56,7 @@ def run(args: argparse.Namespace) -> int:
         import_pandas_without_pyarrow()
     from kinetoscope.analyze import whatif
     from kinetoscope.analyze.model.findings import FINDING_IDS
-    from kinetoscope.analyze.ingest.loader import load_trace
-    from kinetoscope.analyze.report.builder import build_report
+    from kinetoscope.analyze.report.job import analyse_job, job_at
     from kinetoscope.render.json import _clean
     from kinetoscope.render.text import render_whatif
 
@@ -74,8 +73,9 @@ def run(args: argparse.Namespace) -> int:
     unused = [fid for fid in params if wanted and fid not in wanted and fid not in standing_for]
     if unused:
         sys.stderr.write(f"kinetoscope: note: --set for {', '.join(unused)}, not among --fix: not used\n")
-    trace = load_trace(args.path, after_parse=give_back_free_memory if args.own_process else None)
-    report = build_report(trace)
+    analysed = analyse_job(job_at(args.path), after_parse=give_back_free_memory if args.own_process else None)
+    trace, report = analysed.trace, analysed.report
+    assert trace is not None and report is not None  # not tolerant: an unreadable job raised
     ranks = [r for r in trace.ranks if args.rank is None or r.rank == args.rank]
     if not ranks:
         raise ConfigError(f"--rank {args.rank}: the trace has ranks {', '.join(str(r.rank) for r in trace.ranks)}")

@@ -287,14 +287,16 @@ def load_trace(path: str | os.PathLike[str], limits: LoadLimits = DEFAULT_LIMITS
 
 
 def load_job(job: Job, limits: LoadLimits = DEFAULT_LIMITS, cache: Path | None = None, processes: int = 1,
-             ahead: scan.Ahead | None = None, *, after_parse: Callable[[], None] | None = None) -> Trace:
+             ahead: scan.Ahead | None = None, *, after_parse: Callable[[], None] | None = None,
+             first_rank: int = 0) -> Trace:
     """Load a job's rank files; with ``processes`` > 1, ranks are parsed in parallel worker processes
     that hand back Parquet tables (the parent never holds a rank's raw JSON). ``ahead``: the scan of one of
-    the job's files, already started (``scan.Ahead``)."""
+    the job's files, already started (``scan.Ahead``). ``first_rank``: the rank a file that does not name its own
+    takes, counted from the job's first file (a batch task loads one file of a job at a time)."""
     if processes > 1 and len(job.files) > 1:
         ranks = _load_in_processes(job, limits, processes)
     else:
-        ranks = [load_rank(f, default_rank=i, limits=limits, cache=cache,
+        ranks = [load_rank(f, default_rank=first_rank + i, limits=limits, cache=cache,
                            ahead=ahead if ahead is not None and ahead.path == f and cache is None else None,
                            after_parse=after_parse)
                  for i, f in enumerate(job.files)]
@@ -330,13 +332,14 @@ def _load_in_processes(job: Job, limits: LoadLimits, processes: int) -> list[Ran
     return [r for r in ranks if r is not None]
 
 
-def load_job_tolerant(job: Job, limits: LoadLimits = DEFAULT_LIMITS) -> tuple[Trace | None, list[tuple[Path, str]]]:
+def load_job_tolerant(job: Job, limits: LoadLimits = DEFAULT_LIMITS, *, after_parse: Callable[[], None] | None = None,
+                      first_rank: int = 0) -> tuple[Trace | None, list[tuple[Path, str]]]:
     """Load what can be loaded: broken rank files are returned as (path, reason), the rest form the Trace."""
     ranks: list[RankTrace] = []
     failed: list[tuple[Path, str]] = []
     for i, f in enumerate(job.files):
         try:
-            ranks.append(load_rank(f, default_rank=i, limits=limits))
+            ranks.append(load_rank(f, default_rank=first_rank + i, limits=limits, after_parse=after_parse))
         except KinetoscopeError as exc:
             failed.append((f, str(exc)))
     if not ranks:
