@@ -73,7 +73,7 @@ def _redact_directory(source: Any, target: Any, limits: Any) -> int:
     from kinetoscope.analyze.ingest.jobs import SIDECAR_SUFFIXES, TRACE_SUFFIXES
     from kinetoscope.analyze.ingest.loader import load_trace, read_bytes
     from kinetoscope.analyze.ingest.redact import redact_json_bytes
-    from kinetoscope.errors import TraceFormatError
+    from kinetoscope.errors import TraceFormatError, TraceSourceError
 
     src, out = source.resolve(), target.resolve()
     if out == src or src in out.parents:
