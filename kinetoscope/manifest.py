@@ -12,7 +12,7 @@ Readers decode only the part they need (``ManifestWindows``, ``ManifestFacts``):
 from __future__ import annotations
 
 import json
-from typing import Any, Union
+from typing import Any
 
 import msgspec
 
@@ -32,11 +32,11 @@ class Window(msgspec.Struct, kw_only=True):
     """One profiled window's trace; ``cut_short`` where the process ended inside it (its last step never ended)."""
 
     trace: str
-    first_step: Union[int, None] = None
+    first_step: int | None = None
     last_step: int
     cut_short: bool = False
     #: what ended the process inside the window: "SIGTERM", an exception's name; None: the run ended
-    ended_by: Union[str, None] = None
+    ended_by: str | None = None
 
 
 class Manifest(msgspec.Struct, kw_only=True):
@@ -58,8 +58,8 @@ class Manifest(msgspec.Struct, kw_only=True):
     steps_run: int
     traces: list[str]
     windows: list[Window] = []
-    ended_by: Union[str, None] = None
-    step_times: Union[str, None] = None
+    ended_by: str | None = None
+    step_times: str | None = None
     #: the training DataLoader's configuration
     dataloader: Any = None
     #: the loop marks' run totals: ``marks`` (their contract version), ``recorded`` (the kinds recorded), ...
@@ -80,16 +80,16 @@ class StepTimes(msgspec.Struct, kw_only=True):
     #: CPU times; captures before they were recorded lack them
     step_cpu_ns: list[int] = []
     data_wait_cpu_ns: list[int] = []
-    workers_cpu_ns: list[Union[int, None]] = []
+    workers_cpu_ns: list[int | None] = []
     profiled: list[bool] = []
     # the loop marks' per-step lists (manifest_version 2); null: not recorded
-    train_data_wait_ns: Union[list[int], None] = None
-    eval_data_wait_ns: Union[list[int], None] = None
-    validation_ns: Union[list[int], None] = None
-    compile_ns: Union[list[int], None] = None
-    checkpoint_ns: Union[list[int], None] = None
-    backward_calls: Union[list[int], None] = None
-    optimizer_steps: Union[list[int], None] = None
+    train_data_wait_ns: list[int] | None = None
+    eval_data_wait_ns: list[int] | None = None
+    validation_ns: list[int] | None = None
+    compile_ns: list[int] | None = None
+    checkpoint_ns: list[int] | None = None
+    backward_calls: list[int] | None = None
+    optimizer_steps: list[int] | None = None
 
     def to_json(self) -> bytes:
         return msgspec.json.encode(self)
@@ -104,6 +104,6 @@ class ManifestWindows(msgspec.Struct):
 class ManifestFacts(msgspec.Struct):
     """What the loader reads of a manifest for the analyses: the host's numbers, the DataLoader, the loop marks."""
 
-    host: Union[dict[str, Any], None] = None  # cpus, cores_effective (measured), torch_threads: numbers kept
-    dataloader: Union[dict[str, Union[int, bool, str, None]], None] = None
+    host: dict[str, Any] | None = None  # cpus, cores_effective (measured), torch_threads: numbers kept
+    dataloader: dict[str, int | bool | str | None] | None = None
     loop: Any = None  # the loop marks' run totals (manifest_version 2): checked by the reader

@@ -18,14 +18,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kinetoscope.fsutil import pid_alive
 from kinetoscope.analyze.ingest.limits import LoadLimits, parse_size
 from kinetoscope.analyze.ingest.loader import Job, find_jobs
+from kinetoscope.analyze.model.trace import Trace, ViewLocks
 from kinetoscope.analyze.report.builder import Report
 from kinetoscope.analyze.report.job import analyse_job
-from kinetoscope.analyze.model.trace import Trace, ViewLocks
 from kinetoscope.app.launch import MAX_UPLOAD_MB, bundled_samples
 from kinetoscope.errors import KinetoscopeError
+from kinetoscope.fsutil import pid_alive
 
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
 

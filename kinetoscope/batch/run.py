@@ -8,14 +8,15 @@ import os
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from kinetoscope.analyze.model.distributed import RankSummary
-from kinetoscope.analyze.model.config import DEFAULT_CONFIG, AnalysisConfig
 from kinetoscope.analyze.ingest.limits import DEFAULT_LIMITS, LoadLimits
 from kinetoscope.analyze.ingest.loader import Job
+from kinetoscope.analyze.model.config import DEFAULT_CONFIG, AnalysisConfig
+from kinetoscope.analyze.model.distributed import RankSummary
 from kinetoscope.analyze.registry import analyzer
 from kinetoscope.analyze.whatif.fixes import straggler_saving_us
 from kinetoscope.batch.discover import discover

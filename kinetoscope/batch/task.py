@@ -13,10 +13,10 @@ from typing import Any
 
 from kinetoscope import __version__
 from kinetoscope.analyze.ingest.jobs import Job
-from kinetoscope.analyze.registry import analyzer
-from kinetoscope.analyze.report.job import analyse_job
 from kinetoscope.analyze.ingest.limits import DEFAULT_LIMITS, LoadLimits
+from kinetoscope.analyze.registry import analyzer
 from kinetoscope.analyze.report.builder import entry_value
+from kinetoscope.analyze.report.job import analyse_job
 from kinetoscope.batch.store import read_rows, write_rows
 from kinetoscope.errors import KinetoscopeError
 
@@ -126,7 +126,7 @@ def analyze_file(path: str, job: str, index: int, store: str, resume: bool = Fal
         for s in rank.steps.itertuples()
     ]
     if loader_steps is not None and len(loader_steps):
-        by_step = dict(zip(loader_steps["step"].astype(int), loader_steps["loader_us"]))
+        by_step = dict(zip(loader_steps["step"].astype(int), loader_steps["loader_us"], strict=False))
         for s in steps:
             s["loader_us"] = by_step.get(s["step"])
     # findings and steps first, the trace row last: a row in traces/ means the file is complete

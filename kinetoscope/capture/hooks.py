@@ -23,7 +23,8 @@ import sys
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kinetoscope.capture._safety import warn_once
 

@@ -26,9 +26,10 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator, TypeVar
+from typing import Any, TypeVar
 
 from kinetoscope.capture._safety import log, never_raises, warn_once
 from kinetoscope.capture.cores import effective_cores
@@ -156,7 +157,7 @@ class Profiler:
         self.writer = TraceWriter()
 
     # --- lifecycle -----------------------------------------------------------------
-    def __enter__(self) -> "Profiler":
+    def __enter__(self) -> Profiler:
         self.start()
         return self
 

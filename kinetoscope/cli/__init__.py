@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from kinetoscope import __version__
 from kinetoscope.cli import analyze, app, diff, redact, whatif

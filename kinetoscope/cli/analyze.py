@@ -6,8 +6,8 @@ import argparse
 import os
 import sys
 
-from kinetoscope.cli.output import EXIT_GATE, EXIT_INTERNAL, EXIT_OK, SEVERITY_LEVEL, error, internal, write
 from kinetoscope.cli import process
+from kinetoscope.cli.output import EXIT_GATE, EXIT_INTERNAL, EXIT_OK, SEVERITY_LEVEL, error, internal, write
 from kinetoscope.cli.process import import_pandas_without_pyarrow
 from kinetoscope.deps import require
 from kinetoscope.errors import KinetoscopeError

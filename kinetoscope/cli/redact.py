@@ -90,7 +90,7 @@ def _redact_directory(source: Any, target: Any, limits: Any) -> int:
     if not files:
         raise TraceSourceError(f"{source}: directory holds no trace or sidecar (.json, .json.gz) files")
     sidecar = [p.name.lower().endswith(SIDECAR_SUFFIXES) for p in files]
-    for p, is_sidecar in zip(files, sidecar):  # everything is read before anything is written
+    for p, is_sidecar in zip(files, sidecar, strict=False):  # everything is read before anything is written
         if is_sidecar:
             try:
                 msgspec.json.decode(read_bytes(p, limits))

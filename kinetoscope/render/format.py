@@ -228,8 +228,8 @@ def compare_display(table: Any) -> Any:
 
     return pd.DataFrame({
         "metric": [name(m) for m in table["metric"]],
-        "before": [one(m, v) for m, v in zip(table["metric"], table["before"])],
-        "after": [one(m, v) for m, v in zip(table["metric"], table["after"])],
+        "before": [one(m, v) for m, v in zip(table["metric"], table["before"], strict=False)],
+        "after": [one(m, v) for m, v in zip(table["metric"], table["after"], strict=False)],
         "change": ["" if c is None or c != c else "0.0%" if abs(c) < 0.0005 else f"{c:+.1%}" for c in table["change"]],
         "verdict": ["" if b is None or b != b else "better" if b else "worse" for b in table["better"]],
     })

@@ -10,9 +10,9 @@ from dataclasses import replace
 import numpy as np
 
 from kinetoscope.analyze.model import intervals as iv
+from kinetoscope.analyze.model.analysis import AnalysisResult, register
 from kinetoscope.analyze.model.config import AnalysisConfig
 from kinetoscope.analyze.model.findings import Finding
-from kinetoscope.analyze.model.analysis import AnalysisResult, register
 from kinetoscope.analyze.model.timeline import allocator_calls, recurring_allocator_calls, step_at, window
 from kinetoscope.analyze.model.trace import RankTrace
 from kinetoscope.analyze.model.units import frac, us

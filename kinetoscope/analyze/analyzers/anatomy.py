@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 
 from kinetoscope.analyze.model import intervals as iv
-from kinetoscope.analyze.model.config import AnalysisConfig
 from kinetoscope.analyze.model.analysis import AnalysisResult, register
+from kinetoscope.analyze.model.config import AnalysisConfig
 from kinetoscope.analyze.model.phases import PHASES, gpu_phase_of, host_phases, steps_or_window
 from kinetoscope.analyze.model.timeline import (
     gpu_work,

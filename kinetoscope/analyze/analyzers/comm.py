@@ -10,22 +10,13 @@ from typing import Any
 import pandas as pd
 
 from kinetoscope.analyze.model import intervals as iv
+from kinetoscope.analyze.model.analysis import AnalysisResult, register
+from kinetoscope.analyze.model.collectives import collectives, comm_compute_sets, host_collectives
 from kinetoscope.analyze.model.config import AnalysisConfig
 from kinetoscope.analyze.model.findings import Finding
-from kinetoscope.analyze.model.analysis import AnalysisResult, register
 from kinetoscope.analyze.model.timeline import kind_mask, missing_activity, name_mask, window
 from kinetoscope.analyze.model.trace import RankTrace
 from kinetoscope.analyze.model.units import frac, us
-from kinetoscope.analyze.model.collectives import collectives, comm_compute_sets, host_collectives
-
-
-
-
-
-
-
-
-
 
 
 def _exposed_by_op(coll: pd.DataFrame, exposed: iv.Intervals, w: Any) -> dict[str, int]:

@@ -15,19 +15,13 @@ import numpy as np
 import pandas as pd
 
 from kinetoscope.analyze.model import intervals as iv
-from kinetoscope.analyze.model.config import AnalysisConfig
-from kinetoscope.analyze.model.findings import Finding
 from kinetoscope.analyze.model.analysis import AnalysisResult, register
+from kinetoscope.analyze.model.config import AnalysisConfig
+from kinetoscope.analyze.model.copies import copies
+from kinetoscope.analyze.model.findings import Finding
 from kinetoscope.analyze.model.timeline import Window, kernels, window
 from kinetoscope.analyze.model.trace import RankTrace
 from kinetoscope.analyze.model.units import frac, us
-from kinetoscope.analyze.model.copies import copies
-
-
-
-
-
-
 
 _PARTS = ("time", "overlapped", "pageable", "pinned", "blocking_unknown", "unknown")
 

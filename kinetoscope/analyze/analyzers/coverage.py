@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import re
 
+from kinetoscope.analyze.model.analysis import AnalysisResult, register
 from kinetoscope.analyze.model.config import AnalysisConfig
 from kinetoscope.analyze.model.findings import Finding
-from kinetoscope.analyze.model.analysis import AnalysisResult, register
 from kinetoscope.analyze.model.timeline import kind_mask
 from kinetoscope.analyze.model.trace import RankTrace
 

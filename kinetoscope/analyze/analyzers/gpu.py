@@ -11,9 +11,10 @@ import numpy as np
 import pandas as pd
 
 from kinetoscope.analyze.model import intervals as iv
+from kinetoscope.analyze.model.analysis import AnalysisResult, register
 from kinetoscope.analyze.model.config import AnalysisConfig
 from kinetoscope.analyze.model.findings import Finding
-from kinetoscope.analyze.model.analysis import AnalysisResult, register
+from kinetoscope.analyze.model.syncs import sync_cost
 from kinetoscope.analyze.model.timeline import (
     Window,
     any_gpu_busy,
@@ -23,19 +24,18 @@ from kinetoscope.analyze.model.timeline import (
     intervals_of,
     kind_mask,
     launch_queue,
-    python_frames,
-    python_hotspots,
     loader_spans,
     missing_activity,
     name_mask,
-    step_at,
+    python_frames,
+    python_hotspots,
     startup_calls,
+    step_at,
     sync_calls,
     window,
 )
 from kinetoscope.analyze.model.trace import RankTrace
 from kinetoscope.analyze.model.units import frac, us
-from kinetoscope.analyze.model.syncs import sync_cost
 
 #: Idle time is attributed to the first cause that covers it, in this order (docs/findings.md).
 CAUSES = ("data_wait", "sync", "host_compute", "host_launch", "host_python", "other")
@@ -221,7 +221,7 @@ def _doubt(trace: RankTrace, config: AnalysisConfig, w: Window, startup: pd.Data
     """Why the window cannot support a warning about the GPU's timeline, or None when it can."""
     if w.dur_ns and startup_ns / w.dur_ns >= config.startup_max_fraction:
         top = startup.nlargest(3, "dur_ns")
-        calls = ", ".join(f"{n} {d / 1e6:,.1f} ms" for n, d in zip(top["name"].astype(str), top["dur_ns"]))
+        calls = ", ".join(f"{n} {d / 1e6:,.1f} ms" for n, d in zip(top["name"].astype(str), top["dur_ns"], strict=False))
         return (f"{startup_ns / w.dur_ns:.0%} of the window is start-up ({calls}) with the GPU idle: "
                 "profile steps after warm-up to judge it")
     work = gpu_work(trace)

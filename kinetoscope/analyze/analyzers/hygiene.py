@@ -12,11 +12,20 @@ import numpy as np
 import pandas as pd
 
 from kinetoscope.analyze.model import intervals as iv
-from kinetoscope.analyze.model.phases import phase_events
+from kinetoscope.analyze.model.analysis import AnalysisResult, register
 from kinetoscope.analyze.model.config import AnalysisConfig
 from kinetoscope.analyze.model.findings import Finding
-from kinetoscope.analyze.model.analysis import AnalysisResult, register
-from kinetoscope.analyze.model.timeline import COMPILE_RE, any_gpu_busy, loader_spans, main_thread, name_mask, step_at, top_level, window
+from kinetoscope.analyze.model.phases import phase_events
+from kinetoscope.analyze.model.timeline import (
+    COMPILE_RE,
+    any_gpu_busy,
+    loader_spans,
+    main_thread,
+    name_mask,
+    step_at,
+    top_level,
+    window,
+)
 from kinetoscope.analyze.model.trace import RankTrace, trace_view
 from kinetoscope.analyze.model.units import frac, us
 

@@ -6,9 +6,9 @@ import numpy as np
 import pandas as pd
 
 from kinetoscope.analyze.model import intervals as iv
+from kinetoscope.analyze.model.analysis import AnalysisResult, register
 from kinetoscope.analyze.model.config import AnalysisConfig
 from kinetoscope.analyze.model.findings import Finding
-from kinetoscope.analyze.model.analysis import AnalysisResult, register
 from kinetoscope.analyze.model.timeline import (
     any_gpu_busy,
     cpu_shares,

@@ -7,9 +7,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from kinetoscope.analyze.model.analysis import AnalysisResult, register
 from kinetoscope.analyze.model.config import AnalysisConfig
 from kinetoscope.analyze.model.findings import Finding
-from kinetoscope.analyze.model.analysis import AnalysisResult, register
 from kinetoscope.analyze.model.timeline import step_at, window
 from kinetoscope.analyze.model.trace import RankTrace
 from kinetoscope.analyze.model.units import us

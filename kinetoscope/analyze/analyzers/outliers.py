@@ -14,10 +14,10 @@ from typing import Any
 import numpy as np
 
 from kinetoscope.analyze.model import intervals as iv
-from kinetoscope.analyze.model.phases import phase_events
+from kinetoscope.analyze.model.analysis import AnalysisResult, register
 from kinetoscope.analyze.model.config import AnalysisConfig
 from kinetoscope.analyze.model.findings import Finding
-from kinetoscope.analyze.model.analysis import AnalysisResult, register
+from kinetoscope.analyze.model.phases import phase_events
 from kinetoscope.analyze.model.timeline import COMPILE_RE, name_mask
 from kinetoscope.analyze.model.trace import RankTrace
 from kinetoscope.analyze.model.units import us

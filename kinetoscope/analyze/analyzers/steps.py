@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from kinetoscope.analyze.model.config import AnalysisConfig
 from kinetoscope.analyze.model.analysis import AnalysisResult, register
+from kinetoscope.analyze.model.config import AnalysisConfig
 from kinetoscope.analyze.model.timeline import window
 from kinetoscope.analyze.model.trace import RankTrace
 from kinetoscope.analyze.model.units import us

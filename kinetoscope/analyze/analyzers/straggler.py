@@ -17,12 +17,20 @@ import numpy as np
 import pandas as pd
 
 from kinetoscope.analyze.model import intervals as iv
-from kinetoscope.analyze.model.collectives import collectives, host_collectives
-from kinetoscope.analyze.model.copies import h2d_copies
-from kinetoscope.analyze.model.config import AnalysisConfig
-from kinetoscope.analyze.model.distributed import COMPONENTS, Arrivals, Matching, RankSummary, arrivals, job_metrics, match
-from kinetoscope.analyze.model.findings import Finding
 from kinetoscope.analyze.model.analysis import AnalysisResult, register
+from kinetoscope.analyze.model.collectives import collectives, host_collectives
+from kinetoscope.analyze.model.config import AnalysisConfig
+from kinetoscope.analyze.model.copies import h2d_copies
+from kinetoscope.analyze.model.distributed import (
+    COMPONENTS,
+    Arrivals,
+    Matching,
+    RankSummary,
+    arrivals,
+    job_metrics,
+    match,
+)
+from kinetoscope.analyze.model.findings import Finding
 from kinetoscope.analyze.model.timeline import (
     gpu_work,
     host_busy,
@@ -35,6 +43,7 @@ from kinetoscope.analyze.model.timeline import (
     window,
 )
 from kinetoscope.analyze.model.trace import RankTrace, Trace, trace_view
+
 
 @trace_view
 def rank_summary(r: RankTrace) -> RankSummary:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from kinetoscope.analyze.model.config import AnalysisConfig
 from kinetoscope.analyze.model.analysis import AnalysisResult, register
+from kinetoscope.analyze.model.config import AnalysisConfig
 from kinetoscope.analyze.model.timeline import window
 from kinetoscope.analyze.model.trace import RankTrace
 

@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from kinetoscope.analyze.model import schema
 from kinetoscope.analyze.ingest.parser import NOT_AN_OBJECT
 from kinetoscope.analyze.ingest.raw import INT64_MAX, INT64_MIN, F, RawColumns
+from kinetoscope.analyze.model import schema
 from kinetoscope.analyze.model.timeline import codes_in, kind_mask
 from kinetoscope.analyze.model.trace import RankTrace, TraceMeta
 
@@ -181,7 +182,7 @@ def _with_usable_time(raw: RawColumns, rows: np.ndarray, kind: str, warnings: li
 def _ident_ints(idents: list[Any]) -> tuple[np.ndarray, np.ndarray]:
     """Per identifier code: its value as an int64 and whether it is one (an int pid/tid)."""
     ok = np.array([isinstance(v, int) and INT64_MIN <= v <= INT64_MAX for v in idents], dtype=bool)
-    return np.array([v if good else 0 for v, good in zip(idents, ok)], dtype=np.int64), ok
+    return np.array([v if good else 0 for v, good in zip(idents, ok, strict=False)], dtype=np.int64), ok
 
 
 def _tid_streams(idents: list[Any]) -> tuple[np.ndarray, np.ndarray]:

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 
 from kinetoscope.errors import ConfigError, TraceFormatError
 
-
 #: both decoders descend one native stack frame per nesting level, and the reference decoder's depth is
 #: bounded by Python's own recursion limit (1000 by default, never changed here): stay well below it
 MAX_DEPTH_CEILING = 900

@@ -11,9 +11,10 @@ import io
 import os
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -35,16 +36,16 @@ from kinetoscope.analyze.ingest.limits import (
     DEFAULT_LIMITS,
     GZIP_RATIO_AFTER_BYTES,
     LoadLimits,
-    inflates_too_much,
     decompressed_too_large,
     fallback_too_large,
     file_too_large,
+    inflates_too_much,
 )
 from kinetoscope.analyze.ingest.parser import parse_bytes
 from kinetoscope.analyze.ingest.raw import RawColumns, from_parsed
 from kinetoscope.analyze.model.trace import RankTrace, Trace
-from kinetoscope.manifest import ManifestFacts, ManifestWindows, StepTimes, manifest_name, step_times_name
 from kinetoscope.errors import KinetoscopeError, TraceFormatError, TraceSourceError
+from kinetoscope.manifest import ManifestFacts, ManifestWindows, StepTimes, manifest_name, step_times_name
 
 __all__ = ["SIDECAR_SUFFIXES", "TRACE_SUFFIXES", "Job", "find_jobs", "is_trace_file", "load_job", "load_job_tolerant",
            "load_rank", "load_trace", "rank_from_bytes", "rank_from_name", "read_bytes", "resolve"]
@@ -326,7 +327,7 @@ def _load_in_processes(job: Job, limits: LoadLimits, processes: int) -> list[Ran
             keys = list(pool.map(_parse_to_parquet, [str(f) for f in job.files], range(len(job.files)),
                                  [limits] * len(job.files), [tmp] * len(job.files)))
         ranks = [columnar.load(key, Path(tmp)) for key in keys]
-    missing = [str(f) for f, r in zip(job.files, ranks) if r is None]
+    missing = [str(f) for f, r in zip(job.files, ranks, strict=False) if r is None]
     if missing:
         raise TraceSourceError(f"parallel load lost {', '.join(missing)}; rerun without --processes")
     return [r for r in ranks if r is not None]

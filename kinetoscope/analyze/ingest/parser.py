@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -20,9 +20,9 @@ import numpy as np
 from kinetoscope.analyze.ingest.limits import DEFAULT_LIMITS, EXECUTION_TRACE, LoadLimits, too_many_events
 from kinetoscope.errors import TraceFormatError
 
-Number = Union[int, float]
+Number = int | float
 #: args values: HIP runtime writes numbers as strings ("bytes": "128", "stream": "0x0")
-Value = Union[int, float, str, None]
+Value = int | float | str | None
 
 
 class Args(msgspec.Struct, gc=False, omit_defaults=True):
@@ -38,7 +38,7 @@ class Args(msgspec.Struct, gc=False, omit_defaults=True):
     device_type: Value = msgspec.field(name="Device Type", default=None)
     device_id: Value = msgspec.field(name="Device Id", default=None)
     addr: Value = msgspec.field(name="Addr", default=None)
-    name: Union[str, None] = None  # process_name / thread_name metadata
+    name: str | None = None  # process_name / thread_name metadata
     # collective metadata (record_param_comms, NCCL kernels): the names are kept only when strings, and
     # any other value is ignored (not a reason to decode the whole file leniently)
     coll_name: Any = msgspec.field(name="Collective name", default=None)
@@ -56,10 +56,10 @@ class Event(msgspec.Struct, gc=False):
     cat: str = ""
     ts: float = float("nan")  # an event without a timestamp cannot be placed: dropped, and counted
     dur: float = 0.0
-    pid: Union[int, str] = ""
-    tid: Union[int, str] = ""
-    id: Union[int, str, None] = None
-    args: Union[Args, None] = None
+    pid: int | str = ""
+    tid: int | str = ""
+    id: int | str | None = None
+    args: Args | None = None
 
 
 class MarkProbe(msgspec.Struct, gc=False):
@@ -76,8 +76,8 @@ class CounterEvent(msgspec.Struct, gc=False):
     ph: str = ""
     name: str = ""
     ts: float = float("nan")
-    pid: Union[int, str] = ""
-    args: Union[dict[str, Any], None] = None
+    pid: int | str = ""
+    args: dict[str, Any] | None = None
 
 
 

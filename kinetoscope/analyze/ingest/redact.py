@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -268,7 +269,7 @@ def _token_runs(data: bytes) -> Iterator[int]:
         starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
         del mask, edges
         long = (ends - starts) >= _RUN_MIN
-        for s, e in zip(starts[long].tolist(), ends[long].tolist()):
+        for s, e in zip(starts[long].tolist(), ends[long].tolist(), strict=False):
             run = data[lo + s:lo + e]
             hit = seen.get(run)
             if hit is None:

@@ -9,8 +9,9 @@ no analyzer imports the registry (and the registry is the only module that impor
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 import pandas as pd
 

@@ -15,7 +15,6 @@ from kinetoscope.analyze.model.distributed import normalise_op
 from kinetoscope.analyze.model.timeline import gpu_work, kernels, kind_mask, name_mask, window
 from kinetoscope.analyze.model.trace import RankTrace, trace_view
 
-
 #: ncclKernel_AllReduce_RING_LL_Sum_float (<= 2.18), ncclDevKernel_AllReduce_Sum_f32_RING_LL (>= 2.19), rccl
 COLLECTIVE_RE = re.compile(r"^(?:void )?(?:nccl|rccl)(?:Dev)?Kernel|nccl:|^(?:void )?rccl", re.IGNORECASE)
 
@@ -69,12 +68,12 @@ def collectives(trace: RankTrace) -> pd.DataFrame:
 
     name_op = coll["name"].astype(str).str.extract(_OP_RE, expand=False).fillna("other")
     coll_name = pick("coll_name")
-    op = [normalise_op(str(c)) if c is not None and c == c else normalise_op(str(n)) for c, n in zip(coll_name, name_op)]
+    op = [normalise_op(str(c)) if c is not None and c == c else normalise_op(str(n)) for c, n in zip(coll_name, name_op, strict=False)]
     group = pick("pg_name")
     ranks = pick("pg_ranks")
     keys: dict[tuple[object, object], str] = {}
     group_key = []
-    for g, r in zip(group, ranks):
+    for g, r in zip(group, ranks, strict=False):
         k = keys.get((g, r))
         if k is None:
             k = keys[(g, r)] = group_name(g, r)

@@ -11,7 +11,6 @@ import pandas as pd
 from kinetoscope.analyze.model.timeline import gpu_work, runtime_calls
 from kinetoscope.analyze.model.trace import RankTrace, trace_view
 
-
 # "Memcpy HtoD (Pageable -> Device)", "Memcpy DtoH (Device -> Pinned)", "Memcpy DtoD (Device -> Device)"
 _DIRECTION_RE = re.compile(r"\b(HtoD|DtoH|DtoD|PtoP|HtoH)\b")
 

@@ -67,7 +67,7 @@ class RankSummary:
         return dict(self.__dict__)
 
     @classmethod
-    def from_dict(cls, doc: dict[str, Any]) -> "RankSummary":
+    def from_dict(cls, doc: dict[str, Any]) -> RankSummary:
         return cls(**{k: doc[k] for k in cls.__dataclass_fields__ if k in doc})
 
 

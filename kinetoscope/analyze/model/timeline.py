@@ -7,8 +7,9 @@ the trace object's identity (``RankTrace`` is frozen), so it never goes stale.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -168,7 +169,7 @@ def loader_roles(trace: RankTrace) -> dict[int, str]:
             roles[entry["loader"]] = entry["role"]
     marks = trace.marks
     waits = marks[(marks["name"] == "kinetoscope::data_wait").to_numpy()] if len(marks) else marks
-    for loader, role in zip(waits["loader"], waits["role"]):
+    for loader, role in zip(waits["loader"], waits["role"], strict=False):
         if loader is not pd.NA and not pd.isna(loader) and int(loader) not in roles and isinstance(role, str):
             roles[int(loader)] = role
     return roles
@@ -397,7 +398,7 @@ def missing_activity(trace: RankTrace) -> MissingActivity:
     for tid, b in begin.groupby(begin["tid"].astype(str), observed=True):
         e = np.sort(end["end_ns"].to_numpy()[_tid_mask(end, {tid})])
         nxt = np.searchsorted(e, b["ts_ns"].to_numpy())
-        for t, i in zip(b["ts_ns"].to_numpy(), nxt):
+        for t, i in zip(b["ts_ns"].to_numpy(), nxt, strict=False):
             cap_s.append(int(t))
             cap_e.append(int(e[i]) if i < len(e) else w.end_ns)  # never ended: blind to the window's end
     capture = iv.clip(iv.union(np.array(cap_s, np.int64), np.array(cap_e, np.int64)), w.start_ns, w.end_ns)
@@ -608,7 +609,7 @@ def python_hotspots(frames: pd.DataFrame, at: iv.Intervals, top: int = 3) -> lis
         parent[i] = stack[-1] if stack else -1
         stack.append(i)
     by_name: dict[str, float] = {}
-    for name, t in zip(names, inside):
+    for name, t in zip(names, inside, strict=False):
         by_name[name] = by_name.get(name, 0) + t
     chosen: list[str] = []
     for name, t in sorted(by_name.items(), key=lambda kv: -kv[1]):

@@ -19,10 +19,10 @@ from kinetoscope import __version__
 from kinetoscope.analyze import whatif
 from kinetoscope.analyze.model.config import DEFAULT_CONFIG, AnalysisConfig
 from kinetoscope.analyze.model.findings import Finding, rank_findings
-from kinetoscope.analyze.report.policy import RunTime, judge, limit
 from kinetoscope.analyze.model.timeline import window
-from kinetoscope.analyze.registry import AnalysisResult, analyzers
 from kinetoscope.analyze.model.trace import RankTrace, Trace
+from kinetoscope.analyze.registry import AnalysisResult, analyzers
+from kinetoscope.analyze.report.policy import RunTime, judge, limit
 from kinetoscope.errors import ConfigError
 
 SCHEMA_VERSION = 1
@@ -290,7 +290,7 @@ def build_report(trace: Trace, config: AnalysisConfig = DEFAULT_CONFIG, *, threa
             results[r.rank] = {}
             mine: list[Finding] = []
             lost: list[AnalyzerFailure] = []
-            for a, future in zip(per_rank, futures):
+            for a, future in zip(per_rank, futures, strict=False):
                 res, failure, took = future.result()
                 timings[a.key] += took
                 if failure is not None:  # one broken analyzer must not sink the report
@@ -310,7 +310,7 @@ def build_report(trace: Trace, config: AnalysisConfig = DEFAULT_CONFIG, *, threa
             rank_failures.append(lost)
             unestimated.append(mine)
             entries.append(entry)
-        for future, lost, mine in zip(estimating, rank_failures, unestimated):
+        for future, lost, mine in zip(estimating, rank_failures, unestimated, strict=False):
             done, failure, took = future.result()
             if failure is not None:  # a bug past the estimates (each caught on its own): the findings, unestimated
                 findings.extend(mine)

@@ -10,9 +10,9 @@ import pandas as pd
 
 from kinetoscope.analyze.model import timeline
 from kinetoscope.analyze.model.findings import Finding
+from kinetoscope.analyze.model.trace import RankTrace, Trace
 from kinetoscope.analyze.report.builder import Report, entry_value
 from kinetoscope.analyze.report.steptime import SeriesStats, change_of_means, summarize
-from kinetoscope.analyze.model.trace import RankTrace, Trace
 
 #: (label, path into a rank entry, lower is better; None: a composition, neither better nor worse)
 HEADLINES: tuple[tuple[str, tuple[str, ...], bool | None], ...] = (

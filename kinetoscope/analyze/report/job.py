@@ -10,9 +10,9 @@ share.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from kinetoscope.analyze.ingest import scan
 from kinetoscope.analyze.ingest.jobs import Job

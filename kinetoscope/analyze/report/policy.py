@@ -27,6 +27,7 @@ from typing import Any
 from kinetoscope.analyze.model.config import AnalysisConfig
 from kinetoscope.analyze.model.findings import SEVERITY_ORDER, Finding, Severity, nature
 
+
 @dataclass(frozen=True)
 class RunTime:
     """The time a finding's worth is measured against, for one rank."""

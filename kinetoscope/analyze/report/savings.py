@@ -7,13 +7,14 @@ than rounding); findings linked that way form a group, and the group is worth it
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import combinations
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from kinetoscope.analyze.model.findings import Finding, saving_us
+from kinetoscope.analyze.model.trace import RankTrace, Trace
 from kinetoscope.analyze.report.builder import Report
-from kinetoscope.analyze.model.trace import Trace
 
 #: savings that differ by less than this (us per step, or this share of their sum) are the same
 TOLERANCE_US = 1.0
@@ -61,7 +62,7 @@ def shared_savings(trace: Trace, report: Report) -> list[SharedSaving]:
             continue
         found: list[Finding] = [f for _, f in mine]
 
-        def together(items: tuple[int, ...]) -> float:
+        def together(items: tuple[int, ...], r: RankTrace = r, found: list[Finding] = found) -> float:
             est = whatif.combined(r, [found[k] for k in items])
             return float((est or {}).get("saving_us_per_step") or 0.0)
 

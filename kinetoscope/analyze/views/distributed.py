@@ -14,9 +14,9 @@ import pandas as pd
 
 from kinetoscope.analyze.model import intervals as iv
 from kinetoscope.analyze.model.collectives import collectives, comm_compute_sets
-from kinetoscope.analyze.report.builder import Report
 from kinetoscope.analyze.model.timeline import window
 from kinetoscope.analyze.model.trace import RankTrace, Trace, trace_view
+from kinetoscope.analyze.report.builder import Report
 
 #: the per-rank table's columns: ms per step unless named otherwise
 RANK_COLUMNS = ("rank", "steps", "step_ms", "compute_only_ms", "overlap_ms", "communication_only_ms", "other_ms",

@@ -5,18 +5,16 @@ page asks), never by ``analyze``: self time needs each op's children, a walk ove
 from __future__ import annotations
 
 import json
-
 from typing import Any
 
 import msgspec
 import numpy as np
 import pandas as pd
 
-from kinetoscope.analyze.model.phases import PHASES, phase_lookup, host_phases
-from kinetoscope.analyze.views.gpuinfo import TENSOR_CORE_RE  # names that say Tensor Cores; others say nothing
+from kinetoscope.analyze.model.phases import PHASES, host_phases, phase_lookup
 from kinetoscope.analyze.model.timeline import CONTAINER_RE, gpu_work, kind_mask, name_mask, window
 from kinetoscope.analyze.model.trace import RankTrace, trace_view
-
+from kinetoscope.analyze.views.gpuinfo import TENSOR_CORE_RE  # names that say Tensor Cores; others say nothing
 
 
 def _self_ns(ts: np.ndarray, end: np.ndarray, tid: np.ndarray) -> np.ndarray:
@@ -457,7 +455,7 @@ def module_tree(trace: RankTrace) -> pd.DataFrame:
     out = out.reset_index()
     # depth-first in call order: a module's children right after it (each path sorted by when each of its
     # ancestors was first called)
-    first = dict(zip(out["path"], out["first"]))
+    first = dict(zip(out["path"], out["first"], strict=False))
     parts = [p.split(" / ") for p in out["path"]]
     keys = [[(int(first.get(" / ".join(q[:k + 1]), 0)), q[k]) for k in range(len(q))] for q in parts]
     out = out.iloc[sorted(range(len(out)), key=lambda i: keys[i])]

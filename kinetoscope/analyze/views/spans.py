@@ -13,7 +13,16 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from kinetoscope.analyze.model.timeline import LOADER_RE, SYNC_OP_NAMES, SYNC_RUNTIME_RE, gpu_work, kind_mask, main_thread, name_mask, window
+from kinetoscope.analyze.model.timeline import (
+    LOADER_RE,
+    SYNC_OP_NAMES,
+    SYNC_RUNTIME_RE,
+    gpu_work,
+    kind_mask,
+    main_thread,
+    name_mask,
+    window,
+)
 from kinetoscope.analyze.model.trace import RankTrace, trace_view
 
 #: host event kinds drawn on the thread lanes
@@ -144,7 +153,7 @@ def timeline_view(trace: RankTrace, start_ms: float | None = None, end_ms: float
     gpu = gpu[((gpu["end_ns"] > lo) & (gpu["ts_ns"] < hi)).to_numpy()]
     if len(gpu):
         lane = ("GPU " + gpu["device"].astype(str) + " · stream " + gpu["stream"].astype(str)).to_numpy(object)
-        keys = sorted(set(zip(gpu["device"], gpu["stream"])))
+        keys = sorted(set(zip(gpu["device"], gpu["stream"], strict=False)))
         rows += [f"GPU {d} · stream {s}" for d, s in keys]
         corr = gpu["correlation"].fillna(-1).to_numpy(np.int64)
         parts.append(pd.DataFrame({"row": lane, "name": gpu["name"].astype(str).to_numpy(object),
@@ -217,7 +226,7 @@ def _merge_small(frame: pd.DataFrame, lo: int, px: float) -> tuple[pd.DataFrame,
                 busy_ns=("busy_ns", "sum"), correlation=("correlation", "first"), gpu=("gpu", "first")).reset_index()
     many = agg["spans"].to_numpy() > 1
     agg.loc[many, "name"] = [f"{n:,} spans ({k}), {b / 1e6:,.3f} ms busy, first: {f}"
-                             for n, k, b, f in zip(agg["spans"][many], agg["kind"][many], agg["busy_ns"][many], agg["name"][many])]
+                             for n, k, b, f in zip(agg["spans"][many], agg["kind"][many], agg["busy_ns"][many], agg["name"][many], strict=False)]
     agg.loc[many, "correlation"] = -1
     # a block narrower than a pixel is drawn a pixel wide, or the browser would not draw it at all
     agg["end_ns"] = np.maximum(agg["end_ns"].to_numpy(np.int64), agg["ts_ns"].to_numpy(np.int64) + int(px))
@@ -288,7 +297,7 @@ def _launch_links(trace: RankTrace, corr: np.ndarray, origin: int) -> np.ndarray
     ts = work["ts_ns"].to_numpy()
     stream = work["stream"].to_numpy()
     device = work["device"].to_numpy()
-    for i, p, ok in zip(has, pos, found):
+    for i, p, ok in zip(has, pos, found, strict=False):
         if ok:
             out[i] = (f"runs {names[p][:80]} on GPU {device[p]} · stream {stream[p]} at {(ts[p] - origin) / 1e6:,.3f} ms")
     return out

@@ -6,14 +6,12 @@ from __future__ import annotations
 
 from typing import Any
 
-
 from kinetoscope.analyze.model.estimate import Estimate
 from kinetoscope.analyze.model.findings import Finding
 from kinetoscope.analyze.model.trace import RankTrace
+from kinetoscope.analyze.whatif.fixes import FIXES, edited_by, params_for, plan_for
 from kinetoscope.analyze.whatif.graph import replay_graph
 from kinetoscope.analyze.whatif.replay import Edits, apply, baseline
-from kinetoscope.analyze.whatif.fixes import FIXES, edited_by, params_for, plan_for
-
 
 
 def estimate(trace: RankTrace, finding: Finding, params: dict[str, Any] | None = None) -> Estimate | None:

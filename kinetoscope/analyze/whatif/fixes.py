@@ -6,8 +6,9 @@ checks of a fix's parameters."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -19,10 +20,16 @@ from kinetoscope.analyze.model.timeline import (
     loader_spans,
 )
 from kinetoscope.analyze.model.trace import RankTrace
-from kinetoscope.analyze.whatif.graph import PCIE3, GRAPH_REPLAY_NS, HANDOFF_PRIOR_NS, PINNED_GBPS, PINNED_GBPS_DEFAULT, ReplayGraph
+from kinetoscope.analyze.whatif.graph import (
+    GRAPH_REPLAY_NS,
+    HANDOFF_PRIOR_NS,
+    PCIE3,
+    PINNED_GBPS,
+    PINNED_GBPS_DEFAULT,
+    ReplayGraph,
+)
 from kinetoscope.analyze.whatif.loader_queue import LoaderFix, infer_worker_loads
 from kinetoscope.analyze.whatif.replay import Edits, wait_edits
-
 
 
 # --- estimates per finding ------------------------------------------------------------------------------
@@ -224,7 +231,7 @@ def plan_pageable(trace: RankTrace, g: ReplayGraph, params: dict[str, Any]) -> P
     gbps, why = _pinned_gbps(trace)
     gbps = float(params.get("pinned_gbps") or gbps)
     nbytes = h["bytes"].reindex(g.op_label[ops]).fillna(0).to_numpy(float)
-    new = {int(j): int(min(g.op_dur[j], b / gbps)) if b > 0 else int(g.op_dur[j]) for j, b in zip(ops, nbytes)}
+    new = {int(j): int(min(g.op_dur[j], b / gbps)) if b > 0 else int(g.op_dur[j]) for j, b in zip(ops, nbytes, strict=False)}
     free = _copy_items(g, ops)
     return Plan(Edits(item_free=free, op_dur=new), "replay: pinned copies",
                 (f"pinned host memory copies at {gbps:.1f} GB/s ({why})",

@@ -21,7 +21,6 @@ from kinetoscope.analyze.model.timeline import (
 )
 from kinetoscope.analyze.model.trace import RankTrace, trace_view
 
-
 NONE = -(2**60)  # "no constraint" in int64 arithmetic
 #: a sync that returns at once still costs its call (measured: 2-10 us)
 SYNC_OVERHEAD_NS = 5_000
@@ -197,7 +196,7 @@ def _items(trace: RankTrace, ts: np.ndarray, dur: np.ndarray, anchor: np.ndarray
         rt = runtime_calls(trace)
         rt = rt[(rt["tid"].astype(str) == main).to_numpy()]
         syncs = rt[name_mask(rt, SYNC_RUNTIME_RE)]
-        for s_, e_ in zip(syncs["ts_ns"].to_numpy(), syncs["end_ns"].to_numpy()):
+        for s_, e_ in zip(syncs["ts_ns"].to_numpy(), syncs["end_ns"].to_numpy(), strict=False):
             hi = np.searchsorted(anchors_sorted, s_, side="right")
             cand = by_anchor[max(0, hi - 4096):hi]
             # the op it waited for: launched before it, ended by the time it returned
@@ -218,7 +217,7 @@ def _items(trace: RankTrace, ts: np.ndarray, dur: np.ndarray, anchor: np.ndarray
             launched = launched.set_index(launched["correlation"].to_numpy(np.int64))
             for lab, corr, pageable, sync_api, direction in zip(
                     cp.index.to_numpy(), cp["correlation"].to_numpy(dtype=float, na_value=np.nan),
-                    cp["pageable"].to_numpy(), cp["synchronous"].to_numpy(), cp["direction"].to_numpy()):
+                    cp["pageable"].to_numpy(), cp["synchronous"].to_numpy(), cp["direction"].to_numpy(), strict=False):
                 if np.isnan(corr) or int(corr) not in launched.index or lab not in pos_of.index:
                     continue
                 call = launched.loc[int(corr)]
@@ -244,7 +243,7 @@ def _items(trace: RankTrace, ts: np.ndarray, dur: np.ndarray, anchor: np.ndarray
     w_start, w_end = w_start[keep], w_end[keep]
     starts = np.asarray([r[0] for r in outer], dtype=np.int64)
     used = np.zeros(len(outer), dtype=bool)
-    for g, (ws, we) in enumerate(zip(w_start, w_end)):
+    for g, (ws, we) in enumerate(zip(w_start, w_end, strict=False)):
         lo, hi = np.searchsorted(starts, ws, side="left"), np.searchsorted(starts, we, side="left")
         cur = int(ws)
         for k in range(lo, hi):
@@ -259,12 +258,12 @@ def _items(trace: RankTrace, ts: np.ndarray, dur: np.ndarray, anchor: np.ndarray
             cur = r[1]
         if cur < we or cur == ws:
             rows.append((cur, int(we), "data", -1, 0, 0, g, ""))
-    wait_rows = [(a_, b_) for a_, b_ in zip(w_start, w_end)]
+    wait_rows = [(a_, b_) for a_, b_ in zip(w_start, w_end, strict=False)]
     for k, r in enumerate(outer):
         if not used[k] and not any(a_ < r[1] and r[0] < b_ for a_, b_ in wait_rows):
             rows.append((*r[:6], -1, r[6]))
     rows.sort(key=lambda r: (r[0], r[1]))
-    cols = list(zip(*rows)) if rows else [[]] * 8
+    cols = list(zip(*rows, strict=False)) if rows else [[]] * 8
     return {"it_start": np.asarray(cols[0], dtype=np.int64), "it_end": np.asarray(cols[1], dtype=np.int64),
             "it_kind": np.asarray(cols[2], dtype=object), "it_await": np.asarray(cols[3], dtype=np.int64),
             "it_post": np.asarray(cols[4], dtype=np.int64), "it_min": np.asarray(cols[5], dtype=np.int64),

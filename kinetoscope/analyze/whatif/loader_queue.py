@@ -13,7 +13,6 @@ from kinetoscope.analyze.model.timeline import (
 )
 
 
-
 # --- the loader fix: a DataLoader's queue with k workers ---------------------------------------------------
 @dataclass(frozen=True)
 class LoaderFix:

@@ -33,7 +33,6 @@ from kinetoscope.analyze.whatif.graph import NONE, ReplayGraph, replay_graph
 from kinetoscope.analyze.whatif.loader_queue import LoaderFix, simulate_loader
 
 
-
 # --- edits and the replay ------------------------------------------------------------------------------
 @dataclass
 class Edits:
@@ -47,9 +46,9 @@ class Edits:
     #: savings the replay cannot express, estimated from measurements (ns per step), by what they remove: two
     #: estimates of one thing ("launch": CUDA graphs from gpu_idle and launch_bound) count once, the larger
     analytic_ns: dict[str, float] = field(default_factory=dict)
-    loader: "LoaderFix | None" = None
+    loader: LoaderFix | None = None
 
-    def merge(self, other: "Edits") -> "Edits":
+    def merge(self, other: Edits) -> Edits:
         out = Edits(dict(self.item_dur), set(self.item_free) | other.item_free, dict(self.op_dur),
                     max(self.floor_step_ns, other.floor_step_ns), dict(self.analytic_ns), self.loader or other.loader)
         for k, v in other.item_dur.items():
@@ -240,7 +239,7 @@ def wait_edits(g: ReplayGraph, waits: np.ndarray, new_ns: np.ndarray) -> dict[in
         if grp >= 0:
             pieces.setdefault(int(grp), []).append(i)
     out: dict[int, int] = {}
-    for grp, w in zip(waits, new_ns):
+    for grp, w in zip(waits, new_ns, strict=False):
         mine = pieces.get(int(grp), [])
         data = [i for i in mine if g.it_kind[i] == "data"]
         if not data:
