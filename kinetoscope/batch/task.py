@@ -112,9 +112,9 @@ def analyze_file(path: str, job: str, index: int, store: str, resume: bool = Fal
     findings = [
         {"key": key, "job": job, "path": path, "rank": f.rank, "id": f.id, "severity": f.severity, "title": f.title,
          "impact_us": f.impact_us, "evidence_json": json.dumps(f.evidence, default=str),
-         "saving_us_per_step": (f.estimate or {}).get("saving_us_per_step"),
-         "step_us_after": (f.estimate or {}).get("step_us_after"),
-         "estimate_json": json.dumps(f.estimate.to_dict(), default=str) if f.estimate else None}
+         "saving_us_per_step": f.estimate.get("saving_us_per_step") if f.estimate is not None else None,
+         "step_us_after": f.estimate.get("step_us_after") if f.estimate is not None else None,
+         "estimate_json": json.dumps(dict(f.estimate), default=str) if f.estimate else None}
         for f in report.findings
     ]
     loader_steps = report.results[rank.rank]["loader"].tables["loader_per_step"] if "loader" in report.results[rank.rank] else None

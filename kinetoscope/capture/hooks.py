@@ -28,7 +28,6 @@ from typing import Any, Protocol
 
 from kinetoscope.capture._safety import warn_once
 
-
 #: the kinds of loop event, in the manifest's order
 KINDS = ("data_wait", "validation", "backward", "optimizer_step", "compile", "checkpoint")
 

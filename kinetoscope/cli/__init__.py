@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _register_extra_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def _register_extra_commands(sub: argparse._SubParsersAction) -> None:
     """Commands contributed by subpackages; their heavy imports (torch, Dask) happen only when they run."""
     from kinetoscope.batch.cli import add_batch_commands
     from kinetoscope.capture.cli import add_capture_command

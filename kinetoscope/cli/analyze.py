@@ -13,7 +13,7 @@ from kinetoscope.deps import require
 from kinetoscope.errors import KinetoscopeError
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(sub: argparse._SubParsersAction) -> None:
     analyze = sub.add_parser(
         "analyze",
         help="analyse trace files or rank directories and print a report",

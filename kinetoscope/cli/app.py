@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(sub: argparse._SubParsersAction) -> None:
     app = sub.add_parser(
         "app",
         help="open the Streamlit app (on the bundled sample traces unless PATHs are given)",

@@ -9,7 +9,7 @@ from kinetoscope.cli.process import give_back_free_memory, import_pandas_without
 from kinetoscope.errors import ConfigError
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(sub: argparse._SubParsersAction) -> None:
     diff = sub.add_parser(
         "diff",
         help="compare two traces (or jobs): what got faster or slower, findings that appeared or disappeared",

@@ -11,7 +11,7 @@ from kinetoscope.cli.output import EXIT_OK
 from kinetoscope.errors import ConfigError
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(sub: argparse._SubParsersAction) -> None:
     redact = sub.add_parser(
         "redact",
         help="write a copy of a trace, or of a capture directory, with its secrets redacted (for a public bug report)",
@@ -80,7 +80,9 @@ def _redact_directory(source: Any, target: Any, limits: Any) -> int:
         raise ConfigError("OUT must be a directory outside DIR (the originals are kept)")
     if out.exists() and not (out.is_dir() and not any(out.iterdir())):
         raise ConfigError(f"{target} exists: name a new (or empty) directory for the redacted copy")
-    files, hidden, other = [], 0, []
+    files: list[Path] = []
+    other: list[Path] = []
+    hidden = 0
     for p in sorted(source.rglob("*")):
         rel = p.relative_to(source)
         if any(part.startswith(".") for part in rel.parts):

@@ -11,7 +11,7 @@ from kinetoscope.cli.process import give_back_free_memory, import_pandas_without
 from kinetoscope.errors import ConfigError
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(sub: argparse._SubParsersAction) -> None:
     whatif = sub.add_parser(
         "whatif",
         help="predict the step time after fixing some findings (one or several at once)",

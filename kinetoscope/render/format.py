@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 
@@ -68,7 +69,7 @@ def missing_ranks_text(job: dict[str, Any]) -> str | None:
             "nothing is claimed about the whole job (its straggler); what the ranks given show is shown")
 
 
-def worth(estimate: dict[str, Any] | None) -> str | None:
+def worth(estimate: Mapping[str, Any] | None) -> str | None:
     """What fixing a finding is worth, as one line: 'fix this: ~12.30 ms per step faster (34%)'."""
     if not estimate:
         return None

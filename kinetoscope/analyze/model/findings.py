@@ -93,14 +93,14 @@ class Finding:
             "evidence": self.evidence,
             "recommendation": self.recommendation,
             "impact_us": round(self.impact_us, 3),
-            "estimate": self.estimate.to_dict() if self.estimate is not None else None,
+            "estimate": dict(self.estimate) if self.estimate is not None else None,  # an Estimate's JSON object
             "worth": self.worth,
         }
 
 
 def saving_us(f: Finding) -> float:
     """What fixing it saves per step (us); -1 where not estimated (after every estimated one)."""
-    value = (f.estimate or {}).get("saving_us_per_step")
+    value = f.estimate.get("saving_us_per_step") if f.estimate is not None else None
     return float(value) if value is not None else -1.0
 
 

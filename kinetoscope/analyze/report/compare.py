@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
@@ -348,7 +349,7 @@ def fix_check(before: Trace, rb: Report, ra: Report) -> pd.DataFrame:
     gone = gone[gone["status"] == "gone"]
     rows = []
 
-    def row(fid: str, rank: Any, est: dict[str, Any] | None) -> None:
+    def row(fid: str, rank: Any, est: Mapping[str, Any] | None) -> None:
         b, a = before_step.get(rank), after_step.get(rank)
         pred = (est or {}).get("step_us_after")
         rows.append({"id": fid, "rank": rank, "before_step_us": b, "predicted_step_us": pred,
@@ -362,7 +363,7 @@ def fix_check(before: Trace, rb: Report, ra: Report) -> pd.DataFrame:
         found = [f for f in rb.findings if f.rank == rank and f.id in set(ids)]
         for f in found:
             row(f.id, rank, f.estimate)
-        costly = [f for f in found if (f.estimate or {}).get("saving_us_per_step")]
+        costly = [f for f in found if f.estimate is not None and f.estimate.get("saving_us_per_step")]
         if len(costly) > 1:
             ranks = [r for r in before.ranks if r.rank == rank]
             if ranks:

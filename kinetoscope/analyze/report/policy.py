@@ -72,9 +72,9 @@ def worth(finding: Finding, run: RunTime) -> Worth:
         return Worth(one_off / run.window_us if run.window_us else None,
                      "the profiled window (the run's length is not known: no step timings beside the trace)",
                      "one-off total", one_off)
-    est = finding.estimate or {}
-    saving = est.get("saving_us_per_step")
-    if saving is not None and run.mean_step_us:
+    est = finding.estimate
+    saving = est.get("saving_us_per_step") if est is not None else None
+    if est is not None and saving is not None and run.mean_step_us:
         return Worth(float(saving) / run.mean_step_us, "the rank's mean step time (replayed)",
                      "upper bound" if est.get("bound") == "upper" else "estimate")
     if finding.impact_us > 0 and run.window_us:

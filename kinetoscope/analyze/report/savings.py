@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import combinations
-from typing import Any
 
+from kinetoscope.analyze.model.estimate import Estimate
 from kinetoscope.analyze.model.findings import Finding, saving_us
 from kinetoscope.analyze.model.trace import RankTrace, Trace
 from kinetoscope.analyze.report.builder import Report
@@ -27,7 +27,7 @@ class SharedSaving:
     #: positions in the report's findings of the findings that share a cause (two or more)
     findings: tuple[int, ...]
     #: what fixing them together is worth (``whatif.combined``'s estimate: saving_us_per_step, step_us_after, ...)
-    together: dict[str, Any]
+    together: Estimate
 
 
 def overlapping_groups(savings: Sequence[float], together: Callable[[tuple[int, ...]], float]) -> list[tuple[int, ...]]:
@@ -64,7 +64,7 @@ def shared_savings(trace: Trace, report: Report) -> list[SharedSaving]:
 
         def together(items: tuple[int, ...], r: RankTrace = r, found: list[Finding] = found) -> float:
             est = whatif.combined(r, [found[k] for k in items])
-            return float((est or {}).get("saving_us_per_step") or 0.0)
+            return float(est.saving_us_per_step or 0.0) if est is not None else 0.0
 
         for group in overlapping_groups([saving_us(f) for f in found], together):
             est = whatif.combined(r, [found[k] for k in group])
@@ -73,7 +73,7 @@ def shared_savings(trace: Trace, report: Report) -> list[SharedSaving]:
     return out
 
 
-def all_together(trace: Trace, report: Report, rank: int) -> dict[str, Any] | None:
+def all_together(trace: Trace, report: Report, rank: int) -> Estimate | None:
     """What fixing every finding of ``rank`` that has a saving is worth at once (one replay), or None with fewer
     than two."""
     from kinetoscope.analyze import whatif

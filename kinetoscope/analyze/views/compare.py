@@ -14,8 +14,8 @@ from kinetoscope.analyze.report import compare
 from kinetoscope.analyze.report.builder import Report
 
 #: the run-level step change, one function: ``run_step_change`` (the mean step over every step the captures timed,
-#: with its 95% interval and verdict) where the analysis has it, else the median change it replaces
-_RUN_STEP_CHANGE = getattr(compare, "run_step_change", None) or compare.step_change
+#: with its 95% interval and verdict)
+_RUN_STEP_CHANGE = compare.run_step_change
 #: a change smaller than this is no change even with an interval that excludes 0 (reruns of one job differ by
 #: 1-2%); the analysis's own value where it has one
 NO_CHANGE_WITHIN = getattr(compare, "NO_CHANGE_WITHIN", 0.02)
