@@ -2,7 +2,8 @@
 
 Takes nothing from above; gives the ``Trace``/``RankTrace`` (``trace``, columns declared in ``schema``), interval
 arithmetic (``intervals``), units at the report edge (``units``), the derived views of a rank that more than one
-layer needs (``timeline`` and the views moved down from the analyzers), ``Finding`` (``findings``), the
-thresholds (``config``) and the cross-rank collective matching (``distributed``). Imports only the standard
-library, numpy, pandas, msgspec and ``kinetoscope.errors``.
+layer needs (``timeline``, ``phases``, ``collectives``, ``copies``, ``syncs``), ``Finding`` and its ``Estimate``
+(``findings``, ``estimate``), what an analyzer is (``analysis``), the thresholds (``config``) and the cross-rank
+collective matching (``distributed``). Imports only the standard library, numpy, pandas, msgspec and
+``kinetoscope.errors``; in imports it sits below ``ingest``, which builds it.
 """
