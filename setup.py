@@ -4,4 +4,4 @@ without it and loads traces with the msgspec decoder alone (tests/test_install.p
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("kinetoscope.analyze._scan", ["kinetoscope/analyze/_scan.c"], optional=True)])
+setup(ext_modules=[Extension("kinetoscope.analyze.ingest._scan", ["kinetoscope/analyze/ingest/_scan.c"], optional=True)])

@@ -12,8 +12,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from kinetoscope.analyze.loader import load_trace
-from kinetoscope.analyze.report import build_report
+from kinetoscope.analyze.ingest.loader import load_trace
+from kinetoscope.analyze.report.builder import build_report
 from kinetoscope.batch import run_batch
 
 ROOT = Path(__file__).resolve().parents[1]

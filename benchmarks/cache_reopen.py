@@ -10,7 +10,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from kinetoscope.analyze.loader import load_trace, read_bytes
+from kinetoscope.analyze.ingest.loader import load_trace, read_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
 

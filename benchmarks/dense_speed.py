@@ -38,8 +38,8 @@ MB_PER_STEP = 95.13 / 227  # dense_trace.py, 200 kernels per step
 INSIDE = """
 import sys, time
 t0 = time.perf_counter()
-from kinetoscope.analyze.loader import load_trace
-from kinetoscope.analyze.report import build_report
+from kinetoscope.analyze.ingest.loader import load_trace
+from kinetoscope.analyze.report.builder import build_report
 from kinetoscope.render.text import render_text
 t1 = time.perf_counter()
 trace = load_trace(sys.argv[1])
@@ -54,15 +54,15 @@ print(f"imports {t1 - t0:.2f} s, load {t2 - t1:.2f} s, analyses {t3 - t2:.2f} s 
 
 
 #: the floor under any whole process of ours: the interpreter, numpy and pandas imported as the command imports them
-STACK = ("from kinetoscope.deps import import_pandas_without_pyarrow\n"
+STACK = ("from kinetoscope.cli.process import import_pandas_without_pyarrow\n"
          "import_pandas_without_pyarrow()\n"
          "import numpy, pandas\n")
 #: the scan process: the interpreter, numpy and the compiled scanner on the file (both threads); no tables, no pandas
-SCAN = ("import sys\nfrom pathlib import Path\nfrom kinetoscope.analyze.scan import scan_file\nscan_file(Path(sys.argv[1]))\n")
+SCAN = ("import sys\nfrom pathlib import Path\nfrom kinetoscope.analyze.ingest.scan import scan_file\nscan_file(Path(sys.argv[1]))\n")
 #: the CPU seconds of scan_file alone, inside a process that has imported what it needs first (numpy, msgspec):
 #: the scan process above also pays for starting the interpreter and those imports
 SCAN_CPU = ("import sys, time\nimport numpy, msgspec\nfrom pathlib import Path\nfrom kinetoscope.analyze import raw\n"
-            "from kinetoscope.analyze.scan import scan_file\n"
+            "from kinetoscope.analyze.ingest.scan import scan_file\n"
             "t = time.process_time()\nscan_file(Path(sys.argv[1]))\nprint(time.process_time() - t)\n")
 
 

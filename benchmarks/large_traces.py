@@ -38,8 +38,8 @@ PEAK = "int(next(l for l in open('/proc/self/status') if l.startswith('VmHWM')).
 
 KINETOSCOPE = f"""
 import sys, time
-from kinetoscope.analyze.loader import load_trace
-from kinetoscope.analyze.report import build_report
+from kinetoscope.analyze.ingest.loader import load_trace
+from kinetoscope.analyze.report.builder import build_report
 t0 = time.perf_counter()
 build_report(load_trace(sys.argv[1]))
 print(time.perf_counter() - t0, {PEAK})
@@ -47,7 +47,7 @@ print(time.perf_counter() - t0, {PEAK})
 
 KINETOSCOPE_LOAD = f"""
 import sys, time
-from kinetoscope.analyze.loader import load_trace
+from kinetoscope.analyze.ingest.loader import load_trace
 t0 = time.perf_counter()
 load_trace(sys.argv[1])
 print(time.perf_counter() - t0, {PEAK})

@@ -11,8 +11,8 @@ import sys
 import time
 from pathlib import Path
 
-from kinetoscope.analyze.loader import find_jobs, load_job, read_bytes
-from kinetoscope.analyze.report import build_report
+from kinetoscope.analyze.ingest.loader import find_jobs, load_job, read_bytes
+from kinetoscope.analyze.report.builder import build_report
 from kinetoscope.errors import KinetoscopeError
 
 ROOT = Path(__file__).resolve().parents[1]

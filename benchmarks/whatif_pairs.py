@@ -28,8 +28,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from kinetoscope.analyze import whatif  # noqa: E402
-from kinetoscope.analyze.loader import load_trace  # noqa: E402
-from kinetoscope.analyze.report import build_report  # noqa: E402
+from kinetoscope.analyze.ingest.loader import load_trace  # noqa: E402
+from kinetoscope.analyze.report.builder import build_report  # noqa: E402
 
 TRAIN = str(ROOT / "benchmarks" / "whatif_train.py")
 PAIRS_DIR = ROOT / "sample_traces" / "pairs"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 
 def _new_file(directory: Path, prefix: str) -> str:

@@ -13,17 +13,17 @@ import sys
 from pathlib import Path
 
 from kinetoscope.analyze.analyzers.gpu import analyze_gpu
-from kinetoscope.analyze.config import DEFAULT_CONFIG
-from kinetoscope.analyze.hta_adapter import (
+from kinetoscope.analyze.model.config import DEFAULT_CONFIG
+from kinetoscope.analyze.crosscheck.hta import (
     HtaUnavailable,
     hta_extra_busy_events,
     hta_rounding_loss_us,
     hta_temporal_breakdown,
     hta_view,
 )
-from kinetoscope.analyze.loader import find_jobs, load_job
-from kinetoscope.analyze.report import build_report
-from kinetoscope.analyze.timeline import window
+from kinetoscope.analyze.ingest.loader import find_jobs, load_job
+from kinetoscope.analyze.report.builder import build_report
+from kinetoscope.analyze.model.timeline import window
 from kinetoscope.errors import KinetoscopeError
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -33,8 +33,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from expertlib import compare, read_expert  # noqa: E402
 
-from kinetoscope.analyze.loader import find_jobs, load_job  # noqa: E402
-from kinetoscope.analyze.report import build_report  # noqa: E402
+from kinetoscope.analyze.ingest.loader import find_jobs, load_job  # noqa: E402
+from kinetoscope.analyze.report.builder import build_report  # noqa: E402
 
 SETS = (("in-sample", ROOT / "tests" / "expert"),
         ("public traces, dev (used to find errors)", ROOT / "tests" / "expert" / "public_dev"),

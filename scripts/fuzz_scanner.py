@@ -1,11 +1,11 @@
 """Fuzz the C scanner with mutated real traces fed in random chunks (for maintainers; not a test).
 
-Looks for crashes and hangs in ``kinetoscope/analyze/_scan.c``; the test suite checks that what it
+Looks for crashes and hangs in ``kinetoscope/analyze/ingest/_scan.c``; the test suite checks that what it
 accepts decodes like the reference. Best run against a sanitizer build:
 
     gcc -g -O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fPIC -shared \\
         -I"$(python -c 'import sysconfig; print(sysconfig.get_paths()["include"])')" \\
-        kinetoscope/analyze/_scan.c -o /tmp/asan/_scan.so
+        kinetoscope/analyze/ingest/_scan.c -o /tmp/asan/_scan.so
     ASAN_OPTIONS=detect_leaks=0 \\
     LD_PRELOAD="$(gcc -print-file-name=libasan.so):$(gcc -print-file-name=libubsan.so)" \\
         python scripts/fuzz_scanner.py --module /tmp/asan/_scan.so --seconds 300
@@ -30,7 +30,7 @@ TOKENS = [b'"', b"\\", b"{", b"}", b"[", b"]", b",", b":", b"\\u", b"\\ud800", b
 
 def _load(module: Path | None):  # noqa: ANN202 - the extension module
     if module is None:
-        from kinetoscope.analyze import _scan
+        from kinetoscope.analyze.ingest import _scan
 
         return _scan
     spec = importlib.util.spec_from_file_location("_scan", module)

@@ -21,8 +21,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from kinetoscope.analyze.loader import load_trace
-from kinetoscope.analyze.report import build_report
+from kinetoscope.analyze.ingest.loader import load_trace
+from kinetoscope.analyze.report.builder import build_report
 from kinetoscope.capture import Schedule, profile_loop
 from kinetoscope.render.json import report_to_json
 

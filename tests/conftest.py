@@ -20,6 +20,6 @@ def builder() -> type[TraceBuilder]:
 
 
 def load_built(tmp_path: Path, b: TraceBuilder, name: str = "trace.json", **kw):
-    from kinetoscope.analyze.loader import load_trace
+    from kinetoscope.analyze.ingest.loader import load_trace
 
     return load_trace(b.write(tmp_path / name, **kw))

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kinetoscope.analyze.findings import SEVERITY_ORDER, Finding
+from kinetoscope.analyze.model.findings import SEVERITY_ORDER, Finding
 
 CLAIMS = ("critical", "warning")
 

@@ -6,8 +6,8 @@ import pytest
 from conftest import load_built
 from tracebuilder import TraceBuilder
 
-from kinetoscope.analyze.config import AnalysisConfig
-from kinetoscope.analyze.report import build_report
+from kinetoscope.analyze.model.config import AnalysisConfig
+from kinetoscope.analyze.report.builder import build_report
 
 MiB = 1 << 20
 
@@ -259,7 +259,7 @@ def test_straggler_names_the_rank_others_wait_for(tmp_path):
         b = TraceBuilder(rank=rank, world_size=3).step(1, 0, 1000)
         b.loader(0, load).kernel(load, 300, name="gemm").kernel(400, wait, name="ncclDevKernel_AllReduce_Sum_f32")
         b.write(tmp_path / "job" / f"rank-{rank}.json")
-    from kinetoscope.analyze.loader import load_trace
+    from kinetoscope.analyze.ingest.loader import load_trace
 
     rep = build_report(load_trace(tmp_path / "job"))
     (f,) = [f for f in rep.findings if f.id == "straggler"]

@@ -6,8 +6,8 @@ import pytest
 from conftest import load_built
 from tracebuilder import TraceBuilder
 
-from kinetoscope.analyze.analyzers.anatomy import PHASES
-from kinetoscope.analyze.report import build_report
+from kinetoscope.analyze.model.phases import PHASES
+from kinetoscope.analyze.report.builder import build_report
 
 BWD_TID = 200
 

@@ -162,8 +162,8 @@ def test_exported_trace_files_have_their_secrets_redacted():
 
     at = open_app("export", trace="real/h100_bert-small.json.gz")
     assert not at.exception and not at.error
-    from kinetoscope.analyze.loader import read_bytes
-    from kinetoscope.analyze.redact import redacted_trace
+    from kinetoscope.analyze.ingest.loader import read_bytes
+    from kinetoscope.analyze.ingest.redact import redacted_trace
 
     original = read_bytes(SAMPLES / "real" / "h100_bert-small.json.gz")
     cleaned = _json.loads(redacted_trace(original))

@@ -142,7 +142,7 @@ def test_the_timeline_of_a_95_mb_trace_shows_its_kernels(app_url, page, dense_tr
 
 
 def test_open_in_perfetto_hands_the_redacted_trace_over(app_url, page):
-    from kinetoscope.analyze.redact import redacted_gzip
+    from kinetoscope.analyze.ingest.redact import redacted_gzip
 
     open_trace(page, app_url, BEFORE)
     page.get_by_role("link", name="Timeline").click()

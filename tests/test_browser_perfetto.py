@@ -24,7 +24,7 @@ def offline_app():
 
 
 def expected() -> bytes:
-    from kinetoscope.analyze.redact import redacted_trace
+    from kinetoscope.analyze.ingest.redact import redacted_trace
 
     return redacted_trace(gzip.decompress(TRACE.read_bytes()))
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from kinetoscope.analyze.cache import TABLES, key_for
-from kinetoscope.analyze.loader import load_trace
-from kinetoscope.analyze.report import build_report
+from kinetoscope.analyze.ingest.cache import TABLES, key_for
+from kinetoscope.analyze.ingest.loader import load_trace
+from kinetoscope.analyze.report.builder import build_report
 from kinetoscope.render.json import report_to_json
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,7 +59,7 @@ def test_cli_cache_flag(tmp_path):
 
 
 def test_parallel_rank_loading_gives_the_same_report():
-    from kinetoscope.analyze.loader import find_jobs, load_job
+    from kinetoscope.analyze.ingest.loader import find_jobs, load_job
 
     (job,) = find_jobs(ROOT / "sample_traces" / "real" / "hta_2rank")
     serial = json.loads(report_to_json(build_report(load_job(job))))

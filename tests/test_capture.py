@@ -16,8 +16,8 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
-from kinetoscope.analyze.loader import load_trace  # noqa: E402
-from kinetoscope.analyze.report import build_report  # noqa: E402
+from kinetoscope.analyze.ingest.loader import load_trace  # noqa: E402
+from kinetoscope.analyze.report.builder import build_report  # noqa: E402
 from kinetoscope.capture import Profiler, Schedule, profile_loop  # noqa: E402
 from kinetoscope import fsutil  # noqa: E402
 from kinetoscope.capture import output as capture_output  # noqa: E402
@@ -244,7 +244,7 @@ def test_capture_side_does_not_import_streamlit_or_dask():
 
 
 def test_analyze_side_does_not_import_torch():
-    code = ("import sys, kinetoscope.analyze.report, kinetoscope.analyze.loader, kinetoscope.analyze.registry as r; "
+    code = ("import sys, kinetoscope.analyze.report.builder, kinetoscope.analyze.ingest.loader, kinetoscope.analyze.registry as r; "
             "r.analyzers(); sys.exit(1 if 'torch' in sys.modules else 0)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 

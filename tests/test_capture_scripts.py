@@ -146,8 +146,8 @@ def test_a_closure_optimizer_steps_once_per_optimizer_step_and_its_backward_is_b
     proc = capture(tmp_path / "out", str(SCRIPTS / "lbfgs_closure.py"), "8")
     assert proc.returncode == 0, proc.stderr
     assert manifest(tmp_path / "out")["steps_run"] == 7  # 8 optimizer steps; the first starts the profiler
-    from kinetoscope.analyze.loader import load_trace
-    from kinetoscope.analyze.report import build_report
+    from kinetoscope.analyze.ingest.loader import load_trace
+    from kinetoscope.analyze.report.builder import build_report
 
     phases = build_report(load_trace(tmp_path / "out")).ranks[0]["phases"]
     # was: all of it reported as optimizer time
@@ -186,8 +186,8 @@ def test_a_crash_inside_the_window_is_a_partial_step_not_a_finding(tmp_path):
     assert proc.returncode == 1 and "crashed in step 4" in proc.stderr
     m = manifest(tmp_path / "out")
     assert m["ended_by"] == "RuntimeError" and m["windows"][0]["cut_short"]
-    from kinetoscope.analyze.loader import load_trace
-    from kinetoscope.analyze.report import build_report
+    from kinetoscope.analyze.ingest.loader import load_trace
+    from kinetoscope.analyze.report.builder import build_report
 
     trace = load_trace(tmp_path / "out")
     report = build_report(trace)

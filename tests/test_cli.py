@@ -108,9 +108,9 @@ def test_cli_start_up_stays_light():
 def test_analyze_starts_reading_before_the_analyses_are_imported():
     """What `kinetoscope analyze` imports before its first file's scan starts (``scan.Ahead``): no numpy, no
     pandas, nothing of the capture side; those imports then run beside the scan."""
-    code = ("import sys, kinetoscope.cli, kinetoscope.analyze.jobs, kinetoscope.analyze.scan\n"
+    code = ("import sys, kinetoscope.cli, kinetoscope.analyze.ingest.jobs, kinetoscope.analyze.ingest.scan\n"
             "print(sorted(m for m in ('numpy', 'pandas', 'pyarrow', 'torch', 'kinetoscope.capture.profiler',"
-            " 'kinetoscope.capture.output', 'kinetoscope.analyze.raw') if m in sys.modules))")
+            " 'kinetoscope.capture.output', 'kinetoscope.analyze.ingest.raw') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
@@ -122,7 +122,7 @@ def _pandas_major() -> int:
 
 
 def test_the_installed_pandas_version_is_read_without_importing_it():
-    from kinetoscope.deps import _pandas_major as read
+    from kinetoscope.cli.process import _pandas_major as read
 
     assert read() == _pandas_major()
 
@@ -133,7 +133,7 @@ def test_pandas_without_pyarrow_until_something_asks_for_it():
     itself still imports afterwards, and a process that already has pandas keeps it as it is."""
     pytest.importorskip("pyarrow")
     code = ("import sys\n"
-            "from kinetoscope.deps import import_pandas_without_pyarrow\n"
+            "from kinetoscope.cli.process import import_pandas_without_pyarrow\n"
             "print(import_pandas_without_pyarrow())\n"
             "import pandas as pd\n"
             "print('pyarrow' in sys.modules, pd.Series(['a']).dtype.storage)\n"
@@ -142,7 +142,7 @@ def test_pandas_without_pyarrow_until_something_asks_for_it():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["True", "False", "python", "[1]"]
     code = ("import sys, pandas as pd\n"
-            "from kinetoscope.deps import import_pandas_without_pyarrow\n"
+            "from kinetoscope.cli.process import import_pandas_without_pyarrow\n"
             "print(import_pandas_without_pyarrow(), pd.Series(['a']).dtype.storage)\n")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True).stdout.split() == ["False", "pyarrow"]
@@ -171,8 +171,8 @@ def test_analyze_never_imports_pyarrow_and_reports_as_with_it():
     """`kinetoscope analyze` (no --cache, no --processes) runs without pyarrow: the report is byte for byte the
     one this process, whose pandas has pyarrow, builds."""
     pytest.importorskip("pyarrow")
-    from kinetoscope.analyze.loader import load_trace
-    from kinetoscope.analyze.report import build_report
+    from kinetoscope.analyze.ingest.loader import load_trace
+    from kinetoscope.analyze.report.builder import build_report
     from kinetoscope.render.json import report_to_json
 
     path = SAMPLES / "real" / "hta_2rank"
@@ -229,7 +229,7 @@ def test_a_closed_stdout_gives_no_traceback():
 
 def test_analyze_scans_its_first_file_ahead_and_uses_that_scan(monkeypatch, capsys):
     from kinetoscope import cli
-    from kinetoscope.analyze import scan
+    from kinetoscope.analyze.ingest import scan
 
     made, used = [], []
 

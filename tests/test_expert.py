@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from expertlib import compare, read_expert
-from kinetoscope.analyze.loader import find_jobs, load_job
-from kinetoscope.analyze.report import build_report
+from kinetoscope.analyze.ingest.loader import find_jobs, load_job
+from kinetoscope.analyze.report.builder import build_report
 
 ROOT = Path(__file__).resolve().parents[1]
 READINGS = sorted((ROOT / "tests" / "expert").glob("*.toml"))
@@ -49,7 +49,7 @@ def test_what_the_expert_refuses_is_never_claimed(judged):
 
 
 def test_every_reading_is_well_formed():
-    from kinetoscope.analyze.findings import FINDING_IDS
+    from kinetoscope.analyze.model.findings import FINDING_IDS
 
     assert len(READINGS) >= 32
     for path in READINGS:

@@ -10,9 +10,9 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kinetoscope.analyze.limits import LoadLimits
-from kinetoscope.analyze.loader import load_trace
-from kinetoscope.analyze.report import build_report
+from kinetoscope.analyze.ingest.limits import LoadLimits
+from kinetoscope.analyze.ingest.loader import load_trace
+from kinetoscope.analyze.report.builder import build_report
 from kinetoscope.errors import KinetoscopeError
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from kinetoscope.analyze.loader import load_trace
-from kinetoscope.analyze.report import build_report
+from kinetoscope.analyze.ingest.loader import load_trace
+from kinetoscope.analyze.report.builder import build_report
 from kinetoscope.render.json import report_to_json
 
 GPU = Path(__file__).resolve().parents[1] / "sample_traces" / "gpu"

@@ -9,7 +9,7 @@ import pytest
 from conftest import load_built
 from tracebuilder import TraceBuilder
 
-from kinetoscope.analyze.gpuinfo import device_summary, kernel_launches, occupancy, occupancy_summary, uses_tensor_cores
+from kinetoscope.analyze.views.gpuinfo import device_summary, kernel_launches, occupancy, occupancy_summary, uses_tensor_cores
 
 A100 = {"id": 0, "name": "NVIDIA A100-SXM4-80GB", "totalGlobalMem": 85_051_572_224, "computeMajor": 8,
         "computeMinor": 0, "numSms": 108, "maxThreadsPerMultiprocessor": 2048, "regsPerMultiprocessor": 65536,
@@ -77,7 +77,7 @@ def test_kernel_launches_are_read_from_the_file_and_summed_by_duration(tmp_path)
     data = json.dumps(doc).encode()
     path = tmp_path / "t.json"
     path.write_bytes(data)
-    from kinetoscope.analyze.loader import load_trace
+    from kinetoscope.analyze.ingest.loader import load_trace
 
     launches = kernel_launches(data, load_trace(path).ranks[0])
     assert list(launches["name"]) == ["k1", "k2"]
@@ -92,10 +92,10 @@ def test_occupancy_of_a_real_h100_kernel_agrees_with_kinetos_estimate():
     17.1 warps of 64: Kineto recorded 27% (its 'est. achieved occupancy %'), ours 26.7% from the same parameters."""
     from pathlib import Path
 
-    from kinetoscope.analyze.loader import read_bytes
+    from kinetoscope.analyze.ingest.loader import read_bytes
 
     path = Path(__file__).resolve().parents[1] / "sample_traces" / "real" / "h100_bert-small.json.gz"
-    from kinetoscope.analyze.loader import load_trace
+    from kinetoscope.analyze.ingest.loader import load_trace
 
     launches = kernel_launches(read_bytes(path), load_trace(path).ranks[0])
     first = launches.iloc[0]

@@ -54,7 +54,7 @@ def test_cli(corpus, name):
 
 
 def test_partial_damage_is_reported_with_counts(corpus):
-    from kinetoscope.analyze.loader import load_trace
+    from kinetoscope.analyze.ingest.loader import load_trace
 
     folder, _ = corpus
     rank = load_trace(folder / "wrong_types.json").ranks[0]
@@ -67,7 +67,7 @@ def test_partial_damage_is_reported_with_counts(corpus):
 
 def test_batch(corpus, tmp_path):
     pytest.importorskip("dask.distributed")
-    from kinetoscope.analyze.limits import LoadLimits, parse_size
+    from kinetoscope.analyze.ingest.limits import LoadLimits, parse_size
     from kinetoscope.batch import run_batch
     from kinetoscope.batch.store import read_table
 

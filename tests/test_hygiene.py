@@ -8,8 +8,8 @@ import pytest
 from conftest import load_built
 from tracebuilder import TraceBuilder
 
-from kinetoscope.analyze.loader import load_trace
-from kinetoscope.analyze.report import build_report
+from kinetoscope.analyze.ingest.loader import load_trace
+from kinetoscope.analyze.report.builder import build_report
 
 CPU = Path(__file__).resolve().parents[1] / "sample_traces" / "cpu"
 HYGIENE = {"zero_grad_missing", "optimizer_step_mismatch", "no_backward", "sync_in_loop", "worker_respawn", "recompile"}

@@ -7,7 +7,7 @@ import pandas as pd
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kinetoscope.analyze import intervals as iv
+from kinetoscope.analyze.model import intervals as iv
 
 spans = st.lists(st.tuples(st.integers(0, 200), st.integers(0, 60)), max_size=25)
 
@@ -76,7 +76,7 @@ def test_sum_of_durations_would_overstate():
 def test_intersect_and_subtract_match_a_bitmap_on_random_sets():
     import numpy as np
 
-    from kinetoscope.analyze import intervals as iv
+    from kinetoscope.analyze.model import intervals as iv
 
     rng = np.random.default_rng(3)
 
@@ -103,7 +103,7 @@ def test_intersect_and_subtract_match_a_bitmap_on_random_sets():
 
 
 def test_codes_in_matches_membership_for_few_and_many_wanted():
-    from kinetoscope.analyze.timeline import codes_in
+    from kinetoscope.analyze.model.timeline import codes_in
 
     codes = np.array([-1, 0, 1, 2, 3, 4, 5, 6, 7, 2, -1], dtype=np.int8)
     # up to four wanted: equality tests; -1 (missing) is never wanted
@@ -132,13 +132,13 @@ TOP_LEVEL_ROWS = [  # (label, start, duration): the top-level ones are A, D, I a
 
 
 def test_top_level_of_time_ordered_events():
-    from kinetoscope.analyze.timeline import top_level
+    from kinetoscope.analyze.model.timeline import top_level
 
     assert top_level(_frame(TOP_LEVEL_ROWS)).index.tolist() == ["A", "D", "I", "F"]
 
 
 def test_top_level_of_events_out_of_time_order():
-    from kinetoscope.analyze.timeline import top_level
+    from kinetoscope.analyze.model.timeline import top_level
 
     rows = [TOP_LEVEL_ROWS[i] for i in (3, 0, 7, 2, 6, 1, 4, 8, 5)]  # shuffled; F still before G, H before I
     assert top_level(_frame(rows)).index.tolist() == ["A", "D", "I", "F"]
@@ -149,7 +149,7 @@ def test_top_level_of_events_out_of_time_order():
 def test_top_level_against_brute_force(pairs, time_ordered):
     """An event is top level when no event before it (by start, longest first, then as listed) ends at or after
     its end."""
-    from kinetoscope.analyze.timeline import top_level
+    from kinetoscope.analyze.model.timeline import top_level
 
     if time_ordered:
         pairs = sorted(pairs, key=lambda p: p[0])

@@ -10,8 +10,8 @@ import pytest
 from conftest import load_built
 from tracebuilder import TraceBuilder
 
-from kinetoscope.analyze import schema
-from kinetoscope.analyze.loader import load_trace
+from kinetoscope.analyze.model import schema
+from kinetoscope.analyze.ingest.loader import load_trace
 from kinetoscope.errors import TraceFormatError, TraceSourceError
 
 

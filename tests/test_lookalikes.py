@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import load_built
-from kinetoscope.analyze.report import build_report
+from kinetoscope.analyze.report.builder import build_report
 from tracebuilder import TraceBuilder
 
 
@@ -310,7 +310,7 @@ def test_the_hand_over_is_not_workers_falling_behind(tmp_path):
     CPU works through the hand-over, and sits idle while workers fall behind."""
     workers_trace(tmp_path, 2_500)
     steps_json(tmp_path, wall=[10_000_000] * 6, wait=[2_500_000] * 6, wait_cpu=[2_400_000] * 6, cpu=[9_900_000] * 6)
-    rep = build_report(__import__("kinetoscope.analyze.loader", fromlist=["load_trace"]).load_trace(tmp_path))
+    rep = build_report(__import__("kinetoscope.analyze.ingest.loader", fromlist=["load_trace"]).load_trace(tmp_path))
     (f,) = found(rep, "loader_stall")
     assert f.evidence["wait_kind"] == "handover" and f.evidence["wait_cpu_fraction"] == 0.96
     assert "more workers will not help" in f.recommendation and "raise num_workers" not in f.recommendation
@@ -319,7 +319,7 @@ def test_the_hand_over_is_not_workers_falling_behind(tmp_path):
 def test_workers_falling_behind_are_told_to_grow(tmp_path):
     workers_trace(tmp_path, 2_500)
     steps_json(tmp_path, wall=[10_000_000] * 6, wait=[2_500_000] * 6, wait_cpu=[100_000] * 6, cpu=[7_600_000] * 6)
-    rep = build_report(__import__("kinetoscope.analyze.loader", fromlist=["load_trace"]).load_trace(tmp_path))
+    rep = build_report(__import__("kinetoscope.analyze.ingest.loader", fromlist=["load_trace"]).load_trace(tmp_path))
     (f,) = found(rep, "loader_stall")
     assert f.evidence["wait_kind"] == "starved" and f.evidence["wait_cpu_fraction"] == 0.04
     assert "cannot keep up" in f.recommendation and "raise num_workers" in f.recommendation
@@ -341,7 +341,7 @@ def test_a_process_given_a_third_of_a_core_is_oversubscribed(tmp_path):  # noqa:
     busy_trace(tmp_path)
     steps_json(tmp_path, wall=[10_000_000] * 6, wait=[1_000_000] * 6, wait_cpu=[1_000_000] * 6,
                cpu=[3_700_000] * 6)
-    rep = build_report(__import__("kinetoscope.analyze.loader", fromlist=["load_trace"]).load_trace(tmp_path))
+    rep = build_report(__import__("kinetoscope.analyze.ingest.loader", fromlist=["load_trace"]).load_trace(tmp_path))
     assert rep.ranks[0]["host"]["cores_while_busy"] == pytest.approx(2.7 / 9, abs=1e-4)
     (f,) = found(rep, "host_oversubscribed")
     assert f.evidence["lost_us"] == 6 * 6_300 and f.estimate["saving_us_per_step"] == 6_300
@@ -352,7 +352,7 @@ def test_a_process_with_its_core_is_not_oversubscribed(tmp_path):
     busy_trace(tmp_path)
     steps_json(tmp_path, wall=[10_000_000] * 6, wait=[1_000_000] * 6, wait_cpu=[1_000_000] * 6,
                cpu=[8_900_000] * 6)
-    rep = build_report(__import__("kinetoscope.analyze.loader", fromlist=["load_trace"]).load_trace(tmp_path))
+    rep = build_report(__import__("kinetoscope.analyze.ingest.loader", fromlist=["load_trace"]).load_trace(tmp_path))
     assert rep.ranks[0]["host"]["cores_while_busy"] == pytest.approx(7.9 / 9, abs=1e-4)
     assert not found(rep, "host_oversubscribed")
 
@@ -361,7 +361,7 @@ def test_a_process_with_its_core_is_not_oversubscribed(tmp_path):
 def test_a_straggler_slowed_by_untraced_work_on_its_own_thread_is_worth_the_others_wait(tmp_path):
     """Was: a straggler whose cause is untraced work on its own training thread (a CPU gloo job) was sent 'outside
     the profiled threads' and worth 'no change' while the other rank waited 31.7 ms of 39 per step."""
-    from kinetoscope.analyze.loader import load_trace
+    from kinetoscope.analyze.ingest.loader import load_trace
 
     for rank in (0, 1):
         b = TraceBuilder(rank=rank, world_size=2)
@@ -532,7 +532,7 @@ def marked_trace(tmp_path, manifest_roles=None):
 
 def test_a_validation_loaders_waits_are_not_the_training_loops(tmp_path):
     """Was: a slow validation loader's waits became the training loop's critical 'waits 348.6 ms per step'."""
-    from kinetoscope.analyze.loader import load_trace
+    from kinetoscope.analyze.ingest.loader import load_trace
 
     rep = build_report(load_trace(marked_trace(tmp_path)))
     loader = rep.ranks[0]["loader"]
@@ -546,7 +546,7 @@ def test_a_validation_loaders_waits_are_not_the_training_loops(tmp_path):
 def test_the_manifests_final_role_wins_over_the_marks(tmp_path):
     """A loader whose role the capture settled only at the run's end (the marks said 'eval', the manifest 'train')
     is the training loader."""
-    from kinetoscope.analyze.loader import load_trace
+    from kinetoscope.analyze.ingest.loader import load_trace
 
     rep = build_report(load_trace(marked_trace(tmp_path, manifest_roles={0: "train", 1: "train"})))
     assert rep.ranks[0]["loader"]["time_us"] == 6 * 100 + 5 * 900
@@ -566,7 +566,7 @@ def test_validation_over_the_run_is_said_with_how_often_and_its_share(tmp_path):
     (tmp_path / "rank-0.steps.json").write_text(json.dumps({
         "rank": 0, "unit": "ns", "step_wall_ns": wall, "data_wait_ns": [100_000] * n, "profiled": [True] * n,
         "train_data_wait_ns": [100_000] * n, "eval_data_wait_ns": [0] * n, "validation_ns": validation}))
-    rep = build_report(__import__("kinetoscope.analyze.loader", fromlist=["load_trace"]).load_trace(tmp_path))
+    rep = build_report(__import__("kinetoscope.analyze.ingest.loader", fromlist=["load_trace"]).load_trace(tmp_path))
     (f,) = found(rep, "outlier_steps")
     v = f.evidence["run"]["validation"]
     # 3 x 1.35 s of the run's 3 s + 4.05 s
@@ -579,7 +579,7 @@ def test_validation_over_the_run_is_said_with_how_often_and_its_share(tmp_path):
 def test_a_ranks_wait_for_a_straggler_is_not_exposure_overlap_can_hide(tmp_path):
     """Was: the ranks waiting for a straggler at each all-reduce read its wait as exposed communication, critical.
     Rank 2 arrives 300 us late at each of 5 all-reduces of 1 ms: the others' 1.5 ms of waiting is left out."""
-    from kinetoscope.analyze.loader import load_trace
+    from kinetoscope.analyze.ingest.loader import load_trace
     from test_trust import straggler_job
 
     straggler_job(tmp_path / "job", slow=2, n=4)

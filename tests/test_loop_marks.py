@@ -182,7 +182,7 @@ def test_no_secret_of_the_command_line_reaches_a_file(auto):
 
 
 def test_the_analysis_reads_the_marks(auto):
-    from kinetoscope.analyze.loader import load_trace
+    from kinetoscope.analyze.ingest.loader import load_trace
 
     r = load_trace(auto).ranks[0]
     manifest, steps = sidecars(auto)
@@ -199,7 +199,7 @@ def test_the_analysis_reads_the_marks(auto):
 
 
 def test_both_decoders_read_the_same_marks(auto, monkeypatch):
-    from kinetoscope.analyze.loader import load_trace
+    from kinetoscope.analyze.ingest.loader import load_trace
 
     scanned = load_trace(auto).ranks[0].marks
     monkeypatch.setenv("KINETOSCOPE_DECODER", "reference")

@@ -11,8 +11,8 @@ import pytest
 from conftest import load_built
 from tracebuilder import TraceBuilder
 
-from kinetoscope.analyze.loader import load_trace
-from kinetoscope.analyze.report import build_report
+from kinetoscope.analyze.ingest.loader import load_trace
+from kinetoscope.analyze.report.builder import build_report
 
 ROOT = Path(__file__).resolve().parents[1]
 NCCL = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
@@ -108,14 +108,14 @@ def test_fail_on_gate():
 
 def test_hta_breakdowns_are_results_or_reasons_never_exceptions():
     pytest.importorskip("hta")
-    from kinetoscope.analyze.hta_adapter import hta_breakdowns, hta_comm_comp_overlap
+    from kinetoscope.analyze.crosscheck.hta import hta_breakdowns, hta_comm_comp_overlap
 
     files = sorted((ROOT / "sample_traces" / "real" / "hta_2rank").glob("*.json.gz"))
     results = hta_breakdowns(files)
     assert set(results) == {"temporal_breakdown", "kernel_breakdown", "comm_comp_overlap", "launch_stats", "queue_length"}
     overlap = hta_comm_comp_overlap(files)
-    from kinetoscope.analyze import intervals as iv
-    from kinetoscope.analyze.analyzers.comm import comm_compute_sets
+    from kinetoscope.analyze.model import intervals as iv
+    from kinetoscope.analyze.model.collectives import comm_compute_sets
 
     # the report does not judge these ranks' overlap (events were cut out of the files); the sets it is made of are
     # what HTA measures too: collective time hidden behind compute kernels, over all recorded collective time
@@ -135,7 +135,7 @@ def test_hta_breakdowns_are_results_or_reasons_never_exceptions():
 def test_a_long_process_group_is_named_short_and_alike_on_every_rank():
     """A 1,024-rank group's ranks list (~6 KB) was repeated in every collective of every rank's summary: 900 KB per
     rank in the batch store, 0.9 GB in the driver at the reduce. Now abbreviated, still unique per group."""
-    from kinetoscope.analyze.analyzers.comm import group_name
+    from kinetoscope.analyze.model.collectives import group_name
 
     ranks = "[" + ", ".join(str(r) for r in range(1024)) + "]"
     other = "[" + ", ".join(str(r) for r in range(1024) if r != 500) + ", 1024]"

@@ -6,7 +6,7 @@ import pytest
 from conftest import load_built
 from tracebuilder import TraceBuilder
 
-from kinetoscope.analyze.ops import kernel_table, op_table
+from kinetoscope.analyze.views.ops import kernel_table, op_table
 
 
 def test_self_time_is_the_op_less_its_direct_children(tmp_path):

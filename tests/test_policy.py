@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from kinetoscope.analyze.config import AnalysisConfig
-from kinetoscope.analyze.findings import NATURE, Finding
-from kinetoscope.analyze.policy import RunTime, judge, limit, worth
+from kinetoscope.analyze.model.config import AnalysisConfig
+from kinetoscope.analyze.model.findings import NATURE, Finding
+from kinetoscope.analyze.report.policy import RunTime, judge, limit, worth
 
 CONFIG = AnalysisConfig()
 #: a rank whose replayed mean step is 100 ms, 1,000 steps timed over 100 s, a 500 ms window

@@ -8,8 +8,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from kinetoscope.analyze.loader import find_jobs, load_job
-from kinetoscope.analyze.report import build_report
+from kinetoscope.analyze.ingest.loader import find_jobs, load_job
+from kinetoscope.analyze.report.builder import build_report
 from kinetoscope.errors import KinetoscopeError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -103,8 +103,8 @@ def test_production_gpu_analyzer_agrees_with_hta_on_htas_terms(path):
     rounding makes sub-microsecond events negative (that loss is subtracted). docs/hta.md has the table."""
     pytest.importorskip("hta")
     from kinetoscope.analyze.analyzers.gpu import analyze_gpu
-    from kinetoscope.analyze.config import DEFAULT_CONFIG
-    from kinetoscope.analyze.hta_adapter import (
+    from kinetoscope.analyze.model.config import DEFAULT_CONFIG
+    from kinetoscope.analyze.crosscheck.hta import (
         HtaUnavailable, hta_extra_busy_events, hta_extra_busy_us, hta_rounding_loss_us, hta_temporal_breakdown,
         hta_view)
 
@@ -139,7 +139,7 @@ def _reference_paths() -> list[Path]:
 def test_fast_loader_matches_the_plain_json_reference(path):
     from reference_loader import reference_events
 
-    from kinetoscope.analyze.loader import load_trace
+    from kinetoscope.analyze.ingest.loader import load_trace
 
     ev = load_trace(path).ranks[0].events
 

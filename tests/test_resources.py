@@ -29,8 +29,8 @@ def test_a_process_analysing_traces_one_after_another_stays_flat():
     """Was: module-level caches kept every analysed trace's views (RSS +47% over 30 traces of 35 MB)."""
     out = _python("""
         import gc, sys
-        from kinetoscope.analyze.loader import load_trace
-        from kinetoscope.analyze.report import build_report
+        from kinetoscope.analyze.ingest.loader import load_trace
+        from kinetoscope.analyze.report.builder import build_report
         def rss():
             for line in open("/proc/self/status"):
                 if line.startswith("VmRSS"):
@@ -52,8 +52,8 @@ def test_views_live_and_die_with_their_trace():
     import gc
     import weakref
 
-    from kinetoscope.analyze.loader import load_trace
-    from kinetoscope.analyze.report import build_report
+    from kinetoscope.analyze.ingest.loader import load_trace
+    from kinetoscope.analyze.report.builder import build_report
 
     trace = load_trace(SAMPLE)
     build_report(trace)
@@ -69,7 +69,7 @@ def test_no_process_wide_state_changes_while_loading_and_writing(tmp_path):
     out = _python("""
         import os, sys, threading
         from pathlib import Path
-        from kinetoscope.analyze.loader import load_trace
+        from kinetoscope.analyze.ingest.loader import load_trace
         from kinetoscope.fsutil import atomic_write
         seen = set()
         stop = threading.Event()
@@ -204,7 +204,7 @@ def _load_in_a_process(path) -> list:
     return json.loads(_python("""
         import json, sys, time
         from pathlib import Path
-        from kinetoscope.analyze.loader import load_trace
+        from kinetoscope.analyze.ingest.loader import load_trace
         from kinetoscope.errors import KinetoscopeError
         started = time.perf_counter()
         try:
@@ -236,8 +236,8 @@ def test_files_that_would_amplify_are_refused_in_bounded_time_and_memory(tmp_pat
 
 def test_the_reference_decoder_keeps_the_depth_limit(tmp_path, monkeypatch):
     """Was: through the reference decoder, 600-deep nesting was accepted at --max-depth 10."""
-    from kinetoscope.analyze.limits import LoadLimits
-    from kinetoscope.analyze.loader import load_trace
+    from kinetoscope.analyze.ingest.limits import LoadLimits
+    from kinetoscope.analyze.ingest.loader import load_trace
     from kinetoscope.errors import TraceFormatError
 
     path = tmp_path / "deep.json"
@@ -284,7 +284,7 @@ AZURE_KEY = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789abcde
     ("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", "TwL2iGABf9DHoTf", ""),
 ])
 def test_each_form_of_secret_is_redacted_and_the_rest_kept(text, secret, kept):
-    from kinetoscope.analyze.redact import REDACTED, redact_text
+    from kinetoscope.analyze.ingest.redact import REDACTED, redact_text
 
     out = redact_text(text)
     assert secret not in out and REDACTED in out and kept in out
@@ -297,7 +297,7 @@ def test_each_form_of_secret_is_redacted_and_the_rest_kept(text, secret, kept):
                                   "Token embedding", "Basic operations block", "google-auth==2.40.3",
                                   "requests>=2.31.0", "token ids"])
 def test_what_is_not_a_secret_is_left_alone(text):
-    from kinetoscope.analyze.redact import redact_text
+    from kinetoscope.analyze.ingest.redact import redact_text
 
     assert redact_text(text) == text
 
@@ -305,7 +305,7 @@ def test_what_is_not_a_secret_is_left_alone(text):
 def test_secrets_in_json_escapes_lists_and_argv_are_redacted(tmp_path):
     """Was: '\\u0068f_...' and 'postgresql:\\/\\/user:pw@...' leaked (hints looked at the raw bytes), as did
     ["--password", "x"] and {"password": ["x"]}."""
-    from kinetoscope.analyze.redact import redact, redact_json_bytes
+    from kinetoscope.analyze.ingest.redact import redact, redact_json_bytes
 
     doc = ('{"traceEvents": [{"ph": "X", "name": "a", "pid": 1, "tid": 1, "ts": 1, "dur": 1}], '
            '"argv": ["train.py", "--password", "AbCd3fGh1jKl", "--lr", "0.1"], "cfg": {"password": ["AbCd3fGh1jKl"]}, '
@@ -325,7 +325,7 @@ def test_the_redacted_gzip_is_the_redacted_trace_gzipped():
     """What the app hands out for a trace: gzip of exactly redact_json_bytes' text (built piece by piece)."""
     import gzip
 
-    from kinetoscope.analyze.redact import redact_json_bytes, redacted_gzip
+    from kinetoscope.analyze.ingest.redact import redact_json_bytes, redacted_gzip
 
     doc = ('{"traceEvents": [], "a": "hf_AbCdEfGhIjKlMnOpQrStUvWxYz012345", "b": "x", '
            '"c": "token=AbCd3fGh1jKl"}').encode()
@@ -475,8 +475,8 @@ def test_upload_folders_of_ended_sessions_are_deleted_by_the_janitor(tmp_path):
 def test_the_cache_counts_what_an_analysis_really_holds():
     """Was: only the base tables were counted; the trace's 20-odd derived views and gpu_events were not (40
     analyses accounted at 177 MiB grew RSS by 428 MiB)."""
-    from kinetoscope.analyze.loader import load_trace
-    from kinetoscope.analyze.report import build_report
+    from kinetoscope.analyze.ingest.loader import load_trace
+    from kinetoscope.analyze.report.builder import build_report
     from kinetoscope.app.data import Analysis, analysis_bytes
 
     trace = load_trace(SAMPLE)
@@ -518,8 +518,8 @@ def test_the_app_server_goes_when_its_launcher_gets_sighup(tmp_path):
 
 
 def test_the_analysis_cache_is_bounded_by_bytes():
-    from kinetoscope.analyze.loader import load_trace
-    from kinetoscope.analyze.report import build_report
+    from kinetoscope.analyze.ingest.loader import load_trace
+    from kinetoscope.analyze.report.builder import build_report
     from kinetoscope.app.data import Analysis, AnalysisCache, analysis_bytes
 
     trace = load_trace(SAMPLE)
@@ -565,7 +565,7 @@ def test_finishing_a_trace_streams_it_off_the_training_thread(tmp_path):
     assert result["handed_over_s"] < 0.05 and result["extra_mb"] < 48 and not result["raw_left"]
     import gzip
 
-    from kinetoscope.analyze.loader import load_trace
+    from kinetoscope.analyze.ingest.loader import load_trace
 
     doc = json.loads(gzip.decompress((tmp_path / "final.json.gz").read_bytes()))
     assert doc["distributedInfo"] == {"rank": 3, "world_size": 8} and doc["traceName"] == "bench"

@@ -14,12 +14,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kinetoscope.analyze import scan
-from kinetoscope.analyze.build import build_rank_trace
-from kinetoscope.analyze.limits import LoadLimits
-from kinetoscope.analyze.loader import is_trace_file, read_bytes
-from kinetoscope.analyze.parser import parse_bytes
-from kinetoscope.analyze.raw import from_parsed
+from kinetoscope.analyze.ingest import scan
+from kinetoscope.analyze.ingest.build import build_rank_trace
+from kinetoscope.analyze.ingest.limits import LoadLimits
+from kinetoscope.analyze.ingest.loader import is_trace_file, read_bytes
+from kinetoscope.analyze.ingest.parser import parse_bytes
+from kinetoscope.analyze.ingest.raw import from_parsed
 from kinetoscope.errors import TraceFormatError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -256,7 +256,7 @@ def test_one_malloc_arena_takes_on_glibc():
 
     if platform.libc_ver()[0] != "glibc":
         pytest.skip("mallopt is glibc's")
-    from kinetoscope.heap import one_malloc_arena
+    from kinetoscope.cli.process import one_malloc_arena
 
     assert one_malloc_arena() is True
 

@@ -9,8 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from kinetoscope.analyze.compare import RunSteps, gate, series_change
-from kinetoscope.analyze.steptime import detect_period, summarize, t_quantile
+from kinetoscope.analyze.report.compare import RunSteps, gate, series_change
+from kinetoscope.analyze.report.steptime import detect_period, summarize, t_quantile
 
 
 def steps(wall_us) -> RunSteps:

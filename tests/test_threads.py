@@ -12,10 +12,10 @@ import pytest
 from tracebuilder import TraceBuilder
 
 from kinetoscope.analyze import registry as registry_module
-from kinetoscope.analyze import report as report_module
-from kinetoscope.analyze.loader import load_trace
-from kinetoscope.analyze.report import build_report
-from kinetoscope.analyze.trace import trace_view
+from kinetoscope.analyze.report import builder as report_module
+from kinetoscope.analyze.ingest.loader import load_trace
+from kinetoscope.analyze.report.builder import build_report
+from kinetoscope.analyze.model.trace import trace_view
 from kinetoscope.render.json import report_to_json
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -186,7 +186,7 @@ def test_a_job_analysed_without_views_holds_two_ranks_views_at_a_time(tmp_path, 
 def test_a_failure_after_a_ranks_estimates_keeps_its_findings_and_is_reported(tmp_path, monkeypatch):
     """Past the estimates (each caught on its own), a bug in a rank's last work (here dropping its views) loses
     nothing: the rank's findings are listed, unestimated, and the failure is reported as the what-if's."""
-    from kinetoscope.analyze.trace import RankTrace
+    from kinetoscope.analyze.model.trace import RankTrace
 
     job = _straggling_job(tmp_path / "job")
     kept = build_report(load_trace(job), threads=1)

@@ -7,8 +7,8 @@ import pytest
 from conftest import load_built
 from tracebuilder import MAIN_TID, TraceBuilder
 
-from kinetoscope.analyze.loader import load_trace
-from kinetoscope.analyze.report import build_report, fraction_violations
+from kinetoscope.analyze.ingest.loader import load_trace
+from kinetoscope.analyze.report.builder import build_report, fraction_violations
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -443,15 +443,15 @@ def test_fractions_out_of_range_are_reported_not_clamped():
 
 def test_frac_never_clamps():
     """A fraction outside [0, 1] is a bug to see, not to hide (the old frac clamped every one)."""
-    from kinetoscope.analyze.units import frac
+    from kinetoscope.analyze.model.units import frac
 
     assert frac(3, 2) == 1.5 and frac(-1, 4) == -0.25 and frac(1, 0) is None and frac(None, 4) is None
 
 
 def test_an_analyzer_reporting_a_fraction_out_of_range_is_listed_in_the_report(tmp_path, monkeypatch):
-    from kinetoscope.analyze import report as report_module
+    from kinetoscope.analyze.report import builder as report_module
     from kinetoscope.analyze.registry import AnalysisResult, Analyzer, analyzers
-    from kinetoscope.analyze.units import frac
+    from kinetoscope.analyze.model.units import frac
 
     def broken(trace, config):
         return AnalysisResult(key="broken", metrics={"broken": {"fraction": frac(150, 100), "fraction_of": "window"}})

@@ -11,8 +11,8 @@ import pytest
 from conftest import load_built
 from tracebuilder import TraceBuilder
 
-from kinetoscope.analyze.ops import allocations_by_op, op_shapes
-from kinetoscope.analyze.views import host_depth, step_range_ms, timeline_view
+from kinetoscope.analyze.views.ops import allocations_by_op, op_shapes
+from kinetoscope.analyze.views.spans import host_depth, step_range_ms, timeline_view
 
 
 def nested_trace() -> TraceBuilder:
@@ -69,7 +69,7 @@ def test_allocations_are_charged_to_the_innermost_op_and_frees_to_the_allocation
     no op; addmm's 4 MiB block B freed inside relu (charged to addmm, which made it: was charged to relu, whose
     "net" went negative while addmm's stayed at 6 MiB, more than it holds); a 3 MiB block Z the window never saw
     allocated freed at 850. Per device the held column adds up to the change of allocated memory: 1 MiB."""
-    from kinetoscope.analyze.ops import EARLIER, allocation_events
+    from kinetoscope.analyze.views.ops import EARLIER, allocation_events
 
     b = TraceBuilder().step(0, 0, 1000)
     b.op("aten::linear", 100, 400).op("aten::addmm", 150, 100).op("aten::relu", 600, 100)
@@ -100,7 +100,7 @@ def test_ops_by_input_shapes_read_from_the_file(tmp_path):
     b.op("aten::mm", 100, 10, **{"Input Dims": [[64, 128], [128, 32]]}).op("aten::mm", 200, 30, **{"Input Dims": [[64, 128], [128, 32]]})
     b.op("aten::mm", 300, 50, **{"Input Dims": [[8, 8], [8, 8]]}).op("aten::relu", 400, 5)
     path = b.write(tmp_path / "t.json")
-    from kinetoscope.analyze.loader import load_trace
+    from kinetoscope.analyze.ingest.loader import load_trace
 
     t = op_shapes(path.read_bytes(), load_trace(path).ranks[0])
     rows = {(r.name, r.input_shapes): (r.calls, round(r.total_ms, 6)) for r in t.itertuples()}
@@ -113,7 +113,7 @@ def test_memory_timeline_keeps_each_bins_dip_and_cpu_has_no_reserved_figure(tmp_
     """Was: each bin kept only its maximum (the V100 sample's timeline never went under 98 MiB while the per-step
     chart sat at 0), and the CPU allocator's "Total Reserved" 0 made a fragmentation of -24.3 MiB."""
     from kinetoscope.analyze.analyzers.memory import TIMELINE_POINTS
-    from kinetoscope.analyze.report import build_report
+    from kinetoscope.analyze.report.builder import build_report
 
     b = TraceBuilder().step(0, 0, 10 * TIMELINE_POINTS)
     for i in range(2 * TIMELINE_POINTS):  # allocated alternates 100 MiB, 0: every bin of two holds a peak and a dip
@@ -175,7 +175,7 @@ def test_a_merged_block_is_drawn_with_the_share_of_it_its_spans_cover(tmp_path):
 def test_a_block_of_overlapping_spans_counts_their_union_once(tmp_path):
     """Two 4 us ops overlapping by 2 us on one row (deeper than MAX_DEPTH nesting shares a row) in one 10 us pixel:
     6 us busy, not 8."""
-    from kinetoscope.analyze.views import _union_in_groups
+    from kinetoscope.analyze.views.spans import _union_in_groups
     import pandas as pd
 
     frame = pd.DataFrame({"row": ["a", "a", "a", "b"], "kind": ["k"] * 4, "bin": [0, 0, 0, 0],
@@ -187,9 +187,9 @@ def test_the_distributed_view_does_not_call_unknown_gpu_time_idle(tmp_path):
     """Two ranks, a gemm and an all-reduce per 2 ms step. Rank 1 also replays a CUDA graph whose kernels were not
     recorded (400 us before its next kernel): its GPU idle is not judged on the Overview, and the Distributed view
     leaves its 'neither' part blank instead of charting it as idle (was: charted as GPU idle)."""
-    from kinetoscope.analyze.distview import distributed_view
-    from kinetoscope.analyze.loader import load_trace
-    from kinetoscope.analyze.report import build_report
+    from kinetoscope.analyze.views.distributed import distributed_view
+    from kinetoscope.analyze.ingest.loader import load_trace
+    from kinetoscope.analyze.report.builder import build_report
 
     nccl = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
     for r in range(2):
@@ -212,7 +212,7 @@ def test_the_distributed_view_does_not_call_unknown_gpu_time_idle(tmp_path):
 def test_findings_whose_savings_overlap_are_grouped():
     """Four fixes saving 10, 10, 3 and 5 ms: A and B are one cause (together 10), C and D add up (together 8), A and
     D add up, B and C overlap (together 11 of 13): groups {A, B, C}, D alone (not a group)."""
-    from kinetoscope.analyze.savings import overlapping_groups
+    from kinetoscope.analyze.report.savings import overlapping_groups
 
     together = {(0, 1): 10.0, (0, 2): 13.0, (0, 3): 15.0, (1, 2): 11.0, (1, 3): 15.0, (2, 3): 8.0}
     assert overlapping_groups([10.0, 10.0, 3.0, 5.0], lambda pair: together[pair]) == [(0, 1, 2)]
@@ -225,9 +225,9 @@ def test_the_loader_stall_and_the_gpu_idle_it_causes_share_one_saving():
     (gpu_idle's causes), so gpu_idle's fix is the loader's: both findings are one group, worth the loader fix once."""
     from pathlib import Path
 
-    from kinetoscope.analyze.loader import load_trace
-    from kinetoscope.analyze.report import build_report
-    from kinetoscope.analyze.savings import shared_savings
+    from kinetoscope.analyze.ingest.loader import load_trace
+    from kinetoscope.analyze.report.builder import build_report
+    from kinetoscope.analyze.report.savings import shared_savings
 
     trace = load_trace(Path(__file__).resolve().parents[1] / "sample_traces" / "real" / "v100_resnet50_2021.json.gz")
     report = build_report(trace)
@@ -252,7 +252,7 @@ def module_trace() -> TraceBuilder:
 
 
 def test_device_time_per_operator_through_correlation_ids(tmp_path):
-    from kinetoscope.analyze.ops import op_device_time
+    from kinetoscope.analyze.views.ops import op_device_time
 
     t = op_device_time(load_built(tmp_path, module_trace()).ranks[0]).set_index("name")
     assert t.loc["aten::addmm"].tolist() == [0.3, 0.3]  # self, total: its two GEMMs
@@ -261,7 +261,7 @@ def test_device_time_per_operator_through_correlation_ids(tmp_path):
 
 
 def test_the_module_hierarchy_with_host_and_device_time(tmp_path):
-    from kinetoscope.analyze.ops import module_tree, op_call_stacks, op_modules
+    from kinetoscope.analyze.views.ops import module_tree, op_call_stacks, op_modules
 
     r = load_built(tmp_path, module_trace()).ranks[0]
     m = module_tree(r)
@@ -287,7 +287,7 @@ def _steps_trace(tmp_path, name: str, step_us: float, steps: int = 12):
 def test_the_run_level_step_change_gives_no_verdict_inside_the_noise(tmp_path, after_us, verdict):
     """Twelve 1 ms steps against twelve of 1.00, 1.01, 1.1 and 0.9 ms: the 1% change is inside what reruns of one job
     differ by (2%): no verdict; 10% either way is one."""
-    from kinetoscope.analyze.compareview import run_change
+    from kinetoscope.analyze.views.compare import run_change
 
     got = run_change(_steps_trace(tmp_path, "a.json", 1000), _steps_trace(tmp_path, "b.json", after_us))
     assert got["verdict"] == verdict and got["change"] == pytest.approx(after_us / 1000 - 1)
@@ -300,8 +300,8 @@ def test_findings_are_matched_by_id_and_the_ranks_they_were_found_on():
     because the set is the same; the sync point is gone."""
     from types import SimpleNamespace
 
-    from kinetoscope.analyze.compareview import finding_sets
-    from kinetoscope.analyze.findings import Finding
+    from kinetoscope.analyze.views.compare import finding_sets
+    from kinetoscope.analyze.model.findings import Finding
 
     def f(fid, rank):
         return Finding(id=fid, severity="warning", rank=rank, title=f"{fid} title", evidence={}, recommendation="")
@@ -320,7 +320,7 @@ def test_findings_are_matched_by_id_and_the_ranks_they_were_found_on():
 
 def test_kernel_and_operator_diffs_per_step(tmp_path):
     """Before: a 300 us gemm per 1 ms step; after: a 200 us gemm and a new 50 us relu kernel: -0.1 and +0.05 ms."""
-    from kinetoscope.analyze.compareview import name_diffs
+    from kinetoscope.analyze.views.compare import name_diffs
 
     def run(name, gemm_us, relu_us):
         b = TraceBuilder()

@@ -14,9 +14,9 @@ from conftest import SAMPLES, load_built
 from tracebuilder import TraceBuilder
 
 from kinetoscope.analyze import whatif
-from kinetoscope.analyze.findings import Finding
-from kinetoscope.analyze.loader import load_trace
-from kinetoscope.analyze.report import build_report
+from kinetoscope.analyze.model.findings import Finding
+from kinetoscope.analyze.ingest.loader import load_trace
+from kinetoscope.analyze.report.builder import build_report
 
 A100 = [{"id": 0, "name": "NVIDIA A100-SXM4-80GB"}]
 

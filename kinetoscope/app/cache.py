@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kinetoscope.analyze.loader import Job
+from kinetoscope.analyze.ingest.loader import Job
 from kinetoscope.app import data
 from kinetoscope.app.ui import md, st
 from kinetoscope.errors import KinetoscopeError

@@ -18,13 +18,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kinetoscope.fsutil import pid_alive
-from kinetoscope.analyze.limits import LoadLimits, parse_size
-from kinetoscope.analyze.loader import Job, find_jobs, load_job_tolerant
-from kinetoscope.analyze.report import Report, build_report
-from kinetoscope.analyze.trace import Trace, ViewLocks
+from kinetoscope.analyze.ingest.limits import LoadLimits, parse_size
+from kinetoscope.analyze.ingest.loader import Job, find_jobs
+from kinetoscope.analyze.model.trace import Trace, ViewLocks
+from kinetoscope.analyze.report.builder import Report
+from kinetoscope.analyze.report.job import analyse_job
 from kinetoscope.app.launch import MAX_UPLOAD_MB, bundled_samples
 from kinetoscope.errors import KinetoscopeError
+from kinetoscope.fsutil import pid_alive
 
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -197,18 +198,22 @@ def app_limits() -> LoadLimits:
 def analyse(label: str, job: Job, upload: Path | None = None) -> Analysis:
     """Load every rank that can be loaded and analyse them; broken files are reported, not fatal.
     ``upload``: the folder uploaded files were saved in, kept out of every message, page and report."""
+    files: tuple[tuple[int, str], ...] = ()
+
+    def relabel(trace: Trace) -> Trace:
+        nonlocal files
+        files = tuple((r.rank, Path(r.meta.source).name) for r in trace.ranks)
+        return _named_by_file(trace, label) if upload is not None else trace
+
     try:
-        trace, failed = load_job_tolerant(job, app_limits())
+        analysed = analyse_job(job, limits=app_limits(), tolerant=True, relabel=relabel)
     except KinetoscopeError as exc:
         raise KinetoscopeError(without_folder(str(exc), upload)) from None
-    if trace is None:
-        reasons = "; ".join(without_folder(reason, upload) for _, reason in failed)
+    if analysed.trace is None or analysed.report is None:
+        reasons = "; ".join(without_folder(reason, upload) for _, reason in analysed.failed)
         raise KinetoscopeError(f"no file could be analysed: {reasons}")
-    files = tuple((r.rank, Path(r.meta.source).name) for r in trace.ranks)
-    if upload is not None:
-        trace = _named_by_file(trace, label)
-    return Analysis(label, build_report(trace), trace, tuple((p.name, without_folder(r, upload)) for p, r in failed),
-                    files)
+    return Analysis(label, analysed.report, analysed.trace,
+                    tuple((p.name, without_folder(r, upload)) for p, r in analysed.failed), files)
 
 
 def _named_by_file(trace: Trace, label: str) -> Trace:

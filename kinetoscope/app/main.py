@@ -10,13 +10,26 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from kinetoscope.analyze.loader import Job
+from kinetoscope.analyze.ingest.loader import Job
 from kinetoscope.app import data, state
 from kinetoscope.app.cache import analyse, store_choices, try_analyse, watch_upload
 from kinetoscope.app.launch import PATHS_ENV
 from kinetoscope.app.screens import (
-    compare, copies, distributed, export, fleet, memory, metadata, modules, operators, overview, ranks, steps, streams,
-    telemetry, timeline,
+    compare,
+    copies,
+    distributed,
+    export,
+    fleet,
+    memory,
+    metadata,
+    modules,
+    operators,
+    overview,
+    ranks,
+    steps,
+    streams,
+    telemetry,
+    timeline,
 )
 from kinetoscope.app.ui import md, page_style, st
 from kinetoscope.batch.store import is_store

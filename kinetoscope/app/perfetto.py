@@ -17,8 +17,8 @@ import html
 import json
 import os
 
-from kinetoscope.analyze.loader import read_bytes
-from kinetoscope.analyze.redact import redacted_gzip
+from kinetoscope.analyze.ingest.loader import read_bytes
+from kinetoscope.analyze.ingest.redact import redacted_gzip
 from kinetoscope.app import state
 from kinetoscope.app.data import Analysis, app_limits, content_key, job_file
 from kinetoscope.app.ui import components_html, download, md, plain, st

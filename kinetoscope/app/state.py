@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from kinetoscope.analyze.registry import AnalysisResult
+from kinetoscope.analyze.model.analysis import AnalysisResult
 from kinetoscope.app.data import Analysis
-from kinetoscope.app.ui import md, st
+from kinetoscope.app.ui import st
 from kinetoscope.render.format import mib, ms, pct  # noqa: F401  (re-exported for the screens)
 
 CURRENT = "analysis"
@@ -51,6 +51,6 @@ def quote(path: str) -> str:
 
 def window_start_ns(analysis: Analysis, entry: dict[str, Any]) -> int:
     """The rank's window start on the trace clock, exact (tables show times from it)."""
-    from kinetoscope.analyze.timeline import window
+    from kinetoscope.analyze.model.timeline import window
 
     return window(analysis.trace.rank(entry["rank"])).start_ns

@@ -17,13 +17,14 @@ import functools
 import inspect
 import re
 import string
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import streamlit as _st
 
-from kinetoscope.analyze.redact import redact, redact_json_bytes, redact_strings
+from kinetoscope.analyze.ingest.redact import redact, redact_json_bytes, redact_strings
 
 #: CommonMark/GFM characters that make markup anywhere in a line: escapes, code, emphasis, strikethrough, links and
 #: images, HTML and autolinks, entities, math (Streamlit renders $...$)
@@ -37,7 +38,7 @@ _SHORTCODE = re.compile(r":(?=[\w+/-]+:)")
 _SPACE = re.compile(r"\s+")
 #: a word longer than this (no space to wrap at) is shortened in prose; tables keep every character
 LONG_WORD = 300
-_LONG = re.compile(r"\S{%d,}" % (LONG_WORD + 1))
+_LONG = re.compile(rf"\S{{{LONG_WORD + 1},}}")
 KEEP = 200
 
 
@@ -107,7 +108,7 @@ def redact_frame(frame: pd.DataFrame) -> pd.DataFrame:
                     out = frame.copy()
                 out[col] = cleaned
     names = [c for c in out.columns if isinstance(c, str)]
-    fixed = dict(zip(names, redact_strings(names)))
+    fixed = dict(zip(names, redact_strings(names), strict=False))
     if any(fixed[c] != c for c in names):
         out = out.rename(columns=fixed)
     if out.index.dtype == object:
@@ -124,12 +125,12 @@ def _redact_series(values: pd.Series) -> pd.Series:
         cleaned = redact_strings(cats)
         if cleaned == cats:
             return values
-        return values.astype(object).map(dict(zip(values.cat.categories, cleaned)))
+        return values.astype(object).map(dict(zip(values.cat.categories, cleaned, strict=False)))
     strings = pd.unique(values[values.map(lambda v: isinstance(v, str))])
     if not len(strings):
         return values
     cleaned = redact_strings(strings)
-    changed = {a: b for a, b in zip(strings, cleaned) if a != b}
+    changed = {a: b for a, b in zip(strings, cleaned, strict=False) if a != b}
     if not changed:
         return values
     return pd.Series([changed.get(v, v) if isinstance(v, str) else v for v in values], index=values.index,
@@ -301,7 +302,7 @@ def _markdown_arg(value: Any) -> Any:
     return text(value)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _signature(fn: Callable[..., Any]) -> inspect.Signature:
     return inspect.signature(fn)
 
@@ -364,7 +365,7 @@ class _Door:
 
         return call
 
-    def __enter__(self) -> "_Door":
+    def __enter__(self) -> _Door:
         object.__getattribute__(self, "_target").__enter__()
         return self
 

@@ -40,7 +40,7 @@ def add_batch_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore
 def run_batch_command(args: argparse.Namespace) -> int:
     require("dask", "kinetoscope batch", "cluster")
     require("pyarrow", "kinetoscope batch", "cluster")
-    from kinetoscope.analyze.limits import LoadLimits, parse_size
+    from kinetoscope.analyze.ingest.limits import LoadLimits, parse_size
     from kinetoscope.batch.discover import discover
     from kinetoscope.batch.run import print_progress_factory, run_batch
 

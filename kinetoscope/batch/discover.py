@@ -6,7 +6,7 @@ import os
 import re
 from pathlib import Path
 
-from kinetoscope.analyze.loader import Job, is_trace_file
+from kinetoscope.analyze.ingest.loader import Job, is_trace_file
 from kinetoscope.errors import TraceSourceError
 
 _RANK = re.compile(r"rank[-_]?\d+", re.IGNORECASE)

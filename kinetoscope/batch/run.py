@@ -8,16 +8,17 @@ import os
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from kinetoscope.analyze.analyzers.straggler import job_analysis
-from kinetoscope.analyze.distributed import RankSummary
-from kinetoscope.analyze.config import DEFAULT_CONFIG, AnalysisConfig
-from kinetoscope.analyze.limits import DEFAULT_LIMITS, LoadLimits
-from kinetoscope.analyze.loader import Job
-from kinetoscope.analyze.whatif import straggler_saving_us
+from kinetoscope.analyze.ingest.limits import DEFAULT_LIMITS, LoadLimits
+from kinetoscope.analyze.ingest.loader import Job
+from kinetoscope.analyze.model.config import DEFAULT_CONFIG, AnalysisConfig
+from kinetoscope.analyze.model.distributed import RankSummary
+from kinetoscope.analyze.registry import analyzer
+from kinetoscope.analyze.whatif.fixes import straggler_saving_us
 from kinetoscope.batch.discover import discover
 from kinetoscope.batch.store import open_store, read_rows, write_rows
 from kinetoscope.batch.task import analyze_file, file_key
@@ -148,7 +149,8 @@ def _cross_rank(root: Path, jobs: list[Job], rows_by_job: dict[str, list[dict[st
         if sum(1 for s in summaries if s.op) < 2:
             continue
         reduce_started = time.perf_counter()
-        metrics, _, finding = job_analysis(summaries, config)
+        # the job-level analysis' reduce, through the registry, over the summaries the workers stored
+        metrics, _, finding = analyzer("collectives").reduce(summaries, config)  # type: ignore[misc]  # it has one
         reduce_s = time.perf_counter() - reduce_started
         path_of = {int(r["rank"]): r["path"] for r in rows}
         findings = [] if finding is None else [{

@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Any
 
 from kinetoscope import __version__
-from kinetoscope.analyze.analyzers.straggler import rank_summary
-from kinetoscope.analyze.limits import DEFAULT_LIMITS, LoadLimits
-from kinetoscope.analyze.loader import load_rank
-from kinetoscope.analyze.report import build_report, entry_value
-from kinetoscope.analyze.trace import Trace
+from kinetoscope.analyze.ingest.jobs import Job
+from kinetoscope.analyze.ingest.limits import DEFAULT_LIMITS, LoadLimits
+from kinetoscope.analyze.registry import analyzer
+from kinetoscope.analyze.report.builder import entry_value
+from kinetoscope.analyze.report.job import analyse_job
 from kinetoscope.batch.store import read_rows, write_rows
 from kinetoscope.errors import KinetoscopeError
 
@@ -63,10 +63,12 @@ def analyze_file(path: str, job: str, index: int, store: str, resume: bool = Fal
     base.update(key=key, content_sha256=sha)
     try:
         # streamed: a worker holds the trace's columns, never its JSON text
-        rank = load_rank(Path(path), default_rank=index, limits=limits)
+        # one file of the job: its rank, where the file does not name it, is its place among the job's files
+        analysed = analyse_job(Job(job, (Path(path),)), limits=limits, first_rank=index,
+                               threads=1)  # the workers are the parallelism
+        assert analysed.trace is not None and analysed.report is not None  # not tolerant: a bad file raised
+        rank, report = analysed.trace.ranks[0], analysed.report
         base["size_bytes"] = rank.meta.bytes_read
-        parsed = time.perf_counter()
-        report = build_report(Trace(source=job, ranks=(rank,)), threads=1)  # the workers are the parallelism
     except KinetoscopeError as exc:
         row = {**base, "status": "failed", "error": str(exc), "parse_s": time.perf_counter() - started}
         write_rows(root, "traces", key, [row])
@@ -78,15 +80,16 @@ def analyze_file(path: str, job: str, index: int, store: str, resume: bool = Fal
         return row
     entry = report.ranks[0]
     severities = [f.severity for f in report.findings]
-    summary = rank_summary(rank)
+    # the job-level analysis' map step, through the registry as the report runs it
+    summary = analyzer("collectives").per_rank(rank)  # type: ignore[misc]  # collectives has a per_rank view
     row = {
         **base,
         "rank": rank.rank,
         "status": "ok" if not report.failures else "failed",
         "error": "; ".join(f"{f.analyzer}: {f.error}" for f in report.failures) or None,
         "events": entry["events"],
-        "parse_s": parsed - started,
-        "analyze_s": time.perf_counter() - parsed,
+        "parse_s": analysed.load_seconds,
+        "analyze_s": analysed.analyse_seconds,
         "window_us": entry["window_us"],
         "steps": entry_value(entry, "steps", "count"),
         "mean_step_us": entry_value(entry, "steps", "mean_us"),
@@ -109,9 +112,9 @@ def analyze_file(path: str, job: str, index: int, store: str, resume: bool = Fal
     findings = [
         {"key": key, "job": job, "path": path, "rank": f.rank, "id": f.id, "severity": f.severity, "title": f.title,
          "impact_us": f.impact_us, "evidence_json": json.dumps(f.evidence, default=str),
-         "saving_us_per_step": (f.estimate or {}).get("saving_us_per_step"),
-         "step_us_after": (f.estimate or {}).get("step_us_after"),
-         "estimate_json": json.dumps(f.estimate, default=str) if f.estimate else None}
+         "saving_us_per_step": f.estimate.get("saving_us_per_step") if f.estimate is not None else None,
+         "step_us_after": f.estimate.get("step_us_after") if f.estimate is not None else None,
+         "estimate_json": json.dumps(dict(f.estimate), default=str) if f.estimate else None}
         for f in report.findings
     ]
     loader_steps = report.results[rank.rank]["loader"].tables["loader_per_step"] if "loader" in report.results[rank.rank] else None
@@ -123,7 +126,7 @@ def analyze_file(path: str, job: str, index: int, store: str, resume: bool = Fal
         for s in rank.steps.itertuples()
     ]
     if loader_steps is not None and len(loader_steps):
-        by_step = dict(zip(loader_steps["step"].astype(int), loader_steps["loader_us"]))
+        by_step = dict(zip(loader_steps["step"].astype(int), loader_steps["loader_us"], strict=False))
         for s in steps:
             s["loader_us"] = by_step.get(s["step"])
     # findings and steps first, the trace row last: a row in traces/ means the file is complete

@@ -23,15 +23,20 @@ import sys
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from kinetoscope.capture._safety import warn_once
 
-if TYPE_CHECKING:
-    from kinetoscope.capture.loop import LoopRecorder
-
 #: the kinds of loop event, in the manifest's order
 KINDS = ("data_wait", "validation", "backward", "optimizer_step", "compile", "checkpoint")
+
+
+class LoopRecorder(Protocol):
+    """What the hooks need of a recorder (``kinetoscope.capture.loop.LoopRecorder``): the list each event is
+    appended to, worked out by the recorder once per step."""
+
+    pending: list[Any]
 
 
 class LoopListener(Protocol):

@@ -29,8 +29,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from kinetoscope.capture._safety import warn_once
 from kinetoscope.capture import hooks
+from kinetoscope.capture._safety import warn_once
 from kinetoscope.capture.hooks import KINDS, LoopListener
 
 #: version of the marks contract written into the manifest's ``loop`` object
@@ -352,7 +352,7 @@ class LoopRecorder:
             total = [0] * n
             for lid, values in self._waits.items():
                 if roles.get(lid) == role:
-                    total = [a + b for a, b in zip(total, values)]
+                    total = [a + b for a, b in zip(total, values, strict=False)]
             return total
 
         def row(kind: str, name: str) -> list[int] | None:

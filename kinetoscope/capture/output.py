@@ -3,20 +3,18 @@
 The artifact is a contract with ``kinetoscope.analyze``: per rank,
 ``rank-<r>.step-<a>-<b>.pt.trace.json.gz`` (Kineto JSON, gzip, with the loop's marks spliced in) and
 ``rank-<r>.manifest.json``; always-on step timings in ``rank-<r>.steps.json``. Sidecars pass through the
-project's redaction (``kinetoscope.analyze.redact``: numpy and the standard library) before they are written:
+project's redaction (``kinetoscope.analyze.ingest.redact``: numpy and the standard library) before they are written:
 a secret on the command line never reaches the disk.
 """
 
 from __future__ import annotations
 
 import gzip
-import json
 import logging
 import os
 import platform
 import queue
 import re
-import socket
 import sys
 import threading
 import time
@@ -26,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from kinetoscope.fsutil import atomic_target, atomic_write, pid_alive
+from kinetoscope.manifest import Manifest, StepTimes, manifest_name, step_times_name
 
 if TYPE_CHECKING:
     from kinetoscope.capture.loop import WindowMarks
@@ -33,7 +32,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("kinetoscope.capture")
 
 #: 2: the ``loop`` object (loop marks, contract version ``loop.marks``)
-MANIFEST_VERSION = 2
 
 
 def trace_name(rank: int, first_step: int, last_step: int) -> str:
@@ -297,7 +295,7 @@ def warm_redaction() -> None:
     ``redact.load_detectors``). Not on a thread of its own: its imports must be over before the script can end."""
     if "detect_secrets.core.scan" in sys.modules:
         return
-    from kinetoscope.analyze.redact import load_detectors
+    from kinetoscope.analyze.ingest.redact import load_detectors
 
     load_detectors()
 
@@ -305,27 +303,18 @@ def warm_redaction() -> None:
 def redacted(data: bytes) -> bytes:
     """JSON text with every secret in its strings redacted, as ``kinetoscope redact`` does to traces (the command
     line's ``--api-key sk-...``, ``HF_TOKEN=...``, credentials in URLs)."""
-    from kinetoscope.analyze.redact import redact_json_bytes  # numpy and the standard library; only when writing
+    from kinetoscope.analyze.ingest.redact import redact_json_bytes  # numpy and the standard library; only when writing
 
     return redact_json_bytes(data)[0]
 
 
-def write_manifest(out_dir: Path, rank: int, payload: dict[str, Any]) -> Path:
-    doc = {
-        "manifest_version": MANIFEST_VERSION,
-        "rank": rank,
-        "host": socket.gethostname(),
-        "pid": os.getpid(),
-        "argv": list(sys.argv),
-        "versions": versions(),
-        **payload,
-    }
-    path = out_dir / f"rank-{rank}.manifest.json"
-    atomic_write(path, redacted(json.dumps(doc, indent=2, default=str).encode()))
+def write_manifest(out_dir: Path, manifest: Manifest) -> Path:
+    path = out_dir / manifest_name(manifest.rank)
+    atomic_write(path, redacted(manifest.to_json()))
     return path
 
 
-def write_step_times(out_dir: Path, rank: int, payload: dict[str, Any]) -> Path:
-    path = out_dir / f"rank-{rank}.steps.json"
-    atomic_write(path, redacted(msgspec.json.encode(payload)))
+def write_step_times(out_dir: Path, rank: int, times: StepTimes) -> Path:
+    path = out_dir / step_times_name(rank)
+    atomic_write(path, redacted(times.to_json()))
     return path

@@ -26,9 +26,10 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator, TypeVar
+from typing import Any, TypeVar
 
 from kinetoscope.capture._safety import log, never_raises, warn_once
 from kinetoscope.capture.cores import effective_cores
@@ -40,11 +41,13 @@ from kinetoscope.capture.output import (
     base_time_ns,
     tidy_output_dir,
     trace_name,
+    versions,
     warm_redaction,
     write_manifest,
     write_step_times,
 )
 from kinetoscope.capture.telemetry import TelemetrySampler
+from kinetoscope.manifest import Manifest, StepTimes, Window, step_times_name
 
 T = TypeVar("T")
 
@@ -150,11 +153,11 @@ class Profiler:
         self._discarding = False
         self._ended_by: str | None = None
         #: each written window: its trace, steps, and whether the process's end cut it short
-        self.windows: list[dict[str, Any]] = []
+        self.windows: list[Window] = []
         self.writer = TraceWriter()
 
     # --- lifecycle -----------------------------------------------------------------
-    def __enter__(self) -> "Profiler":
+    def __enter__(self) -> Profiler:
         self.start()
         return self
 
@@ -421,8 +424,8 @@ class Profiler:
             self.writer.submit(raw, final, extra_events=counters, distributed_info=dist, marks=marks)
             self.traces.append(final)
             # a window the process's end cut short: its last step (the one open at the end) is partial
-            self.windows.append({"trace": final.name, "first_step": first, "last_step": last,
-                                 "cut_short": self._exiting, "ended_by": self._ended_by if self._exiting else None})
+            self.windows.append(Window(trace=final.name, first_step=first, last_step=last, cut_short=self._exiting,
+                                       ended_by=self._ended_by if self._exiting else None))
         except Exception as exc:  # noqa: BLE001 - a full disk must not stop training
             warn_once("trace export", f"could not write a trace ({type(exc).__name__}: {exc}); training continues")
 
@@ -452,35 +455,39 @@ class Profiler:
     def _write_sidecars(self) -> None:
         r = self.rank.rank
         steps = len(self._step_wall_ns)
-        write_step_times(self.out_dir, r, {
-            "rank": r,
-            "unit": "ns",
-            "step_wall_ns": self._step_wall_ns,
-            "data_wait_ns": self._step_wait_ns,
-            "step_cpu_ns": self._step_cpu_ns,
-            "data_wait_cpu_ns": self._step_wait_cpu_ns,
-            "workers_cpu_ns": self._step_workers_cpu_ns,
-            "profiled": [self.schedule.is_active(i) for i in range(steps)],
+        write_step_times(self.out_dir, r, StepTimes(
+            rank=r,
+            unit="ns",
+            step_wall_ns=self._step_wall_ns,
+            data_wait_ns=self._step_wait_ns,
+            step_cpu_ns=self._step_cpu_ns,
+            data_wait_cpu_ns=self._step_wait_cpu_ns,
+            workers_cpu_ns=self._step_workers_cpu_ns,
+            profiled=[self.schedule.is_active(i) for i in range(steps)],
             **self._loop_lists(steps),
-        })
+        ))
         loop = self._loop_manifest()
-        manifest = {
-            "world_size": self.rank.world_size,
-            "local_rank": self.rank.local_rank,
-            "rank_source": self.rank.source,
-            "schedule": asdict(self.schedule),
-            "options": {"record_shapes": self.record_shapes, "profile_memory": self.profile_memory,
-                        "with_stack": self.with_stack, "telemetry": self.sampler.enabled},
-            "steps_run": len(self._step_wall_ns),
-            "traces": [p.name for p in self.traces],
-            "windows": [w for w in self.windows if (self.out_dir / w["trace"]).exists()],
-            "ended_by": self._ended_by,
-            "step_times": f"rank-{r}.steps.json",
-            "host": _host_facts(),
-            "dataloader": self._training_loader(),
-            "loop": loop,
-        }
-        write_manifest(self.out_dir, r, manifest)
+        manifest = Manifest(
+            rank=r,
+            host=_host_facts(),
+            pid=os.getpid(),
+            argv=list(sys.argv),
+            versions=versions(),
+            world_size=self.rank.world_size,
+            local_rank=self.rank.local_rank,
+            rank_source=self.rank.source,
+            schedule=asdict(self.schedule),
+            options={"record_shapes": self.record_shapes, "profile_memory": self.profile_memory,
+                     "with_stack": self.with_stack, "telemetry": self.sampler.enabled},
+            steps_run=len(self._step_wall_ns),
+            traces=[p.name for p in self.traces],
+            windows=[w for w in self.windows if (self.out_dir / w.trace).exists()],
+            ended_by=self._ended_by,
+            step_times=step_times_name(r),
+            dataloader=self._training_loader(),
+            loop=loop,
+        )
+        write_manifest(self.out_dir, manifest)
         # then the cores probe, the manifest rewritten with it (a probe that fails or is interrupted loses nothing):
         # only for a job of one process (a job's ranks end together and would measure each other's probes), and
         # not when the run ends early (a signal, a crash: the process should go at once)
@@ -519,11 +526,11 @@ class Profiler:
         return self._training_loop_config() or self._dataloader
 
     @never_raises("cores probe")
-    def _probe_cores(self, manifest: dict[str, Any]) -> None:
-        cores = effective_cores(manifest["host"]["cpus"])
+    def _probe_cores(self, manifest: Manifest) -> None:
+        cores = effective_cores(manifest.host["cpus"])
         if cores is not None:
-            manifest["host"]["cores_effective"] = cores
-            write_manifest(self.out_dir, self.rank.rank, manifest)
+            manifest.host["cores_effective"] = cores
+            write_manifest(self.out_dir, manifest)
 
 
 def _schedstat_ns(pid: int) -> int | None:

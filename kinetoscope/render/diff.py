@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kinetoscope.analyze.compare import Diff, Gate, StepChange, StepSide
+from kinetoscope.analyze.report.compare import Diff, Gate, StepChange, StepSide
 
 
 def _ms(us: float | None) -> str:

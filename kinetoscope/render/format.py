@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 
@@ -68,7 +69,7 @@ def missing_ranks_text(job: dict[str, Any]) -> str | None:
             "nothing is claimed about the whole job (its straggler); what the ranks given show is shown")
 
 
-def worth(estimate: dict[str, Any] | None) -> str | None:
+def worth(estimate: Mapping[str, Any] | None) -> str | None:
     """What fixing a finding is worth, as one line: 'fix this: ~12.30 ms per step faster (34%)'."""
     if not estimate:
         return None
@@ -228,8 +229,8 @@ def compare_display(table: Any) -> Any:
 
     return pd.DataFrame({
         "metric": [name(m) for m in table["metric"]],
-        "before": [one(m, v) for m, v in zip(table["metric"], table["before"])],
-        "after": [one(m, v) for m, v in zip(table["metric"], table["after"])],
+        "before": [one(m, v) for m, v in zip(table["metric"], table["before"], strict=False)],
+        "after": [one(m, v) for m, v in zip(table["metric"], table["after"], strict=False)],
         "change": ["" if c is None or c != c else "0.0%" if abs(c) < 0.0005 else f"{c:+.1%}" for c in table["change"]],
         "verdict": ["" if b is None or b != b else "better" if b else "worse" for b in table["better"]],
     })

@@ -7,7 +7,7 @@ from typing import Any
 
 import msgspec
 
-from kinetoscope.analyze.report import Report
+from kinetoscope.analyze.report.builder import Report
 
 
 def _plain(value: Any) -> Any:

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from kinetoscope.analyze.report import Report
+from kinetoscope.analyze.report.builder import Report
 from kinetoscope.render.format import mib as _mib
-from kinetoscope.render.format import missing_ranks_text
+from kinetoscope.render.format import missing_ranks_text, worth
 from kinetoscope.render.format import ms as _ms
 from kinetoscope.render.format import pct as _pct
-from kinetoscope.render.format import worth
 
 _MARK = {"critical": "CRITICAL", "warning": "WARNING ", "info": "info    "}
 

@@ -9,13 +9,13 @@ from dataclasses import replace
 
 import numpy as np
 
-from kinetoscope.analyze import intervals as iv
-from kinetoscope.analyze.config import AnalysisConfig
-from kinetoscope.analyze.findings import Finding
-from kinetoscope.analyze.registry import AnalysisResult, register
-from kinetoscope.analyze.timeline import allocator_calls, recurring_allocator_calls, step_at, window
-from kinetoscope.analyze.trace import RankTrace
-from kinetoscope.analyze.units import frac, us
+from kinetoscope.analyze.model import intervals as iv
+from kinetoscope.analyze.model.analysis import AnalysisResult, register
+from kinetoscope.analyze.model.config import AnalysisConfig
+from kinetoscope.analyze.model.findings import Finding
+from kinetoscope.analyze.model.timeline import allocator_calls, recurring_allocator_calls, step_at, window
+from kinetoscope.analyze.model.trace import RankTrace
+from kinetoscope.analyze.model.units import frac, us
 
 
 @register("allocator", "Device allocator calls")

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import re
 
-from kinetoscope.analyze.config import AnalysisConfig
-from kinetoscope.analyze.findings import Finding
-from kinetoscope.analyze.registry import AnalysisResult, register
-from kinetoscope.analyze.timeline import kind_mask
-from kinetoscope.analyze.trace import RankTrace
+from kinetoscope.analyze.model.analysis import AnalysisResult, register
+from kinetoscope.analyze.model.config import AnalysisConfig
+from kinetoscope.analyze.model.findings import Finding
+from kinetoscope.analyze.model.timeline import kind_mask
+from kinetoscope.analyze.model.trace import RankTrace
 
 #: categories (and distributed backends) of accelerators the analyses do not read, with their usual names
 _ACCELERATORS = (

@@ -10,11 +10,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kinetoscope.analyze import intervals as iv
-from kinetoscope.analyze.config import AnalysisConfig
-from kinetoscope.analyze.findings import Finding
-from kinetoscope.analyze.registry import AnalysisResult, register
-from kinetoscope.analyze.timeline import (
+from kinetoscope.analyze.model import intervals as iv
+from kinetoscope.analyze.model.analysis import AnalysisResult, register
+from kinetoscope.analyze.model.config import AnalysisConfig
+from kinetoscope.analyze.model.findings import Finding
+from kinetoscope.analyze.model.syncs import sync_cost
+from kinetoscope.analyze.model.timeline import (
     Window,
     any_gpu_busy,
     device_busy,
@@ -23,19 +24,18 @@ from kinetoscope.analyze.timeline import (
     intervals_of,
     kind_mask,
     launch_queue,
-    pending_work,
-    python_frames,
-    python_hotspots,
     loader_spans,
     missing_activity,
     name_mask,
-    step_at,
+    python_frames,
+    python_hotspots,
     startup_calls,
+    step_at,
     sync_calls,
     window,
 )
-from kinetoscope.analyze.trace import RankTrace
-from kinetoscope.analyze.units import frac, us
+from kinetoscope.analyze.model.trace import RankTrace
+from kinetoscope.analyze.model.units import frac, us
 
 #: Idle time is attributed to the first cause that covers it, in this order (docs/findings.md).
 CAUSES = ("data_wait", "sync", "host_compute", "host_launch", "host_python", "other")
@@ -66,35 +66,6 @@ def _stream_table(trace: RankTrace, w: Window) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def sync_cost(trace: RankTrace, calls: pd.DataFrame, idle: iv.Intervals, refill_max_ns: int) -> iv.Intervals:
-    """The GPU idle a set of synchronising calls causes. A sync drains the queue: the GPU runs out of
-    work while the host waits, and stays idle until the host, released, launches again. So a sync - an
-    episode of nested calls (``.item()`` holding its copy and ``cudaStreamSynchronize``) - costs the idle
-    gap that begins while it waits, up to ``refill_max_ns`` after it returns, provided the GPU had work
-    when it began (running, or launched and not yet started) - and at most as long as the host spent in the
-    sync: without it the host would have done what it does next that much earlier, so the gap shrinks by at
-    most the sync's own time (the rest of the gap is the host's own work, which idles the GPU with or without
-    the sync). A sync on an already idle GPU drained nothing; one that drains only a few microseconds of work
-    (its own small copy) costs at most those microseconds; one that returns with the GPU still busy costs
-    nothing."""
-    if calls.empty or idle[0].size == 0:
-        return iv.EMPTY
-    episodes = iv.union(calls["ts_ns"].to_numpy(), calls["end_ns"].to_numpy())
-    s, e = episodes
-    w = window(trace)
-    busy = iv.complement(idle, w.start_ns, w.end_ns)
-    pending = pending_work(trace)
-    work_or_queue = iv.union(np.concatenate((busy[0], pending[0])), np.concatenate((busy[1], pending[1])))
-    had_work = iv.overlap_each(s, s + 1, work_or_queue) > 0
-    # the idle interval each episode's end falls in, if any
-    k = np.searchsorted(idle[0], e, side="right") - 1
-    kk = np.maximum(k, 0)
-    inside = (k >= 0) & (e <= idle[1][kk])
-    began_during = inside & (idle[0][kk] >= s) & had_work
-    starts = idle[0][kk][began_during]
-    held = (e - s)[began_during]  # the host's time in the sync
-    ends = np.minimum(np.minimum(idle[1][kk], e + refill_max_ns)[began_during], starts + held)
-    return iv.union(starts, ends)
 
 
 def _attribute(idle: iv.Intervals, causes: dict[str, iv.Intervals]) -> dict[str, iv.Intervals]:
@@ -250,7 +221,7 @@ def _doubt(trace: RankTrace, config: AnalysisConfig, w: Window, startup: pd.Data
     """Why the window cannot support a warning about the GPU's timeline, or None when it can."""
     if w.dur_ns and startup_ns / w.dur_ns >= config.startup_max_fraction:
         top = startup.nlargest(3, "dur_ns")
-        calls = ", ".join(f"{n} {d / 1e6:,.1f} ms" for n, d in zip(top["name"].astype(str), top["dur_ns"]))
+        calls = ", ".join(f"{n} {d / 1e6:,.1f} ms" for n, d in zip(top["name"].astype(str), top["dur_ns"], strict=False))
         return (f"{startup_ns / w.dur_ns:.0%} of the window is start-up ({calls}) with the GPU idle: "
                 "profile steps after warm-up to judge it")
     work = gpu_work(trace)

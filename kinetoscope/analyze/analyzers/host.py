@@ -12,14 +12,14 @@ import re
 
 import numpy as np
 
-from kinetoscope.analyze import intervals as iv
-from kinetoscope.analyze.config import AnalysisConfig
-from kinetoscope.analyze.findings import Finding
-from kinetoscope.analyze.registry import AnalysisResult, register
-from kinetoscope.analyze.analyzers.comm import collectives, host_collectives
-from kinetoscope.analyze.timeline import COMPILE_RE, all_loader_spans, main_thread, name_mask, sync_calls, window
-from kinetoscope.analyze.trace import RankTrace
-from kinetoscope.analyze.units import frac, us
+from kinetoscope.analyze.model import intervals as iv
+from kinetoscope.analyze.model.analysis import AnalysisResult, register
+from kinetoscope.analyze.model.collectives import collectives, host_collectives
+from kinetoscope.analyze.model.config import AnalysisConfig
+from kinetoscope.analyze.model.findings import Finding
+from kinetoscope.analyze.model.timeline import COMPILE_RE, all_loader_spans, main_thread, name_mask, sync_calls, window
+from kinetoscope.analyze.model.trace import RankTrace
+from kinetoscope.analyze.model.units import frac, us
 
 
 def _busy_per_step(trace: RankTrace) -> tuple[np.ndarray, np.ndarray]:
@@ -88,7 +88,7 @@ def analyze_host(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
                    + (f" ({facts})" if facts else "")),
             evidence={"cores_while_busy": metrics["cores_while_busy"],
                       "per_step": [{"step": int(s), "busy_us": us(b), "cpu_us": us(c)}
-                                   for s, b, c in zip(numbers[ok], busy[ok], cpu[ok])][:20],
+                                   for s, b, c in zip(numbers[ok], busy[ok], cpu[ok], strict=False)][:20],
                       "lost_us": us(float(lost.sum())), "lost_fraction_of_window": frac(float(lost.sum()), w.dur_ns),
                       "cpus": host.get("cpus"), "torch_threads": host.get("torch_threads"), "num_workers": workers},
             recommendation=("Other threads or processes compete for this host's CPUs: keep torch's threads "

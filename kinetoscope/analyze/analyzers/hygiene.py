@@ -11,14 +11,23 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kinetoscope.analyze import intervals as iv
-from kinetoscope.analyze.analyzers.anatomy import phase_events
-from kinetoscope.analyze.config import AnalysisConfig
-from kinetoscope.analyze.findings import Finding
-from kinetoscope.analyze.registry import AnalysisResult, register
-from kinetoscope.analyze.timeline import COMPILE_RE, any_gpu_busy, loader_spans, main_thread, name_mask, step_at, top_level, window
-from kinetoscope.analyze.trace import RankTrace, trace_view
-from kinetoscope.analyze.units import frac, us
+from kinetoscope.analyze.model import intervals as iv
+from kinetoscope.analyze.model.analysis import AnalysisResult, register
+from kinetoscope.analyze.model.config import AnalysisConfig
+from kinetoscope.analyze.model.findings import Finding
+from kinetoscope.analyze.model.phases import phase_events
+from kinetoscope.analyze.model.timeline import (
+    COMPILE_RE,
+    any_gpu_busy,
+    loader_spans,
+    main_thread,
+    name_mask,
+    step_at,
+    top_level,
+    window,
+)
+from kinetoscope.analyze.model.trace import RankTrace, trace_view
+from kinetoscope.analyze.model.units import frac, us
 
 _COMPILE_ID_RE = re.compile(r"compile_id=(\d+)/(\d+)")
 #: DataLoader iterators draw a shared seed when created or reset: empty().random_().item()
@@ -248,7 +257,7 @@ def _sync_in_loop(trace: RankTrace, all_steps: set[int], config: AnalysisConfig)
     blocked_ns = int(iv.measure(iv.union(sync["ts_ns"].to_numpy(), sync["end_ns"].to_numpy())))
     cost_ns = None
     if trace.has_gpu:
-        from kinetoscope.analyze.analyzers.gpu import sync_cost
+        from kinetoscope.analyze.model.syncs import sync_cost
 
         idle = iv.complement(any_gpu_busy(trace), w.start_ns, w.end_ns)
         cost_ns = iv.measure(sync_cost(trace, sync, idle, int(config.sync_refill_max_us * 1000)))

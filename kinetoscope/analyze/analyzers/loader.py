@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from kinetoscope.analyze import intervals as iv
-from kinetoscope.analyze.config import AnalysisConfig
-from kinetoscope.analyze.findings import Finding
-from kinetoscope.analyze.registry import AnalysisResult, register
-from kinetoscope.analyze.timeline import (
+from kinetoscope.analyze.model import intervals as iv
+from kinetoscope.analyze.model.analysis import AnalysisResult, register
+from kinetoscope.analyze.model.config import AnalysisConfig
+from kinetoscope.analyze.model.findings import Finding
+from kinetoscope.analyze.model.timeline import (
     any_gpu_busy,
     cpu_shares,
     handoff_ns,
@@ -21,8 +21,8 @@ from kinetoscope.analyze.timeline import (
     other_role_waits,
     window,
 )
-from kinetoscope.analyze.trace import RankTrace
-from kinetoscope.analyze.units import frac, us
+from kinetoscope.analyze.model.trace import RankTrace
+from kinetoscope.analyze.model.units import frac, us
 
 
 def _per_step(trace: RankTrace, spans: iv.Intervals, idle_cost: iv.Intervals | None) -> pd.DataFrame:
@@ -178,7 +178,7 @@ def analyze_loader(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
     share = basis_ns / w.dur_ns if w.dur_ns else 0.0
     in_window = int(((frame["end_ns"] > w.start_ns) & (frame["ts_ns"] < w.end_ns)).sum())
     if in_window >= 2 and share >= config.loader_min_fraction:
-        from kinetoscope.analyze.analyzers.copies import h2d_copies
+        from kinetoscope.analyze.model.copies import h2d_copies
 
         pageable = bool(h2d_copies(trace)["pageable"].any()) if has_gpu else False
         kind, wait_cpu = wait_kind(trace, frame["dur_ns"].to_numpy())

@@ -7,12 +7,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kinetoscope.analyze.config import AnalysisConfig
-from kinetoscope.analyze.findings import Finding
-from kinetoscope.analyze.registry import AnalysisResult, register
-from kinetoscope.analyze.timeline import step_at, window
-from kinetoscope.analyze.trace import RankTrace
-from kinetoscope.analyze.units import us
+from kinetoscope.analyze.model.analysis import AnalysisResult, register
+from kinetoscope.analyze.model.config import AnalysisConfig
+from kinetoscope.analyze.model.findings import Finding
+from kinetoscope.analyze.model.timeline import step_at, window
+from kinetoscope.analyze.model.trace import RankTrace
+from kinetoscope.analyze.model.units import us
 
 MiB = 1024 * 1024
 

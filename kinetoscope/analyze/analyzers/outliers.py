@@ -13,14 +13,14 @@ from typing import Any
 
 import numpy as np
 
-from kinetoscope.analyze import intervals as iv
-from kinetoscope.analyze.analyzers.anatomy import phase_events
-from kinetoscope.analyze.config import AnalysisConfig
-from kinetoscope.analyze.findings import Finding
-from kinetoscope.analyze.registry import AnalysisResult, register
-from kinetoscope.analyze.timeline import COMPILE_RE, name_mask
-from kinetoscope.analyze.trace import RankTrace
-from kinetoscope.analyze.units import us
+from kinetoscope.analyze.model import intervals as iv
+from kinetoscope.analyze.model.analysis import AnalysisResult, register
+from kinetoscope.analyze.model.config import AnalysisConfig
+from kinetoscope.analyze.model.findings import Finding
+from kinetoscope.analyze.model.phases import phase_events
+from kinetoscope.analyze.model.timeline import COMPILE_RE, name_mask
+from kinetoscope.analyze.model.trace import RankTrace
+from kinetoscope.analyze.model.units import us
 
 #: the capture's marks of what the loop did, by what they make a step
 _MARKS = (("validation", re.compile(r"^kinetoscope::validation$")),

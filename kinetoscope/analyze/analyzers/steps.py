@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from kinetoscope.analyze.config import AnalysisConfig
-from kinetoscope.analyze.registry import AnalysisResult, register
-from kinetoscope.analyze.timeline import window
-from kinetoscope.analyze.trace import RankTrace
-from kinetoscope.analyze.units import us
+from kinetoscope.analyze.model.analysis import AnalysisResult, register
+from kinetoscope.analyze.model.config import AnalysisConfig
+from kinetoscope.analyze.model.timeline import window
+from kinetoscope.analyze.model.trace import RankTrace
+from kinetoscope.analyze.model.units import us
 
 
 @register("steps", "Steps and window")

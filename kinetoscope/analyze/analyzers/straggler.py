@@ -16,14 +16,22 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kinetoscope.analyze import intervals as iv
-from kinetoscope.analyze.analyzers.comm import collectives, host_collectives
-from kinetoscope.analyze.analyzers.copies import h2d_copies
-from kinetoscope.analyze.config import AnalysisConfig
-from kinetoscope.analyze.distributed import COMPONENTS, Arrivals, Matching, RankSummary, arrivals, job_metrics, match
-from kinetoscope.analyze.findings import Finding
-from kinetoscope.analyze.registry import AnalysisResult, register
-from kinetoscope.analyze.timeline import (
+from kinetoscope.analyze.model import intervals as iv
+from kinetoscope.analyze.model.analysis import AnalysisResult, register
+from kinetoscope.analyze.model.collectives import collectives, host_collectives
+from kinetoscope.analyze.model.config import AnalysisConfig
+from kinetoscope.analyze.model.copies import h2d_copies
+from kinetoscope.analyze.model.distributed import (
+    COMPONENTS,
+    Arrivals,
+    Matching,
+    RankSummary,
+    arrivals,
+    job_metrics,
+    match,
+)
+from kinetoscope.analyze.model.findings import Finding
+from kinetoscope.analyze.model.timeline import (
     gpu_work,
     host_busy,
     intervals_of,
@@ -34,7 +42,8 @@ from kinetoscope.analyze.timeline import (
     name_mask,
     window,
 )
-from kinetoscope.analyze.trace import RankTrace, Trace, trace_view
+from kinetoscope.analyze.model.trace import RankTrace, Trace, trace_view
+
 
 @trace_view
 def rank_summary(r: RankTrace) -> RankSummary:
@@ -225,7 +234,7 @@ def job_analysis(summaries: list[RankSummary], config: AnalysisConfig) -> tuple[
     return metrics, table, straggler_finding(summaries, m, a, config)
 
 
-@register("collectives", "Collectives across ranks", scope="job", per_rank=rank_summary)
+@register("collectives", "Collectives across ranks", scope="job", per_rank=rank_summary, reduce=job_analysis)
 def analyze_collectives(trace: Trace, config: AnalysisConfig) -> AnalysisResult:
     """Match collectives across ranks (process group, sequence number, operation and size), align the
     ranks' clocks on collective completion, and name the rank each collective waited for and the straggler."""

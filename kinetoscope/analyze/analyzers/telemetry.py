@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pandas as pd
 
-from kinetoscope.analyze.config import AnalysisConfig
-from kinetoscope.analyze.registry import AnalysisResult, register
-from kinetoscope.analyze.timeline import window
-from kinetoscope.analyze.trace import RankTrace
+from kinetoscope.analyze.model.analysis import AnalysisResult, register
+from kinetoscope.analyze.model.config import AnalysisConfig
+from kinetoscope.analyze.model.timeline import window
+from kinetoscope.analyze.model.trace import RankTrace
 
 
 @register("telemetry", "GPU telemetry")

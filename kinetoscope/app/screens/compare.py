@@ -3,8 +3,8 @@ finding gone, the step time its fix was predicted to give beside the one measure
 
 import os
 
-from kinetoscope.analyze.compare import compare_reports, fix_check
-from kinetoscope.analyze.compareview import finding_sets, name_diffs, run_change
+from kinetoscope.analyze.report.compare import compare_reports, fix_check
+from kinetoscope.analyze.views.compare import finding_sets, name_diffs, run_change
 from kinetoscope.app import data, state
 from kinetoscope.app.cache import analyse, store_choices
 from kinetoscope.app.launch import PATHS_ENV

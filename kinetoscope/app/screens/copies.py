@@ -4,7 +4,7 @@ import altair as alt
 import pandas as pd
 
 from kinetoscope.app import state
-from kinetoscope.app.ui import md, st
+from kinetoscope.app.ui import st
 from kinetoscope.render.format import display_table, listing
 
 
@@ -31,7 +31,7 @@ def render() -> None:
             color=alt.Color("host memory:N", legend=None, scale=alt.Scale(
                 domain=["pageable", "pinned", "other or unknown"], range=["#e45756", "#54a24b", "#bab0ac"])),
             tooltip=["host memory", "copies"]).properties(height=3 * 28 + 60), width="stretch",
-            description=f"{label} copies by host memory: " + listing(zip(kinds["host memory"], kinds["copies"])))
+            description=f"{label} copies by host memory: " + listing(zip(kinds["host memory"], kinds["copies"], strict=False)))
     copies = results.get("copies")
     if copies is not None and "copies" in copies.tables and len(copies.tables["copies"]):
         st.subheader("Every copy")

@@ -2,9 +2,8 @@
 the matched collectives (all computed in analyze.distview)."""
 
 import altair as alt
-import pandas as pd
 
-from kinetoscope.analyze.distview import distributed_view
+from kinetoscope.analyze.views.distributed import distributed_view
 from kinetoscope.app import state
 from kinetoscope.app.ui import md, st
 from kinetoscope.render.format import listing, missing_ranks_text, rank_ranges
@@ -67,7 +66,7 @@ def render() -> None:
             tooltip=["rank", "part", alt.Tooltip("ms:Q", format=",.3f")],
         ).transform_calculate(part_order="indexof(" + str([v[0] for v in PARTS.values()]) + ", datum.part)")
         st.altair_chart(chart.properties(height=30 * len(ranks) + 140), width="stretch", description="ms per step on the "
-                        "GPU by rank: " + "; ".join(f"rank {r}: " + listing(zip(g["part"], g["ms"])) for r, g in
+                        "GPU by rank: " + "; ".join(f"rank {r}: " + listing(zip(g["part"], g["ms"], strict=False)) for r, g in
                                                     list(long.groupby("rank", sort=True))[:16]))
         unjudged = ranks.loc[ranks["compute_only_ms"].notna() & ranks["other_ms"].isna(), "rank"].tolist()
         if unjudged:
@@ -81,7 +80,7 @@ def render() -> None:
             tooltip=["rank", alt.Tooltip("collective_wait_ms:Q", format=",.3f"), "waited_for_rank"])
         st.altair_chart(wait.properties(height=30 * len(ranks) + 90), width="stretch",
                         description="ms per step each rank waited in collectives for the last rank: " + listing(
-                            (f"rank {r}", v) for r, v in zip(ranks["rank"], ranks["collective_wait_ms"]) if v == v))
+                            (f"rank {r}", v) for r, v in zip(ranks["rank"], ranks["collective_wait_ms"], strict=False) if v == v))
     st.subheader("Ranks")
     st.caption(view.about)
     shown = ranks.rename(columns=LABELS)  # blank where the trace cannot say

@@ -1,6 +1,6 @@
 """Fleet: a batch store's jobs x findings, worst first; broken jobs apart; a job opened in place."""
 
-from kinetoscope.analyze.findings import SEVERITY_ORDER
+from kinetoscope.analyze.model.findings import SEVERITY_ORDER
 from kinetoscope.app import state
 from kinetoscope.app.ui import bullets, md, st
 from kinetoscope.batch.report import fleet, missing_ranks, relative_names

@@ -3,7 +3,7 @@
 
 import altair as alt
 
-from kinetoscope.analyze.ops import EARLIER, allocation_events, allocations_by_op
+from kinetoscope.analyze.views.ops import EARLIER, allocation_events, allocations_by_op
 from kinetoscope.app import state
 from kinetoscope.app.ui import md, st
 from kinetoscope.render.format import listing, number
@@ -72,7 +72,7 @@ def render() -> None:
                 strokeDash=alt.condition(alt.datum.series == "growth line (fit)", alt.value([6, 4]), alt.value([1, 0])),
                 tooltip=["step", "series", alt.Tooltip("MiB:Q", format=",.2f")])
             st.altair_chart(chart, width="stretch", description=f"{device} at each step end, MiB: " + "; ".join(
-                f"step {s}: " + listing(zip(g["series"], g["MiB"])) for s, g in list(long.groupby("step"))[:12]))
+                f"step {s}: " + listing(zip(g["series"], g["MiB"], strict=False)) for s, g in list(long.groupby("step"))[:12]))
         else:
             st.caption("One step in the window: no per-step chart (capture more active steps to judge growth).")
     rank = analysis.trace.rank(entry["rank"])

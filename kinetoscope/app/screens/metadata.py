@@ -1,6 +1,6 @@
 """Metadata: devices, versions, distributed info — secret-looking values redacted."""
 
-from kinetoscope.analyze.redact import redact
+from kinetoscope.analyze.ingest.redact import redact
 from kinetoscope.app import state
 from kinetoscope.app.ui import md, st
 

@@ -1,6 +1,6 @@
 """Modules: the nn.Module hierarchy of the window, with host and device time per module (analyze.ops.module_tree)."""
 
-from kinetoscope.analyze.ops import module_tree
+from kinetoscope.analyze.views.ops import module_tree
 from kinetoscope.app import state
 from kinetoscope.app.ui import md, st
 from kinetoscope.render.format import display_table
@@ -20,7 +20,7 @@ def render() -> None:
                   "of its forward calls (self: less the modules it calls); device: the GPU time of the kernels, "
                   "copies and memsets launched inside them (through correlation ids). The backward pass runs outside "
                   "any module. Times in ms.", len(tree)))
-    shown = tree.assign(module=[INDENT * d + m for d, m in zip(tree["depth"], tree["module"])])
+    shown = tree.assign(module=[INDENT * d + m for d, m in zip(tree["depth"], tree["module"], strict=False)])
     table, units = display_table(shown[["module", "calls", "host_ms", "host_self_ms", "device_ms", "path"]])
     st.dataframe(table, formats=units, pinned=("module",), width="stretch", height=min(640, 38 + 35 * len(table)),
                  column_config={"module": st.column_config.Column(width="large")})

@@ -1,9 +1,15 @@
 """Operators and kernels: the host ops and GPU kernels of the window by name, with the GPU time each op launched,
 every row reachable; host ops grouped by input shapes, by module or by call stack on request (analyze.ops)."""
 
-from kinetoscope.analyze.loader import read_bytes
-from kinetoscope.analyze.ops import (
-    kernel_table, op_call_stacks, op_call_stacks_from_args, op_device_time, op_modules, op_shapes, op_table,
+from kinetoscope.analyze.ingest.loader import read_bytes
+from kinetoscope.analyze.views.ops import (
+    kernel_table,
+    op_call_stacks,
+    op_call_stacks_from_args,
+    op_device_time,
+    op_modules,
+    op_shapes,
+    op_table,
 )
 from kinetoscope.app import state
 from kinetoscope.app.data import app_limits, job_file

@@ -1,9 +1,9 @@
 """Overview: the findings, ranked, and the headline numbers."""
 
-from kinetoscope.analyze.findings import SEVERITY_ORDER
-from kinetoscope.analyze.gpuinfo import device_summary, kernel_launches, occupancy_summary
-from kinetoscope.analyze.loader import read_bytes
-from kinetoscope.analyze.savings import all_together, shared_savings
+from kinetoscope.analyze.ingest.loader import read_bytes
+from kinetoscope.analyze.model.findings import SEVERITY_ORDER
+from kinetoscope.analyze.report.savings import all_together, shared_savings
+from kinetoscope.analyze.views.gpuinfo import device_summary, kernel_launches, occupancy_summary
 from kinetoscope.app import state
 from kinetoscope.app.data import app_limits, job_file
 from kinetoscope.app.ui import bullets, md, st

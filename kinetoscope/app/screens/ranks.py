@@ -5,9 +5,9 @@ from pathlib import Path
 import altair as alt
 import pandas as pd
 
-from kinetoscope.analyze.distview import distributed_view
+from kinetoscope.analyze.views.distributed import distributed_view
 from kinetoscope.app import state
-from kinetoscope.app.ui import md, st
+from kinetoscope.app.ui import st
 from kinetoscope.render.format import display_table, listing
 
 
@@ -43,4 +43,4 @@ def render() -> None:
             x=alt.X("ms:Q", title="ms waiting in collectives for the last rank, in the window"), y=alt.Y("rank:O"),
             tooltip=["rank", alt.Tooltip("ms:Q", format=",.3f")]), width="stretch",
             description="ms each rank waited in collectives for the last rank, in the window: " + listing(
-                (f"rank {r}", v) for r, v in zip(wait["rank"], wait["ms"]) if v == v))
+                (f"rank {r}", v) for r, v in zip(wait["rank"], wait["ms"], strict=False) if v == v))

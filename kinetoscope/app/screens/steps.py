@@ -24,7 +24,7 @@ def _stacked(frame: pd.DataFrame, columns: list[str], title: str, colours: dict[
         order=alt.Order("order:Q"), tooltip=["step", "part", alt.Tooltip("ms:Q", format=",.3f", title="ms")])
     per_step = long.groupby("step", sort=True)
     st.altair_chart(chart, width="stretch", description=f"{title} per step, by part: " + "; ".join(
-        f"step {s}: " + listing(zip(g["part"], g["ms"])) for s, g in list(per_step)[:12])
+        f"step {s}: " + listing(zip(g["part"], g["ms"], strict=False)) for s, g in list(per_step)[:12])
         + (f"; … ({per_step.ngroups} steps in all)" if per_step.ngroups > 12 else ""))
 
 

@@ -3,7 +3,7 @@
 import altair as alt
 
 from kinetoscope.app import state
-from kinetoscope.app.ui import md, st
+from kinetoscope.app.ui import st
 from kinetoscope.render.format import number
 
 

@@ -5,7 +5,7 @@ The full trace in Perfetto."""
 
 import altair as alt
 
-from kinetoscope.analyze.views import KIND_COLOURS, step_range_ms, timeline_view
+from kinetoscope.analyze.views.spans import KIND_COLOURS, step_range_ms, timeline_view
 from kinetoscope.app import state
 from kinetoscope.app.perfetto import open_in_perfetto
 from kinetoscope.app.ui import md, st
@@ -45,7 +45,7 @@ def render() -> None:
     start = end = None
     if mode == "Steps":
         if len(positions) > 1:
-            label = dict(zip(positions, steps["step"].astype(int)))
+            label = dict(zip(positions, steps["step"].astype(int), strict=False))
             first, last = st.select_slider("Steps", options=positions, value=(0, 1), key="tl_steps",
                                            format_func=lambda p: f"#{label[p]}", on_change=_reset_zoom)
         else:

@@ -1,0 +1,114 @@
+"""Collectives as one rank's trace records them: the kernels (``collectives``), the host's annotations on CPU-only
+runs (``host_collectives``), communication against compute (``comm_compute_sets``) and the process group's name.
+Views shared by the communication, host and straggler analyzers and the Distributed page."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+import numpy as np
+import pandas as pd
+
+from kinetoscope.analyze.model import intervals as iv
+from kinetoscope.analyze.model.distributed import normalise_op
+from kinetoscope.analyze.model.timeline import gpu_work, kernels, kind_mask, name_mask, window
+from kinetoscope.analyze.model.trace import RankTrace, trace_view
+
+#: ncclKernel_AllReduce_RING_LL_Sum_float (<= 2.18), ncclDevKernel_AllReduce_Sum_f32_RING_LL (>= 2.19), rccl
+COLLECTIVE_RE = re.compile(r"^(?:void )?(?:nccl|rccl)(?:Dev)?Kernel|nccl:|^(?:void )?rccl", re.IGNORECASE)
+
+
+_OP_RE = re.compile(r"(AllReduce|AllGather|ReduceScatter|Broadcast|Reduce|SendRecv|Send|Recv|AllToAll)", re.IGNORECASE)
+
+
+#: a process group's ranks written out longer than this are named by their first and last ranks, their count and a
+#: hash of the whole list: a 1,024-rank group's list is ~6 KB, repeated on every collective of every rank's summary
+GROUP_RANKS_MAX_CHARS = 64
+
+
+def group_name(pg_name: object, pg_ranks: object) -> str:
+    """A process group's name as the matching across ranks keys it: its name and its ranks as written
+    ("0 [0, 1, 2, 3]"), the ranks abbreviated past GROUP_RANKS_MAX_CHARS ("0 [0, 1, …, 1023] (1024 ranks,
+    #3f2a9c1b)": the same group is named alike on every rank, and two groups differing anywhere are told apart)."""
+    if pg_ranks is None or pg_ranks != pg_ranks:
+        return str(pg_name) if pg_name is not None and pg_name == pg_name else "default"
+    text = str(pg_ranks)
+    if len(text) > GROUP_RANKS_MAX_CHARS:
+        items = [x.strip() for x in text.strip("[]() ").split(",")]
+        digest = hashlib.sha1(text.encode()).hexdigest()[:8]
+        text = f"[{items[0]}, {items[1]}, …, {items[-1]}] ({len(items)} ranks, #{digest})" if len(items) > 2 else \
+            f"({len(text)} chars, #{digest})"
+    return f"{pg_name} {text}"
+
+
+@trace_view
+def collectives(trace: RankTrace) -> pd.DataFrame:
+    """Collective kernels in the window, in start order, with what the trace says about each: operation,
+    process group, sequence number, message sizes (from the kernel's own args, else from the
+    ``record_param_comms`` op that launched it, matched on External id)."""
+    k = kernels(trace)
+    coll = k[name_mask(k, COLLECTIVE_RE, search=True)]
+    w = window(trace)
+    # a collective kernel of no duration is a broken record (a negative duration clamped at load): never evidence
+    coll = coll[((coll["end_ns"] > w.start_ns) & (coll["ts_ns"] < w.end_ns) & (coll["dur_ns"] > 0)).to_numpy()]
+    coll = coll.sort_values("ts_ns", kind="stable")
+    meta = trace.comm_args.set_index("row")
+    # metadata on the kernel itself, else on the op that launched it (same External id)
+    ev = trace.events
+    ops_meta = meta[meta.index.isin(np.flatnonzero(kind_mask(ev, ("cpu_op",))))]
+    by_external = ops_meta.assign(ext=ev["external_id"].to_numpy()[ops_meta.index.to_numpy()])
+    by_external = by_external[by_external["ext"].notna()].drop_duplicates("ext").set_index("ext")
+    own = meta.reindex(coll.index)
+    via = by_external.reindex(coll["external_id"].to_numpy())
+    via.index = coll.index
+
+    def pick(col: str) -> pd.Series:
+        return own[col].astype(object).where(own[col].notna(), via[col].astype(object))
+
+    name_op = coll["name"].astype(str).str.extract(_OP_RE, expand=False).fillna("other")
+    coll_name = pick("coll_name")
+    op = [normalise_op(str(c)) if c is not None and c == c else normalise_op(str(n)) for c, n in zip(coll_name, name_op, strict=False)]
+    group = pick("pg_name")
+    ranks = pick("pg_ranks")
+    keys: dict[tuple[object, object], str] = {}
+    group_key = []
+    for g, r in zip(group, ranks, strict=False):
+        k = keys.get((g, r))
+        if k is None:
+            k = keys[(g, r)] = group_name(g, r)
+        group_key.append(k)
+    return coll.assign(op=op, group=group_key, seq=pd.array(pick("seq"), dtype="Int64"),
+                       in_nelems=pd.array(pick("in_nelems"), dtype="Int64"),
+                       out_nelems=pd.array(pick("out_nelems"), dtype="Int64"))
+
+
+@trace_view
+def comm_compute_sets(trace: RankTrace) -> tuple[iv.Intervals, iv.Intervals]:
+    """The window's time in collective kernels and in the other (compute) kernels, each a union."""
+    coll = collectives(trace)
+    w = window(trace)
+    work = gpu_work(trace)
+    compute = work[(work["kind"] == "kernel") & ~work.index.isin(coll.index)]
+    comm_set = iv.clip(iv.union(coll["ts_ns"].to_numpy(), coll["end_ns"].to_numpy()), w.start_ns, w.end_ns)
+    compute_set = iv.clip(iv.union(compute["ts_ns"].to_numpy(), compute["end_ns"].to_numpy()), w.start_ns, w.end_ns)
+    return comm_set, compute_set
+
+
+#: host-side collective annotations ("gloo:all_reduce", "nccl:all_reduce"): CPU-only runs have only these
+_COLLECTIVE_ANNOTATION_RE = re.compile(r"^(?:nccl|rccl|gloo):", re.IGNORECASE)
+
+
+@trace_view
+def host_collectives(trace: RankTrace) -> pd.DataFrame:
+    """Collectives as the host records them (``gloo:all_reduce`` ...), in the window: a CPU-only run's only
+    record of its communication (on GPU runs the kernels are the better record)."""
+    ev = trace.events
+    w = window(trace)
+    sel = ev[kind_mask(ev, ("annotation", "cpu_op")) & name_mask(ev, _COLLECTIVE_ANNOTATION_RE)
+             & (ev["end_ns"] > w.start_ns).to_numpy() & (ev["ts_ns"] < w.end_ns).to_numpy()]
+    return sel.assign(op=[normalise_op(str(n).split(":", 1)[-1]) for n in sel["name"]], group="default",
+                      seq=pd.array([None] * len(sel), dtype="Int64"), in_nelems=pd.array([None] * len(sel), dtype="Int64"),
+                      out_nelems=pd.array([None] * len(sel), dtype="Int64"))
+
+

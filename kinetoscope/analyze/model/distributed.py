@@ -1,0 +1,363 @@
+"""Collectives across ranks: which call on one rank is which on another, clock skew, who waited for whom,
+and the straggler. Pure functions over small per-rank summaries (``RankSummary``), so the job-level
+analysis is a reduce: ``kinetoscope analyze`` builds the summaries from loaded ranks, ``batch`` from
+its workers' rows, and no process ever needs more than one rank's trace.
+
+Matching, per process group (``Process Group Name``/``Ranks`` where the trace records them, else one
+default group):
+1. by sequence number (``Seq``) when every collective of the group carries one;
+2. otherwise by aligning each rank's sequence of collectives against a reference rank's: every offset
+   is scored by how many paired calls agree on what they are (operation, and message size where the
+   trace records it and it is the same on every rank), and among the best-agreeing offsets the one
+   whose implied clock skew is smallest wins. A skew larger than a step is a mismatch, not a skew:
+   that rank's calls stay unmatched.
+Collectives complete together on every rank, so the median difference of end times of matched calls
+is the clock skew between two ranks; skews from several groups are combined by least squares.
+Point-to-point calls (send, recv) complete on two peers at different times: they are never matched.
+A call missing from one rank's capture, anywhere in the sequence, is skipped: pairs are made in order
+on the aligned clock, within half the spacing of calls.
+Arrival = the collective's start on the rank's aligned clock; the last to arrive is the rank the others
+waited for, and each rank's wait is the last arrival minus its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+#: ops whose message sizes are the same on every rank (alltoall and send/recv sizes are per rank)
+_SIZE_INVARIANT = frozenset({"allreduce", "allgather", "reducescatter", "broadcast", "reduce", "barrier"})
+#: point-to-point operations complete on their two peers only, at different times: never matched
+POINT_TO_POINT = frozenset({"send", "recv", "sendrecv"})
+#: offsets tried when aligning two ranks' sequences without sequence numbers
+MAX_OFFSET = 64
+#: a matched collective's implied skew must be this consistent (median absolute deviation, as a share
+#: of the mean step) for an alignment to count
+COMPONENTS = ("input", "copy", "compute", "host", "untraced")
+#: arrivals closer than this are simultaneous: nobody waited
+NO_WAIT_NS = 1000
+
+
+@dataclass
+class RankSummary:
+    """What the job-level analysis needs from one rank: small, JSON-serialisable."""
+
+    rank: int
+    steps: int
+    mean_step_us: float | None
+    window_us: float
+    #: per-step means of what the rank spends its time on (see ``COMPONENTS``)
+    components_us: dict[str, float | None]
+    #: collectives in the window, in start order: parallel lists
+    group: list[str] = field(default_factory=list)
+    seq: list[int | None] = field(default_factory=list)
+    op: list[str] = field(default_factory=list)
+    in_nelems: list[int | None] = field(default_factory=list)
+    out_nelems: list[int | None] = field(default_factory=list)
+    start_ns: list[int] = field(default_factory=list)
+    end_ns: list[int] = field(default_factory=list)
+    #: union of collective time in the window
+    collective_us: float = 0.0
+    #: share of the window whose GPU activity the trace misses (arrivals there are not evidence)
+    unknown_fraction: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> RankSummary:
+        return cls(**{k: doc[k] for k in cls.__dataclass_fields__ if k in doc})
+
+
+@dataclass
+class GroupMatch:
+    group: str
+    ranks: list[int]
+    method: str  # "sequence_numbers" | "alignment" | "single_rank"
+    #: matched collectives: index into each rank's own list, one row per collective (ranks in ``ranks`` order)
+    index: np.ndarray
+    unmatched: dict[int, int]
+    #: ranks whose sequence could not be aligned within a step of the reference
+    misaligned: list[int]
+
+
+@dataclass
+class Matching:
+    groups: list[GroupMatch]
+    skew_ns: dict[int, int | None]
+    #: per rank: collectives matched, unmatched; point-to-point calls (never matched)
+    matched: dict[int, int]
+    unmatched: dict[int, int]
+    point_to_point: dict[int, int] = field(default_factory=dict)
+
+
+def normalise_op(name: str) -> str:
+    """'_allgather_base', 'all_gather_into_tensor', 'AllGather' -> 'allgather'."""
+    n = name.lower().replace("_", "").replace("intotensor", "").replace("coalesced", "").replace("base", "")
+    for op in ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "sendrecv", "send", "recv",
+               "reduce", "barrier", "gather", "scatter"):
+        if op in n:
+            return op
+    return n or "other"
+
+
+def _signature(s: RankSummary, i: int) -> tuple[Any, ...]:
+    op = s.op[i]
+    if op in _SIZE_INVARIANT:
+        return (op, s.in_nelems[i], s.out_nelems[i])
+    return (op,)
+
+
+def _align(ref: RankSummary, ref_idx: np.ndarray, other: RankSummary, other_idx: np.ndarray,
+           step_ns: float) -> float | None:
+    """The clock skew of ``other`` against ``ref`` from their sequences of collectives (see the module doc):
+    the skew implied by the best-agreeing offset, the smallest among ties; None beyond a step."""
+    ref_sig = [_signature(ref, int(i)) for i in ref_idx]
+    oth_sig = [_signature(other, int(i)) for i in other_idx]
+    ref_end = np.asarray(ref.end_ns, dtype=np.int64)[ref_idx]
+    oth_end = np.asarray(other.end_ns, dtype=np.int64)[other_idx]
+    n_ref, n_oth = len(ref_idx), len(other_idx)
+    best: list[tuple[float, float, int, float]] = []  # (-agreement, |skew|, -pairs, skew)
+    for d in range(-min(n_oth - 1, MAX_OFFSET), min(n_ref - 1, MAX_OFFSET) + 1):
+        lo, hi = max(0, d), min(n_ref, n_oth + d)
+        if hi <= lo:
+            continue
+        same = [i for i in range(lo, hi) if ref_sig[i] == oth_sig[i - d]]
+        if not same:
+            continue
+        # the median holds when a call missing mid-sequence puts a minority of the pairs a step off
+        skew = float(np.median(oth_end[[i - d for i in same]] - ref_end[same]))
+        best.append((-len(same) / (hi - lo), abs(skew), -(hi - lo), skew))
+    if not best:
+        return None
+    top = min(b[0] for b in best)
+    _, skew_abs, _, skew = min((b for b in best if b[0] <= top + 1e-9), key=lambda b: (b[1], b[2]))
+    if step_ns and skew_abs > step_ns:
+        return None  # a "skew" beyond a step is a mismatch
+    return skew
+
+
+def _pair(ref: RankSummary, ref_idx: np.ndarray, other: RankSummary, other_idx: np.ndarray, skew: float,
+          tolerance: float) -> dict[int, int]:
+    """Pair the two sequences in order on the aligned clock: a call of one with no counterpart within
+    ``tolerance`` on the other (missing from its capture) is skipped, not shifted onto the next one."""
+    ref_end = np.asarray(ref.end_ns, dtype=np.float64)[ref_idx]
+    oth_end = np.asarray(other.end_ns, dtype=np.float64)[other_idx] - skew
+    pairs: dict[int, int] = {}
+    i = j = 0
+    while i < len(ref_idx) and j < len(other_idx):
+        gap = oth_end[j] - ref_end[i]
+        if abs(gap) <= tolerance and _signature(ref, int(ref_idx[i])) == _signature(other, int(other_idx[j])):
+            pairs[i] = int(other_idx[j])
+            i += 1
+            j += 1
+        elif gap < 0:
+            j += 1
+        else:
+            i += 1
+    return pairs
+
+
+def match(summaries: list[RankSummary]) -> Matching:
+    """Match every rank's collectives, group by group, and solve the clock skews."""
+    by_rank = {s.rank: s for s in summaries}
+    steps = [s.mean_step_us for s in summaries if s.mean_step_us]
+    step_ns = float(np.median(steps)) * 1000.0 if steps else 0.0
+    groups: dict[str, dict[int, np.ndarray]] = {}
+    point_to_point = {}
+    for s in summaries:
+        g = np.asarray(s.group, dtype=object)
+        p2p = np.isin(np.asarray(s.op, dtype=object), list(POINT_TO_POINT))
+        point_to_point[s.rank] = int(p2p.sum())
+        for name in dict.fromkeys(s.group):
+            idx = np.flatnonzero((g == name) & ~p2p)
+            if len(idx):
+                groups.setdefault(str(name), {})[s.rank] = idx
+    results: list[GroupMatch] = []
+    constraints: list[tuple[int, int, float, int]] = []  # (a, b, skew_b - skew_a, weight)
+    matched = {s.rank: 0 for s in summaries}
+    for name, members in sorted(groups.items()):
+        ranks = sorted(members)
+        if len(ranks) < 2:
+            results.append(GroupMatch(name, ranks, "single_rank", np.zeros((0, len(ranks)), np.int64),
+                                      {r: int(len(members[r])) for r in ranks}, []))
+            continue
+        gm = _match_group(name, ranks, members, by_rank, step_ns)
+        results.append(gm)
+        ref = gm.ranks[0]
+        for j, r in enumerate(gm.ranks):
+            matched[r] += int(len(gm.index))
+            if j == 0 or not len(gm.index):
+                continue
+            a_end = np.asarray(by_rank[ref].end_ns, np.int64)[gm.index[:, 0]]
+            b_end = np.asarray(by_rank[r].end_ns, np.int64)[gm.index[:, j]]
+            constraints.append((ref, r, float(np.median(b_end - a_end)), int(len(gm.index))))
+    unmatched = {s.rank: len(s.op) - point_to_point[s.rank] - matched[s.rank] for s in summaries}
+    return Matching(groups=results, skew_ns=_solve_skews([s.rank for s in summaries], constraints),
+                    matched=matched, unmatched=unmatched, point_to_point=point_to_point)
+
+
+def _match_group(name: str, ranks: list[int], members: dict[int, np.ndarray], by_rank: dict[int, RankSummary],
+                 step_ns: float) -> GroupMatch:
+    seqs = {r: [by_rank[r].seq[i] for i in members[r]] for r in ranks}
+    if all(v is not None for r in ranks for v in seqs[r]):
+        # by sequence number: the collectives every member recorded
+        common = set.intersection(*(set(seqs[r]) for r in ranks))
+        order = sorted(common)
+        pos = {r: {q: int(members[r][k]) for k, q in enumerate(seqs[r])} for r in ranks}
+        index = np.array([[pos[r][q] for r in ranks] for q in order], dtype=np.int64).reshape(len(order), len(ranks))
+        return GroupMatch(name, ranks, "sequence_numbers", index,
+                          {r: len(seqs[r]) - len(order) for r in ranks}, [])
+    # by alignment against the member with the most collectives
+    ref = max(ranks, key=lambda r: (len(members[r]), -r))
+    ordered = [ref] + [r for r in ranks if r != ref]
+    ref_end = np.sort(np.asarray(by_rank[ref].end_ns, dtype=np.float64)[members[ref]])
+    spacing = float(np.median(np.diff(ref_end))) if len(ref_end) > 1 else step_ns or float("inf")
+    # a pair's ends agree within microseconds once aligned: half the spacing of calls leaves no ambiguity
+    tolerance = max(min(spacing / 2, step_ns / 2 if step_ns else spacing / 2), 1000.0)
+    pairs: dict[int, dict[int, int]] = {}
+    misaligned = []
+    for r in ordered[1:]:
+        skew = _align(by_rank[ref], members[ref], by_rank[r], members[r], step_ns)
+        if skew is None:
+            misaligned.append(r)
+        else:
+            pairs[r] = _pair(by_rank[ref], members[ref], by_rank[r], members[r], skew, tolerance)
+    kept = [ref] + [r for r in ordered[1:] if r in pairs]
+    rows = [[int(members[ref][i])] + [pairs[r][i] for r in kept[1:]]
+            for i in range(len(members[ref])) if all(i in pairs[r] for r in kept[1:])]
+    index = np.array(rows, dtype=np.int64).reshape(len(rows), len(kept))
+    unmatched = {r: int(len(members[r])) - (len(rows) if r in kept else 0) for r in ranks}
+    return GroupMatch(name, kept, "alignment", index, unmatched, misaligned)
+
+
+def _solve_skews(ranks: list[int], constraints: list[tuple[int, int, float, int]]) -> dict[int, int | None]:
+    """Each rank's clock offset, least squares over all groups' constraints, per connected set of ranks
+    (each anchored at its lowest rank: the offset between two unconnected sets is unknown, and unused)."""
+    position = {r: i for i, r in enumerate(ranks)}
+    parent = list(range(len(ranks)))
+
+    def find(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for a, b, _, _ in constraints:
+        parent[find(position[a])] = find(position[b])
+    out: dict[int, int | None] = {r: None for r in ranks}
+    components: dict[int, list[int]] = {}
+    for r in ranks:
+        components.setdefault(find(position[r]), []).append(r)
+    for members in components.values():
+        if len(members) == 1:
+            out[members[0]] = 0 if any(members[0] in (a, b) for a, b, _, _ in constraints) else None
+            continue
+        col = {r: i for i, r in enumerate(members)}
+        rows, rhs, weights = [], [], []
+        for a, b, d, w in constraints:
+            if a in col and b in col:
+                row = np.zeros(len(members))
+                row[col[b]] += 1.0
+                row[col[a]] -= 1.0
+                rows.append(row)
+                rhs.append(d)
+                weights.append(np.sqrt(w))
+        anchor = np.zeros(len(members))
+        anchor[col[min(members)]] = 1e3
+        rows.append(anchor)
+        rhs.append(0.0)
+        weights.append(1.0)
+        a_mat = np.vstack(rows) * np.asarray(weights)[:, None]
+        b_vec = np.asarray(rhs) * np.asarray(weights)
+        solution = np.linalg.lstsq(a_mat, b_vec, rcond=None)[0]
+        for r in members:
+            out[r] = int(round(solution[col[r]]))
+    return out
+
+
+@dataclass
+class Arrivals:
+    """Per matched collective (rows) and rank (columns): aligned arrival, wait, the rank waited for."""
+
+    group: list[str]
+    op: list[str]
+    ranks: list[int]
+    arrival_ns: np.ndarray
+    wait_ns: np.ndarray
+    last: np.ndarray  # index into ranks; -1 where every rank arrived together
+    transfer_ns: np.ndarray
+
+
+def arrivals(summaries: list[RankSummary], m: Matching) -> Arrivals:
+    by_rank = {s.rank: s for s in summaries}
+    all_ranks = sorted(by_rank)
+    col = {r: i for i, r in enumerate(all_ranks)}
+    groups, ops, arr_rows, wait_rows, last, transfer = [], [], [], [], [], []
+    for gm in m.groups:
+        if len(gm.ranks) < 2 or not len(gm.index):
+            continue
+        usable = [j for j, r in enumerate(gm.ranks) if m.skew_ns.get(r) is not None]
+        if len(usable) < 2:
+            continue
+        for row in gm.index:
+            arrival = np.full(len(all_ranks), np.nan)
+            ends = []
+            durs = []
+            for j in usable:
+                r = gm.ranks[j]
+                s = by_rank[r]
+                skew = m.skew_ns[r] or 0
+                arrival[col[r]] = s.start_ns[row[j]] - skew
+                ends.append(s.end_ns[row[j]] - skew)
+                durs.append(s.end_ns[row[j]] - s.start_ns[row[j]])
+            latest = np.nanmax(arrival)
+            arr_rows.append(arrival)
+            wait_rows.append(latest - arrival)
+            # nobody waited when every rank arrived within a microsecond: no one to blame
+            spread = latest - np.nanmin(arrival)
+            last.append(int(np.nanargmax(arrival)) if spread >= NO_WAIT_NS else -1)
+            transfer.append(float(min(durs)))
+            groups.append(gm.group)
+            ops.append(by_rank[gm.ranks[usable[0]]].op[row[usable[0]]])
+    n = len(all_ranks)
+    return Arrivals(group=groups, op=ops, ranks=all_ranks,
+                    arrival_ns=np.vstack(arr_rows) if arr_rows else np.zeros((0, n)),
+                    wait_ns=np.vstack(wait_rows) if wait_rows else np.zeros((0, n)),
+                    last=np.asarray(last, dtype=np.int64), transfer_ns=np.asarray(transfer, dtype=np.float64))
+
+
+def job_metrics(summaries: list[RankSummary], m: Matching, a: Arrivals) -> dict[str, Any]:
+    """The report's ``job.collectives``: matched and unmatched counts, skews, waits, the waited-for rank."""
+    per_rank = []
+    late = a.last[a.last >= 0]
+    waited_for = np.bincount(late, minlength=len(a.ranks)) if len(late) else np.zeros(len(a.ranks), np.int64)
+    for i, r in enumerate(a.ranks):
+        waits = a.wait_ns[:, i] if len(a.wait_ns) else np.zeros(0)
+        present = ~np.isnan(waits)
+        # the rank this one waited for most often: the last to arrive at the collectives where it was not
+        others = a.last[(a.last >= 0) & (a.last != i) & ~np.isnan(a.wait_ns[:, i])] if len(a.last) else a.last
+        per_rank.append({
+            "rank": r,
+            "clock_skew_us": m.skew_ns[r] / 1000.0 if m.skew_ns.get(r) is not None else None,
+            "matched": m.matched[r],
+            "unmatched": m.unmatched[r],
+            "point_to_point": m.point_to_point.get(r, 0),
+            "wait_us": round(float(np.nansum(waits)) / 1000.0, 3) if present.any() else None,
+            "waited_for_count": int(waited_for[i]),
+            "waited_for_rank": int(a.ranks[int(np.bincount(others).argmax())]) if len(others) else None,
+        })
+    most = int(a.ranks[int(np.argmax(waited_for))]) if len(late) else None
+    return {
+        "matched": int(len(a.last)),
+        "unmatched": int(sum(m.unmatched.values())),
+        "groups": [{"group": g.group, "ranks": g.ranks, "method": g.method, "matched": int(len(g.index)),
+                    "unmatched": g.unmatched, "misaligned_ranks": g.misaligned} for g in m.groups],
+        "reference_rank": min(a.ranks) if a.ranks else None,
+        "most_waited_for_rank": most,
+        "ranks": per_rank,
+        "method": "collectives matched per process group (sequence numbers, else sequence alignment); clocks "
+                  "aligned on collective completion; wait = last aligned arrival - own arrival",
+    }

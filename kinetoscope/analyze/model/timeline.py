@@ -1,0 +1,654 @@
+"""Derived views of a rank shared by several analyzers, computed once per trace.
+
+Everything here is a pure function of the ``RankTrace``; the cache is keyed on
+the trace object's identity (``RankTrace`` is frozen), so it never goes stale.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from kinetoscope.analyze.model import intervals as iv
+from kinetoscope.analyze.model.trace import RankTrace, trace_view
+from kinetoscope.analyze.model.units import us
+
+LOADER_RE = re.compile(r"^enumerate\((DataLoader|DataPipe)\)#")
+#: torch.compile compiling (dynamo's frame compile, the lazily compiled backward, the backend): not the step's work
+COMPILE_RE = re.compile(r"^(entire_frame_compile|entire_backward_compile|_compile\.compile_inner|backend_compile)"
+                        r"(?:$| \(dynamo_timed\))")
+#: host calls that block until the device catches up: stream/device/event syncs (runtime and driver
+#: API), blocking copies, and frees (cudaFree synchronises the device)
+SYNC_RUNTIME_RE = re.compile(
+    r"^(cuda|hip)(DeviceSynchronize|StreamSynchronize|EventSynchronize|Memcpy|MemcpyWithStream|Free|FreeHost|HostFree)$"
+    r"|^cu(Ctx|Stream|Event)Synchronize$|^cuMemcpy(HtoD|DtoH|DtoD)?(_v2)?$|^cuMemFree(Host)?(_v2)?$"
+)
+SYNC_OP_NAMES = frozenset({"aten::item", "aten::_local_scalar_dense"})
+#: a CUDA/HIP graph replay: one call that runs a whole recorded graph of kernels
+GRAPH_LAUNCH_RE = re.compile(r"^(cuda|hip)GraphLaunch(_v2)?$|^cuGraphLaunch$")
+#: stream capture (recording a graph): launches inside it do not run
+CAPTURE_BEGIN_RE = re.compile(r"^(cuda|hip)StreamBeginCapture(_v2|ToGraph)?(_ptsz)?$|^cuStreamBeginCapture(_v2)?(_ptsz)?$")
+CAPTURE_END_RE = re.compile(r"^(cuda|hip)StreamEndCapture(_ptsz)?$|^cuStreamEndCapture(_ptsz)?$")
+
+
+@dataclass(frozen=True)
+class Window:
+    start_ns: int
+    end_ns: int
+    basis: str  # "profiler_steps" | "gpu_activity" | "all_events"
+
+    @property
+    def dur_ns(self) -> int:
+        return self.end_ns - self.start_ns
+
+    def describe(self) -> str:
+        return {
+            "profiler_steps": "first ProfilerStep start to last ProfilerStep end",
+            "inferred_steps": "training-loop iterations inferred from DataLoader waits (trace has no ProfilerStep spans)",
+            "gpu_activity": "span of all GPU activity (trace has no ProfilerStep spans)",
+            "all_events": "span of all events (no ProfilerStep spans, no GPU activity)",
+        }[self.basis]
+
+
+@trace_view
+def window(trace: RankTrace) -> Window:
+    steps = trace.steps
+    if len(steps) and "partial" in steps and not steps["partial"].all():
+        steps = steps[~steps["partial"].to_numpy()]  # a step cut short is no step: the window is the complete ones
+    if len(steps):
+        inferred = "inferred" in steps and bool(steps["inferred"].any())
+        return Window(int(steps["start_ns"].min()), int(steps["end_ns"].max()),
+                      "inferred_steps" if inferred else "profiler_steps")
+    gpu = trace.gpu_events
+    if len(gpu):
+        return Window(int(gpu["ts_ns"].min()), int(gpu["end_ns"].max()), "gpu_activity")
+    ev = trace.events
+    if len(ev):
+        return Window(int(ev["ts_ns"].min()), int(ev["end_ns"].max()), "all_events")
+    mem = trace.memory
+    return Window(int(mem["ts_ns"].min()), int(mem["ts_ns"].max()), "all_events")
+
+
+def _set(frame: pd.DataFrame, w: Window) -> iv.Intervals:
+    return iv.clip(iv.union(frame["ts_ns"].to_numpy(), frame["end_ns"].to_numpy()), w.start_ns, w.end_ns)
+
+
+def category_mask(frame: pd.DataFrame, column: str, keep: Callable[[Any], bool]) -> np.ndarray:
+    """Rows whose categorical ``column`` holds a category ``keep`` accepts: each category tested once, the rows
+    compared on their codes."""
+    cat = frame[column].cat
+    return codes_in(np.asarray(cat.codes), [i for i, c in enumerate(cat.categories) if keep(c)])
+
+
+def kind_mask(frame: pd.DataFrame, kinds: tuple[str, ...] | list[str]) -> np.ndarray:
+    """Rows whose ``kind`` is one of ``kinds``."""
+    return category_mask(frame, "kind", lambda k: k in kinds)
+
+
+def codes_in(codes: np.ndarray, wanted: list[int]) -> np.ndarray:
+    """``np.isin(codes, wanted)`` for a categorical's codes (-1: missing, never wanted), in one pass: a few
+    equality tests, or a lookup table for more (``isin`` sorts or masks, 5 ms on 700k int8 codes, where
+    three equality tests take 0.1 ms)."""
+    if len(wanted) <= 4:
+        out = np.zeros(len(codes), dtype=bool)
+        for c in wanted:
+            out |= codes == c
+        return out
+    table = np.zeros(max(wanted) + 2, dtype=bool)  # the last slot: codes past the largest wanted, and -1
+    table[wanted] = True
+    return table.take(np.minimum(codes, len(table) - 1, dtype=np.intp), mode="wrap")
+
+
+def name_mask(frame: pd.DataFrame, pattern: re.Pattern[str] | None = None, names: frozenset[str] | None = None,
+              *, search: bool = False) -> np.ndarray:
+    """Rows whose ``name`` matches ``pattern`` (at the start; anywhere with ``search``) or is one of
+    ``names``, tested once per distinct name."""
+    test = (pattern.search if search else pattern.match) if pattern is not None else None
+    return category_mask(frame, "name", lambda n: (test is not None and bool(test(n)))
+                         or (names is not None and n in names))
+
+
+@trace_view
+def runtime_calls(trace: RankTrace) -> pd.DataFrame:
+    """CUDA/HIP runtime and driver calls on the host."""
+    return trace.events[kind_mask(trace.events, ("runtime", "driver"))]
+
+
+@trace_view
+def kernels(trace: RankTrace) -> pd.DataFrame:
+    """Kernels of ``gpu_work``."""
+    work = gpu_work(trace)
+    return work[kind_mask(work, ("kernel",))]
+
+
+@trace_view
+def gpu_work(trace: RankTrace) -> pd.DataFrame:
+    """Kernels, copies and memsets with a device and stream, sorted by start."""
+    gpu = trace.gpu_events
+    gpu = gpu[gpu["device"].notna()]
+    return gpu.assign(device=gpu["device"].astype(np.int64), stream=gpu["stream"].fillna(-1).astype(np.int64))
+
+
+@trace_view
+def device_busy(trace: RankTrace) -> dict[int, iv.Intervals]:
+    """Per device: union of all its streams' work, clipped to the window."""
+    w = window(trace)
+    return {int(d): _set(g, w) for d, g in gpu_work(trace).groupby("device", sort=True)}
+
+
+@trace_view
+def any_gpu_busy(trace: RankTrace) -> iv.Intervals:
+    gpu = gpu_work(trace)
+    return _set(gpu, window(trace)) if len(gpu) else iv.EMPTY
+
+
+def _tid_mask(frame: pd.DataFrame, tids: set[str] | frozenset[str]) -> np.ndarray:
+    """Rows whose thread is one of ``tids``."""
+    return category_mask(frame, "tid", lambda t: str(t) in tids)
+
+
+@trace_view
+def all_loader_spans(trace: RankTrace) -> pd.DataFrame:
+    """``enumerate(DataLoader)#…`` spans on any thread (a prefetch thread's ``next()`` included)."""
+    ev = trace.events
+    return ev[name_mask(ev, LOADER_RE) & ~kind_mask(ev, ("gpu_annotation",))]
+
+
+def loader_roles(trace: RankTrace) -> dict[int, str]:
+    """Each DataLoader's role as the capture decided it when the run ended (the manifest's ``loop.loaders``), else as
+    its marks in this trace say: "train", "eval" or "unknown"; {} for a trace without the capture's marks."""
+    loop = (trace.meta.capture or {}).get("loop") or {}
+    roles: dict[int, str] = {}
+    for entry in loop.get("loaders") or []:
+        if isinstance(entry, dict) and isinstance(entry.get("loader"), int) and isinstance(entry.get("role"), str):
+            roles[entry["loader"]] = entry["role"]
+    marks = trace.marks
+    waits = marks[(marks["name"] == "kinetoscope::data_wait").to_numpy()] if len(marks) else marks
+    for loader, role in zip(waits["loader"], waits["role"], strict=False):
+        if loader is not pd.NA and not pd.isna(loader) and int(loader) not in roles and isinstance(role, str):
+            roles[int(loader)] = role
+    return roles
+
+
+@trace_view
+def other_role_waits(trace: RankTrace) -> pd.DataFrame:
+    """The capture's data-wait marks of loaders that are not the training loop's (validation, evaluation): their
+    waits are no training data wait."""
+    marks = trace.marks
+    if marks.empty:
+        return trace.events.iloc[0:0]
+    roles = loader_roles(trace)
+    waits = marks[(marks["name"] == "kinetoscope::data_wait").to_numpy()]
+    other = [roles.get(int(x)) == "eval" if not pd.isna(x) else False for x in waits["loader"]]
+    return trace.events.iloc[waits["row"].to_numpy()[np.asarray(other, dtype=bool)]]
+
+
+@trace_view
+def loader_spans(trace: RankTrace) -> pd.DataFrame:
+    """The training loop's waits for data: DataLoader spans on the training thread only, and - where the capture
+    marked which loader each wait was for - only the training loader's (a validation loader's waits are not)."""
+    spans = all_loader_spans(trace)
+    tid = main_thread(trace)
+    if tid is None or spans.empty:
+        return spans.iloc[0:0]
+    spans = spans[_tid_mask(spans, {tid})]
+    other = other_role_waits(trace)
+    if len(other) and len(spans):
+        marked = iv.union(other["ts_ns"].to_numpy(), other["end_ns"].to_numpy())
+        inside = iv.overlap_each(spans["ts_ns"].to_numpy(), spans["end_ns"].to_numpy(), marked)
+        spans = spans[inside < spans["dur_ns"].to_numpy() / 2]  # mostly inside another loader's wait: not training
+    return spans
+
+
+@trace_view
+def other_loader_spans(trace: RankTrace) -> pd.DataFrame:
+    """DataLoader spans that are not the training loop's waits: on other threads (prefetchers), or - where the
+    capture marked them - a validation loader's."""
+    spans = all_loader_spans(trace)
+    return spans[~spans.index.isin(loader_spans(trace).index)]
+
+
+@trace_view
+def launches(trace: RankTrace) -> pd.DataFrame:
+    """Runtime/driver calls that put work on the GPU: their correlation id names recorded GPU work,
+    or they replay a graph (whose kernels may not be recorded)."""
+    calls = runtime_calls(trace)
+    work_corr = gpu_work(trace)["correlation"].dropna().to_numpy(np.int64)
+    corr = calls["correlation"]
+    matched = corr.notna().to_numpy() & np.isin(corr.fillna(-1).to_numpy(np.int64), work_corr)
+    return calls[matched | name_mask(calls, GRAPH_LAUNCH_RE)]
+
+
+@trace_view
+def launching_threads(trace: RankTrace) -> frozenset[str]:
+    """Threads that launch GPU work (the training thread, autograd's backward threads, ...)."""
+    threads = {str(t) for t in launches(trace)["tid"].unique()}
+    tid = main_thread(trace)
+    if tid is not None and trace.has_gpu:
+        threads.add(tid)
+    return frozenset(threads)
+
+
+@trace_view
+def sync_calls(trace: RankTrace) -> pd.DataFrame:
+    """Synchronising calls on threads that launch GPU work (a sync on an unrelated thread does not
+    stall the launch queue): ``cuda*``/``hip*``/``cu*`` syncs, blocking copies, frees, ``.item()``. On a run
+    with GPU work, an ``.item()`` that makes no runtime call (a CPU tensor's value) waits for nothing."""
+    ev = trace.events
+    is_runtime = kind_mask(ev, ("runtime", "driver"))
+    is_item = kind_mask(ev, ("cpu_op",)) & name_mask(ev, names=SYNC_OP_NAMES)
+    if trace.has_gpu and is_item.any():
+        is_item &= _holds_a_call(ev, is_item, is_runtime)
+    is_sync = (is_runtime & name_mask(ev, SYNC_RUNTIME_RE)) | is_item
+    threads = launching_threads(trace)
+    if threads:
+        is_sync &= _tid_mask(ev, threads)
+    return ev[is_sync]
+
+
+def _holds_a_call(ev: pd.DataFrame, outer: np.ndarray, inner: np.ndarray) -> np.ndarray:
+    """For each row: whether it is an ``outer`` row with an ``inner`` row of its thread starting inside it."""
+    out = np.zeros(len(ev), dtype=bool)
+    tids = ev["tid"].astype(str).to_numpy()
+    ts, end = ev["ts_ns"].to_numpy(), ev["end_ns"].to_numpy()
+    for tid in np.unique(tids[outer]):
+        starts = np.sort(ts[inner & (tids == tid)])
+        rows = np.flatnonzero(outer & (tids == tid))
+        first = np.searchsorted(starts, ts[rows], side="left")
+        out[rows] = (first < len(starts)) & (starts[np.minimum(first, max(len(starts) - 1, 0))] <= end[rows]) \
+            if len(starts) else False
+    return out
+
+
+@dataclass(frozen=True)
+class HostWork:
+    """What the launching threads were doing, as disjoint interval sets clipped to the window."""
+
+    #: long CPU ops that launch little for their length: CPU-bound op work
+    compute: iv.Intervals
+    #: the rest of their traced ops and runtime calls: launch overhead
+    launch: iv.Intervals
+
+
+#: a top-level op that launches nothing and runs this long is CPU work, not dispatch overhead ...
+COMPUTE_MIN_NS = 100_000
+#: ... and so is one spending this much host time per GPU launch inside it (an eager op costs ~10-50 us
+#: of host time per kernel it launches; past 250 us the op is doing work of its own on the CPU)
+COMPUTE_NS_PER_LAUNCH = 250_000
+#: record_function ranges that 2021 traces file as ops: containers of work, never work themselves
+CONTAINER_RE = re.compile(r"^(ProfilerStep#|Optimizer\.(step|zero_grad)#|enumerate\(|## )")
+
+
+@trace_view
+def host_work(trace: RankTrace) -> HostWork:
+    ev = trace.events
+    w = window(trace)
+    threads = launching_threads(trace)
+    on = _tid_mask(ev, threads) if threads else np.zeros(len(ev), dtype=bool)
+    work = on & kind_mask(ev, ("cpu_op", "runtime", "driver"))
+    busy = iv.clip(iv.union(ev["ts_ns"].to_numpy()[work], ev["end_ns"].to_numpy()[work]), w.start_ns, w.end_ns)
+    launch = launches(trace)
+    compute_s: list[np.ndarray] = []
+    compute_e: list[np.ndarray] = []
+    ops = ev[on & kind_mask(ev, ("cpu_op",)) & ~name_mask(ev, CONTAINER_RE)]
+    for tid, group in ops.groupby(ops["tid"].astype(str), sort=False, observed=True):
+        tops = top_level(group)
+        mine = np.sort(launch["ts_ns"].to_numpy()[_tid_mask(launch, {tid})])
+        inside = np.searchsorted(mine, tops["end_ns"].to_numpy()) - np.searchsorted(mine, tops["ts_ns"].to_numpy())
+        heavy = tops["dur_ns"].to_numpy() >= np.where(inside > 0, COMPUTE_NS_PER_LAUNCH * inside, COMPUTE_MIN_NS)
+        compute_s.append(tops["ts_ns"].to_numpy()[heavy])
+        compute_e.append(tops["end_ns"].to_numpy()[heavy])
+    compute = iv.union(np.concatenate(compute_s), np.concatenate(compute_e)) if compute_s else iv.EMPTY
+    compute = iv.clip(compute, w.start_ns, w.end_ns)
+    return HostWork(compute=compute, launch=iv.subtract(busy, compute))
+
+
+def host_busy(trace: RankTrace) -> iv.Intervals:
+    """Launching threads busy in any traced op or runtime call."""
+    hw = host_work(trace)
+    return iv.union(np.concatenate((hw.compute[0], hw.launch[0])), np.concatenate((hw.compute[1], hw.launch[1])))
+
+
+@trace_view
+def launch_queue(trace: RankTrace) -> pd.DataFrame:
+    """Per kernel launched by its own call (graph replays excluded): device, start, duration, and how
+    long after its launch call returned it started. A kernel that starts as soon as it is launched
+    found the GPU's queue empty: the GPU was waiting for the host."""
+    work = gpu_work(trace)
+    k = work[(work["kind"] == "kernel").to_numpy() & work["correlation"].notna().to_numpy()]
+    calls = launches(trace)
+    calls = calls[calls["correlation"].notna().to_numpy() & ~name_mask(calls, GRAPH_LAUNCH_RE)]
+    calls = calls.drop_duplicates("correlation")
+    keys = calls["correlation"].to_numpy(np.int64)
+    order = np.argsort(keys, kind="stable")
+    keys = keys[order]
+    call_ts, call_end = calls["ts_ns"].to_numpy()[order], calls["end_ns"].to_numpy()[order]
+    corr = k["correlation"].to_numpy(np.int64)
+    # one kernel per call (a graph's kernels share one correlation and are left out above)
+    single = ~pd.Series(corr).duplicated(keep=False).to_numpy()
+    pos = np.minimum(np.searchsorted(keys, corr), max(len(keys) - 1, 0))
+    found = single & (keys[pos] == corr) if len(keys) else np.zeros(len(k), dtype=bool)
+    return pd.DataFrame({
+        "device": k["device"].to_numpy()[found],
+        "ts_ns": k["ts_ns"].to_numpy()[found],
+        "dur_ns": k["dur_ns"].to_numpy()[found],
+        "launch_ts_ns": call_ts[pos[found]],
+        "delay_ns": k["ts_ns"].to_numpy()[found] - call_end[pos[found]],
+    })
+
+
+@trace_view
+def pending_work(trace: RankTrace) -> iv.Intervals:
+    """When launched GPU work was queued but not yet running: from its launch call's return to its start."""
+    work = gpu_work(trace)
+    calls = launches(trace)
+    calls = calls[calls["correlation"].notna().to_numpy()].drop_duplicates("correlation")
+    keys = calls["correlation"].to_numpy(np.int64)
+    order = np.argsort(keys, kind="stable")
+    keys, call_end = keys[order], calls["end_ns"].to_numpy()[order]
+    has = work["correlation"].notna().to_numpy()
+    corr = work["correlation"].fillna(0).to_numpy(np.int64)
+    if not len(keys):
+        return iv.EMPTY
+    pos = np.minimum(np.searchsorted(keys, corr), len(keys) - 1)
+    found = has & (keys[pos] == corr)
+    start = call_end[pos[found]]
+    end = work["ts_ns"].to_numpy()[found]
+    return iv.union(start, end)
+
+
+@dataclass(frozen=True)
+class MissingActivity:
+    """GPU work the trace cannot show: graph replays whose kernels were not recorded, and stream
+    capture (recording a graph: the launches inside do not run)."""
+
+    graph_launches: int
+    graph_launches_unrecorded: int
+    capture_ns: int
+    #: launched kernels that waited on a GPU the trace shows idle (queued behind unrecorded work)
+    pending_ns: int
+    #: stretches cut out of the trace (correlation ids jump across a silence)
+    holes_ns: int
+    #: time in the window for which the GPU's activity is unknown
+    blind: iv.Intervals
+
+    def blind_ns(self) -> int:
+        return iv.measure(self.blind)
+
+
+@trace_view
+def missing_activity(trace: RankTrace) -> MissingActivity:
+    w = window(trace)
+    calls = runtime_calls(trace)
+    calls = calls[(calls["end_ns"] > w.start_ns) & (calls["ts_ns"] < w.end_ns)]
+    graphs = calls[name_mask(calls, GRAPH_LAUNCH_RE)]
+    recorded = np.isin(graphs["correlation"].fillna(-1).to_numpy(np.int64),
+                       gpu_work(trace)["correlation"].dropna().to_numpy(np.int64))
+    unrecorded = graphs[~recorded | graphs["correlation"].isna().to_numpy()]
+    # capture phases: from each BeginCapture to the next EndCapture on the same thread
+    begin = calls[name_mask(calls, CAPTURE_BEGIN_RE)]
+    end = calls[name_mask(calls, CAPTURE_END_RE)]
+    cap_s: list[int] = []
+    cap_e: list[int] = []
+    for tid, b in begin.groupby(begin["tid"].astype(str), observed=True):
+        e = np.sort(end["end_ns"].to_numpy()[_tid_mask(end, {tid})])
+        nxt = np.searchsorted(e, b["ts_ns"].to_numpy())
+        for t, i in zip(b["ts_ns"].to_numpy(), nxt, strict=False):
+            cap_s.append(int(t))
+            cap_e.append(int(e[i]) if i < len(e) else w.end_ns)  # never ended: blind to the window's end
+    capture = iv.clip(iv.union(np.array(cap_s, np.int64), np.array(cap_e, np.int64)), w.start_ns, w.end_ns)
+    # an unrecorded replay runs for an unknown time on an unknown stream: nothing after it can be judged
+    # until the next recorded GPU work
+    blind = capture
+    if len(unrecorded):
+        starts = gpu_work(trace)["ts_ns"].to_numpy()
+        first = unrecorded["ts_ns"].to_numpy()
+        nxt = np.searchsorted(np.sort(starts), first, side="right")
+        sorted_starts = np.sort(starts)
+        ends = np.where(nxt < len(sorted_starts), sorted_starts[np.minimum(nxt, len(sorted_starts) - 1)], w.end_ns)
+        replay = iv.clip(iv.union(first, np.maximum(ends, unrecorded["end_ns"].to_numpy())), w.start_ns, w.end_ns)
+        blind = iv.union(np.concatenate((blind[0], replay[0])), np.concatenate((blind[1], replay[1])))
+    pending = _pending_on_idle(trace, w)
+    holes = _holes(trace, w)
+    for extra in (pending, holes):
+        if extra[0].size:
+            blind = iv.union(np.concatenate((blind[0], extra[0])), np.concatenate((blind[1], extra[1])))
+    return MissingActivity(graph_launches=int(len(graphs)), graph_launches_unrecorded=int(len(unrecorded)),
+                           capture_ns=iv.measure(capture), pending_ns=iv.measure(pending),
+                           holes_ns=iv.measure(holes), blind=blind)
+
+
+#: runtime-call correlation ids count every API call; a jump of this many between two calls in time
+#: order, across a silence of at least HOLE_MIN_NS, means the calls in between were cut from the trace
+HOLE_MIN_ID_JUMP = 100
+HOLE_MIN_NS = 1_000_000
+
+
+def _holes(trace: RankTrace, w: Window) -> iv.Intervals:
+    """Stretches cut out of the trace (trimmed by hand, or dropped by the profiler): between two runtime
+    calls whose correlation ids jump by hundreds, with nothing recorded in between."""
+    calls = runtime_calls(trace)
+    calls = calls[calls["correlation"].notna().to_numpy()]
+    if len(calls) < 2:
+        return iv.EMPTY
+    order = np.argsort(calls["ts_ns"].to_numpy(), kind="stable")
+    corr = calls["correlation"].to_numpy(np.int64)[order]
+    ts = calls["ts_ns"].to_numpy()[order]
+    ends = np.maximum.accumulate(calls["end_ns"].to_numpy()[order])
+    gap_s, gap_e = ends[:-1], ts[1:]
+    hole = ((corr[1:] - corr[:-1]) >= HOLE_MIN_ID_JUMP) & ((gap_e - gap_s) >= HOLE_MIN_NS)
+    return iv.clip(iv.union(gap_s[hole], gap_e[hole]), w.start_ns, w.end_ns)
+
+
+#: a runtime call this long with the GPU idle throughout is start-up work (context creation, lazy module
+#: loading, cuDNN/JIT first use), not steady-state launching: a launch costs microseconds
+STARTUP_CALL_NS = 1_000_000
+
+
+#: device memory allocated and freed by the runtime (the caching allocator's misses, empty_cache, an allocator
+#: bypassed): cudaFree/hipFree synchronise the device
+ALLOCATOR_RE = re.compile(r"^(cuda|hip)(Malloc|MallocAsync|MallocManaged|MallocHost|HostAlloc|Free|FreeAsync|FreeHost|"
+                          r"HostFree)$|^cuMem(Alloc|Free|AllocHost|FreeHost|AllocAsync|FreeAsync)(_v2)?$")
+
+
+@trace_view
+def allocator_calls(trace: RankTrace) -> pd.DataFrame:
+    """Device mallocs and frees on the threads that launch GPU work, in the window."""
+    w = window(trace)
+    calls = runtime_calls(trace)
+    calls = calls[name_mask(calls, ALLOCATOR_RE) & (calls["end_ns"] > w.start_ns).to_numpy()
+                  & (calls["ts_ns"] < w.end_ns).to_numpy()]
+    threads = launching_threads(trace)
+    return calls[_tid_mask(calls, threads)] if threads else calls
+
+
+def recurring_allocator_calls(trace: RankTrace) -> pd.DataFrame:
+    """Allocator calls in steps where they recur: at least two steps of the window hold some (one step's
+    allocations are that step's start-up)."""
+    calls = allocator_calls(trace)
+    if calls.empty or not len(trace.steps):
+        return calls.iloc[0:0]
+    step = step_at(trace, calls["ts_ns"].to_numpy())
+    return calls[step >= 0] if len(np.unique(step[step >= 0])) >= 2 else calls.iloc[0:0]
+
+
+@trace_view
+def startup_calls(trace: RankTrace) -> pd.DataFrame:
+    """Runtime/driver calls of at least STARTUP_CALL_NS in the window during which no GPU work ran; device
+    mallocs and frees that recur step after step are no start-up (see ``recurring_allocator_calls``)."""
+    w = window(trace)
+    calls = runtime_calls(trace)
+    calls = calls[((calls["dur_ns"] >= STARTUP_CALL_NS) & (calls["end_ns"] > w.start_ns)
+                   & (calls["ts_ns"] < w.end_ns)).to_numpy()]
+    if calls.empty:
+        return calls
+    calls = calls[~calls.index.isin(recurring_allocator_calls(trace).index)]
+    busy = iv.overlap_each(calls["ts_ns"].to_numpy(), calls["end_ns"].to_numpy(), any_gpu_busy(trace))
+    return calls[busy == 0]
+
+
+#: a launched kernel that has not started this long after its launch returned, on a GPU the trace shows
+#: idle, was queued behind work the trace did not record (launched before recording began)
+PENDING_MIN_NS = 1_000_000
+
+
+def _pending_on_idle(trace: RankTrace, w: Window) -> iv.Intervals:
+    """Times at which a launched kernel was waiting to start while its device shows no work: an idle
+    GPU starts a kernel within microseconds, so the device was busy with work the trace lacks."""
+    q = launch_queue(trace)
+    q = q[(q["delay_ns"] >= PENDING_MIN_NS).to_numpy()]
+    if q.empty:
+        return iv.EMPTY
+    busy = device_busy(trace)
+    parts_s, parts_e = [], []
+    for device, group in q.groupby("device"):
+        waiting = iv.clip(iv.union(group["ts_ns"].to_numpy() - group["delay_ns"].to_numpy(), group["ts_ns"].to_numpy()),
+                          w.start_ns, w.end_ns)
+        unexplained = iv.subtract(waiting, busy.get(int(device), iv.EMPTY))
+        keep = (unexplained[1] - unexplained[0]) >= PENDING_MIN_NS
+        parts_s.append(unexplained[0][keep])
+        parts_e.append(unexplained[1][keep])
+    return iv.union(np.concatenate(parts_s), np.concatenate(parts_e))
+
+
+@trace_view
+def main_thread(trace: RankTrace) -> str | None:
+    """The training loop's thread: the one holding the ProfilerStep spans, else the busiest launcher."""
+    if len(trace.steps):
+        return str(trace.steps["tid"].mode().iloc[0])
+    ev = trace.events
+    launches = runtime_calls(trace)
+    pool = launches if len(launches) else ev[kind_mask(ev, ("cpu_op",))]
+    if pool.empty:
+        return None
+    return str(pool["tid"].astype(str).value_counts().index[0])
+
+
+def top_level(frame: pd.DataFrame) -> pd.DataFrame:
+    """Events of one thread not nested inside another of them (sorted by start, longest first)."""
+    if frame.empty:
+        return frame
+    ts, ends = frame["ts_ns"].to_numpy(), frame["end_ns"].to_numpy()
+    order = None
+    if len(ts) > 1 and (ts[1:] < ts[:-1]).any():  # the tables are time-ordered: this sorts other frames only
+        order = np.lexsort((-frame["dur_ns"].to_numpy(), ts))  # by start, longest first at equal starts (stable)
+        ts, ends = ts[order], ends[order]
+    # of the events starting together, the longest (the first of equals) is the one that can be top level, when it
+    # ends after everything that started before
+    first = np.flatnonzero(np.concatenate(([True], ts[1:] != ts[:-1])))
+    group_end = np.maximum.reduceat(ends, first)
+    group = np.repeat(np.arange(len(first)), np.diff(np.append(first, len(ts))))
+    longest = np.flatnonzero(ends == group_end[group])
+    longest = longest[np.concatenate(([True], group[longest[1:]] != group[longest[:-1]]))]  # one per group
+    prior_max = np.concatenate(([np.iinfo(np.int64).min], np.maximum.accumulate(group_end)[:-1]))
+    kept = longest[group_end > prior_max]
+    return frame.iloc[kept if order is None else order[kept]]
+
+
+def intervals_of(frame: pd.DataFrame, w: Window) -> iv.Intervals:
+    return _set(frame, w)
+
+
+def step_at(trace: RankTrace, ts_ns: np.ndarray) -> np.ndarray:
+    """The ProfilerStep number containing each time, or -1."""
+    steps = trace.steps
+    ts_ns = np.asarray(ts_ns, dtype=np.int64)
+    if steps.empty:
+        return np.full(ts_ns.shape, -1, dtype=np.int64)
+    starts = steps["start_ns"].to_numpy()
+    idx = np.searchsorted(starts, ts_ns, side="right") - 1
+    ok = (idx >= 0) & (ts_ns < steps["end_ns"].to_numpy()[np.maximum(idx, 0)])
+    return np.where(ok, steps["step"].to_numpy()[np.maximum(idx, 0)], -1)
+
+
+@trace_view
+def python_frames(trace: RankTrace) -> pd.DataFrame:
+    """Python stack frames (``with_stack=True``: ``python_function`` events) on the threads that launch GPU work
+    (else the training thread): what the host's Python was running, traced."""
+    ev = trace.events
+    threads = set(launching_threads(trace))
+    tid = main_thread(trace)
+    if tid is not None:
+        threads.add(tid)
+    frames = ev[kind_mask(ev, ("python",)) & _tid_mask(ev, frozenset(threads))]
+    return frames[["ts_ns", "dur_ns", "end_ns", "name", "tid"]]
+
+
+#: a frame holding this share of the time looked at wraps everything (``<module>``, a training function): it names
+#: nothing in particular
+_HOTSPOT_WRAPS_ALL = 0.9
+#: a frame holding less than this share is not among what the host was doing
+_HOTSPOT_MIN_SHARE = 0.05
+
+
+def python_hotspots(frames: pd.DataFrame, at: iv.Intervals, top: int = 3) -> list[dict[str, Any]]:
+    """What the host's Python was doing during ``at``: the frames holding the most of that time (at least 5% of it),
+    leaving out those that wrap nearly all of it and those inside a frame already named, most time first:
+    ``[{"function", "time_us", "share"}]`` (share of ``at``)."""
+    total = iv.measure(at)
+    if frames.empty or total == 0:
+        return []
+    inside = iv.overlap_each(frames["ts_ns"].to_numpy(), frames["end_ns"].to_numpy(), at)
+    keep = inside > 0
+    f = frames[keep]
+    inside = inside[keep]
+    order = np.lexsort((-f["dur_ns"].to_numpy(), f["ts_ns"].to_numpy(), f["tid"].astype(str).to_numpy()))
+    ts, end = f["ts_ns"].to_numpy()[order], f["end_ns"].to_numpy()[order]
+    tids, names = f["tid"].astype(str).to_numpy()[order], f["name"].astype(str).to_numpy()[order]
+    inside = inside[order]
+    parent = np.full(len(ts), -1, dtype=np.int64)
+    stack: list[int] = []
+    for i in range(len(ts)):  # frames nest on their thread: each one's caller is the innermost open frame
+        while stack and (tids[stack[-1]] != tids[i] or end[stack[-1]] < end[i]):
+            stack.pop()
+        parent[i] = stack[-1] if stack else -1
+        stack.append(i)
+    by_name: dict[str, float] = {}
+    for name, t in zip(names, inside, strict=False):
+        by_name[name] = by_name.get(name, 0) + t
+    chosen: list[str] = []
+    for name, t in sorted(by_name.items(), key=lambda kv: -kv[1]):
+        if len(chosen) == top or t < _HOTSPOT_MIN_SHARE * total:
+            break
+        if t >= _HOTSPOT_WRAPS_ALL * total:
+            continue
+        rows = np.flatnonzero(names == name)
+        nested = False
+        for r in rows[:64]:  # is this frame called from inside one already named?
+            p = parent[r]
+            while p >= 0 and not nested:
+                nested = names[p] in chosen
+                p = parent[p]
+        if not nested:
+            chosen.append(name)
+    return [{"function": n, "time_us": us(by_name[n]), "share": round(by_name[n] / total, 4)} for n in chosen]
+
+
+def cpu_shares(trace: RankTrace) -> tuple[float | None, float | None]:
+    """(CPU cores' worth of work the loading did per ns of wait, the process's CPU per ns of step outside
+    the wait), from the capture's per-step process CPU time; None where not recorded."""
+    rs = trace.run_steps
+    if rs is None or "cpu_ns" not in rs or rs["cpu_ns"].isna().all():
+        return None, None
+    rs = rs.iloc[1:] if len(rs) > 2 else rs  # the first step carries start-up work
+    wait, wait_cpu = rs["data_wait_ns"].to_numpy(float), rs["data_wait_cpu_ns"].to_numpy(float)
+    wall, cpu = rs["wall_ns"].to_numpy(float), rs["cpu_ns"].to_numpy(float)
+    load = float(np.nansum(wait_cpu) / np.nansum(wait)) if np.nansum(wait) > 0 else None
+    rest = wall - wait
+    comp = float(np.nansum(cpu - wait_cpu) / np.nansum(rest)) if np.nansum(rest) > 0 else None
+    return load, comp
+
+
+def handoff_ns(waits: np.ndarray) -> float:
+    """What taking a batch that is already prepared costs the loop: the median of the short waits (at most a
+    quarter of the longest) where at least a quarter of the waits are short, so those batches were evidently
+    ready; 0 where nearly every step stalled alike (no evidence of a ready batch)."""
+    if not len(waits):
+        return 0.0
+    short = waits[waits <= 0.25 * float(np.max(waits))]
+    return float(np.median(short)) if len(short) >= 0.25 * len(waits) else 0.0

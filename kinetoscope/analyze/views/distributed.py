@@ -1,0 +1,129 @@
+"""The Distributed view (what the TensorBoard profiler plugin's Distributed page showed, and more): per rank,
+where a step's time goes on the GPU (computation only, computation overlapped with communication,
+communication only, neither), how long it waited in collectives for the others, the rank it waited for and
+its clock skew; per matched collective, who arrived last and how long the others waited. Pure functions of
+the loaded trace and its report: screens only show them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from kinetoscope.analyze.model import intervals as iv
+from kinetoscope.analyze.model.collectives import collectives, comm_compute_sets
+from kinetoscope.analyze.model.timeline import window
+from kinetoscope.analyze.model.trace import RankTrace, Trace, trace_view
+from kinetoscope.analyze.report.builder import Report
+
+#: the per-rank table's columns: ms per step unless named otherwise
+RANK_COLUMNS = ("rank", "steps", "step_ms", "compute_only_ms", "overlap_ms", "communication_only_ms", "other_ms",
+                "collective_wait_ms", "waited_for_rank", "last_to_arrive", "clock_skew_ms", "straggler")
+
+
+@dataclass(frozen=True)
+class DistributedView:
+    #: one row per rank (``RANK_COLUMNS``); GPU columns are null where the rank recorded no GPU collectives
+    ranks: pd.DataFrame
+    #: one row per matched collective: group, op, the rank waited for, the longest wait, transfer time (ms)
+    collectives: pd.DataFrame
+    #: the job in a sentence's worth of numbers: straggler, most waited-for rank, largest skew, wait spread
+    headline: dict[str, Any]
+    #: what the columns mean, and over which window
+    about: str
+
+
+@trace_view
+def gpu_split_ns(r: RankTrace) -> dict[str, int] | None:
+    """The window split four ways by the GPU's kernels: computation only, computation and communication
+    at once, communication only, neither (ns). None where the rank recorded no collective kernels."""
+    if collectives(r).empty:
+        return None
+    w = window(r)
+    comm_set, comp_set = comm_compute_sets(r)
+    both = iv.measure(iv.intersect(comm_set, comp_set))
+    comm, comp = iv.measure(comm_set), iv.measure(comp_set)
+    return {"compute_only": comp - both, "overlap": both, "communication_only": comm - both,
+            "other": w.dur_ns - comp - comm + both}
+
+
+def _per_step_ms(ns: float | None, steps: int) -> float | None:
+    return None if ns is None else round(ns / steps / 1e6, 4)
+
+
+def distributed_view(trace: Trace, report: Report) -> DistributedView:
+    coll = report.job.get("collectives") or {}
+    per = {r["rank"]: r for r in coll.get("ranks", [])}
+    stragglers = {f.rank: f for f in report.findings if f.id == "straggler"}
+    rows = []
+    for entry in report.ranks:
+        rank = entry["rank"]
+        r = trace.rank(rank)
+        steps_info = entry.get("steps") or {}
+        n = int(steps_info.get("count") or 0)
+        per_step = max(n, 1)  # no complete step: the window counts as one
+        split = gpu_split_ns(r)
+        gpu = entry.get("gpu") or {}
+        if split is not None and gpu and gpu.get("idle_fraction") is None:
+            # the trace misses the GPU's activity for part of the window: what the kernels do not cover is not
+            # known to be idle (the Overview says "not judged"; so does this view)
+            split = {**split, "other": None}
+        c = per.get(rank, {})
+        wait_us = c.get("wait_us")
+        skew_us = c.get("clock_skew_us")
+        rows.append({
+            "rank": rank,
+            "steps": n,
+            "step_ms": None if steps_info.get("mean_us") is None else round(steps_info["mean_us"] / 1000, 4),
+            **{f"{k}_ms": _per_step_ms(split[k] if split else None, per_step)
+               for k in ("compute_only", "overlap", "communication_only", "other")},
+            "collective_wait_ms": None if wait_us is None else round(wait_us / per_step / 1000, 4),
+            "waited_for_rank": c.get("waited_for_rank"),
+            "last_to_arrive": c.get("waited_for_count"),
+            "clock_skew_ms": None if skew_us is None else round(skew_us / 1000, 4),
+            "straggler": rank in stragglers,
+        })
+    ranks = pd.DataFrame(rows, columns=list(RANK_COLUMNS))
+    for col in ("waited_for_rank", "last_to_arrive"):
+        ranks[col] = pd.array(ranks[col], dtype="Int64")
+    for col in RANK_COLUMNS:
+        if col.endswith("_ms"):  # unknown is NaN in a float column (None made it an object column)
+            ranks[col] = pd.to_numeric(ranks[col], errors="coerce").astype("float64")
+    res = report.job_results.get("collectives")
+    table = res.tables.get("collectives") if res is not None else None
+    if table is None:
+        table = pd.DataFrame(columns=["group", "op", "transfer_us", "waited_for_rank", "max_wait_us"])
+    collectives_ms = pd.DataFrame({
+        "collective": np.arange(1, len(table) + 1),
+        "group": table["group"].astype(str).to_numpy(),
+        "op": table["op"].astype(str).to_numpy(),
+        "waited_for_rank": pd.array(table["waited_for_rank"], dtype="Int64"),
+        "max_wait_ms": pd.to_numeric(table["max_wait_us"]).to_numpy(np.float64) / 1000,
+        "transfer_ms": pd.to_numeric(table["transfer_us"]).to_numpy(np.float64) / 1000,
+    })
+    straggler = next(iter(stragglers.values()), None)
+    skews = ranks["clock_skew_ms"].dropna()
+    waits = ranks["collective_wait_ms"].dropna()
+    headline = {
+        "ranks": len(ranks),
+        #: ranks of the job no file holds: the straggler is then not judged (None below means "not judged")
+        "missing_ranks": list(report.job.get("missing_ranks") or []),
+        "world_size": report.job.get("world_size"),
+        "matched_collectives": coll.get("matched"),
+        "unmatched_collectives": coll.get("unmatched"),
+        "straggler_rank": straggler.rank if straggler else None,
+        "straggler_cause": straggler.evidence.get("cause") if straggler else None,
+        "most_waited_for_rank": coll.get("most_waited_for_rank"),
+        "max_abs_clock_skew_ms": float(skews.abs().max()) if len(skews) else None,
+        "wait_ms_per_step_min": float(waits.min()) if len(waits) else None,
+        "wait_ms_per_step_max": float(waits.max()) if len(waits) else None,
+    }
+    about = ("Per rank, ms per complete step (the window divided by its steps): the GPU's time split by its kernels "
+             "into computation only, computation overlapped with communication, communication only, and neither "
+             "(idle or other work); collective wait: the time the rank's collectives started before the last "
+             "rank arrived (clocks aligned on collective completion); waited for: the rank this one waited for "
+             "most often; last to arrive: how many collectives waited for this rank; clock skew: its clock's offset "
+             "from the reference rank. Blank: the trace cannot say (no collective kernels, no matched collectives).")
+    return DistributedView(ranks=ranks, collectives=collectives_ms, headline=headline, about=about)

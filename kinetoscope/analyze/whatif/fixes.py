@@ -1,0 +1,497 @@
+"""What each finding's fix means, in one place: one ``Fix`` record per finding id (how it is planned as an edit of
+the replay, what it edits, the parameters it takes, or why it saves no time), the plans themselves, and the
+checks of a fix's parameters."""
+
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from kinetoscope.analyze.model.findings import Finding
+from kinetoscope.analyze.model.timeline import (
+    cpu_shares,
+    handoff_ns,
+    loader_spans,
+)
+from kinetoscope.analyze.model.trace import RankTrace
+from kinetoscope.analyze.whatif.graph import (
+    GRAPH_REPLAY_NS,
+    HANDOFF_PRIOR_NS,
+    PCIE3,
+    PINNED_GBPS,
+    PINNED_GBPS_DEFAULT,
+    ReplayGraph,
+)
+from kinetoscope.analyze.whatif.loader_queue import LoaderFix, infer_worker_loads
+from kinetoscope.analyze.whatif.replay import Edits, wait_edits
+
+
+# --- estimates per finding ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Plan:
+    edits: Edits
+    method: str
+    assumptions: tuple[str, ...]
+    extra: dict[str, Any] = field(default_factory=dict)
+    #: "upper" where an assumption the trace cannot check can only make the estimate optimistic (workers that
+    #: take no cores or memory bandwidth from the training, on a host whose cores are not recorded); else None
+    bound: str | None = None
+    #: what the plan edits where its finding's ``Fix`` does not say (a finding standing for another's fix):
+    #: "syncs" for the syncs-removed plan; a plan with a loader edit edits "loader"
+    kind: str | None = None
+
+    @property
+    def what(self) -> str | None:
+        """What this plan edits, as far as the plan itself tells (None: only its finding can say)."""
+        return "loader" if self.edits.loader is not None else self.kind
+
+
+def _window_items(g: ReplayGraph, kind: str) -> np.ndarray:
+    if not g.steps:
+        return np.zeros(0, dtype=np.int64)
+    m = (g.it_kind == kind) & (g.it_start >= g.step_start[0]) & (g.it_start < g.step_end[-1])
+    return np.flatnonzero(m)
+
+
+def _window_waits(g: ReplayGraph) -> np.ndarray:
+    """The training thread's data waits that start inside the window (indices into ``wait_start``)."""
+    if not g.steps:
+        return np.zeros(0, dtype=np.int64)
+    return np.flatnonzero((g.wait_start >= g.step_start[0]) & (g.wait_start < g.step_end[-1]))
+
+
+
+
+def _facts(trace: RankTrace) -> tuple[dict[str, Any], dict[str, Any]]:
+    cap = trace.meta.capture or {}
+    return dict(cap.get("host") or {}), dict(cap.get("dataloader") or {})
+
+
+def _workers_cpu_per_step(trace: RankTrace) -> float | None:
+    """The DataLoader workers' CPU time per step (ns, the mean over the run's steps after the first: CPU work adds
+    up, and the workers' batches land on alternate steps, so a median misses the expensive ones), from the
+    capture's reading of their /proc schedstat; None where not recorded."""
+    rs = trace.run_steps
+    if rs is None or "workers_cpu_ns" not in rs:
+        return None
+    values = rs["workers_cpu_ns"].to_numpy(float)[1:]
+    values = values[~np.isnan(values)]
+    return float(np.mean(values)) if len(values) else None
+
+
+def _cores_together(host: dict[str, Any], cpus: int) -> tuple[float, str]:
+    """(how many cores' worth of compute the host's CPUs do when all are busy, what the estimate says of it): the
+    capture's probe (``cores_effective``; the loader keeps only numbers) where it ran and gave 1 to ``cpus``, else
+    the CPU count."""
+    measured = host.get("cores_effective")
+    if measured is None:
+        return float(cpus), ("all busy, they do as much as their count (not measured: cores that share a physical "
+                             "core do less)")
+    if not 1.0 <= measured <= cpus:
+        return float(cpus), (f"all busy, they do as much as their count (the capture's measure, {measured}, is "
+                             f"outside 1-{cpus} and was ignored)")
+    return float(measured), f"all busy, they do {measured:.2f} cores' work (measured by the capture)"
+
+
+def plan_loader(trace: RankTrace, g: ReplayGraph, params: dict[str, Any]) -> Plan | None:
+    items = _window_waits(g)
+    if not len(items) or not g.steps:
+        return None
+    names = set(loader_spans(trace)["name"].astype(str))
+    single = any("SingleProcess" in n for n in names) and not any("MultiProcessing" in n for n in names)
+    host, dl = _facts(trace)
+    cpus, threads = host.get("cpus"), host.get("torch_threads")
+    waits = (g.wait_end[items] - g.wait_start[items]).astype(float)
+    steps_ns = (g.step_end - g.step_start).astype(float)
+    n = g.steps
+    per_step_wait = float(waits.sum()) / n
+    compute = max(float(steps_ns.mean()) - per_step_wait, 1.0)
+    assumptions = []
+    before = 0 if single else dl.get("num_workers")
+    prefetch = int(params.get("prefetch_factor") or dl.get("prefetch_factor") or 2)
+    load_cpu, comp_cpu = cpu_shares(trace)
+    if single:
+        load = waits  # loading runs inline: each wait is one batch's loading
+        assumptions.append("num_workers=0 before: each recorded wait is one batch's full loading time")
+    elif isinstance(before, int) and before > 0:
+        before_prefetch = int(dl.get("prefetch_factor") or 2)
+        load = infer_worker_loads(g.wait_start[items], g.wait_end[items], before, before_prefetch)
+        assumptions.append(f"num_workers={before}, prefetch_factor={before_prefetch} before (capture manifest): each "
+                           f"batch's loading time inferred from when it became ready and when its worker could start "
+                           f"it (mean {load.mean() / 1e6:.1f} ms per batch per worker; batches ready before the loop "
+                           "asked for them count as free: their loading is not in the trace)")
+    else:
+        load = None
+        assumptions.append("num_workers unknown (no capture manifest naming the DataLoader's configuration): assumes "
+                           "enough workers to hide loading")
+    target = params.get("num_workers")
+    if load is not None and target is None and not single:
+        target = 2 * int(before)  # type: ignore[arg-type]
+        assumptions.append(f"num_workers={target} after (twice as many)")
+    elif load is not None and target is None:
+        need = int(math.ceil(float(load.mean()) / compute)) + 1
+        # loading that mostly waits (storage, network) needs no core of its own: only CPU-heavy loading is
+        # capped by the cores the training leaves free (and when its CPU use is unknown, to be safe)
+        cpu_bound = load_cpu is None or load_cpu >= 0.5
+        free = (cpus - (threads or 1)) if cpus and cpu_bound else None
+        target = max(1, min(need, free)) if free and free > 0 else need
+        assumptions.append(f"num_workers={target} after (" + (f"{cpus} CPUs, {threads or 1} for training"
+                           if free and free > 0 else "enough to hide loading") + ")")
+    elif target is not None:
+        assumptions.append(f"num_workers={target} after, prefetch_factor={prefetch}")
+    if target is not None and int(target) == 0:
+        return None
+    # a batch prepared in a worker still has to reach the training process (collate + shared memory)
+    handoff = int(handoff_ns(waits)) if not single else HANDOFF_PRIOR_NS
+    if params.get("handoff_ms") is not None:
+        handoff = int(float(params["handoff_ms"]) * 1e6)
+        assumptions.append(f"a batch from a worker costs the loop {handoff / 1e6:.2f} ms to take (given)")
+    elif single:
+        assumptions.append(f"a batch from a worker costs the loop {HANDOFF_PRIOR_NS / 1e6:.1f} ms to take (typical "
+                           "DataLoader hand-over; this trace had no workers to measure it)")
+    if load is None:
+        fix = LoaderFix(items=items, load_ns=np.zeros(len(items)), workers=1, prefetch=prefetch, handoff_ns=handoff)
+    else:
+        fix = LoaderFix(items=items, load_ns=load, workers=int(target), prefetch=prefetch, handoff_ns=handoff)
+    floor = 0.0
+    if single and cpus and load_cpu is not None and comp_cpu is not None:
+        # the loading's CPU work moves beside the training's (which also takes each batch over): together they
+        # cannot outrun the CPUs, which do fewer cores' work when all are busy. Work in cores' worth: what ran on
+        # more cores than they are worth together (a multi-threaded training) already ran at that rate, so it
+        # counts at most that many (its part of the floor never exceeds what was recorded)
+        cores, said = _cores_together(host, cpus)
+        work = (compute * min(comp_cpu, cores) + float(load.mean() if load is not None else 0) * min(load_cpu, cores)
+                + handoff)
+        floor = work / cores
+        assumptions.append(f"{cpus} CPUs shared: loading uses {load_cpu:.2f} cores while it runs, the training "
+                           f"{comp_cpu:.2f} (process CPU time per step, capture), taking a batch over is CPU work; "
+                           + said)
+    elif cpus and comp_cpu is not None and (wcpu := _workers_cpu_per_step(trace)) is not None:
+        # workers already: their CPU per batch (one batch per step) stays, spread over more of them. These CPU times
+        # were recorded with the workers and the training side by side, sharing the cores as they will after the
+        # fix, and the training's includes taking batches over: over the CPU count, with nothing added
+        floor = (compute * comp_cpu + wcpu) / cpus
+        assumptions.append(f"{cpus} CPUs shared: the workers use {wcpu / 1e6:.1f} ms of CPU per batch, the training "
+                           f"{comp_cpu:.2f} cores while it computes (capture: process and worker CPU time)")
+    elif load is not None:
+        assumptions.append("the workers get CPU cores of their own, and the training's host work keeps its recorded "
+                           "speed beside them (" + ("the host's cores are not recorded" if not cpus
+                                                    else "the workers' CPU use is not recorded")
+                           + "; workers competing with it for cores or memory bandwidth slow it)")
+    assumptions.append("the per-batch loading cost stays what it was in the training process")
+    # workers that cost the training nothing (cores, memory bandwidth) and enough of them: what the trace cannot check
+    # makes the estimate only more optimistic
+    upper = floor == 0.0 and (load is None or not single or not cpus or comp_cpu is None)
+    return Plan(Edits(loader=fix, floor_step_ns=floor), "replay: DataLoader queue simulation", tuple(assumptions),
+                {"num_workers": int(target) if target is not None else None, "prefetch_factor": prefetch,
+                 "cpus": int(cpus) if cpus else None},
+                bound="upper" if upper else None)
+
+
+def _pinned_gbps(trace: RankTrace) -> tuple[float, str]:
+    from kinetoscope.analyze.model.copies import h2d_copies
+
+    h = h2d_copies(trace)
+    big = h[h["pinned"].to_numpy() & (h["bytes"].fillna(0).to_numpy() >= 1 << 20)]
+    if len(big) and big["dur_ns"].sum() > 0:
+        return float(big["bytes"].sum() / big["dur_ns"].sum()), "measured on this trace's pinned copies"
+    names = " ".join(str(p.get("name", "")) for p in trace.meta.device_properties)
+    for pattern, gbps in PINNED_GBPS + ((PCIE3, PINNED_GBPS_DEFAULT),):
+        found = pattern.search(names)
+        if found:
+            return gbps, f"typical for {found.group(0)}'s host link"
+    return PINNED_GBPS_DEFAULT, "PCIe 3.0 x16 assumed: device family unknown"
+
+
+def _h2d_ops(trace: RankTrace, g: ReplayGraph, pageable_only: bool) -> tuple[np.ndarray, pd.DataFrame]:
+    from kinetoscope.analyze.model.copies import h2d_copies
+
+    h = h2d_copies(trace)
+    if pageable_only:
+        h = h[(h["pageable"] | (h["host_memory"].eq("unknown") & h["blocking"])).to_numpy()]
+    pos_of = pd.Series(np.arange(len(g.op_label)), index=g.op_label)
+    idx = pos_of.reindex(h.index).dropna().to_numpy(np.int64)
+    return idx, h
+
+
+def _copy_items(g: ReplayGraph, ops: np.ndarray) -> set[int]:
+    return {int(i) for i in np.flatnonzero(np.isin(g.it_await, ops) & (g.it_kind == "copy"))}
+
+
+def plan_pageable(trace: RankTrace, g: ReplayGraph, params: dict[str, Any]) -> Plan | None:
+    ops, h = _h2d_ops(trace, g, pageable_only=True)
+    if not len(ops):
+        return None
+    gbps, why = _pinned_gbps(trace)
+    gbps = float(params.get("pinned_gbps") or gbps)
+    nbytes = h["bytes"].reindex(g.op_label[ops]).fillna(0).to_numpy(float)
+    new = {int(j): int(min(g.op_dur[j], b / gbps)) if b > 0 else int(g.op_dur[j]) for j, b in zip(ops, nbytes, strict=False)}
+    free = _copy_items(g, ops)
+    return Plan(Edits(item_free=free, op_dur=new), "replay: pinned copies",
+                (f"pinned host memory copies at {gbps:.1f} GB/s ({why})",
+                 "the copy call returns at once (non_blocking=True): the host no longer waits for it",
+                 "the copy keeps its place in its stream (later kernels still wait for it)"))
+
+
+def plan_overlap(trace: RankTrace, g: ReplayGraph, params: dict[str, Any]) -> Plan | None:
+    ops, _ = _h2d_ops(trace, g, pageable_only=False)
+    if not len(ops):
+        return None
+    return Plan(Edits(item_free=_copy_items(g, ops), op_dur={int(j): 0 for j in ops}), "replay: side-stream prefetch",
+                ("each step's input copy runs on a side stream during the previous step (pinned, non_blocking), "
+                 "so the compute stream no longer waits for it",
+                 "the copy engine and host link have room for it beside the step's own traffic"))
+
+
+def plan_syncs(trace: RankTrace, g: ReplayGraph, params: dict[str, Any]) -> Plan | None:
+    every = int(params.get("every") or 10)
+    copies_back = _window_items(g, "copy")
+    copies_back = copies_back[g.it_dir[copies_back] == "DtoH"]  # .item(), .cpu(): a read-back the host waits for
+    items = np.sort(np.concatenate([_window_items(g, "sync"), copies_back]))
+    if not len(items):
+        return Plan(Edits(), "replay: syncs removed",
+                    ("no host-device sync in the window waits for the GPU (a CPU run, or syncs the GPU had finished "
+                     "before): removing them saves nothing here",), {"every": every}, kind="syncs")
+    step = np.searchsorted(g.step_start, g.it_start[items], side="right") - 1
+    keep = (step % every) == every - 1
+    return Plan(Edits(item_free={int(i) for i in items[~keep]}), "replay: syncs removed",
+                (f"host-device syncs in the loop kept only every {every} steps (metrics read then)",
+                 "the values they read are not needed to launch the next work (no data-dependent control flow)"),
+                {"every": every}, kind="syncs")
+
+
+def plan_respawn(trace: RankTrace, g: ReplayGraph, finding: Finding) -> Plan | None:
+    items = _window_waits(g)
+    if not len(items):
+        return None
+    waits = g.wait_end[items] - g.wait_start[items]
+    typical = int(np.median(waits))
+    long = waits >= max(2_000_000, 3 * typical)
+    if not long.any():
+        return None
+    # shutting the old workers down and starting new ones also runs outside next(): untraced host time in the
+    # steps where the start-up waits fall; what those steps spend outside their waits beyond a typical step goes
+    steps_ns = (g.step_end - g.step_start).astype(float)
+    step_of = np.clip(np.searchsorted(g.step_start, g.wait_start[items], side="right") - 1, 0, g.steps - 1)
+    wait_in_step = np.bincount(step_of, weights=waits.astype(float), minlength=g.steps)
+    outside = steps_ns - wait_in_step
+    typical_outside = float(np.median(outside))
+    hit = sorted({int(x) for x in step_of[long]})
+    extra = sum(max(outside[s_] - typical_outside, 0.0) for s_ in hit) / g.steps
+    edits = Edits(item_dur=wait_edits(g, items[long], np.full(int(long.sum()), typical)), analytic_ns={"respawn": extra})
+    return Plan(edits, "replay: persistent workers",
+                (f"each worker start-up wait becomes a typical wait ({typical / 1e6:.2f} ms, the median)",
+                 f"the time those {len(hit)} step(s) spend outside their waits beyond a typical step (worker shutdown "
+                 f"and start, {extra * g.steps / 1e6:.1f} ms in all) goes too"))
+
+
+def plan_from_measure(key: str, saving_ns_per_step: float, method: str, assumptions: tuple[str, ...],
+                      bound: str | None = None) -> Plan:
+    return Plan(Edits(analytic_ns={key: max(0.0, saving_ns_per_step)}), method, assumptions, bound=bound)
+
+
+def _plan_gpu_idle(trace: RankTrace, g: ReplayGraph, finding: Finding, p: dict[str, Any]) -> Plan | None:
+    """GPU idle stands for the fix of its main cause."""
+    n = max(g.steps, 1)
+    by_cause = finding.evidence.get("idle_by_cause_us") or {}
+    cause = max(by_cause, key=lambda c: by_cause[c] or 0) if by_cause else None
+    if cause == "data_wait":
+        return plan_loader(trace, g, p)
+    if cause == "sync":
+        return plan_syncs(trace, g, p)
+    if cause == "host_python" and by_cause.get("host_python"):
+        return plan_from_measure("host_python", by_cause["host_python"] * 1000 / n,
+                                 "measured: GPU idle while the training thread ran Python",
+                                 ("the Python work the GPU waited for runs off the training thread (DataLoader "
+                                  "workers, a background thread), overlapped with the GPU's work",), bound="upper")
+    if cause == "host_launch" and by_cause.get("host_launch"):
+        return plan_from_measure("launch", by_cause["host_launch"] * 1000 / n - GRAPH_REPLAY_NS,
+                                 "measured: GPU idle waiting for launches",
+                                 ("the GPU's idle time while the host launched work goes (CUDA graphs, fused "
+                                  "ops), less one graph replay call per step",
+                                  "the step can be captured as a graph or fused (static shapes, no host logic "
+                                  "between its kernels): not something the trace can check"), bound="upper")
+    return None
+
+
+def _plan_launch_bound(trace: RankTrace, g: ReplayGraph, finding: Finding, p: dict[str, Any]) -> Plan | None:
+    idle = finding.evidence.get("gpu_idle_waiting_for_launches_us")
+    if idle is None:
+        return None
+    return plan_from_measure("launch", float(idle) * 1000 / max(g.steps, 1) - GRAPH_REPLAY_NS,
+                             "measured: launch-bound idle",
+                             ("under CUDA graphs the host launches each step's kernels in one call: the GPU's "
+                              "idle time waiting for launches goes, less one replay call per step",
+                              "the step's shapes are static (a graph replays fixed shapes)"), bound="upper")
+
+
+def _plan_host_oversubscribed(trace: RankTrace, g: ReplayGraph, finding: Finding, p: dict[str, Any]) -> Plan | None:
+    lost = finding.evidence.get("lost_us")
+    if not lost:
+        return None
+    return plan_from_measure("host_cpu", float(lost) * 1000 / max(g.steps, 1), "measured: busy time without a core",
+                             ("the training process gets a core whenever its thread is busy: its operators run "
+                              "at the speed a core gives (what the other threads or processes then lose is not "
+                              "counted)",), bound="upper")
+
+
+def _plan_allocator_churn(trace: RankTrace, g: ReplayGraph, finding: Finding, p: dict[str, Any]) -> Plan | None:
+    held = finding.evidence.get("recurring_time_us")
+    if not held:
+        return None
+    return plan_from_measure("allocator", float(held) * 1000 / max(g.steps, 1),
+                             "measured: host time in device mallocs and frees",
+                             ("the caching allocator keeps the memory between steps: the runtime calls, and the "
+                              "device syncs the frees make, go",))
+
+
+def _plan_exposed_comm(trace: RankTrace, g: ReplayGraph, finding: Finding, p: dict[str, Any]) -> Plan | None:
+    exposed = finding.evidence.get("exposed_us")
+    if exposed is None:
+        return None
+    return plan_from_measure("comm", float(exposed) * 1000 / max(g.steps, 1), "measured: exposed communication",
+                             ("the collectives' exposed time overlaps compute (bucketing, prefetching, pipelining "
+                              "the step); what they spend waiting for other ranks, and what the next work needs "
+                              "from them before it can start, would stay: not something one rank's trace shows",),
+                             bound="upper")
+
+
+def _plan_recompile(trace: RankTrace, g: ReplayGraph, finding: Finding, p: dict[str, Any]) -> Plan | None:
+    ns = float(finding.evidence.get("compile_time_us") or 0) * 1000
+    return plan_from_measure("compile", ns / max(g.steps, 1), "measured: compile time",
+                             ("compilation inside the window no longer happens (shapes made static or dynamic)",))
+
+
+def _plan_straggler(trace: RankTrace, g: ReplayGraph, finding: Finding, p: dict[str, Any]) -> Plan | None:
+    ev = finding.evidence
+    excess = ev.get("cause_excess_us_per_step")
+    known = ev.get("cause") != "unknown" and excess is not None
+    return plan_from_measure("straggler", straggler_saving_us(ev) * 1000, "measured: collective waits",
+                             (f"rank {ev.get('rank')}'s cause ({ev.get('cause')}) removed: the others' waits for it "
+                              "at collectives shrink by its lateness"
+                              + (", at most its measured excess" if known else
+                                 " (its cause is not in the trace: the others' whole wait, at most)"),),
+                             bound=None if known else "upper")
+
+
+PlanFn = Callable[[RankTrace, ReplayGraph, Finding, dict[str, Any]], "Plan | None"]
+#: a fix's parameter: (kind, smallest allowed value, what it means)
+Param = tuple[type, float, str]
+
+
+@dataclass(frozen=True)
+class Fix:
+    """What fixing one kind of finding means, in one place."""
+
+    #: the finding id it fixes
+    finding_id: str
+    #: the edit of the replay that fixes it, ``(trace, graph, finding, params) -> Plan | None``; None where the
+    #: finding is not a time cost (``no_time_cost`` says why) or has no fix the replay or a measure can express
+    plan: PlanFn | None = None
+    #: what the fix edits: two findings whose fixes edit the same thing are one fix when applied together (the
+    #: first named wins); None: what its plan edits (``Plan.what``), else the finding's own id
+    edits: str | None = None
+    #: the parameters it takes, by name
+    params: dict[str, Param] = field(default_factory=dict)
+    #: the findings whose fix this one stands for: it takes their parameters too
+    stands_for: tuple[str, ...] = ()
+    #: why fixing it saves no time (a correctness fix, or one that keeps the job alive); None for a time cost
+    no_time_cost: str | None = None
+
+
+_LOADER_PARAMS: dict[str, Param] = {"num_workers": (int, 1, "DataLoader workers after the fix"),
+                                    "prefetch_factor": (int, 1, "batches each worker prepares ahead"),
+                                    "handoff_ms": (float, 0.0, "what taking a ready batch costs the loop")}
+_SYNC_PARAMS: dict[str, Param] = {"every": (int, 1, "keep one sync every this many steps")}
+_KEEPS_ALIVE = "no time saving: the fix keeps the job alive (steps until out of memory below)"
+_CORRECTNESS = "a correctness fix: no time saving expected"
+
+#: every finding's fix, by finding id (a finding not here has no estimate)
+FIXES: dict[str, Fix] = {f.finding_id: f for f in (
+    Fix("loader_stall", lambda t, g, f, p: plan_loader(t, g, p), edits="loader", params=_LOADER_PARAMS),
+    Fix("h2d_pageable", lambda t, g, f, p: plan_pageable(t, g, p),
+        params={"pinned_gbps": (float, 1e-3, "host-to-device bandwidth from pinned memory")}),
+    Fix("h2d_not_overlapped", lambda t, g, f, p: plan_overlap(t, g, p)),
+    Fix("sync_in_loop", lambda t, g, f, p: plan_syncs(t, g, p), edits="syncs", params=_SYNC_PARAMS),
+    Fix("sync_point", lambda t, g, f, p: plan_syncs(t, g, p), edits="syncs", params=_SYNC_PARAMS),
+    Fix("worker_respawn", lambda t, g, f, p: plan_respawn(t, g, f), edits="respawn"),
+    Fix("gpu_idle", _plan_gpu_idle, params={**_LOADER_PARAMS, **_SYNC_PARAMS},
+        stands_for=("sync_in_loop", "sync_point", "loader_stall")),
+    Fix("launch_bound", _plan_launch_bound, edits="launch"),
+    Fix("host_oversubscribed", _plan_host_oversubscribed),
+    Fix("allocator_churn", _plan_allocator_churn),
+    Fix("exposed_comm", _plan_exposed_comm),
+    Fix("recompile", _plan_recompile),
+    Fix("straggler", _plan_straggler),
+    Fix("memory_growth", no_time_cost=_KEEPS_ALIVE),
+    Fix("reserved_memory_growth", no_time_cost=_KEEPS_ALIVE),
+    Fix("zero_grad_missing", no_time_cost=_CORRECTNESS),
+    Fix("optimizer_step_mismatch", no_time_cost=_CORRECTNESS),
+    Fix("no_backward", no_time_cost=_CORRECTNESS),
+)}
+#: parameters each fix takes (the fixes that take any), by finding id
+PARAMS: dict[str, dict[str, Param]] = {fid: fix.params for fid, fix in FIXES.items() if fix.params}
+
+
+def plan_for(trace: RankTrace, g: ReplayGraph, finding: Finding, params: dict[str, Any] | None = None) -> Plan | None:
+    """The edit that fixes ``finding``, or None where this finding is not a time cost (or nothing to edit)."""
+    fix = FIXES.get(finding.id)
+    if fix is None or fix.plan is None:
+        return None
+    return fix.plan(trace, g, finding, params or {})
+
+
+def edited_by(finding: Finding, plan: Plan) -> str:
+    """What fixing ``finding`` with ``plan`` edits: two fixes that edit the same thing are one fix."""
+    fix = FIXES.get(finding.id)
+    return (fix.edits if fix is not None else None) or plan.what or finding.id
+
+
+def straggler_saving_us(evidence: dict[str, Any]) -> float:
+    """What removing the straggler's cause gives the others per step (us): their wait for it, at most the
+    straggler's measured excess in that cause."""
+    wait = float(evidence.get("others_wait_us_per_step") or 0)
+    excess = evidence.get("cause_excess_us_per_step")
+    if evidence.get("cause") == "unknown" or excess is None:  # what explains it is not in the trace: its whole wait
+        return wait
+    return min(wait, float(excess))
+
+
+def params_for(fid: str, params: dict[str, dict[str, Any]] | None) -> dict[str, Any]:
+    """A fix's parameters; a fix that stands for others (gpu_idle, for its main cause's) takes theirs too."""
+    params = params or {}
+    fix = FIXES.get(fid)
+    out: dict[str, Any] = {}
+    for other in fix.stands_for if fix is not None else ():
+        out.update(params.get(other, {}))
+    return {**out, **params.get(fid, {})}
+
+
+def check_params(params: dict[str, dict[str, Any]]) -> list[str]:
+    """What is wrong with fix parameters (unknown fix or key, not a finite number, a fraction where a count
+    is needed, below the smallest allowed value); empty when they are fine."""
+    problems = []
+    for fid, values in params.items():
+        known = PARAMS.get(fid)
+        if known is None:
+            problems.append(f"{fid} takes no parameters (these do: {', '.join(sorted(PARAMS))})")
+            continue
+        for key, value in values.items():
+            if key not in known:
+                problems.append(f"{fid}.{key}: unknown (known: {', '.join(sorted(known))})")
+                continue
+            kind, low, _ = known[key]
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+                problems.append(f"{fid}.{key}={value!r}: not a finite number")
+            elif kind is int and value != int(value):
+                problems.append(f"{fid}.{key}={value!r}: must be a whole number")
+            elif value < low:
+                problems.append(f"{fid}.{key}={value!r}: must be at least {low:g}")
+    return problems
+
