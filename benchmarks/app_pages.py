@@ -18,7 +18,6 @@ Debian's chromium.
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import shutil
 import socket
@@ -45,7 +44,8 @@ _DRAWN = """([heading]) => {
   return [...main.querySelectorAll('[data-testid=stVegaLiteChart]')].every(c => c.querySelector('canvas, svg'))
     && [...main.querySelectorAll('[data-testid=stDataFrame]')].every(g => g.querySelector('canvas'));
 }"""
-RAW = r"\\bNone\\b|\\bnan\\b|\\bNaN\\b|\\b[1-9]\\d*\\.\\d{6}\\b|\\d[eE][+-]\\d\\d\\b|\\b[a-z]+_(us|ns|bytes|fraction|mib)\\b"
+RAW = (r"\\bNone\\b|\\bnan\\b|\\bNaN\\b|\\b[1-9]\\d*\\.\\d{6}\\b|\\d[eE][+-]\\d\\d\\b"
+       r"|\\b[a-z]+_(us|ns|bytes|fraction|mib)\\b")
 _AUDIT = """() => {
   const main = document.querySelector('[data-testid=stMain]');
   const cut = [];

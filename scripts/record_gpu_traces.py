@@ -96,7 +96,8 @@ def main(out_root: Path, allow_cpu: bool) -> None:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     small = (3, 64, 64)
     runs = {
-        "loader_bound": lambda out: train(DataLoader(Images(32 * STEPS, small, delay_s=0.005), batch_size=32), out, device),
+        "loader_bound": lambda out: train(DataLoader(Images(32 * STEPS, small, delay_s=0.005), batch_size=32),
+                                          out, device),
         "pageable": lambda out: train(DataLoader(Images(64 * STEPS, (3, 224, 224)), batch_size=64), out, device),
         "leak": lambda out: train(DataLoader(Images(32 * STEPS, small), batch_size=32), out, device, leak=True),
         "healthy": lambda out: train(
