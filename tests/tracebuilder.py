@@ -12,6 +12,8 @@ from typing import Any
 
 MAIN_PID = 100
 MAIN_TID = 100
+#: an all-reduce kernel as NCCL names it
+NCCL = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
 
 
 class TraceBuilder:
@@ -99,3 +101,16 @@ class TraceBuilder:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(gzip.compress(data) if path.name.endswith(".gz") else data)
         return path
+
+
+def straggler_job(folder: Path, slow: int = 2, n: int = 4, steps: int = 5, late_us: float = 300.0) -> None:
+    """Rank ``slow`` waits ``late_us`` longer for data every step, so it arrives last at every all-reduce."""
+    for r in range(n):
+        b = TraceBuilder(rank=r, world_size=n)
+        for s in range(steps):
+            t = s * 2000
+            load = 100 + (late_us if r == slow else 0)
+            b.step(s, t, 2000).loader(t, load, multiprocess=True)
+            b.kernel(t + load, 800, name="gemm", launch_at=t + load, launch_dur=5)
+            b.kernel(t + load + 800, 1900 - load - 800, stream=20, name=NCCL)
+        b.write(folder / f"rank-{r}.json")

@@ -21,7 +21,7 @@ from browserlib import (  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.browser
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TRACE = next((SAMPLES / "cpu" / "loader_bound").glob("*.pt.trace.json.gz"))
 BEFORE = SAMPLES / "pairs" / "v100_resnet50_num_workers_0_run2.json.gz"
 AFTER = SAMPLES / "pairs" / "v100_resnet50_num_workers_4_run2.json.gz"

@@ -47,7 +47,7 @@ _AUDIT = """() => {
 
 @pytest.fixture(scope="module")
 def app(tmp_path_factory):
-    from test_trust import straggler_job
+    from tracebuilder import straggler_job
 
     job = tmp_path_factory.mktemp("a11y") / "job"
     straggler_job(job, slow=2, n=4)

@@ -12,7 +12,7 @@ from expertlib import compare, read_expert
 from kinetoscope.analyze.loader import find_jobs, load_job
 from kinetoscope.analyze.report import build_report
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 READINGS = sorted((ROOT / "tests" / "expert").glob("*.toml"))
 
 

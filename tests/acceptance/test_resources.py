@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "sample_traces" / "real" / "v100_resnet50_2021.json.gz"
 
 

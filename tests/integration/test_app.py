@@ -1,7 +1,7 @@
 """The app through streamlit.testing: every page, uploads (good, broken, multi-rank), no tracebacks.
 
 The app's pages are functions, which AppTest cannot switch between, so each test sets the widgets'
-state and the start page before the first run; tests/test_browser.py clicks through a real browser.
+state and the start page before the first run; tests/acceptance/test_browser.py clicks through a real browser.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from tracebuilder import TraceBuilder  # noqa: E402
 
 from kinetoscope.app.ui import unescaped  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 APP = ROOT / "kinetoscope" / "app" / "main.py"
 SAMPLES = ROOT / "sample_traces"
 PAGES = ["overview", "steps", "streams", "copies", "memory", "operators", "modules", "telemetry", "timeline", "ranks",
@@ -288,7 +288,7 @@ def test_several_uploaded_files_are_ranks_or_runs_as_the_user_says():
 
 def four_rank_upload(tmp_path: Path) -> list[tuple[str, bytes]]:
     """4 ranks; rank 2 waits 300 us longer for data each step, so the others wait for it at every all-reduce."""
-    from test_trust import straggler_job
+    from tracebuilder import straggler_job
 
     straggler_job(tmp_path / "job", slow=2, n=4)
     return [(f.name, f.read_bytes()) for f in sorted((tmp_path / "job").glob("*.json"))]
@@ -354,7 +354,7 @@ def test_fleet_opens_a_job_in_place_and_the_other_pages_show_store_jobs(tmp_path
     Fleet page's button opens a job, every rank, on the Overview."""
     pytest.importorskip("dask")
     from kinetoscope.batch.run import run_batch
-    from test_trust import straggler_job
+    from tracebuilder import straggler_job
 
     straggler_job(tmp_path / "traces" / "team-a" / "job-42")
     healthy = tmp_path / "traces" / "team-b" / "job-7"
@@ -455,7 +455,7 @@ def test_given_unrelated_traces_get_the_uploads_check_and_open_as_runs(tmp_path,
 
 
 def test_a_job_missing_a_rank_says_so_and_judges_no_straggler(tmp_path, monkeypatch):
-    from test_trust import straggler_job
+    from tracebuilder import straggler_job
 
     straggler_job(tmp_path / "job", slow=3, n=4)
     (tmp_path / "job" / "rank-2.json").unlink()
@@ -543,7 +543,7 @@ def test_fleet_puts_the_worst_jobs_first_by_saving_and_says_which_miss_ranks(tmp
     rank 2 says 1 of 4 ranks is missing and claims no straggler."""
     pytest.importorskip("dask")
     from kinetoscope.batch.run import run_batch
-    from test_trust import straggler_job
+    from tracebuilder import straggler_job
 
     straggler_job(tmp_path / "traces" / "complete")
     straggler_job(tmp_path / "traces" / "partial")

@@ -19,7 +19,7 @@ from kinetoscope.batch import discover, run_batch  # noqa: E402
 from kinetoscope.batch.report import fleet, store_report  # noqa: E402
 from kinetoscope.batch.store import read_table  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = ROOT / "sample_traces"
 
 

@@ -14,7 +14,7 @@ from kinetoscope.analyze.loader import load_trace
 from kinetoscope.analyze.report import build_report
 from kinetoscope.render.json import report_to_json
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_reopened_trace_has_identical_tables_and_report(tmp_path):

@@ -23,7 +23,7 @@ from kinetoscope import fsutil  # noqa: E402
 from kinetoscope.capture import output as capture_output  # noqa: E402
 from kinetoscope.capture.telemetry import TelemetrySampler  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCHEDULE = Schedule(skip_first=0, wait=1, warmup=1, active=2, repeat=1)
 
 

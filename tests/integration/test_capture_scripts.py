@@ -18,7 +18,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "tests" / "scripts"
 SCHEDULE = ["--skip-first", "1", "--wait", "0", "--warmup", "1", "--active", "3", "--no-telemetry"]
 
@@ -218,8 +218,8 @@ def test_a_second_run_into_the_same_out_moves_the_first_aside(tmp_path):
     assert len(list(out.glob("*.pt.trace.json.gz"))) == 1
 
 
-# --- 8. an honest diff gate: tests/test_diff.py (real captures started together, so the machine's load falls on
-# all of them alike) and tests/test_steptime.py (the interval, on step series built in code) --------------------
+# --- 8. an honest diff gate: test_diff.py (real captures started together, so the machine's load falls on
+# all of them alike) and unit/test_steptime.py (the interval, on step series built in code) --------------------
 
 
 # --- review of issue 18 (an independent reviewer's findings, each a test that failed before) ---------------

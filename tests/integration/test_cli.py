@@ -12,7 +12,7 @@ import pytest
 
 from tracebuilder import TraceBuilder
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = ROOT / "sample_traces"
 
 

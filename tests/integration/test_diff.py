@@ -19,7 +19,7 @@ from kinetoscope import cli
 from kinetoscope.analyze.compare import run_step_change
 from kinetoscope.analyze.loader import load_trace
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PERIODIC_MS = [10.0] * 9 + [50.0]  # a validation pass every 10 steps: mean 14 ms, median 10 ms
 
 

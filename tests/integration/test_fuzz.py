@@ -15,7 +15,7 @@ from kinetoscope.analyze.loader import load_trace
 from kinetoscope.analyze.report import build_report
 from kinetoscope.errors import KinetoscopeError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 REAL = ROOT / "sample_traces" / "real"
 SOURCES = {
     "amd": gzip.decompress((REAL / "mi250_minitoy_train_ROCm6_2_kineto.json.gz").read_bytes()),

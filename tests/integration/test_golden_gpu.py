@@ -14,7 +14,7 @@ from kinetoscope.analyze.loader import load_trace
 from kinetoscope.analyze.report import build_report
 from kinetoscope.render.json import report_to_json
 
-GPU = Path(__file__).resolve().parents[1] / "sample_traces" / "gpu"
+GPU = Path(__file__).resolve().parents[2] / "sample_traces" / "gpu"
 RUNS = sorted(p for p in GPU.iterdir() if (p / "expected.json").is_file()) if GPU.is_dir() else []
 
 

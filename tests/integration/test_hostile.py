@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from hostile import MAX_SIZE, Expect, write_corpus
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

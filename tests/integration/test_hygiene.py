@@ -11,7 +11,7 @@ from tracebuilder import TraceBuilder
 from kinetoscope.analyze.loader import load_trace
 from kinetoscope.analyze.report import build_report
 
-CPU = Path(__file__).resolve().parents[1] / "sample_traces" / "cpu"
+CPU = Path(__file__).resolve().parents[2] / "sample_traces" / "cpu"
 HYGIENE = {"zero_grad_missing", "optimizer_step_mismatch", "no_backward", "sync_in_loop", "worker_respawn", "recompile"}
 PLANTED = {
     "no_zero_grad": "zero_grad_missing",

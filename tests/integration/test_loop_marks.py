@@ -22,7 +22,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = str(ROOT / "tests" / "scripts" / "loop_marks.py")
 SECRET = "sk-proj4Tq9ZLx2Vb7NwE5rKc8YhJ3mPd6Ga1Su"
 HF = "hf_Qm3Xv8Lt2Rb9Wn5Kp7Jd4Hs6Fc1Gz0Ay"

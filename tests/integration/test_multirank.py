@@ -14,7 +14,7 @@ from tracebuilder import TraceBuilder
 from kinetoscope.analyze.loader import load_trace
 from kinetoscope.analyze.report import build_report
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NCCL = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
 
 
@@ -149,7 +149,7 @@ def test_a_rank_missing_from_a_job_is_said_and_no_straggler_is_claimed(tmp_path)
     """4 ranks (distributedInfo: world size 4), rank 3 waiting 300 us longer for data each step: with every file, rank
     3 is the straggler; without rank 2's file, the job says rank 2 is missing and claims no straggler (the others
     may have waited for rank 2 as much)."""
-    from test_trust import straggler_job
+    from tracebuilder import straggler_job
 
     from kinetoscope.render.text import render_text
 

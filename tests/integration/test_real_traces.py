@@ -12,7 +12,7 @@ from kinetoscope.analyze.loader import find_jobs, load_job
 from kinetoscope.analyze.report import build_report
 from kinetoscope.errors import KinetoscopeError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SHARED = ROOT.parent / "shared" / "traces"
 
 

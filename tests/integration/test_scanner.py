@@ -22,7 +22,7 @@ from kinetoscope.analyze.parser import parse_bytes
 from kinetoscope.analyze.raw import from_parsed
 from kinetoscope.errors import TraceFormatError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SHARED = ROOT.parent / "shared" / "traces"
 _scan = scan._scan
 

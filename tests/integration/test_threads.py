@@ -18,7 +18,7 @@ from kinetoscope.analyze.report import build_report
 from kinetoscope.analyze.trace import trace_view
 from kinetoscope.render.json import report_to_json
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = [ROOT / "sample_traces" / "real" / "hta_2rank", ROOT / "sample_traces" / "real" / "v100_resnet50_2021.json.gz",
            ROOT / "sample_traces" / "cpu" / "loader_bound"]
 

@@ -301,7 +301,7 @@ def test_diff_puts_the_prediction_beside_the_measurement():
 
 
 def _capture_train(out: Path, *knobs: str) -> dict:
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     proc = subprocess.run([sys.executable, "-m", "kinetoscope.cli", "capture", "--out", str(out), "--no-telemetry",
                            "--", sys.executable, str(root / "benchmarks" / "whatif_train.py"), "--steps", "12", *knobs],
                           capture_output=True, text=True, timeout=300)
@@ -329,7 +329,7 @@ def test_capture_records_what_the_whatif_needs(tmp_path):
     cpus = len(os.sched_getaffinity(0))
     host = manifest["host"]
     assert host["cpus"] == cpus and host["torch_threads"] == 1
-    # measured as the capture ended (tests/test_capture checks the probe's arithmetic): none for one CPU
+    # measured as the capture ended (test_capture.py checks the probe's arithmetic): none for one CPU
     assert (host["cores_effective"] is None) if cpus < 2 else isinstance(host["cores_effective"], float)
     assert manifest["dataloader"] == {"num_workers": 0, "prefetch_factor": None, "persistent_workers": False,
                                       "pin_memory": False, "batch_size": None}

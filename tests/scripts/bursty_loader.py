@@ -5,7 +5,7 @@ bursty_loader.py STEPS [--batch-ms MS] [--noise N] [--extra-ms MS] [--seed S] [-
 --extra-ms: a slowdown planted in every batch's loading (a sleep in the worker). With two workers loading in
 parallel and the loop waiting for them, it adds --extra-ms / 2 to the time per step.
 --ready, --go, --seconds: runs captured together set up (their DataLoader workers started), wait for each other,
-then train for the same stretch of time, so the machine's load falls on all of them alike (tests/test_diff.py)."""
+then train for the same stretch of time, so the machine's load falls on all of them alike (tests/integration/test_diff.py)."""
 
 import argparse
 import random

@@ -5,7 +5,7 @@ periodic_eval.py STEPS [--step-ms MS] [--val-ms MS] [--val-every K] [--noise N] 
 --extra-ms: a slowdown planted in every training step (a sleep in the loop, which the workers keep up with): it
 adds --extra-ms to the time per step.
 --ready, --go, --seconds: runs captured together set up (their DataLoader workers started), wait for each other,
-then train for the same stretch of time, so the machine's load falls on all of them alike (tests/test_diff.py)."""
+then train for the same stretch of time, so the machine's load falls on all of them alike (tests/integration/test_diff.py)."""
 
 import argparse
 import random

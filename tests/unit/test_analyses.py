@@ -226,7 +226,7 @@ def test_leak_of_64_mib_per_step(tmp_path):
     (f,) = [f for f in rep.findings if f.id == "memory_growth"]
     assert f.evidence["growth_bytes_per_step"] == 64 * MiB
     # 80 GiB less the 1376 MiB reserved at the peak, at 64 MiB a step: out of memory in 1258 steps; six steps
-    # are too few to call that critical (tests/test_trust.py has the critical case)
+    # are too few to call that critical (tests/unit/test_traps.py has the critical case)
     assert f.severity == "warning" and f.evidence["steps_to_out_of_memory"] == 1258
 
 

@@ -94,7 +94,7 @@ def test_occupancy_of_a_real_h100_kernel_agrees_with_kinetos_estimate():
 
     from kinetoscope.analyze.loader import read_bytes
 
-    path = Path(__file__).resolve().parents[1] / "sample_traces" / "real" / "h100_bert-small.json.gz"
+    path = Path(__file__).resolve().parents[2] / "sample_traces" / "real" / "h100_bert-small.json.gz"
     from kinetoscope.analyze.loader import load_trace
 
     launches = kernel_launches(read_bytes(path), load_trace(path).ranks[0])

@@ -543,7 +543,7 @@ def test_a_ranks_wait_for_a_straggler_is_not_exposure_overlap_can_hide(tmp_path)
     """Was: the ranks waiting for a straggler at each all-reduce read its wait as exposed communication, critical.
     Rank 2 arrives 300 us late at each of 5 all-reduces of 1 ms: the others' 1.5 ms of waiting is left out."""
     from kinetoscope.analyze.loader import load_trace
-    from test_trust import straggler_job
+    from tracebuilder import straggler_job
 
     straggler_job(tmp_path / "job", slow=2, n=4)
     rep = build_report(load_trace(tmp_path / "job"))

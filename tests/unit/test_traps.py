@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from conftest import load_built
-from tracebuilder import MAIN_TID, TraceBuilder
+from tracebuilder import NCCL, TraceBuilder, straggler_job
 
 from kinetoscope.analyze.loader import load_trace
 from kinetoscope.analyze.report import build_report, fraction_violations
@@ -47,7 +47,6 @@ def test_copy_overlap_is_with_kernels_on_another_stream_only(tmp_path):
 
 
 # --- 2. collectives matched by what the trace says, not by position ------------------------
-NCCL = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
 
 
 def two_rank_job(folder, *, skew_us=200.0, rank1_misses_first=True, steps=4, step_us=1000.0):
@@ -130,19 +129,6 @@ def test_tensor_and_data_parallel_groups_matched_by_sequence_number_and_skews_so
     # in DP, ranks 2 and 3 arrive 50 us after 0 and 1: they are the ones waited for, 3 times each
     assert ranks[2]["waited_for_count"] == 3 and ranks[3]["waited_for_count"] == 3
     assert ranks[0]["wait_us"] == 150 and ranks[1]["wait_us"] == 150
-
-
-def straggler_job(folder, slow=2, n=4, steps=5, late_us=300.0):
-    """Rank ``slow`` waits ``late_us`` longer for data every step, so it arrives last at every all-reduce."""
-    for r in range(n):
-        b = TraceBuilder(rank=r, world_size=n)
-        for s in range(steps):
-            t = s * 2000
-            load = 100 + (late_us if r == slow else 0)
-            b.step(s, t, 2000).loader(t, load, multiprocess=True)
-            b.kernel(t + load, 800, name="gemm", launch_at=t + load, launch_dur=5)
-            b.kernel(t + load + 800, 1900 - load - 800, stream=20, name=NCCL)
-        b.write(folder / f"rank-{r}.json")
 
 
 def test_the_straggler_is_named_with_its_cause_from_aligned_arrivals(tmp_path):

@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("streamlit")
 from kinetoscope.app import ui  # noqa: E402
 
-APP = Path(__file__).resolve().parents[1] / "kinetoscope" / "app"
+APP = Path(__file__).resolve().parents[2] / "kinetoscope" / "app"
 TOKEN = "hf_AbCdEfGhIjKlMnOpQrStUvWxYz012345"
 
 

@@ -229,7 +229,7 @@ def test_the_loader_stall_and_the_gpu_idle_it_causes_share_one_saving():
     from kinetoscope.analyze.report import build_report
     from kinetoscope.analyze.savings import shared_savings
 
-    trace = load_trace(Path(__file__).resolve().parents[1] / "sample_traces" / "real" / "v100_resnet50_2021.json.gz")
+    trace = load_trace(Path(__file__).resolve().parents[2] / "sample_traces" / "real" / "v100_resnet50_2021.json.gz")
     report = build_report(trace)
     groups = {tuple(sorted(report.findings[i].id for i in g.findings)): g for g in shared_savings(trace, report)}
     loader = next(f for f in report.findings if f.id == "loader_stall")
