@@ -106,8 +106,8 @@ class Bait:
         self.server.shutdown()
 
 
-@pytest.fixture(scope="module")
-def browser():
+def launch_browser():
+    """A headless Chromium for a module's tests (the ``browser`` fixture in tests/conftest.py)."""
     with sync_api.sync_playwright() as p:
         b = p.chromium.launch(executable_path=CHROMIUM,
                               args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
@@ -115,8 +115,8 @@ def browser():
         b.close()
 
 
-@pytest.fixture
-def page(browser):
+def open_page(browser):
+    """A fresh 1400 x 1200 context and page (the ``page`` fixture in tests/conftest.py)."""
     context = browser.new_context(viewport={"width": 1400, "height": 1200})
     yield context.new_page()
     context.close()

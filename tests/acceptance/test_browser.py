@@ -15,9 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from browserlib import (  # noqa: F401  (fixtures)
-    SAMPLES, TITLES, browser, choose, go, no_errors, page, serve_app,
-)
+from browserlib import SAMPLES, TITLES, choose, go, no_errors, serve_app
 
 pytestmark = pytest.mark.browser
 

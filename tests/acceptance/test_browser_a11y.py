@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from browserlib import SAMPLES, TITLES, browser, drawn, go, page, serve_app  # noqa: F401  (fixtures)
+from browserlib import SAMPLES, TITLES, drawn, go, serve_app
 
 pytestmark = pytest.mark.browser
 

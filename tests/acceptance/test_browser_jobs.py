@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from browserlib import SAMPLES, browser, choose, go, page, serve_app, settled  # noqa: F401  (fixtures)
+from browserlib import SAMPLES, choose, go, serve_app, settled
 from tracebuilder import TraceBuilder
 
 pytestmark = pytest.mark.browser

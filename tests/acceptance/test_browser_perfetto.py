@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from browserlib import SAMPLES, browser, free_port, go, page, serve_app, settled  # noqa: F401  (fixtures)
+from browserlib import SAMPLES, free_port, go, serve_app, settled
 
 pytestmark = pytest.mark.browser
 

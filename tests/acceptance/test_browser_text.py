@@ -13,9 +13,7 @@ import os
 
 import pytest
 
-from browserlib import (  # noqa: F401  (fixtures)
-    SAMPLES, TITLES, Bait, browser, choose, go, no_errors, page, serve_app, settled,
-)
+from browserlib import SAMPLES, TITLES, Bait, choose, go, no_errors, serve_app, settled
 from tracebuilder import TraceBuilder
 
 pytestmark = pytest.mark.browser

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from browserlib import browser, go, page, serve_app, settled  # noqa: F401  (fixtures)
+from browserlib import go, serve_app, settled
 from tracebuilder import TraceBuilder
 
 pytestmark = pytest.mark.browser
