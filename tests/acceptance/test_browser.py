@@ -17,7 +17,7 @@ import pytest
 
 from browserlib import SAMPLES, TITLES, choose, go, no_errors, serve_app
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser, pytest.mark.app]
 
 ROOT = Path(__file__).resolve().parents[2]
 TRACE = next((SAMPLES / "cpu" / "loader_bound").glob("*.pt.trace.json.gz"))

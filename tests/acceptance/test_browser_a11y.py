@@ -8,7 +8,7 @@ import pytest
 
 from browserlib import SAMPLES, TITLES, drawn, go, serve_app
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser, pytest.mark.app]
 
 #: WCAG relative luminance and contrast; a colour with alpha is blended over what is behind it
 _AUDIT = """() => {

@@ -9,7 +9,7 @@ import pytest
 from browserlib import SAMPLES, choose, go, serve_app, settled
 from tracebuilder import TraceBuilder
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser, pytest.mark.app]
 
 
 def unrelated(folder):

@@ -10,7 +10,7 @@ import pytest
 
 from browserlib import SAMPLES, free_port, go, serve_app, settled
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser, pytest.mark.app]
 
 #: a real trace with a Hugging Face token in its metadata
 TRACE = SAMPLES / "real" / "h100_bert-small.json.gz"

@@ -16,7 +16,7 @@ import pytest
 from browserlib import SAMPLES, TITLES, Bait, choose, go, no_errors, serve_app, settled
 from tracebuilder import TraceBuilder
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser, pytest.mark.app]
 
 TOKEN = "hf_AbCdEfGhIjKlMnOpQrStUvWxYz012345"
 FILE_TOKEN = "hf_FileNameTokenAbCdEfGhIjKl0123"

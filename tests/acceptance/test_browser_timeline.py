@@ -9,7 +9,7 @@ import pytest
 from browserlib import go, serve_app, settled
 from tracebuilder import TraceBuilder
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser, pytest.mark.app]
 
 KERNEL, STEP, RUNTIME = "#4c78a8", "#c7c7c7", "#b279a2"
 

@@ -147,6 +147,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.app
 def test_the_app_serves_on_a_fresh_machine_with_no_prompt(tmp_path):
     """Was: Streamlit's first-run 'Email:' prompt stopped `kinetoscope app` (and scripts/run-app) before it served."""
     pytest.importorskip("streamlit")
@@ -375,6 +376,7 @@ def test_redact_command_cleans_metadata_and_event_args_and_analyses_the_same(tmp
 
 
 # --- the app: uploads, cache, messages -------------------------------------------------------------
+@pytest.mark.app
 def test_an_upload_folder_goes_with_its_owner():
     import gc
 
@@ -388,6 +390,7 @@ def test_an_upload_folder_goes_with_its_owner():
     assert not path.exists()
 
 
+@pytest.mark.app
 def test_a_new_upload_in_a_session_deletes_the_previous_one():
     from streamlit.testing.v1 import AppTest
 
@@ -403,6 +406,7 @@ def test_a_new_upload_in_a_session_deletes_the_previous_one():
     assert not first.exists() and at.session_state["upload_dir"].path.is_dir()
 
 
+@pytest.mark.app
 def test_messages_about_an_upload_name_the_file_not_the_server_folder():
     from streamlit.testing.v1 import AppTest
 
@@ -414,6 +418,7 @@ def test_messages_about_an_upload_name_the_file_not_the_server_folder():
     assert "broken.json" in errors and "kinetoscope-upload-" not in errors and "/tmp" not in errors
 
 
+@pytest.mark.app
 def test_an_upload_is_named_by_its_file_in_pages_and_reports_and_exported_from_the_session_own_copy(tmp_path,
                                                                                                     monkeypatch):
     """Was (issue-16 review): the Metadata page and the JSON report showed the server's upload path; a second
@@ -449,6 +454,7 @@ def test_an_upload_is_named_by_its_file_in_pages_and_reports_and_exported_from_t
     assert [d.label for d in second.get("download_button") if "mine.json" in d.label] == ["Download mine.json.gz"]
 
 
+@pytest.mark.app
 def test_upload_folders_of_ended_sessions_are_deleted_by_the_janitor(tmp_path):
     """Was: Streamlit keeps an ended session's state for two minutes and frees it only when another session
     comes or goes: on a quiet server an upload stayed until the server stopped."""
@@ -472,6 +478,7 @@ def test_upload_folders_of_ended_sessions_are_deleted_by_the_janitor(tmp_path):
     janitor.stop()
 
 
+@pytest.mark.app
 def test_the_cache_counts_what_an_analysis_really_holds():
     """Was: only the base tables were counted; the trace's 20-odd derived views and gpu_events were not (40
     analyses accounted at 177 MiB grew RSS by 428 MiB)."""
@@ -490,6 +497,7 @@ def test_the_cache_counts_what_an_analysis_really_holds():
     assert views > 0 and analysis_bytes(analysis) >= tables + views + gpu
 
 
+@pytest.mark.app
 def test_the_app_server_goes_when_its_launcher_gets_sighup(tmp_path):
     """Was: SIGHUP (the terminal closed) killed the launcher and left Streamlit serving."""
     import signal
@@ -517,6 +525,7 @@ def test_the_app_server_goes_when_its_launcher_gets_sighup(tmp_path):
             proc.kill()
 
 
+@pytest.mark.app
 def test_the_analysis_cache_is_bounded_by_bytes():
     from kinetoscope.analyze.loader import load_trace
     from kinetoscope.analyze.report import build_report

@@ -25,6 +25,8 @@ SAMPLES = ROOT / "sample_traces"
 PAGES = ["overview", "steps", "streams", "copies", "memory", "operators", "modules", "telemetry", "timeline", "ranks",
          "distributed", "compare", "metadata", "export"]
 
+pytestmark = pytest.mark.app
+
 
 def open_app(page: str | None = None, **state: Any) -> AppTest:
     at = AppTest.from_file(str(APP), default_timeout=120)
@@ -348,6 +350,7 @@ def test_every_page_of_every_bundled_sample(trace):
         assert not raw_values(at), (page, raw_values(at))
 
 
+@pytest.mark.cluster
 def test_fleet_opens_a_job_in_place_and_the_other_pages_show_store_jobs(tmp_path, monkeypatch):
     """Was: the other pages showed a bundled sample, and the drill-down printed a restart command naming one rank
     file of a 4-rank job. Now the sidebar lists the store's jobs (named relative to their shared folder), and the
@@ -537,6 +540,7 @@ def test_operators_by_module_and_by_call_stack_and_the_modules_page():
     assert not none.exception and "no nn.Module calls" in none.info[0].value
 
 
+@pytest.mark.cluster
 def test_fleet_puts_the_worst_jobs_first_by_saving_and_says_which_miss_ranks(tmp_path, monkeypatch):
     """Three jobs: a 4-rank job, the same job without rank 2's file, a loader-bound single run. Worst first by what
     fixing each job's worst finding saves (was: by failures, then critical, then warnings counts); the job without

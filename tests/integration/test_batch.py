@@ -22,6 +22,8 @@ from kinetoscope.batch.store import read_table  # noqa: E402
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = ROOT / "sample_traces"
 
+pytestmark = pytest.mark.cluster
+
 
 def straggler_job(folder: Path) -> None:
     """Three ranks; rank 1 loads data slowly, so ranks 0 and 2 wait in the all-reduce."""

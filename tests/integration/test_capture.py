@@ -26,6 +26,8 @@ from kinetoscope.capture.telemetry import TelemetrySampler  # noqa: E402
 ROOT = Path(__file__).resolve().parents[2]
 SCHEDULE = Schedule(skip_first=0, wait=1, warmup=1, active=2, repeat=1)
 
+pytestmark = pytest.mark.torch
+
 
 class SlowData(Dataset):
     def __init__(self, n=40, delay_s=0.003):

@@ -22,6 +22,8 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "tests" / "scripts"
 SCHEDULE = ["--skip-first", "1", "--wait", "0", "--warmup", "1", "--active", "3", "--no-telemetry"]
 
+pytestmark = pytest.mark.torch
+
 
 def capture(out: Path, *command: str, extra: tuple[str, ...] = (), timeout: int = 300, **kw) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "kinetoscope.cli", "capture", "--out", str(out), *SCHEDULE, *extra,

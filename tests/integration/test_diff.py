@@ -194,6 +194,7 @@ def _mean_step_ms(folder: Path) -> float:
     return sum(walls) / len(walls) / 1e6
 
 
+@pytest.mark.torch
 def test_real_captures_identical_runs_are_no_change_and_a_planted_slowdown_is_found(tmp_path, capsys):
     """Two scripts, each captured three times at once: twice identically, once with a slowdown planted.
     bursty_loader.py: two workers that cannot keep up (40 ms a batch: a slow step, a fast one, ~20 ms a step);

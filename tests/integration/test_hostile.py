@@ -65,6 +65,7 @@ def test_partial_damage_is_reported_with_counts(corpus):
     assert "strings" in set(rank.events["name"].astype(str))  # "200" read as 200 us
 
 
+@pytest.mark.cluster
 def test_batch(corpus, tmp_path):
     pytest.importorskip("dask.distributed")
     from kinetoscope.analyze.limits import LoadLimits, parse_size
@@ -85,6 +86,7 @@ def test_batch(corpus, tmp_path):
     assert summary.failed == sum(1 for e in expected.values() if e.error)
 
 
+@pytest.mark.app
 @pytest.mark.parametrize("name", _cases())
 def test_app_upload(corpus, name, monkeypatch):
     pytest.importorskip("streamlit")

@@ -37,6 +37,8 @@ ALL_KINDS = ["data_wait", "validation", "backward", "optimizer_step", "compile",
 #: Measured: within 2 us; 1 ms is a bound no preemption or clock slew inside one window reaches.
 CLOCK_TOLERANCE_US = 1000.0
 
+pytestmark = pytest.mark.torch
+
 
 def capture(out: Path, *args: str, schedule: tuple[str, ...] = ("--skip-first", "1", "--wait", "0", "--warmup", "1",
                                                                  "--active", "3")) -> subprocess.CompletedProcess:

@@ -309,6 +309,7 @@ def _capture_train(out: Path, *knobs: str) -> dict:
     return json.loads((out / "rank-0.steps.json").read_text())
 
 
+@pytest.mark.torch
 def test_capture_records_what_the_whatif_needs(tmp_path):
     """Process CPU time per step and during the data wait tell loading that computes (a decode: the wait
     burns a core) from loading that waits (storage: it burns none); the manifest names the host's CPUs,

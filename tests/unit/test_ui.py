@@ -16,6 +16,8 @@ from kinetoscope.app import ui  # noqa: E402
 APP = Path(__file__).resolve().parents[2] / "kinetoscope" / "app"
 TOKEN = "hf_AbCdEfGhIjKlMnOpQrStUvWxYz012345"
 
+pytestmark = pytest.mark.app
+
 
 @pytest.mark.parametrize("raw, shown", [
     ("[click](http://evil/x)", r"\[click\](http\://evil/x)"),
