@@ -25,14 +25,14 @@ ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "sample_traces"
 
 #: each page's link title and the heading it draws first (in the main area)
-HEADINGS = {"Overview": "Kinetoscope", "Step breakdown": "Step breakdown", "Streams": "CUDA streams", "Copies": "Copies",
-            "Memory": "Memory", "Operators & kernels": "Operators and kernels", "Modules": "Modules",
-            "Telemetry": "Telemetry",
+HEADINGS = {"Overview": "Kinetoscope", "Step breakdown": "Step breakdown", "Streams": "CUDA streams",
+            "Copies": "Copies", "Memory": "Memory", "Operators & kernels": "Operators and kernels",
+            "Modules": "Modules", "Telemetry": "Telemetry",
             "Timeline": "Timeline", "Ranks": "Ranks", "Distributed": "Distributed", "Compare": "Compare",
             "Metadata": "Metadata", "Export": "Export"}
-TITLES = {"overview": "Overview", "steps": "Step breakdown", "streams": "Streams", "copies": "Copies", "memory": "Memory",
-          "operators": "Operators & kernels", "modules": "Modules", "telemetry": "Telemetry", "timeline": "Timeline",
-          "ranks": "Ranks",
+TITLES = {"overview": "Overview", "steps": "Step breakdown", "streams": "Streams", "copies": "Copies",
+          "memory": "Memory", "operators": "Operators & kernels", "modules": "Modules", "telemetry": "Telemetry",
+          "timeline": "Timeline", "ranks": "Ranks",
           "distributed": "Distributed", "compare": "Compare", "metadata": "Metadata", "export": "Export"}
 #: the page's script has finished: Streamlit's own state on the app's root (its status widget shows only after a
 #: delay, so a script still sending elements looked finished), and no element left stale from the run before
@@ -150,7 +150,8 @@ _DRAWN = """() => {
   if (main.querySelector('[data-testid=stSkeleton], [data-testid=stSkeletonElement]')) return false;  // still loading
   const charts = [...main.querySelectorAll('[data-testid=stVegaLiteChart]')];
   const grids = [...main.querySelectorAll('[data-testid=stDataFrame]')];
-  return charts.every(c => c.querySelector('canvas, svg .mark-rect, svg .mark-line, svg .mark-area, svg .mark-text, svg .mark-symbol'))
+  return charts.every(c => c.querySelector(
+      'canvas, svg .mark-rect, svg .mark-line, svg .mark-area, svg .mark-text, svg .mark-symbol'))
     && grids.every(g => g.querySelector('canvas'));
 }"""
 

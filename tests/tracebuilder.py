@@ -27,22 +27,27 @@ class TraceBuilder:
             self.top["deviceProperties"] = device_properties
         self._corr = 1000
         if metadata:
-            self.events.append({"ph": "M", "name": "process_name", "pid": MAIN_PID, "tid": 0, "args": {"name": "python"}})
-            self.events.append({"ph": "M", "name": "thread_name", "pid": MAIN_PID, "tid": MAIN_TID, "args": {"name": "main"}})
+            self.events.append({"ph": "M", "name": "process_name", "pid": MAIN_PID, "tid": 0,
+                                "args": {"name": "python"}})
+            self.events.append({"ph": "M", "name": "thread_name", "pid": MAIN_PID, "tid": MAIN_TID,
+                                "args": {"name": "main"}})
 
     # --- host side -----------------------------------------------------------------
-    def op(self, name: str, ts: float, dur: float, *, cat: str = "cpu_op", tid: int = MAIN_TID, **args: Any) -> "TraceBuilder":
-        self.events.append({"ph": "X", "cat": cat, "name": name, "pid": MAIN_PID, "tid": tid, "ts": ts, "dur": dur, "args": args})
+    def op(self, name: str, ts: float, dur: float, *, cat: str = "cpu_op", tid: int = MAIN_TID,
+           **args: Any) -> TraceBuilder:
+        self.events.append({"ph": "X", "cat": cat, "name": name, "pid": MAIN_PID, "tid": tid, "ts": ts, "dur": dur,
+                            "args": args})
         return self
 
-    def step(self, n: int, ts: float, dur: float) -> "TraceBuilder":
+    def step(self, n: int, ts: float, dur: float) -> TraceBuilder:
         return self.op(f"ProfilerStep#{n}", ts, dur, cat="user_annotation")
 
-    def loader(self, ts: float, dur: float, *, multiprocess: bool = False) -> "TraceBuilder":
+    def loader(self, ts: float, dur: float, *, multiprocess: bool = False) -> TraceBuilder:
         it = "_MultiProcessingDataLoaderIter" if multiprocess else "_SingleProcessDataLoaderIter"
         return self.op(f"enumerate(DataLoader)#{it}.__next__", ts, dur, cat="user_annotation")
 
-    def runtime(self, name: str, ts: float, dur: float, correlation: int | None = None, *, tid: int = MAIN_TID) -> "TraceBuilder":
+    def runtime(self, name: str, ts: float, dur: float, correlation: int | None = None, *,
+                tid: int = MAIN_TID) -> TraceBuilder:
         args = {"cbid": 1}
         if correlation is not None:
             args["correlation"] = correlation
@@ -54,29 +59,29 @@ class TraceBuilder:
         return self._corr
 
     def kernel(self, ts: float, dur: float, *, stream: int = 7, device: int = 0, name: str = "gemm_kernel",
-               launch_at: float | None = None, launch_dur: float = 5.0, launch_tid: int = MAIN_TID) -> "TraceBuilder":
+               launch_at: float | None = None, launch_dur: float = 5.0, launch_tid: int = MAIN_TID) -> TraceBuilder:
         corr = self._next_corr()
         if launch_at is not None:
             self.runtime("cudaLaunchKernel", launch_at, launch_dur, corr, tid=launch_tid)
-        self.events.append({"ph": "X", "cat": "kernel", "name": name, "pid": device, "tid": stream, "ts": ts, "dur": dur,
-                            "args": {"device": device, "stream": stream, "correlation": corr}})
+        self.events.append({"ph": "X", "cat": "kernel", "name": name, "pid": device, "tid": stream, "ts": ts,
+                            "dur": dur, "args": {"device": device, "stream": stream, "correlation": corr}})
         return self
 
     def memcpy(self, ts: float, dur: float, *, direction: str = "HtoD", host: str = "Pageable", nbytes: int = 1 << 20,
-               stream: int = 7, device: int = 0, call: str | None = None, call_at: float | None = None) -> "TraceBuilder":
+               stream: int = 7, device: int = 0, call: str | None = None, call_at: float | None = None) -> TraceBuilder:
         corr = self._next_corr()
         if call is not None:
             self.runtime(call, call_at if call_at is not None else ts - 5, 5.0, corr)
         src, dst = (host, "Device") if direction == "HtoD" else ("Device", host)
         if direction == "DtoD":
             src = dst = "Device"
-        self.events.append({"ph": "X", "cat": "gpu_memcpy", "name": f"Memcpy {direction} ({src} -> {dst})", "pid": device,
-                            "tid": stream, "ts": ts, "dur": dur,
+        self.events.append({"ph": "X", "cat": "gpu_memcpy", "name": f"Memcpy {direction} ({src} -> {dst})",
+                            "pid": device, "tid": stream, "ts": ts, "dur": dur,
                             "args": {"device": device, "stream": stream, "correlation": corr, "bytes": nbytes}})
         return self
 
     def memory(self, ts: float, nbytes: int, *, allocated: int | None, reserved: int | None = None,
-               device_type: int = 1, device_id: int = 0, addr: int = 1234) -> "TraceBuilder":
+               device_type: int = 1, device_id: int = 0, addr: int = 1234) -> TraceBuilder:
         args: dict[str, Any] = {"Bytes": nbytes, "Device Type": device_type, "Device Id": device_id, "Addr": addr}
         if allocated is not None:
             args["Total Allocated"] = allocated
@@ -86,7 +91,7 @@ class TraceBuilder:
                             "tid": MAIN_TID, "ts": ts, "args": args})
         return self
 
-    def raw(self, event: dict[str, Any]) -> "TraceBuilder":
+    def raw(self, event: dict[str, Any]) -> TraceBuilder:
         self.events.append(event)
         return self
 

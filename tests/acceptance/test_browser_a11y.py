@@ -14,24 +14,31 @@ pytestmark = [pytest.mark.browser, pytest.mark.app]
 _AUDIT = """() => {
   const parse = (c) => { const m = (c || '').match(/rgba?\\(([^)]+)\\)/); if (!m) return null;
     const p = m[1].split(',').map(Number); return {r: p[0], g: p[1], b: p[2], a: p.length > 3 ? p[3] : 1}; };
-  const hex = (h, a) => ({r: parseInt(h.slice(1, 3), 16), g: parseInt(h.slice(3, 5), 16), b: parseInt(h.slice(5, 7), 16), a});
-  const lum = (c) => { const f = (v) => { v /= 255; return v <= 0.03928 ? v / 12.92 : Math.pow((v + 0.055) / 1.055, 2.4); };
+  const hex = (h, a) => ({r: parseInt(h.slice(1, 3), 16), g: parseInt(h.slice(3, 5), 16),
+                          b: parseInt(h.slice(5, 7), 16), a});
+  const lum = (c) => {
+    const f = (v) => { v /= 255; return v <= 0.03928 ? v / 12.92 : Math.pow((v + 0.055) / 1.055, 2.4); };
     return 0.2126 * f(c.r) + 0.7152 * f(c.g) + 0.0722 * f(c.b); };
   const behind = (e) => { const layers = [];
     for (let x = e; x; x = x.parentElement) { const b = parse(getComputedStyle(x).backgroundColor);
       if (b && b.a > 0) { layers.push(b); if (b.a >= 1) break; } }
     let base = {r: 255, g: 255, b: 255};
-    for (const l of layers.reverse()) base = {r: l.r * l.a + base.r * (1 - l.a), g: l.g * l.a + base.g * (1 - l.a), b: l.b * l.a + base.b * (1 - l.a)};
+    for (const l of layers.reverse()) base = {r: l.r * l.a + base.r * (1 - l.a), g: l.g * l.a + base.g * (1 - l.a),
+                                              b: l.b * l.a + base.b * (1 - l.a)};
     return base; };
-  const ratio = (fg, bg) => { const c = {r: fg.r * fg.a + bg.r * (1 - fg.a), g: fg.g * fg.a + bg.g * (1 - fg.a), b: fg.b * fg.a + bg.b * (1 - fg.a)};
+  const ratio = (fg, bg) => {
+    const c = {r: fg.r * fg.a + bg.r * (1 - fg.a), g: fg.g * fg.a + bg.g * (1 - fg.a),
+               b: fg.b * fg.a + bg.b * (1 - fg.a)};
     const a = lum(c), b = lum(bg); return (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05); };
   const low = [];
   for (const e of document.querySelectorAll('[data-testid=stMain] *, [data-testid=stSidebar] *')) {
     if (![...e.childNodes].some(n => n.nodeType === 3 && n.textContent.trim())) continue;
     if (e.closest('svg') || e.closest('[aria-hidden=true]') || e.closest('[disabled]')) continue;
-    const st = getComputedStyle(e); if (st.visibility === 'hidden' || st.display === 'none' || !e.offsetParent) continue;
+    const st = getComputedStyle(e);
+    if (st.visibility === 'hidden' || st.display === 'none' || !e.offsetParent) continue;
     // a slider's value sits above its thumb, on the page: measured against the page, not the thumb
-    const r = ratio(parse(st.color), e.closest('[data-testid=stSliderThumbValue]') ? {r: 255, g: 255, b: 255} : behind(e));
+    const r = ratio(parse(st.color),
+                    e.closest('[data-testid=stSliderThumbValue]') ? {r: 255, g: 255, b: 255} : behind(e));
     if (r < 4.5) low.push(r.toFixed(2) + ': ' + e.textContent.trim().slice(0, 50));
   }
   for (const t of document.querySelectorAll('[data-testid=stVegaLiteChart] svg text')) {
@@ -94,7 +101,8 @@ def test_keyboard_focus_is_always_visible(app, page):
         got = page.evaluate("""() => { const e = document.activeElement; if (!e || e === document.body) return null;
           const s = getComputedStyle(e);
           return {what: e.tagName + ' ' + (e.innerText || e.getAttribute('aria-label') || '').slice(0, 30),
-                  outline: s.outlineStyle !== 'none' && parseFloat(s.outlineWidth) >= 2, shadow: s.boxShadow !== 'none'}; }""")
+                  outline: s.outlineStyle !== 'none' && parseFloat(s.outlineWidth) >= 2,
+                  shadow: s.boxShadow !== 'none'}; }""")
         if got and not (got["outline"] or got["shadow"]):
             hidden.append(got["what"])
     assert not hidden, hidden

@@ -88,7 +88,8 @@ _CHECK = """([port, words]) => {
     if (tag === 'script') bad.push('script ' + e.textContent.slice(0, 80));
   }
   if (document.title === 'pwned') bad.push('the trace set the title');
-  if (main.scrollWidth > main.clientWidth + 1) bad.push('main is ' + main.scrollWidth + ' px wide in ' + main.clientWidth);
+  if (main.scrollWidth > main.clientWidth + 1)
+    bad.push('main is ' + main.scrollWidth + ' px wide in ' + main.clientWidth);
   return bad;
 }"""
 

@@ -97,8 +97,8 @@ def test_max_depth_is_capped_instead_of_crashing(tmp_path):
     deep.write_text('{"traceEvents": [{"ph": "X", "name": "a", "ts": 1, "dur": 1, "args": {"x": '
                     + "[" * 200_000 + "]" * 200_000 + "}}]}")
     for env in ({}, {"KINETOSCOPE_DECODER": "reference"}):
-        proc = subprocess.run([sys.executable, "-m", "kinetoscope.cli", "analyze", "--max-depth", "10000000", str(deep)],
-                              capture_output=True, text=True, timeout=120, env={**os.environ, **env})
+        proc = subprocess.run([sys.executable, "-m", "kinetoscope.cli", "analyze", "--max-depth", "10000000",
+                               str(deep)], capture_output=True, text=True, timeout=120, env={**os.environ, **env})
         assert proc.returncode == 2 and "max_depth must be <= 900" in proc.stderr
         proc = subprocess.run([sys.executable, "-m", "kinetoscope.cli", "analyze", "--max-depth", "900", str(deep)],
                               capture_output=True, text=True, timeout=120, env={**os.environ, **env})
@@ -124,7 +124,8 @@ def test_options_needing_pyarrow_say_so_in_one_line(tmp_path):
     for option, path in ((["--cache"], str(SAMPLE)), (["--processes", "2"], two_ranks)):
         proc = subprocess.run([sys.executable, "-m", "kinetoscope.cli", "analyze", *option, path],
                               capture_output=True, text=True, timeout=120,
-                              env={**env, "KINETOSCOPE_CACHE_DIR": str(tmp_path / "cache")} if "--cache" in option else env)
+                              env=({**env, "KINETOSCOPE_CACHE_DIR": str(tmp_path / "cache")} if "--cache" in option
+                                   else env))
         assert proc.returncode == 2, proc.stderr
         assert proc.stderr.count("\n") == 1 and "needs pyarrow: pip install 'kinetoscope[app]'" in proc.stderr
     # one file is parsed in this process whatever --processes says: nothing to hand over, no pyarrow needed
@@ -308,10 +309,10 @@ def test_secrets_in_json_escapes_lists_and_argv_are_redacted(tmp_path):
     ["--password", "x"] and {"password": ["x"]}."""
     from kinetoscope.analyze.redact import redact, redact_json_bytes
 
-    doc = ('{"traceEvents": [{"ph": "X", "name": "a", "pid": 1, "tid": 1, "ts": 1, "dur": 1}], '
-           '"argv": ["train.py", "--password", "AbCd3fGh1jKl", "--lr", "0.1"], "cfg": {"password": ["AbCd3fGh1jKl"]}, '
-           '"esc1": "\\u0068f_AbCdEfGhIjKlMnOpQrStUvWxYz012345", '
-           '"esc2": "postgresql:\\/\\/user:AbCd3fGh1jKl@host\\/db"}').encode()
+    doc = (b'{"traceEvents": [{"ph": "X", "name": "a", "pid": 1, "tid": 1, "ts": 1, "dur": 1}], '
+           b'"argv": ["train.py", "--password", "AbCd3fGh1jKl", "--lr", "0.1"], "cfg": {"password": ["AbCd3fGh1jKl"]}, '
+           b'"esc1": "\\u0068f_AbCdEfGhIjKlMnOpQrStUvWxYz012345", '
+           b'"esc2": "postgresql:\\/\\/user:AbCd3fGh1jKl@host\\/db"}')
     out, changed = redact_json_bytes(doc)
     decoded = json.loads(out)
     assert b"AbCd3fGh1jKl" not in out and b"AbCdEfGhIj" not in out and changed == 4
@@ -328,8 +329,8 @@ def test_the_redacted_gzip_is_the_redacted_trace_gzipped():
 
     from kinetoscope.analyze.redact import redact_json_bytes, redacted_gzip
 
-    doc = ('{"traceEvents": [], "a": "hf_AbCdEfGhIjKlMnOpQrStUvWxYz012345", "b": "x", '
-           '"c": "token=AbCd3fGh1jKl"}').encode()
+    doc = (b'{"traceEvents": [], "a": "hf_AbCdEfGhIjKlMnOpQrStUvWxYz012345", "b": "x", '
+           b'"c": "token=AbCd3fGh1jKl"}')
     assert gzip.decompress(redacted_gzip(doc)) == redact_json_bytes(doc)[0] == (
         b'{"traceEvents": [], "a": "[redacted]", "b": "x", "c": "token=[redacted]"}')
     assert gzip.decompress(redacted_gzip(b'{"traceEvents": []}')) == b'{"traceEvents": []}'
@@ -366,8 +367,9 @@ def test_redact_command_cleans_metadata_and_event_args_and_analyses_the_same(tmp
     for secret in ("plain-looking-value", "hf_abcdef", "s3cret", "eyJhbGci"):
         assert secret not in text
     assert "/usr/bin" in text and "Bearer [redacted]" in text
-    reports = [json.loads(subprocess.run([sys.executable, "-m", "kinetoscope.cli", "analyze", "--format", "json", str(p)],
-                                         capture_output=True, text=True, timeout=60).stdout) for p in (src, out)]
+    reports = [json.loads(subprocess.run([sys.executable, "-m", "kinetoscope.cli", "analyze", "--format", "json",
+                                          str(p)], capture_output=True, text=True, timeout=60).stdout)
+               for p in (src, out)]
     for r in reports:
         r["source"] = ""
         for rank in r["ranks"]:

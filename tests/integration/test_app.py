@@ -51,7 +51,8 @@ def test_every_page_renders_for_a_gpu_trace(page):
     assert not at.error
 
 
-@pytest.mark.parametrize("page", ["overview", "steps", "streams", "copies", "memory", "operators", "timeline", "metadata"])
+@pytest.mark.parametrize("page", ["overview", "steps", "streams", "copies", "memory", "operators", "timeline",
+                                  "metadata"])
 def test_pages_handle_a_cpu_only_trace(page):
     at = open_app(page, trace="cpu/leak")
     assert not at.exception and not at.error
@@ -69,7 +70,7 @@ def test_multi_rank_job_has_a_rank_selector_and_ranks_page():
     # the rank with the most severe finding is marked (both ranks' worst findings tie in severity: rank 0's
     # saving ranks it first)
     assert at.selectbox(key="rank").value == 1
-    assert at.selectbox(key="rank").options == [f"0 (most severe finding)", "1"]
+    assert at.selectbox(key="rank").options == ["0 (most severe finding)", "1"]
     assert not at.exception and not at.error
     assert list(at.dataframe[0].value["rank"]) == [0, 1]
 
@@ -153,7 +154,8 @@ def test_fleet_view_of_a_batch_store(tmp_path, monkeypatch):
     # 174.83 ms steps, 44% idle mostly waiting for data, worth at most 58.82 ms per step: an upper bound, a warning;
     # gpu_idle and loader_stall share that cause and estimate, the idle is the larger measured cost)
     v100 = jobs.set_index("job").loc["job-v100"]
-    assert v100["mean step (ms)"] == pytest.approx(174.829, abs=0.001) and v100["gpu idle (%)"] == pytest.approx(0.44, abs=0.005)
+    assert v100["mean step (ms)"] == pytest.approx(174.829, abs=0.001)
+    assert v100["gpu idle (%)"] == pytest.approx(0.44, abs=0.005)
     assert v100["worst finding"] == "warning gpu_idle"
     assert v100["worst saving (ms/step)"] == pytest.approx(58.82, abs=0.01)
     assert list(jobs.columns[:4]) == ["job", "worst saving (ms/step)", "worst finding", "missing ranks"]
@@ -394,7 +396,8 @@ def test_memory_page_lists_allocations_by_operator():
     doc = json.loads(gzip.decompress((SAMPLES / "real" / "h100_bert-small.json.gz").read_bytes()))
     steps = [e for e in doc["traceEvents"] if str(e.get("name", "")).startswith("ProfilerStep#")]
     lo, hi = min(e["ts"] for e in steps), max(e["ts"] + e["dur"] for e in steps)
-    allocs = [e for e in doc["traceEvents"] if e.get("name") == "[memory]" and e["args"]["Bytes"] > 0 and lo <= e["ts"] < hi]
+    allocs = [e for e in doc["traceEvents"]
+              if e.get("name") == "[memory]" and e["args"]["Bytes"] > 0 and lo <= e["ts"] < hi]
     events = at.dataframe[-1].value
     assert len(events) == len(allocs) and set(events.columns) >= {"time (ms)", "size (MiB)", "op", "freed at (ms)"}
 
@@ -404,7 +407,8 @@ def test_operators_by_input_shapes_on_request():
     assert not at.exception and not at.error
     shapes = at.dataframe[0].value
     assert list(shapes.columns) == ["name", "input shapes", "calls", "total (ms)", "mean (ms)"]
-    assert shapes.iloc[0]["name"] == "aten::linear" and shapes.iloc[0]["input shapes"] == "[[1, 141, 512], [512, 512], [512]]"
+    assert shapes.iloc[0]["name"] == "aten::linear"
+    assert shapes.iloc[0]["input shapes"] == "[[1, 141, 512], [512, 512], [512]]"
 
 
 def test_timeline_rows_steps_and_kernels_of_a_gpu_trace():
@@ -554,7 +558,8 @@ def test_fleet_puts_the_worst_jobs_first_by_saving_and_says_which_miss_ranks(tmp
     (tmp_path / "traces" / "partial" / "rank-2.json").unlink()
     single = tmp_path / "traces" / "single"
     single.mkdir(parents=True)
-    (single / "trace.json.gz").write_bytes(next((SAMPLES / "cpu" / "loader_bound").glob("*.pt.trace.json.gz")).read_bytes())
+    sample = next((SAMPLES / "cpu" / "loader_bound").glob("*.pt.trace.json.gz"))
+    (single / "trace.json.gz").write_bytes(sample.read_bytes())
     run_batch([tmp_path / "traces"], tmp_path / "store", workers=1)
     monkeypatch.setenv("KINETOSCOPE_APP_PATHS", str(tmp_path / "store"))
     at = open_app("fleet", fleet_job="partial")

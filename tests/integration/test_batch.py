@@ -60,7 +60,8 @@ def test_local_cluster_batch_rows_statuses_straggler_and_resume(dump, tmp_path):
     traces = read_table(store, "traces")
     assert len(traces) == 6
     assert sorted(traces["status"]) == ["failed", "failed", "ok", "ok", "ok", "ok"]
-    failed = traces[traces["status"] == "failed"].set_index(traces[traces["status"] == "failed"]["path"].map(lambda p: Path(p).name))
+    failed = traces[traces["status"] == "failed"]
+    failed = failed.set_index(failed["path"].map(lambda p: Path(p).name))
     assert "gzip" in failed.loc["broken.json.gz", "error"] and "empty" in failed.loc["empty.json", "error"]
     job_a = traces[traces["job"].str.endswith("job-a")]
     assert sorted(job_a["rank"]) == [0, 1, 2]
@@ -71,7 +72,8 @@ def test_local_cluster_batch_rows_statuses_straggler_and_resume(dump, tmp_path):
     assert len(steps[steps["job"].str.endswith("job-a")]) == 9
     assert "straggler in" in store_report(store)
     duckdb = pytest.importorskip("duckdb")
-    counts = duckdb.sql(f"SELECT status, count(*) FROM read_parquet('{store}/traces/*.parquet') GROUP BY status ORDER BY status").fetchall()
+    counts = duckdb.sql(f"SELECT status, count(*) FROM read_parquet('{store}/traces/*.parquet') "
+                        "GROUP BY status ORDER BY status").fetchall()
     assert counts == [("failed", 2), ("ok", 4)]
     table = fleet(store)
     assert set(table.columns) >= {"job", "files", "failed", "critical", "warnings", "straggler"}
@@ -110,7 +112,8 @@ def test_scheduler_and_workers_as_processes_survive_a_killed_worker(tmp_path):
     port = _port()
     address = f"tcp://127.0.0.1:{port}"
     procs = [subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
-                               "--port", str(port), "--no-dashboard"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+                               "--port", str(port), "--no-dashboard"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
     try:
         time.sleep(3)
         workers = [subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_worker", address, "--nthreads", "1",
@@ -130,7 +133,8 @@ def test_scheduler_and_workers_as_processes_survive_a_killed_worker(tmp_path):
         out, err = batch.communicate(timeout=240)
         assert batch.returncode == 0, err[-2000:]
         traces = read_table(store, "traces")
-        assert len(traces) == 24 and (traces["status"] == "ok").all(), traces[traces["status"] != "ok"]["error"].tolist()
+        assert len(traces) == 24
+        assert (traces["status"] == "ok").all(), traces[traces["status"] != "ok"]["error"].tolist()
         assert "24 ok, 0 failed" in out
     finally:
         for p in procs:
@@ -144,7 +148,8 @@ def test_cli_batch_and_report(dump, tmp_path):
                            "--workers", "1", "--quiet"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "6 files: 4 ok, 2 failed" in proc.stdout
-    report = subprocess.run([sys.executable, "-m", "kinetoscope.cli", "report", str(store)], capture_output=True, text=True)
+    report = subprocess.run([sys.executable, "-m", "kinetoscope.cli", "report", str(store)],
+                            capture_output=True, text=True)
     assert report.returncode == 0 and "straggler in" in report.stdout
     bad = subprocess.run([sys.executable, "-m", "kinetoscope.cli", "report", str(dump)], capture_output=True, text=True)
     assert bad.returncode == 2 and "not a Kinetoscope store" in bad.stderr and "Traceback" not in bad.stderr

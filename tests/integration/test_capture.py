@@ -69,7 +69,7 @@ def test_wrapper_writes_named_gzipped_traces_manifest_and_step_times(tmp_path):
     assert manifest["versions"]["torch"] == torch.__version__ and manifest["world_size"] == 1
     times = json.loads((tmp_path / "rank-0.steps.json").read_text())
     assert len(times["step_wall_ns"]) == 10 and times["profiled"][2:4] == [True, True]
-    assert all(w >= d for w, d in zip(times["step_wall_ns"], times["data_wait_ns"]))
+    assert all(w >= d for w, d in zip(times["step_wall_ns"], times["data_wait_ns"], strict=True))
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary files left
 
 
@@ -94,7 +94,8 @@ def test_context_manager_with_step_and_repeat_windows(tmp_path):
 def test_rank_from_the_launcher_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("RANK", "3")
     monkeypatch.setenv("WORLD_SIZE", "4")
-    train(profile_loop(DataLoader(SlowData(n=24, delay_s=0), batch_size=4), tmp_path, schedule=SCHEDULE, telemetry=False))
+    train(profile_loop(DataLoader(SlowData(n=24, delay_s=0), batch_size=4), tmp_path, schedule=SCHEDULE,
+                       telemetry=False))
     (trace,) = tmp_path.glob("rank-3.step-*.pt.trace.json.gz")
     doc = json.loads(gzip.decompress(trace.read_bytes()))
     assert doc["distributedInfo"]["rank"] == 3 and doc["distributedInfo"]["world_size"] == 4
@@ -165,7 +166,8 @@ def test_full_disk_during_export_leaves_training_running(tmp_path, monkeypatch, 
 
     monkeypatch.setattr("kinetoscope.capture.output.finish_trace", full)
     with caplog.at_level(logging.WARNING, logger="kinetoscope.capture"):
-        steps = train(profile_loop(DataLoader(SlowData(delay_s=0), batch_size=4), tmp_path, schedule=SCHEDULE, telemetry=False))
+        steps = train(profile_loop(DataLoader(SlowData(delay_s=0), batch_size=4), tmp_path, schedule=SCHEDULE,
+                                   telemetry=False))
     assert steps == 10 and "No space left" in caplog.text
 
 
@@ -266,8 +268,8 @@ def test_capture_under_torchrun_writes_one_trace_per_rank(tmp_path):
     )
     out = tmp_path / "out"
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29533"]
-    proc = subprocess.run([sys.executable, "-m", "kinetoscope.cli", "capture", "--out", str(out), "--", *torchrun, str(script)],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-m", "kinetoscope.cli", "capture", "--out", str(out), "--", *torchrun,
+                           str(script)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     traces = sorted(p.name for p in out.glob("*.pt.trace.json.gz"))
     assert traces == ["rank-0.step-3-5.pt.trace.json.gz", "rank-1.step-3-5.pt.trace.json.gz"]
@@ -323,7 +325,8 @@ def test_telemetry_samples_land_in_the_trace_and_the_report(tmp_path, monkeypatc
         return True
 
     def fake_counter_events(self, base_time_ns, start_unix_ns, end_unix_ns):
-        self.samples = [Sample(end_unix_ns - 100_000 * k, 0, {"gpu_util_pct": 80.0 + k, "power_w": 250.0}) for k in range(5)]
+        self.samples = [Sample(end_unix_ns - 100_000 * k, 0, {"gpu_util_pct": 80.0 + k, "power_w": 250.0})
+                        for k in range(5)]
         return TelemetrySampler.__dict__["_real_counter_events"](self, base_time_ns, start_unix_ns, end_unix_ns)
 
     monkeypatch.setattr(TelemetrySampler, "_real_counter_events", TelemetrySampler.counter_events, raising=False)

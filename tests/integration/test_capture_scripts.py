@@ -25,7 +25,8 @@ SCHEDULE = ["--skip-first", "1", "--wait", "0", "--warmup", "1", "--active", "3"
 pytestmark = pytest.mark.torch
 
 
-def capture(out: Path, *command: str, extra: tuple[str, ...] = (), timeout: int = 300, **kw) -> subprocess.CompletedProcess:
+def capture(out: Path, *command: str, extra: tuple[str, ...] = (), timeout: int = 300,
+            **kw) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "kinetoscope.cli", "capture", "--out", str(out), *SCHEDULE, *extra,
                            "--", sys.executable, *command], capture_output=True, text=True, timeout=timeout, **kw)
 

@@ -160,7 +160,8 @@ def test_cli_main_called_as_a_library_leaves_pandas_and_pyarrow_alone():
             "    codes = [c.main(['analyze', sys.argv[1]]), c.main(['diff', sys.argv[1], sys.argv[2]]),\n"
             "             c.main(['whatif', sys.argv[1], '--fix', 'loader_stall'])]\n"
             "import pandas as pd, pyarrow as pa\n"
-            "print(codes, pd.Series([1], dtype=pd.ArrowDtype(pa.int64())).dtype, pd.array(['a'], dtype='string[pyarrow]').dtype)\n")
+            "print(codes, pd.Series([1], dtype=pd.ArrowDtype(pa.int64())).dtype,"
+            " pd.array(['a'], dtype='string[pyarrow]').dtype)\n")
     out = subprocess.run([sys.executable, "-c", code, before, after], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["[0,", "0,", "0]", "int64[pyarrow]", "string"]
@@ -257,7 +258,9 @@ def test_analyze_scans_its_first_file_ahead_and_uses_that_scan(monkeypatch, caps
 def test_diff_prints_the_same_table_whatever_the_hash_seed():
     """Findings gone, new and still there are listed in the reports' order (most severe first), not a set's."""
     pairs = SAMPLES / "pairs"
-    outs = {subprocess.run([sys.executable, "-m", "kinetoscope", "diff", str(pairs / "v100_resnet50_num_workers_0_run2.json.gz"),
-                            str(pairs / "v100_resnet50_num_workers_4_run2.json.gz")], capture_output=True, text=True,
-                           timeout=300, env={**os.environ, "PYTHONHASHSEED": seed}).stdout for seed in ("1", "2", "3", "4")}
+    before = pairs / "v100_resnet50_num_workers_0_run2.json.gz"
+    after = pairs / "v100_resnet50_num_workers_4_run2.json.gz"
+    outs = {subprocess.run([sys.executable, "-m", "kinetoscope", "diff", str(before), str(after)],
+                           capture_output=True, text=True, timeout=300,
+                           env={**os.environ, "PYTHONHASHSEED": seed}).stdout for seed in ("1", "2", "3", "4")}
     assert len(outs) == 1 and "still there" in outs.pop()

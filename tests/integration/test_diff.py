@@ -70,8 +70,8 @@ def test_the_json_shape_and_a_failed_gate(tmp_path):
     assert code == 3 and err.startswith("kinetoscope: error: Gate --max-regression 5.0%: failed: the time per step "
                                         "grew +12.0% (95% CI +12.0% to +12.0%)")
     assert set(doc) == {"before", "after", "step_change", "step_change_statistic", "step_change_ci95",
-                        "step_change_verdict", "step_times", "max_regression", "regressed", "gate", "metrics", "metrics_rank",
-                        "findings", "kernels", "ops", "fixes"}
+                        "step_change_verdict", "step_times", "max_regression", "regressed", "gate", "metrics",
+                        "metrics_rank", "findings", "kernels", "ops", "fixes"}
     assert doc["step_change"] == pytest.approx(0.12) and doc["step_change_statistic"] == "mean"
     assert doc["step_change_verdict"] == "slower" and doc["regressed"] is True
     assert doc["gate"] == {"max_regression": 0.05, "regressed": True, "basis": "interval"}
@@ -80,7 +80,8 @@ def test_the_json_shape_and_a_failed_gate(tmp_path):
                           "median_agrees", "few_steps", "before", "after", "ranks"}
     assert set(times["before"]) == {"rank", "source", "steps", "total_us", "mean_us", "median_us", "period_steps",
                                     "batch_steps", "batches", "mean_se_us", "first_step_us", "profiled_steps"}
-    assert times["before"]["total_us"] == pytest.approx(1_400_000.0) and times["after"]["mean_us"] == pytest.approx(15680.0)
+    assert times["before"]["total_us"] == pytest.approx(1_400_000.0)
+    assert times["after"]["mean_us"] == pytest.approx(15680.0)
     assert [r["rank"] for r in times["ranks"]] == [0] and times["ranks"][0]["change"] == pytest.approx(0.12)
 
 
@@ -130,7 +131,8 @@ def test_a_job_changes_as_its_slowest_rank(tmp_path):
     assert (c.scope, c.before.rank, c.after.rank) == ("job", 1, 1) and c.change == pytest.approx(0.10)
     assert [(r.rank, round(r.change, 12), r.verdict) for r in c.ranks] == [(0, -0.1, "faster"), (1, 0.1, "slower")]
     _, out, _ = diff(str(tmp_path / "before"), str(tmp_path / "after"))
-    assert "the job's time per step is its slowest rank's, since ranks wait for each other: rank 1 before, rank 1 after" in out
+    assert ("the job's time per step is its slowest rank's, since ranks wait for each other: "
+            "rank 1 before, rank 1 after") in out
     assert "    rank 0: faster: -10.0%" in out and "    rank 1: slower: +10.0%" in out
     assert "The profiled window of rank 1 (each run's report):" in out  # the job's slowest rank, not rank 0
 
@@ -184,7 +186,7 @@ def _captures(tmp_path: Path, runs: dict[str, tuple[str, float]], seconds: float
             procs[n].stderr.read() for n in failed)
         time.sleep(0.02)
     go.touch()
-    for name, proc in procs.items():
+    for proc in procs.values():
         _, err = proc.communicate(timeout=240)
         assert proc.returncode == 0, err
 

@@ -47,8 +47,8 @@ def test_truncated(tmp_path, source, cut):
 
 
 @SETTINGS
-@given(source=st.sampled_from(sorted(SOURCES)), flips=st.lists(st.tuples(st.floats(0, 1), st.integers(0, 255)), min_size=1, max_size=8),
-       gz=st.booleans())
+@given(source=st.sampled_from(sorted(SOURCES)),
+       flips=st.lists(st.tuples(st.floats(0, 1), st.integers(0, 255)), min_size=1, max_size=8), gz=st.booleans())
 def test_flipped_bytes(tmp_path, source, flips, gz):
     data = bytearray(gzip.compress(SOURCES[source]) if gz else SOURCES[source])
     for where, value in flips:
@@ -57,9 +57,11 @@ def test_flipped_bytes(tmp_path, source, flips, gz):
 
 
 VALUES = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=False),
-                   st.text(max_size=8), st.lists(st.integers(), max_size=3), st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))
+                   st.text(max_size=8), st.lists(st.integers(), max_size=3),
+                   st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))
 FIELDS = ("ph", "name", "cat", "ts", "dur", "pid", "tid", "id", "args")
-ARGS = ("correlation", "device", "stream", "External id", "bytes", "Bytes", "Total Allocated", "Device Type", "Device Id")
+ARGS = ("correlation", "device", "stream", "External id", "bytes", "Bytes", "Total Allocated", "Device Type",
+        "Device Id")
 
 
 @SETTINGS

@@ -36,8 +36,8 @@ def test_cli(corpus, name):
     folder, expected = corpus
     expect: Expect = expected[name]
     started = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "kinetoscope.cli", "analyze", "--format", "json", "--max-size", MAX_SIZE,
-                           str(folder / name)], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([sys.executable, "-m", "kinetoscope.cli", "analyze", "--format", "json",
+                           "--max-size", MAX_SIZE, str(folder / name)], capture_output=True, text=True, timeout=60)
     elapsed = time.perf_counter() - started
     assert "Traceback" not in proc.stderr
     assert elapsed < 30
@@ -73,9 +73,10 @@ def test_batch(corpus, tmp_path):
     from kinetoscope.batch.store import read_table
 
     folder, expected = corpus
-    summary = run_batch([folder], tmp_path / "store", workers=2, limits=LoadLimits(max_decompressed_bytes=parse_size(MAX_SIZE)))
+    summary = run_batch([folder], tmp_path / "store", workers=2,
+                        limits=LoadLimits(max_decompressed_bytes=parse_size(MAX_SIZE)))
     traces = read_table(tmp_path / "store", "traces")
-    by_name = {Path(p).name: row for p, row in zip(traces["path"], traces.to_dict("records"))}
+    by_name = {Path(p).name: row for p, row in zip(traces["path"], traces.to_dict("records"), strict=True)}
     assert set(by_name) == set(expected)
     for name, expect in expected.items():
         row = by_name[name]

@@ -70,7 +70,8 @@ def trace_events(out: Path) -> list[dict]:
 
 
 def marks(events: list[dict], name: str | None = None) -> list[dict]:
-    return [e for e in events if e.get("cat") == "kinetoscope" and (name is None or e["name"] == "kinetoscope::" + name)]
+    return [e for e in events
+            if e.get("cat") == "kinetoscope" and (name is None or e["name"] == "kinetoscope::" + name)]
 
 
 def only_at(values: list, steps: set[int]) -> bool:
@@ -133,7 +134,8 @@ def test_capture_writes_per_step_lists(auto):
     assert only_at(steps["eval_data_wait_ns"], {3}) and only_at(steps["validation_ns"], {3})
     assert only_at(steps["checkpoint_ns"], {3}) and steps["compile_ns"] == [0] * 7
     # every wait on the training thread is a train or an eval loader's, counted once
-    assert steps["data_wait_ns"] == [a + b for a, b in zip(steps["train_data_wait_ns"], steps["eval_data_wait_ns"])]
+    assert steps["data_wait_ns"] == [a + b for a, b in zip(steps["train_data_wait_ns"], steps["eval_data_wait_ns"],
+                                                           strict=True)]
 
 
 def test_capture_splices_the_windows_marks(auto):
@@ -166,7 +168,7 @@ def test_each_data_wait_mark_holds_torchs_own_dataloader_span(auto):
                    key=lambda e: e["ts"])
     waits = sorted(marks(events, "data_wait"), key=lambda e: e["ts"])
     assert len(spans) == len(waits) == 16
-    for mark, span in zip(waits, spans):
+    for mark, span in zip(waits, spans, strict=True):
         assert span["tid"] == mark["tid"]
         assert mark["ts"] - CLOCK_TOLERANCE_US <= span["ts"], (mark, span)
         assert span["ts"] + span["dur"] <= mark["ts"] + mark["dur"] + CLOCK_TOLERANCE_US, (mark, span)
@@ -276,7 +278,8 @@ def test_profile_loop_times_each_wait_once(tmp_path):
         ("train", 16, 16), ("eval", 6, 0)]
     assert steps["backward_calls"] == [1] * 16 and steps["optimizer_steps"] == [0, 0, 0, 1] * 4
     assert only_at(steps["validation_ns"], {7, 15}) and only_at(steps["eval_data_wait_ns"], {7, 15})
-    assert steps["data_wait_ns"] == [a + b for a, b in zip(steps["train_data_wait_ns"], steps["eval_data_wait_ns"])]
+    assert steps["data_wait_ns"] == [a + b for a, b in zip(steps["train_data_wait_ns"], steps["eval_data_wait_ns"],
+                                                           strict=True)]
     events = trace_events(out)
     for k in (2, 3, 4):
         inside = [m for m in marks(events, "data_wait") if in_step(events, k, m)]
@@ -333,7 +336,8 @@ def test_hooks_are_reference_counted_and_put_back():
 
 
 def test_status_files_hold_no_command_line(tmp_path, monkeypatch):
-    """What the capture tells its CLI while it runs (.kinetoscope-status-<pid>.json): no argv, which may hold secrets."""
+    """What the capture tells its CLI while it runs (.kinetoscope-status-<pid>.json): no argv, which may hold
+    secrets."""
     from kinetoscope.capture import auto
 
     monkeypatch.setattr(sys, "argv", ["train.py", "--api-key", SECRET])

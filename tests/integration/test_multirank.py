@@ -29,7 +29,8 @@ def test_comm_overlap_with_compute_is_exact(tmp_path):
 
 def test_legacy_nccl_kernel_names_are_collectives(tmp_path):
     b = TraceBuilder().step(1, 0, 1000).kernel(0, 100, name="ncclKernel_AllGather_RING_LL_Sum_int8_t(ncclWorkElem)")
-    assert build_report(load_built(tmp_path, b)).ranks[0]["comm"]["by_op"] == {"allgather": {"count": 1, "time_us": 100}}
+    by_op = build_report(load_built(tmp_path, b)).ranks[0]["comm"]["by_op"]
+    assert by_op == {"allgather": {"count": 1, "time_us": 100}}
 
 
 def skewed_job(folder: Path, skew_us: float = 250.0) -> None:
@@ -112,7 +113,8 @@ def test_hta_breakdowns_are_results_or_reasons_never_exceptions():
 
     files = sorted((ROOT / "sample_traces" / "real" / "hta_2rank").glob("*.json.gz"))
     results = hta_breakdowns(files)
-    assert set(results) == {"temporal_breakdown", "kernel_breakdown", "comm_comp_overlap", "launch_stats", "queue_length"}
+    assert set(results) == {"temporal_breakdown", "kernel_breakdown", "comm_comp_overlap", "launch_stats",
+                            "queue_length"}
     overlap = hta_comm_comp_overlap(files)
     from kinetoscope.analyze import intervals as iv
     from kinetoscope.analyze.analyzers.comm import comm_compute_sets

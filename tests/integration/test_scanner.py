@@ -96,7 +96,8 @@ def test_every_split_point_gives_the_same_columns():
         assert used >= 0, s.reason
         assert s.feed(DOC[used:], True) >= 0, s.reason
         out = s.finish()
-        got = (out["n"], out["ts"], out["f_value"], out["strings"], out["idents"], out["odd"], out["c_value"], out["meta"])
+        got = (out["n"], out["ts"], out["f_value"], out["strings"], out["idents"], out["odd"], out["c_value"],
+               out["meta"])
         expect = expect or got
         assert got == expect
 
@@ -158,7 +159,8 @@ def test_valid_json_the_scanner_does_not_handle_goes_to_the_reference(doc, why):
     (b'{"traceEvents": [{"ph": "X", "ts": 1, "name": "a\x01"}]}', "control character"),
     (b'{"traceEvents": [{"ph": "X", "ts": 1}]} {}', "two traces concatenated"),
     (b'{"traceEvents": [{"ph": "X", "ts": 1}]', "ends early"),
-    (b'{"traceEvents": [{"ph": "X", "ts": 1, "args": {"x": ' + b"[" * 600 + b"]" * 600 + b"}}]}", "nested deeper than 512"),
+    (b'{"traceEvents": [{"ph": "X", "ts": 1, "args": {"x": ' + b"[" * 600 + b"]" * 600 + b"}}]}",
+     "nested deeper than 512"),
     (b"\0\0\0\0", "not a JSON trace"),
     (b"   ", "file is empty"),
     # the reference decodes names: invalid UTF-8 there, it refuses too
@@ -289,9 +291,9 @@ def test_two_halves_scanned_at_once_equal_the_reference(tmp_path, monkeypatch):
 def test_a_wrong_guess_at_the_middle_falls_back_to_one_pass(tmp_path, monkeypatch):
     """The middle of this file lies inside an args list of objects: '},{' there is no item boundary."""
     monkeypatch.setattr(scan, "PARALLEL_MIN_BYTES", 0)
-    inner = ",".join('{"k": %d}' % i for i in range(20_000))
-    doc = ('{"traceEvents": [{"ph": "X", "name": "a", "ts": 1, "dur": 2, "args": {"list": [%s]}},'
-           ' {"ph": "X", "name": "b", "ts": 5, "dur": 1}], "traceName": "t"}' % inner).encode()
+    inner = ",".join(f'{{"k": {i}}}' for i in range(20_000))
+    doc = ('{"traceEvents": [{"ph": "X", "name": "a", "ts": 1, "dur": 2, "args": {"list": [' + inner + ']}},'
+           ' {"ph": "X", "name": "b", "ts": 5, "dur": 1}], "traceName": "t"}').encode()
     path = tmp_path / "t.json"
     path.write_bytes(doc)
     raw, size = scan.scan_file(path)
@@ -363,7 +365,7 @@ def test_mutated_documents_the_scanner_accepts_decode_like_the_reference(tmp_pat
             scanned = scan.scan_bytes(bytes(d), path.name)
         except scan.Unhandled:
             continue
-        except TraceFormatError as final:
+        except TraceFormatError:
             refused += 1
             with pytest.raises(KinetoscopeError):  # a final verdict the reference would not reach is a scanner bug
                 _reference(path)

@@ -19,7 +19,8 @@ from kinetoscope.analyze.trace import trace_view
 from kinetoscope.render.json import report_to_json
 
 ROOT = Path(__file__).resolve().parents[2]
-SAMPLES = [ROOT / "sample_traces" / "real" / "hta_2rank", ROOT / "sample_traces" / "real" / "v100_resnet50_2021.json.gz",
+SAMPLES = [ROOT / "sample_traces" / "real" / "hta_2rank",
+           ROOT / "sample_traces" / "real" / "v100_resnet50_2021.json.gz",
            ROOT / "sample_traces" / "cpu" / "loader_bound"]
 
 
@@ -62,7 +63,8 @@ def test_a_failing_analyzer_on_a_thread_is_reported_and_the_others_kept(monkeypa
     broken = [replace(a, fn=lambda r, c: 1 / 0) if a.key == "gpu" else a for a in real]
     monkeypatch.setattr(report_module, "analyzers", lambda: broken)
     report = build_report(load_trace(SAMPLES[1]))
-    assert [(f.analyzer, f.rank, f.error) for f in report.failures] == [("gpu", 0, "ZeroDivisionError: division by zero")]
+    failures = [(f.analyzer, f.rank, f.error) for f in report.failures]
+    assert failures == [("gpu", 0, "ZeroDivisionError: division by zero")]
     assert "loader" in report.timings_s and report.ranks[0]["steps"]["count"] > 0
 
 
@@ -96,7 +98,8 @@ def test_ctrl_c_drops_the_analyses_not_yet_started(monkeypatch):
     def interrupted(r, c):
         raise KeyboardInterrupt
 
-    rigged = [replace(a, fn=interrupted if i == 0 else slow) for i, a in enumerate(a for a in real if a.scope == "rank")]
+    rigged = [replace(a, fn=interrupted if i == 0 else slow)
+              for i, a in enumerate(a for a in real if a.scope == "rank")]
     monkeypatch.setattr(report_module, "analyzers", lambda: rigged)
     trace = load_trace(SAMPLES[1])
     began = time.perf_counter()

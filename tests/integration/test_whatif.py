@@ -146,7 +146,8 @@ def test_num_workers_zero_each_wait_is_a_batch(tmp_path):
     b = waiting_steps(40_000, 30_000)
     out = _captured(tmp_path, b, {"num_workers": 0}, {"cpus": 2, "torch_threads": 1})
     r = load_trace(out).ranks[0]
-    assert whatif.estimate(r, finding("loader_stall"), {"num_workers": 2})["step_us_after"] == pytest.approx(15_000, abs=1)
+    two = whatif.estimate(r, finding("loader_stall"), {"num_workers": 2})
+    assert two["step_us_after"] == pytest.approx(15_000, abs=1)
     est = whatif.estimate(r, finding("loader_stall"), {"num_workers": 4})
     assert est["step_us_after"] == pytest.approx(11_000, abs=1)
     assert any("1.0 ms to take" in a for a in est["assumptions"])
@@ -245,7 +246,8 @@ def test_report_carries_estimates_ranked_by_saving_and_the_replay(tmp_path):
     assert r["replay"]["error"] == 0.0 and r["replay"]["measured_step_us"] == pytest.approx(174829.333, abs=0.01)
     doc = rep.to_dict()
     loader = next(f for f in doc["findings"] if f["id"] == "loader_stall")
-    assert set(loader["estimate"]) >= {"step_us_after", "saving_us_per_step", "saving_fraction", "method", "assumptions"}
+    assert set(loader["estimate"]) >= {"step_us_after", "saving_us_per_step", "saving_fraction", "method",
+                                       "assumptions"}
     # within one severity, the larger saving first
     warnings = [f for f in rep.findings if f.severity == "warning"]
     savings = [(f.estimate or {}).get("saving_us_per_step", -1) for f in warnings]
@@ -253,7 +255,8 @@ def test_report_carries_estimates_ranked_by_saving_and_the_replay(tmp_path):
 
 
 @pytest.mark.parametrize("path", sorted(p for p in (SAMPLES / "real").rglob("*.json*")) +
-                         sorted((SAMPLES / "cpu").glob("*/*.pt.trace.json.gz")) + sorted((SAMPLES / "pairs").glob("*.json.gz")),
+                         sorted((SAMPLES / "cpu").glob("*/*.pt.trace.json.gz")) +
+                         sorted((SAMPLES / "pairs").glob("*.json.gz")),
                          ids=lambda p: p.name[:40])
 def test_the_unchanged_replay_reproduces_every_sample(path):
     trace = load_trace(path)
@@ -278,7 +281,8 @@ def test_whatif_command(tmp_path):
     alone = min(f["estimate"]["step_us_after"] for f in rank["fixes"])
     assert rank["together"]["step_us_after"] <= alone
     text = run_cli("whatif", sample, "--fix", "loader_stall")
-    assert text.returncode == 0 and "fix this with num_workers=" in text.stdout and "together (loader_stall)" in text.stdout
+    assert text.returncode == 0
+    assert "fix this with num_workers=" in text.stdout and "together (loader_stall)" in text.stdout
     bad = run_cli("whatif", sample, "--fix", "no_such_thing")
     assert bad.returncode == 2 and "unknown finding id" in bad.stderr and "Traceback" not in bad.stderr
     bad = run_cli("whatif", sample, "--fix", "loader_stall", "--set", "loader_stall.num_workers=many")
@@ -288,7 +292,8 @@ def test_whatif_command(tmp_path):
 def test_diff_puts_the_prediction_beside_the_measurement():
     """The public V100 pair (num_workers 0 -> 4): the loader stall is gone; the measured mean step after is
     the after trace's 139.692 ms, the prediction the before trace's estimate."""
-    before, after = SAMPLES / "real" / "v100_resnet50_2021.json.gz", SAMPLES / "pairs" / "v100_resnet50_num_workers_4.json.gz"
+    before = SAMPLES / "real" / "v100_resnet50_2021.json.gz"
+    after = SAMPLES / "pairs" / "v100_resnet50_num_workers_4.json.gz"
     proc = run_cli("diff", str(before), str(after), "--format", "json")
     doc = json.loads(proc.stdout)
     (row,) = [x for x in doc["fixes"] if x["id"] == "loader_stall"]

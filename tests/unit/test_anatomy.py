@@ -88,7 +88,7 @@ def test_a_closure_optimizer_forward_passes_are_forward(tmp_path):
     b.loader(0, 50)
     b.op("Optimizer.step#LBFGS.step", 50, 900, cat="user_annotation")
     t = 50.0
-    for k, gap in enumerate((50, 50, 60)):  # optimizer arithmetic before each evaluation
+    for gap in (50, 50, 60):  # optimizer arithmetic before each evaluation
         b.op("aten::dot", t, gap)
         t += gap
         b.op("aten::linear", t, 60)

@@ -26,7 +26,7 @@ def _cover(pairs, size=300):
 
 def _mask(ivs, size=300):
     m = np.zeros(size, dtype=bool)
-    for s, e in zip(*ivs):
+    for s, e in zip(*ivs, strict=True):
         m[s:e] = True
     return m
 
@@ -63,7 +63,7 @@ def test_overlap_each_matches_brute_force(a_pairs, q_pairs):
     ma = _cover(a_pairs)
     qs, qe = _arrays(q_pairs)
     got = iv.overlap_each(qs, qe, a)
-    want = [ma[s:e].sum() for s, e in zip(qs, qe)]
+    want = [ma[s:e].sum() for s, e in zip(qs, qe, strict=True)]
     assert got.tolist() == want
 
 
@@ -87,7 +87,7 @@ def test_intersect_and_subtract_match_a_bitmap_on_random_sets():
 
     def bitmap(s):
         m = np.zeros(100, dtype=bool)
-        for lo, hi in zip(*s):
+        for lo, hi in zip(*s, strict=True):
             m[lo:hi] = True
         return m
 

@@ -155,7 +155,8 @@ def test_counter_events_become_long_rows(tmp_path):
     b = TraceBuilder().step(1, 0, 10)
     b.raw({"ph": "C", "name": "gpu0", "pid": 0, "ts": 2.5, "args": {"util_pct": 87, "power_w": 301.5}})
     r = _one(load_built(tmp_path, b))
-    assert sorted(zip(r.counters["series"].astype(str), r.counters["value"])) == [("power_w", 301.5), ("util_pct", 87.0)]
+    counters = sorted(zip(r.counters["series"].astype(str), r.counters["value"], strict=True))
+    assert counters == [("power_w", 301.5), ("util_pct", 87.0)]
     assert r.counters["ts_ns"].tolist() == [2500, 2500]
 
 

@@ -125,7 +125,8 @@ def _post_validation_run(rng: np.random.Generator, periods: int = 20) -> np.ndar
     return np.concatenate(runs)
 
 
-def _iid_bootstrap(a: np.ndarray, b: np.ndarray, rng: np.random.Generator, resamples: int = 2000) -> tuple[float, float]:
+def _iid_bootstrap(a: np.ndarray, b: np.ndarray, rng: np.random.Generator,
+                   resamples: int = 2000) -> tuple[float, float]:
     """A bootstrap with blocks of one step, the interval a period fools."""
     ra = a[rng.integers(0, len(a), (resamples, len(a)))].mean(axis=1)
     rb = b[rng.integers(0, len(b), (resamples, len(b)))].mean(axis=1)

@@ -124,7 +124,8 @@ def test_tensor_and_data_parallel_groups_matched_by_sequence_number_and_skews_so
     assert methods == {"1 [0, 1]": "sequence_numbers", "2 [2, 3]": "sequence_numbers",
                        "3 [0, 2]": "alignment", "4 [1, 3]": "alignment"}
     # TP: 8 calls common to both members of each group; DP: 3 per group
-    assert {g["group"]: g["matched"] for g in coll["groups"]} == {"1 [0, 1]": 8, "2 [2, 3]": 8, "3 [0, 2]": 3, "4 [1, 3]": 3}
+    matched = {g["group"]: g["matched"] for g in coll["groups"]}
+    assert matched == {"1 [0, 1]": 8, "2 [2, 3]": 8, "3 [0, 2]": 3, "4 [1, 3]": 3}
     assert ranks[0]["unmatched"] == 1 and ranks[1]["unmatched"] == 0
     # in DP, ranks 2 and 3 arrive 50 us after 0 and 1: they are the ones waited for, 3 times each
     assert ranks[2]["waited_for_count"] == 3 and ranks[3]["waited_for_count"] == 3

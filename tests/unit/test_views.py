@@ -30,7 +30,7 @@ def test_nesting_depth_per_thread(tmp_path):
     r = load_built(tmp_path, nested_trace()).ranks[0]
     hd = host_depth(r)
     names = r.events["name"].astype(str).to_numpy()[hd["row"].to_numpy()]
-    depth = dict(zip(names, hd["depth"]))
+    depth = dict(zip(names, hd["depth"], strict=True))
     assert depth["ProfilerStep#0"] == 0 and depth["forward"] == 1 and depth["aten::linear"] == 2
     assert depth["aten::addmm"] == 3 and depth["cudaLaunchKernel"] == 4 and depth["aten::tiny"] == 1
 
@@ -42,7 +42,8 @@ def test_rows_ms_from_the_window_start_and_the_launch_links(tmp_path):
     v = timeline_view(r, start, end, width_px=100_000)  # 0.01 ns per pixel: nothing merged
     assert v.rows == ["steps", "GPU 0 · stream 7", "thread 100 (training)", "thread 100 (training) · 1",
                       "thread 100 (training) · 2", "thread 100 (training) · 3", "thread 100 (training) · 4"]
-    assert v.merged_spans == 0 and v.total_spans == 1 + 1 + 1 + 3 + 1 + 300  # step row, kernel, step op, 3 ops, launch, tiny
+    # step row, kernel, step op, 3 ops, launch, tiny
+    assert v.merged_spans == 0 and v.total_spans == 1 + 1 + 1 + 3 + 1 + 300
     k = v.spans[v.spans["kind"] == "kernel"].iloc[0]
     assert (k["start_ms"], k["end_ms"]) == (0.3, 0.4)
     assert k["link"] == "launched by cudaLaunchKernel at 0.210 ms on thread 100"
@@ -97,7 +98,8 @@ def test_allocations_are_charged_to_the_innermost_op_and_frees_to_the_allocation
 
 def test_ops_by_input_shapes_read_from_the_file(tmp_path):
     b = TraceBuilder().step(0, 0, 1000)
-    b.op("aten::mm", 100, 10, **{"Input Dims": [[64, 128], [128, 32]]}).op("aten::mm", 200, 30, **{"Input Dims": [[64, 128], [128, 32]]})
+    b.op("aten::mm", 100, 10, **{"Input Dims": [[64, 128], [128, 32]]})
+    b.op("aten::mm", 200, 30, **{"Input Dims": [[64, 128], [128, 32]]})
     b.op("aten::mm", 300, 50, **{"Input Dims": [[8, 8], [8, 8]]}).op("aten::relu", 400, 5)
     path = b.write(tmp_path / "t.json")
     from kinetoscope.analyze.loader import load_trace
@@ -124,7 +126,8 @@ def test_memory_timeline_keeps_each_bins_dip_and_cpu_has_no_reserved_figure(tmp_
     rep = build_report(load_built(tmp_path, b))
     tl = rep.results[0]["memory"].tables["memory_timeline"]
     cuda = tl[tl["device"] == "cuda:0"]
-    assert len(cuda) == TIMELINE_POINTS and set(cuda["allocated_mib"]) == {100.0} and set(cuda["allocated_min_mib"]) == {0.0}
+    assert len(cuda) == TIMELINE_POINTS
+    assert set(cuda["allocated_mib"]) == {100.0} and set(cuda["allocated_min_mib"]) == {0.0}
     cpu = next(d for d in rep.ranks[0]["memory"]["devices"] if d["device"] == "cpu")
     assert cpu["peak_reserved_bytes"] is None and cpu["fragmentation_bytes_max"] is None
     assert cpu["peak_allocated_bytes"] == 3 << 20
@@ -244,7 +247,8 @@ def module_trace() -> TraceBuilder:
     b = TraceBuilder().step(0, 0, 1000)
     b.op("train.py(10): main", 0, 900, cat="python_function")
     b.op("nn.Module: Net_0", 50, 750, cat="python_function")
-    b.op("nn.Module: Linear_0", 100, 200, cat="python_function").op("nn.Module: Linear_1", 400, 300, cat="python_function")
+    b.op("nn.Module: Linear_0", 100, 200, cat="python_function")
+    b.op("nn.Module: Linear_1", 400, 300, cat="python_function")
     b.op("aten::linear", 110, 180).op("aten::addmm", 120, 160).kernel(150, 200, launch_at=130, launch_dur=5)
     b.op("aten::linear", 410, 280).op("aten::addmm", 420, 260).kernel(450, 100, launch_at=430, launch_dur=5)
     b.op("aten::relu", 720, 60).kernel(750, 50, launch_at=730, launch_dur=5)
@@ -269,7 +273,8 @@ def test_the_module_hierarchy_with_host_and_device_time(tmp_path):
     assert m["host_ms"].tolist() == [0.75, 0.2, 0.3] and m["host_self_ms"].tolist() == [0.25, 0.2, 0.3]
     assert m["device_ms"].tolist() == [0.35, 0.2, 0.1] and m["calls"].tolist() == [1, 1, 1]
     by_module = op_modules(r).set_index(["module", "name"])["total_ms"]
-    assert by_module[("Net_0 / Linear_0", "aten::addmm")] == 0.16 and by_module[("Net_0 / Linear_1", "aten::addmm")] == 0.26
+    assert by_module[("Net_0 / Linear_0", "aten::addmm")] == 0.16
+    assert by_module[("Net_0 / Linear_1", "aten::addmm")] == 0.26
     assert by_module[("Net_0", "aten::relu")] == 0.06
     stacks = op_call_stacks(r).set_index(["name", "call_stack"])
     assert stacks.loc[("aten::addmm", "train.py(10): main")].tolist() == [2, 0.42]  # module frames left out
@@ -315,7 +320,8 @@ def test_findings_are_matched_by_id_and_the_ranks_they_were_found_on():
     assert t.loc["straggler", ["status", "ranks_after"]].tolist() == ["appeared", "the job"]
     assert t.loc["gpu_idle", "status"] == "appeared" and t.loc["sync_point", "status"] == "gone"
     assert t.loc["sync_point", ["ranks_before", "ranks_after"]].tolist() == ["1", ""]
-    assert t["ranks_of_the_job_before"].unique().tolist() == [4] and t["ranks_of_the_job_after"].unique().tolist() == [8]
+    assert t["ranks_of_the_job_before"].unique().tolist() == [4]
+    assert t["ranks_of_the_job_after"].unique().tolist() == [8]
 
 
 def test_kernel_and_operator_diffs_per_step(tmp_path):
