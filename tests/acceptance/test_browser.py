@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from browserlib import SAMPLES, TITLES, choose, go, no_errors, serve_app
 
 pytestmark = [pytest.mark.browser, pytest.mark.app]

@@ -5,7 +5,6 @@ chart text), and keyboard focus always visible."""
 from __future__ import annotations
 
 import pytest
-
 from browserlib import SAMPLES, TITLES, drawn, go, serve_app
 
 pytestmark = [pytest.mark.browser, pytest.mark.app]

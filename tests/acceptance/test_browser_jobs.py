@@ -5,7 +5,6 @@ separate runs never open a broken file, and each file's error stays in sidebar o
 from __future__ import annotations
 
 import pytest
-
 from browserlib import SAMPLES, choose, go, serve_app, settled
 from tracebuilder import TraceBuilder
 

@@ -7,7 +7,6 @@ import gzip
 import os
 
 import pytest
-
 from browserlib import SAMPLES, free_port, go, serve_app, settled
 
 pytestmark = [pytest.mark.browser, pytest.mark.app]

@@ -12,7 +12,6 @@ import json
 import os
 
 import pytest
-
 from browserlib import SAMPLES, TITLES, Bait, choose, go, no_errors, serve_app, settled
 from tracebuilder import TraceBuilder
 

@@ -5,7 +5,6 @@ read as solid busy). Also: hovering a kernel names the call that launched it."""
 from __future__ import annotations
 
 import pytest
-
 from browserlib import go, serve_app, settled
 from tracebuilder import TraceBuilder
 

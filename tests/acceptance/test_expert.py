@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from expertlib import compare, read_expert
+
 from kinetoscope.analyze.loader import find_jobs, load_job
 from kinetoscope.analyze.report import build_report
 

@@ -358,8 +358,9 @@ def test_fleet_opens_a_job_in_place_and_the_other_pages_show_store_jobs(tmp_path
     file of a 4-rank job. Now the sidebar lists the store's jobs (named relative to their shared folder), and the
     Fleet page's button opens a job, every rank, on the Overview."""
     pytest.importorskip("dask")
-    from kinetoscope.batch.run import run_batch
     from tracebuilder import straggler_job
+
+    from kinetoscope.batch.run import run_batch
 
     straggler_job(tmp_path / "traces" / "team-a" / "job-42")
     healthy = tmp_path / "traces" / "team-b" / "job-7"
@@ -550,8 +551,9 @@ def test_fleet_puts_the_worst_jobs_first_by_saving_and_says_which_miss_ranks(tmp
     fixing each job's worst finding saves (was: by failures, then critical, then warnings counts); the job without
     rank 2 says 1 of 4 ranks is missing and claims no straggler."""
     pytest.importorskip("dask")
-    from kinetoscope.batch.run import run_batch
     from tracebuilder import straggler_job
+
+    from kinetoscope.batch.run import run_batch
 
     straggler_job(tmp_path / "traces" / "complete")
     straggler_job(tmp_path / "traces" / "partial")

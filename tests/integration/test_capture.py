@@ -16,10 +16,10 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
+from kinetoscope import fsutil  # noqa: E402
 from kinetoscope.analyze.loader import load_trace  # noqa: E402
 from kinetoscope.analyze.report import build_report  # noqa: E402
 from kinetoscope.capture import Profiler, Schedule, profile_loop  # noqa: E402
-from kinetoscope import fsutil  # noqa: E402
 from kinetoscope.capture import output as capture_output  # noqa: E402
 from kinetoscope.capture.telemetry import TelemetrySampler  # noqa: E402
 

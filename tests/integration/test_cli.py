@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from tracebuilder import TraceBuilder
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -105,8 +105,13 @@ def test_production_gpu_analyzer_agrees_with_hta_on_htas_terms(path):
     from kinetoscope.analyze.analyzers.gpu import analyze_gpu
     from kinetoscope.analyze.config import DEFAULT_CONFIG
     from kinetoscope.analyze.hta_adapter import (
-        HtaUnavailable, hta_extra_busy_events, hta_extra_busy_us, hta_rounding_loss_us, hta_temporal_breakdown,
-        hta_view)
+        HtaUnavailable,
+        hta_extra_busy_events,
+        hta_extra_busy_us,
+        hta_rounding_loss_us,
+        hta_temporal_breakdown,
+        hta_view,
+    )
 
     (job,) = find_jobs(path)
     try:

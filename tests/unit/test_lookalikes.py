@@ -4,10 +4,10 @@ case in code with its answer known by construction (issue 28's cases from traces
 from __future__ import annotations
 
 import pytest
-
 from conftest import load_built
-from kinetoscope.analyze.report import build_report
 from tracebuilder import TraceBuilder
+
+from kinetoscope.analyze.report import build_report
 
 
 def report_of(tmp_path, b, name="t.json"):
@@ -542,8 +542,9 @@ def test_validation_over_the_run_is_said_with_how_often_and_its_share(tmp_path):
 def test_a_ranks_wait_for_a_straggler_is_not_exposure_overlap_can_hide(tmp_path):
     """Was: the ranks waiting for a straggler at each all-reduce read its wait as exposed communication, critical.
     Rank 2 arrives 300 us late at each of 5 all-reduces of 1 ms: the others' 1.5 ms of waiting is left out."""
-    from kinetoscope.analyze.loader import load_trace
     from tracebuilder import straggler_job
+
+    from kinetoscope.analyze.loader import load_trace
 
     straggler_job(tmp_path / "job", slow=2, n=4)
     rep = build_report(load_trace(tmp_path / "job"))

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 import pandas as pd
-
 import pytest
 from conftest import load_built
 from tracebuilder import TraceBuilder
@@ -178,8 +177,9 @@ def test_a_merged_block_is_drawn_with_the_share_of_it_its_spans_cover(tmp_path):
 def test_a_block_of_overlapping_spans_counts_their_union_once(tmp_path):
     """Two 4 us ops overlapping by 2 us on one row (deeper than MAX_DEPTH nesting shares a row) in one 10 us pixel:
     6 us busy, not 8."""
-    from kinetoscope.analyze.views import _union_in_groups
     import pandas as pd
+
+    from kinetoscope.analyze.views import _union_in_groups
 
     frame = pd.DataFrame({"row": ["a", "a", "a", "b"], "kind": ["k"] * 4, "bin": [0, 0, 0, 0],
                           "ts_ns": [1000, 3000, 9000, 0], "end_ns": [5000, 7000, 9500, 4000]})
