@@ -102,7 +102,7 @@ def test_compare_two_given_traces(app_url, page):
 
 
 def test_a_four_rank_upload_names_rank_2_on_the_overview_and_the_distributed_view(app_url, page, tmp_path):
-    from test_trust import straggler_job
+    from tracebuilder import straggler_job
 
     straggler_job(tmp_path / "job", slow=2, n=4)
     page.goto(app_url)

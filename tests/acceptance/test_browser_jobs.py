@@ -19,7 +19,7 @@ def unrelated(folder):
 
 @pytest.fixture(scope="module")
 def app(tmp_path_factory):
-    from test_trust import straggler_job
+    from tracebuilder import straggler_job
 
     root = tmp_path_factory.mktemp("jobs")
     straggler_job(root / "three-of-four", slow=3, n=4)
