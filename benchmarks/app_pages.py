@@ -11,8 +11,8 @@ its link to its heading drawn, its script finished (Streamlit's own script state
 
 Each page is checked for: text cut to an ellipsis (HTML elements, chart labels), a raw value in what it says (None,
 nan, six decimals, exponents, unit-suffixed column names), an error or exception element. Tables draw on a canvas
-and are checked through AppTest (tests/test_app.py::test_every_page_of_every_bundled_sample). Needs playwright and
-Debian's chromium.
+and are checked through AppTest (tests/integration/test_app.py::test_every_page_of_every_bundled_sample). Needs
+playwright and Debian's chromium.
 """
 
 from __future__ import annotations
