@@ -63,6 +63,7 @@ def test_every_reading_is_well_formed():
             assert f.get("why"), (path.name, f["id"])
 
 
+@pytest.mark.slow
 def test_recall_on_the_expert_claims_stays_where_it_is():
     """Every warning and critical finding the experts raise (over all readings present) is raised."""
     made = missed = 0

@@ -25,6 +25,7 @@ def _python(code: str, *args: str, timeout: int = 300, env: dict[str, str] | Non
     return proc.stdout
 
 
+@pytest.mark.slow
 def test_a_process_analysing_traces_one_after_another_stays_flat():
     """Was: module-level caches kept every analysed trace's views (RSS +47% over 30 traces of 35 MB)."""
     out = _python("""
@@ -148,6 +149,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 @pytest.mark.app
 def test_the_app_serves_on_a_fresh_machine_with_no_prompt(tmp_path):
     """Was: Streamlit's first-run 'Email:' prompt stopped `kinetoscope app` (and scripts/run-app) before it served."""
@@ -187,6 +189,7 @@ def _zero_bomb(path: Path, gunzipped: int = 2 * 2**30) -> None:
     path.write_bytes(member * (gunzipped // 2**24))
 
 
+@pytest.mark.slow
 def test_every_hostile_file_is_refused_within_2_s_and_300_mb_at_default_limits(tmp_path):
     """Was: a 2 MB gzip of zeros took 21 s and 4.3 GB before 'not a JSON trace'."""
     from hostile import write_corpus
@@ -219,6 +222,7 @@ def _load_in_a_process(path) -> list:
     """, str(path)))
 
 
+@pytest.mark.slow
 def test_files_that_would_amplify_are_refused_in_bounded_time_and_memory(tmp_path):
     """Was (issue-16 review): 256 MiB of valid events gzipped 200-fold were analysed (4 GB: 65 s, 7.5 GB);
     150 MB of '{}' items peaked at 2.3 GB; 150 MB of top-level metadata at 4 GB; a truncated 500 MB file was
@@ -346,6 +350,7 @@ def test_redact_refuses_what_is_not_a_trace(tmp_path):
     assert not (tmp_path / "out.json").exists()
 
 
+@pytest.mark.slow
 def test_redact_command_cleans_metadata_and_event_args_and_analyses_the_same(tmp_path):
     """Was: a secret inside a command line, a header or a URL leaked, and traceEvents args passed through."""
     from tracebuilder import TraceBuilder
@@ -392,6 +397,7 @@ def test_an_upload_folder_goes_with_its_owner():
     assert not path.exists()
 
 
+@pytest.mark.slow
 @pytest.mark.app
 def test_a_new_upload_in_a_session_deletes_the_previous_one():
     from streamlit.testing.v1 import AppTest
@@ -499,6 +505,7 @@ def test_the_cache_counts_what_an_analysis_really_holds():
     assert views > 0 and analysis_bytes(analysis) >= tables + views + gpu
 
 
+@pytest.mark.slow
 @pytest.mark.app
 def test_the_app_server_goes_when_its_launcher_gets_sighup(tmp_path):
     """Was: SIGHUP (the terminal closed) killed the launcher and left Streamlit serving."""
@@ -545,6 +552,7 @@ def test_the_analysis_cache_is_bounded_by_bytes():
 
 
 # --- capture: finishing a trace costs the training thread nothing and memory stays bounded ----------
+@pytest.mark.slow
 def test_finishing_a_trace_streams_it_off_the_training_thread(tmp_path):
     """Was: the export decoded, re-encoded and gzipped in memory on the training thread (1 GB: a 46 s stall and
     7 GB of extra memory, see BENCHMARKS.md). Now: a splice of the counters into the text, gzipped in chunks

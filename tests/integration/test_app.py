@@ -341,6 +341,7 @@ def raw_values(at: AppTest) -> list[str]:
     return bad
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("trace", SAMPLE_LABELS)
 def test_every_page_of_every_bundled_sample(trace):
     """No exception, no error element and no raw value (None, nan, 2.000000, 3.1e+06, busy_us) on any page of any
@@ -352,6 +353,7 @@ def test_every_page_of_every_bundled_sample(trace):
         assert not raw_values(at), (page, raw_values(at))
 
 
+@pytest.mark.slow
 @pytest.mark.cluster
 def test_fleet_opens_a_job_in_place_and_the_other_pages_show_store_jobs(tmp_path, monkeypatch):
     """Was: the other pages showed a bundled sample, and the drill-down printed a restart command naming one rank
@@ -444,6 +446,7 @@ def unrelated_traces(folder: Path) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_given_unrelated_traces_get_the_uploads_check_and_open_as_runs(tmp_path, monkeypatch):
     """Was: a directory of four different models read as "rank 3 of 4" of one job, "straggler: none"."""
     monkeypatch.setenv("KINETOSCOPE_APP_PATHS", str(unrelated_traces(tmp_path / "runs")))
@@ -462,6 +465,7 @@ def test_given_unrelated_traces_get_the_uploads_check_and_open_as_runs(tmp_path,
     assert list(table[table["metric"] == "mean step"][["before", "after"]].iloc[0]) == ["1.00 ms", "150.00 ms"]
 
 
+@pytest.mark.slow
 def test_a_job_missing_a_rank_says_so_and_judges_no_straggler(tmp_path, monkeypatch):
     from tracebuilder import straggler_job
 
@@ -545,6 +549,7 @@ def test_operators_by_module_and_by_call_stack_and_the_modules_page():
     assert not none.exception and "no nn.Module calls" in none.info[0].value
 
 
+@pytest.mark.slow
 @pytest.mark.cluster
 def test_fleet_puts_the_worst_jobs_first_by_saving_and_says_which_miss_ranks(tmp_path, monkeypatch):
     """Three jobs: a 4-rank job, the same job without rank 2's file, a loader-bound single run. Worst first by what

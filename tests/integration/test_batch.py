@@ -53,6 +53,7 @@ def test_discover_groups_rank_files_and_keeps_lone_traces(dump):
     assert jobs == {"job-a": 3, "single.json.gz": 1, "broken.json.gz": 1, "empty.json": 1}
 
 
+@pytest.mark.slow
 def test_local_cluster_batch_rows_statuses_straggler_and_resume(dump, tmp_path):
     store = tmp_path / "store"
     summary = run_batch([dump], store, workers=2)
@@ -101,6 +102,7 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_scheduler_and_workers_as_processes_survive_a_killed_worker(tmp_path):
     root = tmp_path / "many"
     for i in range(24):
@@ -142,6 +144,7 @@ def test_scheduler_and_workers_as_processes_survive_a_killed_worker(tmp_path):
                 p.kill()
 
 
+@pytest.mark.slow
 def test_cli_batch_and_report(dump, tmp_path):
     store = tmp_path / "store"
     proc = subprocess.run([sys.executable, "-m", "kinetoscope.cli", "batch", str(dump), "--store", str(store),

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from kinetoscope.analyze.cache import TABLES, key_for
 from kinetoscope.analyze.loader import load_trace
@@ -58,6 +59,7 @@ def test_cli_cache_flag(tmp_path):
     assert len(list((tmp_path / "c").iterdir())) == 1
 
 
+@pytest.mark.slow
 def test_parallel_rank_loading_gives_the_same_report():
     from kinetoscope.analyze.loader import find_jobs, load_job
 

@@ -54,6 +54,7 @@ def train(batches):
     return steps
 
 
+@pytest.mark.slow
 def test_wrapper_writes_named_gzipped_traces_manifest_and_step_times(tmp_path):
     steps = train(profile_loop(DataLoader(SlowData(), batch_size=4), tmp_path, schedule=SCHEDULE, telemetry=False))
     assert steps == 10
@@ -102,6 +103,7 @@ def test_rank_from_the_launcher_environment(tmp_path, monkeypatch):
     assert load_trace(trace).ranks[0].rank == 3
 
 
+@pytest.mark.slow
 def test_zero_code_capture_of_an_unmodified_script(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(
@@ -253,6 +255,7 @@ def test_analyze_side_does_not_import_torch():
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 
+@pytest.mark.slow
 def test_capture_under_torchrun_writes_one_trace_per_rank(tmp_path):
     script = tmp_path / "ddp.py"
     script.write_text(

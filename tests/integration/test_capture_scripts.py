@@ -74,6 +74,7 @@ def manifest(out: Path) -> dict:
 
 
 # --- 1. signals reach the script; its clean-up runs; its exit status is kept -------------------
+@pytest.mark.slow
 def test_ctrl_c_lets_the_script_clean_up_and_keeps_the_sidecars(tmp_path):
     """Was: the CLI took the KeyboardInterrupt and killed the script 0.25 s later: no final evaluation, no
     manifest, no steps.json. Ctrl-C at a terminal signals the whole foreground process group. (The script's loop
@@ -93,6 +94,7 @@ def test_ctrl_c_lets_the_script_clean_up_and_keeps_the_sidecars(tmp_path):
     assert len(m["traces"]) == 1
 
 
+@pytest.mark.slow
 def test_an_unhandled_ctrl_c_exits_130(tmp_path):
     proc = start_capture(tmp_path / "out", str(SCRIPTS / "train_loop.py"), "100000", str(tmp_path / "m"),
                          "--step-s", "0.01", "--no-handler", terminal=True)
@@ -104,6 +106,7 @@ def test_an_unhandled_ctrl_c_exits_130(tmp_path):
     assert (tmp_path / "out" / "rank-0.steps.json").is_file() and (tmp_path / "out" / "rank-0.manifest.json").is_file()
 
 
+@pytest.mark.slow
 def test_sigterm_is_passed_on_the_sidecars_written_and_143_returned(tmp_path):
     """Slurm and Kubernetes stop a job with SIGTERM to the process they started: here the CLI."""
     long_window = ["--skip-first", "1", "--wait", "0", "--warmup", "1", "--active", "500", "--no-telemetry"]
@@ -126,6 +129,7 @@ def test_a_segfault_is_reported_as_139(tmp_path):
 
 
 # --- 2. a script with its own profiler --------------------------------------------------------
+@pytest.mark.slow
 def test_a_script_with_its_own_profiler_runs_as_without_capture(tmp_path):
     """Was: a segfault (two profilers at once)."""
     own = tmp_path / "own.json"
@@ -136,6 +140,7 @@ def test_a_script_with_its_own_profiler_runs_as_without_capture(tmp_path):
 
 
 # --- 3. loop shapes -------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_a_manual_sgd_loop_is_captured(tmp_path):
     """Was: nothing captured (no torch.optim), yet 'traces in DIR' printed for a directory never created."""
     proc = capture(tmp_path / "out", str(SCRIPTS / "manual_sgd.py"), "12")
@@ -145,6 +150,7 @@ def test_a_manual_sgd_loop_is_captured(tmp_path):
     assert manifest(tmp_path / "out")["steps_run"] == 11
 
 
+@pytest.mark.slow
 def test_a_closure_optimizer_steps_once_per_optimizer_step_and_its_backward_is_backward(tmp_path):
     proc = capture(tmp_path / "out", str(SCRIPTS / "lbfgs_closure.py"), "8")
     assert proc.returncode == 0, proc.stderr
@@ -157,6 +163,7 @@ def test_a_closure_optimizer_steps_once_per_optimizer_step_and_its_backward_is_b
     assert phases["backward"]["time_us"] > 0 and phases["forward"]["time_us"] > 0
 
 
+@pytest.mark.slow
 def test_nothing_captured_says_why_instead_of_where(tmp_path):
     script = tmp_path / "no_training.py"
     script.write_text("import torch\nprint(torch.ones(3).sum().item())\n")
@@ -165,6 +172,7 @@ def test_nothing_captured_says_why_instead_of_where(tmp_path):
 
 
 # --- 4. no side effects -------------------------------------------------------------------------
+@pytest.mark.slow
 def test_torch_is_not_imported_before_the_script_and_omp_num_threads_holds(tmp_path):
     """Was: sitecustomize imported torch first: OMP_NUM_THREADS set by the script came too late (2 threads)."""
     proc = capture(tmp_path / "out", str(SCRIPTS / "omp_threads.py"))
@@ -181,6 +189,7 @@ def test_a_python_process_that_never_imports_torch_pays_nothing(tmp_path):
 
 
 # --- 5. a crash inside the window -----------------------------------------------------------------
+@pytest.mark.slow
 def test_a_crash_inside_the_window_is_a_partial_step_not_a_finding(tmp_path):
     """Was: the partial step analysed as a full one: CRITICAL 'Data loading takes 61% of the window'."""
     # 20 ms steps with cheap data; step 4 waits 0.5 s for data, then crashes
@@ -208,6 +217,7 @@ def test_a_crash_inside_the_window_is_a_partial_step_not_a_finding(tmp_path):
 
 
 # --- 6. runs kept apart ---------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_a_second_run_into_the_same_out_moves_the_first_aside(tmp_path):
     """Was: an old window's trace analysed with the new run's steps.json."""
     out = tmp_path / "out"
@@ -226,6 +236,7 @@ def test_a_second_run_into_the_same_out_moves_the_first_aside(tmp_path):
 
 
 # --- review of issue 18 (an independent reviewer's findings, each a test that failed before) ---------------
+@pytest.mark.slow
 def test_a_script_with_a_scheduled_profiler_makes_capture_stand_aside_before_it_starts(tmp_path):
     """Was: the tutorial pattern (schedule + prof.step()) crashed the script: 'Profiler is already enabled on
     this thread', then a segfault (rc 139): capture started its own during the script's wait phase."""
@@ -237,6 +248,7 @@ def test_a_script_with_a_scheduled_profiler_makes_capture_stand_aside_before_it_
     assert "no trace written: capture stood aside (the script runs torch.profiler itself" in proc.stderr
 
 
+@pytest.mark.slow
 def test_sigterm_to_the_whole_process_group_keeps_the_manifest(tmp_path):
     """Was: lost in 4 runs of 6: the child got SIGTERM twice (from the group, and passed on by the CLI) and the
     second one killed it while the first was still writing."""
@@ -252,6 +264,7 @@ def test_sigterm_to_the_whole_process_group_keeps_the_manifest(tmp_path):
         assert manifest(out)["ended_by"] == "SIGTERM" and (out / "rank-0.steps.json").is_file()
 
 
+@pytest.mark.slow
 def test_sigint_sent_to_the_cli_alone_reaches_the_script(tmp_path):
     """Was: swallowed (kill -INT, timeout -s INT): training went on. Not from a terminal, it is passed on."""
     proc = start_capture(tmp_path / "out", str(SCRIPTS / "train_loop.py"), "100000", str(tmp_path / "m"),
@@ -262,6 +275,7 @@ def test_sigint_sent_to_the_cli_alone_reaches_the_script(tmp_path):
     assert proc.returncode == 130 and manifest(tmp_path / "out")["steps_run"] >= 6
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["subprocess", "exec"])
 def test_a_program_started_after_training_is_not_captured_over_it(tmp_path, how):
     """Was: an evaluation script run as a subprocess (or exec'd) after training was captured too and overwrote
@@ -274,6 +288,7 @@ def test_a_program_started_after_training_is_not_captured_over_it(tmp_path, how)
     assert [p.name for p in out.glob("*.pt.trace.json.gz")] == ["rank-0.step-2-4.pt.trace.json.gz"]
 
 
+@pytest.mark.slow
 def test_dataloader_workers_started_with_spawn_are_left_untouched(tmp_path):
     """Was: each spawn worker imported 9 kinetoscope modules and got capture's excepthook (torch is imported
     while a spawned child prepares, before multiprocessing marks it a child)."""
@@ -284,6 +299,7 @@ def test_dataloader_workers_started_with_spawn_are_left_untouched(tmp_path):
     assert manifest(tmp_path / "out")["steps_run"] == 12  # 12 loop iterations in the launched process
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 def test_hogwild_trainers_do_not_write_over_each_other(tmp_path, method):
     """Was: both trainers wrote the same rank-0 files (spawn), or a trace without manifest (fork: children end
@@ -295,6 +311,7 @@ def test_hogwild_trainers_do_not_write_over_each_other(tmp_path, method):
     assert "other child processes are not profiled" in proc.stderr
 
 
+@pytest.mark.slow
 def test_why_nothing_was_written_is_told_right(tmp_path):
     """Was: 'before its first training step' after 5 steps and a segfault; 'no training step was seen' for
     python -I (capture never reached it) and for a directory capture cannot write."""
@@ -317,6 +334,7 @@ def test_why_nothing_was_written_is_told_right(tmp_path):
     assert proc.returncode == 2 and "cannot write to --out" in proc.stderr
 
 
+@pytest.mark.slow
 def test_steps_are_marked_steps_from_the_first_mark_on(tmp_path):
     """Was: the DataLoader iterations and optimizer steps before the first mark_step() counted as steps too
     (13 steps for 10 marks, a 0.19 ms sliver among 1.5 ms steps)."""

@@ -126,6 +126,7 @@ def test_the_installed_pandas_version_is_read_without_importing_it():
     assert read() == _pandas_major()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(_pandas_major() < 3, reason="pandas 2's pyarrow hooks break when it is blocked: not done there")
 def test_pandas_without_pyarrow_until_something_asks_for_it():
     """The analysing commands' own processes import pandas as an install without the optional pyarrow would; pyarrow
@@ -147,6 +148,7 @@ def test_pandas_without_pyarrow_until_something_asks_for_it():
                           check=True).stdout.split() == ["False", "pyarrow"]
 
 
+@pytest.mark.slow
 def test_cli_main_called_as_a_library_leaves_pandas_and_pyarrow_alone():
     """``kinetoscope.cli.main`` runs in someone else's process: pandas keeps its pyarrow there (Arrow dtypes work
     after an analyze, a diff and a whatif)."""
@@ -166,6 +168,7 @@ def test_cli_main_called_as_a_library_leaves_pandas_and_pyarrow_alone():
     assert out.stdout.split() == ["[0,", "0,", "0]", "int64[pyarrow]", "string"]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(_pandas_major() < 3, reason="pandas 2's pyarrow hooks break when it is blocked: not done there")
 def test_analyze_never_imports_pyarrow_and_reports_as_with_it():
     """`kinetoscope analyze` (no --cache, no --processes) runs without pyarrow: the report is byte for byte the
@@ -196,6 +199,7 @@ def test_analyze_never_imports_pyarrow_and_reports_as_with_it():
     assert proc.stdout == report_to_json(build_report(load_trace(path))) + "\n"
 
 
+@pytest.mark.slow
 def test_a_quick_exit_still_delivers_every_byte_and_the_status():
     """analyze ends its process with os._exit once its output is flushed: a pipe gets the whole report, and
     the exit status is the command's."""
@@ -254,6 +258,7 @@ def test_analyze_scans_its_first_file_ahead_and_uses_that_scan(monkeypatch, caps
     assert "Kinetoscope report" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_diff_prints_the_same_table_whatever_the_hash_seed():
     """Findings gone, new and still there are listed in the reports' order (most severe first), not a set's."""
     pairs = SAMPLES / "pairs"

@@ -85,6 +85,7 @@ def test_the_json_shape_and_a_failed_gate(tmp_path):
     assert [r["rank"] for r in times["ranks"]] == [0] and times["ranks"][0]["change"] == pytest.approx(0.12)
 
 
+@pytest.mark.slow
 def test_a_passing_gate_is_not_an_error(tmp_path):
     before = capture_dir(tmp_path / "before", PERIODIC_MS * 10)
     after = capture_dir(tmp_path / "after", ([10.0] * 9 + [66.8]) * 10)
@@ -137,6 +138,7 @@ def test_a_job_changes_as_its_slowest_rank(tmp_path):
     assert "The profiled window of rank 1 (each run's report):" in out  # the job's slowest rank, not rank 0
 
 
+@pytest.mark.slow
 def test_findings_still_there_show_the_change_of_their_measured_cost(tmp_path):
     """A CPU run waiting 5 ms for data in each 10 ms step, then 3 ms: the loader stall is still there, and its cost
     fell from 5 to 3 ms per step (15 and 9 ms over the 3 profiled steps)."""
@@ -196,6 +198,7 @@ def _mean_step_ms(folder: Path) -> float:
     return sum(walls) / len(walls) / 1e6
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 def test_real_captures_identical_runs_are_no_change_and_a_planted_slowdown_is_found(tmp_path, capsys):
     """Two scripts, each captured three times at once: twice identically, once with a slowdown planted.

@@ -7,6 +7,7 @@ import gzip
 import json
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -64,6 +65,7 @@ ARGS = ("correlation", "device", "stream", "External id", "bytes", "Bytes", "Tot
         "Device Id")
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(source=st.sampled_from(sorted(DOCS)), data=st.data())
 def test_dropped_and_retyped_fields(tmp_path, source, data):

@@ -31,6 +31,7 @@ def _cases():
         return sorted(write_corpus(Path(tmp)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", _cases())
 def test_cli(corpus, name):
     folder, expected = corpus
@@ -65,6 +66,7 @@ def test_partial_damage_is_reported_with_counts(corpus):
     assert "strings" in set(rank.events["name"].astype(str))  # "200" read as 200 us
 
 
+@pytest.mark.slow
 @pytest.mark.cluster
 def test_batch(corpus, tmp_path):
     pytest.importorskip("dask.distributed")

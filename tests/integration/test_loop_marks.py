@@ -93,6 +93,7 @@ def auto(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_a_validation_ended_by_setting_the_mode_directly_is_still_validation(tmp_path):
     """Lightning restores training mode by setting module.training itself, with no .train() call: the stretch ends
     at the next training batch (was: never ended, so it held a backward and counted as no validation at all)."""
@@ -103,6 +104,7 @@ def test_a_validation_ended_by_setting_the_mode_directly_is_still_validation(tmp
     assert validation["stretches"] == 2 and validation["batches"] == 6
 
 
+@pytest.mark.slow
 def test_capture_writes_the_loop_into_the_manifest(auto):
     manifest, _ = sidecars(auto)
     loop = manifest["loop"]
@@ -237,6 +239,7 @@ def test_marks_tell_the_training_loaders_waits_from_the_validation_loaders(auto,
 
 
 # --- the Python APIs record the same things -------------------------------------------------------------------
+@pytest.mark.slow
 def test_the_profiler_api_records_the_loop(tmp_path):
     """Was: no data waits at all ("waiting for data 0.0%"). One prof.step() after each optimizer step: step k holds
     optimizer step k; the step still open at stop (after the 8th prof.step()) holds nothing."""
@@ -266,6 +269,7 @@ def test_the_profiler_api_records_the_loop(tmp_path):
         assert SECRET.encode() not in data and HF.encode() not in data, p.name
 
 
+@pytest.mark.slow
 def test_profile_loop_times_each_wait_once(tmp_path):
     """profile_loop over a DataLoader: one step per batch. Its own timing of next() and the loop recorder's are
     one wait, counted once: each profiled step's data_wait_ns is exactly its one data_wait mark."""
@@ -287,6 +291,7 @@ def test_profile_loop_times_each_wait_once(tmp_path):
         assert steps["data_wait_ns"][k] == round(inside[0]["dur"] * 1000)
 
 
+@pytest.mark.slow
 def test_compile_and_recompile_are_recorded(tmp_path):
     """torch.compile (eager backend) compiles in the first step, before the profiler starts (counted in the run's
     totals), and recompiles once for the half batch of optimizer step 2's first micro-step: step 1."""

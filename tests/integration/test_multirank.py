@@ -81,6 +81,7 @@ def step_trace(path: Path, step_us: float, kernel: str = "gemm") -> Path:
     return b.write(path)
 
 
+@pytest.mark.slow
 def test_diff_reports_a_known_regression_and_gates_on_it(tmp_path):
     before = step_trace(tmp_path / "before.json", 1000)
     after = step_trace(tmp_path / "after.json", 1100)
@@ -107,6 +108,7 @@ def test_fail_on_gate():
     assert run_cli("analyze", "--fail-on", "warning", str(ROOT / "sample_traces" / "cpu" / "healthy")).returncode == 0
 
 
+@pytest.mark.slow
 def test_hta_breakdowns_are_results_or_reasons_never_exceptions():
     pytest.importorskip("hta")
     from kinetoscope.analyze.hta_adapter import hta_breakdowns, hta_comm_comp_overlap

@@ -95,6 +95,7 @@ def _hta_paths() -> list[Path]:
     return paths
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", _hta_paths(), ids=lambda p: p.name)
 def test_production_gpu_analyzer_agrees_with_hta_on_htas_terms(path):
     """Our own ``gpu`` analyzer, run on each rank as HTA sees it (its event selection, rounding and window),
@@ -140,6 +141,7 @@ def _reference_paths() -> list[Path]:
     return paths
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", _reference_paths(), ids=lambda p: p.name)
 def test_fast_loader_matches_the_plain_json_reference(path):
     from reference_loader import reference_events

@@ -52,6 +52,7 @@ def _reference(path: Path):
     return from_parsed(parse_bytes(data, str(path))), len(data)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", _paths(), ids=lambda p: p.name)
 def test_scanner_tables_equal_the_reference_on_real_traces(path):
     scanned = scan.scan_file(path)
@@ -280,6 +281,7 @@ def _plain_copies(tmp_path: Path) -> list[Path]:
     return out
 
 
+@pytest.mark.slow
 def test_two_halves_scanned_at_once_equal_the_reference(tmp_path, monkeypatch):
     monkeypatch.setattr(scan, "PARALLEL_MIN_BYTES", 0)
     copies = _plain_copies(tmp_path)
@@ -334,6 +336,7 @@ def test_the_json_is_never_held_in_memory(tmp_path):
     assert peak < 3 * scan.CHUNK_BYTES < size / 1.5
 
 
+@pytest.mark.slow
 def test_mutated_documents_the_scanner_accepts_decode_like_the_reference(tmp_path):
     """Differential fuzzing: random byte edits of a real trace. Whatever the scanner accepts must give the
     reference decoder's tables; whatever it refuses as final, the reference must refuse too; the rest goes

@@ -270,6 +270,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "kinetoscope.cli", *args], capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_whatif_command(tmp_path):
     sample = str(SAMPLES / "real" / "v100_resnet50_2021.json.gz")
     proc = run_cli("whatif", sample, "--fix", "loader_stall,h2d_pageable", "--set", "loader_stall.num_workers=4",
@@ -289,6 +290,7 @@ def test_whatif_command(tmp_path):
     assert bad.returncode == 2 and "not a number" in bad.stderr
 
 
+@pytest.mark.slow
 def test_diff_puts_the_prediction_beside_the_measurement():
     """The public V100 pair (num_workers 0 -> 4): the loader stall is gone; the measured mean step after is
     the after trace's 139.692 ms, the prediction the before trace's estimate."""
@@ -314,6 +316,7 @@ def _capture_train(out: Path, *knobs: str) -> dict:
     return json.loads((out / "rank-0.steps.json").read_text())
 
 
+@pytest.mark.slow
 @pytest.mark.torch
 def test_capture_records_what_the_whatif_needs(tmp_path):
     """Process CPU time per step and during the data wait tell loading that computes (a decode: the wait

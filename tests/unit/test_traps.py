@@ -148,6 +148,7 @@ def test_even_ranks_have_no_straggler(tmp_path):
     assert not found(build_report(load_trace(tmp_path / "job")), "straggler")
 
 
+@pytest.mark.slow
 @pytest.mark.cluster
 def test_batch_names_the_same_straggler_as_analyze(tmp_path):
     pytest.importorskip("dask")
