@@ -75,13 +75,6 @@ def test_multi_rank_job_has_a_rank_selector_and_ranks_page():
     assert list(at.dataframe[0].value["rank"]) == [0, 1]
 
 
-def test_upload_of_a_real_loader_bound_trace_shows_the_stall():
-    trace = next((SAMPLES / "cpu" / "loader_bound").glob("*.pt.trace.json.gz"))
-    at = open_app(source="Upload", pending_uploads=[(trace.name, trace.read_bytes())])
-    assert not at.exception and not at.error
-    assert any("Data loading takes" in m.value for m in at.markdown)
-
-
 def test_upload_of_a_multi_rank_job():
     files = sorted((SAMPLES / "real" / "hta_2rank").glob("*.json.gz"))
     at = open_app("ranks", source="Upload", pending_uploads=[(f.name, f.read_bytes()) for f in files])
