@@ -376,7 +376,10 @@ def test_the_real_probe_counts_only_what_each_thread_hashed_inside_one_window():
     started whenever it got a CPU, counted 3.6 cores' work on 2 CPUs)."""
     from kinetoscope.capture import cores
 
-    one = cores._alone(0.02)
+    # one thread's rate is the best of five windows: on a shared machine a single 20 ms window can lose most of its
+    # CPU to other work (the full suite once measured 18 against 16 threads' 102, and failed), which says nothing
+    # about the probe; the best of five is what one CPU does, so 16 threads still cannot count more than CPUs x that
+    one = max(cores._alone(0.02) for _ in range(5))
     many = cores._together(16, 0.02)
     assert many <= one * len(os.sched_getaffinity(0)) * 1.3, (one, many)
 
