@@ -11,14 +11,13 @@ its link to its heading drawn, its script finished (Streamlit's own script state
 
 Each page is checked for: text cut to an ellipsis (HTML elements, chart labels), a raw value in what it says (None,
 nan, six decimals, exponents, unit-suffixed column names), an error or exception element. Tables draw on a canvas
-and are checked through AppTest (tests/test_app.py::test_every_page_of_every_bundled_sample). Needs playwright and
-Debian's chromium.
+and are checked through AppTest (tests/integration/test_app.py::test_every_page_of_every_bundled_sample). Needs
+playwright and Debian's chromium.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import shutil
 import socket
@@ -45,7 +44,8 @@ _DRAWN = """([heading]) => {
   return [...main.querySelectorAll('[data-testid=stVegaLiteChart]')].every(c => c.querySelector('canvas, svg'))
     && [...main.querySelectorAll('[data-testid=stDataFrame]')].every(g => g.querySelector('canvas'));
 }"""
-RAW = r"\\bNone\\b|\\bnan\\b|\\bNaN\\b|\\b[1-9]\\d*\\.\\d{6}\\b|\\d[eE][+-]\\d\\d\\b|\\b[a-z]+_(us|ns|bytes|fraction|mib)\\b"
+RAW = (r"\\bNone\\b|\\bnan\\b|\\bNaN\\b|\\b[1-9]\\d*\\.\\d{6}\\b|\\d[eE][+-]\\d\\d\\b"
+       r"|\\b[a-z]+_(us|ns|bytes|fraction|mib)\\b")
 _AUDIT = """() => {
   const main = document.querySelector('[data-testid=stMain]');
   const cut = [];

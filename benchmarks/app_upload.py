@@ -27,7 +27,8 @@ PAGES = {"Step breakdown": "Step breakdown", "Streams": "CUDA streams", "Copies"
 _DONE = """([heading]) => {
   const h = [...document.querySelectorAll('h1, h2')].some(e => e.innerText.startsWith(heading));
   const running = document.querySelector('[data-testid=stStatusWidget]');
-  const charts = [...document.querySelectorAll('[data-testid=stVegaLiteChart]')].every(c => c.querySelector('canvas, svg'));
+  const charts = [...document.querySelectorAll('[data-testid=stVegaLiteChart]')]
+    .every(c => c.querySelector('canvas, svg'));
   const stale = document.querySelector('[data-stale=true]');
   return h && !running && charts && !stale;
 }"""
@@ -69,7 +70,8 @@ def main(traces: list[Path]) -> None:
                 page.locator("input[type=file]").set_input_files(str(trace))
                 page.get_by_text(trace.name[:12]).first.wait_for(timeout=120_000)
                 page.get_by_text("Findings (").first.wait_for(timeout=120_000)
-                page.wait_for_function("() => document.body.innerText.includes('%s')" % trace.name[:12], timeout=120_000)
+                page.wait_for_function(f"() => document.body.innerText.includes('{trace.name[:12]}')",
+                                       timeout=120_000)
                 elapsed = time.perf_counter() - t0
                 print(f"{trace.name}: {trace.stat().st_size / 1e6:.1f} MB file, findings shown after {elapsed:.2f} s")
                 paints = {title: first_paint(page, title) for title in PAGES}

@@ -24,7 +24,7 @@ def main(paths: list[Path]) -> None:
             t0 = time.perf_counter()
             load_trace(path, cache=Path(tmp))
             parse = time.perf_counter() - t0
-            best = min(_timed(lambda: load_trace(path, cache=Path(tmp))) for _ in range(3))
+            best = min(_timed(lambda p=path, c=Path(tmp): load_trace(p, cache=c)) for _ in range(3))
         print(f"| {path.name} | {size * 1000:.1f} | {parse:.2f} | {best:.3f} | {size / best:.2f} |")
 
 

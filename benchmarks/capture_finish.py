@@ -87,13 +87,15 @@ def main() -> None:
                 continue
             make_raw(raw, args.size_mb * 2**20)
             size = raw.stat().st_size
-            out = subprocess.run([sys.executable, "-c", textwrap.dedent(code), str(raw), str(Path(tmp) / "final.json.gz")],
+            final = str(Path(tmp) / "final.json.gz")
+            out = subprocess.run([sys.executable, "-c", textwrap.dedent(code), str(raw), final],
                                  capture_output=True, text=True, timeout=3600)
             if out.returncode:
                 print(f"| {way} | {size / 2**20:,.0f} MiB | failed: {out.stderr.strip().splitlines()[-1][:80]} | | |")
                 continue
             r = json.loads(out.stdout)
-            print(f"| {way} | {size / 2**20:,.0f} MiB | {r['stall_s']:.3f} | {r['total_s']:.1f} | {r['extra_mb']:,.0f} |")
+            print(f"| {way} | {size / 2**20:,.0f} MiB | {r['stall_s']:.3f} | {r['total_s']:.1f} "
+                  f"| {r['extra_mb']:,.0f} |")
 
 
 if __name__ == "__main__":

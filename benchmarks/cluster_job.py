@@ -56,16 +56,19 @@ def write_rank(path: Path, rank: int, world: int, steps: int, kernels: int, stra
         end = last + TRANSFER_US
         out.append(f'{{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#{s}", "pid": {pid}, "tid": {tid}, '
                    f'"ts": {t + off:.3f}, "dur": {period - 10.0:.3f}, "args": {{"External id": {corr}}}}}')
-        out.append(f'{{"ph": "X", "cat": "user_annotation", "name": "enumerate(DataLoader)#_MultiProcessingDataLoaderIter'
-                   f'.__next__", "pid": {pid}, "tid": {tid}, "ts": {t + off:.3f}, "dur": {load:.3f}, "args": {{}}}}')
+        out.append(f'{{"ph": "X", "cat": "user_annotation", "name": '
+                   f'"enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__", "pid": {pid}, "tid": {tid}, '
+                   f'"ts": {t + off:.3f}, "dur": {load:.3f}, "args": {{}}}}')
         k = t + load
         for _ in range(kernels):
             out.append(f'{{"ph": "X", "cat": "cpu_op", "name": "aten::add", "pid": {pid}, "tid": {tid}, '
                        f'"ts": {k + off:.3f}, "dur": {LAUNCH_US:.3f}, "args": {{"External id": {corr}}}}}')
             out.append(f'{{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": {pid}, "tid": {tid}, '
-                       f'"ts": {k + 1.0 + off:.3f}, "dur": 5.000, "args": {{"External id": {corr}, "correlation": {corr}}}}}')
-            out.append(f'{{"ph": "X", "cat": "kernel", "name": "{_KERNEL}", "pid": 0, "tid": 7, "ts": {k + 6.5 + off:.3f}, '
-                       f'"dur": 1.000, "args": {{"External id": {corr}, "device": 0, "stream": 7, "correlation": {corr}, '
+                       f'"ts": {k + 1.0 + off:.3f}, "dur": 5.000, '
+                       f'"args": {{"External id": {corr}, "correlation": {corr}}}}}')
+            out.append(f'{{"ph": "X", "cat": "kernel", "name": "{_KERNEL}", "pid": 0, "tid": 7, '
+                       f'"ts": {k + 6.5 + off:.3f}, "dur": 1.000, '
+                       f'"args": {{"External id": {corr}, "device": 0, "stream": 7, "correlation": {corr}, '
                        f'"grid": [64, 1, 1], "block": [256, 1, 1]}}}}')
             corr += 1
             k += LAUNCH_US + 1.0
@@ -74,8 +77,8 @@ def write_rank(path: Path, rank: int, world: int, steps: int, kernels: int, stra
                    f'"Collective name": "allreduce", "Process Group Name": "0", "Process Group Ranks": "{ranks}", '
                    f'"In msg nelems": 6553600, "Out msg nelems": 6553600, "Group size": {world}, "Seq": {s}}}}}')
         corr += 1
-    head = ('{"schemaVersion": 1, "distributedInfo": {"backend": "nccl", "rank": %d, "world_size": %d}, '
-            '"deviceProperties": [{"id": 0, "name": "NVIDIA H100 80GB HBM3"}], "traceEvents": [\n' % (rank, world))
+    head = (f'{{"schemaVersion": 1, "distributedInfo": {{"backend": "nccl", "rank": {rank}, "world_size": {world}}}, '
+            '"deviceProperties": [{"id": 0, "name": "NVIDIA H100 80GB HBM3"}], "traceEvents": [\n')
     data = (head + ",\n".join(out) + '\n], "displayTimeUnit": "ms"}\n').encode()
     path.write_bytes(data)
     return len(data)

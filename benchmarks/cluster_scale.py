@@ -103,7 +103,8 @@ def run(args: argparse.Namespace, job: Path, store: Path, truth_path: Path) -> i
 
     started = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-m", "kinetoscope", "batch", str(job), "--store", str(store),
-                             "--workers", str(args.workers)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                             "--workers", str(args.workers)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     mem = TreeMemory(proc.pid)
     out, _ = proc.communicate()
     mem.stop()
@@ -153,8 +154,8 @@ def run(args: argparse.Namespace, job: Path, store: Path, truth_path: Path) -> i
               for r, skew, _, _ in ranks]
     worst = max(errors, default=float("inf"))
     waited = {w for _, _, _, w in ranks if w is not None}
-    print(f"planted: straggler rank {truth['straggler']} ({truth['cause']}, {truth['late_us']:.0f} us late every step); "
-          f"clock skews within +-1.02 ms")
+    print(f"planted: straggler rank {truth['straggler']} ({truth['cause']}, "
+          f"{truth['late_us']:.0f} us late every step); clock skews within +-1.02 ms")
     if jobs:
         srank, cause, wait_us, matched, unmatched, max_skew, reduce_s = jobs[0]
         print(f"found:   straggler rank {srank} ({cause}), the others wait {wait_us:.1f} us per step for it; "

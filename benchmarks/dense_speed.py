@@ -58,7 +58,8 @@ STACK = ("from kinetoscope.cli.process import import_pandas_without_pyarrow\n"
          "import_pandas_without_pyarrow()\n"
          "import numpy, pandas\n")
 #: the scan process: the interpreter, numpy and the compiled scanner on the file (both threads); no tables, no pandas
-SCAN = ("import sys\nfrom pathlib import Path\nfrom kinetoscope.analyze.ingest.scan import scan_file\nscan_file(Path(sys.argv[1]))\n")
+SCAN = ("import sys\nfrom pathlib import Path\nfrom kinetoscope.analyze.ingest.scan import scan_file\n"
+        "scan_file(Path(sys.argv[1]))\n")
 #: the CPU seconds of scan_file alone, inside a process that has imported what it needs first (numpy, msgspec):
 #: the scan process above also pays for starting the interpreter and those imports
 SCAN_CPU = ("import sys, time\nimport numpy, msgspec\nfrom pathlib import Path\nfrom kinetoscope.analyze import raw\n"
@@ -124,8 +125,10 @@ def main(sizes: list[float], hta: bool = False, hta_python: str = sys.executable
                 except (RuntimeError, subprocess.CalledProcessError) as exc:
                     versus = f" failed ({str(exc)[:40]}) | | |"
                 (alone / plain.name).unlink()
-            print(f"| {size / 1e6:,.0f} MB | {events / 1e6:.2f}M | {w:.2f} s | {size / 1e6 / w:,.0f} | {rss / size:.2f}x "
-                  f"| {scan_s:.2f} s | {r:.2f} s | {gz.stat().st_size / 1e6:,.1f} MB | {wg:.2f} s | {z:.2f} s | {wg / z:.1f}x |{versus}",
+            print(f"| {size / 1e6:,.0f} MB | {events / 1e6:.2f}M | {w:.2f} s | {size / 1e6 / w:,.0f} "
+                  f"| {rss / size:.2f}x "
+                  f"| {scan_s:.2f} s | {r:.2f} s | {gz.stat().st_size / 1e6:,.1f} MB | {wg:.2f} s | {z:.2f} s "
+                  f"| {wg / z:.1f}x |{versus}",
                   flush=True)
             inside = subprocess.run([sys.executable, "-c", INSIDE, str(plain)], capture_output=True, text=True,
                                     check=True).stdout.strip()

@@ -13,19 +13,21 @@ from __future__ import annotations
 import argparse
 import gzip
 import random
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 _KERNELS = [
-    "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, at::detail::Array<char*, 3> >"
+    "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, "
+    "at::detail::Array<char*, 3> >"
     "(int, at::native::CUDAFunctor_add<float>, at::detail::Array<char*, 3>)",
     "void at::native::vectorized_elementwise_kernel<4, at::native::GeluCUDAKernelImpl(at::TensorIteratorBase&, "
     "at::native::GeluType)::{lambda()#2}::operator()() const::{lambda()#2}::operator()() const::{lambda(float)#1}, "
     "at::detail::Array<char*, 2> >(int, at::native::GeluCUDAKernelImpl(at::TensorIteratorBase&, at::native::GeluType)"
-    "::{lambda()#2}::operator()() const::{lambda()#2}::operator()() const::{lambda(float)#1}, at::detail::Array<char*, 2>)",
-    "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::MeanOps<float, float, float, float>, "
-    "unsigned int, float, 4> >(at::native::ReduceOp<float, at::native::MeanOps<float, float, float, float>, unsigned int, "
-    "float, 4>)",
+    "::{lambda()#2}::operator()() const::{lambda()#2}::operator()() const::{lambda(float)#1}, "
+    "at::detail::Array<char*, 2>)",
+    "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, "
+    "at::native::MeanOps<float, float, float, float>, unsigned int, float, 4> >"
+    "(at::native::ReduceOp<float, at::native::MeanOps<float, float, float, float>, unsigned int, float, 4>)",
     "ampere_sgemm_32x32_sliced1x4_nn",
 ]
 _OPS = ["aten::add", "aten::gelu", "aten::mean", "aten::mm"]
@@ -57,11 +59,14 @@ def _events(steps: int, kernels: int, seed: int) -> Iterator[str]:
             body.append(
                 f'  {{\n    "ph": "X", "cat": "cpu_op", "name": "{_OPS[j]}", "pid": {PID}, "tid": {TID},\n'
                 f'    "ts": {op_start:.3f}, "dur": {op_end - op_start:.3f},\n'
-                f'    "args": {{\n      "External id": {ext},"Record function id": 0, "Input Dims": [[64, 1024], [64, 1024]], '
+                f'    "args": {{\n      "External id": {ext},"Record function id": 0, '
+                '"Input Dims": [[64, 1024], [64, 1024]], '
                 f'"Input type": ["float", "float"], "Ev Idx": {ev}\n    }}\n  }}')
             body.append(
-                f'  {{\n    "ph": "i", "cat": "cpu_instant_event", "s": "t", "name": "[memory]",\n    "pid": {PID}, "tid": {TID},\n'
-                f'    "ts": {op_start + 1.0:.3f},\n    "args": {{\n      "Total Reserved": {2 << 30}, "Total Allocated": '
+                '  {\n    "ph": "i", "cat": "cpu_instant_event", "s": "t", "name": "[memory]",\n'
+                f'    "pid": {PID}, "tid": {TID},\n'
+                f'    "ts": {op_start + 1.0:.3f},\n    "args": {{\n      "Total Reserved": {2 << 30}, '
+                '"Total Allocated": '
                 f'{allocated + nbytes}, "Bytes": {nbytes}, "Addr": {140000000000000 + 512 * k}, "Device Id": 0, '
                 f'"Device Type": 1, "Ev Idx": {ev + 1}\n    }}\n  }}')
             body.append(
@@ -76,11 +81,13 @@ def _events(steps: int, kernels: int, seed: int) -> Iterator[str]:
                 f'    "args": {{\n      "External id": {ext},\n      "queued": 0, "device": 0, "context": 1,\n'
                 f'      "stream": {STREAM}, "correlation": {corr},\n      "registers per thread": 32,\n'
                 f'      "shared memory": 0,\n      "blocks per SM": 0.5,\n      "warps per SM": 2.0,\n'
-                f'      "grid": [64, 1, 1],\n      "block": [256, 1, 1],\n      "est. achieved occupancy %": 3\n    }}\n  }}')
+                f'      "grid": [64, 1, 1],\n      "block": [256, 1, 1],\n'
+                f'      "est. achieved occupancy %": 3\n    }}\n  }}')
             body.append(f'  {{\n    "ph": "f", "id": {corr}, "pid": 0, "tid": {STREAM}, "ts": {k_start:.3f},\n'
                         f'    "cat": "ac2g", "name": "ac2g", "bp": "e"\n  }}')
             body.append(
-                f'  {{\n    "ph": "i", "cat": "cpu_instant_event", "s": "t", "name": "[memory]",\n    "pid": {PID}, "tid": {TID},\n'
+                '  {\n    "ph": "i", "cat": "cpu_instant_event", "s": "t", "name": "[memory]",\n'
+                f'    "pid": {PID}, "tid": {TID},\n'
                 f'    "ts": {op_end - 0.5:.3f},\n    "args": {{\n      "Total Reserved": {2 << 30}, "Total Allocated": '
                 f'{allocated}, "Bytes": {-nbytes}, "Addr": {140000000000000 + 512 * k}, "Device Id": 0, '
                 f'"Device Type": 1, "Ev Idx": {ev + 2}\n    }}\n  }}')
@@ -89,7 +96,8 @@ def _events(steps: int, kernels: int, seed: int) -> Iterator[str]:
             ev += 3
             t = op_end + 0.5
         t = max(t, gpu_free) + 5.0
-        yield (f'  {{\n    "ph": "X", "cat": "user_annotation", "name": "ProfilerStep#{s}", "pid": {PID}, "tid": {TID},\n'
+        yield (f'  {{\n    "ph": "X", "cat": "user_annotation", "name": "ProfilerStep#{s}", '
+               f'"pid": {PID}, "tid": {TID},\n'
                f'    "ts": {step_start:.3f}, "dur": {t - step_start:.3f},\n'
                f'    "args": {{\n      "External id": {ext}, "Record function id": 0, "Ev Idx": {ev}\n    }}\n  }}')
         ext += 1
@@ -99,8 +107,9 @@ def _events(steps: int, kernels: int, seed: int) -> Iterator[str]:
 
 def write_dense_trace(path: Path, steps: int, kernels: int = 200, *, seed: int = 0, gz: bool = False) -> int:
     """Write the trace; returns its size in bytes (of the JSON, before gzip)."""
-    head = ('{\n  "schemaVersion": 1,\n  "deviceProperties": [{"id": 0, "name": "NVIDIA H100 80GB HBM3", "totalGlobalMem": '
-            '85045493760, "computeMajor": 9, "computeMinor": 0, "numSms": 132}],\n  "distributedInfo": {"backend": "nccl", '
+    head = ('{\n  "schemaVersion": 1,\n  "deviceProperties": [{"id": 0, "name": "NVIDIA H100 80GB HBM3", '
+            '"totalGlobalMem": 85045493760, "computeMajor": 9, "computeMinor": 0, "numSms": 132}],\n  '
+            '"distributedInfo": {"backend": "nccl", '
             '"rank": 0, "world_size": 1},\n  "traceEvents": [\n')
     tail = ('\n  ],\n  "traceName": "dense", "displayTimeUnit": "ms", "baseTimeNanoseconds": 1700000000000000000\n}\n')
     size = 0

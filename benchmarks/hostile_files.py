@@ -35,8 +35,8 @@ def zero_bomb(path: Path, gunzipped: int = 2 * 2**30) -> None:
 def run(path: Path) -> tuple[float, float, int, str]:
     started = time.perf_counter()
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    proc = subprocess.run([sys.executable, "-m", "kinetoscope.cli", "analyze", str(path)], capture_output=True, text=True,
-                          timeout=600)
+    proc = subprocess.run([sys.executable, "-m", "kinetoscope.cli", "analyze", str(path)],
+                          capture_output=True, text=True, timeout=600)
     wall = time.perf_counter() - started
     peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     # ru_maxrss of children is the max over all children so far: run the largest last, or read per run
@@ -58,10 +58,13 @@ def main() -> None:
         path = folder / name
         # each file in a fresh interpreter whose own peak is measured
         code = ("import resource,subprocess,sys,time;t=time.perf_counter();"
-                "p=subprocess.run([sys.executable,'-m','kinetoscope.cli','analyze',sys.argv[1]],capture_output=True,text=True);"
-                "print(time.perf_counter()-t, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss/1024, p.returncode);"
+                "p=subprocess.run([sys.executable,'-m','kinetoscope.cli','analyze',sys.argv[1]],"
+                "capture_output=True,text=True);"
+                "print(time.perf_counter()-t, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss/1024, "
+                "p.returncode);"
                 "print((p.stderr.strip().splitlines() or [''])[0][:110])")
-        out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=900).stdout
+        out = subprocess.run([sys.executable, "-c", code, str(path)],
+                             capture_output=True, text=True, timeout=900).stdout
         first, message = (out.splitlines() + ["", ""])[:2]
         wall, peak, rc = first.split()
         print(f"| {name} | {path.stat().st_size:,} | {rc} | {float(wall):.2f} | {float(peak):.0f} | {message} |")

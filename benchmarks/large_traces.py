@@ -31,7 +31,8 @@ from pathlib import Path
 from replicas import load_events, shifted_copy
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT = ROOT.parent / "shared" / "traces" / "TraceLens/tests/traces/h100/google_owlv2-large-patch14-ensemble__1016001.json.gz"
+DEFAULT = (ROOT.parent / "shared" / "traces" / "TraceLens/tests/traces/h100"
+           / "google_owlv2-large-patch14-ensemble__1016001.json.gz")
 
 #: peak RSS of this process image: VmHWM resets at exec (ru_maxrss would carry the forking parent's)
 PEAK = "int(next(l for l in open('/proc/self/status') if l.startswith('VmHWM')).split()[1]) * 1024"
@@ -178,7 +179,8 @@ def main() -> None:
                            f"**{hta_whole / ks_whole:.1f}x** | {ks_s:.2f} | {hta_s:.1f} | {hta_s / ks_s:.1f}x")
                 except (RuntimeError, subprocess.TimeoutExpired) as exc:
                     hta = f"failed ({str(exc)[:40]}) | | | | {ks_s:.2f} | |"
-            print(f"| {size / 1e6:.0f} | {ks_whole:.2f} | **{size / 1e6 / ks_whole:.0f}** | {ks_rss / size:.2f}x | {hta} |",
+            print(f"| {size / 1e6:.0f} | {ks_whole:.2f} | **{size / 1e6 / ks_whole:.0f}** | {ks_rss / size:.2f}x "
+                  f"| {hta} |",
                   flush=True)
             if args.gzip:
                 gz = Path(tmp) / "rank-0.json.gz"

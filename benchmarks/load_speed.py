@@ -37,7 +37,8 @@ def main(paths: list[Path]) -> None:
             x = sum(len(r.events) for r in trace.ranks)
             mem = sum(len(r.memory) for r in trace.ranks)
             flows = sum(len(r.flows) for r in trace.ranks)
-            print(f"| {path.name} | {size:.1f} | {read} | {x} / {mem} / {flows} | {t1 - t0:.2f} | {t2 - t1:.2f} | {size / (t2 - t0):.0f} |")
+            print(f"| {path.name} | {size:.1f} | {read} | {x} / {mem} / {flows} | {t1 - t0:.2f} | {t2 - t1:.2f} "
+                  f"| {size / (t2 - t0):.0f} |")
 
 
 if __name__ == "__main__":

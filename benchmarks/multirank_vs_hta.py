@@ -21,7 +21,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cluster_job import write_job  # noqa: E402
 
-
 HTA = """
 import logging, sys, time
 logging.disable(logging.CRITICAL)
@@ -79,15 +78,16 @@ def main() -> None:
         wall, rss, out = timed([sys.executable, "-m", "kinetoscope", "analyze", str(job)])
         pwall, prss, _ = timed([sys.executable, "-m", "kinetoscope", "analyze", "--processes", "2", str(job)])
         straggler = next((line.strip() for line in out.splitlines() if "straggler" in line.lower()), "")
-        print(f"kinetoscope analyze: {wall:.2f} s, peak RSS (all processes) {rss / 2**20:,.0f} MiB = {rss / size:.2f}x the JSON; "
-              f"{straggler[:110]}")
+        print(f"kinetoscope analyze: {wall:.2f} s, peak RSS (all processes) {rss / 2**20:,.0f} MiB "
+              f"= {rss / size:.2f}x the JSON; {straggler[:110]}")
         print(f"kinetoscope analyze --processes 2: {pwall:.2f} s, peak RSS (all processes) {prss / 2**20:,.0f} MiB = "
               f"{prss / size:.2f}x the JSON")
         if not args.no_hta:
             hwall, hrss, hout = timed([sys.executable, "-c", HTA, str(job)])
             print(f"HTA (parse + temporal breakdown + comm/comp overlap): {hwall:.2f} s, peak RSS (all processes) "
-                  f"{hrss / 2**20:,.0f} MiB = {hrss / size:.2f}x the JSON; kinetoscope {hwall / wall:.1f}x faster in one "
-                  f"process ({hwall / pwall:.1f}x with --processes 2), {hrss / rss:.1f}x less memory")
+                  f"{hrss / 2**20:,.0f} MiB = {hrss / size:.2f}x the JSON; "
+                  f"kinetoscope {hwall / wall:.1f}x faster in one process ({hwall / pwall:.1f}x with --processes 2), "
+                  f"{hrss / rss:.1f}x less memory")
 
 
 if __name__ == "__main__":

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import gzip
 import json
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 #: ids of copy i are offset by i times this, so links (flows, correlations) stay unique
 ID_STRIDE = 10_000_000

@@ -23,7 +23,8 @@ from pathlib import Path
 from replicas import load_events, shifted_copy
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCE = ROOT.parent / "shared" / "traces" / "TraceLens/tests/traces/h100/google_owlv2-large-patch14-ensemble__1016001.json.gz"
+SOURCE = (ROOT.parent / "shared" / "traces" / "TraceLens/tests/traces/h100"
+          / "google_owlv2-large-patch14-ensemble__1016001.json.gz")
 
 CHILD = """
 import sys, time, io, contextlib

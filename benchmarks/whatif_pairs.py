@@ -58,9 +58,11 @@ GPU_PAIRS = [
      PAIRS_DIR / "v100_resnet50_num_workers_4.json.gz", "loader_stall", {"num_workers": 4}),
     ("GPU: V100 ResNet-50 num_workers 0 -> 4, second run", PAIRS_DIR / "v100_resnet50_num_workers_0_run2.json.gz",
      PAIRS_DIR / "v100_resnet50_num_workers_4_run2.json.gz", "loader_stall", {"num_workers": 4}),
-    ("GPU: V100 ResNet-50 (profiler API) num_workers 0 -> 4", PAIRS_DIR / "v100_resnet50_profiler_api_num_workers_0.json.gz",
+    ("GPU: V100 ResNet-50 (profiler API) num_workers 0 -> 4",
+     PAIRS_DIR / "v100_resnet50_profiler_api_num_workers_0.json.gz",
      PAIRS_DIR / "v100_resnet50_profiler_api_num_workers_4.json.gz", "loader_stall", {"num_workers": 4}),
-    ("GPU: V100 ResNet-50 (autograd API) num_workers 0 -> 4", PAIRS_DIR / "v100_resnet50_autograd_api_num_workers_0.json.gz",
+    ("GPU: V100 ResNet-50 (autograd API) num_workers 0 -> 4",
+     PAIRS_DIR / "v100_resnet50_autograd_api_num_workers_0.json.gz",
      PAIRS_DIR / "v100_resnet50_autograd_api_num_workers_4.json.gz", "loader_stall", {"num_workers": 4}),
 ]
 
@@ -112,7 +114,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--active", type=int, default=60, help="profiled steps per run (default 60: a bursty loader's "
                     "pattern repeats a few times in 20, and its mean moved by 10-15%% between runs)")
-    ap.add_argument("--steps", type=int, default=None, help="steps per run (default: the profiled ones + 20, at least 60)")
+    ap.add_argument("--steps", type=int, default=None,
+                    help="steps per run (default: the profiled ones + 20, at least 60)")
     ap.add_argument("--repeat", type=int, default=3, help="runs of each side; medians are reported (default 3)")
     ap.add_argument("--only", default=None, help="run the pairs whose name contains this")
     ap.add_argument("--keep", type=Path, default=None, help="keep the captures here")
@@ -151,7 +154,8 @@ def main() -> None:
                 a = capture(work / f"control{i}-after-{rep}", after_k, args.steps, args.active)
                 runs.append((*control(b), mean_step_us(build_report(load_trace(a)))))
             worst = max(runs, key=lambda r: r[1])
-            rows.append({"pair": name, "finding": f"largest claim: {worst[2]}", "before_ms": median([r[0] for r in runs]) / 1000,
+            rows.append({"pair": name, "finding": f"largest claim: {worst[2]}",
+                         "before_ms": median([r[0] for r in runs]) / 1000,
                          "claimed_fraction": worst[1], "measured_ms": median([r[3] for r in runs]) / 1000})
     finally:
         if args.keep is None:
@@ -179,7 +183,8 @@ def main() -> None:
     if errors:
         errors.sort()
         naive_errors.sort()
-        med = errors[len(errors) // 2] if len(errors) % 2 else sum(errors[len(errors) // 2 - 1:len(errors) // 2 + 1]) / 2
+        mid = len(errors) // 2
+        med = errors[mid] if len(errors) % 2 else sum(errors[mid - 1:mid + 1]) / 2
         print(f"\npairs: {len(errors)}; median |error| {med:.1%}, worst {errors[-1]:.1%}; naive: median "
               f"{naive_errors[len(naive_errors) // 2]:.1%}, worst {naive_errors[-1]:.1%}")
     json.dump(rows, sys.stderr, indent=1)

@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 from kinetoscope.analyze.analyzers.gpu import analyze_gpu
-from kinetoscope.analyze.model.config import DEFAULT_CONFIG
 from kinetoscope.analyze.crosscheck.hta import (
     HtaUnavailable,
     hta_extra_busy_events,
@@ -22,8 +21,9 @@ from kinetoscope.analyze.crosscheck.hta import (
     hta_view,
 )
 from kinetoscope.analyze.ingest.loader import find_jobs, load_job
-from kinetoscope.analyze.report.builder import build_report
+from kinetoscope.analyze.model.config import DEFAULT_CONFIG
 from kinetoscope.analyze.model.timeline import window
+from kinetoscope.analyze.report.builder import build_report
 from kinetoscope.errors import KinetoscopeError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,7 +50,7 @@ def rows(path: Path) -> list[dict[str, object]]:
             hta_error = None
         except HtaUnavailable as exc:
             hta, hta_error = {}, str(exc).split(": ", 1)[-1][:90]
-        for r, entry in zip(trace.ranks, report.ranks):
+        for r, entry in zip(trace.ranks, report.ranks, strict=True):
             file = next((f for f in job.files if f.name in r.meta.source), job.files[0])
             extra = hta_extra_busy_events(file)
             view = hta_view(r)
@@ -86,8 +86,8 @@ def _why(row: dict[str, object], hta_error: str | None, entry: dict[str, object]
     if abs(diff) < 1.0:
         reasons.append("same busy time and window")
     if loss:
-        reasons.append("HTA's rounding turns events shorter than a microsecond into negative durations, which its merge "
-                       f"subtracts: -{loss:,.0f} us")
+        reasons.append("HTA's rounding turns events shorter than a microsecond into negative durations, "
+                       f"which its merge subtracts: -{loss:,.0f} us")
     if row["extra_events"] and abs(diff + loss) >= 1.0:
         listed = ", ".join(f"{n} {c}" for c, n in sorted(row["extra_events"].items()))  # type: ignore[union-attr]
         reasons.append(f"HTA counts events with a stream argument as GPU busy ({listed}): +{diff + loss:,.0f} us")
@@ -113,7 +113,8 @@ def _cell(v: object, pct_of: object = None) -> str:
 
 
 def main(paths: list[Path]) -> None:
-    print("| trace | rank | HTA busy / window us (idle %) | ours on HTA's view: busy us (idle %) | ours, own window: idle | why they differ |")
+    print("| trace | rank | HTA busy / window us (idle %) | ours on HTA's view: busy us (idle %) "
+          "| ours, own window: idle | why they differ |")
     print("|---|---|---|---|---|---|")
     for path in paths:
         for row in rows(path):
@@ -122,11 +123,12 @@ def main(paths: list[Path]) -> None:
                 continue
             hta = ("-" if row["hta_busy_us"] is None else
                    f"{_cell(row['hta_busy_us'])} / {_cell(row['hta_window_us'])} "
-                   f"({100 * float(row['hta_idle_us']) / float(row['hta_window_us']):.1f}%)" if row["hta_window_us"] else "0")
+                   f"({100 * float(row['hta_idle_us']) / float(row['hta_window_us']):.1f}%)"
+                   if row["hta_window_us"] else "0")
             ours = "-" if row["ours_busy_us"] is None else (
                 f"{_cell(row['ours_busy_us'])} ("
-                + (f"{100 * float(row['ours_idle_us']) / float(row['ours_window_us']):.1f}%" if row["ours_idle_us"] is not None
-                   and row["ours_window_us"] else "not judged") + ")")
+                + (f"{100 * float(row['ours_idle_us']) / float(row['ours_window_us']):.1f}%"
+                   if row["ours_idle_us"] is not None and row["ours_window_us"] else "not judged") + ")")
             own = row["ours_own_idle_fraction"]
             own_cell = "not judged" if own is None else f"{100 * float(own):.1f}%"
             print(f"| {row['trace']} | {row['rank']} | {hta} | {ours} | {own_cell} | {row['why']} |")

@@ -8,8 +8,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from kinetoscope.analyze.model.phases import PHASES
 from kinetoscope.analyze.ingest.loader import find_jobs, load_job
+from kinetoscope.analyze.model.phases import PHASES
 from kinetoscope.analyze.report.builder import build_report
 
 ROOT = Path(__file__).resolve().parents[1]

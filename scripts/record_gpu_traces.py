@@ -5,7 +5,8 @@ Four small ResNet-ish runs, each planting one behaviour, captured with kinetosco
   pageable      38 MB batches from pageable memory, .to(cuda) blocking   -> h2d_pageable, h2d_not_overlapped
   leak          64 MiB of activations kept on the GPU every step         -> memory_growth
   healthy       pinned memory, 4 workers, non_blocking copies prefetched on a side stream -> no findings
-Beside each trace it writes expected.json: the JSON report (the golden file tests compare with).
+Beside each run's folder it writes <run>.expected.json: the JSON report (the golden file
+tests/integration/test_golden_gpu.py compares with; outside the folder, which the loader reads whole).
 Run: python scripts/record_gpu_traces.py [OUT_DIR]   (needs torch with CUDA; --allow-cpu for a dry run)
 """
 
@@ -96,7 +97,8 @@ def main(out_root: Path, allow_cpu: bool) -> None:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     small = (3, 64, 64)
     runs = {
-        "loader_bound": lambda out: train(DataLoader(Images(32 * STEPS, small, delay_s=0.005), batch_size=32), out, device),
+        "loader_bound": lambda out: train(DataLoader(Images(32 * STEPS, small, delay_s=0.005), batch_size=32),
+                                          out, device),
         "pageable": lambda out: train(DataLoader(Images(64 * STEPS, (3, 224, 224)), batch_size=64), out, device),
         "leak": lambda out: train(DataLoader(Images(32 * STEPS, small), batch_size=32), out, device, leak=True),
         "healthy": lambda out: train(
@@ -110,7 +112,7 @@ def main(out_root: Path, allow_cpu: bool) -> None:
         shutil.rmtree(out, ignore_errors=True)
         run(out)
         report = build_report(load_trace(out))
-        (out / "expected.json").write_text(report_to_json(report, indent=2) + "\n")
+        (out_root / f"{name}.expected.json").write_text(report_to_json(report, indent=2) + "\n")
         print(f"{name}: findings {[f.id for f in report.findings]}")
         print(json.dumps({k: report.ranks[0].get(k) for k in ("window_us", "steps")}, default=str))
 

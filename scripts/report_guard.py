@@ -97,7 +97,8 @@ def _name(shown: str) -> str:
 
 
 PAIRS = [  # (before, after) for `kinetoscope diff`
-    ("sample_traces/pairs/v100_resnet50_num_workers_0_run2.json.gz", "sample_traces/pairs/v100_resnet50_num_workers_4.json.gz"),
+    ("sample_traces/pairs/v100_resnet50_num_workers_0_run2.json.gz",
+     "sample_traces/pairs/v100_resnet50_num_workers_4.json.gz"),
     ("sample_traces/cpu/healthy", "sample_traces/cpu/loader_bound"),
 ]
 WHATIF = [  # (path, extra arguments) for `kinetoscope whatif --format json`

@@ -25,14 +25,14 @@ ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "sample_traces"
 
 #: each page's link title and the heading it draws first (in the main area)
-HEADINGS = {"Overview": "Kinetoscope", "Step breakdown": "Step breakdown", "Streams": "CUDA streams", "Copies": "Copies",
-            "Memory": "Memory", "Operators & kernels": "Operators and kernels", "Modules": "Modules",
-            "Telemetry": "Telemetry",
+HEADINGS = {"Overview": "Kinetoscope", "Step breakdown": "Step breakdown", "Streams": "CUDA streams",
+            "Copies": "Copies", "Memory": "Memory", "Operators & kernels": "Operators and kernels",
+            "Modules": "Modules", "Telemetry": "Telemetry",
             "Timeline": "Timeline", "Ranks": "Ranks", "Distributed": "Distributed", "Compare": "Compare",
             "Metadata": "Metadata", "Export": "Export"}
-TITLES = {"overview": "Overview", "steps": "Step breakdown", "streams": "Streams", "copies": "Copies", "memory": "Memory",
-          "operators": "Operators & kernels", "modules": "Modules", "telemetry": "Telemetry", "timeline": "Timeline",
-          "ranks": "Ranks",
+TITLES = {"overview": "Overview", "steps": "Step breakdown", "streams": "Streams", "copies": "Copies",
+          "memory": "Memory", "operators": "Operators & kernels", "modules": "Modules", "telemetry": "Telemetry",
+          "timeline": "Timeline", "ranks": "Ranks",
           "distributed": "Distributed", "compare": "Compare", "metadata": "Metadata", "export": "Export"}
 #: the page's script has finished: Streamlit's own state on the app's root (its status widget shows only after a
 #: delay, so a script still sending elements looked finished), and no element left stale from the run before
@@ -106,8 +106,8 @@ class Bait:
         self.server.shutdown()
 
 
-@pytest.fixture(scope="module")
-def browser():
+def launch_browser():
+    """A headless Chromium for a module's tests (the ``browser`` fixture in tests/conftest.py)."""
     with sync_api.sync_playwright() as p:
         b = p.chromium.launch(executable_path=CHROMIUM,
                               args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
@@ -115,8 +115,8 @@ def browser():
         b.close()
 
 
-@pytest.fixture
-def page(browser):
+def open_page(browser):
+    """A fresh 1400 x 1200 context and page (the ``page`` fixture in tests/conftest.py)."""
     context = browser.new_context(viewport={"width": 1400, "height": 1200})
     yield context.new_page()
     context.close()
@@ -150,7 +150,8 @@ _DRAWN = """() => {
   if (main.querySelector('[data-testid=stSkeleton], [data-testid=stSkeletonElement]')) return false;  // still loading
   const charts = [...main.querySelectorAll('[data-testid=stVegaLiteChart]')];
   const grids = [...main.querySelectorAll('[data-testid=stDataFrame]')];
-  return charts.every(c => c.querySelector('canvas, svg .mark-rect, svg .mark-line, svg .mark-area, svg .mark-text, svg .mark-symbol'))
+  return charts.every(c => c.querySelector(
+      'canvas, svg .mark-rect, svg .mark-line, svg .mark-area, svg .mark-text, svg .mark-symbol'))
     && grids.every(g => g.querySelector('canvas'));
 }"""
 

@@ -12,6 +12,8 @@ from typing import Any
 
 MAIN_PID = 100
 MAIN_TID = 100
+#: an all-reduce kernel as NCCL names it
+NCCL = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
 
 
 class TraceBuilder:
@@ -25,22 +27,27 @@ class TraceBuilder:
             self.top["deviceProperties"] = device_properties
         self._corr = 1000
         if metadata:
-            self.events.append({"ph": "M", "name": "process_name", "pid": MAIN_PID, "tid": 0, "args": {"name": "python"}})
-            self.events.append({"ph": "M", "name": "thread_name", "pid": MAIN_PID, "tid": MAIN_TID, "args": {"name": "main"}})
+            self.events.append({"ph": "M", "name": "process_name", "pid": MAIN_PID, "tid": 0,
+                                "args": {"name": "python"}})
+            self.events.append({"ph": "M", "name": "thread_name", "pid": MAIN_PID, "tid": MAIN_TID,
+                                "args": {"name": "main"}})
 
     # --- host side -----------------------------------------------------------------
-    def op(self, name: str, ts: float, dur: float, *, cat: str = "cpu_op", tid: int = MAIN_TID, **args: Any) -> "TraceBuilder":
-        self.events.append({"ph": "X", "cat": cat, "name": name, "pid": MAIN_PID, "tid": tid, "ts": ts, "dur": dur, "args": args})
+    def op(self, name: str, ts: float, dur: float, *, cat: str = "cpu_op", tid: int = MAIN_TID,
+           **args: Any) -> TraceBuilder:
+        self.events.append({"ph": "X", "cat": cat, "name": name, "pid": MAIN_PID, "tid": tid, "ts": ts, "dur": dur,
+                            "args": args})
         return self
 
-    def step(self, n: int, ts: float, dur: float) -> "TraceBuilder":
+    def step(self, n: int, ts: float, dur: float) -> TraceBuilder:
         return self.op(f"ProfilerStep#{n}", ts, dur, cat="user_annotation")
 
-    def loader(self, ts: float, dur: float, *, multiprocess: bool = False) -> "TraceBuilder":
+    def loader(self, ts: float, dur: float, *, multiprocess: bool = False) -> TraceBuilder:
         it = "_MultiProcessingDataLoaderIter" if multiprocess else "_SingleProcessDataLoaderIter"
         return self.op(f"enumerate(DataLoader)#{it}.__next__", ts, dur, cat="user_annotation")
 
-    def runtime(self, name: str, ts: float, dur: float, correlation: int | None = None, *, tid: int = MAIN_TID) -> "TraceBuilder":
+    def runtime(self, name: str, ts: float, dur: float, correlation: int | None = None, *,
+                tid: int = MAIN_TID) -> TraceBuilder:
         args = {"cbid": 1}
         if correlation is not None:
             args["correlation"] = correlation
@@ -52,29 +59,29 @@ class TraceBuilder:
         return self._corr
 
     def kernel(self, ts: float, dur: float, *, stream: int = 7, device: int = 0, name: str = "gemm_kernel",
-               launch_at: float | None = None, launch_dur: float = 5.0, launch_tid: int = MAIN_TID) -> "TraceBuilder":
+               launch_at: float | None = None, launch_dur: float = 5.0, launch_tid: int = MAIN_TID) -> TraceBuilder:
         corr = self._next_corr()
         if launch_at is not None:
             self.runtime("cudaLaunchKernel", launch_at, launch_dur, corr, tid=launch_tid)
-        self.events.append({"ph": "X", "cat": "kernel", "name": name, "pid": device, "tid": stream, "ts": ts, "dur": dur,
-                            "args": {"device": device, "stream": stream, "correlation": corr}})
+        self.events.append({"ph": "X", "cat": "kernel", "name": name, "pid": device, "tid": stream, "ts": ts,
+                            "dur": dur, "args": {"device": device, "stream": stream, "correlation": corr}})
         return self
 
     def memcpy(self, ts: float, dur: float, *, direction: str = "HtoD", host: str = "Pageable", nbytes: int = 1 << 20,
-               stream: int = 7, device: int = 0, call: str | None = None, call_at: float | None = None) -> "TraceBuilder":
+               stream: int = 7, device: int = 0, call: str | None = None, call_at: float | None = None) -> TraceBuilder:
         corr = self._next_corr()
         if call is not None:
             self.runtime(call, call_at if call_at is not None else ts - 5, 5.0, corr)
         src, dst = (host, "Device") if direction == "HtoD" else ("Device", host)
         if direction == "DtoD":
             src = dst = "Device"
-        self.events.append({"ph": "X", "cat": "gpu_memcpy", "name": f"Memcpy {direction} ({src} -> {dst})", "pid": device,
-                            "tid": stream, "ts": ts, "dur": dur,
+        self.events.append({"ph": "X", "cat": "gpu_memcpy", "name": f"Memcpy {direction} ({src} -> {dst})",
+                            "pid": device, "tid": stream, "ts": ts, "dur": dur,
                             "args": {"device": device, "stream": stream, "correlation": corr, "bytes": nbytes}})
         return self
 
     def memory(self, ts: float, nbytes: int, *, allocated: int | None, reserved: int | None = None,
-               device_type: int = 1, device_id: int = 0, addr: int = 1234) -> "TraceBuilder":
+               device_type: int = 1, device_id: int = 0, addr: int = 1234) -> TraceBuilder:
         args: dict[str, Any] = {"Bytes": nbytes, "Device Type": device_type, "Device Id": device_id, "Addr": addr}
         if allocated is not None:
             args["Total Allocated"] = allocated
@@ -84,7 +91,7 @@ class TraceBuilder:
                             "tid": MAIN_TID, "ts": ts, "args": args})
         return self
 
-    def raw(self, event: dict[str, Any]) -> "TraceBuilder":
+    def raw(self, event: dict[str, Any]) -> TraceBuilder:
         self.events.append(event)
         return self
 
@@ -99,3 +106,16 @@ class TraceBuilder:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(gzip.compress(data) if path.name.endswith(".gz") else data)
         return path
+
+
+def straggler_job(folder: Path, slow: int = 2, n: int = 4, steps: int = 5, late_us: float = 300.0) -> None:
+    """Rank ``slow`` waits ``late_us`` longer for data every step, so it arrives last at every all-reduce."""
+    for r in range(n):
+        b = TraceBuilder(rank=r, world_size=n)
+        for s in range(steps):
+            t = s * 2000
+            load = 100 + (late_us if r == slow else 0)
+            b.step(s, t, 2000).loader(t, load, multiprocess=True)
+            b.kernel(t + load, 800, name="gemm", launch_at=t + load, launch_dur=5)
+            b.kernel(t + load + 800, 1900 - load - 800, stream=20, name=NCCL)
+        b.write(folder / f"rank-{r}.json")

@@ -5,7 +5,8 @@ bursty_loader.py STEPS [--batch-ms MS] [--noise N] [--extra-ms MS] [--seed S] [-
 --extra-ms: a slowdown planted in every batch's loading (a sleep in the worker). With two workers loading in
 parallel and the loop waiting for them, it adds --extra-ms / 2 to the time per step.
 --ready, --go, --seconds: runs captured together set up (their DataLoader workers started), wait for each other,
-then train for the same stretch of time, so the machine's load falls on all of them alike (tests/test_diff.py)."""
+then train for the same stretch of time, so the machine's load falls on all of them alike
+(tests/integration/test_diff.py)."""
 
 import argparse
 import random
@@ -21,8 +22,8 @@ ap.add_argument("--batch-ms", type=float, default=40.0)
 ap.add_argument("--noise", type=float, default=0.3)
 ap.add_argument("--extra-ms", type=float, default=0.0)
 ap.add_argument("--seed", type=int, default=0)
-ap.add_argument("--seconds", type=float, default=None, help="stop after this long training (runs started together then\n"
-                "cover the same stretch of time)")
+ap.add_argument("--seconds", type=float, default=None,
+                help="stop after this long training (runs started together then\ncover the same stretch of time)")
 ap.add_argument("--ready", help="write this file once set up, then wait for --go before training")
 ap.add_argument("--go", help="start training once this file exists (runs started together share the machine's load)")
 args = ap.parse_args()

@@ -10,7 +10,7 @@ from common import model
 
 def train(rank, net):
     opt = torch.optim.SGD(net.parameters(), lr=0.01)
-    for i in range(12):
+    for _ in range(12):
         opt.zero_grad()
         torch.nn.functional.mse_loss(net(torch.randn(16, 32)), torch.randn(16, 1)).backward()
         opt.step()

@@ -2,7 +2,8 @@
 
 T optimizer steps of ACC micro-steps each (one train batch and one backward() per micro-step); after every V-th
 optimizer step a validation pass (model.eval(), torch.no_grad(), every batch of a val loader of M batches, then
-model.train()); a torch.save after each optimizer step listed in --save-at (torch.distributed.checkpoint.save: --dcp-at); with --compile, the model runs through
+model.train()); a torch.save after each optimizer step listed in --save-at (torch.distributed.checkpoint.save:
+--dcp-at); with --compile, the model runs through
 torch.compile(backend="eager") and the micro-step at --recompile-at (optimizer step, first micro-step) takes half a
 batch: one recompile. The loop takes its train batches with next() from one iterator (no epoch end inside).
 
@@ -33,7 +34,8 @@ ap.add_argument("--compile", action="store_true")
 ap.add_argument("--recompile-at", type=int, default=-1)
 ap.add_argument("--out", default="")
 ap.add_argument("--active", type=int, default=3)
-ap.add_argument("--restore-by-attribute", action="store_true")  # end validation as Lightning does: module.training = True
+# end validation as Lightning does: module.training = True
+ap.add_argument("--restore-by-attribute", action="store_true")
 args, _ = ap.parse_known_args()
 torch.set_num_threads(1)
 if args.dcp_at:
@@ -68,7 +70,7 @@ def after_optimizer_step(step):
     if (step + 1) % args.every == 0:
         model.eval()
         with torch.no_grad():
-            for x, y in val:
+            for x, _ in val:
                 model(x)
         if args.restore_by_attribute:  # no .train() call to see: the mode set on every module directly
             for m in model.modules():
@@ -118,7 +120,7 @@ elif args.mode == "profiler":
     with Profiler(args.out, schedule=Schedule(skip_first=1, wait=0, warmup=1, active=args.active),
                   telemetry=False) as prof:
         loop(prof.step)
-    print("hooks restored:", all(a is b for a, b in zip(before, patched())), flush=True)
+    print("hooks restored:", all(a is b for a, b in zip(before, patched(), strict=True)), flush=True)
 else:
     from kinetoscope.capture import Schedule, profile_loop
 
@@ -133,7 +135,7 @@ else:
             opt.zero_grad()
             after_optimizer_step(step)
             step += 1
-    print("hooks restored:", all(a is b for a, b in zip(before, patched())), flush=True)
+    print("hooks restored:", all(a is b for a, b in zip(before, patched(), strict=True)), flush=True)
 import sys  # noqa: E402
 
 print("pandas imported:", "pandas" in sys.modules, flush=True)

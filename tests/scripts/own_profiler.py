@@ -16,12 +16,12 @@ def step():
     opt.step()
 
 
-for i in range(6):  # capture starts during these
+for _ in range(6):  # capture starts during these
     step()
 with profile(activities=[ProfilerActivity.CPU]) as prof:
-    for i in range(4):
+    for _ in range(4):
         step()
 prof.export_chrome_trace(sys.argv[1])
-for i in range(4):
+for _ in range(4):
     step()
 say("done")

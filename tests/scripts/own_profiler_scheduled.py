@@ -11,7 +11,7 @@ net = model()
 opt = torch.optim.SGD(net.parameters(), lr=0.01)
 with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=2, warmup=1, active=3),
              on_trace_ready=lambda p: p.export_chrome_trace(sys.argv[1])) as prof:
-    for i in range(10):
+    for _ in range(10):
         opt.zero_grad()
         torch.nn.functional.mse_loss(net(torch.randn(16, 32)), torch.randn(16, 1)).backward()
         opt.step()

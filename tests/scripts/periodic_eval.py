@@ -1,11 +1,13 @@
 """A small CPU training run with a validation pass every --val-every steps (the slow step of a period), data from
 two persistent DataLoader workers, and the loop's own work a sleep of --step-ms (+-noise), which costs no CPU.
 Random model and data. Usage:
-periodic_eval.py STEPS [--step-ms MS] [--val-ms MS] [--val-every K] [--noise N] [--extra-ms MS] [--seed S] [--seconds T] [--ready FILE --go FILE]
+periodic_eval.py STEPS [--step-ms MS] [--val-ms MS] [--val-every K] [--noise N] [--extra-ms MS] [--seed S]
+                 [--seconds T] [--ready FILE --go FILE]
 --extra-ms: a slowdown planted in every training step (a sleep in the loop, which the workers keep up with): it
 adds --extra-ms to the time per step.
 --ready, --go, --seconds: runs captured together set up (their DataLoader workers started), wait for each other,
-then train for the same stretch of time, so the machine's load falls on all of them alike (tests/test_diff.py)."""
+then train for the same stretch of time, so the machine's load falls on all of them alike
+(tests/integration/test_diff.py)."""
 
 import argparse
 import random
@@ -23,8 +25,8 @@ ap.add_argument("--val-every", type=int, default=10)
 ap.add_argument("--noise", type=float, default=0.3)
 ap.add_argument("--extra-ms", type=float, default=0.0)
 ap.add_argument("--seed", type=int, default=0)
-ap.add_argument("--seconds", type=float, default=None, help="stop after this long training (runs started together then\n"
-                "cover the same stretch of time)")
+ap.add_argument("--seconds", type=float, default=None,
+                help="stop after this long training (runs started together then\ncover the same stretch of time)")
 ap.add_argument("--ready", help="write this file once set up, then wait for --go before training")
 ap.add_argument("--go", help="start training once this file exists (runs started together share the machine's load)")
 args = ap.parse_args()

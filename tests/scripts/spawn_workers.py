@@ -23,7 +23,7 @@ if __name__ == "__main__":
     net = model()
     opt = torch.optim.SGD(net.parameters(), lr=0.01)
     loader = torch.utils.data.DataLoader(Probe(), batch_size=16, num_workers=2, multiprocessing_context="spawn")
-    for epoch in range(3):
+    for _epoch in range(3):
         for x, y in loader:
             opt.zero_grad()
             torch.nn.functional.mse_loss(net(x), y).backward()

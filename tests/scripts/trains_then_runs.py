@@ -11,7 +11,7 @@ from common import model, say
 HERE = os.path.dirname(os.path.abspath(__file__))
 net = model()
 opt = torch.optim.SGD(net.parameters(), lr=0.01)
-for i in range(int(sys.argv[1])):
+for _ in range(int(sys.argv[1])):
     opt.zero_grad()
     torch.nn.functional.mse_loss(net(torch.randn(16, 32)), torch.randn(16, 1)).backward()
     opt.step()

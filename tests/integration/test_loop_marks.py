@@ -1,0 +1,401 @@
+"""Issue 28, items 1 and 7 (capture side): the capture writes down what the loop does - loader roles, micro-steps,
+validation stretches, compilations, checkpoints - as marks in the trace, the manifest's ``loop`` object and the
+per-step lists of steps.json, the same through ``kinetoscope capture``, ``Profiler`` and ``profile_loop``; and no
+secret on the command line reaches a file the capture writes.
+
+Every script is tests/scripts/loop_marks.py, whose loop events are known by construction (its docstring): T
+optimizer steps of ACC micro-steps (one train batch, one backward() each), a validation pass of M batches after
+every V-th optimizer step, saves after the listed steps. Timings are never asserted, only what is known: which
+step holds which event, counts, roles, and that a measured time is 0 exactly where nothing was timed."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = str(ROOT / "tests" / "scripts" / "loop_marks.py")
+SECRET = "sk-proj4Tq9ZLx2Vb7NwE5rKc8YhJ3mPd6Ga1Su"
+HF = "hf_Qm3Xv8Lt2Rb9Wn5Kp7Jd4Hs6Fc1Gz0Ay"
+SECRET_ARGS = ("--api-key", SECRET, f"HF_TOKEN={HF}")
+#: a DataLoader's description in the manifest, for the script's loaders (TensorDataset, batch_size 16, no workers)
+LOADER = {"num_workers": 0, "prefetch_factor": None, "persistent_workers": False, "pin_memory": False,
+          "batch_size": 16, "class": "DataLoader"}
+ALL_KINDS = ["data_wait", "validation", "backward", "optimizer_step", "compile", "checkpoint"]
+#: the trace's clock and time.time_ns() are two clocks: the marks are placed through each step's ProfilerStep span,
+#: whose start is known only to lie between two host clock reads around prof.step() (a few us apart, more when
+#: the thread is preempted there), and the profiler's clock is the TSC converted to wall time once at its start.
+#: Measured: within 2 us; 1 ms is a bound no preemption or clock slew inside one window reaches.
+CLOCK_TOLERANCE_US = 1000.0
+
+pytestmark = pytest.mark.torch
+
+
+def capture(out: Path, *args: str, schedule: tuple[str, ...] = ("--skip-first", "1", "--wait", "0", "--warmup", "1",
+                                                                 "--active", "3")) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "kinetoscope.cli", "capture", "--out", str(out), *schedule,
+                           "--no-telemetry", "--", sys.executable, SCRIPT, "auto", *args],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    # one set of hooks (the loop recorder's: capture's step boundaries use them), and no pandas in a training job
+    assert "wrappers: 1 1" in proc.stdout and "pandas imported: False" in proc.stdout, proc.stdout
+    return proc
+
+
+def run_api(mode: str, out: Path, *args: str) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, SCRIPT, mode, "--out", str(out), *args], capture_output=True, text=True,
+                          timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert "hooks restored: True" in proc.stdout, proc.stdout  # nothing left patched in the process
+    assert "pandas imported: False" in proc.stdout, proc.stdout
+    return proc
+
+
+def sidecars(out: Path) -> tuple[dict, dict]:
+    return (json.loads((out / "rank-0.manifest.json").read_text()), json.loads((out / "rank-0.steps.json").read_text()))
+
+
+def trace_events(out: Path) -> list[dict]:
+    (path,) = out.glob("*.pt.trace.json.gz")
+    return json.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
+
+
+def marks(events: list[dict], name: str | None = None) -> list[dict]:
+    return [e for e in events
+            if e.get("cat") == "kinetoscope" and (name is None or e["name"] == "kinetoscope::" + name)]
+
+
+def only_at(values: list, steps: set[int]) -> bool:
+    """Positive exactly at ``steps``, 0 elsewhere."""
+    return all((v > 0) if i in steps else (v == 0) for i, v in enumerate(values))
+
+
+def in_step(events: list[dict], step: int, mark: dict) -> bool:
+    (span,) = [e for e in events if e.get("name") == f"ProfilerStep#{step}" and e.get("cat") != "gpu_user_annotation"]
+    return span["ts"] <= mark["ts"] < span["ts"] + span["dur"]
+
+
+# --- kinetoscope capture: an unmodified script ------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def auto(tmp_path_factory) -> Path:
+    """8 optimizer steps of 4 micro-steps, validation (3 batches) after steps 3 and 7, torch.save after step 3."""
+    out = tmp_path_factory.mktemp("auto") / "out"
+    capture(out, "--steps", "8", "--acc", "4", "--every", "4", "--val-batches", "3", "--save-at", "3", *SECRET_ARGS)
+    return out
+
+
+@pytest.mark.slow
+def test_a_validation_ended_by_setting_the_mode_directly_is_still_validation(tmp_path):
+    """Lightning restores training mode by setting module.training itself, with no .train() call: the stretch ends
+    at the next training batch (was: never ended, so it held a backward and counted as no validation at all)."""
+    out = tmp_path / "out"
+    capture(out, "--steps", "8", "--acc", "2", "--every", "4", "--val-batches", "3", "--restore-by-attribute")
+    manifest, _ = sidecars(out)
+    validation = manifest["loop"]["validation"]
+    assert validation["stretches"] == 2 and validation["batches"] == 6
+
+
+@pytest.mark.slow
+def test_capture_writes_the_loop_into_the_manifest(auto):
+    manifest, _ = sidecars(auto)
+    loop = manifest["loop"]
+    assert manifest["manifest_version"] == 2
+    validation = loop.pop("validation")
+    checkpoint = loop.pop("checkpoint")
+    assert loop == {
+        "marks": 1, "recorded": ALL_KINDS, "step_source": "optimizer",
+        # every one of the 32 train batches is followed by its backward(); the validation loader's 6 (two passes
+        # of 3) by none, all taken in eval mode with grad disabled
+        "loaders": [{"loader": 0, "role": "train", "batches": 32, "batches_followed_by_backward": 32, **LOADER},
+                    {"loader": 1, "role": "eval", "batches": 6, "batches_followed_by_backward": 0, **LOADER}],
+        "backward_calls": 32, "optimizer_steps": 8,  # accumulation 4
+        "compile": {"compiles": 0, "recompiles": 0, "total_ns": 0},  # recorded (armed), none happened: 0, not null
+    }
+    assert validation["stretches"] == 2 and validation["batches"] == 6 and validation["total_ns"] > 0
+    assert checkpoint["saves"] == 1 and checkpoint["total_ns"] > 0
+    # the training loader's configuration is the manifest's DataLoader (was: the first one iterated)
+    assert manifest["dataloader"] == {k: v for k, v in LOADER.items() if k != "class"}
+
+
+def test_capture_writes_per_step_lists(auto):
+    manifest, steps = sidecars(auto)
+    # the first optimizer step starts the profiler: steps 0-6 are (optimizer step k, optimizer step k + 1]; the
+    # validation and save after optimizer step 3 fall in step 3; the one after step 7 comes after the last step
+    assert manifest["steps_run"] == 7
+    assert steps["backward_calls"] == [4] * 7 and steps["optimizer_steps"] == [1] * 7
+    assert only_at(steps["train_data_wait_ns"], set(range(7)))
+    assert only_at(steps["eval_data_wait_ns"], {3}) and only_at(steps["validation_ns"], {3})
+    assert only_at(steps["checkpoint_ns"], {3}) and steps["compile_ns"] == [0] * 7
+    # every wait on the training thread is a train or an eval loader's, counted once
+    assert steps["data_wait_ns"] == [a + b for a, b in zip(steps["train_data_wait_ns"], steps["eval_data_wait_ns"],
+                                                           strict=True)]
+
+
+def test_capture_splices_the_windows_marks(auto):
+    events = trace_events(auto)
+    waits = marks(events, "data_wait")
+    # window: steps 2-4 (optimizer steps 3-5 and the batches 12-23 before them), and the validation after step 3
+    train = [m["args"] for m in waits if m["args"]["loader"] == 0]
+    assert train == [{"loader": 0, "role": "train", "batch": b} for b in range(12, 24)]
+    assert [m["args"] for m in waits if m["args"]["loader"] == 1] == [
+        {"loader": 1, "role": "eval", "batch": 0}, {"loader": 1, "role": "eval", "batch": 1},
+        {"loader": 1, "role": "eval", "batch": 2}, {"loader": 1, "role": "eval", "batch": 3, "exhausted": True}]
+    assert [m["args"]["micro_step"] for m in marks(events, "backward")] == [1, 2, 3, 4] * 3
+    assert {m["args"]["thread"] for m in marks(events, "backward")} == {"main"}
+    assert [m["args"] for m in marks(events, "optimizer_step")] == [{"backward_calls": 4}] * 3
+    assert [m["args"] for m in marks(events, "validation")] == [{"module": "Sequential", "batches": 3, "loader": 1}]
+    assert [m["args"] for m in marks(events, "checkpoint")] == [{"call": "torch.save"}]
+    assert not marks(events, "compile")
+    # on the trace's process and the training thread (the thread of its ProfilerStep spans)
+    (step,) = [e for e in events if e.get("name") == "ProfilerStep#3" and e.get("cat") == "user_annotation"]
+    assert {(m["pid"], m["tid"]) for m in marks(events)} == {(step["pid"], step["tid"])}
+    (validation,) = marks(events, "validation")
+    assert in_step(events, 3, validation)
+
+
+def test_each_data_wait_mark_holds_torchs_own_dataloader_span(auto):
+    """The mark times the whole next(); torch's enumerate(DataLoader)#... span is recorded inside that call: on the
+    trace's clock each span lies inside its mark (tolerance: CLOCK_TOLERANCE_US), the k-th span in the k-th mark."""
+    events = trace_events(auto)
+    spans = sorted((e for e in events if e.get("ph") == "X" and e.get("name", "").startswith("enumerate(DataLoader)#")),
+                   key=lambda e: e["ts"])
+    waits = sorted(marks(events, "data_wait"), key=lambda e: e["ts"])
+    assert len(spans) == len(waits) == 16
+    for mark, span in zip(waits, spans, strict=True):
+        assert span["tid"] == mark["tid"]
+        assert mark["ts"] - CLOCK_TOLERANCE_US <= span["ts"], (mark, span)
+        assert span["ts"] + span["dur"] <= mark["ts"] + mark["dur"] + CLOCK_TOLERANCE_US, (mark, span)
+
+
+def test_no_secret_of_the_command_line_reaches_a_file(auto):
+    manifest, _ = sidecars(auto)
+    argv = manifest["argv"]
+    assert argv[argv.index("--api-key") + 1] == "[redacted]" and "HF_TOKEN=[redacted]" in argv
+    files = [p for p in auto.rglob("*") if p.is_file()]
+    assert {p.name for p in files} == {"rank-0.manifest.json", "rank-0.steps.json", "rank-0.step-2-4.pt.trace.json.gz"}
+    for p in files:
+        data = gzip.decompress(p.read_bytes()) if p.name.endswith(".gz") else p.read_bytes()
+        assert SECRET.encode() not in data and HF.encode() not in data, p.name
+
+
+def test_the_analysis_reads_the_marks(auto):
+    from kinetoscope.analyze.ingest.loader import load_trace
+
+    r = load_trace(auto).ranks[0]
+    manifest, steps = sidecars(auto)
+    assert r.meta.capture["loop"] == manifest["loop"]
+    assert r.marks["name"].astype(str).value_counts().to_dict() == {
+        "kinetoscope::data_wait": 16, "kinetoscope::backward": 12, "kinetoscope::optimizer_step": 3,
+        "kinetoscope::validation": 1, "kinetoscope::checkpoint": 1}
+    assert (r.events["kind"].iloc[r.marks["row"]] == "mark").all() and int((r.events["kind"] == "mark").sum()) == 33
+    waits = r.marks[r.marks["name"] == "kinetoscope::data_wait"]
+    assert waits["loader"].tolist() == [0] * 4 + [1] * 4 + [0] * 8 and set(waits["role"]) == {"train", "eval"}
+    assert r.marks.loc[r.marks["name"] == "kinetoscope::backward", "micro_step"].tolist() == [1, 2, 3, 4] * 3
+    assert r.run_steps["backward_calls"].tolist() == steps["backward_calls"]
+    assert r.run_steps["validation_ns"].tolist() == [float(v) for v in steps["validation_ns"]]
+
+
+def test_both_decoders_read_the_same_marks(auto, monkeypatch):
+    from kinetoscope.analyze.ingest.loader import load_trace
+
+    scanned = load_trace(auto).ranks[0].marks
+    monkeypatch.setenv("KINETOSCOPE_DECODER", "reference")
+    reference = load_trace(auto).ranks[0].marks
+    assert scanned.astype(object).equals(reference.astype(object))
+
+
+def test_marks_tell_the_training_loaders_waits_from_the_validation_loaders(auto, tmp_path):
+    """The same capture with and without its marks: with them, the validation loader's waits in the window (step 3
+    holds a validation pass) are no training data wait, and are reported apart; without them (a trace from
+    elsewhere) every wait on the training thread counts."""
+    bare = tmp_path / "bare"
+    shutil.copytree(auto, bare)  # the sidecars too: the same capture, but for the marks
+    (path,) = bare.glob("*.pt.trace.json.gz")
+    doc = json.loads(gzip.decompress(path.read_bytes()))
+    doc["traceEvents"] = [e for e in doc["traceEvents"] if e.get("cat") != "kinetoscope"]
+    path.write_bytes(gzip.compress(json.dumps(doc).encode()))
+
+    def loader(p: Path) -> dict:
+        proc = subprocess.run([sys.executable, "-m", "kinetoscope.cli", "analyze", "--format", "json", str(p)],
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode in (0, 1), proc.stderr
+        return json.loads(proc.stdout)["ranks"][0]["loader"]
+
+    with_marks, without = loader(auto), loader(bare)
+    assert with_marks["eval_loader_wait_us"] > 0 and without["eval_loader_wait_us"] is None
+    # the 3 validation batches of the window's step 3, and the next() that found the validation loader exhausted
+    assert with_marks["calls"] == without["calls"] - 4
+    # the training wait loses the validation loader's torch spans, which the marks (whole next() calls) contain
+    assert 0 < without["time_us"] - with_marks["time_us"] <= with_marks["eval_loader_wait_us"]
+
+
+# --- the Python APIs record the same things -------------------------------------------------------------------
+@pytest.mark.slow
+def test_the_profiler_api_records_the_loop(tmp_path):
+    """Was: no data waits at all ("waiting for data 0.0%"). One prof.step() after each optimizer step: step k holds
+    optimizer step k; the step still open at stop (after the 8th prof.step()) holds nothing."""
+    out = tmp_path / "out"
+    run_api("profiler", out, "--steps", "8", "--acc", "4", "--every", "4", "--save-at", "5", "--dcp-at", "6",
+            *SECRET_ARGS)
+    manifest, steps = sidecars(out)
+    loop = manifest["loop"]
+    assert loop["step_source"] == "profiler_step" and loop["recorded"] == ALL_KINDS
+    assert [(x["loader"], x["role"], x["batches"], x["batches_followed_by_backward"]) for x in loop["loaders"]] == [
+        (0, "train", 32, 32), (1, "eval", 6, 0)]
+    assert (loop["backward_calls"], loop["optimizer_steps"]) == (32, 8)
+    assert (loop["validation"]["stretches"], loop["validation"]["batches"], loop["checkpoint"]["saves"]) == (2, 6, 2)
+    assert manifest["steps_run"] == 9
+    assert steps["backward_calls"] == [4] * 8 + [0] and steps["optimizer_steps"] == [1] * 8 + [0]
+    assert only_at(steps["data_wait_ns"], set(range(8))) and only_at(steps["train_data_wait_ns"], set(range(8)))
+    assert only_at(steps["validation_ns"], {3, 7}) and only_at(steps["eval_data_wait_ns"], {3, 7})
+    assert only_at(steps["checkpoint_ns"], {5, 6})
+    events = trace_events(out)
+    assert [m["args"]["batch"] for m in marks(events, "data_wait") if m["args"]["loader"] == 0] == list(range(8, 20))
+    assert [m["args"] for m in marks(events, "validation")] == [{"module": "Sequential", "batches": 3, "loader": 1}]
+    assert not marks(events, "checkpoint")  # steps 5 and 6 are outside the window (2-4)
+    argv = manifest["argv"]
+    assert argv[argv.index("--api-key") + 1] == "[redacted]"
+    for p in out.iterdir():
+        data = gzip.decompress(p.read_bytes()) if p.name.endswith(".gz") else p.read_bytes()
+        assert SECRET.encode() not in data and HF.encode() not in data, p.name
+
+
+@pytest.mark.slow
+def test_profile_loop_times_each_wait_once(tmp_path):
+    """profile_loop over a DataLoader: one step per batch. Its own timing of next() and the loop recorder's are
+    one wait, counted once: each profiled step's data_wait_ns is exactly its one data_wait mark."""
+    out = tmp_path / "out"
+    run_api("profile_loop", out, "--steps", "4", "--acc", "4", "--every", "2")
+    manifest, steps = sidecars(out)
+    loop = manifest["loop"]
+    assert loop["step_source"] == "dataloader" and manifest["steps_run"] == 16
+    assert [(x["role"], x["batches"], x["batches_followed_by_backward"]) for x in loop["loaders"]] == [
+        ("train", 16, 16), ("eval", 6, 0)]
+    assert steps["backward_calls"] == [1] * 16 and steps["optimizer_steps"] == [0, 0, 0, 1] * 4
+    assert only_at(steps["validation_ns"], {7, 15}) and only_at(steps["eval_data_wait_ns"], {7, 15})
+    assert steps["data_wait_ns"] == [a + b for a, b in zip(steps["train_data_wait_ns"], steps["eval_data_wait_ns"],
+                                                           strict=True)]
+    events = trace_events(out)
+    for k in (2, 3, 4):
+        inside = [m for m in marks(events, "data_wait") if in_step(events, k, m)]
+        assert [m["args"] for m in inside] == [{"loader": 0, "role": "train", "batch": k}]
+        assert steps["data_wait_ns"][k] == round(inside[0]["dur"] * 1000)
+
+
+@pytest.mark.slow
+def test_compile_and_recompile_are_recorded(tmp_path):
+    """torch.compile (eager backend) compiles in the first step, before the profiler starts (counted in the run's
+    totals), and recompiles once for the half batch of optimizer step 2's first micro-step: step 1."""
+    out = tmp_path / "out"
+    capture(out, "--steps", "4", "--acc", "2", "--every", "100", "--compile", "--recompile-at", "2",
+            schedule=("--skip-first", "0", "--wait", "0", "--warmup", "1", "--active", "2"))
+    manifest, steps = sidecars(out)
+    compile_ = manifest["loop"]["compile"]
+    assert (compile_["compiles"], compile_["recompiles"]) == (2, 1) and compile_["total_ns"] > 0
+    assert manifest["steps_run"] == 3 and only_at(steps["compile_ns"], {1})
+    assert [m["args"] for m in marks(trace_events(out), "compile")] == [
+        {"compile_id": "0/1", "recompile": True, "trigger": "dynamo"}]
+
+
+# --- the hooks come and go ------------------------------------------------------------------------------------
+def test_hooks_are_reference_counted_and_put_back():
+    import torch
+
+    from kinetoscope.capture import loop
+
+    dl = torch.utils.data.dataloader
+    originals = (dl._BaseDataLoaderIter.__next__, torch.autograd.backward, torch.nn.Module.train, torch.save)
+    a, b = loop.LoopRecorder(), loop.LoopRecorder()
+    a.attach()
+    b.attach()
+    assert torch.autograd.backward is not originals[1]
+    a.detach()
+    assert torch.autograd.backward is not originals[1]  # b still records
+    x = torch.ones(2, requires_grad=True)
+    x.sum().backward()
+    b.close_step(2**62, record=False, keep=False)
+    assert (a.backward_calls, b.backward_calls) == (0, 1)
+    b.detach()
+    assert (dl._BaseDataLoaderIter.__next__, torch.autograd.backward, torch.nn.Module.train, torch.save) == originals
+    # a wrapper someone put over ours stays, and ours under it passes through
+    a.attach()
+    ours = torch.autograd.backward
+    theirs = lambda *args, **kwargs: ours(*args, **kwargs)  # noqa: E731
+    torch.autograd.backward = theirs
+    a.detach()
+    try:
+        assert torch.autograd.backward is theirs
+        x.sum().backward()
+        assert a.pending == []
+    finally:
+        torch.autograd.backward = originals[1]
+
+
+def test_status_files_hold_no_command_line(tmp_path, monkeypatch):
+    """What the capture tells its CLI while it runs (.kinetoscope-status-<pid>.json): no argv, which may hold
+    secrets."""
+    from kinetoscope.capture import auto
+
+    monkeypatch.setattr(sys, "argv", ["train.py", "--api-key", SECRET])
+    auto.write_status(str(tmp_path), {"steps": 4, "source": "optimizer"})
+    (status,) = tmp_path.glob(".kinetoscope-status-*.json")
+    assert json.loads(status.read_text()) == {"pid": os.getpid(), "steps": 4, "source": "optimizer"}
+    # the first one, written by the sitecustomize hook as a Python process under capture starts
+    started = tmp_path / "started"
+    started.mkdir()
+    env = {**os.environ, "KINETOSCOPE_CAPTURE": json.dumps({"out_dir": str(started)}),
+           "PYTHONPATH": str(ROOT / "kinetoscope" / "capture" / "_site")}
+    env.pop("KINETOSCOPE_CAPTURE_PARENT", None)
+    subprocess.run([sys.executable, "-c", "pass", "--api-key", SECRET], env=env, check=True, timeout=60)
+    (status,) = started.glob(".kinetoscope-status-*.json")
+    assert set(json.loads(status.read_text())) == {"pid", "python"} and SECRET not in status.read_text()
+
+
+def test_the_marks_role_rule():
+    from kinetoscope.capture.loop import _Loader
+
+    assert _Loader(batches=4, followed=2).role() == "train"
+    assert _Loader(batches=4, followed=1, evalish=4).role() == "unknown"
+    assert _Loader(batches=4, followed=0, evalish=3).role() == "eval"
+    assert _Loader(batches=4, followed=0, evalish=2).role() == "unknown"
+    assert _Loader().role() == "unknown"
+
+
+# --- kinetoscope redact DIR --------------------------------------------------------------------------------------
+def test_redact_takes_a_capture_directory(auto, tmp_path):
+    out = tmp_path / "shared"
+    proc = subprocess.run([sys.executable, "-m", "kinetoscope.cli", "redact", str(auto), "-o", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    names = sorted(p.name for p in out.iterdir())
+    assert names == sorted(p.name for p in auto.iterdir())
+    for p in out.iterdir():
+        data = gzip.decompress(p.read_bytes()) if p.name.endswith(".gz") else p.read_bytes()
+        assert SECRET.encode() not in data and HF.encode() not in data
+        original = auto / p.name
+        same = gzip.decompress(original.read_bytes()) if p.name.endswith(".gz") else original.read_bytes()
+        assert json.loads(data) == json.loads(same)  # already redacted at capture: nothing else changes
+    again = subprocess.run([sys.executable, "-m", "kinetoscope.cli", "redact", str(auto), "-o", str(out)],
+                           capture_output=True, text=True, timeout=300)
+    assert again.returncode == 2 and "Traceback" not in again.stderr and len(again.stderr.strip().splitlines()) == 1
+
+
+def test_redact_refuses_a_directory_with_a_broken_trace_and_writes_nothing(tmp_path):
+    src = tmp_path / "run"
+    src.mkdir()
+    (src / "rank-0.manifest.json").write_text(json.dumps({"argv": ["train.py", "--password", "hunter2"]}))
+    (src / "rank-0.step-2-4.pt.trace.json").write_text('{"traceEvents": [')
+    out = tmp_path / "shared"
+    proc = subprocess.run([sys.executable, "-m", "kinetoscope.cli", "redact", str(src), "-o", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert "rank-0.step-2-4.pt.trace.json" in proc.stderr and not out.exists()

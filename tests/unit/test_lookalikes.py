@@ -1,0 +1,592 @@
+"""Signals real traces share with a problem that is not there, and problems real traces hid: each test builds the
+case in code with its answer known by construction (issue 28's cases from traces nobody here had read)."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import load_built
+from tracebuilder import TraceBuilder
+
+from kinetoscope.analyze.report.builder import build_report
+
+
+def report_of(tmp_path, b, name="t.json"):
+    return build_report(load_built(tmp_path, b, name))
+
+
+def found(rep, id_):
+    return [f for f in rep.findings if f.id == id_]
+
+
+# --- zero-length events are inside nothing --------------------------------------------------
+def test_a_zero_length_add_at_the_edge_of_accumulate_grad_is_no_accumulation(tmp_path):
+    """Was: zero_grad_missing on a trace that clears gradients every step (TorchRec, A100): zero-length aten::add_
+    events at AccumulateGrad's edges counted as inside it (an overlap of 0 equals a length of 0)."""
+    b = TraceBuilder()
+    for i in range(4):
+        t = i * 1000
+        b.step(i, t, 1000).op("aten::linear", t + 10, 100)
+        b.op("autograd::engine::evaluate_function: AddmmBackward0", t + 200, 200, tid=200)
+        b.op("torch::autograd::AccumulateGrad", t + 300, 50, tid=200)
+        b.op("aten::add_", t + 350, 0, tid=200)  # zero length, at AccumulateGrad's end
+        b.op("Optimizer.step#SGD.step", t + 600, 100, cat="user_annotation")
+    assert not found(report_of(tmp_path, b), "zero_grad_missing")
+
+
+def test_an_add_with_a_length_inside_accumulate_grad_still_counts(tmp_path):
+    b = TraceBuilder()
+    for i in range(4):
+        t = i * 1000
+        b.step(i, t, 1000).op("aten::linear", t + 10, 100)
+        b.op("autograd::engine::evaluate_function: AddmmBackward0", t + 200, 200, tid=200)
+        b.op("torch::autograd::AccumulateGrad", t + 300, 50, tid=200)
+        b.op("aten::add_", t + 310, 20, tid=200)
+        b.op("Optimizer.step#SGD.step", t + 600, 100, cat="user_annotation")
+    (f,) = found(report_of(tmp_path, b), "zero_grad_missing")
+    assert f.evidence["steps"] == [1, 2, 3] and f.severity == "warning"
+
+
+def test_accumulation_after_gradients_set_to_none_is_no_missing_zero_grad(tmp_path):
+    """Was: zero_grad_missing (warning) on the transformers Trainer with gradient_accumulation_steps=4: it clears by
+    model.zero_grad() (gradients set to None: no Optimizer.zero_grad span, nothing in the trace), and micro-batches
+    2-4 add into the gradients the first one started. Steps whose every gradient adds are the missing zero_grad."""
+    b = TraceBuilder()
+    for i in range(4):
+        t = i * 4000
+        b.step(i, t, 4000)
+        for m in range(4):  # four micro-batches, three parameters each
+            u = t + m * 900
+            b.op("aten::linear", u + 10, 100)
+            b.op("autograd::engine::evaluate_function: AddmmBackward0", u + 200, 400, tid=200)
+            for k in range(3):
+                b.op("torch::autograd::AccumulateGrad", u + 300 + k * 60, 50, tid=200)
+                if m > 0:  # the first micro-batch's gradients start afresh: a detach, no add
+                    b.op("aten::add_", u + 310 + k * 60, 20, tid=200)
+        b.op("Optimizer.step#AdamW.step", t + 3700, 100, cat="user_annotation")
+    assert not found(report_of(tmp_path, b), "zero_grad_missing")
+
+
+def test_accumulation_that_never_clears_is_a_missing_zero_grad(tmp_path):
+    b = TraceBuilder()
+    for i in range(4):
+        t = i * 4000
+        b.step(i, t, 4000)
+        for m in range(4):
+            u = t + m * 900
+            b.op("aten::linear", u + 10, 100)
+            b.op("autograd::engine::evaluate_function: AddmmBackward0", u + 200, 400, tid=200)
+            for k in range(3):
+                b.op("torch::autograd::AccumulateGrad", u + 300 + k * 60, 50, tid=200)
+                b.op("aten::add_", u + 310 + k * 60, 20, tid=200)
+        b.op("Optimizer.step#AdamW.step", t + 3700, 100, cat="user_annotation")
+    (f,) = found(report_of(tmp_path, b), "zero_grad_missing")
+    assert f.evidence["steps"] == [1, 2, 3] and f.severity == "warning"
+
+
+# --- a sync costs at most the host's own time in it ------------------------------------------
+def test_an_item_that_drains_its_own_small_copy_costs_its_own_microseconds(tmp_path):
+    """Was: sync_point where the GPU was already all but idle: an .item() that drained its own 4 us kernel was charged
+    the whole gap the host's own work left after it."""
+    b = TraceBuilder()
+    for i in range(5):
+        t = i * 10_000
+        b.step(i, t, 10_000).kernel(t + 10, 3000, launch_at=t, launch_dur=5)  # idle from t + 3010 ...
+        b.kernel(t + 5002, 4, launch_at=t + 4995, launch_dur=5)  # ... but for the .item()'s own 4 us kernel
+        b.op("aten::item", t + 5001, 10)
+        b.runtime("cudaStreamSynchronize", t + 5002, 8)  # returns at t + 5010: 9 us in the sync
+        # the host's own work (untraced) until the next step's kernel: the GPU idles 5006..10010 regardless
+    rep = report_of(tmp_path, b)
+    dev = rep.ranks[0]["gpu"]["devices"][0]
+    # each sync: the gap starting at t + 5006 is charged at most the 10 us the host spent in the sync
+    assert dev["idle_by_cause_us"]["sync"] == 5 * 10
+    assert not found(rep, "sync_point")
+
+
+def test_an_item_of_a_cpu_tensor_on_a_gpu_run_is_no_sync(tmp_path):
+    """.item() with no runtime call inside (a CPU tensor's value) waits for no device."""
+    b = TraceBuilder()
+    for i in range(5):
+        t = i * 1000
+        b.step(i, t, 1000).kernel(t + 10, 500, launch_at=t, launch_dur=5)
+        b.op("aten::item", t + 100, 600)  # long, and the GPU drains meanwhile: still no sync
+    rep = report_of(tmp_path, b)
+    assert rep.ranks[0]["gpu"]["devices"][0]["idle_by_cause_us"]["sync"] == 0
+    assert not found(rep, "sync_in_loop") and not found(rep, "sync_point")
+
+
+def test_a_sync_inside_a_library_op_is_not_the_loops_own(tmp_path):
+    """Was: 'keep metrics on the device' for syncs made by an embedding library's all-to-all set-up and by aten::to's
+    blocking copies: nothing the loop's own code can defer."""
+    b = TraceBuilder()
+    for i in range(5):
+        t = i * 1000
+        b.step(i, t, 1000).kernel(t + 10, 400, launch_at=t, launch_dur=5)
+        b.op("## sparse_data_dist ##", t + 50, 300, cat="user_annotation")
+        b.op("aten::item", t + 60, 100).runtime("cudaStreamSynchronize", t + 70, 80)
+        b.op("aten::to", t + 200, 100).runtime("cudaStreamSynchronize", t + 210, 80)
+    assert not found(report_of(tmp_path, b), "sync_in_loop")
+
+
+def test_the_loops_own_item_every_step_is_still_found(tmp_path):
+    b = TraceBuilder()
+    for i in range(5):
+        t = i * 1000
+        b.step(i, t, 1000).kernel(t + 10, 400, launch_at=t, launch_dur=5)
+        b.op("aten::item", t + 900, 50).runtime("cudaStreamSynchronize", t + 905, 40)
+    (f,) = found(report_of(tmp_path, b), "sync_in_loop")
+    assert f.evidence["steps_with_sync"] == 5 and f.evidence["host_blocked_us"] == 5 * 50
+
+
+def test_a_range_wrapping_the_whole_step_is_a_container(tmp_path):
+    """A user's record_function('train_step') around the step body: its .item() is still the loop's own."""
+    b = TraceBuilder()
+    for i in range(5):
+        t = i * 1000
+        b.step(i, t, 1000).op("train_step", t + 5, 990, cat="user_annotation")
+        b.kernel(t + 10, 400, launch_at=t + 6, launch_dur=4)
+        b.op("aten::item", t + 900, 50).runtime("cudaStreamSynchronize", t + 905, 40)
+    assert len(found(report_of(tmp_path, b), "sync_in_loop")) == 1
+
+
+# --- the host's Python, named ----------------------------------------------------------------
+def python(b, name, ts, dur, tid=100):
+    return b.op(name, ts, dur, cat="python_function", tid=tid)
+
+
+def test_gpu_idle_behind_traced_python_is_named_not_untraced(tmp_path):
+    """Was: 'untraced work, profile with with_stack=True' on a trace holding the stacks of video preprocessing."""
+    b = TraceBuilder()
+    t = 0
+    b.step(1, t, 10_000)
+    python(b, "train.py(10): <module>", 0, 10_000)
+    python(b, "pipeline.py(50): __call__", 10, 9_980)
+    python(b, "image_processing.py(40): preprocess", 100, 6_000)  # 60% of the window
+    python(b, "image_processing.py(80): resize", 200, 5_000)  # inside preprocess: not named apart
+    python(b, "video.py(174): read_video_pyav", 6_200, 2_000)  # 20%
+    python(b, "model.py(9): forward", 8_300, 1_600)
+    for k in range(15):  # the forward's kernels, back to back from 8.3 ms
+        b.kernel(8_310 + k * 100, 100, launch_at=8_305 + k * 100, launch_dur=4)
+    rep = report_of(tmp_path, b)
+    dev = rep.ranks[0]["gpu"]["devices"][0]
+    # idle: 0..8310 and 9810..10000; Python frames cover the window, so all of it but what the launches explain
+    assert dev["idle_by_cause_us"]["other"] == 0
+    (f,) = found(rep, "gpu_idle")
+    names = [h["function"] for h in f.evidence["host_python_hotspots"]]
+    assert names == ["image_processing.py(40): preprocess", "video.py(174): read_video_pyav"]
+    assert f.evidence["host_python_hotspots"][0]["time_us"] == 6000
+    assert "preprocess" in f.title and "DataLoader workers" in f.recommendation
+
+
+# --- exposed communication --------------------------------------------------------------------
+def nccl(b, ts, dur, op="AllToAll", stream=20):
+    return b.kernel(ts, dur, stream=stream, name=f"ncclDevKernel_{op}_RING_LL")
+
+
+def test_communication_not_overlapped_with_compute_is_found_by_kind(tmp_path):
+    """Was: 19% of a window in exposed NCCL communication with no finding."""
+    b = TraceBuilder()
+    for i in range(4):
+        t = i * 10_000
+        b.step(i, t, 10_000)
+        b.kernel(t, 6_000, launch_at=t - 5)  # compute
+        nccl(b, t + 5_000, 3_000, "AllReduce")  # 1,000 us under compute, 2,000 exposed
+        nccl(b, t + 8_000, 1_000, "AllToAll")  # all exposed
+    rep = report_of(tmp_path, b)
+    (f,) = found(rep, "exposed_comm")
+    assert f.evidence["exposed_us"] == 4 * 3_000
+    assert f.evidence["exposed_by_op_us"] == {"allreduce": 8_000, "alltoall": 4_000}
+    assert rep.ranks[0]["comm"]["overlap_fraction"] == pytest.approx(4_000 / 16_000)
+    assert f.estimate["bound"] == "upper" and f.estimate["saving_us_per_step"] == 3_000
+    # 30% of the step, an upper bound credited at half: a warning
+    assert f.severity == "warning"
+
+
+def test_communication_hidden_behind_compute_is_not_found(tmp_path):
+    b = TraceBuilder()
+    for i in range(4):
+        t = i * 10_000
+        b.step(i, t, 10_000).kernel(t, 9_000, launch_at=t - 5)
+        nccl(b, t + 1_000, 5_000, "AllReduce")
+    rep = report_of(tmp_path, b)
+    assert not found(rep, "exposed_comm") and rep.ranks[0]["comm"]["exposed_us"] == 0
+
+
+def test_a_cpu_gloo_job_waiting_on_its_all_reduce_is_found(tmp_path):
+    """Was: a CPU gloo job whose all-reduce takes 86% of the window given only information."""
+    b = TraceBuilder()
+    for i in range(4):
+        t = i * 10_000
+        b.step(i, t, 10_000).op("aten::linear", t + 100, 1_000)  # compute on the training thread
+        b.op("autograd::engine::evaluate_function: AddmmBackward0", t + 1_200, 300, tid=200)
+        b.op("gloo:all_reduce", t + 1_300, 8_600, cat="user_annotation", tid=300)  # on gloo's thread
+    rep = report_of(tmp_path, b)
+    (f,) = found(rep, "exposed_comm")
+    # 1,300..1,500 overlaps the backward op: 8,400 of 8,600 exposed per step
+    assert f.evidence["exposed_us"] == 4 * 8_400 and f.evidence["where"] == "host"
+    assert f.severity == "critical"  # 84% of the step, credited at half: 42%
+
+
+def test_a_trimmed_gloo_trace_with_no_compute_cannot_judge_overlap(tmp_path):
+    b = TraceBuilder().step(1, 0, 10_000)
+    b.op("gloo:all_reduce", 100, 9_000, cat="user_annotation", tid=300)
+    rep = report_of(tmp_path, b)
+    assert not found(rep, "exposed_comm") and rep.ranks[0]["comm"]["exposed_us"] is None
+
+
+# --- device allocations every step ------------------------------------------------------------
+def test_a_free_every_step_is_allocator_churn_not_start_up(tmp_path):
+    """Was: a hipFree/cudaFree storm with the caching allocator bypassed (3.35 s of a 3.39 s window) read as start-up,
+    which made every GPU finding information."""
+    b = TraceBuilder()
+    for i in range(5):
+        t = i * 10_000
+        b.step(i, t, 10_000)
+        for k in range(4):
+            b.kernel(t + 100 + k * 500, 400, launch_at=t + 90 + k * 500, launch_dur=5)
+        b.runtime("hipFree", t + 2_100, 7_800)  # the GPU idle meanwhile: once, this would look like start-up
+    rep = report_of(tmp_path, b)
+    (f,) = found(rep, "allocator_churn")
+    assert f.evidence["steps_with_calls"] == 5 and f.evidence["recurring_time_us"] == 5 * 7_800
+    assert f.estimate["saving_us_per_step"] == 7_800 and f.severity == "critical"  # 78% of the step
+    assert rep.ranks[0]["gpu"]["startup_fraction"] == 0
+
+
+def test_allocations_in_one_step_are_information(tmp_path):
+    b = TraceBuilder()
+    for i in range(5):
+        t = i * 10_000
+        b.step(i, t, 10_000).kernel(t + 100, 9_000, launch_at=t + 90)
+    b.runtime("cudaMalloc", 5, 80)
+    b.runtime("cudaMalloc", 1_000, 3_000)
+    (f,) = found(report_of(tmp_path, b), "allocator_churn")
+    assert f.severity == "info" and "whether it recurs cannot be told" in f.title
+
+
+# --- an accelerator the analysis does not read ------------------------------------------------
+def test_an_accelerator_the_analysis_does_not_read_is_named(tmp_path):
+    """Was: an MTIA trace read as 'no problems found'."""
+    b = TraceBuilder().step(1, 0, 1_000).op("aten::mm", 10, 100)
+    for k in range(7):
+        b.op("runFunction - job_prep_and_submit_for_execution", 200 + k * 10, 5, cat="mtia_runtime")
+        b.raw({"ph": "X", "cat": "mtia_ccp_events", "name": "dma_request", "pid": 9, "tid": 801, "ts": 300 + k * 10,
+               "dur": 8, "args": {}})
+    rep = report_of(tmp_path, b)
+    (f,) = found(rep, "accelerator_unread")
+    assert f.evidence["accelerator"] == "MTIA"
+    assert f.evidence["events_by_category"] == {"mtia_runtime": 7, "mtia_ccp_events": 7}
+    assert rep.ranks[0]["coverage"]["unread_events"] == {"mtia_runtime": 7, "mtia_ccp_events": 7}
+    assert f.severity == "info"
+
+
+def test_a_plain_gpu_trace_names_nothing_unread(tmp_path):
+    b = TraceBuilder().step(1, 0, 1_000).kernel(10, 900, launch_at=5)
+    rep = report_of(tmp_path, b)
+    assert rep.ranks[0]["coverage"] == {"unread_events": None, "accelerators_unread": None}
+    assert not found(rep, "accelerator_unread")
+
+
+# --- loader advice that cannot loop -----------------------------------------------------------
+def steps_json(path, *, wall, wait, wait_cpu, cpu):
+    import json
+
+    n = len(wall)
+    (path / "rank-0.steps.json").write_text(json.dumps({
+        "rank": 0, "unit": "ns", "step_wall_ns": wall, "data_wait_ns": wait, "step_cpu_ns": cpu,
+        "data_wait_cpu_ns": wait_cpu, "workers_cpu_ns": [None] * n, "profiled": [True] * n}))
+
+
+def workers_trace(tmp_path, wait_us):
+    b = TraceBuilder()
+    for i in range(6):
+        t = i * 10_000
+        b.step(i, t, 10_000).loader(t, wait_us, multiprocess=True).op("aten::linear", t + wait_us + 10, 8_000)
+    b.write(tmp_path / "rank-0.step-0-5.pt.trace.json")  # a capture window: its step timings are read beside it
+    return tmp_path
+
+
+def test_the_hand_over_is_not_workers_falling_behind(tmp_path):
+    """Was: 'workers cannot keep up: raise num_workers' for the 2-3 ms the main process spends taking each batch
+    from a worker, repeated after 2 -> 4 workers gained nothing. The capture's CPU times tell them apart: the loop's
+    CPU works through the hand-over, and sits idle while workers fall behind."""
+    workers_trace(tmp_path, 2_500)
+    steps_json(tmp_path, wall=[10_000_000] * 6, wait=[2_500_000] * 6, wait_cpu=[2_400_000] * 6, cpu=[9_900_000] * 6)
+    rep = build_report(__import__("kinetoscope.analyze.ingest.loader", fromlist=["load_trace"]).load_trace(tmp_path))
+    (f,) = found(rep, "loader_stall")
+    assert f.evidence["wait_kind"] == "handover" and f.evidence["wait_cpu_fraction"] == 0.96
+    assert "more workers will not help" in f.recommendation and "raise num_workers" not in f.recommendation
+
+
+def test_workers_falling_behind_are_told_to_grow(tmp_path):
+    workers_trace(tmp_path, 2_500)
+    steps_json(tmp_path, wall=[10_000_000] * 6, wait=[2_500_000] * 6, wait_cpu=[100_000] * 6, cpu=[7_600_000] * 6)
+    rep = build_report(__import__("kinetoscope.analyze.ingest.loader", fromlist=["load_trace"]).load_trace(tmp_path))
+    (f,) = found(rep, "loader_stall")
+    assert f.evidence["wait_kind"] == "starved" and f.evidence["wait_cpu_fraction"] == 0.04
+    assert "cannot keep up" in f.recommendation and "raise num_workers" in f.recommendation
+
+
+# --- a host that gives the training a fraction of a core --------------------------------------
+def busy_trace(tmp_path):
+    b = TraceBuilder()
+    for i in range(6):
+        t = i * 10_000
+        b.step(i, t, 10_000).loader(t, 1_000).op("aten::linear", t + 1_000, 8_000)  # busy 8 ms of each step
+    b.write(tmp_path / "rank-0.step-0-5.pt.trace.json")
+    return tmp_path
+
+
+def test_a_process_given_a_third_of_a_core_is_oversubscribed(tmp_path):  # noqa: D103
+    """The capture records the process's CPU per step: 9 ms with work to do (the 10 ms step less its 1 ms data wait)
+    on 2.7 ms of CPU (outside the wait) is 0.3 of a core - another process or too many threads took the rest."""
+    busy_trace(tmp_path)
+    steps_json(tmp_path, wall=[10_000_000] * 6, wait=[1_000_000] * 6, wait_cpu=[1_000_000] * 6,
+               cpu=[3_700_000] * 6)
+    rep = build_report(__import__("kinetoscope.analyze.ingest.loader", fromlist=["load_trace"]).load_trace(tmp_path))
+    assert rep.ranks[0]["host"]["cores_while_busy"] == pytest.approx(2.7 / 9, abs=1e-4)
+    (f,) = found(rep, "host_oversubscribed")
+    assert f.evidence["lost_us"] == 6 * 6_300 and f.estimate["saving_us_per_step"] == 6_300
+    assert f.severity == "critical"  # 63% of the step, an upper bound credited at half: 31.5%
+
+
+def test_a_process_with_its_core_is_not_oversubscribed(tmp_path):
+    busy_trace(tmp_path)
+    steps_json(tmp_path, wall=[10_000_000] * 6, wait=[1_000_000] * 6, wait_cpu=[1_000_000] * 6,
+               cpu=[8_900_000] * 6)
+    rep = build_report(__import__("kinetoscope.analyze.ingest.loader", fromlist=["load_trace"]).load_trace(tmp_path))
+    assert rep.ranks[0]["host"]["cores_while_busy"] == pytest.approx(7.9 / 9, abs=1e-4)
+    assert not found(rep, "host_oversubscribed")
+
+
+# --- a straggler slowed by its own training thread --------------------------------------------
+def test_a_straggler_slowed_by_untraced_work_on_its_own_thread_is_worth_the_others_wait(tmp_path):
+    """Was: a straggler whose cause is untraced work on its own training thread (a CPU gloo job) was sent 'outside
+    the profiled threads' and worth 'no change' while the other rank waited 31.7 ms of 39 per step."""
+    from kinetoscope.analyze.ingest.loader import load_trace
+
+    for rank in (0, 1):
+        b = TraceBuilder(rank=rank, world_size=2)
+        for s in range(6):
+            t = s * 40_000
+            b.step(s, t, 40_000).op("aten::linear", t + 100, 5_000)  # both ranks compute 5 ms
+            # rank 1 then runs 30 ms of untraced Python on its training thread before it joins the all-reduce
+            arrive = t + 5_200 + (30_000 if rank == 1 else 0)
+            b.op("gloo:all_reduce", arrive, t + 37_000 - arrive, cat="user_annotation", tid=300)
+        b.write(tmp_path / "job" / f"rank-{rank}.json")
+    rep = build_report(load_trace(tmp_path / "job"))
+    (f,) = found(rep, "straggler")
+    assert f.rank == 1 and f.evidence["cause"] == "untraced"
+    assert f.evidence["others_wait_us_per_step"] == 30_000
+    # outside its 5 ms of compute and its collective: rank 1, 40 - 5 - 1.8 ms; rank 0, 40 - 5 - 31.8 ms
+    assert f.evidence["components_us_per_step"]["1"]["untraced"] == 33_200
+    assert f.evidence["components_us_per_step"]["0"]["untraced"] == 3_200
+    assert f.evidence["cause_excess_us_per_step"] == 30_000
+    assert f.estimate["saving_us_per_step"] == 30_000 and "bound" not in f.estimate
+
+
+# --- a leak judged against the device's memory ----------------------------------------------------
+KiB, MiB, GiB = 1024, 1024 ** 2, 1024 ** 3
+
+
+def slow_leak(total):
+    props = [{"id": 0, "name": "GPU", "totalGlobalMem": total}] if total else []
+    b = TraceBuilder(device_properties=props)
+    for i in range(12):
+        allocated = GiB + i * 100 * KiB  # 100 KiB a step, exactly
+        b.step(i, i * 1000, 1000).memory(i * 1000 + 500, 100 * KiB, allocated=allocated, reserved=GiB + 32 * MiB)
+    return b
+
+
+def test_a_slow_leak_that_fills_a_small_device_within_a_run_is_a_warning(tmp_path):
+    """Was: leaks judged only from 1 MiB a step. 100 KiB a step on an 8 GiB device: out of memory in ~83,000 steps,
+    within a run of 100,000."""
+    (f,) = found(report_of(tmp_path, slow_leak(8 * GiB)), "memory_growth")
+    # headroom: 8 GiB less the 1 GiB + 32 MiB reserved at the peak, over 100 KiB
+    assert f.evidence["steps_to_out_of_memory"] == (8 * GiB - GiB - 32 * MiB) // (100 * KiB)
+    assert f.severity == "warning" and "100.0 KiB" in f.title
+
+
+def test_the_same_leak_on_a_large_device_is_information(tmp_path):
+    (f,) = found(report_of(tmp_path, slow_leak(80 * GiB)), "memory_growth")
+    assert f.evidence["steps_to_out_of_memory"] == (80 * GiB - GiB - 32 * MiB) // (100 * KiB)
+    assert f.severity == "info" and "longer than a run of 100,000 steps" in f.title
+
+
+def test_the_same_growth_on_a_device_of_unknown_size_is_below_the_noise_floor(tmp_path):
+    assert not found(report_of(tmp_path, slow_leak(None)), "memory_growth")
+
+
+# --- the step's anatomy under gradient accumulation and compilation ------------------------------
+def test_each_micro_step_of_an_accumulated_step_gets_its_forward(tmp_path):
+    """Was: under gradient accumulation forward read 8.9% where the trace shows ~39%: backward ran from the step's
+    first autograd op to its last, swallowing the forwards of micro-steps 2..4."""
+    b = TraceBuilder()
+    for s in range(3):
+        t = s * 2_000
+        b.step(s, t, 2_000)
+        for k in range(4):  # 4 micro-steps of 400 us: forward 200 us, then backward 150 us (autograd's thread)
+            m = t + k * 400
+            b.op("aten::linear", m, 180).op("aten::relu", m + 180, 20)
+            b.op("autograd::engine::evaluate_function: AddmmBackward0", m + 210, 100, tid=200)
+            b.op("autograd::engine::evaluate_function: ReluBackward0", m + 310, 50, tid=200)
+        b.op("Optimizer.step#SGD.step", t + 1_700, 200, cat="user_annotation")
+    phases = report_of(tmp_path, b).ranks[0]["phases"]
+    # per micro-step: forward from its first op (m) to its backward's start (m + 210); backward m + 210 .. m + 360
+    assert phases["forward"]["time_us"] == 3 * 4 * 210
+    assert phases["backward"]["time_us"] == 3 * 4 * 150
+    assert phases["optimizer"]["time_us"] == 3 * 200
+
+
+def test_compilation_inside_the_forward_call_is_compile_time(tmp_path):
+    """Was: a recompile inside the forward call counted as the step's forward or backward."""
+    b = TraceBuilder()
+    for s in range(3):
+        t = s * 10_000
+        b.step(s, t, 10_000).op("aten::linear", t + 10, 90)
+        bwd = t + 7_500
+        if s == 1:  # a recompile: dynamo's frame compile in the forward call, the backward compiled lazily at backward
+            b.op("entire_frame_compile", t + 100, 5_000)
+            b.op("aten::mm", t + 200, 50)  # traced while compiling: still compile time
+            b.op("entire_backward_compile", t + 7_500, 2_000, tid=200)
+            bwd = t + 9_500
+        b.op("aten::mm", t + 7_300, 100)
+        b.op("autograd::engine::evaluate_function: MmBackward0", bwd, 300, tid=200)
+    phases = report_of(tmp_path, b).ranks[0]["phases"]
+    assert phases["compile"]["time_us"] == 7_000
+    # forward: each step from its first op (t + 10) to its backward, less compile time: 7,490 in steps 0 and 2;
+    # in step 1, 10..9,500 less the 5,000 + 2,000 compiling
+    assert phases["forward"]["time_us"] == 2 * 7_490 + 2_490
+    assert phases["backward"]["time_us"] == 3 * 300
+
+
+# --- steps unlike the others --------------------------------------------------------------------
+def test_a_step_holding_a_validation_pass_is_named_from_the_capture_marks(tmp_path):
+    b = TraceBuilder()
+    # steps 0-3 and 5 take 1 ms; step 4 takes 6 ms and holds a 5 ms validation stretch
+    t = 0
+    for s in range(6):
+        dur = 6_000 if s == 4 else 1_000
+        b.step(s, t, dur).op("aten::linear", t + 10, 100)
+        b.op("autograd::engine::evaluate_function: AddmmBackward0", t + 200, 100, tid=200)
+        if s == 4:
+            b.op("kinetoscope::validation", t + 500, 5_000, cat="kinetoscope")
+        t += dur
+    rep = report_of(tmp_path, b)
+    (f,) = found(rep, "outlier_steps")
+    assert f.evidence["outliers"] == [{"step": 4, "step_us": 6_000, "times_median": 6.0, "holds": "validation",
+                                       "known_from": "capture marks", "held_us": 5_000}]
+    assert f.severity == "info" and f.evidence["excess_us"] == 5_000
+
+
+def test_a_step_without_backward_among_training_steps_is_inferred_evaluation(tmp_path):
+    b = TraceBuilder()
+    t = 0
+    for s in range(6):
+        dur = 5_000 if s == 2 else 1_000
+        b.step(s, t, dur).op("aten::linear", t + 10, 100)
+        if s != 2:
+            b.op("autograd::engine::evaluate_function: AddmmBackward0", t + 200, 100, tid=200)
+        t += dur
+    (f,) = found(report_of(tmp_path, b), "outlier_steps")
+    (row,) = f.evidence["outliers"]
+    assert row["step"] == 2 and row["holds"] == "evaluation" and "inferred" in row["known_from"]
+
+
+def test_alike_steps_have_no_outliers(tmp_path):
+    b = TraceBuilder()
+    for s in range(6):
+        b.step(s, s * 1_000, 1_000 if s % 2 else 1_200).op("aten::linear", s * 1_000 + 10, 100)
+    rep = report_of(tmp_path, b)
+    assert not found(rep, "outlier_steps") and rep.ranks[0]["outliers"]["outlier_steps"] == 0
+
+
+# --- what the capture knows: a validation loader's waits are not the training loop's --------------
+def marked_trace(tmp_path, manifest_roles=None):
+    """Training steps of 1 ms, each waiting 100 us for the training loader (0); step 3 also runs a validation pass
+    of 5 batches from loader 1, each waiting 900 us (the capture marks each wait with its loader and role)."""
+    import json
+
+    b = TraceBuilder()
+    t = 0
+    for s in range(6):
+        dur = 6_000 if s == 3 else 1_000
+        b.step(s, t, dur)
+        b.op("kinetoscope::data_wait", t, 100, cat="kinetoscope", loader=0, role="train", batch=s)
+        b.loader(t, 100)
+        b.op("aten::linear", t + 150, 500)
+        b.op("autograd::engine::evaluate_function: AddmmBackward0", t + 700, 200, tid=200)
+        if s == 3:
+            b.op("kinetoscope::validation", t + 950, 5_000, cat="kinetoscope", module="Net", batches=5, loader=1)
+            for k in range(5):
+                v = t + 950 + k * 1_000
+                b.op("kinetoscope::data_wait", v, 900, cat="kinetoscope", loader=1, role="eval", batch=k)
+                b.loader(v, 900)
+                b.op("aten::linear", v + 900, 90)
+        t += dur
+    b.write(tmp_path / "rank-0.step-0-5.pt.trace.json")
+    if manifest_roles is not None:
+        (tmp_path / "rank-0.manifest.json").write_text(json.dumps({"manifest_version": 2, "rank": 0, "loop": {
+            "marks": 1, "recorded": ["data_wait", "validation"],
+            "loaders": [{"loader": k, "role": r} for k, r in manifest_roles.items()]}}))
+    return tmp_path
+
+
+def test_a_validation_loaders_waits_are_not_the_training_loops(tmp_path):
+    """Was: a slow validation loader's waits became the training loop's critical 'waits 348.6 ms per step'."""
+    from kinetoscope.analyze.ingest.loader import load_trace
+
+    rep = build_report(load_trace(marked_trace(tmp_path)))
+    loader = rep.ranks[0]["loader"]
+    assert loader["time_us"] == 6 * 100 and loader["eval_loader_wait_us"] == 5 * 900
+    (stall,) = found(rep, "loader_stall")  # the training loader's 600 us of the 11 ms window: worth nothing
+    assert stall.evidence["loader_time_us"] == 600 and stall.severity == "info"
+    (f,) = found(rep, "outlier_steps")
+    assert f.evidence["outliers"][0]["holds"] == "validation"
+
+
+def test_the_manifests_final_role_wins_over_the_marks(tmp_path):
+    """A loader whose role the capture settled only at the run's end (the marks said 'eval', the manifest 'train')
+    is the training loader."""
+    from kinetoscope.analyze.ingest.loader import load_trace
+
+    rep = build_report(load_trace(marked_trace(tmp_path, manifest_roles={0: "train", 1: "train"})))
+    assert rep.ranks[0]["loader"]["time_us"] == 6 * 100 + 5 * 900
+
+
+def test_validation_over_the_run_is_said_with_how_often_and_its_share(tmp_path):
+    """'validation every 10 steps: 1.35 s, 46% of the run', never a training data wait."""
+    import json
+
+    workers_trace(tmp_path, 100)
+    n = 30
+    wall = [100_000_000] * n
+    validation = [0] * n
+    for s in (9, 19, 29):
+        wall[s] += 1_350_000_000
+        validation[s] = 1_350_000_000
+    (tmp_path / "rank-0.steps.json").write_text(json.dumps({
+        "rank": 0, "unit": "ns", "step_wall_ns": wall, "data_wait_ns": [100_000] * n, "profiled": [True] * n,
+        "train_data_wait_ns": [100_000] * n, "eval_data_wait_ns": [0] * n, "validation_ns": validation}))
+    rep = build_report(__import__("kinetoscope.analyze.ingest.loader", fromlist=["load_trace"]).load_trace(tmp_path))
+    (f,) = found(rep, "outlier_steps")
+    v = f.evidence["run"]["validation"]
+    # 3 x 1.35 s of the run's 3 s + 4.05 s
+    assert v == {"steps_with": 3, "total_us": 4_050_000, "fraction_of_run": round(4.05 / 7.05, 4), "every_steps": 10,
+                 "mean_us": 1_350_000}
+    assert "validation every 10 steps, 3 time(s), 1,350.0 ms each: 57% of the run" in f.title
+    assert rep.ranks[0]["loader"]["run"]["validation_us"] == 4_050_000
+
+
+def test_a_ranks_wait_for_a_straggler_is_not_exposure_overlap_can_hide(tmp_path):
+    """Was: the ranks waiting for a straggler at each all-reduce read its wait as exposed communication, critical.
+    Rank 2 arrives 300 us late at each of 5 all-reduces of 1 ms: the others' 1.5 ms of waiting is left out."""
+    from tracebuilder import straggler_job
+
+    from kinetoscope.analyze.ingest.loader import load_trace
+
+    straggler_job(tmp_path / "job", slow=2, n=4)
+    rep = build_report(load_trace(tmp_path / "job"))
+    exposed = {f.rank: f for f in found(rep, "exposed_comm")}
+    assert exposed[0].evidence["waiting_for_other_ranks_us"] == 1_500
+    assert exposed[0].evidence["exposed_including_waits_us"] == 5_000 and exposed[0].evidence["exposed_us"] == 3_500
+    assert exposed[2].evidence["exposed_us"] == 3_500 and "waiting_for_other_ranks_us" not in exposed[2].evidence
+    assert rep.worst_rank == 2  # among findings as severe, the straggler's rank
