@@ -31,6 +31,22 @@ def sidebar(page) -> str:
     return page.locator("[data-testid=stSidebar]").inner_text()
 
 
+def test_a_folder_of_unrelated_traces_is_asked_about_and_opens_as_runs(app, page):
+    """Issue 29's acceptance asks for this one in a real browser (item 4), beside AppTest's copy: the sidebar's
+    question and the runs it opens, as a user clicks them."""
+    page.goto(app)
+    page.get_by_text("Findings (").first.wait_for(timeout=120_000)
+    settled(page)
+    assert "4 of the 4 files name no rank" in sidebar(page)
+    page.locator("[data-testid=stSidebar] [data-testid=stRadioOption]").filter(has_text="separate runs").click()
+    page.get_by_text("bert.json · 1 rank").first.wait_for(timeout=60_000)
+    settled(page)
+    main = page.locator("[data-testid=stMain]").inner_text()
+    assert "bert.json · 1 rank" in main and "of 4" not in main
+    choose(page, "Run", "vit.json")
+    page.get_by_text("vit.json · 1 rank").first.wait_for(timeout=60_000)
+
+
 def test_a_job_missing_a_rank_says_so_on_every_page_and_claims_no_straggler(app, page):
     page.goto(app)
     page.get_by_text("Findings (").first.wait_for(timeout=120_000)
