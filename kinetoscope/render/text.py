@@ -18,7 +18,7 @@ def render_text(report: Report) -> str:
     if report.findings:
         out.append(f"Findings ({len(report.findings)}), most severe first:")
         for f in report.findings:
-            out.append(f"  [{_MARK[f.severity]}] rank {f.rank}: {f.title}  ({f.id})")
+            out.append(f"  [{_MARK[f.severity]}] {'job' if f.rank is None else f'rank {f.rank}'}: {f.title}  ({f.id})")
             out.append(f"      fix: {f.recommendation}")
             line = worth(f.estimate)
             if line:

@@ -33,6 +33,7 @@ NATURE: dict[str, Nature] = {  # the report's finding ids, each once
     "zero_grad_missing": "correctness",
     "optimizer_step_mismatch": "correctness",
     "no_backward": "correctness",
+    "hang": "correctness",
     "gpu_activity_missing": "information",
     "memory_inconclusive": "information",
     "outlier_steps": "information",
