@@ -210,6 +210,13 @@ def test_the_watchdog_writes_a_dump_when_no_step_ends(tmp_path):
     watch.start()
     try:
         doc = _wait_for(tmp_path / "rank-0.hang.json")
+        deadline = time.monotonic() + 120
+        while watch._stall_written != (3,):
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        # a SIGTERM or an error in the same stall finds the job coming apart: the stall's dump stays
+        watch.dump("SIGTERM")
+        assert json.loads((tmp_path / "rank-0.hang.json").read_text())["reason"] == "watchdog"
     finally:
         watch.stop()
     assert doc["reason"] == "watchdog" and doc["steps_ended"] == 3 and doc["timeout_s"] == 0.2

@@ -98,6 +98,8 @@ class HangWatch:
         self._dumped_at_step: int | None = -1  # the stall already written (its step count): once per stall
         self.sigterm_dumped = threading.Event()
         self._terminating_here = False
+        #: (steps ended,) when the watchdog wrote the stall in progress
+        self._stall_written: tuple[int | None] | None = None
         self.owns_sigterm = False
 
     # --- lifecycle ---------------------------------------------------------------------------------------
@@ -221,18 +223,25 @@ class HangWatch:
         since = (time.perf_counter_ns() - (last_ns if last_ns is not None else self._started_ns)) / 1e9
         if since < timeout:
             self._dumped_at_step = -1
+            self._stall_written = None
             return
         if self._dumped_at_step == steps:
             return  # this stall is written
         self._dumped_at_step = steps
-        self.dump("watchdog", timeout_s=timeout)
+        if self.dump("watchdog", timeout_s=timeout) is not None:
+            self._stall_written = (steps,)
 
     # --- the dump ------------------------------------------------------------------------------------------
     def dump(self, reason: str, *, exc: BaseException | None = None, timeout_s: float | None = None) -> Path | None:
         """Write ``rank-<r>.hang.json`` (write and rename); never raises. Only in a process that trains: one that
         made a process group or ended a step (a launcher such as torchrun does neither)."""
-        if self.progress()[0] is None and not _in_process_group():
+        steps = self.progress()[0]
+        if steps is None and not _in_process_group():
             return None
+        if reason in ("SIGTERM", "exception") and self._stall_written == (steps,):
+            # the watchdog wrote this stall while the ranks still waited; what a SIGTERM or an error finds now is the
+            # job coming apart (a peer gone completes the others' collectives with an error): that dump stays
+            return self.out_dir / hang_dump_name(_rank())
         try:
             with self._lock:
                 return self._write(self._build(reason, exc, timeout_s))
@@ -280,6 +289,12 @@ class HangWatch:
         path = self.out_dir / hang_dump_name(dump.rank)
         atomic_write(path, data)
         return path
+
+
+def _rank() -> int:
+    from kinetoscope.capture.dist import rank_info
+
+    return rank_info().rank
 
 
 def _in_process_group() -> bool:
