@@ -157,6 +157,13 @@ def test_analyze_a_directory_of_dumps_alone(tmp_path):
     doc = json.loads(proc.stdout)
     assert doc["findings"][0]["id"] == "hang" and doc["findings"][0]["nature"] == "correctness"
     assert doc["findings"][0]["evidence"]["stuck_ranks"] == [1]
+    text = subprocess.run([sys.executable, "-m", "kinetoscope.cli", "analyze", str(out)],
+                          capture_output=True, text=True, timeout=300).stdout
+    assert "  [CRITICAL] job: Hang at collective #4 (all_reduce[[4, 3]]) of process group 0: rank 1 never entered it" in text
+    assert "Hang: process group 0, collective #4 (expected all_reduce[[4, 3]])" in text
+    assert "  missing    ranks 1\n  waiting    ranks 0, 2, 3\n" in text
+    assert ("  rank 1: entered #3 all_reduce[[4, 3]] completed; last completed #3 all_reduce[[4, 3]] completed; "
+            "in step (train.py:41) (watchdog, 7 steps)") in text
 
 
 def test_a_pickled_dump_is_refused_in_one_line(tmp_path):
@@ -248,3 +255,26 @@ def test_a_process_that_never_trained_writes_no_dump(tmp_path):
 
     watch = HangWatch(tmp_path, lambda: (None, None, []), timeout_s=0)
     assert watch.dump("SIGUSR1") is None and not list(tmp_path.iterdir())
+
+
+def test_a_profiler_gone_at_the_runs_end_is_no_new_stall(tmp_path):
+    """While the run finishes (capture's SIGTERM handler stops the profiler) the step clock is gone: the watchdog
+    must not take that for a stall and replace the dump written at the hang."""
+    dist = pytest.importorskip("torch.distributed")
+    from kinetoscope.capture.hangwatch import HangWatch
+
+    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())  # a rank: it may write dumps
+    try:
+        long_ago = time.perf_counter_ns() - 60 * 10**9
+        state = {"progress": (4, long_ago, [1_000_000])}
+        watch = HangWatch(tmp_path, lambda: state["progress"], timeout_s=1.0)
+        watch._started_ns = long_ago  # started long before: without steps, its own start is the clock
+        watch._check_progress()
+        assert json.loads((tmp_path / "rank-0.hang.json").read_text())["steps_ended"] == 4
+        state["progress"] = (None, None, [])
+        (tmp_path / "rank-0.hang.json").unlink()
+        watch._check_progress()
+        assert not (tmp_path / "rank-0.hang.json").exists()
+        assert watch.dump("SIGUSR1") is not None  # a rank in a process group writes before its first step too
+    finally:
+        dist.destroy_process_group()

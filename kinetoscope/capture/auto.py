@@ -66,12 +66,12 @@ def install(config_json: str) -> None:
 def _arm_hang_watch() -> None:
     """The flight recorder on, and the watchdog started (``hangwatch``): before the script makes its process group."""
     try:
-        from kinetoscope.capture.hangwatch import HangWatch, arm_flight_recorder
+        from kinetoscope.capture.hangwatch import DEFAULT_FR_ENTRIES, HangWatch, arm_flight_recorder
 
         hang = _state["config"].get("hang") or {}
         if hang.get("off"):
             return
-        entries = arm_flight_recorder(int(hang.get("flight_recorder_entries", 0)))
+        entries = arm_flight_recorder(int(hang.get("flight_recorder_entries", DEFAULT_FR_ENTRIES)))
         watch = HangWatch(_state["config"]["out_dir"], _progress, timeout_s=hang.get("timeout_s"),
                           fr_entries=entries, terminating=lambda: bool(_state["terminating"]))
         watch.start()

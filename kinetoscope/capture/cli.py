@@ -44,9 +44,10 @@ def add_capture_command(sub: argparse._SubParsersAction) -> None:  # type: ignor
                         "no step ended for this long (default: the larger of 300 s and 20 median steps; 0: only on "
                         "SIGUSR1, SIGTERM or an exception)")
     p.add_argument("--flight-recorder-entries", type=int, default=2000, metavar="N",
-                   help="collectives torch's flight recorder keeps per rank (default 2000; 0: off, unless "
-                        "TORCH_FR_BUFFER_SIZE is set)")
-    p.add_argument("--no-hang-watch", action="store_true", help="no watchdog, no flight recorder, no hang dumps")
+                   help="collectives torch's flight recorder keeps per rank (default 2000; 0: off); a "
+                        "TORCH_FR_BUFFER_SIZE of your own wins")
+    p.add_argument("--no-hang-watch", action="store_true",
+                   help="no watchdog and no hang dumps (the flight recorder is left as torch sets it)")
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the training command")
     p.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
     p.set_defaults(func=run_capture)
@@ -88,7 +89,7 @@ def run_capture(args: argparse.Namespace) -> int:
     env["KINETOSCOPE_CAPTURE"] = json.dumps(config)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SITE_DIR), env.get("PYTHONPATH", "")) if p)
     env["KINETOSCOPE_CAPTURE_PARENT"] = str(os.getpid())  # the launched process is the one profiled
-    if not args.no_hang_watch and args.flight_recorder_entries and not (
+    if not args.no_hang_watch and not (
             "TORCH_FR_BUFFER_SIZE" in env or "TORCH_NCCL_TRACE_BUFFER_SIZE" in env):
         env["TORCH_FR_BUFFER_SIZE"] = str(args.flight_recorder_entries)  # read when a process group is made
     # Kineto prints "USDT: ... profiler_start/stop" to the training log at every window; set KINETO_LOG_LEVEL

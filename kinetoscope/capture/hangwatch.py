@@ -54,16 +54,15 @@ Progress = Callable[[], "tuple[int | None, int | None, list[int]]"]
 
 
 def arm_flight_recorder(entries: int) -> int | None:
-    """Turn torch's flight recorder on for the process groups made from now on (``entries`` > 0), unless the user
-    chose its size; gives the size in force (None: off or unknown)."""
+    """Size torch's flight recorder (``entries``; 0: off), unless the user chose its size; gives the size in force
+    (None: off or unknown). torch 2.13 keeps 2,000 entries when nothing is set, and reads the size when it records,
+    so this holds even after ``init_process_group`` (checked with gloo)."""
     for name in (FR_ENV, FR_ENV_OLD):
         chosen = os.environ.get(name)
         if chosen is not None:
             return int(chosen) if chosen.strip().isdigit() and int(chosen) > 0 else None
-    if entries <= 0:
-        return None
-    os.environ[FR_ENV] = str(entries)
-    return entries
+    os.environ[FR_ENV] = str(max(entries, 0))
+    return entries if entries > 0 else None
 
 
 def default_timeout_s(step_wall_ns: list[int]) -> float:
@@ -100,6 +99,7 @@ class HangWatch:
         self._terminating_here = False
         #: (steps ended,) when the watchdog wrote the stall in progress
         self._stall_written: tuple[int | None] | None = None
+        self._seen_steps = False
         self.owns_sigterm = False
 
     # --- lifecycle ---------------------------------------------------------------------------------------
@@ -217,6 +217,9 @@ class HangWatch:
 
     def _check_progress(self) -> None:
         steps, last_ns, walls = self.progress()
+        if steps is None and self._seen_steps:
+            return  # the profiler has gone (the run is finishing): no step clock, no stall to tell
+        self._seen_steps = self._seen_steps or steps is not None
         timeout = self.timeout_s if self.timeout_s is not None else default_timeout_s(walls)
         if not timeout:
             return

@@ -97,8 +97,7 @@ class Profiler:
     ``step_source``: what ends a step, for the manifest ("profiler_step": the script calls ``step()``).
     ``hang_watch``: start the hang watchdog (``hangwatch``: ``rank-<r>.hang.json`` when no step ends for
     ``hang_timeout_s``, None: the default rule, 0: on signals and exceptions only) and turn torch's flight recorder on
-    (``flight_recorder_entries``; it applies to process groups made after ``start()``: make the Profiler first, or
-    call ``hangwatch.arm_flight_recorder`` before ``init_process_group``).
+    (``flight_recorder_entries``, 0: off; torch reads it when it records, so after ``init_process_group`` too).
     """
 
     def __init__(
