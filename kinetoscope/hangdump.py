@@ -9,7 +9,7 @@ own JSON), the Python stacks of every thread, the step reached and the recent st
 
 from __future__ import annotations
 
-from typing import Any, Union
+from typing import Any
 
 import msgspec
 
@@ -26,16 +26,16 @@ class Frame(msgspec.Struct, kw_only=True):
     """One frame of a Python stack: the file, the line, the function and the line's text."""
 
     file: str
-    line: Union[int, None] = None
+    line: int | None = None
     function: str
-    code: Union[str, None] = None
+    code: str | None = None
 
 
 class ThreadStack(msgspec.Struct, kw_only=True):
     """A thread's stack when the dump was written, innermost frame first (at most ``MAX_FRAMES``)."""
 
     ident: int
-    name: Union[str, None] = None
+    name: str | None = None
     #: the thread that ran the training steps
     training: bool = False
     frames: list[Frame] = []
@@ -56,30 +56,30 @@ class HangDump(msgspec.Struct, kw_only=True):
 
     hang_dump_version: int = HANG_DUMP_VERSION
     rank: int
-    world_size: Union[int, None] = None
-    local_rank: Union[int, None] = None
+    world_size: int | None = None
+    local_rank: int | None = None
     pid: int
     #: what wrote it: "watchdog" (no step ended for ``timeout_s``), "SIGTERM", "SIGUSR1", "exception"
     reason: str
     written_unix_ns: int
     #: the watchdog's timeout in force; None: no watchdog (a signal or an exception wrote it)
-    timeout_s: Union[float, None] = None
+    timeout_s: float | None = None
     #: training steps ended so far; None: the capture saw no step boundary yet
-    steps_ended: Union[int, None] = None
+    steps_ended: int | None = None
     #: seconds since the last step ended (or since the watchdog started, before the first step)
     seconds_since_progress: float
     #: the last steps' wall times (ns), oldest first (at most ``MAX_STEP_TIMES``)
     recent_step_wall_ns: list[int] = []
-    median_step_ns: Union[int, None] = None
+    median_step_ns: int | None = None
     threads: list[ThreadStack] = []
     threads_omitted: int = 0
-    exception: Union[RaisedException, None] = None
+    exception: RaisedException | None = None
     #: torch's flight recorder, as ``torch._C._distributed_c10d._dump_fr_trace_json`` gives it; None: not read
-    flight_recorder: Union[dict[str, Any], None] = None
+    flight_recorder: dict[str, Any] | None = None
     #: why the flight recorder is missing or empty (no process group, recorder off, an error); None: read
-    flight_recorder_note: Union[str, None] = None
+    flight_recorder_note: str | None = None
     #: the recorder's capacity (entries) in force: TORCH_FR_BUFFER_SIZE; None: unknown
-    flight_recorder_entries: Union[int, None] = None
+    flight_recorder_entries: int | None = None
 
     def to_json(self) -> bytes:
         return msgspec.json.encode(self)

@@ -22,8 +22,9 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from kinetoscope.capture._safety import warn_once
 from kinetoscope.hangdump import (
@@ -332,7 +333,7 @@ def _flight_recorder() -> tuple[dict[str, Any] | None, str | None]:
     try:
         if not dist.is_available() or not dist.is_initialized():
             return None, "no process group"
-        from torch._C._distributed_c10d import _dump_fr_trace_json
+        from torch._C._distributed_c10d import _dump_fr_trace_json  # type: ignore[attr-defined]
 
         doc = json.loads(_dump_fr_trace_json(True, False))
     except Exception as exc:  # noqa: BLE001
