@@ -18,7 +18,13 @@ from kinetoscope.analyze.ingest.jobs import find_jobs
 from kinetoscope.analyze.ingest.loader import load_job
 from kinetoscope.analyze.report.builder import build_report
 from kinetoscope.errors import TraceSourceError
-from kinetoscope.hangdump import Frame, HangDump, RaisedException, ThreadStack, hang_dump_name
+from kinetoscope.hangdump import (
+    Frame,
+    HangDump,
+    RaisedException,
+    ThreadStack,
+    hang_dump_name,
+)
 
 USER = "/home/me/train.py"
 LIB = "/usr/lib/python3.11/threading.py"
@@ -278,3 +284,30 @@ def test_a_profiler_gone_at_the_runs_end_is_no_new_stall(tmp_path):
         assert watch.dump("SIGUSR1") is not None  # a rank in a process group writes before its first step too
     finally:
         dist.destroy_process_group()
+
+
+def test_batch_lands_a_hangs_table_and_one_bad_job_never_sinks_it(tmp_path):
+    pytest.importorskip("dask.distributed")
+    from kinetoscope.batch.discover import discover
+    from kinetoscope.batch.run import run_batch
+    from kinetoscope.batch.store import read_table
+
+    roots = tmp_path / "jobs"
+    _write(roots / "a", [dump(r, history(3, op="barrier", sizes=()) if r == 3 else history(3, op="all_reduce"))
+                         for r in range(4)])
+    _write(roots / "b", [dump(r, history(5), reason="SIGUSR1") for r in range(4)])  # in step: no hang
+    bad = _write(roots / "c", [dump(0, history(2))])
+    (bad / "rank-1.hang.json").write_bytes(b"\x80\x04\x95")
+    assert [(Path(j.name).name, len(j.files), len(j.hang_dumps)) for j in discover([roots])] == \
+        [("a", 0, 4), ("b", 0, 4), ("c", 0, 2)]
+    run_batch([roots], tmp_path / "store", workers=1)
+    hangs = read_table(tmp_path / "store", "hangs").sort_values("job")
+    assert [Path(j).name for j in hangs["job"]] == ["a", "b", "c"]
+    assert list(hangs["status"]) == ["ok", "ok", "failed"]
+    assert "never unpickles" in hangs["error"].iloc[2]
+    a = hangs.iloc[0]
+    assert (a["hung"], a["process_group"], a["seq"], a["op"]) == (True, "0", 4, "all_reduce[[4, 3]]")
+    assert (list(a["stuck_ranks"]), list(a["mismatched_ranks"]), list(a["waiting_ranks"])) == ([3], [3], [0, 1, 2])
+    assert hangs.iloc[1]["hung"] == False  # noqa: E712 - a numpy bool
+    findings = read_table(tmp_path / "store", "findings")
+    assert list(findings["id"]) == ["hang"] and Path(findings["job"].iloc[0]).name == "a"
