@@ -311,3 +311,18 @@ def test_batch_lands_a_hangs_table_and_one_bad_job_never_sinks_it(tmp_path):
     assert hangs.iloc[1]["hung"] == False  # noqa: E712 - a numpy bool
     findings = read_table(tmp_path / "store", "findings")
     assert list(findings["id"]) == ["hang"] and Path(findings["job"].iloc[0]).name == "a"
+
+
+def test_before_the_first_step_start_up_is_never_a_stall_before_the_floor(tmp_path, monkeypatch):
+    """A loaded host can take longer than a short --hang-timeout to import and set up: a dump then would stand for
+    the hang later. Before the first step ends the timeout is at least HANG_FLOOR_S."""
+    from kinetoscope.capture import hangwatch
+
+    monkeypatch.setattr(hangwatch, "_in_process_group", lambda: True)  # a rank, before its first step
+    watch = hangwatch.HangWatch(tmp_path, lambda: (None, None, []), timeout_s=1.0)
+    watch._started_ns = time.perf_counter_ns() - int((hangwatch.HANG_FLOOR_S - 10) * 1e9)
+    watch._check_progress()
+    assert not (tmp_path / "rank-0.hang.json").exists()
+    watch._started_ns = time.perf_counter_ns() - int((hangwatch.HANG_FLOOR_S + 10) * 1e9)
+    watch._check_progress()
+    assert json.loads((tmp_path / "rank-0.hang.json").read_text())["steps_ended"] is None

@@ -41,8 +41,8 @@ def add_capture_command(sub: argparse._SubParsersAction) -> None:  # type: ignor
     p.add_argument("--no-telemetry", action="store_true", help="do not sample GPU telemetry through NVML")
     p.add_argument("--hang-timeout", type=float, default=None, metavar="SECONDS",
                    help="write each rank's hang dump (rank-<r>.hang.json: flight recorder, Python stacks, steps) when "
-                        "no step ended for this long (default: the larger of 300 s and 20 median steps; 0: only on "
-                        "SIGUSR1, SIGTERM or an exception)")
+                        "no step ended for this long (default: the larger of 300 s and 20 median steps; before the "
+                        "first step, at least 300 s; 0: only on SIGUSR1, SIGTERM or an exception)")
     p.add_argument("--flight-recorder-entries", type=int, default=2000, metavar="N",
                    help="collectives torch's flight recorder keeps per rank (default 2000; 0: off); a "
                         "TORCH_FR_BUFFER_SIZE of your own wins")

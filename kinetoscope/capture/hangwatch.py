@@ -2,7 +2,8 @@
 ``rank-<r>.hang.json`` (``kinetoscope.hangdump``) when the job stops moving.
 
 The watchdog is one daemon thread. It writes the dump when no step has ended for the hang timeout (default: the
-larger of ``HANG_FLOOR_S`` and ``STEP_MULTIPLE`` times the median of the last steps), on SIGUSR1 (on demand), on
+larger of ``HANG_FLOOR_S`` and ``STEP_MULTIPLE`` times the median of the last steps; before the first step ends, at
+least ``HANG_FLOOR_S``: start-up is slow on a loaded host), on SIGUSR1 (on demand), on
 SIGTERM (a launcher stopping the job) and when an exception ends the training thread; it never stops the job
 (on SIGTERM the process then ends as the signal would have). The training thread pays nothing between steps: the
 watchdog reads the step clock the profiler keeps anyway.
@@ -224,6 +225,8 @@ class HangWatch:
         timeout = self.timeout_s if self.timeout_s is not None else default_timeout_s(walls)
         if not timeout:
             return
+        if steps is None:  # start-up (imports, the first batches, compilation): never a stall before HANG_FLOOR_S
+            timeout = max(timeout, HANG_FLOOR_S)
         since = (time.perf_counter_ns() - (last_ns if last_ns is not None else self._started_ns)) / 1e9
         if since < timeout:
             self._dumped_at_step = -1
