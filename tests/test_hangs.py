@@ -326,3 +326,23 @@ def test_before_the_first_step_start_up_is_never_a_stall_before_the_floor(tmp_pa
     watch._started_ns = time.perf_counter_ns() - int((hangwatch.HANG_FLOOR_S + 10) * 1e9)
     watch._check_progress()
     assert json.loads((tmp_path / "rank-0.hang.json").read_text())["steps_ended"] is None
+
+
+def test_sigterm_is_left_alone_once_the_program_has_its_own_handler(tmp_path, monkeypatch):
+    """torchrun's launcher imports torch (capture installs, SIGTERM has its default action: capture's handler goes in),
+    then puts its own handler in: its SIGTERM is then its own, and the watchdog must neither dump nor end it."""
+    from kinetoscope.capture import hangwatch
+
+    ended = []
+    monkeypatch.setattr(hangwatch, "_end_as_sigterm", lambda: ended.append(True))
+    monkeypatch.setattr(hangwatch, "SIGTERM_GRACE_S", 0.05)
+    monkeypatch.setattr(hangwatch, "_in_process_group", lambda: True)
+    watch = hangwatch.HangWatch(tmp_path, lambda: (2, time.perf_counter_ns(), []), timeout_s=0,
+                                terminating=lambda: False)
+    watch.own_sigterm(lambda signum, frame: None)  # capture's, replaced since: SIGTERM here is SIG_DFL
+    watch._on_signal(signal.SIGTERM)
+    assert ended == [] and not (tmp_path / "rank-0.hang.json").exists()
+    mine = signal.getsignal(signal.SIGTERM)
+    watch.own_sigterm(mine)  # still the process's handler: dump, then end as SIGTERM would have
+    watch._on_signal(signal.SIGTERM)
+    assert ended == [True] and json.loads((tmp_path / "rank-0.hang.json").read_text())["reason"] == "SIGTERM"

@@ -324,7 +324,7 @@ def _on_crash_and_signals() -> None:
 
         signal.signal(signal.SIGTERM, on_term)
         if _state["watch"] is not None:
-            _state["watch"].own_sigterm()
+            _state["watch"].own_sigterm(on_term)
 
 
 def _finish() -> None:

@@ -103,6 +103,7 @@ class HangWatch:
         self._stall_written: tuple[int | None] | None = None
         self._seen_steps = False
         self.owns_sigterm = False
+        self._sigterm_handler: Any = None
 
     # --- lifecycle ---------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -154,9 +155,10 @@ class HangWatch:
             self._handlers[signal.SIGUSR1] = on_usr1
             self._previous_handlers[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, on_usr1)
 
-    def own_sigterm(self) -> None:
-        """The process's SIGTERM handler is capture's (it calls ``on_sigterm`` first)."""
+    def own_sigterm(self, handler: Any) -> None:
+        """``handler``, the process's SIGTERM handler, is capture's (it calls ``on_sigterm`` first)."""
         self.owns_sigterm = True
+        self._sigterm_handler = handler
 
     def take_sigterm(self) -> None:
         """Where SIGTERM has its default action (a ``Profiler`` in a script without a handler): a handler that
@@ -175,7 +177,7 @@ class HangWatch:
         self._terminating = lambda: self._terminating_here
         self._handlers[signal.SIGTERM] = on_term
         self._previous_handlers[signal.SIGTERM] = signal.signal(signal.SIGTERM, on_term)
-        self.owns_sigterm = True
+        self.own_sigterm(on_term)
 
     def on_sigterm(self) -> None:
         """Capture's SIGTERM handler, in the main thread: the dump written (by the watchdog, which heard the
@@ -208,6 +210,8 @@ class HangWatch:
         if signum == signal.SIGUSR1:
             self.dump("SIGUSR1")
         elif signum == signal.SIGTERM and self.owns_sigterm:
+            if signal.getsignal(signal.SIGTERM) is not self._sigterm_handler:
+                return  # the program put its own handler in since (torchrun's launcher does): its SIGTERM, not ours
             self.dump("SIGTERM")
             self.sigterm_dumped.set()
             deadline = time.monotonic() + SIGTERM_GRACE_S
