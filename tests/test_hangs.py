@@ -346,3 +346,23 @@ def test_sigterm_is_left_alone_once_the_program_has_its_own_handler(tmp_path, mo
     watch.own_sigterm(mine)  # still the process's handler: dump, then end as SIGTERM would have
     watch._on_signal(signal.SIGTERM)
     assert ended == [True] and json.loads((tmp_path / "rank-0.hang.json").read_text())["reason"] == "SIGTERM"
+
+
+def test_an_exceptions_dump_is_not_replaced_by_the_teardowns_sigterm(tmp_path, monkeypatch):
+    """The training thread raised (its dump says why); torchrun's SIGTERM then arrives while capture finishes the run
+    (no step clock any more): that dump would show nothing of the cause."""
+    from kinetoscope.capture import hangwatch
+
+    monkeypatch.setattr(hangwatch, "_in_process_group", lambda: True)
+    state = {"progress": (4, time.perf_counter_ns(), [1])}
+    watch = hangwatch.HangWatch(tmp_path, lambda: state["progress"], timeout_s=0)
+    try:
+        raise ValueError("bad batch")
+    except ValueError as exc:
+        watch.dump("exception", exc=exc)
+    state["progress"] = (None, None, [])
+    watch.dump("SIGTERM")
+    doc = json.loads((tmp_path / "rank-0.hang.json").read_text())
+    assert doc["reason"] == "exception" and doc["exception"]["type"] == "ValueError" and doc["steps_ended"] == 4
+    watch.dump("SIGUSR1")  # asked for by hand: always written
+    assert json.loads((tmp_path / "rank-0.hang.json").read_text())["reason"] == "SIGUSR1"

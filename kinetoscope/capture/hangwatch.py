@@ -102,6 +102,8 @@ class HangWatch:
         #: (steps ended,) when the watchdog wrote the stall in progress
         self._stall_written: tuple[int | None] | None = None
         self._seen_steps = False
+        self._written = False
+        self._exception_written = False
         self.owns_sigterm = False
         self._sigterm_handler: Any = None
 
@@ -249,13 +251,19 @@ class HangWatch:
         steps = self.progress()[0]
         if steps is None and not _in_process_group():
             return None
-        if reason in ("SIGTERM", "exception") and self._stall_written == (steps,):
-            # the watchdog wrote this stall while the ranks still waited; what a SIGTERM or an error finds now is the
-            # job coming apart (a peer gone completes the others' collectives with an error): that dump stays
+        if reason != "SIGUSR1" and (self._stall_written == (steps,) or self._exception_written
+                                    or (steps is None and self._seen_steps and self._written)):
+            # what a SIGTERM or an error finds after the watchdog wrote the stall, after the training thread raised,
+            # or while the run finishes (no step clock any more), is the job coming apart (a peer gone completes the
+            # others' collectives with an error): the dump already written stays
             return self.out_dir / hang_dump_name(_rank())
+        self._seen_steps = self._seen_steps or steps is not None
         try:
             with self._lock:
-                return self._write(self._build(reason, exc, timeout_s))
+                path = self._write(self._build(reason, exc, timeout_s))
+            self._written = True
+            self._exception_written = self._exception_written or reason == "exception"
+            return path
         except Exception as error:  # noqa: BLE001
             warn_once("hang dump", f"could not write a hang dump ({type(error).__name__}: {error}); training continues")
             return None
