@@ -366,3 +366,14 @@ def test_an_exceptions_dump_is_not_replaced_by_the_teardowns_sigterm(tmp_path, m
     assert doc["reason"] == "exception" and doc["exception"]["type"] == "ValueError" and doc["steps_ended"] == 4
     watch.dump("SIGUSR1")  # asked for by hand: always written
     assert json.loads((tmp_path / "rank-0.hang.json").read_text())["reason"] == "SIGUSR1"
+
+
+def test_where_the_only_other_rank_left_no_dump_the_rank_that_raised_is_named():
+    """2 ranks, sizes differ: gloo aborts rank 0 (no dump); rank 1's all_reduce #3 of [5] raises."""
+    exc = RaisedException(type="RuntimeError", message="Connection reset by peer",
+                          frames=[Frame(file=USER, line=34, function="<module>")])
+    f = diagnose((dump(1, history(2, sizes=((5,),)), world=2, reason="exception", exc=exc),))[1]
+    ev = f.evidence
+    assert (ev["seq"], ev["unknown_ranks"], ev["ranks_without_dump"], ev["waiting_ranks"]) == (3, [0], [0], [1])
+    assert ev["stuck_ranks"] == [1] and ev["stuck"][0]["why"] == "raised"
+    assert "rank 0 left no record of it" in f.title and f.recommendation.startswith("the ranks without a dump")

@@ -213,14 +213,17 @@ def diagnose(dumps: tuple[HangDump, ...]) -> tuple[dict[str, Any], Finding | Non
         "raised_ranks": raised,
         "other_groups": [{"process_group": d.group, "seq": d.seq} for d in found[1:]],
     }
-    stuck = sorted(set(evidence["missing_ranks"]) | set(evidence["mismatched_ranks"])) if first else raised
+    # the ranks that parted from the others; where the recorders show none (the others left no dump, or every rank
+    # entered and it never completed), those that raised
+    stuck = sorted(set(evidence["missing_ranks"]) | set(evidence["mismatched_ranks"])) or raised
     evidence["stuck_ranks"] = stuck
     by_rank = {e["rank"]: e for e in per_rank}
     if first is not None:
         for r, e in by_rank.items():
             e["at_seq"] = _collective(first.entries.get(r))
     evidence["stuck"] = [{"rank": r, "why": ("never entered it" if r in evidence["missing_ranks"] else
-                                             "entered another collective" if first else "raised"),
+                                             "entered another collective" if r in evidence["mismatched_ranks"]
+                                             else "raised"),
                           "where": (by_rank.get(r) or {}).get("where"), "exception": (by_rank.get(r) or {}).get("exception"),
                           "frames": (by_rank.get(r) or {}).get("frames")} for r in stuck]
     evidence["per_rank"] = per_rank
@@ -253,6 +256,9 @@ def _title(first: Divergence | None, stuck: list[int], by_rank: dict[int, dict[s
         others = {_describe(_signature(first.entries[r])) for r in first.mismatched}
         parts.append(f"rank{'s' if len(first.mismatched) > 1 else ''} {', '.join(map(str, first.mismatched))} "
                      f"entered {', '.join(sorted(others))} instead")
+    if first.unknown:
+        parts.append(f"rank{'s' if len(first.unknown) > 1 else ''} {', '.join(map(str, first.unknown))} left no "
+                     f"record of it (no dump: ended without one, e.g. aborted)")
     if not parts:
         parts.append("every rank entered it and it never completed")
     where = "; ".join(f"rank {r} {_where_text(by_rank.get(r))}" for r in stuck[:4])
@@ -260,6 +266,10 @@ def _title(first: Divergence | None, stuck: list[int], by_rank: dict[int, dict[s
 
 
 def _advice(first: Divergence | None, stuck: list[int], by_rank: dict[int, dict[str, Any]]) -> str:
+    if first is not None and first.unknown and not first.missing and not first.mismatched:
+        return ("the ranks without a dump ended without writing one (an abort: gloo stops a rank sent a larger message "
+                "than it expects, i.e. sizes that differ across ranks): read their logs; the others' errors follow "
+                "from it")
     if first is not None and first.mismatched:
         return ("every rank must call the same collectives in the same order with the same sizes and dtypes: find "
                 "the branch that differs on the mismatched ranks (their stacks are in the evidence)")

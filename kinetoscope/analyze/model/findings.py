@@ -106,5 +106,7 @@ def saving_us(f: Finding) -> float:
 
 
 def rank_findings(findings: list[Finding]) -> list[Finding]:
-    """Most severe first, then the largest saving per step from fixing it, then the largest measured cost."""
-    return sorted(findings, key=lambda f: (SEVERITY_ORDER[f.severity], -saving_us(f), -f.impact_us, f.rank or 0, f.id))
+    """Most severe first (a hang before all: the job stopped), then the largest saving per step from fixing it, then the
+    largest measured cost."""
+    return sorted(findings, key=lambda f: (SEVERITY_ORDER[f.severity], f.id != "hang", -saving_us(f), -f.impact_us,
+                                           f.rank or 0, f.id))
