@@ -22,6 +22,7 @@ import pandas as pd
 
 from kinetoscope.analyze.ingest import scan
 from kinetoscope.analyze.ingest.build import build_rank_trace
+from kinetoscope.analyze.ingest.hangs import read_hang_dumps
 from kinetoscope.analyze.ingest.jobs import (
     SIDECAR_SUFFIXES,
     TRACE_SUFFIXES,
@@ -32,7 +33,6 @@ from kinetoscope.analyze.ingest.jobs import (
     rank_from_name,
     resolve,
 )
-from kinetoscope.analyze.ingest.hangs import read_hang_dumps
 from kinetoscope.analyze.ingest.limits import (
     DEFAULT_LIMITS,
     GZIP_RATIO_AFTER_BYTES,
