@@ -65,17 +65,20 @@ def write_job(job: Path, data: bytes, ranks: int) -> None:
         (job / hang_dump_name(r)).write_bytes(dump.to_json())
 
 
-def analyse(job: Path) -> tuple[float, int, dict]:
+def analyse(job: Path, *, traced: bool = False) -> tuple[float, int, dict]:
+    """Seconds (``traced``: under tracemalloc, which slows Python down; for the peak only), peak bytes, the result."""
     from kinetoscope.analyze.ingest.jobs import find_jobs
     from kinetoscope.analyze.ingest.loader import load_job
     from kinetoscope.analyze.report.builder import build_report
 
-    tracemalloc.start()
+    if traced:
+        tracemalloc.start()
     t0 = time.perf_counter()
     report = build_report(load_job(find_jobs(job)[0]))
     took = time.perf_counter() - t0
-    peak = tracemalloc.get_traced_memory()[1]
-    tracemalloc.stop()
+    peak = tracemalloc.get_traced_memory()[1] if traced else 0
+    if traced:
+        tracemalloc.stop()
     return took, peak, report.job["hang"]
 
 
@@ -96,9 +99,9 @@ def main() -> None:
         analyse(job)  # imports
         runs = [analyse(job) for _ in range(args.runs)]
         times = [t for t, _, _ in runs]
+        peak = analyse(job, traced=True)[1]
         print(f"analysis of {args.ranks} ranks x {args.entries} entries: median {statistics.median(times):.3f} s "
-              f"(min {min(times):.3f}, max {max(times):.3f}), peak Python memory "
-              f"{max(p for _, p, _ in runs) / 2**20:.1f} MiB")
+              f"(min {min(times):.3f}, max {max(times):.3f}), peak Python memory {peak / 2**20:.1f} MiB")
         hang = runs[0][2]
         print(f"diagnosis: seq {hang['seq']}, missing {hang['missing_ranks']}, waiting {hang['waiting_ranks']}")
 
