@@ -8,6 +8,7 @@ from pathlib import Path
 
 from kinetoscope.analyze.ingest.loader import Job, is_trace_file
 from kinetoscope.errors import TraceSourceError
+from kinetoscope.hangdump import HANG_SUFFIX
 
 _RANK = re.compile(r"rank[-_]?\d+", re.IGNORECASE)
 
@@ -41,10 +42,18 @@ def discover(roots: list[str | os.PathLike[str]]) -> list[Job]:
                     jobs.append(Job(str(path), (path,)))
                 else:
                     groups.setdefault(key, []).append(path)
+            dumps = tuple(here / n for n in sorted(files) if n.endswith(HANG_SUFFIX) and not n.startswith("."))
+            found: list[Job] = []
             for key, paths in sorted(groups.items()):
                 if len(paths) == 1:
                     name = str(paths[0])
                 else:
                     name = str(here) if len(groups) == 1 else str(here / key)
-                jobs.append(Job(name, tuple(paths)))
+                found.append(Job(name, tuple(paths)))
+            if dumps:  # a folder's hang dumps go with its (last) job of rank files, or make a job of their own
+                if found:
+                    found[-1] = Job(found[-1].name, found[-1].files, dumps)
+                else:
+                    found.append(Job(str(here), (), dumps))
+            jobs.extend(found)
     return jobs

@@ -125,6 +125,7 @@ def run_batch(
             if on_result is not None:
                 on_result(row)
         _cross_rank(root, jobs, rows_by_job, config)
+        _hangs(root, jobs, config, limits)
     finally:
         if owned is not None:
             client.close()
@@ -177,6 +178,41 @@ def _cross_rank(root: Path, jobs: list[Job], rows_by_job: dict[str, list[dict[st
             "straggler_cause": finding.evidence["cause"] if finding is not None else None,
             "straggler_wait_us_per_step": finding.evidence["others_wait_us_per_step"] if finding is not None else None,
             "max_abs_clock_skew_us": max(skews) if skews else None, "reduce_s": reduce_s}])
+
+
+def _hangs(root: Path, jobs: list[Job], config: AnalysisConfig, limits: LoadLimits) -> None:
+    """Each job's hang dumps (small JSON files, read here), diagnosed by the registry's ``hang`` analyzer: a row of
+    the ``hangs`` table and, where it hung, its finding. Dumps that cannot be read (a pickle) are a failed row."""
+    from kinetoscope.analyze.ingest.hangs import read_hang_dumps
+    from kinetoscope.analyze.model.trace import Trace
+    from kinetoscope.errors import KinetoscopeError
+
+    for job in jobs:
+        if not job.hang_dumps:
+            continue
+        key = _job_key(job)
+        row: dict[str, Any] = {"key": key, "job": job.name, "dumps": len(job.hang_dumps)}
+        try:
+            dumps = read_hang_dumps(job.hang_dumps, limits)
+        except KinetoscopeError as exc:
+            write_rows(root, "hangs", key, [{**row, "status": "failed", "error": str(exc)}])
+            continue
+        result = analyzer("hang").fn(Trace(source=job.name, ranks=(), hang_dumps=dumps), config)
+        finding = result.findings[0] if result.findings else None
+        m = result.metrics
+        write_rows(root, "hangs", key, [{
+            **row, "status": "ok", "error": None, "hung": finding is not None,
+            "process_group": m.get("process_group"), "seq": m.get("seq"), "op": m.get("expected_op"),
+            "stuck_ranks": m.get("stuck_ranks"), "missing_ranks": m.get("missing_ranks"),
+            "mismatched_ranks": m.get("mismatched_ranks"), "waiting_ranks": m.get("waiting_ranks"),
+            "ranks_without_dump": m.get("ranks_without_dump"), "cause": finding.title if finding is not None else None}])
+        if finding is not None:
+            existing = read_rows(root, "findings", key) or []
+            write_rows(root, "findings", key, [r for r in existing if r["id"] != "hang"] + [{
+                "key": key, "job": job.name, "path": job.name, "rank": None, "id": "hang", "severity": finding.severity,
+                "title": finding.title, "impact_us": finding.impact_us,
+                "evidence_json": json.dumps(finding.evidence, default=str), "saving_us_per_step": None,
+                "step_us_after": None, "estimate_json": None}])
 
 
 def _top_findings(root: Path) -> list[tuple[str, int]]:

@@ -11,6 +11,8 @@ Layout (query with DuckDB: ``SELECT * FROM read_parquet('STORE/traces/*.parquet'
                                        the rank it waited for, straggler and cause
     STORE/jobs/job-<key>.parquet       per multi-rank job: matched collectives, the straggler and its cause, the
                                        most waited-for rank, the largest clock skew
+    STORE/hangs/job-<key>.parquet      per job with hang dumps (rank-<r>.hang.json): where it stopped (process group,
+                                       sequence number, op), the stuck, missing, mismatched and waiting ranks, why
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from kinetoscope.errors import TraceSourceError
 from kinetoscope.fsutil import atomic_target, atomic_write
 
 STORE_KIND = "kinetoscope-store"
-TABLES = ("traces", "findings", "steps", "summaries", "job_ranks", "jobs")
+TABLES = ("traces", "findings", "steps", "summaries", "job_ranks", "jobs", "hangs")
 
 SCHEMAS: dict[str, pa.Schema] = {
     "traces": pa.schema([
@@ -74,6 +76,14 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("most_waited_for_rank", pa.int64()), ("straggler_rank", pa.int64()), ("straggler_cause", pa.string()),
         ("straggler_wait_us_per_step", pa.float64()), ("max_abs_clock_skew_us", pa.float64()),
         ("reduce_s", pa.float64()),
+    ]),
+    # one row per job with hang dumps: the hang analyzer's diagnosis (status failed: the dumps could not be read)
+    "hangs": pa.schema([
+        ("key", pa.string()), ("job", pa.string()), ("status", pa.string()), ("error", pa.string()),
+        ("dumps", pa.int64()), ("hung", pa.bool_()), ("process_group", pa.string()), ("seq", pa.int64()),
+        ("op", pa.string()), ("stuck_ranks", pa.list_(pa.int64())), ("missing_ranks", pa.list_(pa.int64())),
+        ("mismatched_ranks", pa.list_(pa.int64())), ("waiting_ranks", pa.list_(pa.int64())),
+        ("ranks_without_dump", pa.list_(pa.int64())), ("cause", pa.string()),
     ]),
 }
 

@@ -37,7 +37,7 @@ SOURCES = ("marker", "optimizer", "dataloader", "backward")
 
 _state: dict[str, Any] = {"profiler": None, "optimizer": None, "source": None, "config": None,
                           "disabled": False, "crashed": None, "pid": None, "loop": None,
-                          "profiled": False, "terminating": False, "atexit": False}
+                          "profiled": False, "terminating": False, "atexit": False, "watch": None}
 
 #: which processes capture may profile: the one whose parent's pid this names (``kinetoscope capture`` sets
 #: it to its own; a process that installs capture sets it to its own for its children, so torchrun's
@@ -57,9 +57,41 @@ def install(config_json: str) -> None:
     loop.attach(_LISTENER)
     _state["loop"] = loop
     _watch_other_profilers(torch)
+    _arm_hang_watch()
     _on_crash_and_signals()
     _hook_exec()
     status(torch=True)
+
+
+def _arm_hang_watch() -> None:
+    """The flight recorder on, and the watchdog started (``hangwatch``): before the script makes its process group."""
+    try:
+        from kinetoscope.capture.hangwatch import DEFAULT_FR_ENTRIES, HangWatch, arm_flight_recorder
+
+        hang = _state["config"].get("hang") or {}
+        if hang.get("off"):
+            return
+        entries = arm_flight_recorder(int(hang.get("flight_recorder_entries", DEFAULT_FR_ENTRIES)))
+        watch = HangWatch(_state["config"]["out_dir"], _progress, timeout_s=hang.get("timeout_s"),
+                          fr_entries=entries, terminating=lambda: bool(_state["terminating"]))
+        watch.start()
+        _state["watch"] = watch
+    except Exception as exc:  # noqa: BLE001
+        warn_once("hang watchdog", f"hang watchdog not started ({type(exc).__name__}: {exc}); training continues")
+
+
+def _progress() -> tuple[int | None, int | None, list[int]]:
+    """What the watchdog reads of the run: the profiler's step count, its last step's end, its last steps' times."""
+    prof = _state["profiler"]
+    if prof is None:
+        return None, None, []
+    return prof.step_num, prof._step_start_ns, prof._step_wall_ns[-100:]
+
+
+def _stop_hang_watch() -> None:
+    watch, _state["watch"] = _state["watch"], None
+    if watch is not None:
+        watch.stop()
 
 
 class _StepBoundaries:
@@ -143,7 +175,7 @@ def _boundary(kind: str) -> None:
             config = _state["config"]
             os.environ[PARENT_ENV] = "0"  # a training process: its subprocesses (an eval script) are not profiled
             prof = Profiler(config["out_dir"], schedule=Schedule(**config.get("schedule", {})),
-                            loop=_state["loop"], step_source=kind, **config.get("options", {}))
+                            loop=_state["loop"], step_source=kind, hang_watch=False, **config.get("options", {}))
             prof.start()
             _state["profiler"] = prof
             _state["profiled"] = True
@@ -231,6 +263,7 @@ def _stand_aside(why: str) -> None:
     sys.stderr.write(f"kinetoscope: {why}: capture stands aside (two profilers at once crash torch); "
                      "the script runs as it would without capture\n")
     status(stood_aside=why)
+    _stop_hang_watch()  # no profiler, no steps: a watchdog would see a stall
     if prof is not None:
         try:
             prof.discard()
@@ -254,6 +287,9 @@ def _on_crash_and_signals() -> None:
 
     def excepthook(exc_type: Any, exc: Any, tb: Any) -> None:
         _state["crashed"] = exc_type.__name__
+        watch = _state["watch"]
+        if watch is not None and exc_type is not KeyboardInterrupt:
+            watch.dump("exception", exc=exc)  # the other ranks will wait for this one: say why it left
         previous_hook(exc_type, exc, tb)
 
     sys.excepthook = excepthook
@@ -279,11 +315,16 @@ def _on_crash_and_signals() -> None:
                 return
             _state["terminating"] = True
             _state["crashed"] = "SIGTERM"
+            watch = _state["watch"]
+            if watch is not None:
+                watch.on_sigterm()
             _finish()
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGTERM)  # end as the signal would have: exit status 143
 
         signal.signal(signal.SIGTERM, on_term)
+        if _state["watch"] is not None:
+            _state["watch"].own_sigterm(on_term)
 
 
 def _finish() -> None:
@@ -293,4 +334,6 @@ def _finish() -> None:
         prof.abandon_step()  # the time after the last step boundary is not a training step
         prof.stop(ended_by=_state["crashed"])
         status(steps=len(prof._step_wall_ns), finished=True)
+    if not _state["terminating"]:
+        _stop_hang_watch()
     _release_loop()

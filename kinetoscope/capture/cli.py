@@ -39,6 +39,15 @@ def add_capture_command(sub: argparse._SubParsersAction) -> None:  # type: ignor
     p.add_argument("--record-shapes", action="store_true", help="record input shapes")
     p.add_argument("--with-stack", action="store_true", help="record Python stacks (larger traces)")
     p.add_argument("--no-telemetry", action="store_true", help="do not sample GPU telemetry through NVML")
+    p.add_argument("--hang-timeout", type=float, default=None, metavar="SECONDS",
+                   help="write each rank's hang dump (rank-<r>.hang.json: flight recorder, Python stacks, steps) when "
+                        "no step ended for this long (default: the larger of 300 s and 20 median steps; before the "
+                        "first step, at least 300 s; 0: only on SIGUSR1, SIGTERM or an exception)")
+    p.add_argument("--flight-recorder-entries", type=int, default=2000, metavar="N",
+                   help="collectives torch's flight recorder keeps per rank (default 2000; 0: off); a "
+                        "TORCH_FR_BUFFER_SIZE of your own wins")
+    p.add_argument("--no-hang-watch", action="store_true",
+                   help="no watchdog and no hang dumps (the flight recorder is left as torch sets it)")
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the training command")
     p.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
     p.set_defaults(func=run_capture)
@@ -57,12 +66,18 @@ def run_capture(args: argparse.Namespace) -> int:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 0")
     if args.active < 1:
         raise ConfigError("--active must be >= 1")
+    if args.hang_timeout is not None and not args.hang_timeout >= 0:
+        raise ConfigError("--hang-timeout must be >= 0 seconds")
+    if args.flight_recorder_entries < 0:
+        raise ConfigError("--flight-recorder-entries must be >= 0")
     config = {
         "out_dir": str(Path(args.out).resolve()),
         "schedule": {"skip_first": args.skip_first, "wait": args.wait, "warmup": args.warmup,
                      "active": args.active, "repeat": args.repeat},
         "options": {"profile_memory": not args.no_memory, "record_shapes": args.record_shapes,
                     "with_stack": args.with_stack, "telemetry": not args.no_telemetry},
+        "hang": {"off": args.no_hang_watch, "timeout_s": args.hang_timeout,
+                 "flight_recorder_entries": args.flight_recorder_entries},
     }
     out = Path(config["out_dir"])
     _check_writable(out)
@@ -74,6 +89,9 @@ def run_capture(args: argparse.Namespace) -> int:
     env["KINETOSCOPE_CAPTURE"] = json.dumps(config)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SITE_DIR), env.get("PYTHONPATH", "")) if p)
     env["KINETOSCOPE_CAPTURE_PARENT"] = str(os.getpid())  # the launched process is the one profiled
+    if not args.no_hang_watch and not (
+            "TORCH_FR_BUFFER_SIZE" in env or "TORCH_NCCL_TRACE_BUFFER_SIZE" in env):
+        env["TORCH_FR_BUFFER_SIZE"] = str(args.flight_recorder_entries)  # read when a process group is made
     # Kineto prints "USDT: ... profiler_start/stop" to the training log at every window; set KINETO_LOG_LEVEL
     # yourself (e.g. 2) to see the profiler's own messages
     env.setdefault("KINETO_LOG_LEVEL", "6")
@@ -83,10 +101,14 @@ def run_capture(args: argparse.Namespace) -> int:
     # (uncompressed, without telemetry), half-written files go
     recovered, removed = tidy_output_dir(out, writers_gone=True)
     traces = _traces(out)
+    dumps = sorted(out.glob("rank-*.hang.json")) if out.is_dir() else []
+    if dumps:
+        sys.stderr.write(f"kinetoscope: {len(dumps)} hang dump{'s' if len(dumps) != 1 else ''} in {out} "
+                         f"({', '.join(p.name for p in dumps)}); analyse with: kinetoscope analyze {args.out}\n")
     if traces:
         sys.stderr.write(f"kinetoscope: {len(traces)} trace{'s' if len(traces) != 1 else ''} in {out}; "
                          f"analyse with: kinetoscope analyze {args.out}\n")
-    else:
+    elif not dumps:
         sys.stderr.write(f"kinetoscope: no trace written: {_why_no_trace(out, code, statuses)}\n")
     if recovered:
         sys.stderr.write(f"kinetoscope: the run ended while {len(recovered)} trace(s) were being compressed; kept "
@@ -174,7 +196,7 @@ def _move_previous_run(out: Path) -> Path | None:
     if not out.is_dir():
         return None
     old = [p for p in out.iterdir() if p.is_file() and p.name.endswith(
-        (".pt.trace.json.gz", ".pt.trace.json", ".manifest.json", ".steps.json"))]
+        (".pt.trace.json.gz", ".pt.trace.json", ".manifest.json", ".steps.json", ".hang.json"))]
     if not old:
         return None
     target = out / time.strftime("previous-%Y%m%d-%H%M%S", time.localtime(max(p.stat().st_mtime for p in old)))

@@ -34,6 +34,7 @@ from typing import Any, TypeVar
 from kinetoscope.capture._safety import log, never_raises, warn_once
 from kinetoscope.capture.cores import effective_cores
 from kinetoscope.capture.dist import RankInfo, rank_info
+from kinetoscope.capture.hangwatch import DEFAULT_FR_ENTRIES, HangWatch, arm_flight_recorder
 from kinetoscope.capture.hooks import is_data_loader_iterator
 from kinetoscope.capture.loop import MARKS_VERSION, STEP_LISTS, LoopRecorder, WindowMarks
 from kinetoscope.capture.output import (
@@ -94,6 +95,9 @@ class Profiler:
     ``loop``: a loop recorder already attached to the hooks (``kinetoscope capture`` keeps one for the whole
     process); without it the Profiler attaches its own on ``start()`` and detaches it on ``stop()``/``discard()``.
     ``step_source``: what ends a step, for the manifest ("profiler_step": the script calls ``step()``).
+    ``hang_watch``: start the hang watchdog (``hangwatch``: ``rank-<r>.hang.json`` when no step ends for
+    ``hang_timeout_s``, None: the default rule, 0: on signals and exceptions only) and turn torch's flight recorder on
+    (``flight_recorder_entries``, 0: off; torch reads it when it records, so after ``init_process_group`` too).
     """
 
     def __init__(
@@ -109,6 +113,9 @@ class Profiler:
         telemetry_interval_s: float = 0.5,
         loop: LoopRecorder | None = None,
         step_source: str = "profiler_step",
+        hang_watch: bool = True,
+        hang_timeout_s: float | None = None,
+        flight_recorder_entries: int = DEFAULT_FR_ENTRIES,
     ) -> None:
         self.out_dir = Path(out_dir)
         self.schedule = schedule or Schedule()
@@ -155,13 +162,17 @@ class Profiler:
         #: each written window: its trace, steps, and whether the process's end cut it short
         self.windows: list[Window] = []
         self.writer = TraceWriter()
+        self._hang_options = (hang_timeout_s, flight_recorder_entries) if hang_watch else None
+        self.hang_watch: HangWatch | None = None
 
     # --- lifecycle -----------------------------------------------------------------
     def __enter__(self) -> Profiler:
         self.start()
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc is not None and self.hang_watch is not None and not isinstance(exc, KeyboardInterrupt):
+            self.hang_watch.dump("exception", exc=exc)  # the other ranks will wait for this one: say why it left
         self.stop()
 
     def start(self) -> None:
@@ -177,11 +188,30 @@ class Profiler:
         self._step_unix_start[0] = self._started_unix_ns
         if self.loop is not None:
             self.loop.begin_steps(self._started_unix_ns)
+        if self._writable and self._hang_options is not None:
+            self._start_hang_watch(*self._hang_options)
         if self._writable:
             self._start_profiler()
             self._step_unix_entered[0] = time.time_ns()
             if self.telemetry_enabled:
                 self._start_telemetry()
+
+    @never_raises("hang watchdog")
+    def _start_hang_watch(self, timeout_s: float | None, entries: int) -> None:
+        watch = HangWatch(self.out_dir, self._progress, timeout_s=timeout_s, fr_entries=arm_flight_recorder(entries))
+        watch.start()
+        watch.take_sigterm()
+        self.hang_watch = watch
+
+    def _progress(self) -> tuple[int | None, int | None, list[int]]:
+        """What the watchdog reads: steps ended, the last one's end (the step clock ``step()`` keeps), their times."""
+        return self.step_num, self._step_start_ns, self._step_wall_ns[-100:]
+
+    @never_raises("hang watchdog")
+    def _stop_hang_watch(self) -> None:
+        watch, self.hang_watch = self.hang_watch, None
+        if watch is not None:
+            watch.stop()
 
     @never_raises("redaction")
     def _warm_redaction(self) -> None:
@@ -260,6 +290,7 @@ class Profiler:
             if self._writable:
                 self._write_sidecars()
         finally:
+            self._stop_hang_watch()
             self._detach_loop()
 
     @never_raises("loop recorder")
@@ -283,6 +314,7 @@ class Profiler:
         finally:
             if self.loop is not None and not self._own_loop:
                 self.loop.drop_marks()
+            self._stop_hang_watch()
             self._detach_loop()
 
     @never_raises("telemetry stop")

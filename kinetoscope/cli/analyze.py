@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
         require("pyarrow", "--cache and --processes" if in_processes and cache else
                 "--processes" if in_processes else "--cache (or KINETOSCOPE_CACHE_DIR)", "app")
     ahead = None
-    if jobs and cache is None and not (args.processes > 1 and len(jobs[0].files) > 1):
+    if jobs and jobs[0].files and cache is None and not (args.processes > 1 and len(jobs[0].files) > 1):
         ahead = Ahead(jobs[0].files[0], limits)  # read while the analyses below are imported (~0.3 s)
     if cache is None and not in_processes and args.own_process:
         import_pandas_without_pyarrow()  # no tables handed over as Arrow here: pandas' plain columns, 0.15 s sooner

@@ -18,7 +18,7 @@ def render_text(report: Report) -> str:
     if report.findings:
         out.append(f"Findings ({len(report.findings)}), most severe first:")
         for f in report.findings:
-            out.append(f"  [{_MARK[f.severity]}] rank {f.rank}: {f.title}  ({f.id})")
+            out.append(f"  [{_MARK[f.severity]}] {'job' if f.rank is None else f'rank {f.rank}'}: {f.title}  ({f.id})")
             out.append(f"      fix: {f.recommendation}")
             line = worth(f.estimate)
             if line:
@@ -130,6 +130,7 @@ def render_text(report: Report) -> str:
     if missing:
         out.append("")
         out.append(f"Job: {missing}.")
+    out += _hang_lines(report)
     if report.violations:
         out.append("")
         out.append("Numbers that break an invariant (a bug in Kinetoscope; please report it):")
@@ -139,6 +140,40 @@ def render_text(report: Report) -> str:
         for f in report.failures:
             out.append(f"  analysis error in {f.analyzer} (rank {f.rank}): {f.error}")
     return "\n".join(out) + "\n"
+
+
+def _collective_text(c: dict[str, Any] | None) -> str:
+    if not c:
+        return "none"
+    sizes = c.get("input_sizes")
+    return f"#{c['seq']} {c['op']}{sizes if sizes else ''} {'completed' if c.get('completed') else 'not completed'}"
+
+
+def _hang_lines(report: Report) -> list[str]:
+    """The hang finding's per-rank table: what each rank last entered and completed, and where its training
+    thread was (the innermost frames of the stuck ranks)."""
+    hang = next((f for f in report.findings if f.id == "hang"), None)
+    if hang is None:
+        return []
+    ev = hang.evidence
+    out = ["", f"Hang: process group {ev['process_group']}, collective #{ev['seq']} (expected {ev['expected_op']})"
+           if ev.get("seq") is not None else "Hang: no collective out of step"]
+    for label, key in (("missing", "missing_ranks"), ("mismatched", "mismatched_ranks"), ("waiting", "waiting_ranks"),
+                       ("no dump", "ranks_without_dump")):
+        if ev.get(key):
+            out.append(f"  {label:<11}ranks {', '.join(map(str, ev[key]))}")
+    for r in ev.get("per_rank", []):
+        w = r.get("where") or {}
+        where = f"{w.get('function')} ({str(w.get('file', '?')).rsplit('/', 1)[-1]}:{w.get('line')})" if w else "?"
+        exc = r.get("exception")
+        out.append(f"  rank {r['rank']}: entered {_collective_text(r.get('last_entered'))}; last completed "
+                   f"{_collective_text(r.get('last_completed'))}; {'raised ' + exc['type'] + ' in ' if exc else 'in '}"
+                   f"{where} ({r['dump_reason']}, {r['steps_ended']} steps)")
+    for s in ev.get("stuck", []):
+        out.append(f"  stuck rank {s['rank']} ({s['why']}), innermost frames:")
+        for f in (s.get("frames") or [])[:5]:
+            out.append(f"      {f['function']} ({f['file']}:{f['line']})" + (f"  {f['code']}" if f.get("code") else ""))
+    return out
 
 
 def render_whatif(source: str, wanted: list[str], ranks: list[dict[str, Any]]) -> str:

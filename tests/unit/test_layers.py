@@ -17,7 +17,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "kinetoscope"
 #: lowest first; a module belongs to the layer of the longest prefix that names it
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("base", ("kinetoscope", "kinetoscope.errors", "kinetoscope.fsutil", "kinetoscope.deps",
-              "kinetoscope.manifest")),
+              "kinetoscope.manifest", "kinetoscope.hangdump")),
     # the model is what ingest builds (the Trace, its schema, the views built with it): below ingest
     ("model", ("kinetoscope.analyze", "kinetoscope.analyze.model")),
     ("ingest", ("kinetoscope.analyze.ingest",)),

@@ -9,10 +9,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kinetoscope.errors import TraceSourceError
+from kinetoscope.hangdump import HANG_SUFFIX, PICKLE_MAGIC, PICKLE_REFUSED
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 #: files a capture writes beside its traces; they are not traces
-SIDECAR_SUFFIXES = (".manifest.json", ".steps.json")
+SIDECAR_SUFFIXES = (".manifest.json", ".steps.json", HANG_SUFFIX)
+#: names torch gives its flight recorder dumps (pickles: TORCH_FR_DUMP_TEMP_FILE, default /tmp/nccl_trace_rank_<r>)
+_FR_PICKLE_NAME = re.compile(r"(trace_rank_\d+|\.pkl|\.pickle)$", re.IGNORECASE)
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 #: ``rank-0.step-3-5.pt.trace.json.gz``: one capture window of one rank
 _WINDOW_IN_NAME = re.compile(r"\.step-(\d+)-(\d+)\.")
@@ -20,10 +23,11 @@ _WINDOW_IN_NAME = re.compile(r"\.step-(\d+)-(\d+)\.")
 
 @dataclass(frozen=True)
 class Job:
-    """One job to analyse: a name and the files of its ranks."""
+    """One job to analyse: a name, the files of its ranks and the ranks' hang dumps (``rank-<r>.hang.json``)."""
 
     name: str
     files: tuple[Path, ...]
+    hang_dumps: tuple[Path, ...] = ()
 
 
 def is_trace_file(path: Path) -> bool:
@@ -42,22 +46,47 @@ def find_jobs(path: str | os.PathLike[str]) -> list[Job]:
     if not p.exists():
         raise TraceSourceError(f"{p}: no such file or directory")
     if p.is_file():
+        if p.name.endswith(HANG_SUFFIX):
+            _refuse_pickle(p)
+            return [Job(str(p), (), (p,))]
+        if _is_pickle(p):
+            raise TraceSourceError(f"{p}: {PICKLE_REFUSED}")
         return [Job(str(p), (p,))]
     if not p.is_dir():
         raise TraceSourceError(f"{p}: not a regular file or a directory (a device, socket or pipe?)")
     try:
-        files = sorted(f for f in p.iterdir() if is_trace_file(f))
+        entries = sorted(p.iterdir())
+        files = [f for f in entries if is_trace_file(f)]
+        dumps = tuple(f for f in entries if f.name.endswith(HANG_SUFFIX) and not f.name.startswith(".") and f.is_file())
     except OSError as exc:
         raise TraceSourceError(f"{p}: cannot list ({exc.strerror or exc})") from None
-    if not files:
+    for f in dumps + tuple(f for f in entries if _FR_PICKLE_NAME.search(f.name) and f.is_file()):
+        _refuse_pickle(f)
+    if not files and not dumps:
         raise TraceSourceError(f"{p}: directory holds no .json or .json.gz trace files")
     windows: dict[str, list[Path]] = {}
     for f in files:
         m = _WINDOW_IN_NAME.search(f.name)
         windows.setdefault(f"steps {m.group(1)}-{m.group(2)}" if m else "", []).append(f)
-    if len(windows) == 1:
-        return [Job(str(p), tuple(files))]
-    return [Job(f"{p} ({w or 'other files'})", tuple(fs)) for w, fs in sorted(windows.items(), key=lambda kv: _window_key(kv[0]))]
+    if len(windows) <= 1:
+        return [Job(str(p), tuple(files), dumps)]
+    # the hang dumps go with the last window: the run's end, analysed beside the hang
+    ordered = sorted(windows.items(), key=lambda kv: _window_key(kv[0]))
+    return [Job(f"{p} ({w or 'other files'})", tuple(fs), dumps if i == len(ordered) - 1 else ())
+            for i, (w, fs) in enumerate(ordered)]
+
+
+def _is_pickle(path: Path) -> bool:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(1) == PICKLE_MAGIC
+    except OSError:
+        return False
+
+
+def _refuse_pickle(path: Path) -> None:
+    if _is_pickle(path):
+        raise TraceSourceError(f"{path}: {PICKLE_REFUSED}")
 
 
 def _window_key(label: str) -> tuple[int, str]:

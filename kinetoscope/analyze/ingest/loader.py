@@ -22,6 +22,7 @@ import pandas as pd
 
 from kinetoscope.analyze.ingest import scan
 from kinetoscope.analyze.ingest.build import build_rank_trace
+from kinetoscope.analyze.ingest.hangs import read_hang_dumps
 from kinetoscope.analyze.ingest.jobs import (
     SIDECAR_SUFFIXES,
     TRACE_SUFFIXES,
@@ -294,6 +295,8 @@ def load_job(job: Job, limits: LoadLimits = DEFAULT_LIMITS, cache: Path | None =
     that hand back Parquet tables (the parent never holds a rank's raw JSON). ``ahead``: the scan of one of
     the job's files, already started (``scan.Ahead``). ``first_rank``: the rank a file that does not name its own
     takes, counted from the job's first file (a batch task loads one file of a job at a time)."""
+    if not job.files:  # hang dumps alone: the job hung before a window was written
+        return _assemble(job, [], limits)
     if processes > 1 and len(job.files) > 1:
         ranks = _load_in_processes(job, limits, processes)
     else:
@@ -301,7 +304,7 @@ def load_job(job: Job, limits: LoadLimits = DEFAULT_LIMITS, cache: Path | None =
                            ahead=ahead if ahead is not None and ahead.path == f and cache is None else None,
                            after_parse=after_parse)
                  for i, f in enumerate(job.files)]
-    return _assemble(job, ranks)
+    return _assemble(job, ranks, limits)
 
 
 def _parse_to_parquet(path: str, default_rank: int, limits: LoadLimits, out: str) -> str:
@@ -343,14 +346,15 @@ def load_job_tolerant(job: Job, limits: LoadLimits = DEFAULT_LIMITS, *, after_pa
             ranks.append(load_rank(f, default_rank=first_rank + i, limits=limits, after_parse=after_parse))
         except KinetoscopeError as exc:
             failed.append((f, str(exc)))
-    if not ranks:
+    if not ranks and not job.hang_dumps:
         return None, failed
-    return _assemble(job, ranks), failed
+    return _assemble(job, ranks, limits), failed
 
 
-def _assemble(job: Job, ranks: list[RankTrace]) -> Trace:
+def _assemble(job: Job, ranks: list[RankTrace], limits: LoadLimits = DEFAULT_LIMITS) -> Trace:
     _check_distinct_ranks(ranks)
-    return Trace(source=job.name, ranks=tuple(sorted(ranks, key=lambda r: r.rank)))
+    return Trace(source=job.name, ranks=tuple(sorted(ranks, key=lambda r: r.rank)),
+                 hang_dumps=read_hang_dumps(job.hang_dumps, limits))
 
 
 def _check_distinct_ranks(ranks: list[RankTrace]) -> None:

@@ -33,6 +33,7 @@ NATURE: dict[str, Nature] = {  # the report's finding ids, each once
     "zero_grad_missing": "correctness",
     "optimizer_step_mismatch": "correctness",
     "no_backward": "correctness",
+    "hang": "correctness",
     "gpu_activity_missing": "information",
     "memory_inconclusive": "information",
     "outlier_steps": "information",
@@ -105,5 +106,7 @@ def saving_us(f: Finding) -> float:
 
 
 def rank_findings(findings: list[Finding]) -> list[Finding]:
-    """Most severe first, then the largest saving per step from fixing it, then the largest measured cost."""
-    return sorted(findings, key=lambda f: (SEVERITY_ORDER[f.severity], -saving_us(f), -f.impact_us, f.rank or 0, f.id))
+    """Most severe first (a hang before all: the job stopped), then the largest saving per step from fixing it, then the
+    largest measured cost."""
+    return sorted(findings, key=lambda f: (SEVERITY_ORDER[f.severity], f.id != "hang", -saving_us(f), -f.impact_us,
+                                           f.rank or 0, f.id))

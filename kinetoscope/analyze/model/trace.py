@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 import pandas as pd
 
 from kinetoscope.analyze.model.schema import COMM_ARG_COLUMNS, GPU_BUSY_KINDS, MARK_COLUMNS, empty_frame
+from kinetoscope.hangdump import HangDump
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,9 @@ class Trace:
 
     source: str
     ranks: tuple[RankTrace, ...]
+    #: the ranks' hang dumps (``rank-<r>.hang.json`` beside the traces), by rank; a job that hung before any window
+    #: was written has these and no rank traces
+    hang_dumps: tuple[HangDump, ...] = ()
 
     def rank(self, rank: int) -> RankTrace:
         for r in self.ranks:

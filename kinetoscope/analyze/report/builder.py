@@ -341,8 +341,8 @@ def build_report(trace: Trace, config: AnalysisConfig = DEFAULT_CONFIG, *, threa
         if res.metrics:
             job[a.key] = res.metrics
         for f in res.findings:
-            if missing:  # a claim about the whole job (its straggler) over ranks it never saw is not made
-                continue
+            if missing and f.id != "hang":  # a claim about the whole job (its straggler) over ranks it never saw is
+                continue                    # not made; a hang rests on the ranks' dumps, not on their traces
             ranks = [r for r in trace.ranks if r.rank == f.rank]
             found, lost = _estimated(ranks[0], [f], config) if ranks else ([f], [])
             findings.extend(found)
