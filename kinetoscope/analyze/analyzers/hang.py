@@ -224,7 +224,8 @@ def diagnose(dumps: tuple[HangDump, ...]) -> tuple[dict[str, Any], Finding | Non
     evidence["stuck"] = [{"rank": r, "why": ("never entered it" if r in evidence["missing_ranks"] else
                                              "entered another collective" if r in evidence["mismatched_ranks"]
                                              else "raised"),
-                          "where": (by_rank.get(r) or {}).get("where"), "exception": (by_rank.get(r) or {}).get("exception"),
+                          "where": (by_rank.get(r) or {}).get("where"),
+                          "exception": (by_rank.get(r) or {}).get("exception"),
                           "frames": (by_rank.get(r) or {}).get("frames")} for r in stuck]
     evidence["per_rank"] = per_rank
     metrics.update({k: evidence[k] for k in ("process_group", "seq", "expected_op", "stuck_ranks", "missing_ranks",
