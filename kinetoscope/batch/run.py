@@ -134,7 +134,9 @@ def run_batch(
     return summary
 
 
-def _cross_rank(root: Path, jobs: list[Job], rows_by_job: dict[str, list[dict[str, Any]]], config: AnalysisConfig) -> None:
+def _cross_rank(
+    root: Path, jobs: list[Job], rows_by_job: dict[str, list[dict[str, Any]]], config: AnalysisConfig
+) -> None:
     """Job-level results (matched collectives, clock skews, the straggler) of each multi-rank job: a reduce
     over the small per-rank summaries the workers stored; no trace is loaded again."""
     for job in jobs:
@@ -161,22 +163,54 @@ def _cross_rank(root: Path, jobs: list[Job], rows_by_job: dict[str, list[dict[st
             "saving_us_per_step": straggler_saving_us(finding.evidence), "step_us_after": None,
             "estimate_json": None}]
         write_rows(root, "findings", _job_key(job), findings)
-        write_rows(root, "job_ranks", _job_key(job), [{
-            "key": _job_key(job), "job": job.name, "rank": pr["rank"], "clock_skew_us": pr["clock_skew_us"],
-            "wait_us": pr["wait_us"], "waited_for_count": pr["waited_for_count"], "matched": pr["matched"],
-            "unmatched": pr["unmatched"], "straggler": finding is not None and finding.rank == pr["rank"],
-            "straggler_cause": finding.evidence["cause"] if finding is not None and finding.rank == pr["rank"] else None,
-            "waited_for_rank": pr.get("waited_for_rank"),
-        } for pr in metrics["ranks"]])
+        write_rows(
+            root,
+            "job_ranks",
+            _job_key(job),
+            [
+                {
+                    "key": _job_key(job),
+                    "job": job.name,
+                    "rank": pr["rank"],
+                    "clock_skew_us": pr["clock_skew_us"],
+                    "wait_us": pr["wait_us"],
+                    "waited_for_count": pr["waited_for_count"],
+                    "matched": pr["matched"],
+                    "unmatched": pr["unmatched"],
+                    "straggler": finding is not None and finding.rank == pr["rank"],
+                    "straggler_cause": finding.evidence["cause"]
+                    if finding is not None and finding.rank == pr["rank"]
+                    else None,
+                    "waited_for_rank": pr.get("waited_for_rank"),
+                }
+                for pr in metrics["ranks"]
+            ],
+        )
         skews = [abs(pr["clock_skew_us"]) for pr in metrics["ranks"] if pr["clock_skew_us"] is not None]
-        write_rows(root, "jobs", _job_key(job), [{
-            "key": _job_key(job), "job": job.name, "ranks": len(rows), "ranks_with_collectives": sum(1 for s in summaries if s.op),
-            "matched": metrics["matched"], "unmatched": metrics["unmatched"], "reference_rank": metrics["reference_rank"],
-            "most_waited_for_rank": metrics["most_waited_for_rank"],
-            "straggler_rank": finding.rank if finding is not None else None,
-            "straggler_cause": finding.evidence["cause"] if finding is not None else None,
-            "straggler_wait_us_per_step": finding.evidence["others_wait_us_per_step"] if finding is not None else None,
-            "max_abs_clock_skew_us": max(skews) if skews else None, "reduce_s": reduce_s}])
+        write_rows(
+            root,
+            "jobs",
+            _job_key(job),
+            [
+                {
+                    "key": _job_key(job),
+                    "job": job.name,
+                    "ranks": len(rows),
+                    "ranks_with_collectives": sum(1 for s in summaries if s.op),
+                    "matched": metrics["matched"],
+                    "unmatched": metrics["unmatched"],
+                    "reference_rank": metrics["reference_rank"],
+                    "most_waited_for_rank": metrics["most_waited_for_rank"],
+                    "straggler_rank": finding.rank if finding is not None else None,
+                    "straggler_cause": finding.evidence["cause"] if finding is not None else None,
+                    "straggler_wait_us_per_step": finding.evidence["others_wait_us_per_step"]
+                    if finding is not None
+                    else None,
+                    "max_abs_clock_skew_us": max(skews) if skews else None,
+                    "reduce_s": reduce_s,
+                }
+            ],
+        )
 
 
 def _top_findings(root: Path) -> list[tuple[str, int]]:

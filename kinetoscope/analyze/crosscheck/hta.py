@@ -46,7 +46,9 @@ def hta_run(files: list[Path], method: str, **kwargs: object) -> object:
     try:
         from hta.trace_analysis import TraceAnalysis
     except ImportError as exc:
-        raise HtaUnavailable(f"HolisticTraceAnalysis is not installed ({exc}); pip install 'kinetoscope[hta]'") from None
+        raise HtaUnavailable(
+            f"HolisticTraceAnalysis is not installed ({exc}); pip install 'kinetoscope[hta]'"
+        ) from None
     with tempfile.TemporaryDirectory(prefix="kinetoscope-hta-") as tmp:
         for f in files:
             os.symlink(Path(f).resolve(), Path(tmp) / Path(f).name)

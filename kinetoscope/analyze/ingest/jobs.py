@@ -57,7 +57,10 @@ def find_jobs(path: str | os.PathLike[str]) -> list[Job]:
         windows.setdefault(f"steps {m.group(1)}-{m.group(2)}" if m else "", []).append(f)
     if len(windows) == 1:
         return [Job(str(p), tuple(files))]
-    return [Job(f"{p} ({w or 'other files'})", tuple(fs)) for w, fs in sorted(windows.items(), key=lambda kv: _window_key(kv[0]))]
+    return [
+        Job(f"{p} ({w or 'other files'})", tuple(fs))
+        for w, fs in sorted(windows.items(), key=lambda kv: _window_key(kv[0]))
+    ]
 
 
 def _window_key(label: str) -> tuple[int, str]:

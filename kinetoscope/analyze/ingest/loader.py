@@ -59,7 +59,9 @@ def read_bytes(path: Path, limits: LoadLimits = DEFAULT_LIMITS, *, fallback: str
     try:
         size = path.stat().st_size
         if size > cap:
-            raise fallback_too_large(str(path), fallback, limits) if fallback else file_too_large(str(path), size, limits)
+            raise (
+                fallback_too_large(str(path), fallback, limits) if fallback else file_too_large(str(path), size, limits)
+            )
         with open(path, "rb") as fh:
             data = fh.read()
     except OSError as exc:
@@ -72,7 +74,9 @@ def read_bytes(path: Path, limits: LoadLimits = DEFAULT_LIMITS, *, fallback: str
 _GUNZIP_BLOCK = 256 * 2**20
 
 
-def _gunzip(data: bytes, source: str, limits: LoadLimits, *, cap: int | None = None, fallback: str | None = None) -> bytes:
+def _gunzip(
+    data: bytes, source: str, limits: LoadLimits, *, cap: int | None = None, fallback: str | None = None
+) -> bytes:
     """Decompress every gzip member, stopping as soon as the output passes the limit (gzip bombs).
 
     Reads in 256 MiB blocks: a trace smaller than that is never copied after decompression.

@@ -182,7 +182,9 @@ def _event_waits(ts: np.ndarray, dur: np.ndarray, device: np.ndarray, stream: np
     return dep, c
 
 
-def _items(trace: RankTrace, ts: np.ndarray, dur: np.ndarray, anchor: np.ndarray, label: np.ndarray) -> dict[str, np.ndarray]:
+def _items(
+    trace: RankTrace, ts: np.ndarray, dur: np.ndarray, anchor: np.ndarray, label: np.ndarray
+) -> dict[str, np.ndarray]:
     """The training thread's elastic items: data waits, syncs (with the op each waited for) and copy calls
     that held the host until their copy ended (pageable memory, synchronous APIs, ``.item()``'s read-back).
     Syncs on other threads are left as recorded: the training thread did not wait in them."""

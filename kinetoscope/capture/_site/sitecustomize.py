@@ -90,7 +90,10 @@ def _profile_spawned_ranks() -> None:
 
     def _bootstrap(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
         target = getattr(self, "_target", None)
-        if getattr(target, "__module__", "") == "torch.multiprocessing.spawn" and getattr(target, "__name__", "") == "_wrap":
+        if (
+            getattr(target, "__module__", "") == "torch.multiprocessing.spawn"
+            and getattr(target, "__name__", "") == "_wrap"
+        ):
             _install()
         return original(self, *args, **kwargs)
 
