@@ -198,7 +198,7 @@ def _device_metrics(
     device_type = int(group["device_type"].iloc[0])
     device_id = int(group["device_id"].iloc[0])
     floor = growth_floor(config, _total_memory(trace, device_id) if device_type != 0 else None)
-    metrics = {
+    metrics: dict[str, Any] = {
         "device": device_label(device_type, device_id),
         "basis": basis,
         "events": int(len(group)),

@@ -153,7 +153,7 @@ def straggler_finding(summaries: list[RankSummary], m: Matching, a: Arrivals, co
     slow = a.ranks[i]
     others = [j for j in range(len(a.ranks)) if j != i and member[member[:, i]].any(axis=0)[j]]
     cause, excess = _cause(by_rank[slow], [by_rank[a.ranks[j]] for j in others], cost_per_step_us)
-    skews = {str(r): (m.skew_ns[r] / 1000.0 if m.skew_ns.get(r) is not None else None) for r in a.ranks}
+    skews = {str(r): (s / 1000.0 if (s := m.skew_ns.get(r)) is not None else None) for r in a.ranks}
     advice = {
         "input": f"Rank {slow} waits longer for data than the others: balance the input pipeline (workers per rank, "
         "shard sizes, storage locality) or prefetch more.",
@@ -220,7 +220,7 @@ def _cause(slow: RankSummary, others: list[RankSummary], lateness_us: float) -> 
     best, best_excess = "unknown", None
     for c in COMPONENTS:
         mine = slow.components_us.get(c)
-        theirs = [o.components_us.get(c) for o in others if o.components_us.get(c) is not None]
+        theirs = [t for o in others if (t := o.components_us.get(c)) is not None]
         if mine is None or not theirs:
             continue
         excess = float(mine) - float(np.median(theirs))

@@ -293,7 +293,7 @@ def build_marks(raw: RawColumns, events: pd.DataFrame, file_rows: np.ndarray, or
         for name, kind in _MARK_TYPES.items():
             v = args.get(name)
             ok = isinstance(v, kind) and (kind is not int or not isinstance(v, bool))
-            values[name].append(v if ok and (kind is not int or INT64_MIN <= v <= INT64_MAX) else None)
+            values[name].append(v if ok and (not isinstance(v, int) or INT64_MIN <= v <= INT64_MAX) else None)
     columns: dict[str, Any] = {"row": rows.astype(np.int64),
                                "name": pd.Categorical([str(n) for n in events["name"].to_numpy()[rows]])}
     for c in schema.MARK_COLUMNS[2:]:
@@ -323,7 +323,8 @@ def build_comm_args(raw: RawColumns, rows: np.ndarray, order: np.ndarray | None,
     strings = np.array(raw.strings, dtype=object)
     for name in _COMM_STR:
         code, ok, _ = fields.get(name, sub)
-        values = np.where(ok, strings[np.where(ok, code, 0)], None)
+        # numpy's stubs reject None as a value to choose; an object array holds it
+        values = np.where(ok, strings[np.where(ok, code, 0)], None)  # type: ignore[call-overload]
         columns[name] = pd.Categorical(values)
     for name in _COMM_INT:
         columns[name] = _nullable(*fields.get(name, sub)[:2])

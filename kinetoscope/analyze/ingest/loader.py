@@ -174,7 +174,7 @@ def _rank_from_raw(raw: RawColumns, size: int, path: Path, *, default_rank: int,
     if trace.events.empty and trace.memory.empty:
         raise TraceFormatError(str(path), "trace holds no timed events (nothing to analyse)")
     run_steps, note = _run_steps(path, rank)
-    notes = (note,) if note else ()
+    notes: tuple[str, ...] = (note,) if note else ()
     manifest = _manifest_bytes(path, rank)  # read once: the window that was cut short, and the run's facts
     cut = _cut_short_step(path, manifest)
     steps = trace.steps
@@ -267,7 +267,7 @@ def _run_steps(path: Path, rank: int) -> tuple[pd.DataFrame | None, str | None]:
         return out
 
     def counts(values: list[int] | None) -> pd.arrays.IntegerArray:
-        out = [None] * n
+        out: list[int | None] = [None] * n
         for i, v in enumerate((values or [])[:n]):
             out[i] = v
         return pd.array(out, dtype="Int64")

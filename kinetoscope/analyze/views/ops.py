@@ -98,7 +98,8 @@ def kernel_table(trace: RankTrace) -> pd.DataFrame:
     total = float(frame["dur"].sum())
     out["share_of_kernel_time"] = out["total_ms"] * 1e6 / total if total else np.nan
     names = out.index.to_series()
-    out["tensor_cores"] = np.where(names.str.contains(TENSOR_CORE_RE), True, None)
+    # numpy's stubs reject None as a value to choose; an object array holds it
+    out["tensor_cores"] = np.where(names.str.contains(TENSOR_CORE_RE), True, None)  # type: ignore[call-overload]
     out = out.reset_index().sort_values("total_ms", ascending=False, kind="stable")
     return out[cols].reset_index(drop=True)
 

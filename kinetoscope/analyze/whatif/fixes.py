@@ -158,6 +158,7 @@ def plan_loader(trace: RankTrace, g: ReplayGraph, params: dict[str, Any]) -> Pla
     if load is None:
         fix = LoaderFix(items=items, load_ns=np.zeros(len(items)), workers=1, prefetch=prefetch, handoff_ns=handoff)
     else:
+        assert target is not None  # both branches above that leave a load set a target
         fix = LoaderFix(items=items, load_ns=load, workers=int(target), prefetch=prefetch, handoff_ns=handoff)
     floor = 0.0
     if single and cpus and load_cpu is not None and comp_cpu is not None:
