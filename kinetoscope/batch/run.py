@@ -98,10 +98,10 @@ def run_batch(
     try:
         futures = {}
         for job in jobs:
-            for index, path in enumerate(job.files):
-                fut = client.submit(analyze_file, str(path), job.name, index, str(root), resume, limits,
-                                    key=f"kinetoscope-{file_key(str(path), 'task')}", retries=2, pure=False)
-                futures[fut] = (job, str(path), index)
+            for index, file in enumerate(job.files):
+                fut = client.submit(analyze_file, str(file), job.name, index, str(root), resume, limits,
+                                    key=f"kinetoscope-{file_key(str(file), 'task')}", retries=2, pure=False)
+                futures[fut] = (job, str(file), index)
         summary.files = len(futures)
         rows_by_job: dict[str, list[dict[str, Any]]] = {job.name: [] for job in jobs}
         pending = as_completed(list(futures))

@@ -235,7 +235,8 @@ class Profiler:
             profile_memory=self.profile_memory,
             with_stack=self.with_stack,
         )
-        prof._kinetoscope_own = True  # capture's own: not "the script starting a profiler of its own"
+        # capture's own: not "the script starting a profiler of its own" (a marker torch's class does not declare)
+        prof._kinetoscope_own = True  # type: ignore[attr-defined]
         prof.start()
         self._prof = prof
 

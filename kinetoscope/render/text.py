@@ -164,8 +164,8 @@ def render_text(report: Report) -> str:
         out += [f"  {v}" for v in report.violations]
     if report.failures:
         out.append("")
-        for f in report.failures:
-            out.append(f"  analysis error in {f.analyzer} (rank {f.rank}): {f.error}")
+        for failure in report.failures:
+            out.append(f"  analysis error in {failure.analyzer} (rank {failure.rank}): {failure.error}")
     return "\n".join(out) + "\n"
 
 

@@ -86,7 +86,8 @@ def _profile_spawned_ranks() -> None:
     known once the child unpickles its Process object, after torch is imported); others stay untouched."""
     import multiprocessing.process as mp_process
 
-    original = mp_process.BaseProcess._bootstrap
+    # _bootstrap is CPython's private method: typeshed does not declare it
+    original = mp_process.BaseProcess._bootstrap  # type: ignore[attr-defined]
 
     def _bootstrap(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
         target = getattr(self, "_target", None)
@@ -97,7 +98,7 @@ def _profile_spawned_ranks() -> None:
             _install()
         return original(self, *args, **kwargs)
 
-    mp_process.BaseProcess._bootstrap = _bootstrap
+    mp_process.BaseProcess._bootstrap = _bootstrap  # type: ignore[attr-defined]
 
 
 def _launched_or_a_rank() -> bool:
