@@ -12,4 +12,6 @@ def require(module: str, what: str, extra: str) -> None:
     try:
         importlib.import_module(module)
     except ImportError:
-        raise ConfigError(f"{what} needs {module}: pip install 'kinetoscope[{extra}]' (or pip install {module})") from None
+        raise ConfigError(
+            f"{what} needs {module}: pip install 'kinetoscope[{extra}]' (or pip install {module})"
+        ) from None

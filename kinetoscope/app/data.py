@@ -326,7 +326,11 @@ def _deep_bytes(obj: Any, seen: set[int]) -> int:
     if isinstance(obj, pd.DataFrame):
         return int(obj.memory_usage(index=True, deep=True).sum())
     if isinstance(obj, (pd.Series, pd.Index)):
-        return int(obj.memory_usage(index=True, deep=True)) if isinstance(obj, pd.Series) else int(obj.memory_usage(deep=True))
+        return (
+            int(obj.memory_usage(index=True, deep=True))
+            if isinstance(obj, pd.Series)
+            else int(obj.memory_usage(deep=True))
+        )
     if isinstance(obj, np.ndarray):
         base = obj.base if isinstance(obj.base, np.ndarray) else None
         if base is not None:

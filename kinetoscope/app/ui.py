@@ -18,7 +18,7 @@ import inspect
 import re
 import string
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 import pandas as pd
@@ -313,6 +313,12 @@ class _Door:
     def __init__(self, target: Any) -> None:
         self._target = target
 
+    if TYPE_CHECKING:  # for the type checker only: __getattr__ passes both through, and both end the script run
+
+        def stop(self) -> NoReturn: ...
+
+        def rerun(self, scope: Any = ...) -> NoReturn: ...
+
     def __getattr__(self, name: str) -> Any:
         target = object.__getattribute__(self, "_target")
         if name in _PASS:
@@ -326,7 +332,9 @@ class _Door:
                                  "add it to kinetoscope/app/ui.py with the parameters Streamlit renders as Markdown")
 
         def call(*args: Any, **kwargs: Any) -> Any:
-            extra = {k: kwargs.pop(k) for k in ("formats", "highlight", "pinned") if k in kwargs and name in _TABLES}
+            extra: dict[str, Any] = {
+                k: kwargs.pop(k) for k in ("formats", "highlight", "pinned") if k in kwargs and name in _TABLES
+            }
             if name in _CHARTS:
                 if not kwargs.get("description"):
                     raise TypeError("ui: every chart says what it shows in words (description=...): its text "

@@ -9,7 +9,7 @@ from kinetoscope.deps import require
 from kinetoscope.errors import ConfigError
 
 
-def add_batch_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_batch_commands(sub: argparse._SubParsersAction) -> None:
     b = sub.add_parser(
         "batch",
         help="analyse every trace under some directories on Dask, into a Parquet store",

@@ -30,8 +30,19 @@ def fleet(store: str | os.PathLike[str]) -> pd.DataFrame:
     traces = read_table(root, "traces")
     findings = read_table(root, "findings")
     if traces.empty:
-        return pd.DataFrame(columns=["job", "files", "failed", "critical", "warnings", "mean_step_ms", "gpu_idle_fraction",
-                                     "worst_finding", "worst_saving_ms_per_step"])
+        return pd.DataFrame(
+            columns=[
+                "job",
+                "files",
+                "failed",
+                "critical",
+                "warnings",
+                "mean_step_ms",
+                "gpu_idle_fraction",
+                "worst_finding",
+                "worst_saving_ms_per_step",
+            ]
+        )
     jobs = traces.groupby("job").agg(files=("path", "count"), failed=("status", lambda s: int((s != "ok").sum())))
     if len(findings):
         counts = findings.pivot_table(index="job", columns="id", values="key", aggfunc="count", fill_value=0)
@@ -46,7 +57,9 @@ def fleet(store: str | os.PathLike[str]) -> pd.DataFrame:
         jobs[col] = jobs[col].astype(int)
     ok = traces[traces["status"] == "ok"]
     # the job's step time and GPU idle: its slowest rank's mean step and most idle rank (null when unknown)
-    per_job = ok.groupby("job").agg(mean_step_ms=("mean_step_us", "max"), gpu_idle_fraction=("gpu_idle_fraction", "max"))
+    per_job = ok.groupby("job").agg(
+        mean_step_ms=("mean_step_us", "max"), gpu_idle_fraction=("gpu_idle_fraction", "max")
+    )
     per_job["mean_step_ms"] = per_job["mean_step_ms"] / 1000.0
     worst = _worst_findings(findings)
     out = jobs.join(per_job, how="left").join(worst, how="left")
@@ -77,8 +90,10 @@ def _worst_findings(findings: pd.DataFrame) -> pd.DataFrame:
     cols = ["worst_finding", "worst_saving_ms_per_step"]
     if findings.empty:
         return pd.DataFrame(columns=cols)
-    f = findings.assign(_sev=findings["severity"].map(SEVERITY_RANK).fillna(3),
-                        _saving=findings["saving_us_per_step"].fillna(-1.0) if "saving_us_per_step" in findings else -1.0)
+    f = findings.assign(
+        _sev=findings["severity"].map(SEVERITY_RANK).fillna(3),
+        _saving=findings["saving_us_per_step"].fillna(-1.0) if "saving_us_per_step" in findings else -1.0,
+    )
     f = f.sort_values(["job", "_sev", "_saving"], ascending=[True, True, False]).drop_duplicates("job").set_index("job")
     saving = f["saving_us_per_step"] / 1000.0 if "saving_us_per_step" in f else pd.Series(index=f.index, dtype=float)
     return pd.DataFrame({"worst_finding": f["severity"] + " " + f["id"], "worst_saving_ms_per_step": saving})

@@ -98,10 +98,10 @@ def run_batch(
     try:
         futures = {}
         for job in jobs:
-            for index, path in enumerate(job.files):
-                fut = client.submit(analyze_file, str(path), job.name, index, str(root), resume, limits,
-                                    key=f"kinetoscope-{file_key(str(path), 'task')}", retries=2, pure=False)
-                futures[fut] = (job, str(path), index)
+            for index, file in enumerate(job.files):
+                fut = client.submit(analyze_file, str(file), job.name, index, str(root), resume, limits,
+                                    key=f"kinetoscope-{file_key(str(file), 'task')}", retries=2, pure=False)
+                futures[fut] = (job, str(file), index)
         summary.files = len(futures)
         rows_by_job: dict[str, list[dict[str, Any]]] = {job.name: [] for job in jobs}
         pending = as_completed(list(futures))
@@ -135,7 +135,9 @@ def run_batch(
     return summary
 
 
-def _cross_rank(root: Path, jobs: list[Job], rows_by_job: dict[str, list[dict[str, Any]]], config: AnalysisConfig) -> None:
+def _cross_rank(
+    root: Path, jobs: list[Job], rows_by_job: dict[str, list[dict[str, Any]]], config: AnalysisConfig
+) -> None:
     """Job-level results (matched collectives, clock skews, the straggler) of each multi-rank job: a reduce
     over the small per-rank summaries the workers stored; no trace is loaded again."""
     for job in jobs:
@@ -162,22 +164,54 @@ def _cross_rank(root: Path, jobs: list[Job], rows_by_job: dict[str, list[dict[st
             "saving_us_per_step": straggler_saving_us(finding.evidence), "step_us_after": None,
             "estimate_json": None}]
         write_rows(root, "findings", _job_key(job), findings)
-        write_rows(root, "job_ranks", _job_key(job), [{
-            "key": _job_key(job), "job": job.name, "rank": pr["rank"], "clock_skew_us": pr["clock_skew_us"],
-            "wait_us": pr["wait_us"], "waited_for_count": pr["waited_for_count"], "matched": pr["matched"],
-            "unmatched": pr["unmatched"], "straggler": finding is not None and finding.rank == pr["rank"],
-            "straggler_cause": finding.evidence["cause"] if finding is not None and finding.rank == pr["rank"] else None,
-            "waited_for_rank": pr.get("waited_for_rank"),
-        } for pr in metrics["ranks"]])
+        write_rows(
+            root,
+            "job_ranks",
+            _job_key(job),
+            [
+                {
+                    "key": _job_key(job),
+                    "job": job.name,
+                    "rank": pr["rank"],
+                    "clock_skew_us": pr["clock_skew_us"],
+                    "wait_us": pr["wait_us"],
+                    "waited_for_count": pr["waited_for_count"],
+                    "matched": pr["matched"],
+                    "unmatched": pr["unmatched"],
+                    "straggler": finding is not None and finding.rank == pr["rank"],
+                    "straggler_cause": finding.evidence["cause"]
+                    if finding is not None and finding.rank == pr["rank"]
+                    else None,
+                    "waited_for_rank": pr.get("waited_for_rank"),
+                }
+                for pr in metrics["ranks"]
+            ],
+        )
         skews = [abs(pr["clock_skew_us"]) for pr in metrics["ranks"] if pr["clock_skew_us"] is not None]
-        write_rows(root, "jobs", _job_key(job), [{
-            "key": _job_key(job), "job": job.name, "ranks": len(rows), "ranks_with_collectives": sum(1 for s in summaries if s.op),
-            "matched": metrics["matched"], "unmatched": metrics["unmatched"], "reference_rank": metrics["reference_rank"],
-            "most_waited_for_rank": metrics["most_waited_for_rank"],
-            "straggler_rank": finding.rank if finding is not None else None,
-            "straggler_cause": finding.evidence["cause"] if finding is not None else None,
-            "straggler_wait_us_per_step": finding.evidence["others_wait_us_per_step"] if finding is not None else None,
-            "max_abs_clock_skew_us": max(skews) if skews else None, "reduce_s": reduce_s}])
+        write_rows(
+            root,
+            "jobs",
+            _job_key(job),
+            [
+                {
+                    "key": _job_key(job),
+                    "job": job.name,
+                    "ranks": len(rows),
+                    "ranks_with_collectives": sum(1 for s in summaries if s.op),
+                    "matched": metrics["matched"],
+                    "unmatched": metrics["unmatched"],
+                    "reference_rank": metrics["reference_rank"],
+                    "most_waited_for_rank": metrics["most_waited_for_rank"],
+                    "straggler_rank": finding.rank if finding is not None else None,
+                    "straggler_cause": finding.evidence["cause"] if finding is not None else None,
+                    "straggler_wait_us_per_step": finding.evidence["others_wait_us_per_step"]
+                    if finding is not None
+                    else None,
+                    "max_abs_clock_skew_us": max(skews) if skews else None,
+                    "reduce_s": reduce_s,
+                }
+            ],
+        )
 
 
 def _hangs(root: Path, jobs: list[Job], config: AnalysisConfig, limits: LoadLimits) -> None:
@@ -205,7 +239,8 @@ def _hangs(root: Path, jobs: list[Job], config: AnalysisConfig, limits: LoadLimi
             "process_group": m.get("process_group"), "seq": m.get("seq"), "op": m.get("expected_op"),
             "stuck_ranks": m.get("stuck_ranks"), "missing_ranks": m.get("missing_ranks"),
             "mismatched_ranks": m.get("mismatched_ranks"), "waiting_ranks": m.get("waiting_ranks"),
-            "ranks_without_dump": m.get("ranks_without_dump"), "cause": finding.title if finding is not None else None}])
+            "ranks_without_dump": m.get("ranks_without_dump"),
+            "cause": finding.title if finding is not None else None}])
         if finding is not None:
             existing = read_rows(root, "findings", key) or []
             write_rows(root, "findings", key, [r for r in existing if r["id"] != "hang"] + [{

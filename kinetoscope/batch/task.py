@@ -117,8 +117,12 @@ def analyze_file(path: str, job: str, index: int, store: str, resume: bool = Fal
          "estimate_json": json.dumps(dict(f.estimate), default=str) if f.estimate else None}
         for f in report.findings
     ]
-    loader_steps = report.results[rank.rank]["loader"].tables["loader_per_step"] if "loader" in report.results[rank.rank] else None
-    gpu_steps = report.results[rank.rank]["gpu"].tables.get("gpu_per_step") if "gpu" in report.results[rank.rank] else None
+    loader_steps = (
+        report.results[rank.rank]["loader"].tables["loader_per_step"] if "loader" in report.results[rank.rank] else None
+    )
+    gpu_steps = (
+        report.results[rank.rank]["gpu"].tables.get("gpu_per_step") if "gpu" in report.results[rank.rank] else None
+    )
     idle = {} if gpu_steps is None or gpu_steps.empty else gpu_steps.groupby("step")["idle_us"].max().to_dict()
     steps = [
         {"key": key, "job": job, "path": path, "rank": rank.rank, "step": int(s.step), "dur_us": s.dur_ns / 1000.0,

@@ -228,7 +228,7 @@ def _watch_other_profilers(torch: Any) -> None:
             _stand_aside("the script runs torch.autograd.profiler itself")
         return original_enter(self)
 
-    legacy.__enter__ = enter  # type: ignore[method-assign]
+    legacy.__enter__ = enter
 
 
 def _hook_exec() -> None:
@@ -240,17 +240,17 @@ def _hook_exec() -> None:
             continue
 
         def exec_(*args: Any, _original: Any = original, _name: str = name) -> Any:
-            args = list(args)
+            argv = list(args)
             try:
                 profiled = _state["profiled"]
                 _finish()
                 parent = "0" if profiled else str(os.getppid())  # the new image keeps this pid and parent
                 os.environ[PARENT_ENV] = parent
-                if _name == "execve" and len(args) > 2 and hasattr(args[2], "keys"):
-                    args[2] = {**args[2], PARENT_ENV: parent}
+                if _name == "execve" and len(argv) > 2 and hasattr(argv[2], "keys"):
+                    argv[2] = {**argv[2], PARENT_ENV: parent}
             except Exception:  # noqa: BLE001 - never stop the exec
                 pass
-            return _original(*args)
+            return _original(*argv)
 
         setattr(os, name, exec_)
 

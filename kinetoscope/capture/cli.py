@@ -10,13 +10,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from kinetoscope.errors import ConfigError, KinetoscopeError
 
 SITE_DIR = Path(__file__).resolve().parent / "_site"
 
 
-def add_capture_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_capture_command(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "capture",
         help="profile an unmodified training script (one profiler step per optimizer step)",
@@ -70,7 +71,7 @@ def run_capture(args: argparse.Namespace) -> int:
         raise ConfigError("--hang-timeout must be >= 0 seconds")
     if args.flight_recorder_entries < 0:
         raise ConfigError("--flight-recorder-entries must be >= 0")
-    config = {
+    config: dict[str, Any] = {
         "out_dir": str(Path(args.out).resolve()),
         "schedule": {"skip_first": args.skip_first, "wait": args.wait, "warmup": args.warmup,
                      "active": args.active, "repeat": args.repeat},
@@ -180,7 +181,7 @@ def _check_writable(out: Path) -> None:
         raise ConfigError(f"cannot write to --out {out} ({exc.strerror or exc})") from None
 
 
-def _read_statuses(out: Path) -> list[dict[str, object]]:
+def _read_statuses(out: Path) -> list[dict[str, Any]]:
     """What each process the command started told capture (see ``auto.status``)."""
     found = []
     for p in sorted(out.glob(".kinetoscope-status-*.json")) if out.is_dir() else []:
@@ -210,7 +211,7 @@ def _move_previous_run(out: Path) -> Path | None:
     return target
 
 
-def _why_no_trace(out: Path, code: int, statuses: list[dict[str, object]] | None = None) -> str:
+def _why_no_trace(out: Path, code: int, statuses: list[dict[str, Any]] | None = None) -> str:
     statuses = statuses or []
     manifests = sorted(out.glob("rank-*.manifest.json")) if out.is_dir() else []
     aside = next((s["stood_aside"] for s in statuses if s.get("stood_aside")), None)

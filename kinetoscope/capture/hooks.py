@@ -253,7 +253,8 @@ class _Hooks:
             @functools.wraps(original)
             def train(self: Any, mode: bool = True) -> Any:
                 local = hooks.local
-                if not hooks.live or getattr(local, "train_depth", 0):
+                depth: int = getattr(local, "train_depth", 0)
+                if not hooks.live or depth:
                     return original(self, mode)  # a child of the call being recorded
                 local.train_depth = 1
                 try:
@@ -353,7 +354,12 @@ class _Hooks:
                 warn_once("loop optimizer", f"optimizer step not recorded ({type(exc).__name__}: {exc})")
 
         handles = [register_optimizer_step_pre_hook(before), register_optimizer_step_post_hook(after)]
-        self.undo.append(lambda: [h.remove() for h in handles])
+
+        def remove_hooks() -> None:
+            for h in handles:
+                h.remove()
+
+        self.undo.append(remove_hooks)
         return True
 
     # --- torch.compile --------------------------------------------------------------------------
@@ -434,8 +440,7 @@ class _Hooks:
         self.dcp_patched = True
         for name in ("save", "async_save"):
             if callable(getattr(dcp, name, None)):
-                self._patch(dcp, name, lambda original, n=name: self._timed_save(
-                    original, f"torch.distributed.checkpoint.{n}"))
+                self._patch(dcp, name, functools.partial(self._timed_save, call=f"torch.distributed.checkpoint.{name}"))
 
     def _timed_save(self, original: Any, call: str) -> Any:
         hooks = self
@@ -443,7 +448,8 @@ class _Hooks:
         @functools.wraps(original)
         def save(*args: Any, **kwargs: Any) -> Any:
             local = hooks.local
-            if not hooks.live or getattr(local, "save_depth", 0):
+            depth: int = getattr(local, "save_depth", 0)
+            if not hooks.live or depth:
                 return original(*args, **kwargs)  # inside another save (dcp writing through torch.save)
             local.save_depth = 1
             t0 = time.time_ns()

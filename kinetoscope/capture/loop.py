@@ -332,11 +332,19 @@ class LoopRecorder:
             "loaders": loaders if "data_wait" in recorded else None,
             "backward_calls": self.backward_calls if "backward" in recorded else None,
             "optimizer_steps": self.optimizer_steps if "optimizer_step" in recorded else None,
-            "validation": ({**self._validation, "total_ns": _union_ns(self._validation_spans)}
-                           if "validation" in recorded else None),
-            "compile": ({**self._compile, "total_ns": _union_ns(self._compile_spans)} if "compile" in recorded else None),
-            "checkpoint": ({**self._checkpoint, "total_ns": _union_ns(self._checkpoint_spans)}
-                          if "checkpoint" in recorded else None),
+            "validation": (
+                {**self._validation, "total_ns": _union_ns(self._validation_spans)}
+                if "validation" in recorded
+                else None
+            ),
+            "compile": (
+                {**self._compile, "total_ns": _union_ns(self._compile_spans)} if "compile" in recorded else None
+            ),
+            "checkpoint": (
+                {**self._checkpoint, "total_ns": _union_ns(self._checkpoint_spans)}
+                if "checkpoint" in recorded
+                else None
+            ),
         }
 
     def step_lists(self, steps: int) -> dict[str, list[int] | None]:

@@ -236,7 +236,10 @@ class Profiler:
             probe.write_bytes(b"")
             probe.unlink()
         except OSError as exc:
-            warn_once("output directory", f"cannot write to {self.out_dir} ({exc.strerror or exc}); profiling is off, training continues")
+            warn_once(
+                "output directory",
+                f"cannot write to {self.out_dir} ({exc.strerror or exc}); profiling is off, training continues",
+            )
             return False
         recovered, removed = tidy_output_dir(self.out_dir)  # what a killed earlier run left (its processes are gone)
         if recovered or removed:
@@ -262,7 +265,8 @@ class Profiler:
             profile_memory=self.profile_memory,
             with_stack=self.with_stack,
         )
-        prof._kinetoscope_own = True  # capture's own: not "the script starting a profiler of its own"
+        # capture's own: not "the script starting a profiler of its own" (a marker torch's class does not declare)
+        prof._kinetoscope_own = True  # type: ignore[attr-defined]
         prof.start()
         self._prof = prof
 
@@ -366,7 +370,9 @@ class Profiler:
                       "persistent_workers": get("_persistent_workers", "persistent_workers"),
                       "pin_memory": get("_pin_memory", "pin_memory"),
                       "batch_size": getattr(sampler, "batch_size", None) if sampler is not None else get("batch_size")}
-            self._dataloader = {k: (v if isinstance(v, (int, bool)) or v is None else str(v)) for k, v in config.items()}
+            self._dataloader = {
+                k: (v if isinstance(v, (int, bool)) or v is None else str(v)) for k, v in config.items()
+            }
         except Exception:  # noqa: BLE001 - a loader of an unexpected shape is simply not described
             self._dataloader = {}
 
@@ -426,7 +432,9 @@ class Profiler:
         try:
             self._prof.step()
         except Exception as exc:  # noqa: BLE001
-            warn_once("profiler step", f"profiler failed ({type(exc).__name__}: {exc}); profiling is off, training continues")
+            warn_once(
+                "profiler step", f"profiler failed ({type(exc).__name__}: {exc}); profiling is off, training continues"
+            )
             prof, self._prof = self._prof, None
             self._stop_profiler(prof)
 
@@ -592,7 +600,9 @@ def _host_facts() -> dict[str, Any]:
     return {"cpus": cpus, "cores_effective": None, "torch_threads": threads}
 
 
-def profile_loop(iterable: Iterable[T], out_dir: str | os.PathLike[str] = "kinetoscope_traces", **options: Any) -> Iterator[T]:
+def profile_loop(
+    iterable: Iterable[T], out_dir: str | os.PathLike[str] = "kinetoscope_traces", **options: Any
+) -> Iterator[T]:
     """Yield from ``iterable``, one profiler step per item, timing the wait for each item (a DataLoader's waits
     are timed by the loop recorder, once: never here as well)."""
     options.setdefault("step_source", "dataloader")

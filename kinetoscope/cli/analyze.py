@@ -28,7 +28,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                          help="text (default) or json: one JSON report per PATH, one per line")
     analyze.add_argument("--indent", type=int, default=None, help="pretty-print JSON with this indent")
     analyze.add_argument("--max-size", default="8G", help="refuse traces larger than this once gunzipped (default 8G)")
-    analyze.add_argument("--max-events", type=int, default=200_000_000, help="refuse traces with more events (default 200M)")
+    analyze.add_argument(
+        "--max-events", type=int, default=200_000_000, help="refuse traces with more events (default 200M)"
+    )
     analyze.add_argument("--max-depth", type=int, default=512,
                          help="refuse JSON nested deeper than this many levels (default 512, at most 900)")
     analyze.add_argument("--max-fallback", default="16M",

@@ -15,14 +15,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     redact = sub.add_parser(
         "redact",
         help="write a copy of a trace, or of a capture directory, with its secrets redacted (for a public bug report)",
-        description=("Write TRACE to OUT with every secret-looking value replaced by [redacted]: tokens (Hugging Face, "
-                     "GitHub, OpenAI-style, AWS, Slack, JWTs, ...), credentials in URLs, Azure account keys, and values "
-                     "of keys or flags that name a secret (HF_TOKEN=..., --password ...), in the metadata and in every "
-                     "event's arguments. Everything else is kept byte for byte, so OUT analyses like TRACE. OUT ending "
-                     "in .gz is gzipped. TRACE may be a capture directory: then OUT is a new directory holding every "
-                     "trace and sidecar (manifest, steps.json) of it, each redacted, under the same names (hidden "
-                     "temporaries and other files are left out, and counted); nothing is written unless all of them "
-                     "read as traces or JSON."),
+        description=(
+            "Write TRACE to OUT with every secret-looking value replaced by [redacted]: tokens (Hugging Face, "
+            "GitHub, OpenAI-style, AWS, Slack, JWTs, ...), credentials in URLs, Azure account keys, and values "
+            "of keys or flags that name a secret (HF_TOKEN=..., --password ...), in the metadata and in every "
+            "event's arguments. Everything else is kept byte for byte, so OUT analyses like TRACE. OUT ending "
+            "in .gz is gzipped. TRACE may be a capture directory: then OUT is a new directory holding every "
+            "trace and sidecar (manifest, steps.json) of it, each redacted, under the same names (hidden "
+            "temporaries and other files are left out, and counted); nothing is written unless all of them "
+            "read as traces or JSON."
+        ),
     )
     redact.add_argument("trace", metavar="TRACE")
     redact.add_argument("-o", "--output", required=True, metavar="OUT")

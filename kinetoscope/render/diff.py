@@ -110,7 +110,10 @@ def render_diff(d: Diff) -> str:
             continue
         change = "" if _missing(r.change) else f"{r.change:+.1%}"
         verdict = {True: "better", False: "worse"}.get(r.better, "")
-        out.append(f"  {r.metric:<40} {number(r.before, r.metric):>14} -> {number(r.after, r.metric):<14} {change:>8} {verdict}")
+        out.append(
+            f"  {r.metric:<40} {number(r.before, r.metric):>14} -> "
+            f"{number(r.after, r.metric):<14} {change:>8} {verdict}"
+        )
     if len(d.findings):
         out.append("")
         out.append("Findings (measured cost: time per step of the profiled window, or memory growth per step):")
@@ -122,7 +125,11 @@ def render_diff(d: Diff) -> str:
         for x in d.fixes.itertuples():
             pred = "not estimated" if _missing(x.predicted_step_us) else (
                 f"predicted {x.predicted_step_us / 1000:,.2f} ms ({x.predicted_change:+.1%})")
-            meas = "n/a" if _missing(x.measured_step_us) else f"{x.measured_step_us / 1000:,.2f} ms ({x.measured_change:+.1%})"
+            meas = (
+                "n/a"
+                if _missing(x.measured_step_us)
+                else f"{x.measured_step_us / 1000:,.2f} ms ({x.measured_change:+.1%})"
+            )
             err = "" if _missing(x.error) else f", off by {x.error:+.1%}"
             out.append(f"  rank {x.rank} {x.id}: {pred}; measured {meas}{err}")
     for label, table in (("GPU kernels", d.kernels), ("CPU ops", d.ops)):
@@ -130,7 +137,10 @@ def render_diff(d: Diff) -> str:
             out.append("")
             out.append(f"{label} whose time per step changed most (us per step):")
             for k in table.itertuples():
-                out.append(f"  {k.change_us_per_step:+12.1f}  {k.before_us_per_step:12.1f} -> {k.after_us_per_step:<12.1f} {k.name[:90]}")
+                out.append(
+                    f"  {k.change_us_per_step:+12.1f}  {k.before_us_per_step:12.1f} -> "
+                    f"{k.after_us_per_step:<12.1f} {k.name[:90]}"
+                )
     return "\n".join(out) + "\n"
 
 

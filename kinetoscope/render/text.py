@@ -28,7 +28,10 @@ def render_text(report: Report) -> str:
     for r in report.ranks:
         out.append("")
         names = [d for d in (r.get("devices") or []) if d]
-        devices = ", ".join(f"{names.count(n)}x {n}" if names.count(n) > 1 else n for n in dict.fromkeys(names)) or "no device info"
+        devices = (
+            ", ".join(f"{names.count(n)}x {n}" if names.count(n) > 1 else n for n in dict.fromkeys(names))
+            or "no device info"
+        )
         out.append(f"Rank {r['rank']} ({r['rank_source']}) - {r['file']} - {devices}")
         window = r.get("window") or {}
         out.append(f"  window         {_ms(r.get('window_us'))}  ({window.get('description', '')})")
@@ -36,7 +39,10 @@ def render_text(report: Report) -> str:
         partial = steps.get("partial") or 0
         cut = f", and {partial} cut short (left out)" if partial else ""
         if steps.get("count"):
-            out.append(f"  steps          {steps['count']} (#{steps['first']}-#{steps['last']}), mean {_ms(steps['mean_us'])}{cut}")
+            out.append(
+                f"  steps          {steps['count']} (#{steps['first']}-#{steps['last']}), "
+                f"mean {_ms(steps['mean_us'])}{cut}"
+            )
         elif partial:
             out.append(f"  steps          none complete: {partial} cut short by the run's end (#{steps['first']})")
         else:
@@ -46,18 +52,27 @@ def render_text(report: Report) -> str:
             host = ", ".join(f"{k.replace('_', ' ')} {_pct(v['fraction'])}" for k, v in phases.items() if v["fraction"])
             out.append(f"  step anatomy   host: {host}")
             if any(v["gpu_fraction"] for v in phases.values()):
-                gpu_line = ", ".join(f"{k.replace('_', ' ')} {_pct(v['gpu_fraction'])}" for k, v in phases.items() if v["gpu_fraction"])
+                gpu_line = ", ".join(
+                    f"{k.replace('_', ' ')} {_pct(v['gpu_fraction'])}" for k, v in phases.items() if v["gpu_fraction"]
+                )
                 out.append(f"                 GPU work launched from: {gpu_line}")
         loader = r.get("loader") or {}
         if loader.get("calls"):
             out.append(
                 f"  data loading   {_ms(loader['time_us'])} = {_pct(loader['fraction'])} of window"
-                + (f"; GPU idle meanwhile {_ms(loader['gpu_idle_cost_us'])}" if loader.get("gpu_idle_cost_us") is not None else "")
+                + (
+                    f"; GPU idle meanwhile {_ms(loader['gpu_idle_cost_us'])}"
+                    if loader.get("gpu_idle_cost_us") is not None
+                    else ""
+                )
             )
         run = loader.get("run") if loader else None
         if run:
-            waiting = (f"waiting for data {_pct(run['data_wait_fraction'])} of wall time"
-                       if run.get("data_wait_fraction") is not None else "waiting for data: not recorded by this capture")
+            waiting = (
+                f"waiting for data {_pct(run['data_wait_fraction'])} of wall time"
+                if run.get("data_wait_fraction") is not None
+                else "waiting for data: not recorded by this capture"
+            )
             validation = (f", validation {_ms(run['validation_us'])} = {_pct(run['validation_fraction'])}"
                           if run.get("validation_us") else "")
             out.append(f"  whole run      {run['steps']} steps timed, {waiting}{validation}")
@@ -66,11 +81,15 @@ def render_text(report: Report) -> str:
             missing = gpu.get("missing_activity") or {}
             for d in gpu["devices"]:
                 if d["idle_fraction"] is None:
-                    out.append(f"  GPU {d['device']} busy     {_ms(d['busy_us'])}; idle not judged: the trace misses the GPU's "
-                               f"activity for {_pct(missing.get('unknown_fraction'))} of the window")
+                    out.append(
+                        f"  GPU {d['device']} busy     {_ms(d['busy_us'])}; idle not judged: the trace misses "
+                        f"the GPU's activity for {_pct(missing.get('unknown_fraction'))} of the window"
+                    )
                     continue
                 causes = ", ".join(f"{k.replace('_', ' ')} {_ms(v)}" for k, v in d["idle_by_cause_us"].items() if v)
-                out.append(f"  GPU {d['device']} idle     {_pct(d['idle_fraction'])} of window ({causes or 'no idle time'})")
+                out.append(
+                    f"  GPU {d['device']} idle     {_pct(d['idle_fraction'])} of window ({causes or 'no idle time'})"
+                )
             for s in gpu["streams"]:
                 out.append(
                     f"    stream {s['stream']:<6} busy {_ms(s['busy_us'])}, idle {_pct(s['idle_fraction'])}, "
@@ -83,22 +102,29 @@ def render_text(report: Report) -> str:
             if c:
                 out.append(
                     f"  {label:<14} {c['count']} copies, {_ms(c['time_us'])}, {_mib(c['bytes'])}, "
-                    f"{c['bandwidth_gb_per_s']} GB/s, pageable {_pct(c['pageable_fraction'])}, overlapped {_pct(c['overlap_fraction'])}"
+                    f"{c['bandwidth_gb_per_s']} GB/s, pageable {_pct(c['pageable_fraction'])}, "
+                    f"overlapped {_pct(c['overlap_fraction'])}"
                 )
         for track, series in (r.get("telemetry") or {}).items():
             shown = ", ".join(f"{k} mean {v['mean']:g} (max {v['max']:g})" for k, v in sorted(series.items()))
             out.append(f"  telemetry      {track}: {shown}")
         comm = r.get("comm")
         if comm and comm.get("overlap_fraction") is not None:
-            out.append(f"  communication  {comm['collectives']} collectives, {_ms(comm['time_us'])}, overlapped with compute "
-                       f"{_pct(comm['overlap_fraction'])}, exposed {_ms(comm['exposed_us'])}")
+            out.append(
+                f"  communication  {comm['collectives']} collectives, {_ms(comm['time_us'])}, overlapped with compute "
+                f"{_pct(comm['overlap_fraction'])}, exposed {_ms(comm['exposed_us'])}"
+            )
         elif comm and comm.get("where") == "gpu":
-            out.append(f"  communication  {comm['collectives']} collectives, {_ms(comm['time_us'])}; overlap with compute "
-                       "not judged: the trace misses part of the GPU's activity")
+            out.append(
+                f"  communication  {comm['collectives']} collectives, {_ms(comm['time_us'])}; overlap with compute "
+                "not judged: the trace misses part of the GPU's activity"
+            )
         elif comm:
             ops = ", ".join(f"{v['count']} {k}" for k, v in comm["by_op"].items())
-            out.append(f"  communication  {comm['collectives']} collectives on the host ({ops}), {_ms(comm['time_us'])} = "
-                       f"{_pct(comm['fraction'])} of window")
+            out.append(
+                f"  communication  {comm['collectives']} collectives on the host ({ops}), {_ms(comm['time_us'])} = "
+                f"{_pct(comm['fraction'])} of window"
+            )
         mem = r.get("memory")
         if mem:
             for d in mem["devices"]:
@@ -122,8 +148,10 @@ def render_text(report: Report) -> str:
                    + (f", {p2p} point-to-point calls never matched" if p2p else "")
                    + "; clocks aligned on collective completion):")
         for r in coll["ranks"]:
-            out.append(f"  rank {r['rank']}: clock skew {_ms(r['clock_skew_us'])}, waiting {_ms(r['wait_us'])}, "
-                       f"last to arrive {r['waited_for_count']} times ({r['matched']} matched, {r['unmatched']} unmatched)")
+            out.append(
+                f"  rank {r['rank']}: clock skew {_ms(r['clock_skew_us'])}, waiting {_ms(r['wait_us'])}, "
+                f"last to arrive {r['waited_for_count']} times ({r['matched']} matched, {r['unmatched']} unmatched)"
+            )
         if coll["most_waited_for_rank"] is not None:
             out.append(f"  most waited-for rank: {coll['most_waited_for_rank']}")
     missing = missing_ranks_text(report.job)
@@ -137,8 +165,8 @@ def render_text(report: Report) -> str:
         out += [f"  {v}" for v in report.violations]
     if report.failures:
         out.append("")
-        for f in report.failures:
-            out.append(f"  analysis error in {f.analyzer} (rank {f.rank}): {f.error}")
+        for failure in report.failures:
+            out.append(f"  analysis error in {failure.analyzer} (rank {failure.rank}): {failure.error}")
     return "\n".join(out) + "\n"
 
 
@@ -191,8 +219,10 @@ def render_whatif(source: str, wanted: list[str], ranks: list[dict[str, Any]]) -
             out.append(f"  {f['id']:<22} {line}")
         together = r.get("together")
         if together:
-            out.append(f"  together ({', '.join(r.get('applied') or wanted)}): {_ms(together['step_us_after'])} per step, "
-                       f"{_ms(together['saving_us_per_step'])} faster ({_pct(together['saving_fraction'])})")
+            out.append(
+                f"  together ({', '.join(r.get('applied') or wanted)}): {_ms(together['step_us_after'])} per step, "
+                f"{_ms(together['saving_us_per_step'])} faster ({_pct(together['saving_fraction'])})"
+            )
             for a in dict.fromkeys(together["assumptions"]):
                 out.append(f"    assuming {a}")
         for missing in r.get("not_found") or []:

@@ -22,7 +22,10 @@ from kinetoscope.analyze.model.units import frac, us
 
 @register("phases", "Step anatomy")
 def analyze_phases(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
-    """Host time per step phase (data wait, copy launch, forward, backward, optimizer, zero_grad, sync, other) and GPU time launched from each."""
+    (
+        "Host time per step phase (data wait, copy launch, forward, backward, optimizer, zero_grad, sync, other) "
+        "and GPU time launched from each."
+    )
     w = window(trace)
     phases = host_phases(trace)
     steps = steps_or_window(trace, w)

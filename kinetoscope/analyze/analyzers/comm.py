@@ -48,20 +48,36 @@ def _exposed_finding(trace: RankTrace, config: AnalysisConfig, w: Any, exposed_n
     parts = ", ".join(f"{op} {ns / w.dur_ns:.1%}" for op, ns in by_op.items() if ns)
     advice = [_OVERLAP_ADVICE[op] for op in by_op if by_op[op] and op in _OVERLAP_ADVICE]
     return Finding(
-        id="exposed_comm", rank=trace.rank,
-        title=(f"Communication not overlapped with compute takes {exposed_ns / w.dur_ns:.0%} of the "
-               f"{w.dur_ns / 1e6:.1f} ms window ({parts})"),
-        evidence={"exposed_us": us(exposed_ns), "exposed_fraction_of_window": frac(exposed_ns, w.dur_ns),
-                  "communication_us": us(comm_ns), "exposed_by_op_us": {op: us(ns) for op, ns in by_op.items()},
-                  "where": where, "steps": int(len(trace.steps)), "window_us": us(w.dur_ns),
-                  "unknown_us": us(unknown_ns),
-                  "measure": "collective time (a union) during which no compute runs"
-                             + (" on the GPU, where the trace shows the GPU's activity (unknown: the collective time "
-                                "where it does not)" if where == "gpu" else " on the training process's compute threads")},
-        recommendation=("Overlap communication with compute: " + "; ".join(advice or [
-            "issue collectives asynchronously and wait for them only where their result is needed"])
+        id="exposed_comm",
+        rank=trace.rank,
+        title=(
+            f"Communication not overlapped with compute takes {exposed_ns / w.dur_ns:.0%} of the "
+            f"{w.dur_ns / 1e6:.1f} ms window ({parts})"
+        ),
+        evidence={
+            "exposed_us": us(exposed_ns),
+            "exposed_fraction_of_window": frac(exposed_ns, w.dur_ns),
+            "communication_us": us(comm_ns),
+            "exposed_by_op_us": {op: us(ns) for op, ns in by_op.items()},
+            "where": where,
+            "steps": int(len(trace.steps)),
+            "window_us": us(w.dur_ns),
+            "unknown_us": us(unknown_ns),
+            "measure": "collective time (a union) during which no compute runs"
+            + (
+                " on the GPU, where the trace shows the GPU's activity (unknown: the collective time where it does not)"
+                if where == "gpu"
+                else " on the training process's compute threads"
+            ),
+        },
+        recommendation=(
+            "Overlap communication with compute: "
+            + "; ".join(
+                advice or ["issue collectives asynchronously and wait for them only where their result is needed"]
+            )
             + ". Part of the exposed time can be waiting for slower ranks: compare ranks (kinetoscope analyze on the "
-              "job's directory) before tuning overlap."),
+            "job's directory) before tuning overlap."
+        ),
         impact_us=exposed_ns / 1000.0,
     )
 

@@ -51,7 +51,9 @@ def _device_ns(trace: RankTrace, sel: pd.DataFrame, w: Window) -> dict[int, dict
             overlapped.append(iv.intersect(_clip_union(group, w), other_set))
         ns["overlapped"] = iv.measure(_union_all(overlapped))
         ns["bytes"] = int(mine["bytes"].fillna(0).sum())
-        ns["pageable_like"] = iv.measure(_union_all([_clip_union(sel[on & (groups["pageable"] | groups["blocking_unknown"])], w)]))
+        ns["pageable_like"] = iv.measure(
+            _union_all([_clip_union(sel[on & (groups["pageable"] | groups["blocking_unknown"])], w)])
+        )
         out[int(device)] = ns
     return out
 
@@ -88,15 +90,27 @@ def _direction_metrics(trace: RankTrace, sel: pd.DataFrame, w: Window) -> dict[s
         "overlap_fraction_of": "copy time",
         "pageable_fraction": frac(total["pageable_like"], time_ns) if total["unknown"] == 0 else None,
         "pageable_fraction_of": "copy time (named Pageable, or blocking the host for the whole copy)",
-        "host_memory_us": {"pageable": us(total["pageable"]), "pinned": us(total["pinned"]),
-                           "unknown_but_blocking": us(total["blocking_unknown"]), "unknown": us(total["unknown"])},
+        "host_memory_us": {
+            "pageable": us(total["pageable"]),
+            "pinned": us(total["pinned"]),
+            "unknown_but_blocking": us(total["blocking_unknown"]),
+            "unknown": us(total["unknown"]),
+        },
         "pageable_count": int(sel["pageable"].sum()),
         "pinned_count": int(sel["pinned"].sum()),
         "unknown_count": int((sel["host_memory"] == "unknown").sum()),
         "synchronous_count": int(sel["synchronous"].sum()),
         "blocking_count": int(sel["blocking"].sum()),
-        "devices": [{"device": d, "time_us": us(v["time"]), "fraction": frac(v["time"], w.dur_ns),
-                     "overlap_fraction": frac(v["overlapped"], v["time"]), "bytes": v["bytes"]} for d, v in sorted(per.items())],
+        "devices": [
+            {
+                "device": d,
+                "time_us": us(v["time"]),
+                "fraction": frac(v["time"], w.dur_ns),
+                "overlap_fraction": frac(v["overlapped"], v["time"]),
+                "bytes": v["bytes"],
+            }
+            for d, v in sorted(per.items())
+        ],
         "_pageable_like_ns": total["pageable_like"],
         "_busiest_ns": busiest["time"],
     }

@@ -52,12 +52,19 @@ def analyze_coverage(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult
         events = sum(cats.values())
         what = (f"{events:,} of its events ({', '.join(f'{c}: {n:,}' for c, n in cats.items())})" if events
                 else f"a process group on it (backend {backend})")
-        findings.append(Finding(
-            id="accelerator_unread", rank=trace.rank,
-            title=(f"The trace holds {name} accelerator work that Kinetoscope does not analyse - {what}: its device "
-                   "time, idle, copies and launches are not judged, so no finding here speaks for that device"),
-            evidence={"accelerator": name, "events_by_category": cats, "distributed_backend": backend or None},
-            recommendation=(f"Read the {name} timeline with its vendor's tools (or the trace in Perfetto); Kinetoscope's "
-                            "host-side findings (data loading, the training loop's phases) still hold."),
-        ))
+        findings.append(
+            Finding(
+                id="accelerator_unread",
+                rank=trace.rank,
+                title=(
+                    f"The trace holds {name} accelerator work that Kinetoscope does not analyse - {what}: its device "
+                    "time, idle, copies and launches are not judged, so no finding here speaks for that device"
+                ),
+                evidence={"accelerator": name, "events_by_category": cats, "distributed_backend": backend or None},
+                recommendation=(
+                    f"Read the {name} timeline with its vendor's tools (or the trace in Perfetto); Kinetoscope's "
+                    "host-side findings (data loading, the training loop's phases) still hold."
+                ),
+            )
+        )
     return AnalysisResult(key="coverage", metrics={"coverage": metrics}, findings=tuple(findings))

@@ -79,7 +79,9 @@ def _attribute(idle: iv.Intervals, causes: dict[str, iv.Intervals]) -> dict[str,
     return out
 
 
-def _gap_table(trace: RankTrace, device: int, gaps: iv.Intervals, parts: dict[str, iv.Intervals], config: AnalysisConfig) -> pd.DataFrame:
+def _gap_table(
+    trace: RankTrace, device: int, gaps: iv.Intervals, parts: dict[str, iv.Intervals], config: AnalysisConfig
+) -> pd.DataFrame:
     lengths = gaps[1] - gaps[0]
     big = lengths >= config.min_gap_us * 1000
     starts, ends, lengths = gaps[0][big], gaps[1][big], lengths[big]
@@ -208,12 +210,17 @@ def _gpu_used_but_not_recorded(trace: RankTrace) -> Finding | None:
     return Finding(
         id="gpu_activity_missing",
         rank=trace.rank,
-        title=(f"The run used a GPU ({', '.join(examples)} on the host; the trace lists "
-               f"{len(trace.meta.device_properties)} GPU(s)) but no GPU activity was recorded: GPU time is unknown"),
-        evidence={"host_events_using_a_gpu": int(len(hits)), "examples": examples,
-                  "devices": [p.get("name") for p in trace.meta.device_properties]},
-        recommendation="Profile with activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA] (kinetoscope.capture does) "
-                       "to see kernels, copies and GPU idle time.",
+        title=(
+            f"The run used a GPU ({', '.join(examples)} on the host; the trace lists "
+            f"{len(trace.meta.device_properties)} GPU(s)) but no GPU activity was recorded: GPU time is unknown"
+        ),
+        evidence={
+            "host_events_using_a_gpu": int(len(hits)),
+            "examples": examples,
+            "devices": [p.get("name") for p in trace.meta.device_properties],
+        },
+        recommendation="Profile with activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA] "
+        "(kinetoscope.capture does) to see kernels, copies and GPU idle time.",
     )
 
 
@@ -221,7 +228,9 @@ def _doubt(trace: RankTrace, config: AnalysisConfig, w: Window, startup: pd.Data
     """Why the window cannot support a warning about the GPU's timeline, or None when it can."""
     if w.dur_ns and startup_ns / w.dur_ns >= config.startup_max_fraction:
         top = startup.nlargest(3, "dur_ns")
-        calls = ", ".join(f"{n} {d / 1e6:,.1f} ms" for n, d in zip(top["name"].astype(str), top["dur_ns"], strict=False))
+        calls = ", ".join(
+            f"{n} {d / 1e6:,.1f} ms" for n, d in zip(top["name"].astype(str), top["dur_ns"], strict=False)
+        )
         return (f"{startup_ns / w.dur_ns:.0%} of the window is start-up ({calls}) with the GPU idle: "
                 "profile steps after warm-up to judge it")
     work = gpu_work(trace)
@@ -262,7 +271,9 @@ def _missing_finding(trace: RankTrace, w: Window, missing: Any, judged: bool) ->
     if missing.capture_ns:
         tips.append("Start the active window after graph capture and warm-up (a larger wait/warmup in the schedule).")
     if missing.holes_ns:
-        tips.append("Analyse the untrimmed trace; if the profiler dropped events, raise its buffer or profile fewer steps.")
+        tips.append(
+            "Analyse the untrimmed trace; if the profiler dropped events, raise its buffer or profile fewer steps."
+        )
     if missing.pending_ns:
         tips.append("Start recording when the GPU is drained (torch.cuda.synchronize() before the profiled steps), "
                     "or profile more steps so the window is in steady state.")
@@ -348,7 +359,12 @@ def _device_findings(trace: RankTrace, config: AnalysisConfig, w: Window, device
     if w.dur_ns and sync_ns / w.dur_ns >= config.sync_idle_fraction:
         calls = sync_calls(trace)
         in_window = calls[(calls["end_ns"] > w.start_ns) & (calls["ts_ns"] < w.end_ns)]
-        top = in_window.groupby("name", observed=True)["dur_ns"].agg(["count", "sum"]).sort_values("sum", ascending=False).head(5)
+        top = (
+            in_window.groupby("name", observed=True)["dur_ns"]
+            .agg(["count", "sum"])
+            .sort_values("sum", ascending=False)
+            .head(5)
+        )
         out.append(
             Finding(
                 id="sync_point",
@@ -359,8 +375,11 @@ def _device_findings(trace: RankTrace, config: AnalysisConfig, w: Window, device
                     "gpu_idle_caused_us": us(sync_ns),
                     "gpu_idle_caused_fraction_of_window": frac(sync_ns, w.dur_ns),
                     "measure": "GPU idle while the host is in a synchronising call, plus the idle right after it "
-                               f"returns while the drained queue refills (at most {config.sync_refill_max_us:g} us per call)",
-                    "calls": [{"name": str(n), "count": int(r["count"]), "host_time_us": us(r["sum"])} for n, r in top.iterrows()],
+                    f"returns while the drained queue refills (at most {config.sync_refill_max_us:g} us per call)",
+                    "calls": [
+                        {"name": str(n), "count": int(r["count"]), "host_time_us": us(r["sum"])}
+                        for n, r in top.iterrows()
+                    ],
                     "steps": int(len(trace.steps)),
                 },
                 recommendation=(
@@ -382,7 +401,9 @@ def _launch_bound(trace: RankTrace, config: AnalysisConfig, w: Window, device: i
     if not w.dur_ns or idle_ns / w.dur_ns < config.gpu_idle_min_fraction:
         return []
     q = launch_queue(trace)
-    q = q[(q["device"] == device).to_numpy() & (q["ts_ns"] >= w.start_ns).to_numpy() & (q["ts_ns"] < w.end_ns).to_numpy()]
+    q = q[
+        (q["device"] == device).to_numpy() & (q["ts_ns"] >= w.start_ns).to_numpy() & (q["ts_ns"] < w.end_ns).to_numpy()
+    ]
     if len(q) < config.launch_bound_min_kernels:
         return []
     # a device's own dispatch delay (the least any kernel waits after its launch: ~2-5 us on NVIDIA, ~16 us on an

@@ -81,20 +81,34 @@ def analyze_host(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
             f"{host['cpus']} CPUs" if host.get("cpus") else "",
             f"torch threads {host['torch_threads']}" if host.get("torch_threads") else "",
             f"{workers} DataLoader workers" if isinstance(workers, int) else "") if part)
-        findings.append(Finding(
-            id="host_oversubscribed", rank=trace.rank,
-            title=(f"The training process got {float(np.median(share)):.2f} of a core while its training thread had work "
-                   f"(median of {int(ok.sum())} steps): its work ran that much slower"
-                   + (f" ({facts})" if facts else "")),
-            evidence={"cores_while_busy": metrics["cores_while_busy"],
-                      "per_step": [{"step": int(s), "busy_us": us(b), "cpu_us": us(c)}
-                                   for s, b, c in zip(numbers[ok], busy[ok], cpu[ok], strict=False)][:20],
-                      "lost_us": us(float(lost.sum())), "lost_fraction_of_window": frac(float(lost.sum()), w.dur_ns),
-                      "cpus": host.get("cpus"), "torch_threads": host.get("torch_threads"), "num_workers": workers},
-            recommendation=("Other threads or processes compete for this host's CPUs: keep torch's threads "
-                            "(torch.set_num_threads / OMP_NUM_THREADS) plus DataLoader workers within the CPUs the job "
-                            "is given, pin the training process to cores of its own (taskset, numactl), and move other "
-                            "work off the node."),
-            impact_us=float(lost.sum()) / 1000.0,
-        ))
+        findings.append(
+            Finding(
+                id="host_oversubscribed",
+                rank=trace.rank,
+                title=(
+                    f"The training process got {float(np.median(share)):.2f} of a core while its training thread "
+                    f"had work (median of {int(ok.sum())} steps): its work ran that much slower"
+                    + (f" ({facts})" if facts else "")
+                ),
+                evidence={
+                    "cores_while_busy": metrics["cores_while_busy"],
+                    "per_step": [
+                        {"step": int(s), "busy_us": us(b), "cpu_us": us(c)}
+                        for s, b, c in zip(numbers[ok], busy[ok], cpu[ok], strict=False)
+                    ][:20],
+                    "lost_us": us(float(lost.sum())),
+                    "lost_fraction_of_window": frac(float(lost.sum()), w.dur_ns),
+                    "cpus": host.get("cpus"),
+                    "torch_threads": host.get("torch_threads"),
+                    "num_workers": workers,
+                },
+                recommendation=(
+                    "Other threads or processes compete for this host's CPUs: keep torch's threads "
+                    "(torch.set_num_threads / OMP_NUM_THREADS) plus DataLoader workers within the CPUs the job "
+                    "is given, pin the training process to cores of its own (taskset, numactl), and move other "
+                    "work off the node."
+                ),
+                impact_us=float(lost.sum()) / 1000.0,
+            )
+        )
     return AnalysisResult(key="host", metrics={"host": metrics}, findings=tuple(findings))

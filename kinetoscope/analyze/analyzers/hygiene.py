@@ -88,7 +88,9 @@ def _seed_draws(trace: RankTrace) -> pd.DataFrame:
         return rnd.iloc[0:0]
     nxt = np.searchsorted(items["ts_ns"].to_numpy(), rnd["end_ns"].to_numpy())
     ok = nxt < len(items)
-    gap = np.where(ok, items["ts_ns"].to_numpy()[np.minimum(nxt, len(items) - 1)] - rnd["end_ns"].to_numpy(), _SEED_GAP_NS + 1)
+    gap = np.where(
+        ok, items["ts_ns"].to_numpy()[np.minimum(nxt, len(items) - 1)] - rnd["end_ns"].to_numpy(), _SEED_GAP_NS + 1
+    )
     return rnd[gap <= _SEED_GAP_NS]
 
 
@@ -185,7 +187,9 @@ def analyze_hygiene(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
     return AnalysisResult(key="hygiene", metrics={"hygiene": metrics}, findings=tuple(findings))
 
 
-def _zero_grad(trace: RankTrace, raw: dict[str, pd.DataFrame], bwd: set[int], opt: set[int], zero: set[int]) -> list[Finding]:
+def _zero_grad(
+    trace: RankTrace, raw: dict[str, pd.DataFrame], bwd: set[int], opt: set[int], zero: set[int]
+) -> list[Finding]:
     out = []
     accumulating = _accumulating_steps(trace)
     ordered = sorted(trace.steps["step"].astype(int))
@@ -215,12 +219,17 @@ def _zero_grad(trace: RankTrace, raw: dict[str, pd.DataFrame], bwd: set[int], op
         if ((z["ts_ns"] >= b["end_ns"].max()) & (z["end_ns"] <= o["ts_ns"].min())).any():
             misplaced.append(s)
     if misplaced:
-        out.append(Finding(
-            id="zero_grad_missing", severity="critical", rank=trace.rank,
-            title=f"zero_grad runs between backward and the optimizer step in {len(misplaced)} steps: the update uses zeroed gradients",
-            evidence={"steps": misplaced[:20]},
-            recommendation="Move optimizer.zero_grad() before loss.backward() (or right after optimizer.step()).",
-        ))
+        out.append(
+            Finding(
+                id="zero_grad_missing",
+                severity="critical",
+                rank=trace.rank,
+                title=f"zero_grad runs between backward and the optimizer step in {len(misplaced)} steps: "
+                "the update uses zeroed gradients",
+                evidence={"steps": misplaced[:20]},
+                recommendation="Move optimizer.zero_grad() before loss.backward() (or right after optimizer.step()).",
+            )
+        )
     return out
 
 
@@ -232,19 +241,31 @@ def _optimizer_mismatch(trace: RankTrace, all_steps: set[int], bwd: set[int], op
     gaps = np.diff([ordered.index(s) for s in stepped]) if len(stepped) > 1 else np.array([])
     regular = len(gaps) > 0 and len(set(gaps.tolist())) == 1 and gaps[0] > 1 and bwd >= all_steps - {ordered[0]}
     every = int(gaps[0]) if regular else None
-    return [Finding(
-        id="optimizer_step_mismatch",
-        severity="info" if regular else "warning",
-        rank=trace.rank,
-        title=(f"Gradient accumulation: the optimizer steps every {every} training steps" if regular else
-               f"{len(opt)} optimizer steps for {len(all_steps)} training steps"),
-        evidence={"training_steps": len(all_steps), "optimizer_steps": len(opt), "steps_with_optimizer": stepped[:20],
-                  "accumulation_every": every},
-        recommendation=("Expected with gradient accumulation; scale the loss by 1/N and clear gradients only after each "
-                        "optimizer step." if regular else
-                        "Check the loop: an optimizer.step() that is skipped (an early continue, an AMP scaler skipping "
-                        "inf/NaN steps) or called twice per batch."),
-    )]
+    return [
+        Finding(
+            id="optimizer_step_mismatch",
+            severity="info" if regular else "warning",
+            rank=trace.rank,
+            title=(
+                f"Gradient accumulation: the optimizer steps every {every} training steps"
+                if regular
+                else f"{len(opt)} optimizer steps for {len(all_steps)} training steps"
+            ),
+            evidence={
+                "training_steps": len(all_steps),
+                "optimizer_steps": len(opt),
+                "steps_with_optimizer": stepped[:20],
+                "accumulation_every": every,
+            },
+            recommendation=(
+                "Expected with gradient accumulation; scale the loss by 1/N and clear gradients only after each "
+                "optimizer step."
+                if regular
+                else "Check the loop: an optimizer.step() that is skipped (an early continue, an AMP scaler skipping "
+                "inf/NaN steps) or called twice per batch."
+            ),
+        )
+    ]
 
 
 def _sync_in_loop(trace: RankTrace, all_steps: set[int], config: AnalysisConfig) -> list[Finding]:
@@ -268,18 +289,26 @@ def _sync_in_loop(trace: RankTrace, all_steps: set[int], config: AnalysisConfig)
     else:
         note = (f"; the host waits {blocked_ns / 1e6:,.1f} ms in them over the window, and the GPU idles "
                 f"{(cost_ns or 0) / 1e6:,.2f} ms right after them")
-    return [Finding(
-        id="sync_in_loop",
-        rank=trace.rank,
-        title=f"A host-device sync runs every step ({', '.join(str(n) for n in names.index[:3])}){note}",
-        evidence={"steps_with_sync": len(hit), "steps": len(all_steps),
-                  "ops": [{"name": str(n), "count": int(r["count"]), "time_us": us(r["sum"])} for n, r in names.iterrows()],
-                  "host_blocked_us": us(blocked_ns), "gpu_idle_caused_us": us(cost_ns),
-                  "gpu_idle_caused_fraction_of_window": frac(cost_ns, w.dur_ns)},
-        recommendation="Keep metrics on the device and read them every N steps: accumulate loss.detach() into a tensor, "
-                       "call .item()/.cpu()/print only when logging; avoid data-dependent Python branching on tensors.",
-        impact_us=(cost_ns or 0) / 1000.0,
-    )]
+    return [
+        Finding(
+            id="sync_in_loop",
+            rank=trace.rank,
+            title=f"A host-device sync runs every step ({', '.join(str(n) for n in names.index[:3])}){note}",
+            evidence={
+                "steps_with_sync": len(hit),
+                "steps": len(all_steps),
+                "ops": [
+                    {"name": str(n), "count": int(r["count"]), "time_us": us(r["sum"])} for n, r in names.iterrows()
+                ],
+                "host_blocked_us": us(blocked_ns),
+                "gpu_idle_caused_us": us(cost_ns),
+                "gpu_idle_caused_fraction_of_window": frac(cost_ns, w.dur_ns),
+            },
+            recommendation="Keep metrics on the device and read them every N steps: accumulate loss.detach() into a "
+            "tensor, call .item()/.cpu()/print only when logging; avoid data-dependent Python branching on tensors.",
+            impact_us=(cost_ns or 0) / 1000.0,
+        )
+    ]
 
 
 def _worker_respawn(trace: RankTrace) -> list[Finding]:
@@ -332,20 +361,32 @@ def _recompile(trace: RankTrace) -> list[Finding]:
     run_total_ns = run_total.get("total_ns") if isinstance(run_total.get("total_ns"), (int, float)) else None
     one_off = (run_total_ns / 1000.0 if run_total_ns else
                compile_ns / 1000.0 if len(compiling_steps) <= 1 else None)
-    return [Finding(
-        id="recompile",
-        rank=trace.rank,
-        title=(f"torch.compile recompiled {len(recompiles)} time(s) inside the profiled steps "
-               f"({compile_ns / max(w.dur_ns, 1):.0%} of the window compiling)" if recompiles else
-               "torch.compile compiled for the first time inside the profiled steps"),
-        evidence={"compile_ids": ids, "steps": _step_list(compiling_steps), "compile_time_us": us(compile_ns),
-                  "recurs": len(compiling_steps) > 1, "run_compile_time_us": us(run_total_ns),
-                  "run_recompiles": run_total.get("recompiles") if isinstance(run_total.get("recompiles"), int)
-                  else None},
-        recommendation=("Recompiles usually follow changing shapes or Python values: mark varying dims dynamic "
-                        "(torch._dynamo.mark_dynamic or dynamic=True), pad to a few fixed shapes, and run with "
-                        "TORCH_LOGS=recompiles to see the failing guard." if recompiles else
-                        "Profile after warm-up (a larger skip_first/wait) so compilation is not mistaken for step time."),
-        impact_us=compile_ns / 1000.0,
-        one_off_us=one_off,
-    )]
+    return [
+        Finding(
+            id="recompile",
+            rank=trace.rank,
+            title=(
+                f"torch.compile recompiled {len(recompiles)} time(s) inside the profiled steps "
+                f"({compile_ns / max(w.dur_ns, 1):.0%} of the window compiling)"
+                if recompiles
+                else "torch.compile compiled for the first time inside the profiled steps"
+            ),
+            evidence={
+                "compile_ids": ids,
+                "steps": _step_list(compiling_steps),
+                "compile_time_us": us(compile_ns),
+                "recurs": len(compiling_steps) > 1,
+                "run_compile_time_us": us(run_total_ns),
+                "run_recompiles": run_total.get("recompiles") if isinstance(run_total.get("recompiles"), int) else None,
+            },
+            recommendation=(
+                "Recompiles usually follow changing shapes or Python values: mark varying dims dynamic "
+                "(torch._dynamo.mark_dynamic or dynamic=True), pad to a few fixed shapes, and run with "
+                "TORCH_LOGS=recompiles to see the failing guard."
+                if recompiles
+                else "Profile after warm-up (a larger skip_first/wait) so compilation is not mistaken for step time."
+            ),
+            impact_us=compile_ns / 1000.0,
+            one_off_us=one_off,
+        )
+    ]

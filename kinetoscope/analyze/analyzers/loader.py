@@ -205,15 +205,21 @@ def analyze_loader(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
                     "calls": int(len(frame)),
                     "iterator": metrics["iterator"],
                     "wait_kind": kind if any("MultiProcessing" in n for n in names) else None,
-                    "advice_if_no_gain": ("More DataLoader workers would not make the step faster here: replayed "
-                                          "with more of them, the step gains less than 3%. The loop's wait is what "
-                                          "taking each batch over costs, or the training itself bounds the step: "
-                                          "make batches cheaper to hand over, or look at the step's other findings."
-                                          if any("MultiProcessing" in n or "SingleProcess" in n for n in names)
-                                          else None),
+                    "advice_if_no_gain": (
+                        "More DataLoader workers would not make the step faster here: replayed "
+                        "with more of them, the step gains less than 3%. The loop's wait is what "
+                        "taking each batch over costs, or the training itself bounds the step: "
+                        "make batches cheaper to hand over, or look at the step's other findings."
+                        if any("MultiProcessing" in n or "SingleProcess" in n for n in names)
+                        else None
+                    ),
                     "wait_cpu_fraction": round(wait_cpu, 4) if wait_cpu is not None else None,
                     "worst_steps": [
-                        {"step": int(r.step), "loader_us": round(float(r.loader_us), 3), "step_us": round(float(r.step_us), 3)}
+                        {
+                            "step": int(r.step),
+                            "loader_us": round(float(r.loader_us), 3),
+                            "step_us": round(float(r.step_us), 3),
+                        }
                         for r in worst.itertuples()
                     ],
                     "window_us": us(w.dur_ns),
@@ -222,4 +228,6 @@ def analyze_loader(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
                 impact_us=float(basis_ns) / 1000.0,
             )
         )
-    return AnalysisResult(key="loader", metrics={"loader": metrics}, tables={"loader_per_step": per_step}, findings=tuple(findings))
+    return AnalysisResult(
+        key="loader", metrics={"loader": metrics}, tables={"loader_per_step": per_step}, findings=tuple(findings)
+    )

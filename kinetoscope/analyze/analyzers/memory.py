@@ -166,7 +166,9 @@ def _timeline(ts: np.ndarray, allocated: np.ndarray, reserved: np.ndarray | None
     return frame.assign(device=label)
 
 
-def _device_metrics(trace: RankTrace, group: pd.DataFrame, config: AnalysisConfig) -> tuple[dict[str, Any], pd.DataFrame, pd.DataFrame]:
+def _device_metrics(
+    trace: RankTrace, group: pd.DataFrame, config: AnalysisConfig
+) -> tuple[dict[str, Any], pd.DataFrame, pd.DataFrame]:
     w = window(trace)
     ts = group["ts_ns"].to_numpy(np.int64)
     allocated, basis = _series(group)
@@ -196,7 +198,7 @@ def _device_metrics(trace: RankTrace, group: pd.DataFrame, config: AnalysisConfi
     device_type = int(group["device_type"].iloc[0])
     device_id = int(group["device_id"].iloc[0])
     floor = growth_floor(config, _total_memory(trace, device_id) if device_type != 0 else None)
-    metrics = {
+    metrics: dict[str, Any] = {
         "device": device_label(device_type, device_id),
         "basis": basis,
         "events": int(len(group)),
@@ -207,16 +209,23 @@ def _device_metrics(trace: RankTrace, group: pd.DataFrame, config: AnalysisConfi
         "peak_reserved_bytes": int(reserved.max()) if has_reserved else None,
         "growth_bytes_per_step": round(slope, 3) if slope is not None else None,
         "growth_method": "Theil-Sen slope of allocated bytes at step ends",
-        "late_growth_bytes_per_step": round(alloc_growth["late_slope"], 3) if alloc_growth["late_slope"] is not None else None,
+        "late_growth_bytes_per_step": round(alloc_growth["late_slope"], 3)
+        if alloc_growth["late_slope"] is not None
+        else None,
         "growth_r2": round(alloc_growth["r2"], 6) if alloc_growth["r2"] is not None else None,
-        "rising_step_share": round(alloc_growth["rising_share"], 6) if alloc_growth["rising_share"] is not None else None,
+        "rising_step_share": round(alloc_growth["rising_share"], 6)
+        if alloc_growth["rising_share"] is not None
+        else None,
         "growth_tau": round(alloc_growth["tau"], 6) if alloc_growth["tau"] is not None else None,
         "growth_trend_z": round(alloc_growth["trend_z"], 4) if alloc_growth["trend_z"] is not None else None,
         "steady_growth": steady(alloc_growth, config, floor),
-        "reserved_growth_bytes_per_step": (round(res_growth["slope"], 3)
-                                           if res_growth and res_growth["slope"] is not None else None),
+        "reserved_growth_bytes_per_step": (
+            round(res_growth["slope"], 3) if res_growth and res_growth["slope"] is not None else None
+        ),
         "steady_reserved_growth": bool(res_growth and steady(res_growth, config, floor)),
-        "fragmentation_bytes_max": int(per_step["fragmentation_bytes"].max()) if per_step["fragmentation_bytes"].notna().any() else None,
+        "fragmentation_bytes_max": int(per_step["fragmentation_bytes"].max())
+        if per_step["fragmentation_bytes"].notna().any()
+        else None,
         "steps_fitted": int(len(fit)),
     }
     if slope is not None:
@@ -270,13 +279,17 @@ def analyze_memory(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
     )
 
 
-def _steps_to_oom(trace: RankTrace, m: dict[str, Any], device_type: int, device_id: int, slope: float) -> tuple[int | None, int | None]:
+def _steps_to_oom(
+    trace: RankTrace, m: dict[str, Any], device_type: int, device_id: int, slope: float
+) -> tuple[int | None, int | None]:
     total = _total_memory(trace, device_id) if device_type != 0 else None
     headroom = (total - (m["peak_reserved_bytes"] or m["peak_allocated_bytes"])) if total else None
     return total, (int(headroom / slope) if headroom is not None and slope > 0 else None)
 
 
-def _memory_findings(trace: RankTrace, config: AnalysisConfig, m: dict[str, Any], device_type: int, device_id: int) -> list[Finding]:
+def _memory_findings(
+    trace: RankTrace, config: AnalysisConfig, m: dict[str, Any], device_type: int, device_id: int
+) -> list[Finding]:
     n = m["steps_fitted"]
     slope = m["growth_bytes_per_step"]
     if m["steady_growth"]:
@@ -298,7 +311,9 @@ def _memory_findings(trace: RankTrace, config: AnalysisConfig, m: dict[str, Any]
     return []
 
 
-def _growth_finding(trace: RankTrace, config: AnalysisConfig, m: dict[str, Any], device_type: int, device_id: int) -> Finding:
+def _growth_finding(
+    trace: RankTrace, config: AnalysisConfig, m: dict[str, Any], device_type: int, device_id: int
+) -> Finding:
     slope = m["growth_bytes_per_step"]
     n = m["steps_fitted"]
     total, steps_to_oom = _steps_to_oom(trace, m, device_type, device_id, slope)
@@ -346,7 +361,9 @@ def _size(per_step: float) -> str:
     return f"{per_step / MiB:.1f} MiB" if per_step >= MiB / 10 else f"{per_step / 1024:.1f} KiB"
 
 
-def _reserved_finding(trace: RankTrace, config: AnalysisConfig, m: dict[str, Any], device_type: int, device_id: int) -> Finding:
+def _reserved_finding(
+    trace: RankTrace, config: AnalysisConfig, m: dict[str, Any], device_type: int, device_id: int
+) -> Finding:
     slope = m["reserved_growth_bytes_per_step"]
     n = m["steps_fitted"]
     total, steps_to_oom = _steps_to_oom(trace, m, device_type, device_id, slope)

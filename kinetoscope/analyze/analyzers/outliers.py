@@ -119,8 +119,16 @@ def analyze_outliers(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult
     rows = []
     for i in out:
         kind, basis, held = _what(trace, int(starts[i]), int(ends[i]), has_backward, int(i), marks, compile_spans)
-        rows.append({"step": int(steps["step"].iloc[i]), "step_us": us(dur[i]), "times_median": round(dur[i] / median, 2),
-                     "holds": kind, "known_from": basis, "held_us": us(held)})
+        rows.append(
+            {
+                "step": int(steps["step"].iloc[i]),
+                "step_us": us(dur[i]),
+                "times_median": round(dur[i] / median, 2),
+                "holds": kind,
+                "known_from": basis,
+                "held_us": us(held),
+            }
+        )
     excess = float(sum(dur[i] - median for i in out))
     kinds = sorted({r["holds"] for r in rows})
     metrics.update({"excess_us": us(excess), "holds": kinds})

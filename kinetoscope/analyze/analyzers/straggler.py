@@ -62,7 +62,9 @@ def rank_summary(r: RankTrace) -> RankSummary:
         "input": iv.measure(intervals_of(loader_spans(r), w)) / 1000.0 / per,
         "copy": iv.measure(intervals_of(copies, w)) / 1000.0 / per if r.has_gpu else None,
         # a CPU run computes on the host: its operators on the training thread
-        "compute": (iv.measure(intervals_of(compute, w)) if r.has_gpu else iv.measure(_cpu_compute(r, w))) / 1000.0 / per,
+        "compute": (iv.measure(intervals_of(compute, w)) if r.has_gpu else iv.measure(_cpu_compute(r, w)))
+        / 1000.0
+        / per,
         "host": iv.measure(host_busy(r)) / 1000.0 / per if r.has_gpu else None,
         "untraced": iv.measure(iv.subtract(_untraced(r, w), comm_set)) / 1000.0 / per if steps else None,
     }
@@ -151,21 +153,21 @@ def straggler_finding(summaries: list[RankSummary], m: Matching, a: Arrivals, co
     slow = a.ranks[i]
     others = [j for j in range(len(a.ranks)) if j != i and member[member[:, i]].any(axis=0)[j]]
     cause, excess = _cause(by_rank[slow], [by_rank[a.ranks[j]] for j in others], cost_per_step_us)
-    skews = {str(r): (m.skew_ns[r] / 1000.0 if m.skew_ns.get(r) is not None else None) for r in a.ranks}
+    skews = {str(r): (s / 1000.0 if (s := m.skew_ns.get(r)) is not None else None) for r in a.ranks}
     advice = {
         "input": f"Rank {slow} waits longer for data than the others: balance the input pipeline (workers per rank, "
-                 "shard sizes, storage locality) or prefetch more.",
-        "copy": f"Rank {slow} spends longer copying inputs to its GPU: pinned memory and non_blocking copies, and check "
-                "its PCIe/NUMA placement.",
-        "compute": f"Rank {slow}'s GPU takes longer for the same step: check uneven batch/sequence lengths across ranks, "
-                   "its GPU's clocks, thermals and power limits.",
-        "host": f"Rank {slow}'s host takes longer to issue the step: check CPU contention on its node (other processes, "
-                "too many DataLoader workers, CPU affinity).",
+        "shard sizes, storage locality) or prefetch more.",
+        "copy": f"Rank {slow} spends longer copying inputs to its GPU: pinned memory and non_blocking copies, and "
+        "check its PCIe/NUMA placement.",
+        "compute": f"Rank {slow}'s GPU takes longer for the same step: check uneven batch/sequence lengths across "
+        "ranks, its GPU's clocks, thermals and power limits.",
+        "host": f"Rank {slow}'s host takes longer to issue the step: check CPU contention on its node (other "
+        "processes, too many DataLoader workers, CPU affinity).",
         "untraced": f"Rank {slow}'s training thread spends longer than the others' outside any traced operator "
-                    "(Python the profiler did not record, I/O, a sleep, logging): profile it with with_stack=True to "
-                    "see what it runs there, and make it run on every rank alike or off the training thread.",
+        "(Python the profiler did not record, I/O, a sleep, logging): profile it with with_stack=True to "
+        "see what it runs there, and make it run on every rank alike or off the training thread.",
         "unknown": f"Rank {slow} arrives last, but none of its input, copy, compute, host or untraced time explains "
-                   "it: check what runs outside the profiled threads on its node.",
+        "it: check what runs outside the profiled threads on its node.",
     }[cause]
     # a collective kernel's start is the rank's arrival only when the trace shows everything queued before it
     incomplete = sorted(s.rank for s in summaries if s.unknown_fraction > config.missing_activity_max_fraction)
@@ -176,15 +178,23 @@ def straggler_finding(summaries: list[RankSummary], m: Matching, a: Arrivals, co
         id="straggler",
         # a rank late for no reason the trace shows, and not nearly always, is not told from lateness that moves
         # between ranks (a loaded host, noise): said, not claimed
-        ceiling="info" if incomplete or (cause == "unknown" and last_share < config.straggler_unexplained_min_last_share)
+        ceiling="info"
+        if incomplete or (cause == "unknown" and last_share < config.straggler_unexplained_min_last_share)
         else "critical",
-        ceiling_reason=(None if incomplete else "no part of its step explains its lateness, and it is not nearly always "
-                        "the last: it cannot be told from noise"),
+        ceiling_reason=(
+            None
+            if incomplete
+            else "no part of its step explains its lateness, and it is not nearly always "
+            "the last: it cannot be told from noise"
+        ),
         rank=int(slow),
-        title=(f"Rank {slow} is the straggler: it arrives last at {last_share:.0%} of the {considered} collectives of its "
-               f"groups in which a rank waited, "
-               f"and the others wait {cost_per_step_us / 1000:.2f} ms per step for it"
-               + (f" (cause: {cause})" if cause != "unknown" else "") + doubt),
+        title=(
+            f"Rank {slow} is the straggler: it arrives last at {last_share:.0%} of the {considered} collectives of its "
+            f"groups in which a rank waited, "
+            f"and the others wait {cost_per_step_us / 1000:.2f} ms per step for it"
+            + (f" (cause: {cause})" if cause != "unknown" else "")
+            + doubt
+        ),
         evidence={
             "rank": int(slow),
             "cause": cause,
@@ -210,7 +220,7 @@ def _cause(slow: RankSummary, others: list[RankSummary], lateness_us: float) -> 
     best, best_excess = "unknown", None
     for c in COMPONENTS:
         mine = slow.components_us.get(c)
-        theirs = [o.components_us.get(c) for o in others if o.components_us.get(c) is not None]
+        theirs = [t for o in others if (t := o.components_us.get(c)) is not None]
         if mine is None or not theirs:
             continue
         excess = float(mine) - float(np.median(theirs))
@@ -221,7 +231,9 @@ def _cause(slow: RankSummary, others: list[RankSummary], lateness_us: float) -> 
     return best, best_excess
 
 
-def job_analysis(summaries: list[RankSummary], config: AnalysisConfig) -> tuple[dict[str, Any], pd.DataFrame, Finding | None]:
+def job_analysis(
+    summaries: list[RankSummary], config: AnalysisConfig
+) -> tuple[dict[str, Any], pd.DataFrame, Finding | None]:
     """The job-level result from per-rank summaries: metrics, the matched collectives, the straggler."""
     m = match(summaries)
     a = arrivals(summaries, m)

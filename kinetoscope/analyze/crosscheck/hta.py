@@ -15,6 +15,7 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import pandas as pd
@@ -46,7 +47,9 @@ def hta_run(files: list[Path], method: str, **kwargs: object) -> object:
     try:
         from hta.trace_analysis import TraceAnalysis
     except ImportError as exc:
-        raise HtaUnavailable(f"HolisticTraceAnalysis is not installed ({exc}); pip install 'kinetoscope[hta]'") from None
+        raise HtaUnavailable(
+            f"HolisticTraceAnalysis is not installed ({exc}); pip install 'kinetoscope[hta]'"
+        ) from None
     with tempfile.TemporaryDirectory(prefix="kinetoscope-hta-") as tmp:
         for f in files:
             os.symlink(Path(f).resolve(), Path(tmp) / Path(f).name)
@@ -83,16 +86,16 @@ def hta_breakdowns(files: list[Path]) -> dict[str, object]:
 
 def hta_comm_comp_overlap(files: list[Path]) -> dict[int, float]:
     """HTA's per-rank share of communication time overlapped with computation, as a fraction."""
-    table = hta_run(files, "get_comm_comp_overlap", visualize=False)
-    return {int(r["rank"]): float(r["comp_comm_overlap_pctg"]) / 100.0 for _, r in table.iterrows()}  # type: ignore[union-attr]
+    table = cast(pd.DataFrame, hta_run(files, "get_comm_comp_overlap", visualize=False))  # HTA returns a DataFrame
+    return {int(r["rank"]): float(r["comp_comm_overlap_pctg"]) / 100.0 for _, r in table.iterrows()}
 
 
 def hta_temporal_breakdown(files: list[Path]) -> dict[int, HtaIdle]:
     """Run HTA's ``get_temporal_breakdown`` on the given rank files."""
-    table = hta_run(files, "get_temporal_breakdown", visualize=False)
+    table = cast(pd.DataFrame, hta_run(files, "get_temporal_breakdown", visualize=False))  # HTA returns a DataFrame
     return {
         int(row["rank"]): HtaIdle(int(row["rank"]), float(row["idle_time(us)"]), float(row["kernel_time(us)"]))
-        for _, row in table.iterrows()  # type: ignore[union-attr]
+        for _, row in table.iterrows()
     }
 
 

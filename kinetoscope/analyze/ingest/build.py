@@ -74,7 +74,9 @@ class _Fields:
         for event, fid, value in raw.odd:
             self._odd.setdefault(fid, []).append((event, value))
 
-    def get(self, name: str, rows: np.ndarray, order: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def get(
+        self, name: str, rows: np.ndarray, order: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(value, valid, present) for ``rows`` (ascending event indices), then put in ``order`` when
         given: present = the key held a non-null value; valid = that value is usable as an int64
         (odd values coerced like ``int()``)."""
@@ -105,8 +107,12 @@ class _Fields:
 
     def present_rows(self, names: tuple[str, ...], rows: np.ndarray) -> np.ndarray:
         """Ascending indices into ``rows`` of the events holding any of the fields ``names``."""
-        events = np.unique(np.concatenate([self._events[F[n]] for n in names]
-                                          + [np.array([e for e, _ in self._odd.get(F[n], [])], dtype=np.int64) for n in names]))
+        events = np.unique(
+            np.concatenate(
+                [self._events[F[n]] for n in names]
+                + [np.array([e for e, _ in self._odd.get(F[n], [])], dtype=np.int64) for n in names]
+            )
+        )
         if not len(events):
             return np.empty(0, dtype=np.int64)
         position = self._positions(rows)[events]
@@ -287,7 +293,7 @@ def build_marks(raw: RawColumns, events: pd.DataFrame, file_rows: np.ndarray, or
         for name, kind in _MARK_TYPES.items():
             v = args.get(name)
             ok = isinstance(v, kind) and (kind is not int or not isinstance(v, bool))
-            values[name].append(v if ok and (kind is not int or INT64_MIN <= v <= INT64_MAX) else None)
+            values[name].append(v if ok and (not isinstance(v, int) or INT64_MIN <= v <= INT64_MAX) else None)
     columns: dict[str, Any] = {"row": rows.astype(np.int64),
                                "name": pd.Categorical([str(n) for n in events["name"].to_numpy()[rows]])}
     for c in schema.MARK_COLUMNS[2:]:
@@ -317,7 +323,8 @@ def build_comm_args(raw: RawColumns, rows: np.ndarray, order: np.ndarray | None,
     strings = np.array(raw.strings, dtype=object)
     for name in _COMM_STR:
         code, ok, _ = fields.get(name, sub)
-        values = np.where(ok, strings[np.where(ok, code, 0)], None)
+        # numpy's stubs reject None as a value to choose; an object array holds it
+        values = np.where(ok, strings[np.where(ok, code, 0)], None)  # type: ignore[call-overload]
         columns[name] = pd.Categorical(values)
     for name in _COMM_INT:
         columns[name] = _nullable(*fields.get(name, sub)[:2])
@@ -441,8 +448,10 @@ def build_steps(events: pd.DataFrame, notes: list[str] | None = None) -> pd.Data
         over = (end > hi) | (start < lo)
         if over.any():
             for i in np.flatnonzero(over):
-                notes.append(f"ProfilerStep#{int(spans['step'].iloc[i])} runs {(end[i] - hi) / 1e6:.1f} ms past the end of "
-                             "the recording (never closed): clipped to the recording, and marked partial")
+                notes.append(
+                    f"ProfilerStep#{int(spans['step'].iloc[i])} runs {(end[i] - hi) / 1e6:.1f} ms past the end of "
+                    "the recording (never closed): clipped to the recording, and marked partial"
+                )
             start, end = np.clip(start, lo, hi), np.clip(end, lo, hi)
             partial = over
     return _steps_frame(spans["step"].to_numpy(), start, end, spans["tid"].astype(str).to_numpy(object), partial)
@@ -478,11 +487,14 @@ def _inferred_steps(events: pd.DataFrame, notes: list[str]) -> pd.DataFrame:
     else:
         notes.append("no ProfilerStep spans: steps inferred from the training loop's DataLoader waits")
     n = len(begin) - first
-    return _steps_frame(numbers[first:], begin[first:], finish[first:], np.full(n, tid, dtype=object), np.zeros(n, bool),
-                        inferred=True)
+    return _steps_frame(
+        numbers[first:], begin[first:], finish[first:], np.full(n, tid, dtype=object), np.zeros(n, bool), inferred=True
+    )
 
 
-def _metadata_names(raw: RawColumns, rows: np.ndarray, fields: _Fields) -> tuple[dict[str, str], dict[tuple[str, str], str]]:
+def _metadata_names(
+    raw: RawColumns, rows: np.ndarray, fields: _Fields
+) -> tuple[dict[str, str], dict[tuple[str, str], str]]:
     processes: dict[str, str] = {}
     threads: dict[tuple[str, str], str] = {}
     label, has_label, _ = fields.get("name", rows)

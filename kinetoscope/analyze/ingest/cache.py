@@ -87,7 +87,7 @@ def load(key: str, root: Path | None = None) -> RankTrace | None:
         return None
     try:
         doc = json.loads(meta_file.read_text())
-        tables = {}
+        tables: dict[str, pd.DataFrame] = {}
         for name in TABLES:
             file = folder / f"{name}.parquet"
             if name not in doc["dtypes"]:
@@ -96,6 +96,6 @@ def load(key: str, root: Path | None = None) -> RankTrace | None:
             frame = pd.read_parquet(file)
             # Parquet keeps most dtypes; empty categoricals and object columns need the recorded ones back
             tables[name] = frame.astype({c: t for c, t in doc["dtypes"][name].items() if str(frame[c].dtype) != t})
-        return RankTrace(rank=int(doc["rank"]), meta=_meta_from_json(doc["meta"]), **tables)  # type: ignore[arg-type]
+        return RankTrace(rank=int(doc["rank"]), meta=_meta_from_json(doc["meta"]), **tables)
     except (OSError, ValueError, KeyError, TypeError):
         return None  # a damaged cache entry is a miss, never an error

@@ -42,7 +42,9 @@ def size_text(n: int) -> str:
 
 # The refusals, worded once for every reader (the scanner, the reference decoder, gunzip)
 def file_too_large(source: str, size: int, limits: LoadLimits) -> TraceFormatError:
-    return TraceFormatError(source, f"file is {size_text(size)}, above the {size_text(limits.max_decompressed_bytes)} limit")
+    return TraceFormatError(
+        source, f"file is {size_text(size)}, above the {size_text(limits.max_decompressed_bytes)} limit"
+    )
 
 
 def decompressed_too_large(source: str, limits: LoadLimits) -> TraceFormatError:
@@ -85,8 +87,11 @@ GZIP_RATIO_AFTER_BYTES = 64 * 2**20
 def inflates_too_much(source: str, out_bytes: int, in_bytes: int) -> TraceFormatError | None:
     """The refusal for a gzip stream inflating more than MAX_GZIP_RATIO-fold, or None."""
     if out_bytes > GZIP_RATIO_AFTER_BYTES and out_bytes > MAX_GZIP_RATIO * max(in_bytes, 1):
-        return TraceFormatError(source, f"a gzip bomb: {size_text(in_bytes)} inflate to more than {size_text(out_bytes)} "
-                                f"({out_bytes // max(in_bytes, 1):,}-fold; a trace compresses 10-30-fold)")
+        return TraceFormatError(
+            source,
+            f"a gzip bomb: {size_text(in_bytes)} inflate to more than {size_text(out_bytes)} "
+            f"({out_bytes // max(in_bytes, 1):,}-fold; a trace compresses 10-30-fold)",
+        )
     return None
 
 

@@ -60,7 +60,9 @@ def read_bytes(path: Path, limits: LoadLimits = DEFAULT_LIMITS, *, fallback: str
     try:
         size = path.stat().st_size
         if size > cap:
-            raise fallback_too_large(str(path), fallback, limits) if fallback else file_too_large(str(path), size, limits)
+            raise (
+                fallback_too_large(str(path), fallback, limits) if fallback else file_too_large(str(path), size, limits)
+            )
         with open(path, "rb") as fh:
             data = fh.read()
     except OSError as exc:
@@ -73,7 +75,9 @@ def read_bytes(path: Path, limits: LoadLimits = DEFAULT_LIMITS, *, fallback: str
 _GUNZIP_BLOCK = 256 * 2**20
 
 
-def _gunzip(data: bytes, source: str, limits: LoadLimits, *, cap: int | None = None, fallback: str | None = None) -> bytes:
+def _gunzip(
+    data: bytes, source: str, limits: LoadLimits, *, cap: int | None = None, fallback: str | None = None
+) -> bytes:
     """Decompress every gzip member, stopping as soon as the output passes the limit (gzip bombs).
 
     Reads in 256 MiB blocks: a trace smaller than that is never copied after decompression.
@@ -171,7 +175,7 @@ def _rank_from_raw(raw: RawColumns, size: int, path: Path, *, default_rank: int,
     if trace.events.empty and trace.memory.empty:
         raise TraceFormatError(str(path), "trace holds no timed events (nothing to analyse)")
     run_steps, note = _run_steps(path, rank)
-    notes = (note,) if note else ()
+    notes: tuple[str, ...] = (note,) if note else ()
     manifest = _manifest_bytes(path, rank)  # read once: the window that was cut short, and the run's facts
     cut = _cut_short_step(path, manifest)
     steps = trace.steps
@@ -264,7 +268,7 @@ def _run_steps(path: Path, rank: int) -> tuple[pd.DataFrame | None, str | None]:
         return out
 
     def counts(values: list[int] | None) -> pd.arrays.IntegerArray:
-        out = [None] * n
+        out: list[int | None] = [None] * n
         for i, v in enumerate((values or [])[:n]):
             out[i] = v
         return pd.array(out, dtype="Int64")

@@ -109,7 +109,9 @@ def _json_error(source: str, exc: Exception) -> TraceFormatError:
     if "trailing characters" in text:
         return TraceFormatError(source, f"extra data after the JSON document ({text}): two traces concatenated?")
     if "truncated" in text.lower():
-        return TraceFormatError(source, "the JSON ends early (a truncated file: an interrupted copy or a crashed writer)")
+        return TraceFormatError(
+            source, "the JSON ends early (a truncated file: an interrupted copy or a crashed writer)"
+        )
     return TraceFormatError(source, f"not valid JSON ({text})")
 
 

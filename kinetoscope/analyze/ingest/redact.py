@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterable, Iterator
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -325,7 +326,7 @@ def _literals(data: bytes) -> Iterator[tuple[int, int, bool]]:
 _ITEM_GAP = re.compile(rb"\s*(,\s*)?")
 
 
-def _whole_value(data: bytes, at: int, seen_end: int) -> Iterator[tuple[int, int, bool]]:
+def _whole_value(data: bytes, at: int, seen_end: int) -> Generator[tuple[int, int, bool], None, int]:
     """The string literals of the value starting at ``at``: one string, or the strings of a flat list.
     Returns the end of the last one (or ``seen_end``)."""
     if data[at:at + 1] == b'"':
@@ -386,6 +387,7 @@ def redacted_gzip(data: bytes, level: int = 1) -> bytes:
     """The redacted trace (as :func:`redacted_trace`), gzipped as it is produced: the redacted JSON is never held
     whole beside the original (a 357 MB trace is compressed piece by piece into what it gzips to). ISA-L's deflate
     where installed (~10x zlib's speed at level 1)."""
+    zlib_module: ModuleType
     try:
         from isal import isal_zlib as zlib_module
     except ImportError:  # pragma: no cover - platforms without ISA-L wheels

@@ -18,7 +18,7 @@ import re
 import threading
 import zlib
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO, Protocol, cast
 
 from kinetoscope.analyze.ingest.limits import (
     DEFAULT_LIMITS,
@@ -42,10 +42,12 @@ except ImportError:  # built without a C compiler: the reference decoder does al
     _scan = None  # type: ignore[assignment]
 try:  # ISA-L's inflate: gunzips a trace 2-4x faster than zlib, leaving the cores to the scanner
     from isal.igzip import IGzipFile as _GzipFile
-    from isal.isal_zlib import error as _inflate_error
+    from isal.isal_zlib import error as _isal_error
+
+    _inflate_error = cast(type[Exception], _isal_error)  # isal's stub declares an instance, not the class
 except ImportError:  # not installed (it is a dependency; a platform without its wheel): zlib
     _GzipFile = gzip.GzipFile  # type: ignore[assignment,misc]
-    _inflate_error = zlib.error  # type: ignore[assignment,misc]
+    _inflate_error = zlib.error
 
 #: bytes handed to the scanner per call; an event cut at the end is carried to the next chunk
 CHUNK_BYTES = 8 * 2**20
@@ -282,7 +284,11 @@ class _Stop(Exception):
     """The second half's scanner ends early (its start was not an item boundary after all)."""
 
 
-def _feed(scanner: Any, stream: BinaryIO, source: str, limits: LoadLimits, *, stop: int | None = None,
+class _Readable(Protocol):
+    def readinto(self, view: memoryview, /) -> int: ...
+
+
+def _feed(scanner: Any, stream: BinaryIO | _Readable, source: str, limits: LoadLimits, *, stop: int | None = None,
           final: bool = True, done: int = 0) -> tuple[Any, int]:
     """Feed ``stream`` (up to ``stop`` bytes of it) through ``scanner`` in chunks; (scanner, bytes fed).
 
@@ -304,7 +310,8 @@ def _feed(scanner: Any, stream: BinaryIO, source: str, limits: LoadLimits, *, st
                 buf.extend(bytes(len(buf)))
                 view = memoryview(buf)
             want = len(buf) - have if stop is None else min(len(buf) - have, stop - total)
-            got = (stream.readinto(view[have:have + want]) or 0) if want else 0  # type: ignore[attr-defined]
+            # typeshed's BinaryIO has no readinto (a file opened "rb" and the readers here have it)
+            got = (stream.readinto(view[have:have + want]) or 0) if want else 0  # type: ignore[union-attr]
             total += got
             if not head:
                 head = bytes(view[:min(have + got, 4096)])

@@ -68,7 +68,10 @@ def collectives(trace: RankTrace) -> pd.DataFrame:
 
     name_op = coll["name"].astype(str).str.extract(_OP_RE, expand=False).fillna("other")
     coll_name = pick("coll_name")
-    op = [normalise_op(str(c)) if c is not None and c == c else normalise_op(str(n)) for c, n in zip(coll_name, name_op, strict=False)]
+    op = [
+        normalise_op(str(c)) if c is not None and c == c else normalise_op(str(n))
+        for c, n in zip(coll_name, name_op, strict=False)
+    ]
     group = pick("pg_name")
     ranks = pick("pg_ranks")
     keys: dict[tuple[object, object], str] = {}
@@ -107,8 +110,12 @@ def host_collectives(trace: RankTrace) -> pd.DataFrame:
     w = window(trace)
     sel = ev[kind_mask(ev, ("annotation", "cpu_op")) & name_mask(ev, _COLLECTIVE_ANNOTATION_RE)
              & (ev["end_ns"] > w.start_ns).to_numpy() & (ev["ts_ns"] < w.end_ns).to_numpy()]
-    return sel.assign(op=[normalise_op(str(n).split(":", 1)[-1]) for n in sel["name"]], group="default",
-                      seq=pd.array([None] * len(sel), dtype="Int64"), in_nelems=pd.array([None] * len(sel), dtype="Int64"),
-                      out_nelems=pd.array([None] * len(sel), dtype="Int64"))
+    return sel.assign(
+        op=[normalise_op(str(n).split(":", 1)[-1]) for n in sel["name"]],
+        group="default",
+        seq=pd.array([None] * len(sel), dtype="Int64"),
+        in_nelems=pd.array([None] * len(sel), dtype="Int64"),
+        out_nelems=pd.array([None] * len(sel), dtype="Int64"),
+    )
 
 

@@ -124,15 +124,34 @@ class AnalysisConfig:
                 raise ConfigError(f"config {f.name} is a fraction and must be <= 1, got {value}")
 
 
-_FRACTIONS = frozenset({
-    "severity_warning_min_worth", "severity_critical_min_worth", "upper_bound_credit",
-    "loader_min_fraction", "gpu_idle_min_fraction",
-    "sync_idle_fraction", "launch_queue_empty_share", "missing_activity_max_fraction", "startup_max_fraction",
-    "pageable_min_fraction", "overlap_min_fraction", "copy_min_fraction", "exposed_comm_min_fraction", "memory_leak_device_share", "allocator_min_fraction", "host_min_core_share", "host_min_lost_fraction", "periodic_min_fraction",
-    "launch_idle_share", "memory_growth_min_persistence",
-    "reserved_growth_max_allocated_share",
-    "straggler_min_spread_fraction", "straggler_min_last_share", "straggler_unexplained_min_last_share",
-})
+_FRACTIONS = frozenset(
+    {
+        "severity_warning_min_worth",
+        "severity_critical_min_worth",
+        "upper_bound_credit",
+        "loader_min_fraction",
+        "gpu_idle_min_fraction",
+        "sync_idle_fraction",
+        "launch_queue_empty_share",
+        "missing_activity_max_fraction",
+        "startup_max_fraction",
+        "pageable_min_fraction",
+        "overlap_min_fraction",
+        "copy_min_fraction",
+        "exposed_comm_min_fraction",
+        "memory_leak_device_share",
+        "allocator_min_fraction",
+        "host_min_core_share",
+        "host_min_lost_fraction",
+        "periodic_min_fraction",
+        "launch_idle_share",
+        "memory_growth_min_persistence",
+        "reserved_growth_max_allocated_share",
+        "straggler_min_spread_fraction",
+        "straggler_min_last_share",
+        "straggler_unexplained_min_last_share",
+    }
+)
 
 
 DEFAULT_CONFIG = AnalysisConfig()

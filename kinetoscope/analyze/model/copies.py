@@ -4,6 +4,7 @@ the view shared by the copies, loader and straggler analyzers and the what-if.""
 from __future__ import annotations
 
 import re
+from typing import cast
 
 import numpy as np
 import pandas as pd
@@ -46,7 +47,8 @@ def copies(trace: RankTrace) -> pd.DataFrame:
     corr = mem["correlation"].fillna(0).to_numpy(np.int64)
     pos = np.minimum(np.searchsorted(keys, corr), max(len(keys) - 1, 0))
     found = has & (keys[pos] == corr) if len(keys) else np.zeros(len(mem), dtype=bool)
-    launched_by = np.where(found, call_name[pos] if len(keys) else None, None)
+    # numpy's stubs take the second and third arguments None for the one-argument form
+    launched_by = cast(np.ndarray, np.where(found, call_name[pos] if len(keys) else None, None))
     synchronous = np.array([bool(n) and bool(_SYNC_COPY_RE.match(n)) for n in launched_by], dtype=bool)
     ts, end = mem["ts_ns"].to_numpy(), mem["end_ns"].to_numpy()
     # a call that holds the host for the whole copy blocks on it - shown only when the copy is long enough

@@ -341,7 +341,7 @@ def job_metrics(summaries: list[RankSummary], m: Matching, a: Arrivals) -> dict[
         others = a.last[(a.last >= 0) & (a.last != i) & ~np.isnan(a.wait_ns[:, i])] if len(a.last) else a.last
         per_rank.append({
             "rank": r,
-            "clock_skew_us": m.skew_ns[r] / 1000.0 if m.skew_ns.get(r) is not None else None,
+            "clock_skew_us": s / 1000.0 if (s := m.skew_ns.get(r)) is not None else None,
             "matched": m.matched[r],
             "unmatched": m.unmatched[r],
             "point_to_point": m.point_to_point.get(r, 0),

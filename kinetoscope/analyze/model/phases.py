@@ -84,7 +84,9 @@ def _step_envelopes(steps: pd.DataFrame, frame: pd.DataFrame) -> iv.Intervals:
     inside = (idx >= 0) & (frame["ts_ns"].to_numpy() < steps["end_ns"].to_numpy()[np.maximum(idx, 0)])
     if not inside.any():
         return iv.EMPTY
-    g = pd.DataFrame({"i": idx[inside], "s": frame["ts_ns"].to_numpy()[inside], "e": frame["end_ns"].to_numpy()[inside]})
+    g = pd.DataFrame(
+        {"i": idx[inside], "s": frame["ts_ns"].to_numpy()[inside], "e": frame["end_ns"].to_numpy()[inside]}
+    )
     agg = g.groupby("i").agg(s=("s", "min"), e=("e", "max"))
     return iv.union(agg["s"].to_numpy(), agg["e"].to_numpy())
 
@@ -114,8 +116,14 @@ def host_phases(trace: RankTrace) -> dict[str, iv.Intervals]:
     # a closure optimizer (LBFGS) runs forward and backward inside its step: those spans are the
     # optimizer's only where nothing else is (its own arithmetic, the line search)
     opt = raw["optimizer"]
-    holds_backward = iv.overlap_each(opt["ts_ns"].to_numpy(), opt["end_ns"].to_numpy(),
-                                     iv.union(raw["backward"]["ts_ns"].to_numpy(), raw["backward"]["end_ns"].to_numpy())) > 0
+    holds_backward = (
+        iv.overlap_each(
+            opt["ts_ns"].to_numpy(),
+            opt["end_ns"].to_numpy(),
+            iv.union(raw["backward"]["ts_ns"].to_numpy(), raw["backward"]["end_ns"].to_numpy()),
+        )
+        > 0
+    )
     closures = iv.clip(iv.union(opt["ts_ns"].to_numpy()[holds_backward], opt["end_ns"].to_numpy()[holds_backward]),
                        w.start_ns, w.end_ns)
     if closures[0].size:
@@ -125,7 +133,9 @@ def host_phases(trace: RankTrace) -> dict[str, iv.Intervals]:
         bwd = raw["backward"]
         inside = iv.overlap_each(bwd["ts_ns"].to_numpy(), bwd["end_ns"].to_numpy(), closures) > 0
         outside = iv.clip(_step_envelopes(steps, bwd[~inside]), w.start_ns, w.end_ns)
-        within = iv.clip(iv.union(bwd["ts_ns"].to_numpy()[inside], bwd["end_ns"].to_numpy()[inside]), w.start_ns, w.end_ns)
+        within = iv.clip(
+            iv.union(bwd["ts_ns"].to_numpy()[inside], bwd["end_ns"].to_numpy()[inside]), w.start_ns, w.end_ns
+        )
         sets["backward"] = iv.union(np.concatenate((outside[0], within[0])), np.concatenate((outside[1], within[1])))
         closure_forward = _closure_forwards(trace, closures, within)
     else:
@@ -140,7 +150,9 @@ def host_phases(trace: RankTrace) -> dict[str, iv.Intervals]:
     # ops outside the step's backward passes that are not already another phase
     last_bwd_end = _backward_end_per_op(steps, tops, sets["backward"])
     before_bwd = tops["ts_ns"].to_numpy() < last_bwd_end  # after the step's last pass: not the forward
-    free = iv.overlap_each(tops["ts_ns"].to_numpy(), tops["end_ns"].to_numpy(), busy_elsewhere) < tops["dur_ns"].to_numpy()
+    free = (
+        iv.overlap_each(tops["ts_ns"].to_numpy(), tops["end_ns"].to_numpy(), busy_elsewhere) < tops["dur_ns"].to_numpy()
+    )
     if closures[0].size:  # inside a closure optimizer's step, forward is found per evaluation (_closure_forwards)
         free &= iv.overlap_each(tops["ts_ns"].to_numpy(), tops["end_ns"].to_numpy(), closures) == 0
     fwd_ops = tops[before_bwd & free]

@@ -32,7 +32,9 @@ SYNC_OP_NAMES = frozenset({"aten::item", "aten::_local_scalar_dense"})
 #: a CUDA/HIP graph replay: one call that runs a whole recorded graph of kernels
 GRAPH_LAUNCH_RE = re.compile(r"^(cuda|hip)GraphLaunch(_v2)?$|^cuGraphLaunch$")
 #: stream capture (recording a graph): launches inside it do not run
-CAPTURE_BEGIN_RE = re.compile(r"^(cuda|hip)StreamBeginCapture(_v2|ToGraph)?(_ptsz)?$|^cuStreamBeginCapture(_v2)?(_ptsz)?$")
+CAPTURE_BEGIN_RE = re.compile(
+    r"^(cuda|hip)StreamBeginCapture(_v2|ToGraph)?(_ptsz)?$|^cuStreamBeginCapture(_v2)?(_ptsz)?$"
+)
 CAPTURE_END_RE = re.compile(r"^(cuda|hip)StreamEndCapture(_ptsz)?$|^cuStreamEndCapture(_ptsz)?$")
 
 
@@ -49,7 +51,8 @@ class Window:
     def describe(self) -> str:
         return {
             "profiler_steps": "first ProfilerStep start to last ProfilerStep end",
-            "inferred_steps": "training-loop iterations inferred from DataLoader waits (trace has no ProfilerStep spans)",
+            "inferred_steps": "training-loop iterations inferred from DataLoader waits "
+            "(trace has no ProfilerStep spans)",
             "gpu_activity": "span of all GPU activity (trace has no ProfilerStep spans)",
             "all_events": "span of all events (no ProfilerStep spans, no GPU activity)",
         }[self.basis]

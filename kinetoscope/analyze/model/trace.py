@@ -43,7 +43,7 @@ class TraceMeta:
     load_seconds: float = 0.0
 
 
-class ViewLocks(dict):  # type: ignore[type-arg]
+class ViewLocks(dict):
     """A trace's per-view locks (view key -> ``threading.Lock``). Locks cannot be pickled or copied, and a copy of
     a trace needs none of its original's: pickling or copying gives an empty set."""
 
@@ -156,12 +156,12 @@ def trace_view(fn: Callable[[RankTrace], V]) -> Callable[[RankTrace], V]:
     def view(trace: RankTrace) -> V:
         views = trace._views
         try:
-            return views[key]  # type: ignore[no-any-return]
+            return views[key]
         except KeyError:
             pass
         with trace._view_locks.setdefault(key, threading.Lock()):  # setdefault is atomic
             try:
-                return views[key]  # type: ignore[no-any-return]
+                return views[key]
             except KeyError:
                 value = views[key] = fn(trace)
                 return value

@@ -184,7 +184,8 @@ def _exposure_less_waits(trace: Trace, findings: list[Finding], job: dict[str, A
         return findings
     out = []
     for f in findings:
-        if f.id == "exposed_comm" and f.rank in waits and any(r.rank == f.rank for r in trace.ranks):
+        if (f.id == "exposed_comm" and f.rank is not None and f.rank in waits
+                and any(r.rank == f.rank for r in trace.ranks)):
             g = without_waits(f, waits[f.rank], config)
             est = g.estimate
             mean = float(est.step_us_after) + float(est.saving_us_per_step) if est is not None else None
@@ -203,9 +204,10 @@ def run_time(r: RankTrace) -> RunTime:
 def _run_of(r: RankTrace, mean_step_us: float | None, window_us: float) -> RunTime:
     """A RunTime from a mean step and window already known, and the steps the capture timed."""
     rs = r.run_steps
-    timed = rs is not None and len(rs) > 0
-    return RunTime(mean_step_us=mean_step_us, run_steps=int(len(rs)) if timed else None,
-                   run_wall_us=float(rs["wall_ns"].sum()) / 1000.0 if timed else None, window_us=window_us)
+    if rs is None or len(rs) == 0:
+        return RunTime(mean_step_us=mean_step_us, run_steps=None, run_wall_us=None, window_us=window_us)
+    return RunTime(mean_step_us=mean_step_us, run_steps=int(len(rs)),
+                   run_wall_us=float(rs["wall_ns"].sum()) / 1000.0, window_us=window_us)
 
 
 def _estimated(r: RankTrace, found: list[Finding],

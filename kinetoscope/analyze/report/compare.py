@@ -243,7 +243,7 @@ def series_change(before: RunSteps, after: RunSteps, *, scope: Literal["job", "r
     """The change of the mean step between two runs' steps (see ``StepChange``)."""
     sb, sa = summarize(before.wall_us), summarize(after.wall_us)
     m = change_of_means(sb, sa)
-    if m.ci_low is None or m.ci_high is None:
+    if m.ci_low is None or m.ci_high is None or m.change is None:  # change is known wherever the interval is
         verdict: Verdict = "unknown"
     else:
         # a change must be beyond the noise (its interval excludes 0) and beyond what reruns of one job differ by

@@ -5,7 +5,7 @@ their reports; the page only shows them."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import pandas as pd
 
@@ -29,7 +29,7 @@ def run_change(before: Trace, after: Trace) -> dict[str, Any]:
     within the noise or the rerun margin, "unknown": no interval), each run's step (us), its step count and where
     its steps come from."""
     got = _RUN_STEP_CHANGE(before, after)
-    d = got.to_dict() if hasattr(got, "to_dict") else dict(got)
+    d = got.to_dict() if hasattr(got, "to_dict") else dict(cast(Any, got))
     ci = d.get("ci95") or [d.get("ci_low"), d.get("ci_high")]
     low, high = (ci + [None, None])[:2] if isinstance(ci, list) else (None, None)
     change = d.get("change")

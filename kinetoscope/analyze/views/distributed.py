@@ -6,6 +6,7 @@ the loaded trace and its report: screens only show them."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,7 +65,7 @@ def distributed_view(trace: Trace, report: Report) -> DistributedView:
         steps_info = entry.get("steps") or {}
         n = int(steps_info.get("count") or 0)
         per_step = max(n, 1)  # no complete step: the window counts as one
-        split = gpu_split_ns(r)
+        split: Mapping[str, int | None] | None = gpu_split_ns(r)
         gpu = entry.get("gpu") or {}
         if split is not None and gpu and gpu.get("idle_fraction") is None:
             # the trace misses the GPU's activity for part of the window: what the kernels do not cover is not

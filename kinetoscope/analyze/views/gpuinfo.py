@@ -102,7 +102,9 @@ def _dims(value: Any) -> int | None:
     return None
 
 
-def occupancy(blocks: int, threads: int, registers: int, shared: int, props: dict[str, Any]) -> tuple[float, float] | None:
+def occupancy(
+    blocks: int, threads: int, registers: int, shared: int, props: dict[str, Any]
+) -> tuple[float, float] | None:
     """(blocks per SM, estimated achieved occupancy) of a launch, the way Kineto estimates it: blocks per SM is the
     grid over the SMs; the warps those blocks bring are capped by how many blocks fit an SM at once (by its warps,
     registers and shared memory: the theoretical occupancy), over the SM's warps. None without the device's limits."""

@@ -98,7 +98,8 @@ def kernel_table(trace: RankTrace) -> pd.DataFrame:
     total = float(frame["dur"].sum())
     out["share_of_kernel_time"] = out["total_ms"] * 1e6 / total if total else np.nan
     names = out.index.to_series()
-    out["tensor_cores"] = np.where(names.str.contains(TENSOR_CORE_RE), True, None)
+    # numpy's stubs reject None as a value to choose; an object array holds it
+    out["tensor_cores"] = np.where(names.str.contains(TENSOR_CORE_RE), True, None)  # type: ignore[call-overload]
     out = out.reset_index().sort_values("total_ms", ascending=False, kind="stable")
     return out[cols].reset_index(drop=True)
 
@@ -157,7 +158,9 @@ def _allocations(trace: RankTrace) -> pd.DataFrame:
         found = hit >= 0
         names[mine[found]] = o_name[hit[found]]
     b = mem["bytes"].to_numpy(np.int64)
-    device = np.where(mem["device_type"].to_numpy() == 1, "cuda:" + mem["device_id"].astype(str).to_numpy(object), "cpu")
+    device = np.where(
+        mem["device_type"].to_numpy() == 1, "cuda:" + mem["device_id"].astype(str).to_numpy(object), "cpu"
+    )
     addr = mem["addr"].to_numpy(dtype=np.float64, na_value=np.nan)
     alloc_of = np.full(n, -1, dtype=np.int64)
     freed_ns = np.full(n, -1, dtype=np.int64)
@@ -315,7 +318,9 @@ def _device_inside(ts: np.ndarray, end: np.ndarray, tid: np.ndarray, calls: pd.D
         if not len(c_ts):
             continue
         cum = np.concatenate(([0], np.cumsum(calls["gpu_ns"].to_numpy(np.int64)[sel])))
-        out[mine] = cum[np.searchsorted(c_ts, end[mine], side="left")] - cum[np.searchsorted(c_ts, ts[mine], side="left")]
+        out[mine] = (
+            cum[np.searchsorted(c_ts, end[mine], side="left")] - cum[np.searchsorted(c_ts, ts[mine], side="left")]
+        )
     return out
 
 
@@ -406,8 +411,10 @@ def op_call_stacks(trace: RankTrace) -> pd.DataFrame:
         return pd.DataFrame(columns=cols)
     held = _enclosing(ops["ts_ns"].to_numpy(np.int64), ops["tid"].astype(str).to_numpy(object), frames)
     frame_names = frames["name"].astype(str).to_numpy(object)
-    stacks = [" ← ".join([frame_names[k] for k in reversed(h)][:STACK_FRAMES]) + (" ← …" if len(h) > STACK_FRAMES else "")
-              for h in held]
+    stacks = [
+        " ← ".join([frame_names[k] for k in reversed(h)][:STACK_FRAMES]) + (" ← …" if len(h) > STACK_FRAMES else "")
+        for h in held
+    ]
     frame = pd.DataFrame({"name": ops["name"].astype(str).to_numpy(object), "call_stack": stacks,
                           "dur": ops["dur_ns"].to_numpy(np.int64)})
     frame = frame[frame["call_stack"] != ""]

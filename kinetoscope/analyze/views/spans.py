@@ -58,8 +58,8 @@ SPAN_COLUMNS = ["row", "name", "kind", "start_ms", "end_ms", "dur_ms", "busy_fra
 
 @dataclass(frozen=True)
 class TimelineView:
-    #: one mark per row: ``row`` (label, in ``rows`` order), name, kind (a key of KIND_COLOURS), start/end in ms from the
-    #: window start (as drawn: a block is at least a pixel wide), ``dur_ms`` (the time its spans ran: the union of
+    #: one mark per row: ``row`` (label, in ``rows`` order), name, kind (a key of KIND_COLOURS), start/end in ms from
+    #: the window start (as drawn: a block is at least a pixel wide), ``dur_ms`` (the time its spans ran: the union of
     #: their intervals), ``busy_fraction`` (dur_ms over end - start: 1 for a span drawn alone; the share of the block
     #: its spans cover, which it is drawn with as its opacity, so a block is never darker than the time it holds),
     #: ``spans`` (1, or how many spans a merged block holds), correlation (launch<->kernel,
@@ -141,9 +141,13 @@ def timeline_view(trace: RankTrace, start_ms: float | None = None, end_ms: float
     if len(lab):  # a label that would run past the range's end (a step starting near it) would be cut: none
         room_ns = hi - np.maximum(lab["start_ns"].to_numpy(), lo)
         lab = lab[room_ns >= LABEL_PX * (hi - lo) / max(width_px, 1)]
-    step_labels = pd.DataFrame({"step": lab["step"].astype(np.int64).to_numpy() if len(lab) else np.zeros(0, np.int64),
-                                "start_ms": (np.maximum(lab["start_ns"].to_numpy(), lo) - origin) / 1e6 if len(lab) else np.zeros(0),
-                                "end_ms": (np.minimum(lab["end_ns"].to_numpy(), hi) - origin) / 1e6 if len(lab) else np.zeros(0)})
+    step_labels = pd.DataFrame(
+        {
+            "step": lab["step"].astype(np.int64).to_numpy() if len(lab) else np.zeros(0, np.int64),
+            "start_ms": (np.maximum(lab["start_ns"].to_numpy(), lo) - origin) / 1e6 if len(lab) else np.zeros(0),
+            "end_ms": (np.minimum(lab["end_ns"].to_numpy(), hi) - origin) / 1e6 if len(lab) else np.zeros(0),
+        }
+    )
     if len(st):
         parts.append(pd.DataFrame({"row": "steps", "name": [f"ProfilerStep#{s}" for s in st["step"]], "kind": "step",
                                    "ts_ns": st["start_ns"].to_numpy(), "end_ns": st["end_ns"].to_numpy(),
@@ -225,8 +229,12 @@ def _merge_small(frame: pd.DataFrame, lo: int, px: float) -> tuple[pd.DataFrame,
     agg = g.agg(name=("name", "first"), ts_ns=("ts_ns", "min"), end_ns=("end_ns", "max"), spans=("name", "size"),
                 busy_ns=("busy_ns", "sum"), correlation=("correlation", "first"), gpu=("gpu", "first")).reset_index()
     many = agg["spans"].to_numpy() > 1
-    agg.loc[many, "name"] = [f"{n:,} spans ({k}), {b / 1e6:,.3f} ms busy, first: {f}"
-                             for n, k, b, f in zip(agg["spans"][many], agg["kind"][many], agg["busy_ns"][many], agg["name"][many], strict=False)]
+    agg.loc[many, "name"] = [
+        f"{n:,} spans ({k}), {b / 1e6:,.3f} ms busy, first: {f}"
+        for n, k, b, f in zip(
+            agg["spans"][many], agg["kind"][many], agg["busy_ns"][many], agg["name"][many], strict=False
+        )
+    ]
     agg.loc[many, "correlation"] = -1
     # a block narrower than a pixel is drawn a pixel wide, or the browser would not draw it at all
     agg["end_ns"] = np.maximum(agg["end_ns"].to_numpy(np.int64), agg["ts_ns"].to_numpy(np.int64) + int(px))
@@ -299,5 +307,5 @@ def _launch_links(trace: RankTrace, corr: np.ndarray, origin: int) -> np.ndarray
     device = work["device"].to_numpy()
     for i, p, ok in zip(has, pos, found, strict=False):
         if ok:
-            out[i] = (f"runs {names[p][:80]} on GPU {device[p]} · stream {stream[p]} at {(ts[p] - origin) / 1e6:,.3f} ms")
+            out[i] = f"runs {names[p][:80]} on GPU {device[p]} · stream {stream[p]} at {(ts[p] - origin) / 1e6:,.3f} ms"
     return out

@@ -59,7 +59,9 @@ def replay_entry(trace: RankTrace) -> dict[str, Any] | None:
             "steps": g.steps, "host_items": int(len(g.it_start)), "gpu_ops": int(len(g.op_start))}
 
 
-def combined(trace: RankTrace, findings: list[Finding], params: dict[str, dict[str, Any]] | None = None) -> Estimate | None:
+def combined(
+    trace: RankTrace, findings: list[Finding], params: dict[str, dict[str, Any]] | None = None
+) -> Estimate | None:
     """The rank's mean step with several fixes at once (one replay: the gains do not simply add)."""
     g = replay_graph(trace)
     if not g.steps:

@@ -158,6 +158,7 @@ def plan_loader(trace: RankTrace, g: ReplayGraph, params: dict[str, Any]) -> Pla
     if load is None:
         fix = LoaderFix(items=items, load_ns=np.zeros(len(items)), workers=1, prefetch=prefetch, handoff_ns=handoff)
     else:
+        assert target is not None  # both branches above that leave a load set a target
         fix = LoaderFix(items=items, load_ns=load, workers=int(target), prefetch=prefetch, handoff_ns=handoff)
     floor = 0.0
     if single and cpus and load_cpu is not None and comp_cpu is not None:
@@ -231,7 +232,10 @@ def plan_pageable(trace: RankTrace, g: ReplayGraph, params: dict[str, Any]) -> P
     gbps, why = _pinned_gbps(trace)
     gbps = float(params.get("pinned_gbps") or gbps)
     nbytes = h["bytes"].reindex(g.op_label[ops]).fillna(0).to_numpy(float)
-    new = {int(j): int(min(g.op_dur[j], b / gbps)) if b > 0 else int(g.op_dur[j]) for j, b in zip(ops, nbytes, strict=False)}
+    new = {
+        int(j): int(min(g.op_dur[j], b / gbps)) if b > 0 else int(g.op_dur[j])
+        for j, b in zip(ops, nbytes, strict=False)
+    }
     free = _copy_items(g, ops)
     return Plan(Edits(item_free=free, op_dur=new), "replay: pinned copies",
                 (f"pinned host memory copies at {gbps:.1f} GB/s ({why})",
@@ -284,7 +288,9 @@ def plan_respawn(trace: RankTrace, g: ReplayGraph, finding: Finding) -> Plan | N
     typical_outside = float(np.median(outside))
     hit = sorted({int(x) for x in step_of[long]})
     extra = sum(max(outside[s_] - typical_outside, 0.0) for s_ in hit) / g.steps
-    edits = Edits(item_dur=wait_edits(g, items[long], np.full(int(long.sum()), typical)), analytic_ns={"respawn": extra})
+    edits = Edits(
+        item_dur=wait_edits(g, items[long], np.full(int(long.sum()), typical)), analytic_ns={"respawn": extra}
+    )
     return Plan(edits, "replay: persistent workers",
                 (f"each worker start-up wait becomes a typical wait ({typical / 1e6:.2f} ms, the median)",
                  f"the time those {len(hit)} step(s) spend outside their waits beyond a typical step (worker shutdown "

@@ -5,7 +5,9 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -182,7 +184,9 @@ def _event_waits(ts: np.ndarray, dur: np.ndarray, device: np.ndarray, stream: np
     return dep, c
 
 
-def _items(trace: RankTrace, ts: np.ndarray, dur: np.ndarray, anchor: np.ndarray, label: np.ndarray) -> dict[str, np.ndarray]:
+def _items(
+    trace: RankTrace, ts: np.ndarray, dur: np.ndarray, anchor: np.ndarray, label: np.ndarray
+) -> dict[str, np.ndarray]:
     """The training thread's elastic items: data waits, syncs (with the op each waited for) and copy calls
     that held the host until their copy ended (pageable memory, synchronous APIs, ``.item()``'s read-back).
     Syncs on other threads are left as recorded: the training thread did not wait in them."""
@@ -263,7 +267,7 @@ def _items(trace: RankTrace, ts: np.ndarray, dur: np.ndarray, anchor: np.ndarray
         if not used[k] and not any(a_ < r[1] and r[0] < b_ for a_, b_ in wait_rows):
             rows.append((*r[:6], -1, r[6]))
     rows.sort(key=lambda r: (r[0], r[1]))
-    cols = list(zip(*rows, strict=False)) if rows else [[]] * 8
+    cols: list[Sequence[Any]] = list(zip(*rows, strict=False)) if rows else [[]] * 8
     return {"it_start": np.asarray(cols[0], dtype=np.int64), "it_end": np.asarray(cols[1], dtype=np.int64),
             "it_kind": np.asarray(cols[2], dtype=object), "it_await": np.asarray(cols[3], dtype=np.int64),
             "it_post": np.asarray(cols[4], dtype=np.int64), "it_min": np.asarray(cols[5], dtype=np.int64),

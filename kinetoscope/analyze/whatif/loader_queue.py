@@ -87,7 +87,9 @@ def infer_worker_loads(asked: np.ndarray, taken: np.ndarray, k: int, prefetch: i
             load[b] = max(ready[b] - start, 0.0) if waited[b] else 0.0
     # the first batches of the window (their worker's previous batch is before it): like the others of their kind
     known_waited = load[~np.isnan(load) & waited]
-    fill_waited = float(np.median(known_waited)) if len(known_waited) else float(k * np.mean(np.diff(taken))) if n > 1 else 0.0
+    fill_waited = (
+        float(np.median(known_waited)) if len(known_waited) else float(k * np.mean(np.diff(taken))) if n > 1 else 0.0
+    )
     return np.where(np.isnan(load), np.where(waited, fill_waited, 0.0), load)
 
 

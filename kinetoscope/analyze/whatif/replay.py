@@ -55,8 +55,8 @@ class Edits:
             out.item_dur[k] = min(v, out.item_dur.get(k, v))
         for k, v in other.op_dur.items():
             out.op_dur[k] = min(v, out.op_dur.get(k, v))
-        for k, v in other.analytic_ns.items():
-            out.analytic_ns[k] = max(v, out.analytic_ns.get(k, v))
+        for key, ns in other.analytic_ns.items():
+            out.analytic_ns[key] = max(ns, out.analytic_ns.get(key, ns))
         return out
 
 
@@ -164,12 +164,12 @@ def _ops_run(g: ReplayGraph, dur: np.ndarray, lo: int, hi: int, ends: np.ndarray
         return
     idx = np.arange(lo, hi)
     launch = g.op_anchor[idx] + _shift_at(ends, shift, g.op_anchor[idx])
-    start = launch + g.op_a[idx]
-    dep = g.op_dep[idx]
-    has = dep >= 0
+    starts = launch + g.op_a[idx]
+    deps = g.op_dep[idx]
+    has = deps >= 0
     if has.any():
-        start[has] = np.maximum(start[has], op_end[dep[has]] + g.op_c[idx][has])
-    x = start + dur[idx]
+        starts[has] = np.maximum(starts[has], op_end[deps[has]] + g.op_c[idx][has])
+    x = starts + dur[idx]
     y = g.op_b[idx] + dur[idx]
     streams = g.op_stream[idx]
     if len(idx) == 1 or (streams == streams[0]).all():

@@ -15,11 +15,20 @@ PARTS = {
     "communication_only_ms": ("communication only", "#f58518"),
     "other_ms": ("neither (GPU idle or other work)", "#bab0ac"),
 }
-LABELS = {"rank": "rank", "steps": "steps", "step_ms": "mean step (ms)", "compute_only_ms": "computation only (ms/step)",
-          "overlap_ms": "overlapped (ms/step)", "communication_only_ms": "communication only (ms/step)",
-          "other_ms": "neither (ms/step)", "collective_wait_ms": "collective wait (ms/step)",
-          "waited_for_rank": "waited for rank", "last_to_arrive": "last to arrive (collectives)",
-          "clock_skew_ms": "clock skew (ms)", "straggler": "straggler"}
+LABELS = {
+    "rank": "rank",
+    "steps": "steps",
+    "step_ms": "mean step (ms)",
+    "compute_only_ms": "computation only (ms/step)",
+    "overlap_ms": "overlapped (ms/step)",
+    "communication_only_ms": "communication only (ms/step)",
+    "other_ms": "neither (ms/step)",
+    "collective_wait_ms": "collective wait (ms/step)",
+    "waited_for_rank": "waited for rank",
+    "last_to_arrive": "last to arrive (collectives)",
+    "clock_skew_ms": "clock skew (ms)",
+    "straggler": "straggler",
+}
 
 
 def render() -> None:
@@ -35,7 +44,9 @@ def render() -> None:
         st.warning(md("{}.", missing[0].upper() + missing[1:]))
     cols = st.columns(4)
     if missing:
-        cols[0].metric("Straggler", "not judged", help=md("{} of the job's ranks have no file", len(h["missing_ranks"])))
+        cols[0].metric(
+            "Straggler", "not judged", help=md("{} of the job's ranks have no file", len(h["missing_ranks"]))
+        )
     else:
         cols[0].metric("Straggler", "none found" if h["straggler_rank"] is None else f"rank {h['straggler_rank']}",
                        help=md("the rank the others wait for at most collectives, with its cause{}",
@@ -43,12 +54,17 @@ def render() -> None:
     cols[1].metric("Most waited for" + (f" (of the {h['ranks']} given)" if missing else ""),
                    "n/a" if h["most_waited_for_rank"] is None else f"rank {h['most_waited_for_rank']}",
                    help="the rank that arrived last at the most matched collectives")
-    cols[2].metric("Longest collective wait", "n/a" if h["wait_ms_per_step_max"] is None else
-                   f"{h['wait_ms_per_step_max']:,.3f} ms/step",
-                   help="the most any rank waited per step for the last to arrive" + (
-                       "" if h["wait_ms_per_step_min"] is None else f"; the least: {h['wait_ms_per_step_min']:,.3f} ms/step"))
-    cols[3].metric("Largest clock skew", "n/a" if h["max_abs_clock_skew_ms"] is None else f"{h['max_abs_clock_skew_ms']:,.3f} ms",
-                   help="ranks' clocks aligned on collective completion before arrivals are compared")
+    cols[2].metric(
+        "Longest collective wait",
+        "n/a" if h["wait_ms_per_step_max"] is None else f"{h['wait_ms_per_step_max']:,.3f} ms/step",
+        help="the most any rank waited per step for the last to arrive"
+        + ("" if h["wait_ms_per_step_min"] is None else f"; the least: {h['wait_ms_per_step_min']:,.3f} ms/step"),
+    )
+    cols[3].metric(
+        "Largest clock skew",
+        "n/a" if h["max_abs_clock_skew_ms"] is None else f"{h['max_abs_clock_skew_ms']:,.3f} ms",
+        help="ranks' clocks aligned on collective completion before arrivals are compared",
+    )
     if h["matched_collectives"] is not None:
         st.caption(f"{h['matched_collectives']:,} collectives matched across ranks, {h['unmatched_collectives']:,} "
                    "unmatched (missing on some rank, or point-to-point).")
@@ -65,9 +81,16 @@ def render() -> None:
             order=alt.Order("part_order:Q"),
             tooltip=["rank", "part", alt.Tooltip("ms:Q", format=",.3f")],
         ).transform_calculate(part_order="indexof(" + str([v[0] for v in PARTS.values()]) + ", datum.part)")
-        st.altair_chart(chart.properties(height=30 * len(ranks) + 140), width="stretch", description="ms per step on the "
-                        "GPU by rank: " + "; ".join(f"rank {r}: " + listing(zip(g["part"], g["ms"], strict=False)) for r, g in
-                                                    list(long.groupby("rank", sort=True))[:16]))
+        st.altair_chart(
+            chart.properties(height=30 * len(ranks) + 140),
+            width="stretch",
+            description="ms per step on the "
+            "GPU by rank: "
+            + "; ".join(
+                f"rank {r}: " + listing(zip(g["part"], g["ms"], strict=False))
+                for r, g in list(long.groupby("rank", sort=True))[:16]
+            ),
+        )
         unjudged = ranks.loc[ranks["compute_only_ms"].notna() & ranks["other_ms"].isna(), "rank"].tolist()
         if unjudged:
             st.caption(md("{} {}: the trace misses part of the GPU's activity, so the time the kernels do not cover "
@@ -78,9 +101,14 @@ def render() -> None:
         wait = alt.Chart(ranks).mark_bar(color="#e45756").encode(
             y=alt.Y("rank:O"), x=alt.X("collective_wait_ms:Q", title="ms per step waiting for the last rank"),
             tooltip=["rank", alt.Tooltip("collective_wait_ms:Q", format=",.3f"), "waited_for_rank"])
-        st.altair_chart(wait.properties(height=30 * len(ranks) + 90), width="stretch",
-                        description="ms per step each rank waited in collectives for the last rank: " + listing(
-                            (f"rank {r}", v) for r, v in zip(ranks["rank"], ranks["collective_wait_ms"], strict=False) if v == v))
+        st.altair_chart(
+            wait.properties(height=30 * len(ranks) + 90),
+            width="stretch",
+            description="ms per step each rank waited in collectives for the last rank: "
+            + listing(
+                (f"rank {r}", v) for r, v in zip(ranks["rank"], ranks["collective_wait_ms"], strict=False) if v == v
+            ),
+        )
     st.subheader("Ranks")
     st.caption(view.about)
     shown = ranks.rename(columns=LABELS)  # blank where the trace cannot say

@@ -54,8 +54,10 @@ def render() -> None:
     st.subheader(job)
     too_many = int((rows["status"] == "ok").sum()) > MAX_OPEN_RANKS
     if too_many:
-        st.caption(f"{len(rows):,} rank files: more than the {MAX_OPEN_RANKS} the app opens at once (each rank's tables "
-                   "are held in memory). Its job-level results are below; open a rank's file with kinetoscope app PATH.")
+        st.caption(
+            f"{len(rows):,} rank files: more than the {MAX_OPEN_RANKS} the app opens at once (each rank's tables "
+            "are held in memory). Its job-level results are below; open a rank's file with kinetoscope app PATH."
+        )
     if st.button("Open this job in the app", key="fleet_open", type="primary", disabled=too_many,
                  help="every page (Overview, Distributed, Timeline ...) on this job's rank files, read in place"):
         st.session_state[OPEN_KEY] = job
@@ -71,12 +73,24 @@ def render() -> None:
                       "(its straggler); the ranks read are below.", missing, int(completeness.loc[key, "world_size"])))
     if len(job_row) and not missing:
         j = job_row.iloc[0]
-        st.markdown(md("**Across ranks** {}", f"(the reduce over {int(j['ranks']):,} ranks' summaries): "
-                    + (f"straggler rank {int(j['straggler_rank'])} ({j['straggler_cause']}), the others wait "
-                       f"{j['straggler_wait_us_per_step'] / 1000:,.3f} ms per step for it; "
-                       if j["straggler_rank"] == j["straggler_rank"] and j["straggler_rank"] is not None else "no straggler; ")
-                    + f"{int(j['matched']):,} collectives matched, {int(j['unmatched']):,} unmatched; largest clock skew "
-                    + ("n/a" if j["max_abs_clock_skew_us"] != j["max_abs_clock_skew_us"] else f"{j['max_abs_clock_skew_us'] / 1000:,.3f} ms")))
+        st.markdown(
+            md(
+                "**Across ranks** {}",
+                f"(the reduce over {int(j['ranks']):,} ranks' summaries): "
+                + (
+                    f"straggler rank {int(j['straggler_rank'])} ({j['straggler_cause']}), the others wait "
+                    f"{j['straggler_wait_us_per_step'] / 1000:,.3f} ms per step for it; "
+                    if j["straggler_rank"] == j["straggler_rank"] and j["straggler_rank"] is not None
+                    else "no straggler; "
+                )
+                + f"{int(j['matched']):,} collectives matched, {int(j['unmatched']):,} unmatched; largest clock skew "
+                + (
+                    "n/a"
+                    if j["max_abs_clock_skew_us"] != j["max_abs_clock_skew_us"]
+                    else f"{j['max_abs_clock_skew_us'] / 1000:,.3f} ms"
+                ),
+            )
+        )
         per_rank = read_table(store, "job_ranks")
         per_rank = per_rank[per_rank["job"] == key].sort_values("rank")
         shown, formats = display_table(per_rank.drop(columns=["key", "job"]))

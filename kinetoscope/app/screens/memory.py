@@ -55,11 +55,19 @@ def render() -> None:
                 tooltip=[alt.Tooltip("t_ms:Q", format=",.2f", title="peak at (ms)"),
                          alt.Tooltip("allocated_mib:Q", format=",.2f", title="MiB")])
             top = series.nlargest(1, "allocated_mib").iloc[0]
-            st.altair_chart(band + drawn + peak, width="stretch", description=(
-                f"{device} allocated memory over the window: {number(series['allocated_min_mib'].min())} to "
-                f"{number(series['allocated_mib'].max())} MiB, peak at {number(top['t_ms'])} ms"
-                + (f"; reserved up to {number(series['reserved_mib'].max())} MiB" if series["reserved_mib"].notna().any()
-                   else "")))
+            st.altair_chart(
+                band + drawn + peak,
+                width="stretch",
+                description=(
+                    f"{device} allocated memory over the window: {number(series['allocated_min_mib'].min())} to "
+                    f"{number(series['allocated_mib'].max())} MiB, peak at {number(top['t_ms'])} ms"
+                    + (
+                        f"; reserved up to {number(series['reserved_mib'].max())} MiB"
+                        if series["reserved_mib"].notna().any()
+                        else ""
+                    )
+                ),
+            )
         steps = per_step[per_step["device"] == device]
         if len(steps) >= 2:
             st.markdown(md("**At each step end** — allocated and reserved (solid), the fitted growth line (dashed)"))
@@ -71,8 +79,15 @@ def render() -> None:
                 color=alt.Color("series:N", title=None, legend=alt.Legend(orient="bottom")),
                 strokeDash=alt.condition(alt.datum.series == "growth line (fit)", alt.value([6, 4]), alt.value([1, 0])),
                 tooltip=["step", "series", alt.Tooltip("MiB:Q", format=",.2f")])
-            st.altair_chart(chart, width="stretch", description=f"{device} at each step end, MiB: " + "; ".join(
-                f"step {s}: " + listing(zip(g["series"], g["MiB"], strict=False)) for s, g in list(long.groupby("step"))[:12]))
+            st.altair_chart(
+                chart,
+                width="stretch",
+                description=f"{device} at each step end, MiB: "
+                + "; ".join(
+                    f"step {s}: " + listing(zip(g["series"], g["MiB"], strict=False))
+                    for s, g in list(long.groupby("step"))[:12]
+                ),
+            )
         else:
             st.caption("One step in the window: no per-step chart (capture more active steps to judge growth).")
     rank = analysis.trace.rank(entry["rank"])
@@ -109,7 +124,16 @@ def _events(rank, window_ms: float) -> None:
                   "it (blank: not within the window).", len(events), number(lo), number(hi)))
     if events.empty:
         return
-    st.dataframe(events.rename(columns={"time_ms": "time (ms)", "size_mib": "size (MiB)", "freed_at_ms": "freed at (ms)",
-                                        "lifetime_ms": "lived (ms)"}),
-                 formats={"time (ms)": "{:,.3f}", "size (MiB)": "{:,.3f}", "freed at (ms)": "{:,.3f}",
-                          "lived (ms)": "{:,.3f}"}, pinned=("time (ms)",), width="stretch")
+    st.dataframe(
+        events.rename(
+            columns={
+                "time_ms": "time (ms)",
+                "size_mib": "size (MiB)",
+                "freed_at_ms": "freed at (ms)",
+                "lifetime_ms": "lived (ms)",
+            }
+        ),
+        formats={"time (ms)": "{:,.3f}", "size (MiB)": "{:,.3f}", "freed at (ms)": "{:,.3f}", "lived (ms)": "{:,.3f}"},
+        pinned=("time (ms)",),
+        width="stretch",
+    )

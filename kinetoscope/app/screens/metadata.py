@@ -10,8 +10,16 @@ def render() -> None:
     entry = state.rank_entry(analysis)
     meta = analysis.trace.rank(entry["rank"]).meta
     st.title(f"Metadata · rank {entry['rank']}")
-    st.markdown(md("**File** {} · schema {} · {:,} events · loaded in {:.2f} s · rank from {}", meta.source,
-                   meta.schema_version if meta.schema_version is not None else "not stated", meta.n_events, meta.load_seconds, meta.rank_source))
+    st.markdown(
+        md(
+            "**File** {} · schema {} · {:,} events · loaded in {:.2f} s · rank from {}",
+            meta.source,
+            meta.schema_version if meta.schema_version is not None else "not stated",
+            meta.n_events,
+            meta.load_seconds,
+            meta.rank_source,
+        )
+    )
     # st.json parses a string as JSON: what is absent is said in words, never handed to it
     for title, value, missing in (
             ("Devices", list(meta.device_properties), "The trace has no deviceProperties."),

@@ -52,13 +52,23 @@ def render() -> None:
     cols[0].metric("Mean step", state.ms(steps.get("mean_us")), help=f"{steps.get('count', 0)} profiled steps")
     gpu = entry.get("gpu")
     idle = ("no GPU" if not gpu else "not judged" if gpu["idle_fraction"] is None else state.pct(gpu["idle_fraction"]))
-    cols[1].metric("GPU idle", idle, help="fraction of the window no stream was busy; 'not judged' where the trace misses "
-                   "GPU activity (a finding says why)")
+    cols[1].metric(
+        "GPU idle",
+        idle,
+        help="fraction of the window no stream was busy; 'not judged' where the trace misses "
+        "GPU activity (a finding says why)",
+    )
     loader = entry.get("loader") or {}
-    cols[2].metric("Data loading", state.pct(loader.get("fraction")), help="time in next(DataLoader), fraction of the window")
+    cols[2].metric(
+        "Data loading", state.pct(loader.get("fraction")), help="time in next(DataLoader), fraction of the window"
+    )
     cols = st.columns(3)
     h2d = entry.get("h2d")
-    cols[0].metric("H2D overlapped", state.pct(h2d["overlap_fraction"]) if h2d else "no copies", help="copy time with a kernel on another stream")
+    cols[0].metric(
+        "H2D overlapped",
+        state.pct(h2d["overlap_fraction"]) if h2d else "no copies",
+        help="copy time with a kernel on another stream",
+    )
     mem = entry.get("memory")
     cols[1].metric("Memory growth / step", state.mib(mem["growth_bytes_per_step"]) if mem else "n/a",
                    help="robust (Theil-Sen) slope of allocated memory at step ends")
@@ -71,7 +81,9 @@ def render() -> None:
     _gpu_summary(analysis, entry["rank"])
     st.subheader(f"Findings ({len(report.findings)})")
     if not report.findings:
-        st.success("No problems found: no loader stalls, idle GPU, copy, sync, memory, loop-hygiene or straggler findings.")
+        st.success(
+            "No problems found: no loader stalls, idle GPU, copy, sync, memory, loop-hygiene or straggler findings."
+        )
     for i, f in enumerate(report.findings):
         with st.container(border=True):
             st.markdown(md("{} · rank {} · {}", _severity(f.severity), f.rank, f.title))
@@ -117,9 +129,13 @@ def _gpu_summary(analysis, rank: int) -> None:
                  f"compute capability {d['compute_capability']}" if known(d["compute_capability"]) else None,
                  f"{int(d['sms'])} SMs" if known(d["sms"]) else None]
         share = d["tensor_core_fraction_of_kernel_time"]
-        tc = ("no kernels in the window" if share is None or share != share else
-              f"Tensor Cores (matrix cores on AMD) in {state.pct(share)} of kernel time ({number(d['tensor_core_ms'])} of "
-              f"{number(d['kernel_ms'])} ms, kernels whose names say so)")
+        tc = (
+            "no kernels in the window"
+            if share is None or share != share
+            else f"Tensor Cores (matrix cores on AMD) in {state.pct(share)} of kernel time "
+            f"({number(d['tensor_core_ms'])} of "
+            f"{number(d['kernel_ms'])} ms, kernels whose names say so)"
+        )
         st.markdown(md("**GPU {}**: {} · {}", d["device"], " · ".join(f for f in facts if f), tc))
     key = (id(analysis.report), rank)
     got = st.session_state.get(_OCCUPANCY)
@@ -138,8 +154,14 @@ def _gpu_summary(analysis, rank: int) -> None:
         st.session_state[_OCCUPANCY] = got
     for o in got[1].to_dict("records"):
         if not o["kernels_estimated"]:
-            st.caption(md("GPU {}: the trace records no launch parameters (grid, block, registers) for its {:,} kernels: "
-                          "occupancy cannot be estimated.", o["device"], o["kernels"]))
+            st.caption(
+                md(
+                    "GPU {}: the trace records no launch parameters (grid, block, registers) for its {:,} kernels: "
+                    "occupancy cannot be estimated.",
+                    o["device"],
+                    o["kernels"],
+                )
+            )
             continue
         st.markdown(md("**GPU {}**: estimated achieved occupancy {}, {} blocks per SM (means weighted by kernel time "
                        "over {:,} of {:,} kernels)", o["device"], state.pct(o["est_achieved_occupancy_fraction"]),

@@ -24,11 +24,18 @@ def render() -> None:
                        state.ms(d["idle_us"])))
         causes = pd.DataFrame({"cause": [series_label(c) for c in d["idle_by_cause_us"]],
                                "ms": [v / 1000 for v in d["idle_by_cause_us"].values()]})
-        st.altair_chart(alt.Chart(causes).mark_bar(color="#e45756").encode(
-            x=alt.X("ms:Q", title="ms idle in the window, by what the host was doing"), y=alt.Y("cause:N", title=None, sort="-x"),
-            tooltip=["cause", alt.Tooltip("ms:Q", format=",.3f")]), width="stretch",
+        st.altair_chart(
+            alt.Chart(causes)
+            .mark_bar(color="#e45756")
+            .encode(
+                x=alt.X("ms:Q", title="ms idle in the window, by what the host was doing"),
+                y=alt.Y("cause:N", title=None, sort="-x"),
+                tooltip=["cause", alt.Tooltip("ms:Q", format=",.3f")],
+            ),
+            width="stretch",
             description=f"GPU {d['device']} idle in the window by what the host was doing: "
-                        + listing(zip(causes["cause"], causes["ms"], strict=False), "ms"))
+            + listing(zip(causes["cause"], causes["ms"], strict=False), "ms"),
+        )
     if gpu.get("judgement"):
         st.caption(f"GPU findings are information only here: {gpu['judgement']}")
     st.markdown(md("**Streams** (busy is the union of kernels, copies and memsets; idle is the measure of the gaps)"))

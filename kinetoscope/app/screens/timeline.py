@@ -79,21 +79,38 @@ def render() -> None:
     hover = alt.selection_point(fields=["link_id"], on="pointerover", empty=False, clear="pointerout")
     brush = alt.selection_interval(name="zoom", encodings=["x"], empty=False)
     y = alt.Y("row:N", sort=view.rows, title=None, axis=alt.Axis(labelLimit=260, labelOverlap=False))
-    x = alt.X("start_ms:Q", title="ms from the window start", scale=alt.Scale(domain=[view.start_ms, view.end_ms], nice=False))
-    bars = alt.Chart(view.spans).mark_bar(clip=True).encode(
-        x=x, x2="end_ms:Q", y=y,
-        color=alt.Color("kind:N", title=None, scale=alt.Scale(domain=list(KIND_COLOURS), range=list(KIND_COLOURS.values())),
-                        legend=alt.Legend(orient="top", columns=5)),
-        # a block is as dark as the share of it its spans run: a GPU 63% idle never reads as solid busy
-        opacity=alt.Opacity("busy_fraction:Q", scale=alt.Scale(domain=[0, 1], range=[0, 1]), legend=None),
-        stroke=alt.condition(hover, alt.value("#000000"), alt.value(None)),
-        strokeWidth=alt.condition(hover, alt.value(2), alt.value(0)),
-        tooltip=[alt.Tooltip("name:N", title="name"), alt.Tooltip("kind:N", title="kind"),
-                 alt.Tooltip("start_ms:Q", title="start (ms)", format=",.3f"),
-                 alt.Tooltip("dur_ms:Q", title="running (ms)", format=",.4f"),
-                 alt.Tooltip("busy_fraction:Q", title="share of the block running", format=".0%"),
-                 alt.Tooltip("spans:Q", title="spans"), alt.Tooltip("link:N", title="launch")],
-    ).add_params(hover, brush)
+    x = alt.X(
+        "start_ms:Q", title="ms from the window start", scale=alt.Scale(domain=[view.start_ms, view.end_ms], nice=False)
+    )
+    bars = (
+        alt.Chart(view.spans)
+        .mark_bar(clip=True)
+        .encode(
+            x=x,
+            x2="end_ms:Q",
+            y=y,
+            color=alt.Color(
+                "kind:N",
+                title=None,
+                scale=alt.Scale(domain=list(KIND_COLOURS), range=list(KIND_COLOURS.values())),
+                legend=alt.Legend(orient="top", columns=5),
+            ),
+            # a block is as dark as the share of it its spans run: a GPU 63% idle never reads as solid busy
+            opacity=alt.Opacity("busy_fraction:Q", scale=alt.Scale(domain=[0, 1], range=[0, 1]), legend=None),
+            stroke=alt.condition(hover, alt.value("#000000"), alt.value(None)),
+            strokeWidth=alt.condition(hover, alt.value(2), alt.value(0)),
+            tooltip=[
+                alt.Tooltip("name:N", title="name"),
+                alt.Tooltip("kind:N", title="kind"),
+                alt.Tooltip("start_ms:Q", title="start (ms)", format=",.3f"),
+                alt.Tooltip("dur_ms:Q", title="running (ms)", format=",.4f"),
+                alt.Tooltip("busy_fraction:Q", title="share of the block running", format=".0%"),
+                alt.Tooltip("spans:Q", title="spans"),
+                alt.Tooltip("link:N", title="launch"),
+            ],
+        )
+        .add_params(hover, brush)
+    )
     labels = alt.Chart(view.steps.assign(row="steps", label="step " + view.steps["step"].astype(str))).mark_text(
         align="left", dx=3, fontSize=11, clip=True).encode(x=alt.X("start_ms:Q"), y=y, text="label:N")
     chart = alt.layer(bars, labels).properties(height=ROW_PX * len(view.rows) + 110).configure_scale(

@@ -86,15 +86,19 @@ def _profile_spawned_ranks() -> None:
     known once the child unpickles its Process object, after torch is imported); others stay untouched."""
     import multiprocessing.process as mp_process
 
-    original = mp_process.BaseProcess._bootstrap
+    # _bootstrap is CPython's private method: typeshed does not declare it
+    original = mp_process.BaseProcess._bootstrap  # type: ignore[attr-defined]
 
     def _bootstrap(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
         target = getattr(self, "_target", None)
-        if getattr(target, "__module__", "") == "torch.multiprocessing.spawn" and getattr(target, "__name__", "") == "_wrap":
+        if (
+            getattr(target, "__module__", "") == "torch.multiprocessing.spawn"
+            and getattr(target, "__name__", "") == "_wrap"
+        ):
             _install()
         return original(self, *args, **kwargs)
 
-    mp_process.BaseProcess._bootstrap = _bootstrap
+    mp_process.BaseProcess._bootstrap = _bootstrap  # type: ignore[attr-defined]
 
 
 def _launched_or_a_rank() -> bool:
