@@ -101,7 +101,8 @@ def _detect_secrets_values(text: str) -> list[str]:
         from detect_secrets.settings import transient_settings
     except ImportError:  # pragma: no cover - a core dependency; the hand-written shapes still apply
         return []
-    available = {c.__name__ for c in get_mapping_from_secret_type_to_class().values()}
+    detectors: dict[str, type] = get_mapping_from_secret_type_to_class()
+    available = {cls.__name__ for cls in detectors.values()}
     plugins = [{"name": name} for name in _DETECTORS if name in available]
     values: list[str] = []
     with transient_settings({"plugins_used": plugins}):
