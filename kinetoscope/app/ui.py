@@ -172,7 +172,7 @@ def table_data(frame: pd.DataFrame, formats: dict[str, Any] | None = None, highl
     as text (each value in its format, unknown empty); a column without one keeps its numbers (sorting by value)."""
     if not isinstance(frame, pd.DataFrame):
         raise TypeError(f"ui: tables are shown from DataFrames (got {type(frame).__name__})")
-    frame = _numbers_as_numbers(redact_frame(frame).reset_index(drop=True))
+    frame = redact_frame(frame).reset_index(drop=True)
     fmts: dict[str, Any] = {}
     for col in frame.columns:
         given = (formats or {}).get(col)
@@ -209,22 +209,6 @@ def table_data(frame: pd.DataFrame, formats: dict[str, Any] | None = None, highl
 def _unknown(value: Any) -> bool:
     """None, NaN, NaT or pd.NA (a scalar cell)."""
     return value is None or (pd.api.types.is_scalar(value) and bool(pd.isna(value)))
-
-
-def _numbers_as_numbers(frame: pd.DataFrame) -> pd.DataFrame:
-    """Object columns holding only numbers and unknowns (a rank's GPU split on a CPU job: None on every row) as
-    floats, unknown NaN: the grid shows an object column's None as the word "None", a float column's NaN blank."""
-    out = frame
-    for col in frame.columns:
-        values = frame[col]
-        if values.dtype != object:
-            continue
-        known = values[values.notna()]
-        if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in known):
-            if out is frame:
-                out = frame.copy()
-            out[col] = values.astype(float)
-    return out
 
 
 def redact_chart(chart: Any) -> Any:

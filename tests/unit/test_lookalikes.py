@@ -46,27 +46,9 @@ def test_an_add_with_a_length_inside_accumulate_grad_still_counts(tmp_path):
     assert f.evidence["steps"] == [1, 2, 3] and f.severity == "warning"
 
 
-def test_accumulation_after_gradients_set_to_none_is_no_missing_zero_grad(tmp_path):
-    """Was: zero_grad_missing (warning) on the transformers Trainer with gradient_accumulation_steps=4: it clears by
-    model.zero_grad() (gradients set to None: no Optimizer.zero_grad span, nothing in the trace), and micro-batches
-    2-4 add into the gradients the first one started. Steps whose every gradient adds are the missing zero_grad."""
-    b = TraceBuilder()
-    for i in range(4):
-        t = i * 4000
-        b.step(i, t, 4000)
-        for m in range(4):  # four micro-batches, three parameters each
-            u = t + m * 900
-            b.op("aten::linear", u + 10, 100)
-            b.op("autograd::engine::evaluate_function: AddmmBackward0", u + 200, 400, tid=200)
-            for k in range(3):
-                b.op("torch::autograd::AccumulateGrad", u + 300 + k * 60, 50, tid=200)
-                if m > 0:  # the first micro-batch's gradients start afresh: a detach, no add
-                    b.op("aten::add_", u + 310 + k * 60, 20, tid=200)
-        b.op("Optimizer.step#AdamW.step", t + 3700, 100, cat="user_annotation")
-    assert not found(report_of(tmp_path, b), "zero_grad_missing")
-
-
-def test_accumulation_that_never_clears_is_a_missing_zero_grad(tmp_path):
+def _accumulated_steps(first_micro_batch_adds: bool) -> TraceBuilder:
+    """Four steps of four micro-batches, three parameters each; micro-batches 2-4 add into the gradients, and the
+    first one does too only where nothing cleared them."""
     b = TraceBuilder()
     for i in range(4):
         t = i * 4000
@@ -77,9 +59,21 @@ def test_accumulation_that_never_clears_is_a_missing_zero_grad(tmp_path):
             b.op("autograd::engine::evaluate_function: AddmmBackward0", u + 200, 400, tid=200)
             for k in range(3):
                 b.op("torch::autograd::AccumulateGrad", u + 300 + k * 60, 50, tid=200)
-                b.op("aten::add_", u + 310 + k * 60, 20, tid=200)
+                if m > 0 or first_micro_batch_adds:
+                    b.op("aten::add_", u + 310 + k * 60, 20, tid=200)
         b.op("Optimizer.step#AdamW.step", t + 3700, 100, cat="user_annotation")
-    (f,) = found(report_of(tmp_path, b), "zero_grad_missing")
+    return b
+
+
+def test_accumulation_after_gradients_set_to_none_is_no_missing_zero_grad(tmp_path):
+    """Was: zero_grad_missing (warning) on the transformers Trainer with gradient_accumulation_steps=4: it clears by
+    model.zero_grad() (gradients set to None: no Optimizer.zero_grad span, nothing in the trace), and micro-batches
+    2-4 add into the gradients the first one started. Steps whose every gradient adds are the missing zero_grad."""
+    assert not found(report_of(tmp_path, _accumulated_steps(first_micro_batch_adds=False)), "zero_grad_missing")
+
+
+def test_accumulation_that_never_clears_is_a_missing_zero_grad(tmp_path):
+    (f,) = found(report_of(tmp_path, _accumulated_steps(first_micro_batch_adds=True)), "zero_grad_missing")
     assert f.evidence["steps"] == [1, 2, 3] and f.severity == "warning"
 
 
