@@ -16,6 +16,9 @@ tuned on say how it generalises:
   sample_traces/heldout2/ but for the 17 MB tsp_lbfgs, which goes in the public folder as heldout2_tsp_lbfgs), read
   by independent readers and scored once before any change; one rule was changed after them (zero_grad_missing
   under accumulation), so they are in sample for it since.
+- a third held-out set (issue 28, third round): tests/expert/heldout3_captures/ (13 captures of public training code
+  never captured before, bundled in sample_traces/heldout3/), read by an independent reader before the tool ran on
+  them.
 
 Public traces are not bundled (fetched test data of other projects): put them in one folder and name it with
 KINETOSCOPE_PUBLIC_TRACES; a reading whose trace is not here is listed as such.
@@ -41,7 +44,8 @@ SETS = (("in-sample", ROOT / "tests" / "expert"),
         ("public traces, held out", ROOT / "tests" / "expert" / "public_heldout"),
         ("captures of public training code, held out", ROOT / "tests" / "expert" / "captures"),
         ("second held-out set: public traces", ROOT / "tests" / "expert" / "heldout2_public"),
-        ("second held-out set: captures of public training code", ROOT / "tests" / "expert" / "heldout2_captures"))
+        ("second held-out set: captures of public training code", ROOT / "tests" / "expert" / "heldout2_captures"),
+        ("third held-out set: captures of public training code", ROOT / "tests" / "expert" / "heldout3_captures"))
 
 
 def _claims(items: dict[tuple[str, int], str]) -> str:
