@@ -18,7 +18,8 @@ tuned on say how it generalises:
   under accumulation), so they are in sample for it since.
 - a third held-out set (issue 28, third round): tests/expert/heldout3_captures/ (13 captures of public training code
   never captured before, bundled in sample_traces/heldout3/), read by an independent reader before the tool ran on
-  them.
+  them; a second reader read the same captures on their own (heldout3_captures_b/), to show how far two experts
+  agree.
 
 Public traces are not bundled (fetched test data of other projects): put them in one folder and name it with
 KINETOSCOPE_PUBLIC_TRACES; a reading whose trace is not here is listed as such.
@@ -45,7 +46,8 @@ SETS = (("in-sample", ROOT / "tests" / "expert"),
         ("captures of public training code, held out", ROOT / "tests" / "expert" / "captures"),
         ("second held-out set: public traces", ROOT / "tests" / "expert" / "heldout2_public"),
         ("second held-out set: captures of public training code", ROOT / "tests" / "expert" / "heldout2_captures"),
-        ("third held-out set: captures of public training code", ROOT / "tests" / "expert" / "heldout3_captures"))
+        ("third held-out set: captures of public training code", ROOT / "tests" / "expert" / "heldout3_captures"),
+        ("third held-out set, second independent reader", ROOT / "tests" / "expert" / "heldout3_captures_b"))
 
 
 def _claims(items: dict[tuple[str, int], str]) -> str:
