@@ -572,3 +572,16 @@ def test_fleet_puts_the_worst_jobs_first_by_saving_and_says_which_miss_ranks(tmp
     assert any(unescaped(w.value).startswith("1 of this job's 4 ranks have no readable file") for w in at.warning)
     assert not any("straggler rank" in unescaped(m.value) for m in at.markdown)
     assert '"job": {"pinned": true}' in at.dataframe[0].proto.columns  # the job column stays in view
+
+
+def test_timeline_draws_the_critical_path_and_says_what_it_holds():
+    at = open_app("timeline", trace="real/v100_resnet50_2021.json.gz")
+    assert not at.exception and not at.error
+    assert at.checkbox(key="tl_path").value is True
+    (caption,) = [c.value for c in at.caption if c.value.startswith("Critical path")]
+    # the screen shows the report's block (its numbers are tested on built traces in tests/unit/test_critpath.py):
+    # the kinds by their share of the step, most first
+    path = at.session_state["analysis"].report.ranks[0]["critical_path"]
+    top = sorted(path["by_kind"], key=lambda k: -k["step_fraction"])
+    assert caption.startswith(f"Critical path of the mean step: {top[0]['kind']} {top[0]['step_fraction']:.0%}, "
+                              f"{top[1]['kind']} {top[1]['step_fraction']:.0%}")

@@ -136,3 +136,17 @@ def test_whatif_says_why_removing_the_wait_gains_less_than_the_wait(tmp_path):
         {"id": "loader_stall", "estimate": est.to_dict(), "critical_path": limits}]}])
     assert ("gains less than the 0.60 ms per step of waiting it targets: 0.60 ms of it lies on the critical path; "
             "the GPU has 0.20 ms of slack beside it") in text
+
+
+def test_the_timeline_draws_the_path_in_a_row_under_the_steps(tmp_path):
+    from kinetoscope.analyze.views.spans import PATH_ROW, timeline_view
+
+    r = load_built(tmp_path, gpu_bound()).ranks[0]
+    v = timeline_view(r, 0.0, 1.0, width_px=100_000, with_path=True)  # the first step, nothing merged
+    assert v.rows[:2] == ["steps", PATH_ROW]
+    path = v.spans[v.spans["row"] == PATH_ROW]
+    assert list(zip(path["name"], path["kind"], path["start_ms"], path["end_ms"], strict=True)) == [
+        ("host: CPU work", "cpu op", 0.0, 0.01), ("launch: launch", "runtime call", 0.01, 0.02),
+        ("kernel: K1", "kernel", 0.02, 0.62), ("kernel: K2", "kernel", 0.62, 0.92),
+        ("sync: cudaDeviceSynchronize", "sync", 0.92, 0.93), ("host: CPU work", "cpu op", 0.93, 1.0)]
+    assert PATH_ROW not in timeline_view(r, 0.0, 1.0).rows
