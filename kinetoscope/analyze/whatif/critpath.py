@@ -21,9 +21,10 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 
 from kinetoscope.analyze.model.collectives import COLLECTIVE_RE
-from kinetoscope.analyze.model.timeline import gpu_work, main_thread, runtime_calls
+from kinetoscope.analyze.model.timeline import gpu_work, main_thread, name_mask, runtime_calls
 from kinetoscope.analyze.model.trace import RankTrace, trace_view
 from kinetoscope.analyze.whatif.graph import NONE, ReplayGraph, replay_graph
 from kinetoscope.analyze.whatif.replay import Edits, Replayed, baseline
@@ -82,15 +83,19 @@ class CriticalPath:
         return dict(out)
 
 
+def _decoded(column: pd.Series) -> np.ndarray:
+    """A categorical column as an object array, decoded once per category (not per row)."""
+    cats = np.asarray(column.cat.categories.astype(str), dtype=object)
+    codes = column.cat.codes.to_numpy()
+    return np.where(codes >= 0, cats[np.maximum(codes, 0)] if len(cats) else "", "")
+
+
 def _op_kinds(trace: RankTrace, g: ReplayGraph) -> tuple[np.ndarray, np.ndarray]:
-    work = gpu_work(trace)
-    names = work.loc[g.op_label, "name"].astype(str).to_numpy(dtype=object) if len(g.op_label) else \
-        np.zeros(0, dtype=object)
-    kinds = work.loc[g.op_label, "kind"].astype(str).to_numpy(dtype=object) if len(g.op_label) else \
-        np.zeros(0, dtype=object)
-    coll = np.array([bool(COLLECTIVE_RE.search(n)) for n in names], dtype=bool)
-    kinds = np.where(coll, "collective", kinds)
-    return names, kinds
+    if not len(g.op_label):
+        return np.zeros(0, dtype=object), np.zeros(0, dtype=object)
+    ops = gpu_work(trace).loc[g.op_label]
+    coll = name_mask(ops, COLLECTIVE_RE, search=True)
+    return _decoded(ops["name"]), np.where(coll, "collective", _decoded(ops["kind"]))
 
 
 def _item_names(trace: RankTrace, g: ReplayGraph) -> list[str]:
@@ -100,7 +105,7 @@ def _item_names(trace: RankTrace, g: ReplayGraph) -> list[str]:
     if main is not None:
         rt = runtime_calls(trace)
         rt = rt[(rt["tid"].astype(str) == main).to_numpy()]
-        for ts, name in zip(rt["ts_ns"].to_numpy(np.int64), rt["name"].astype(str), strict=False):
+        for ts, name in zip(rt["ts_ns"].to_numpy(np.int64), _decoded(rt["name"]), strict=False):
             by_start.setdefault(int(ts), name)
     out = []
     for s, k in zip(g.it_start, g.it_kind, strict=False):
