@@ -78,12 +78,12 @@ def hidden_wait(steps: int = 6) -> TraceBuilder:
 def test_a_data_wait_on_the_path_gains_only_the_gpu_s_slack(tmp_path):
     """The path is the host's: 10 us of work, the 600 us wait, 5 us, the sync's own 5 us, 380 us. The kernel ends at
     +410; the sync returns 5 us after what it awaits and returned at +620, so the kernel could end at +615, 205 us
-    later: the GPU's slack. Removing
-    the wait gains 205 us, not 600: the replay's own estimate of that fix, worked out independently in
+    later: the GPU's slack. Removing the wait gains 205 us, not 600: the replay's own estimate of that fix, worked out independently in
     tests/integration/test_whatif.py."""
     r = load_built(tmp_path, hidden_wait()).ranks[0]
     for step in critical_path(r).steps:
-        assert path_of(step) == [("host", "CPU work", 0, 10), ("data", "DataLoader", 10, 600),
+        # the launch call (+0..+5) is the step's forward (top-level work before any backward: the step's phases)
+        assert path_of(step) == [("host", "forward", 0, 5), ("host", "CPU work", 5, 5), ("data", "DataLoader", 10, 600),
                                  ("host", "CPU work", 610, 5), ("sync", "cudaStreamSynchronize", 615, 5),
                                  ("host", "CPU work", 620, 380)]
         assert step.gpu_slack_ns == 205_000
@@ -150,3 +150,20 @@ def test_the_timeline_draws_the_path_in_a_row_under_the_steps(tmp_path):
         ("kernel: K1", "kernel", 0.02, 0.62), ("kernel: K2", "kernel", 0.62, 0.92),
         ("sync: cudaDeviceSynchronize", "sync", 0.92, 0.93), ("host: CPU work", "cpu op", 0.93, 1.0)]
     assert PATH_ROW not in timeline_view(r, 0.0, 1.0).rows
+
+
+def test_host_work_on_the_path_is_named_by_the_step_s_phase(tmp_path):
+    """A host-bound step: forward (+0..+300, launching a 100 us kernel nothing waits for), the optimizer's step
+    (+300..+800), 200 us of other host work. No sync awaits the kernel: its slack is unbounded (null)."""
+    b = TraceBuilder(device_properties=A100)
+    for k in range(2):
+        t = 10_000 + 1000 * k
+        b.step(k, t, 1000)
+        b.op("aten::linear", t, 300)
+        b.kernel(t + 20, 100, launch_at=t + 10)
+        b.op("Optimizer.step#SGD.step", t + 300, 500, cat="user_annotation")
+    r = load_built(tmp_path, b).ranks[0]
+    for step in critical_path(r).steps:
+        assert path_of(step) == [("host", "forward", 0, 300), ("host", "optimizer", 300, 500),
+                                 ("host", "CPU work", 800, 200)]
+        assert step.gpu_slack_ns is None and step.host_slack_ns == 0

@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from kinetoscope.analyze.model.collectives import COLLECTIVE_RE
+from kinetoscope.analyze.model.phases import PHASES, host_phases, phase_lookup
 from kinetoscope.analyze.model.timeline import gpu_work, main_thread, name_mask, runtime_calls
 from kinetoscope.analyze.model.trace import RankTrace, trace_view
 from kinetoscope.analyze.whatif.graph import NONE, ReplayGraph, replay_graph
@@ -286,6 +287,45 @@ def _slack(g: ReplayGraph, t: _Times) -> tuple[np.ndarray, np.ndarray, np.ndarra
     return F, at_launch, at_item, start_slack
 
 
+#: phases whose name says more than "CPU work" about a stretch of host work on the path
+NAMED_PHASES = frozenset({"forward", "backward", "optimizer", "zero_grad", "compile", "h2d"})
+
+
+def _by_phase(segs: list[Segment], phases: tuple[np.ndarray, np.ndarray, np.ndarray]) -> list[Segment]:
+    """Host work on the path split where the training thread's phase changes, each piece named by its phase
+    ("forward", "optimizer", ...; "CPU work" outside those)."""
+    starts, ends, labels = phases
+    if not starts.size:
+        return segs
+    out: list[Segment] = []
+    for seg in segs:
+        if seg.kind != "host":
+            out.append(seg)
+            continue
+        lo, hi = seg.start_ns, seg.start_ns + seg.dur_ns
+        first = max(int(np.searchsorted(ends, lo, side="right")), 0)
+        cur = lo
+        for i in range(first, len(starts)):
+            if starts[i] >= hi:
+                break
+            a, b = max(int(starts[i]), lo), min(int(ends[i]), hi)
+            if b <= a:
+                continue
+            if a > cur:  # not in any phase (outside the window)
+                out.append(Segment("host", "CPU work", cur, a - cur))
+            phase = PHASES[int(labels[i])]
+            name = phase if phase in NAMED_PHASES else "CPU work"
+            if out and out[-1].kind == "host" and out[-1].name == name and out[-1].start_ns + out[-1].dur_ns == a:
+                last = out.pop()
+                out.append(Segment("host", name, last.start_ns, last.dur_ns + b - a))
+            else:
+                out.append(Segment("host", name, a, b - a))
+            cur = b
+        if cur < hi:
+            out.append(Segment("host", "CPU work", cur, hi - cur))
+    return out
+
+
 def _most(values: np.ndarray) -> float | None:
     finite = values[np.isfinite(values)]
     return float(finite.max()) if len(finite) else None
@@ -299,10 +339,11 @@ def critical_path(trace: RankTrace) -> CriticalPath:
     op_names, op_kinds = _op_kinds(trace, g)
     item_names = _item_names(trace, g)
     F, at_launch, at_item, at_start = _slack(g, t)
+    phases = phase_lookup(host_phases(trace))
     steps = []
     for k in range(g.steps):
         s0, s1 = t.step_start[k], t.step_end[k]
-        segs = _walk(g, t, k, op_names, op_kinds, item_names)
+        segs = _by_phase(_walk(g, t, k, op_names, op_kinds, item_names), phases)
         ops = (t.op_start >= s0) & (t.op_start < s1)
         launched = (t.anchor >= s0) & (t.anchor < s1)
         items = (t.it_start >= s0) & (t.it_start < s1)
