@@ -78,8 +78,8 @@ def hidden_wait(steps: int = 6) -> TraceBuilder:
 def test_a_data_wait_on_the_path_gains_only_the_gpu_s_slack(tmp_path):
     """The path is the host's: 10 us of work, the 600 us wait, 5 us, the sync's own 5 us, 380 us. The kernel ends at
     +410; the sync returns 5 us after what it awaits and returned at +620, so the kernel could end at +615, 205 us
-    later: the GPU's slack. Removing the wait gains 205 us, not 600: the replay's own estimate of that fix, worked out independently in
-    tests/integration/test_whatif.py."""
+    later: the GPU's slack. Removing the wait gains 205 us, not 600: the replay's own estimate of that fix, worked
+    out independently in tests/integration/test_whatif.py."""
     r = load_built(tmp_path, hidden_wait()).ranks[0]
     for step in critical_path(r).steps:
         # the launch call (+0..+5) is the step's forward (top-level work before any backward: the step's phases)
