@@ -13,6 +13,7 @@ from kinetoscope.analyze.analyzers import (
     allocator,
     anatomy,
     comm,
+    compiled,
     copies,
     coverage,
     gpu,
@@ -33,7 +34,7 @@ __all__ = ["AnalysisResult", "Analyzer", "MODULES", "analyzers", "register"]
 #: the analyzer modules, in report order (the keys of a rank's report entry follow it: comm before host, as when
 #: host imported comm and so registered it first)
 MODULES: tuple[ModuleType, ...] = (steps, anatomy, loader, gpu, allocator, copies, memory, comm, host, telemetry,
-                                   hygiene, outliers, coverage, straggler, hang)
+                                   hygiene, outliers, coverage, straggler, hang, compiled)
 
 
 def _collect() -> tuple[Analyzer, ...]:

@@ -85,10 +85,16 @@ def run(args: argparse.Namespace) -> int:
         mine = [f for f in report.findings if f.rank == r.rank]
         chosen = [f for f in mine if f.id in wanted]
         alone = []
+        graph = whatif.replay_graph(r)
         for f in chosen or mine:
             est = whatif.estimate(r, f, whatif.params_for(f.id, params)) if params else f.estimate
+            fix = whatif.FIXES.get(f.id)
+            plan = whatif.plan_for(r, graph, f, whatif.params_for(f.id, params)) \
+                if graph.steps and est is not None and f.one_off_us is None \
+                and (fix is None or fix.no_time_cost is None) else None
             alone.append({"id": f.id, "severity": f.severity, "title": f.title,
-                          "estimate": est.to_dict() if est is not None else None})
+                          "estimate": est.to_dict() if est is not None else None,
+                          "critical_path": whatif.fix_limits(r, plan.edits) if plan is not None else None})
         both = whatif.combined(r, chosen, params) if chosen else None
         together = both.to_dict() if both is not None else None
         out.append({"rank": r.rank, "replay": entry.get("replay"), "fixes": alone, "together": together,

@@ -204,6 +204,18 @@ def _hang_lines(report: Report) -> list[str]:
     return out
 
 
+def _gains_less(fix: dict[str, Any]) -> str | None:
+    """Why a fix gains less than the waiting it removes, from the critical path (None where it gains about all)."""
+    path, est = fix.get("critical_path"), fix.get("estimate")
+    if not path or not est or path["targeted_us_per_step"] - est["saving_us_per_step"] < 1:
+        return None
+    text = (f"gains less than the {_ms(path['targeted_us_per_step'])} per step of waiting it targets: "
+            f"{_ms(path['on_critical_path_us_per_step'])} of it lies on the critical path")
+    if path.get("gpu_slack_us") is not None:
+        text += f"; the GPU has {_ms(path['gpu_slack_us'])} of slack beside it (past that, the GPU bounds the step)"
+    return text
+
+
 def render_whatif(source: str, wanted: list[str], ranks: list[dict[str, Any]]) -> str:
     """``kinetoscope whatif``: per rank, the replay's check, each fix alone, and the chosen fixes together."""
     out = [f"What-if: {source}", ""]
@@ -217,6 +229,9 @@ def render_whatif(source: str, wanted: list[str], ranks: list[dict[str, Any]]) -
         for f in r["fixes"]:
             line = worth(f["estimate"]) or "fix this: not estimated (not a time cost, or nothing the replay can change)"
             out.append(f"  {f['id']:<22} {line}")
+            why = _gains_less(f)
+            if why:
+                out.append(f"    {why}")
         together = r.get("together")
         if together:
             out.append(

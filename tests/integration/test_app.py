@@ -572,3 +572,43 @@ def test_fleet_puts_the_worst_jobs_first_by_saving_and_says_which_miss_ranks(tmp
     assert any(unescaped(w.value).startswith("1 of this job's 4 ranks have no readable file") for w in at.warning)
     assert not any("straggler rank" in unescaped(m.value) for m in at.markdown)
     assert '"job": {"pinned": true}' in at.dataframe[0].proto.columns  # the job column stays in view
+
+
+def test_timeline_draws_the_critical_path_and_says_what_it_holds():
+    at = open_app("timeline", trace="real/v100_resnet50_2021.json.gz")
+    assert not at.exception and not at.error
+    assert at.checkbox(key="tl_path").value is True
+    (caption,) = [c.value for c in at.caption if c.value.startswith("Critical path")]
+    # the screen shows the report's block (its numbers are tested on built traces in tests/unit/test_critpath.py):
+    # the kinds by their share of the step, most first
+    path = at.session_state["analysis"].report.ranks[0]["critical_path"]
+    top = sorted(path["by_kind"], key=lambda k: -k["step_fraction"])
+    assert caption.startswith(f"Critical path of the mean step: {top[0]['kind']} {top[0]['step_fraction']:.0%}, "
+                              f"{top[1]['kind']} {top[1]['step_fraction']:.0%}")
+
+
+def test_distributed_shows_communication_by_what_it_serves(tmp_path):
+    """Two ranks of the DDP step of tests/unit/test_commroles.py: each step's all-reduce is launched in backward,
+    runs 0.3 ms with no compute beside it, and hiding it would give 0.22 ms (worked out there)."""
+    from tracebuilder import NCCL
+
+    files = []
+    for rank in range(2):
+        b = TraceBuilder(rank=rank, world_size=2, device_properties=[{"id": 0, "name": "NVIDIA A100-SXM4-80GB"}])
+        for k in range(3):
+            t = 10_000 + 1000 * k
+            b.step(k, t, 1000)
+            b.op("aten::linear", t + 10, 190)
+            b.kernel(t + 30, 150, name="fwd_gemm", launch_at=t + 20)
+            b.op("autograd::engine::evaluate_function: AddmmBackward0", t + 300, 400)
+            b.kernel(t + 310, 300, name="bwd_gemm", launch_at=t + 305)
+            b.kernel(t + 620, 300, name=NCCL, stream=20, launch_at=t + 615)
+            b.runtime("cudaStreamSynchronize", t + 700, 225)
+        files.append((f"rank-{rank}.json", b.write(tmp_path / f"rank-{rank}.json").read_bytes()))
+    at = open_app("distributed", source="Upload", pending_uploads=files)
+    assert not at.exception and not at.error
+    assert any(s.value == "Communication by what it serves" for s in at.subheader)
+    roles = at.dataframe[-1].value
+    assert list(roles["rank"]) == [0, 1]
+    assert list(roles["serves"]) == ["data parallel (DDP): gradient all-reduce"] * 2
+    assert list(roles["exposed (ms/step)"]) == [0.3, 0.3] and list(roles["worth hiding (ms/step)"]) == [0.22, 0.22]

@@ -4,17 +4,16 @@ across ranks is ``distributed``; the job-level analyzer is in ``straggler``."""
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import pandas as pd
 
 from kinetoscope.analyze.model import intervals as iv
 from kinetoscope.analyze.model.analysis import AnalysisResult, register
-from kinetoscope.analyze.model.collectives import collectives, comm_compute_sets, host_collectives
+from kinetoscope.analyze.model.collectives import collectives, comm_compute_sets, host_collectives, host_compute
 from kinetoscope.analyze.model.config import AnalysisConfig
 from kinetoscope.analyze.model.findings import Finding
-from kinetoscope.analyze.model.timeline import kind_mask, missing_activity, name_mask, window
+from kinetoscope.analyze.model.timeline import missing_activity, window
 from kinetoscope.analyze.model.trace import RankTrace
 from kinetoscope.analyze.model.units import frac, us
 
@@ -126,20 +125,6 @@ def analyze_comm(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
 
 
 
-#: host ops that are communication or its bookkeeping, or containers of other work: not compute
-_NOT_HOST_COMPUTE_RE = re.compile(r"^(?:c10d::|record_param_comms|nccl:|gloo:|rccl:|aten::wait|ProfilerStep#|"
-                                  r"enumerate\(|Optimizer\.|## |DistributedDataParallel\.)")
-
-
-def _host_compute(trace: RankTrace, comm_threads: set[str], w: Any) -> iv.Intervals:
-    """CPU compute of a run without GPU work: the ops on threads other than the collectives' own, less
-    communication, its bookkeeping and containers."""
-    ev = trace.events
-    ops = ev[kind_mask(ev, ("cpu_op",)) & ~name_mask(ev, _NOT_HOST_COMPUTE_RE)]
-    ops = ops[~ops["tid"].astype(str).isin(comm_threads).to_numpy()]
-    return iv.clip(iv.union(ops["ts_ns"].to_numpy(), ops["end_ns"].to_numpy()), w.start_ns, w.end_ns)
-
-
 def _host_collectives(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
     coll = host_collectives(trace)
     if coll.empty:
@@ -152,7 +137,7 @@ def _host_collectives(trace: RankTrace, config: AnalysisConfig) -> AnalysisResul
     exposed_ns: int | None = None
     exposed_by_op: dict[str, int] = {}
     if not trace.has_gpu:  # a CPU run: the collectives' time against the CPU compute of the other threads
-        compute = _host_compute(trace, {str(t) for t in coll["tid"].unique()}, w)
+        compute = host_compute(trace, {str(t) for t in coll["tid"].unique()}, w)
         if iv.measure(compute):  # no compute traced at all (a trimmed trace): overlap cannot be told
             exposed = iv.subtract(comm_set, compute)
             exposed_ns = iv.measure(exposed)

@@ -12,7 +12,7 @@ import pandas as pd
 
 from kinetoscope.analyze.model import intervals as iv
 from kinetoscope.analyze.model.distributed import normalise_op
-from kinetoscope.analyze.model.timeline import gpu_work, kernels, kind_mask, name_mask, window
+from kinetoscope.analyze.model.timeline import Window, gpu_work, kernels, kind_mask, name_mask, window
 from kinetoscope.analyze.model.trace import RankTrace, trace_view
 
 #: ncclKernel_AllReduce_RING_LL_Sum_float (<= 2.18), ncclDevKernel_AllReduce_Sum_f32_RING_LL (>= 2.19), rccl
@@ -119,3 +119,17 @@ def host_collectives(trace: RankTrace) -> pd.DataFrame:
     )
 
 
+
+
+#: host ops that are communication or its bookkeeping, or containers of other work: not compute
+_NOT_HOST_COMPUTE_RE = re.compile(r"^(?:c10d::|record_param_comms|nccl:|gloo:|rccl:|aten::wait|ProfilerStep#|"
+                                  r"enumerate\(|Optimizer\.|## |DistributedDataParallel\.)")
+
+
+def host_compute(trace: RankTrace, comm_threads: set[str], w: Window) -> iv.Intervals:
+    """CPU compute of a run without GPU work: the ops on threads other than the collectives' own, less
+    communication, its bookkeeping and containers."""
+    ev = trace.events
+    ops = ev[kind_mask(ev, ("cpu_op",)) & ~name_mask(ev, _NOT_HOST_COMPUTE_RE)]
+    ops = ops[~ops["tid"].astype(str).isin(comm_threads).to_numpy()]
+    return iv.clip(iv.union(ops["ts_ns"].to_numpy(), ops["end_ns"].to_numpy()), w.start_ns, w.end_ns)

@@ -277,9 +277,11 @@ def build_report(trace: Trace, config: AnalysisConfig = DEFAULT_CONFIG, *, threa
     in_flight = len(trace.ranks) if keep_views else RANKS_IN_FLIGHT
     pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kinetoscope-analyze")
 
-    def start(r: RankTrace) -> tuple[list[Any], Any]:
+    def start(r: RankTrace) -> tuple[list[Any], Any, Any, Any]:
         return ([pool.submit(_timed, a.key, r.rank, a.fn, r, config) for a in per_rank],
-                pool.submit(_timed, "whatif", r.rank, whatif.replay_entry, r))
+                pool.submit(_timed, "whatif", r.rank, whatif.replay_entry, r),
+                pool.submit(_timed, "critical_path", r.rank, whatif.critical_path_entry, r),
+                pool.submit(_timed, "comm_roles", r.rank, whatif.comm_roles_entry, r, config))
 
     try:
         running = [start(r) for r in trace.ranks[:in_flight]]
@@ -287,7 +289,7 @@ def build_report(trace: Trace, config: AnalysisConfig = DEFAULT_CONFIG, *, threa
         rank_failures: list[list[AnalyzerFailure]] = []  # in the order one thread would meet them, rank by rank
         unestimated: list[list[Finding]] = []
         for i, r in enumerate(trace.ranks):
-            futures, replay = running[i]
+            futures, replay, path, roles = running[i]
             entry = _rank_header(r)
             results[r.rank] = {}
             mine: list[Finding] = []
@@ -305,6 +307,11 @@ def build_report(trace: Trace, config: AnalysisConfig = DEFAULT_CONFIG, *, threa
             timings["replay"] += took
             if failure is not None:  # the what-if must not sink the report
                 lost.append(failure)
+            for key, future in (("critical_path", path), ("comm_roles", roles)):
+                entry[key], failure, took = future.result()
+                timings[key] += took
+                if failure is not None:
+                    lost.append(failure)
             estimating.append(pool.submit(_timed, "whatif", r.rank, _finish_rank, r, mine, maps, keep_views,
                                           config))
             if i + in_flight < len(trace.ranks):  # queued after this rank's last work: its views go first

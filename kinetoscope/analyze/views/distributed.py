@@ -7,7 +7,7 @@ the loaded trace and its report: screens only show them."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -24,6 +24,41 @@ RANK_COLUMNS = ("rank", "steps", "step_ms", "compute_only_ms", "overlap_ms", "co
                 "collective_wait_ms", "waited_for_rank", "last_to_arrive", "clock_skew_ms", "straggler")
 
 
+#: the communication-by-role table's columns (ms per complete step, as the ranks table)
+ROLE_COLUMNS = ("rank", "role", "serves", "collectives", "time_ms", "exposed_ms", "worth_ms", "fsdp_max_in_flight",
+                "fsdp_queued")
+#: what each role serves, in words
+ROLE_WORDS = {"fsdp_allgather": "FSDP: gathering parameters", "fsdp_reducescatter": "FSDP: reducing gradients",
+              "dp_allreduce": "data parallel (DDP): gradient all-reduce", "tp_forward": "tensor parallel (forward)",
+              "pipeline": "pipeline stages (send/recv)", "alltoall": "all-to-all (MoE, embeddings)",
+              "other": "other (loss, norms, broadcasts, barriers)"}
+
+
+def roles_table(report: Report) -> pd.DataFrame:
+    """One row per rank and role from each rank's ``comm_roles`` (ms per complete step; blank where unknown)."""
+    rows = []
+    for entry in report.ranks:
+        block = entry.get("comm_roles")
+        if not block:
+            continue
+        per_step = max(int((entry.get("steps") or {}).get("count") or 0), 1)
+        fsdp = block.get("fsdp") or {}
+        for r in block["roles"]:
+            is_ag = r["role"] == "fsdp_allgather"
+            rows.append({"rank": entry["rank"], "role": r["role"], "serves": ROLE_WORDS.get(r["role"], r["role"]),
+                         "collectives": r["collectives"], "time_ms": r["time_us"] / per_step / 1000,
+                         "exposed_ms": None if r["exposed_us"] is None else r["exposed_us"] / per_step / 1000,
+                         "worth_ms": None if r["worth_us_per_step"] is None else r["worth_us_per_step"] / 1000,
+                         "fsdp_max_in_flight": fsdp.get("max_in_flight") if is_ag else None,
+                         "fsdp_queued": fsdp.get("queued_behind_previous") if is_ag else None})
+    out = pd.DataFrame(rows, columns=list(ROLE_COLUMNS))
+    for col in ("time_ms", "exposed_ms", "worth_ms"):
+        out[col] = pd.to_numeric(out[col], errors="coerce").astype("float64")
+    for col in ("fsdp_max_in_flight", "fsdp_queued"):
+        out[col] = pd.array(out[col], dtype="Int64")
+    return out
+
+
 @dataclass(frozen=True)
 class DistributedView:
     #: one row per rank (``RANK_COLUMNS``); GPU columns are null where the rank recorded no GPU collectives
@@ -34,6 +69,8 @@ class DistributedView:
     headline: dict[str, Any]
     #: what the columns mean, and over which window
     about: str
+    #: per rank and role (``ROLE_COLUMNS``): communication by what it serves, from each rank's ``comm_roles``
+    roles: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=list(ROLE_COLUMNS)))
 
 
 @trace_view
@@ -127,4 +164,5 @@ def distributed_view(trace: Trace, report: Report) -> DistributedView:
              "rank arrived (clocks aligned on collective completion); waited for: the rank this one waited for "
              "most often; last to arrive: how many collectives waited for this rank; clock skew: its clock's offset "
              "from the reference rank. Blank: the trace cannot say (no collective kernels, no matched collectives).")
-    return DistributedView(ranks=ranks, collectives=collectives_ms, headline=headline, about=about)
+    return DistributedView(ranks=ranks, collectives=collectives_ms, headline=headline, about=about,
+                           roles=roles_table(report))

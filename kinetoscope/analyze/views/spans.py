@@ -24,6 +24,7 @@ from kinetoscope.analyze.model.timeline import (
     window,
 )
 from kinetoscope.analyze.model.trace import RankTrace, trace_view
+from kinetoscope.analyze.whatif.critpath import critical_path
 
 #: host event kinds drawn on the thread lanes
 HOST_KINDS = ("cpu_op", "runtime", "driver", "annotation", "python", "sync")
@@ -42,6 +43,12 @@ KIND_COLOURS = {
 }
 _HOST_KIND_LABEL = {"cpu_op": "cpu op", "runtime": "runtime call", "driver": "runtime call", "annotation": "annotation",
                     "python": "python", "sync": "sync"}
+#: how each kind of critical-path segment is drawn (a colour of KIND_COLOURS)
+PATH_KIND_LABEL = {"host": "cpu op", "data": "data wait", "sync": "sync", "copy": "sync", "launch": "runtime call",
+                   "kernel": "kernel", "collective": "kernel", "memcpy": "memcpy", "memset": "memset",
+                   "stream_gap": "step"}
+#: the row of the critical path, under the steps
+PATH_ROW = "critical path"
 #: overlaps this short are rounding, not nesting (see host_depth)
 NEST_TOLERANCE_NS = 1000
 #: nesting rows per thread; deeper spans share the last row
@@ -123,9 +130,10 @@ def step_range_ms(trace: RankTrace, first: int, last: int) -> tuple[float, float
 
 
 def timeline_view(trace: RankTrace, start_ms: float | None = None, end_ms: float | None = None,
-                  width_px: int = WIDTH_PX, max_marks: int = MAX_MARKS) -> TimelineView:
+                  width_px: int = WIDTH_PX, max_marks: int = MAX_MARKS, with_path: bool = False) -> TimelineView:
     """The spans of ``[start_ms, end_ms)`` (ms from the window start; the whole window by default): a steps row,
-    a row per GPU stream, rows per host thread and nesting depth; spans under a pixel merged."""
+    (``with_path``) the critical path's row, a row per GPU stream, rows per host thread and nesting depth; spans
+    under a pixel merged."""
     w = window(trace)
     origin = w.start_ns
     lo = origin + int(round((start_ms or 0.0) * 1e6))
@@ -152,6 +160,9 @@ def timeline_view(trace: RankTrace, start_ms: float | None = None, end_ms: float
         parts.append(pd.DataFrame({"row": "steps", "name": [f"ProfilerStep#{s}" for s in st["step"]], "kind": "step",
                                    "ts_ns": st["start_ns"].to_numpy(), "end_ns": st["end_ns"].to_numpy(),
                                    "correlation": -1, "gpu": False}))
+    if with_path:
+        rows.append(PATH_ROW)
+        parts.append(_path_spans(trace, lo, hi))
     # GPU streams, device by device
     gpu = gpu_work(trace)
     gpu = gpu[((gpu["end_ns"] > lo) & (gpu["ts_ns"] < hi)).to_numpy()]
@@ -212,6 +223,17 @@ def timeline_view(trace: RankTrace, start_ms: float | None = None, end_ms: float
                         merged_spans=merged, resolution_ms=px / 1e6,
                         kernels=int((frame["kind"] == "kernel").sum()),
                         kernels_drawn=int(((spans["kind"] == "kernel") & (spans["spans"] == 1)).sum()))
+
+
+def _path_spans(trace: RankTrace, lo: int, hi: int) -> pd.DataFrame:
+    """The critical path's segments in ``[lo, hi)``, named by kind and what they are ("kernel: K1")."""
+    segs = [seg for step in critical_path(trace).steps if step.end_ns > lo and step.start_ns < hi
+            for seg in step.segments if seg.start_ns + seg.dur_ns > lo and seg.start_ns < hi]
+    return pd.DataFrame({"row": PATH_ROW, "name": [f"{s.kind}: {s.name}" for s in segs],
+                         "kind": [PATH_KIND_LABEL[s.kind] for s in segs],
+                         "ts_ns": np.array([s.start_ns for s in segs], dtype=np.int64),
+                         "end_ns": np.array([s.start_ns + s.dur_ns for s in segs], dtype=np.int64),
+                         "correlation": -1, "gpu": False})
 
 
 def _merge_small(frame: pd.DataFrame, lo: int, px: float) -> tuple[pd.DataFrame, int]:

@@ -2,6 +2,7 @@
 the matched collectives (all computed in analyze.distview)."""
 
 import altair as alt
+import pandas as pd
 
 from kinetoscope.analyze.views.distributed import distributed_view
 from kinetoscope.app import state
@@ -29,6 +30,11 @@ LABELS = {
     "clock_skew_ms": "clock skew (ms)",
     "straggler": "straggler",
 }
+
+
+ROLE_LABELS = {"rank": "rank", "serves": "serves", "collectives": "collectives", "time_ms": "time (ms/step)",
+               "exposed_ms": "exposed (ms/step)", "worth_ms": "worth hiding (ms/step)",
+               "fsdp_max_in_flight": "all-gathers in flight", "fsdp_queued": "queued all-gathers"}
 
 
 def render() -> None:
@@ -118,7 +124,25 @@ def render() -> None:
     coll = view.collectives
     if coll.empty:
         st.caption("No collectives matched across ranks.")
+    else:
+        _matched(coll)
+    _roles(view.roles)
+
+
+def _roles(roles: pd.DataFrame) -> None:
+    if roles.empty:
         return
+    st.subheader("Communication by what it serves")
+    st.caption("Per rank and role, ms per step: the collectives' time, the part no compute ran beside "
+               "(exposed), and what hiding them entirely would give the step (the replay; blank for collectives "
+               "on the host). FSDP: all-gathers in flight at once (1: no prefetch) and queued behind the "
+               "previous one on one communicator.")
+    st.dataframe(roles.drop(columns=["role"]).rename(columns=ROLE_LABELS),
+                 formats={ROLE_LABELS[c]: "{:,.3f}" for c in ("time_ms", "exposed_ms", "worth_ms")},
+                 width="stretch")
+
+
+def _matched(coll: pd.DataFrame) -> None:
     st.caption(f"{len(coll):,} matched collectives, longest wait first (the first 200 shown): the rank the others "
                "waited for, the longest wait, and the transfer time (the shortest duration among the ranks).")
     top = coll.sort_values("max_wait_ms", ascending=False, kind="stable").head(200)

@@ -34,6 +34,10 @@ def _zoom_out() -> None:
         st.session_state.pop(ZOOM, None)
 
 
+def _share(fraction: float) -> str:
+    return f"{fraction:.0%}"
+
+
 def render() -> None:
     analysis, entry, _ = state.page("Timeline")
     rank = analysis.trace.rank(entry["rank"])
@@ -58,7 +62,18 @@ def render() -> None:
     zoom = st.session_state.get(ZOOM)
     if zoom is not None:
         start, end = zoom
-    view = timeline_view(rank, start, end)
+    path = entry.get("critical_path")
+    with_path = bool(path) and st.checkbox(
+        "Critical path", value=True, key="tl_path",
+        help="the chain of host work, launches, GPU work and waits that ends each step (a row under the steps)")
+    view = timeline_view(rank, start, end, with_path=with_path)
+    if with_path and path:
+        top = sorted(path["by_kind"], key=lambda k: -k["step_fraction"])[:5]
+        kinds = ", ".join(f"{k['kind']} {_share(k['step_fraction'])}" for k in top)
+        slack = ", ".join(f"{who} {number(path[f'{who.lower()}_slack_us'] / 1000.0)} ms" for who in ("GPU", "host")
+                          if path.get(f"{who.lower()}_slack_us") is not None)
+        st.caption(md("Critical path of the mean step: {}. Slack beside it (median step): {}.", kinds,
+                      slack or "unknown"))
     merged = (md("; {:,} spans shorter than a pixel ({} ms) are merged into blocks drawn as dark as the share of the "
                  "block they run (a block half busy is half transparent)", view.merged_spans,
                  number(view.resolution_ms)) if view.merged_spans else md(""))

@@ -1,0 +1,104 @@
+"""Issue 31 item 3: communication by what it serves, on traces built so each collective's role, its exposed time and
+what hiding it is worth are known by construction (each test's comments work them out)."""
+
+from __future__ import annotations
+
+from conftest import load_built
+from tracebuilder import MAIN_PID, NCCL, TraceBuilder
+
+from kinetoscope.analyze.model.commroles import collective_roles
+from kinetoscope.analyze.whatif.commroles import comm_roles_entry
+
+A100 = [{"id": 0, "name": "NVIDIA A100-SXM4-80GB"}]
+WORKER = 200  # a gloo worker thread
+
+
+def ddp_step(steps: int = 3) -> TraceBuilder:
+    """Each 1000 us step: a forward op (+10..+200) launching a 150 us kernel, a backward op (+300..+700) launching
+    a 300 us kernel (+310..+610) and DDP's gradient all-reduce (launched at +620, runs +620..+920 with no compute
+    beside it), a sync from +700 that returns 5 us after it, 75 us of host work."""
+    b = TraceBuilder(device_properties=A100)
+    for k in range(steps):
+        t = 10_000 + 1000 * k
+        b.step(k, t, 1000)
+        b.op("aten::linear", t + 10, 190)
+        b.kernel(t + 30, 150, name="fwd_gemm", launch_at=t + 20)
+        b.op("autograd::engine::evaluate_function: AddmmBackward0", t + 300, 400)
+        b.kernel(t + 310, 300, name="bwd_gemm", launch_at=t + 305)
+        b.kernel(t + 620, 300, name=NCCL, stream=20, launch_at=t + 615)
+        b.runtime("cudaStreamSynchronize", t + 700, 225)
+    return b
+
+
+def test_ddp_s_gradient_all_reduce_in_backward_its_exposed_time_and_its_worth(tmp_path):
+    r = load_built(tmp_path, ddp_step()).ranks[0]
+    roles = collective_roles(r)
+    assert list(roles["role"]) == ["dp_allreduce"] * 3 and list(roles["phase"]) == ["backward"] * 3
+    e = comm_roles_entry(r)
+    (dp,) = e["roles"]
+    assert e["where"] == "gpu" and e["exposed_unknown"] is None and e["fsdp"] is None
+    assert (dp["role"], dp["collectives"], dp["ops"], dp["time_us"], dp["exposed_us"]) == \
+        ("dp_allreduce", 3, ["allreduce"], 900.0, 900.0)
+    # hidden entirely, the all-reduce ends at +620; the sync then costs its own 5 us from +700 and returns at +705,
+    # the 75 us of host work after it end the step at +780: 220 us per step, not the 300 us exposed
+    assert dp["worth_us_per_step"] == 220.0
+
+
+def tp_forward() -> TraceBuilder:
+    """An all-reduce launched inside the forward (before the step's backward): tensor parallelism."""
+    b = TraceBuilder(device_properties=A100)
+    t = 10_000
+    b.step(0, t, 1000)
+    b.op("aten::linear", t + 10, 290)
+    b.kernel(t + 30, 100, name="fwd_gemm", launch_at=t + 20)
+    b.kernel(t + 140, 50, name=NCCL, stream=20, launch_at=t + 100)
+    b.op("autograd::engine::evaluate_function: AddmmBackward0", t + 400, 300)
+    b.kernel(t + 410, 200, name="bwd_gemm", launch_at=t + 405)
+    return b
+
+
+def test_an_all_reduce_issued_in_the_forward_serves_tensor_parallelism(tmp_path):
+    r = load_built(tmp_path, tp_forward()).ranks[0]
+    roles = collective_roles(r)
+    assert list(roles["role"]) == ["tp_forward"] and list(roles["phase"]) == ["forward"]
+
+
+def fsdp_on_gloo(steps: int = 2) -> TraceBuilder:
+    """Each 1000 us step on the CPU: FSDP issues two all-gathers at once (+10, +20, prefetching), which a gloo worker
+    runs one after the other (+30..+130, +130..+230); compute +150..+200; in backward, a reduce-scatter issued at +610
+    that gloo runs as an all-reduce (+620..+700) beside compute (+600..+650)."""
+    b = TraceBuilder()
+    b.raw({"ph": "M", "name": "thread_name", "pid": MAIN_PID, "tid": WORKER, "args": {"name": "gloo"}})
+    for k in range(steps):
+        t = 10_000 + 1000 * k
+        b.step(k, t, 1000)
+        b.op("FSDP::all_gather (layers.0)", t + 5, 30, cat="user_annotation")
+        b.op("c10d::_allgather_base_", t + 10, 5)
+        b.op("c10d::_allgather_base_", t + 20, 5)
+        b.op("gloo:all_gather", t + 30, 100, tid=WORKER)
+        b.op("gloo:all_gather", t + 130, 100, tid=WORKER)
+        b.op("aten::mm", t + 150, 50)
+        b.op("autograd::engine::evaluate_function: MmBackward0", t + 600, 50)
+        b.op("FSDP::post_backward_reduce", t + 605, 10, cat="user_annotation")
+        b.op("c10d::_reduce_scatter_base_", t + 610, 5)
+        b.op("gloo:all_reduce", t + 620, 80, tid=WORKER)
+    return b
+
+
+def test_fsdp_on_gloo_all_gathers_in_flight_and_queued_and_the_reduce_scatter_gloo_runs_as_an_all_reduce(tmp_path):
+    r = load_built(tmp_path, fsdp_on_gloo()).ranks[0]
+    roles = collective_roles(r)
+    assert list(roles["role"]) == ["fsdp_allgather", "fsdp_allgather", "fsdp_reducescatter"] * 2
+    assert list(roles["op"]) == ["allgather", "allgather", "reducescatter"] * 2
+    e = comm_roles_entry(r)
+    assert e["where"] == "host" and e["worth_of"] is None
+    by = {x["role"]: x for x in e["roles"]}
+    # all-gathers: +30..+230 less the compute at +150..+200: 150 us a step; the reduce-scatter +620..+700 less
+    # +620..+650: 50 us a step
+    assert by["fsdp_allgather"]["exposed_us"] == 300.0 and by["fsdp_allgather"]["time_us"] == 400.0
+    assert by["fsdp_reducescatter"]["exposed_us"] == 100.0 and by["fsdp_reducescatter"]["time_us"] == 160.0
+    assert by["fsdp_allgather"]["worth_us_per_step"] is None  # the replay holds no host collectives
+    # two issued at once (+10 and +20, the first ending at +130): two in flight; the second waited behind the first
+    # from its issue (+20) to its start (+130)
+    assert e["fsdp"] == {"allgathers": 4, "issue_recorded": 4, "max_in_flight": 2, "queued_behind_previous": 2,
+                         "queued_us": 220.0}
