@@ -84,11 +84,11 @@ class StepTimes(msgspec.Struct, kw_only=True):
     workers_cpu_ns: list[int | None] = []
     #: the training thread's scheduler statistics per step (Linux ``/proc/thread-self/schedstat``): its time on a
     #: CPU, and its time runnable on a run queue with no CPU; the process's involuntary context switches per step
-    #: (every thread). null: not recorded (not Linux, no scheduler statistics, captures before them); an entry is
-    #: null where that step's read failed
-    oncpu_ns: list[int | None] | None = None
-    runqueue_wait_ns: list[int | None] | None = None
-    involuntary_switches: list[int | None] | None = None
+    #: (every thread). null: not recorded (not Linux, no scheduler statistics); an entry is null where that step's
+    #: read failed. Captures before them lack the keys (UNSET: read as not recorded, and written back without them)
+    oncpu_ns: list[int | None] | None | msgspec.UnsetType = msgspec.UNSET
+    runqueue_wait_ns: list[int | None] | None | msgspec.UnsetType = msgspec.UNSET
+    involuntary_switches: list[int | None] | None | msgspec.UnsetType = msgspec.UNSET
     profiled: list[bool] = []
     # the loop marks' per-step lists (manifest_version 2); null: not recorded
     train_data_wait_ns: list[int] | None = None

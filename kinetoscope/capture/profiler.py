@@ -37,7 +37,6 @@ from kinetoscope.capture.dist import RankInfo, rank_info
 from kinetoscope.capture.hangwatch import DEFAULT_FR_ENTRIES, HangWatch, arm_flight_recorder
 from kinetoscope.capture.hooks import is_data_loader_iterator
 from kinetoscope.capture.loop import MARKS_VERSION, STEP_LISTS, LoopRecorder, WindowMarks
-from kinetoscope.capture.sched import ThreadSchedStat, involuntary_switches
 from kinetoscope.capture.output import (
     TraceWriter,
     base_time_ns,
@@ -48,6 +47,7 @@ from kinetoscope.capture.output import (
     write_manifest,
     write_step_times,
 )
+from kinetoscope.capture.sched import ThreadSchedStat, involuntary_switches
 from kinetoscope.capture.telemetry import TelemetrySampler
 from kinetoscope.manifest import Manifest, StepTimes, Window, step_times_name
 
@@ -258,10 +258,7 @@ class Profiler:
     def _sched_facts(self) -> dict[str, Any]:
         """The manifest's word on the scheduler statistics: recorded, or why not."""
         sched = self._sched
-        if sched is None:
-            why = "the scheduler statistics were not opened (the profiler did not start)"
-        else:
-            why = sched.why_not
+        why = sched.why_not if sched is not None else "the scheduler statistics were not opened (no start())"
         return {"thread_schedstat": "recorded" if why is None else None,
                 "thread_schedstat_not_recorded": why}
 

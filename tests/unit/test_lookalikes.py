@@ -280,13 +280,14 @@ def test_a_plain_gpu_trace_names_nothing_unread(tmp_path):
 
 
 # --- loader advice that cannot loop -----------------------------------------------------------
-def steps_json(path, *, wall, wait, wait_cpu, cpu):
+def steps_json(path, *, wall, wait, wait_cpu, cpu, runqueue=None, oncpu=None):
     import json
 
     n = len(wall)
     (path / "rank-0.steps.json").write_text(json.dumps({
         "rank": 0, "unit": "ns", "step_wall_ns": wall, "data_wait_ns": wait, "step_cpu_ns": cpu,
-        "data_wait_cpu_ns": wait_cpu, "workers_cpu_ns": [None] * n, "profiled": [True] * n}))
+        "data_wait_cpu_ns": wait_cpu, "workers_cpu_ns": [None] * n, "profiled": [True] * n,
+        "runqueue_wait_ns": runqueue, "oncpu_ns": oncpu}))
 
 
 def workers_trace(tmp_path, wait_us):
@@ -329,17 +330,86 @@ def busy_trace(tmp_path):
     return tmp_path
 
 
+def load_dir(path):
+    from kinetoscope.analyze.ingest.loader import load_trace
+
+    return build_report(load_trace(path))
+
+
 def test_a_process_given_a_third_of_a_core_is_oversubscribed(tmp_path):  # noqa: D103
     """The capture records the process's CPU per step: 9 ms with work to do (the 10 ms step less its 1 ms data wait)
-    on 2.7 ms of CPU (outside the wait) is 0.3 of a core - another process or too many threads took the rest."""
+    on 2.7 ms of CPU (outside the wait) is 0.3 of a core - another process or too many threads took the rest. Without
+    the thread's run-queue wait this is an inference: the claim rests on the 8 ms inside operators (5.3 ms of them
+    without a core), and is never more than a warning."""
     busy_trace(tmp_path)
     steps_json(tmp_path, wall=[10_000_000] * 6, wait=[1_000_000] * 6, wait_cpu=[1_000_000] * 6,
                cpu=[3_700_000] * 6)
-    rep = build_report(__import__("kinetoscope.analyze.ingest.loader", fromlist=["load_trace"]).load_trace(tmp_path))
+    rep = load_dir(tmp_path)
     assert rep.ranks[0]["host"]["cores_while_busy"] == pytest.approx(2.7 / 9, abs=1e-4)
+    assert rep.ranks[0]["host"]["cores_while_in_operators"] == pytest.approx(2.7 / 8, abs=1e-4)
     (f,) = found(rep, "host_oversubscribed")
-    assert f.evidence["lost_us"] == 6 * 6_300 and f.estimate["saving_us_per_step"] == 6_300
-    assert f.severity == "critical"  # 63% of the step, an upper bound credited at half: 31.5%
+    assert f.evidence["measured"] is False and f.evidence["confidence"].startswith("a lower bound")
+    assert f.evidence["lost_us"] == 6 * 5_300 and f.evidence["lost_us_upper_bound"] == 6 * 6_300
+    assert f.estimate["saving_us_per_step"] == 5_300
+    assert f.severity == "warning"  # 53% of the step would be critical: an inference stops at warning
+
+
+def test_python_between_operators_is_no_proof_of_starvation(tmp_path):
+    """Was: 6 of the 7 false claims of the second held-out set. A step of 1 ms data wait and 9 ms 'with work' of
+    which the trace shows 3 ms inside operators: 2.7 ms of CPU is 0.3 of a core only if the 6 untraced ms are work.
+    They may be waits the trace cannot show (an unshard's wait, the GIL, a sleep, I/O): information, said as unsure."""
+    b = TraceBuilder()
+    for i in range(6):
+        t = i * 10_000
+        b.step(i, t, 10_000).loader(t, 1_000).op("aten::linear", t + 1_000, 3_000)
+        b.op("FSDP::pre_forward", t + 4_000, 5_000, cat="user_annotation")  # a wait with no operator inside
+    b.write(tmp_path / "rank-0.step-0-5.pt.trace.json")
+    steps_json(tmp_path, wall=[10_000_000] * 6, wait=[1_000_000] * 6, wait_cpu=[1_000_000] * 6,
+               cpu=[3_700_000] * 6)
+    rep = load_dir(tmp_path)
+    assert rep.ranks[0]["host"]["cores_while_in_operators"] == pytest.approx(2.7 / 3, abs=1e-4)
+    (f,) = found(rep, "host_oversubscribed")
+    assert f.severity == "info" and f.evidence["confidence"].startswith("low")
+    assert f.evidence["lost_us_lower_bound"] == 6 * 300 and f.evidence["lost_us"] == 6 * 6_300
+
+
+def test_the_measured_run_queue_wait_is_the_cost(tmp_path):
+    """The capture read the training thread's scheduler statistics: 2 ms of each 10 ms step runnable with no CPU.
+    That is the time lost, measured: 20% of the step, a warning (no device: the step holds the whole wait)."""
+    busy_trace(tmp_path)
+    steps_json(tmp_path, wall=[10_000_000] * 6, wait=[1_000_000] * 6, wait_cpu=[1_000_000] * 6,
+               cpu=[8_000_000] * 6, runqueue=[2_000_000] * 6, oncpu=[7_000_000] * 6)
+    rep = load_dir(tmp_path)
+    assert rep.ranks[0]["host"]["measured"] is True
+    assert rep.ranks[0]["host"]["runqueue_wait_fraction_of_steps"] == 0.2
+    (f,) = found(rep, "host_oversubscribed")
+    assert f.evidence["measured"] is True and f.evidence["lost_us"] == 12_000
+    assert f.evidence["per_step"][0] == {"step": 0, "runqueue_wait_us": 2_000, "step_us": 10_000,
+                                         "share_of_step": 0.2, "oncpu_us": 7_000}
+    assert f.estimate["saving_us_per_step"] == 2_000 and f.worth["basis"] == "estimate"
+    assert f.severity == "warning"
+
+
+def test_a_measured_small_wait_outranks_an_inferred_shortfall(tmp_path):
+    """CPU time says 0.3 of a core; the kernel says the thread waited 0.2 ms of each 10 ms step for a CPU (2%, under
+    the policy's warning bar): the rest of the shortfall was waits the trace did not show. Nothing is raised."""
+    busy_trace(tmp_path)
+    steps_json(tmp_path, wall=[10_000_000] * 6, wait=[1_000_000] * 6, wait_cpu=[1_000_000] * 6,
+               cpu=[3_700_000] * 6, runqueue=[200_000] * 6, oncpu=[2_700_000] * 6)
+    rep = load_dir(tmp_path)
+    assert rep.ranks[0]["host"]["runqueue_wait_fraction_of_steps"] == 0.02
+    assert not found(rep, "host_oversubscribed")
+
+
+def test_a_run_queue_wait_not_recorded_is_not_zero(tmp_path):
+    """steps.json's runqueue_wait_ns null (not Linux, an older capture): the inference answers, never 'waited 0'."""
+    busy_trace(tmp_path)
+    steps_json(tmp_path, wall=[10_000_000] * 6, wait=[1_000_000] * 6, wait_cpu=[1_000_000] * 6,
+               cpu=[3_700_000] * 6, runqueue=None)
+    rep = load_dir(tmp_path)
+    assert rep.ranks[0]["host"]["measured"] is False
+    (f,) = found(rep, "host_oversubscribed")
+    assert f.evidence["measured"] is False
 
 
 def test_a_process_with_its_core_is_not_oversubscribed(tmp_path):

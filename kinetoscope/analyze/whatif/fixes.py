@@ -341,10 +341,16 @@ def _plan_host_oversubscribed(trace: RankTrace, g: ReplayGraph, finding: Finding
     lost = finding.evidence.get("lost_us")
     if not lost:
         return None
-    return plan_from_measure("host_cpu", float(lost) * 1000 / max(g.steps, 1), "measured: busy time without a core",
-                             ("the training process gets a core whenever its thread is busy: its operators run "
-                              "at the speed a core gives (what the other threads or processes then lose is not "
-                              "counted)",), bound="upper")
+    measured = finding.evidence.get("measured") is True
+    bound = finding.evidence.get("saving_bound")
+    return plan_from_measure(
+        "host_cpu", float(lost) * 1000 / max(g.steps, 1),
+        "measured: the training thread's run-queue wait (the kernel's scheduler statistics)" if measured
+        else "inferred: work that ran without a core (CPU time against the time with work)",
+        ("the training thread gets a CPU whenever it can run: the time it waited for one goes (what the other "
+         "threads or processes then lose is not counted)",) + (
+            ("on a rank with device work, host time lost behind the device's saves nothing",) if bound else ()),
+        bound="upper" if bound == "upper" else None)
 
 
 def _plan_allocator_churn(trace: RankTrace, g: ReplayGraph, finding: Finding, p: dict[str, Any]) -> Plan | None:
