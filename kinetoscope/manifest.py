@@ -44,7 +44,8 @@ class Manifest(msgspec.Struct, kw_only=True):
 
     manifest_version: int = MANIFEST_VERSION
     rank: int
-    #: the host's facts: cpus, cores_effective (measured), torch_threads (version 1 wrote the host's name here)
+    #: the host's facts: cpus, cores_effective (measured), torch_threads, thread_schedstat ("recorded" or null) and
+    #: thread_schedstat_not_recorded (why not) (version 1 wrote the host's name here)
     host: Any = None
     pid: int
     argv: list[str]
@@ -81,6 +82,13 @@ class StepTimes(msgspec.Struct, kw_only=True):
     step_cpu_ns: list[int] = []
     data_wait_cpu_ns: list[int] = []
     workers_cpu_ns: list[int | None] = []
+    #: the training thread's scheduler statistics per step (Linux ``/proc/thread-self/schedstat``): its time on a
+    #: CPU, and its time runnable on a run queue with no CPU; the process's involuntary context switches per step
+    #: (every thread). null: not recorded (not Linux, no scheduler statistics); an entry is null where that step's
+    #: read failed. Captures before them lack the keys (UNSET: read as not recorded, and written back without them)
+    oncpu_ns: list[int | None] | None | msgspec.UnsetType = msgspec.UNSET
+    runqueue_wait_ns: list[int | None] | None | msgspec.UnsetType = msgspec.UNSET
+    involuntary_switches: list[int | None] | None | msgspec.UnsetType = msgspec.UNSET
     profiled: list[bool] = []
     # the loop marks' per-step lists (manifest_version 2); null: not recorded
     train_data_wait_ns: list[int] | None = None

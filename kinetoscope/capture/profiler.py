@@ -47,6 +47,7 @@ from kinetoscope.capture.output import (
     write_manifest,
     write_step_times,
 )
+from kinetoscope.capture.sched import ThreadSchedStat, involuntary_switches
 from kinetoscope.capture.telemetry import TelemetrySampler
 from kinetoscope.manifest import Manifest, StepTimes, Window, step_times_name
 
@@ -155,6 +156,15 @@ class Profiler:
         self._worker_pids: tuple[int, ...] = ()
         self._worker_cpu: dict[int, int] = {}
         self._step_workers_cpu_ns: list[int | None] = []
+        #: the training thread's scheduler statistics (``sched.py``; opened by ``start()`` on that thread): its time
+        #: on a CPU and runnable without one per step, the process's involuntary context switches per step, and
+        #: their values at the step's start (None: not read)
+        self._sched: ThreadSchedStat | None = None
+        self._sched_start: tuple[int, int] | None = None
+        self._switches_start: int | None = None
+        self._step_oncpu_ns: list[int | None] = []
+        self._step_runqueue_ns: list[int | None] = []
+        self._step_switches: list[int | None] = []
         self._started_unix_ns = 0
         self._step_abandoned = False
         self._discarding = False
@@ -182,9 +192,11 @@ class Profiler:
             self._warm_redaction()  # before the first step's clock starts
         if self._own_loop:
             self._attach_loop()
+        self._open_sched()
         self._started_unix_ns = time.time_ns()
         self._step_start_ns = time.perf_counter_ns()
         self._step_cpu_start_ns = time.process_time_ns()
+        self._sched_begin()
         self._step_unix_start[0] = self._started_unix_ns
         if self.loop is not None:
             self.loop.begin_steps(self._started_unix_ns)
@@ -212,6 +224,43 @@ class Profiler:
         watch, self.hang_watch = self.hang_watch, None
         if watch is not None:
             watch.stop()
+
+    @never_raises("scheduler statistics")
+    def _open_sched(self) -> None:
+        self._sched = ThreadSchedStat()
+
+    def _close_sched(self) -> None:
+        if self._sched is not None:
+            self._sched.close()
+
+    def _sched_begin(self) -> None:
+        self._sched_start = self._sched.read() if self._sched is not None else None
+        self._switches_start = involuntary_switches()
+
+    def _sched_step(self) -> None:
+        """The step's on-CPU and run-queue time of the training thread, and the process's involuntary switches."""
+        now = self._sched.read() if self._sched is not None else None
+        start = self._sched_start
+        ok = now is not None and start is not None
+        self._step_oncpu_ns.append(now[0] - start[0] if ok else None)  # type: ignore[index]
+        self._step_runqueue_ns.append(now[1] - start[1] if ok else None)  # type: ignore[index]
+        switches = involuntary_switches()
+        self._step_switches.append(
+            switches - self._switches_start if switches is not None and self._switches_start is not None else None)
+
+    def _sched_lists(self) -> dict[str, Any]:
+        """steps.json's scheduler lists: null (not an empty list, never 0) where nothing was read."""
+        def listed(values: list[int | None]) -> list[int | None] | None:
+            return values if any(v is not None for v in values) else None
+        return {"oncpu_ns": listed(self._step_oncpu_ns), "runqueue_wait_ns": listed(self._step_runqueue_ns),
+                "involuntary_switches": listed(self._step_switches)}
+
+    def _sched_facts(self) -> dict[str, Any]:
+        """The manifest's word on the scheduler statistics: recorded, or why not."""
+        sched = self._sched
+        why = sched.why_not if sched is not None else "the scheduler statistics were not opened (no start())"
+        return {"thread_schedstat": "recorded" if why is None else None,
+                "thread_schedstat_not_recorded": why}
 
     @never_raises("redaction")
     def _warm_redaction(self) -> None:
@@ -296,6 +345,7 @@ class Profiler:
         finally:
             self._stop_hang_watch()
             self._detach_loop()
+            self._close_sched()
 
     @never_raises("loop recorder")
     def _finish_loop(self) -> None:
@@ -320,6 +370,7 @@ class Profiler:
                 self.loop.drop_marks()
             self._stop_hang_watch()
             self._detach_loop()
+            self._close_sched()
 
     @never_raises("telemetry stop")
     def _stop_telemetry(self) -> None:
@@ -405,6 +456,7 @@ class Profiler:
             self._step_cpu_ns.append(time.process_time_ns() - self._step_cpu_start_ns)
             self._step_wait_cpu_ns.append(wait_cpu_ns)
             self._step_workers_cpu_ns.append(self._workers_cpu())
+            self._sched_step()
 
     @never_raises("loop recorder")
     def _loop_step(self, unix_now: int, record: bool) -> Any:
@@ -420,6 +472,7 @@ class Profiler:
         self._data_wait_ns = 0
         self._data_wait_cpu_ns = 0
         self._step_cpu_start_ns = time.process_time_ns()
+        self._sched_begin()
         self._step_start_ns = time.perf_counter_ns()
         self._step_unix_start[self.step_num] = unix_now
         self._step_unix_start.pop(self.step_num - 4 * self.schedule.period - 2, None)
@@ -503,13 +556,14 @@ class Profiler:
             step_cpu_ns=self._step_cpu_ns,
             data_wait_cpu_ns=self._step_wait_cpu_ns,
             workers_cpu_ns=self._step_workers_cpu_ns,
+            **self._sched_lists(),
             profiled=[self.schedule.is_active(i) for i in range(steps)],
             **self._loop_lists(steps),
         ))
         loop = self._loop_manifest()
         manifest = Manifest(
             rank=r,
-            host=_host_facts(),
+            host={**_host_facts(), **self._sched_facts()},
             pid=os.getpid(),
             argv=list(sys.argv),
             versions=versions(),

@@ -148,6 +148,12 @@ def test_a_manual_sgd_loop_is_captured(tmp_path):
     assert len(list((tmp_path / "out").glob("*.pt.trace.json.gz"))) == 1 and "1 trace in" in proc.stderr
     # the first step ends at the first boundary, which starts the profiler: 11 steps timed after it
     assert manifest(tmp_path / "out")["steps_run"] == 11
+    # the capture's hooks read the training thread's scheduler statistics at each boundary, as the Python APIs do
+    times = json.loads((tmp_path / "out" / "rank-0.steps.json").read_text())
+    assert manifest(tmp_path / "out")["host"]["thread_schedstat"] == "recorded"
+    waits = times["runqueue_wait_ns"]
+    assert len(waits) == 11 and all(isinstance(n, int) and n >= 0 for n in waits)
+    assert len(times["oncpu_ns"]) == 11 and all(n > 0 for n in times["oncpu_ns"])  # every step ran on a CPU
 
 
 @pytest.mark.slow

@@ -280,13 +280,14 @@ def test_a_plain_gpu_trace_names_nothing_unread(tmp_path):
 
 
 # --- loader advice that cannot loop -----------------------------------------------------------
-def steps_json(path, *, wall, wait, wait_cpu, cpu):
+def steps_json(path, *, wall, wait, wait_cpu, cpu, runqueue=None, oncpu=None):
     import json
 
     n = len(wall)
     (path / "rank-0.steps.json").write_text(json.dumps({
         "rank": 0, "unit": "ns", "step_wall_ns": wall, "data_wait_ns": wait, "step_cpu_ns": cpu,
-        "data_wait_cpu_ns": wait_cpu, "workers_cpu_ns": [None] * n, "profiled": [True] * n}))
+        "data_wait_cpu_ns": wait_cpu, "workers_cpu_ns": [None] * n, "profiled": [True] * n,
+        "runqueue_wait_ns": runqueue, "oncpu_ns": oncpu}))
 
 
 def workers_trace(tmp_path, wait_us):
@@ -329,17 +330,86 @@ def busy_trace(tmp_path):
     return tmp_path
 
 
+def load_dir(path):
+    from kinetoscope.analyze.ingest.loader import load_trace
+
+    return build_report(load_trace(path))
+
+
 def test_a_process_given_a_third_of_a_core_is_oversubscribed(tmp_path):  # noqa: D103
     """The capture records the process's CPU per step: 9 ms with work to do (the 10 ms step less its 1 ms data wait)
-    on 2.7 ms of CPU (outside the wait) is 0.3 of a core - another process or too many threads took the rest."""
+    on 2.7 ms of CPU (outside the wait) is 0.3 of a core - another process or too many threads took the rest. Without
+    the thread's run-queue wait this is an inference: the claim rests on the 8 ms inside operators (5.3 ms of them
+    without a core), and is never more than a warning."""
     busy_trace(tmp_path)
     steps_json(tmp_path, wall=[10_000_000] * 6, wait=[1_000_000] * 6, wait_cpu=[1_000_000] * 6,
                cpu=[3_700_000] * 6)
-    rep = build_report(__import__("kinetoscope.analyze.ingest.loader", fromlist=["load_trace"]).load_trace(tmp_path))
+    rep = load_dir(tmp_path)
     assert rep.ranks[0]["host"]["cores_while_busy"] == pytest.approx(2.7 / 9, abs=1e-4)
+    assert rep.ranks[0]["host"]["cores_while_in_operators"] == pytest.approx(2.7 / 8, abs=1e-4)
     (f,) = found(rep, "host_oversubscribed")
-    assert f.evidence["lost_us"] == 6 * 6_300 and f.estimate["saving_us_per_step"] == 6_300
-    assert f.severity == "critical"  # 63% of the step, an upper bound credited at half: 31.5%
+    assert f.evidence["measured"] is False and f.evidence["confidence"].startswith("a lower bound")
+    assert f.evidence["lost_us"] == 6 * 5_300 and f.evidence["lost_us_upper_bound"] == 6 * 6_300
+    assert f.estimate["saving_us_per_step"] == 5_300
+    assert f.severity == "warning"  # 53% of the step would be critical: an inference stops at warning
+
+
+def test_python_between_operators_is_no_proof_of_starvation(tmp_path):
+    """Was: 6 of the 7 false claims of the second held-out set. A step of 1 ms data wait and 9 ms 'with work' of
+    which the trace shows 3 ms inside operators: 2.7 ms of CPU is 0.3 of a core only if the 6 untraced ms are work.
+    They may be waits the trace cannot show (an unshard's wait, the GIL, a sleep, I/O): information, said as unsure."""
+    b = TraceBuilder()
+    for i in range(6):
+        t = i * 10_000
+        b.step(i, t, 10_000).loader(t, 1_000).op("aten::linear", t + 1_000, 3_000)
+        b.op("FSDP::pre_forward", t + 4_000, 5_000, cat="user_annotation")  # a wait with no operator inside
+    b.write(tmp_path / "rank-0.step-0-5.pt.trace.json")
+    steps_json(tmp_path, wall=[10_000_000] * 6, wait=[1_000_000] * 6, wait_cpu=[1_000_000] * 6,
+               cpu=[3_700_000] * 6)
+    rep = load_dir(tmp_path)
+    assert rep.ranks[0]["host"]["cores_while_in_operators"] == pytest.approx(2.7 / 3, abs=1e-4)
+    (f,) = found(rep, "host_oversubscribed")
+    assert f.severity == "info" and f.evidence["confidence"].startswith("low")
+    assert f.evidence["lost_us_lower_bound"] == 6 * 300 and f.evidence["lost_us"] == 6 * 6_300
+
+
+def test_the_measured_run_queue_wait_is_the_cost(tmp_path):
+    """The capture read the training thread's scheduler statistics: 2 ms of each 10 ms step runnable with no CPU.
+    That is the time lost, measured: 20% of the step, a warning (no device: the step holds the whole wait)."""
+    busy_trace(tmp_path)
+    steps_json(tmp_path, wall=[10_000_000] * 6, wait=[1_000_000] * 6, wait_cpu=[1_000_000] * 6,
+               cpu=[8_000_000] * 6, runqueue=[2_000_000] * 6, oncpu=[7_000_000] * 6)
+    rep = load_dir(tmp_path)
+    assert rep.ranks[0]["host"]["measured"] is True
+    assert rep.ranks[0]["host"]["runqueue_wait_fraction_of_steps"] == 0.2
+    (f,) = found(rep, "host_oversubscribed")
+    assert f.evidence["measured"] is True and f.evidence["lost_us"] == 12_000
+    assert f.evidence["per_step"][0] == {"step": 0, "runqueue_wait_us": 2_000, "step_us": 10_000,
+                                         "share_of_step": 0.2, "oncpu_us": 7_000}
+    assert f.estimate["saving_us_per_step"] == 2_000 and f.worth["basis"] == "estimate"
+    assert f.severity == "warning"
+
+
+def test_a_measured_small_wait_outranks_an_inferred_shortfall(tmp_path):
+    """CPU time says 0.3 of a core; the kernel says the thread waited 0.2 ms of each 10 ms step for a CPU (2%, under
+    the policy's warning bar): the rest of the shortfall was waits the trace did not show. Nothing is raised."""
+    busy_trace(tmp_path)
+    steps_json(tmp_path, wall=[10_000_000] * 6, wait=[1_000_000] * 6, wait_cpu=[1_000_000] * 6,
+               cpu=[3_700_000] * 6, runqueue=[200_000] * 6, oncpu=[2_700_000] * 6)
+    rep = load_dir(tmp_path)
+    assert rep.ranks[0]["host"]["runqueue_wait_fraction_of_steps"] == 0.02
+    assert not found(rep, "host_oversubscribed")
+
+
+def test_a_run_queue_wait_not_recorded_is_not_zero(tmp_path):
+    """steps.json's runqueue_wait_ns null (not Linux, an older capture): the inference answers, never 'waited 0'."""
+    busy_trace(tmp_path)
+    steps_json(tmp_path, wall=[10_000_000] * 6, wait=[1_000_000] * 6, wait_cpu=[1_000_000] * 6,
+               cpu=[3_700_000] * 6, runqueue=None)
+    rep = load_dir(tmp_path)
+    assert rep.ranks[0]["host"]["measured"] is False
+    (f,) = found(rep, "host_oversubscribed")
+    assert f.evidence["measured"] is False
 
 
 def test_a_process_with_its_core_is_not_oversubscribed(tmp_path):
@@ -584,3 +654,77 @@ def test_a_ranks_wait_for_a_straggler_is_not_exposure_overlap_can_hide(tmp_path)
     assert exposed[0].evidence["exposed_including_waits_us"] == 5_000 and exposed[0].evidence["exposed_us"] == 3_500
     assert exposed[2].evidence["exposed_us"] == 3_500 and "waiting_for_other_ranks_us" not in exposed[2].evidence
     assert rep.worst_rank == 2  # among findings as severe, the straggler's rank
+
+
+def test_lateness_that_moves_between_ranks_stays_exposure(tmp_path):
+    """Was: FSDP2 on 2 ranks of a loaded host, each rank late in turn: each rank's exposed communication less all its
+    waits for the other read 2% and 0% of the window (info), though neither rank is a straggler to fix - the time was
+    nobody's cost. Ranks 0 and 1 alternate 300 us late at each step's all-reduce: each waits 900 us for the other over
+    6 steps, as much as the other waits for it, so nothing is left out: 3 x 1,000 + 3 x 700 us exposed each."""
+    from kinetoscope.analyze.ingest.loader import load_trace
+
+    for r in range(2):
+        b = TraceBuilder(rank=r, world_size=2)
+        for s in range(6):
+            t = s * 2000
+            load = 100 + (300 if s % 2 == r else 0)
+            b.step(s, t, 2000).loader(t, load, multiprocess=True)
+            b.kernel(t + load, 800, name="gemm", launch_at=t + load, launch_dur=5)
+            b.kernel(t + load + 800, 1900 - load - 800, stream=20, name="ncclDevKernel_AllReduce_Sum_f32_RING_LL")
+        b.write(tmp_path / "job" / f"rank-{r}.json")
+    rep = build_report(load_trace(tmp_path / "job"))
+    exposed = {f.rank: f for f in found(rep, "exposed_comm")}
+    for r in (0, 1):
+        assert exposed[r].evidence["exposed_us"] == 5_100
+        assert "waiting_for_other_ranks_us" not in exposed[r].evidence
+
+
+# --- a worker restart counted once, its untraced share a bound ----------------------------------------------------
+def test_one_worker_restart_drawing_three_seeds_is_one_restart(tmp_path):
+    """Was: 'workers were started 6 time(s)' on Lightning, where 2-3 iterators were made: each new iterator's start
+    draws several seeds (aten::random_ then aten::item), and each draw was matched to the same long first wait. Here
+    one new iterator in step 3 draws 3 seeds before its 8 ms first wait (the others wait 1 ms): one restart, worth
+    the 7 ms its wait exceeds a typical one."""
+    b = TraceBuilder()
+    for i in range(6):
+        t = i * 20_000
+        wait = 8_000 if i == 3 else 1_000
+        b.step(i, t, 20_000)
+        if i == 3:
+            for k in range(3):
+                b.op("aten::random_", t + 100 + k * 100, 20).op("aten::item", t + 125 + k * 100, 10)
+        b.loader(t + 500, wait, multiprocess=True).op("aten::linear", t + 500 + wait + 10, 5_000)
+    (f,) = found(report_of(tmp_path, b), "worker_respawn")
+    assert f.evidence["respawns"] == [{"step": 3, "startup_wait_us": 8_000, "typical_wait_us": 1_000}]
+    assert f.evidence["startup_cost_us"] == 7_000
+
+
+def test_untraced_time_beside_a_worker_restart_is_a_bound(tmp_path):
+    """Was: critical on Lightning, where the steps of each restart also end a validation pass, with the framework's
+    untraced epoch hooks: all of their untraced excess was counted as the workers' shutdown and start, an estimate.
+    Step 3 (the restart) also holds a validation pass (the capture's mark) and lasts 20 ms longer
+    with nothing traced in that time: the trace cannot tell whose it is, so the saving that counts it is an upper
+    bound (credited at half by the severity policy). Without the validation batches it is the restart's: an
+    estimate."""
+    def restart_trace(validation: bool) -> TraceBuilder:
+        b = TraceBuilder()
+        t = 0
+        for i in range(6):
+            dur = 40_000 if i == 3 else 20_000
+            wait = 8_000 if i == 3 else 1_000
+            b.step(i, t, dur)
+            if i == 3:
+                b.op("aten::random_", t + 100, 20).op("aten::item", t + 125, 10)
+                if validation:  # a validation pass, marked by the capture
+                    b.op("kinetoscope::validation", t + 150, 300, cat="kinetoscope", module="model", batches=2)
+            b.loader(t + 500, wait, multiprocess=True).op("aten::linear", t + 500 + wait + 10, 5_000)
+            t += dur
+        return b
+
+    (plain,) = found(report_of(tmp_path, restart_trace(False), "plain.json"), "worker_respawn")
+    assert plain.estimate.bound is None and plain.worth["basis"] == "estimate"
+    (f,) = found(report_of(tmp_path, restart_trace(True), "val.json"), "worker_respawn")
+    assert f.estimate.bound == "upper" and f.worth["basis"] == "upper bound"
+    # the wait's 7 ms over a typical one, and the 13 ms step 3 spends outside its wait beyond a typical step's 19 ms
+    # (40 - 8 against 20 - 1), over 6 steps
+    assert f.estimate.saving_us_per_step == pytest.approx((7_000 + 13_000) / 6, abs=1e-3)

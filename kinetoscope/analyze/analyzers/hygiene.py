@@ -321,10 +321,12 @@ def _worker_respawn(trace: RankTrace) -> list[Finding]:
     typical = float(multi["dur_ns"].median())
     starts = multi["ts_ns"].to_numpy()
     events: list[dict[str, Any]] = []
+    seen: set[int] = set()
     for t in seeds["end_ns"].to_numpy():
-        i = np.searchsorted(starts, t)
-        if i >= len(multi):
+        i = int(np.searchsorted(starts, t))
+        if i >= len(multi) or i in seen:  # one start of a new iterator's workers draws several seeds: one respawn
             continue
+        seen.add(i)
         first = multi.iloc[i]
         if first["dur_ns"] >= max(2_000_000, 3 * typical):
             events.append({"step": int(step_at(trace, np.array([t]))[0]), "startup_wait_us": us(first["dur_ns"]),

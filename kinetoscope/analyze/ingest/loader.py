@@ -281,6 +281,10 @@ def _run_steps(path: Path, rank: int) -> tuple[pd.DataFrame | None, str | None]:
         "cpu_ns": optional(times.step_cpu_ns),
         "data_wait_cpu_ns": optional(times.data_wait_cpu_ns),
         "workers_cpu_ns": optional(times.workers_cpu_ns),
+        # the training thread's scheduler statistics: NaN where not recorded
+        "oncpu_ns": optional(times.oncpu_ns or []),
+        "runqueue_wait_ns": optional(times.runqueue_wait_ns or []),
+        "involuntary_switches": optional(times.involuntary_switches or []),
         **{k: optional(getattr(times, k) or []) for k in LOOP_NS_COLUMNS},
         **{k: counts(getattr(times, k)) for k in LOOP_COUNT_COLUMNS},
     }), None

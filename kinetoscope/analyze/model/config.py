@@ -55,6 +55,11 @@ class AnalysisConfig:
     host_min_core_share: float = 0.75
     #: ... when the busy time it ran without a core adds up to this share of the window.
     host_min_lost_fraction: float = 0.05
+    #: Where the capture measured the training thread's run-queue wait (time runnable with no CPU), a wait of this
+    #: share of the window's steps is raised: the severity policy's warning bar, because the wait is the time lost
+    #: itself, measured, not an inference that needs a margin (a thread alone on an idle core waits ~0; on the
+    #: 2-core machine loaded by other sessions, 20-50% of its steps: BENCHMARKS.md).
+    host_runqueue_min_fraction: float = 0.03
     #: A step this many times the window's median step is not like the others (a validation pass, a checkpoint,
     #: a compilation): said, with what it holds ...
     outlier_step_ratio: float = 3.0
@@ -143,6 +148,7 @@ _FRACTIONS = frozenset(
         "allocator_min_fraction",
         "host_min_core_share",
         "host_min_lost_fraction",
+        "host_runqueue_min_fraction",
         "periodic_min_fraction",
         "launch_idle_share",
         "memory_growth_min_persistence",

@@ -175,18 +175,25 @@ def _timed(key: str, rank: int | None, fn: Any, *args: Any) -> tuple[Any, Analyz
 
 def _exposure_less_waits(trace: Trace, findings: list[Finding], job: dict[str, Any],
                          config: AnalysisConfig) -> list[Finding]:
-    """Each rank's exposed communication less its waits for later ranks, where the job's collectives were matched
-    across ranks (those waits are the straggler's cost, not overlap to be had), judged again."""
+    """Each rank's exposed communication less its waits for later ranks beyond what every rank waits, where the job's
+    collectives were matched across ranks (that part is a straggler's cost, not overlap to be had), judged again.
+    What every rank waits - the least any rank waits: lateness that moves between ranks, each waiting for the others
+    in turn - is no rank's cost to fix, and an overlapped collective hides it like its transfer: it stays exposure."""
     from kinetoscope.analyze.report.exposure import without_waits
 
-    waits = {r["rank"]: r["wait_us"] for r in (job.get("collectives") or {}).get("ranks", []) if r.get("wait_us")}
-    if not waits:
+    ranks = [r for r in (job.get("collectives") or {}).get("ranks", []) if r.get("wait_us") is not None]
+    if not ranks or not any(r["wait_us"] for r in ranks):
         return findings
+    shared = min(float(r["wait_us"]) for r in ranks)
+    waits = {r["rank"]: float(r["wait_us"]) for r in ranks}
     out = []
     for f in findings:
-        if (f.id == "exposed_comm" and f.rank is not None and f.rank in waits
+        if (f.id == "exposed_comm" and f.rank is not None and waits.get(f.rank)
                 and any(r.rank == f.rank for r in trace.ranks)):
-            g = without_waits(f, waits[f.rank], config)
+            g = without_waits(f, waits[f.rank], config, shared_us=shared)
+            if g is f:
+                out.append(f)
+                continue
             est = g.estimate
             mean = float(est.step_us_after) + float(est.saving_us_per_step) if est is not None else None
             out.append(judge(g, _run_of(trace.rank(f.rank), mean, float(g.evidence.get("window_us") or 0)), config))

@@ -9,14 +9,20 @@ from kinetoscope.analyze.model.config import AnalysisConfig
 from kinetoscope.analyze.model.findings import Finding
 
 
-def without_waits(finding: Finding, wait_us: float, config: AnalysisConfig) -> Finding:
+def without_waits(finding: Finding, wait_us: float, config: AnalysisConfig, shared_us: float = 0.0) -> Finding:
     """A rank's exposed communication less what the job's matched collectives show it spent waiting for later ranks
-    (one rank's trace cannot tell a collective's wait from its transfer; the matching across ranks can): what
-    overlap could hide is the rest. Its estimate (the exposed time per step, measured) scales with it: no view of
-    the rank is needed again, so a job whose ranks' views were dropped keeps them dropped."""
+    beyond ``shared_us``, the wait every rank of the job has (one rank's trace cannot tell a collective's wait from
+    its transfer; the matching across ranks can): what overlap could hide is the rest. Its estimate (the exposed
+    time per step, measured) scales with it: no view of the rank is needed again, so a job whose ranks' views were
+    dropped keeps them dropped. With no wait beyond the shared one, the finding is returned as it was (the same
+    object)."""
     ev = dict(finding.evidence)
     before = float(ev.get("exposed_us") or 0)
-    exposed = max(before - float(wait_us), 0.0)
+    all_wait = float(wait_us)
+    wait_us = max(all_wait - float(shared_us), 0.0)
+    if wait_us <= 0:
+        return finding
+    exposed = max(before - wait_us, 0.0)
     estimate = finding.estimate
     if estimate is not None and before > 0:
         mean = float(estimate.step_us_after) + float(estimate.saving_us_per_step)
@@ -27,12 +33,15 @@ def without_waits(finding: Finding, wait_us: float, config: AnalysisConfig) -> F
                                         f"its {wait_us / 1000:,.2f} ms of waiting for other ranks in the window is "
                                         "not exposure overlap can hide (it is the late ranks' cost)"))
     window = float(ev.get("window_us") or 0)
+    if all_wait > wait_us:  # the part every rank waits (lateness moving between ranks) stays in the exposure
+        ev["waiting_every_rank_does_us"] = round(all_wait - wait_us, 3)
     ev.update({"exposed_including_waits_us": ev.get("exposed_us"), "waiting_for_other_ranks_us": round(wait_us, 3),
                "exposed_us": round(exposed, 3),
                "exposed_fraction_of_window": exposed / window if window else None})
     title = (f"Communication not overlapped with compute takes {exposed / window:.0%} of the {window / 1000:.1f} ms "
              f"window once its {wait_us / 1000:,.2f} ms waiting for other ranks is left out (collectives matched "
-             "across the job)" if window else finding.title)
+             "across the job" + (f"; the {(all_wait - wait_us) / 1000:,.2f} ms every rank waits stays in"
+                                 if all_wait > wait_us else "") + ")" if window else finding.title)
     return replace(finding, evidence=ev, title=title, impact_us=exposed, estimate=estimate, worth=None,
                    severity="info")
 

@@ -18,6 +18,8 @@ from kinetoscope.analyze.model.timeline import (
     cpu_shares,
     handoff_ns,
     loader_spans,
+    name_mask,
+    other_loader_spans,
 )
 from kinetoscope.analyze.model.trace import RankTrace
 from kinetoscope.analyze.whatif.graph import (
@@ -291,10 +293,30 @@ def plan_respawn(trace: RankTrace, g: ReplayGraph, finding: Finding) -> Plan | N
     edits = Edits(
         item_dur=wait_edits(g, items[long], np.full(int(long.sum()), typical)), analytic_ns={"respawn": extra}
     )
+    # that time is untraced: where those steps also hold other work than training - another loader's waits (a
+    # validation pass), the capture's validation or checkpoint marks - that work's untraced hooks (a framework's
+    # epoch end) share it and the trace cannot split them off: the saving is then a bound
+    shared = extra > 0 and _holds_other_work(trace, [(int(g.step_start[s_]), int(g.step_end[s_])) for s_ in hit])
     return Plan(edits, "replay: persistent workers",
                 (f"each worker start-up wait becomes a typical wait ({typical / 1e6:.2f} ms, the median)",
                  f"the time those {len(hit)} step(s) spend outside their waits beyond a typical step (worker shutdown "
-                 f"and start, {extra * g.steps / 1e6:.1f} ms in all) goes too"))
+                 f"and start, {extra * g.steps / 1e6:.1f} ms in all) goes too"
+                 + (": all of it, though those steps also ran other work (validation, a checkpoint) whose untraced "
+                    "time shares it" if shared else "")),
+                bound="upper" if shared else None)
+
+
+_OTHER_WORK_MARKS = frozenset({"kinetoscope::validation", "kinetoscope::checkpoint"})
+
+
+def _holds_other_work(trace: RankTrace, spans: list[tuple[int, int]]) -> bool:
+    """Whether any of ``spans`` overlaps another loader's waits or a validation or checkpoint mark."""
+    ev = trace.events
+    other = other_loader_spans(trace)
+    marks = ev[name_mask(ev, names=_OTHER_WORK_MARKS)]
+    starts = np.concatenate([other["ts_ns"].to_numpy(), marks["ts_ns"].to_numpy()])
+    ends = np.concatenate([other["end_ns"].to_numpy(), marks["end_ns"].to_numpy()])
+    return any(bool(((starts < hi) & (ends > lo)).any()) for lo, hi in spans)
 
 
 def plan_from_measure(key: str, saving_ns_per_step: float, method: str, assumptions: tuple[str, ...],
@@ -341,10 +363,16 @@ def _plan_host_oversubscribed(trace: RankTrace, g: ReplayGraph, finding: Finding
     lost = finding.evidence.get("lost_us")
     if not lost:
         return None
-    return plan_from_measure("host_cpu", float(lost) * 1000 / max(g.steps, 1), "measured: busy time without a core",
-                             ("the training process gets a core whenever its thread is busy: its operators run "
-                              "at the speed a core gives (what the other threads or processes then lose is not "
-                              "counted)",), bound="upper")
+    measured = finding.evidence.get("measured") is True
+    bound = finding.evidence.get("saving_bound")
+    return plan_from_measure(
+        "host_cpu", float(lost) * 1000 / max(g.steps, 1),
+        "measured: the training thread's run-queue wait (the kernel's scheduler statistics)" if measured
+        else "inferred: work that ran without a core (CPU time against the time with work)",
+        ("the training thread gets a CPU whenever it can run: the time it waited for one goes (what the other "
+         "threads or processes then lose is not counted)",) + (
+            ("on a rank with device work, host time lost behind the device's saves nothing",) if bound else ()),
+        bound="upper" if bound == "upper" else None)
 
 
 def _plan_allocator_churn(trace: RankTrace, g: ReplayGraph, finding: Finding, p: dict[str, Any]) -> Plan | None:
