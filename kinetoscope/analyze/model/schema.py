@@ -112,8 +112,8 @@ MARK_COLUMNS: tuple[Column, ...] = (
 SHAPE_COLUMNS: tuple[Column, ...] = (
     Column("row", "int64", "position of the op in the events table"),
     Column("input_dims", "category", "args['Input Dims'] as JSON text: one list of sizes per input ([] not a tensor)"),
-    Column("input_types", "category", "args['Input type'] as JSON text (\"float\", \"c10::BFloat16\", \"Scalar\", ...); "
-                                      "<NA>: not written"),
+    Column("input_types", "category", "args['Input type'] as JSON text (\"float\", \"c10::BFloat16\", "
+                                      "\"Scalar\", ...); <NA>: not written"),
     Column("concrete_inputs", "category", "args['Concrete Inputs'] as JSON text (values of non-tensor inputs as "
                                           "strings; torch >= 2.1); <NA>: not written"),
 )
