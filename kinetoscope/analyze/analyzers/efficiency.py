@@ -47,8 +47,11 @@ class KernelEfficiency:
     peak_dtype: str | None
     achieved_gbps: float | None
     peak_gbps: float | None
-    #: achieved over peak (TFLOP/s for matrix kernels, GB/s for memory kernels); above 1 is an attribution bug
+    #: achieved TFLOP/s over peak (matrix kernels); above 1 is an attribution bug (an invariant violation)
     of_peak_fraction: float | None
+    #: achieved GB/s over peak bandwidth (memory kernels): an estimate, as the bytes are (cache hits and broadcast
+    #: inputs move fewer bytes than the shapes say), so it may pass 1
+    bandwidth_of_peak: float | None
 
 
 @dataclass(frozen=True)
@@ -76,7 +79,8 @@ class OperatorEfficiency:
     #: "compute" or "memory" bound against the device's ridge point (peak FLOP/s over peak bytes/s); None: unknown
     roofline: str | None
     of_peak_fraction: float | None
-    #: kernel time less what it would take at peak: time x (1 - of peak)
+    bandwidth_of_peak: float | None
+    #: matrix ops: kernel time less what it would take at peak, time x (1 - of peak); None otherwise
     lost_us: float | None
 
 
@@ -181,8 +185,8 @@ def compute(trace: RankTrace) -> tuple[Efficiency, pd.DataFrame]:
         ns = float(g["kernel_ns"].sum())
         peak_tf, dtype, peak_bw = _peaks(peak, kind, input_type)
         tflops, gbps = _rate(flops, ns, 1e3), _rate(nbytes, ns, 1.0)
-        of_peak = (tflops / peak_tf if tflops is not None and peak_tf else None) if kind == "matrix" else \
-            (gbps / peak_bw if gbps is not None and peak_bw else None)
+        of_peak = tflops / peak_tf if tflops is not None and peak_tf else None
+        of_bw = gbps / peak_bw if gbps is not None and peak_bw and kind == "memory" else None
         intensity = flops / nbytes if flops is not None and nbytes else None
         roofline = None
         if intensity is not None and peak_tf and peak_bw:
@@ -192,7 +196,7 @@ def compute(trace: RankTrace) -> tuple[Efficiency, pd.DataFrame]:
             why_unknown=str(why.iloc[0]) if len(why) else None, input_type=input_type, flops=flops, bytes=nbytes,
             kernel_time_us=round(ns / 1000.0, 3), achieved_tflops=_r(tflops), peak_tflops=peak_tf, peak_dtype=dtype,
             achieved_gbps=_r(gbps), peak_gbps=peak_bw, arithmetic_intensity=_r(intensity),
-            roofline=roofline, of_peak_fraction=_r(of_peak, 4),
+            roofline=roofline, of_peak_fraction=_r(of_peak, 4), bandwidth_of_peak=_r(of_bw, 4),
             lost_us=_r(ns / 1000.0 * (1.0 - of_peak)) if of_peak is not None else None))
     operators = sorted(rows, key=lambda o: (-(o.lost_us or 0.0), -o.kernel_time_us, o.name))
 
@@ -200,7 +204,9 @@ def compute(trace: RankTrace) -> tuple[Efficiency, pd.DataFrame]:
     if len(ks) and len(calls):
         in_window = ks[np.isin(ks["op"].to_numpy(), calls.index.to_numpy())]
         op_ns = calls["kernel_ns"]
-        share = in_window["dur_ns"].to_numpy(np.float64) / op_ns.reindex(in_window["op"]).to_numpy(np.float64)
+        total = op_ns.reindex(in_window["op"]).to_numpy(np.float64)
+        own = in_window["dur_ns"].to_numpy(np.float64)
+        share = np.divide(own, total, out=np.zeros_like(own), where=total > 0)  # 0-length kernels do no work
         k = in_window.assign(kind=calls["kind"].reindex(in_window["op"]).to_numpy(object),
                              input_type=calls["input_type"].reindex(in_window["op"]).to_numpy(object),
                              flops=calls["flops"].reindex(in_window["op"]).to_numpy(np.float64) * share,
@@ -212,12 +218,13 @@ def compute(trace: RankTrace) -> tuple[Efficiency, pd.DataFrame]:
             nbytes = _sum_or_none(g["bytes"])
             peak_tf, dtype, peak_bw = _peaks(peak, str(kind), input_type)
             tflops, gbps = _rate(flops, ns, 1e3), _rate(nbytes, ns, 1.0)
-            of_peak = (tflops / peak_tf if tflops is not None and peak_tf else None) if kind == "matrix" else \
-                (gbps / peak_bw if gbps is not None and peak_bw else None)
+            of_peak = tflops / peak_tf if tflops is not None and peak_tf else None
+            of_bw = gbps / peak_bw if gbps is not None and peak_bw and kind == "memory" else None
             kernel_rows.append(KernelEfficiency(
                 name=str(kname), kind=str(kind), calls=int(len(g)), time_us=round(ns / 1000.0, 3),
                 flops=_r(flops, 0), bytes=_r(nbytes, 0), achieved_tflops=_r(tflops), peak_tflops=peak_tf,
-                peak_dtype=dtype, achieved_gbps=_r(gbps), peak_gbps=peak_bw, of_peak_fraction=_r(of_peak, 4)))
+                peak_dtype=dtype, achieved_gbps=_r(gbps), peak_gbps=peak_bw, of_peak_fraction=_r(of_peak, 4),
+                bandwidth_of_peak=_r(of_bw, 4)))
     kernel_rows.sort(key=lambda r: (-r.time_us, r.name))
     matrix_ops = [o for o in operators if o.kind == "matrix"]
     timed = [o for o in matrix_ops if o.of_peak_fraction is not None and o.kernel_time_us > 0]
