@@ -1,0 +1,153 @@
+"""Efficiency on traces built in code: FLOPs, achieved TFLOP/s, MFU and the above-peak invariant, each known by
+construction."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import load_built
+
+from kinetoscope.analyze.analyzers.efficiency import compute
+from kinetoscope.analyze.model.flops import op_work
+from kinetoscope.analyze.model.peaks import peak_for
+from kinetoscope.analyze.report.builder import build_report
+
+H100 = [{"id": 0, "name": "NVIDIA H100 80GB HBM3"}]
+BF16 = "c10::BFloat16"
+#: addmm [4096, 1024] x [1024, 1024] in bf16: 2 * 4096 * 1024 * 1024 FLOPs
+ADDMM_FLOPS = 2 * 4096 * 1024 * 1024
+#: mm [512, 256] x [256, 128] in fp32
+MM_FLOPS = 2 * 512 * 128 * 256
+
+
+def _shapes(dims, types, concrete=None):
+    args = {"Input Dims": dims, "Input type": types}
+    if concrete is not None:
+        args["Concrete Inputs"] = concrete
+    return args
+
+
+def _stepped(b, *, gemm_us=20.0, mm_us=8.0, shapes=True, steps=2):
+    """``steps`` steps of 1000 us; in each, aten::linear > aten::addmm (bf16) launching one kernel of ``gemm_us``, and
+    on autograd's thread aten::mm (fp32) launching a kernel of ``mm_us`` and a relu (memory op)."""
+    for s in range(steps):
+        t0 = 1000.0 * s
+        b.step(s + 1, t0, 1000.0)
+        b.op("aten::linear", t0 + 10, 100, **(_shapes([[4096, 1024], [1024, 1024], [1024]], [BF16] * 3)
+                                               if shapes else {}))
+        b.op("aten::addmm", t0 + 20, 80, **(_shapes([[1024], [4096, 1024], [1024, 1024], [], []],
+                                                    [BF16, BF16, BF16, "Scalar", "Scalar"], ["", "", "", "1", "1"])
+                                            if shapes else {}))
+        b.kernel(t0 + 100, gemm_us, name="sm90_gemm_bf16", launch_at=t0 + 30)
+        b.op("aten::mm", t0 + 300, 50, tid=2, **(_shapes([[512, 256], [256, 128]], ["float", "float"])
+                                                 if shapes else {}))
+        b.kernel(t0 + 400, mm_us, name="sm90_gemm_tf32", launch_at=t0 + 310, launch_tid=2)
+        b.op("aten::relu", t0 + 500, 20, **(_shapes([[1024, 1024]], [BF16]) if shapes else {}))
+        b.kernel(t0 + 600, 4.0, name="relu_kernel", launch_at=t0 + 505)
+    return b
+
+
+def test_flops_rates_and_mfu_known_by_construction(tmp_path, builder):
+    trace = load_built(tmp_path, _stepped(builder(device_properties=H100)))
+    result, calls = compute(trace.ranks[0])
+    assert result.device == "NVIDIA H100 80GB HBM3"
+    assert result.steps == 2 and result.mean_step_us == 1000.0
+    # aten::linear is composite (not counted): its addmm is, once per step
+    assert result.flops_per_step == ADDMM_FLOPS + MM_FLOPS
+    assert result.peak_dtype == "bf16" and result.peak_tflops == 989.4  # most FLOPs are bf16
+    assert result.mfu == round((ADDMM_FLOPS + MM_FLOPS) / 1e-3 / 989.4e12, 4)
+    ops = {o.name: o for o in result.operators}
+    assert set(ops) == {"aten::addmm", "aten::mm", "aten::relu"}
+    addmm = ops["aten::addmm"]
+    assert addmm.calls == 2 and addmm.flops == 2 * ADDMM_FLOPS and addmm.kernel_time_us == 40.0
+    assert addmm.achieved_tflops == round(ADDMM_FLOPS / 20_000 / 1e3, 3)  # FLOPs / ns = GFLOP/s
+    assert addmm.of_peak_fraction == round(ADDMM_FLOPS / 20_000 / 1e3 / 989.4, 4)
+    # bytes: the three inputs read (1024 + 4096*1024 + 1024*1024 elements) and the 4096x1024 output written, 2 bytes
+    assert addmm.bytes == 2 * 2 * (1024 + 4096 * 1024 + 1024 * 1024 + 4096 * 1024)
+    intensity = ADDMM_FLOPS / (2 * (1024 + 4096 * 1024 + 1024 * 1024 + 4096 * 1024))
+    assert addmm.arithmetic_intensity == round(intensity, 3)
+    assert addmm.roofline == ("compute" if intensity >= 989.4e12 / 3350e9 else "memory") == "compute"
+    mm = ops["aten::mm"]  # fp32 inputs on an H100: judged against the TF32 rate
+    assert mm.peak_dtype == "tf32" and mm.peak_tflops == 494.7 and mm.input_type == "float"
+    assert mm.achieved_tflops == round(MM_FLOPS / 8_000 / 1e3, 3)
+    relu = ops["aten::relu"]  # 1024x1024 bf16 read and written, 4 us per call
+    assert relu.kind == "memory" and relu.bytes == 2 * 2 * 1024 * 1024 * 2 and relu.flops is None
+    assert relu.achieved_gbps == round(2 * 1024 * 1024 * 2 / 4_000, 3) and relu.peak_gbps == 3350.0
+    kernels = {k.name: k for k in result.kernels}
+    assert kernels["sm90_gemm_bf16"].achieved_tflops == addmm.achieved_tflops
+    assert kernels["sm90_gemm_bf16"].calls == 2 and kernels["relu_kernel"].kind == "memory"
+    assert len(calls) == 6
+
+
+def test_report_entry_and_the_finding(tmp_path, builder):
+    # a slow GEMM: 2000 us for 8.6 GFLOP is 4.3 TFLOP/s, far below the bf16 peak
+    rep = build_report(load_built(tmp_path, _stepped(builder(device_properties=H100), gemm_us=500.0)))
+    eff = rep.ranks[0]["efficiency"]
+    assert eff["flops_per_step"] == ADDMM_FLOPS + MM_FLOPS and eff["mfu"] is not None
+    assert {k["name"] for k in eff["kernels"]} == {"sm90_gemm_bf16", "sm90_gemm_tf32", "relu_kernel"}
+    assert all({"achieved_tflops", "peak_tflops"} <= set(k) for k in eff["kernels"])
+    json.dumps(rep.to_dict())  # JSON-ready
+    found = [f for f in rep.findings if f.id == "low_matrix_efficiency"]
+    assert len(found) == 1
+    top = found[0].evidence["operators"][0]
+    assert top["name"] == "aten::addmm"
+    assert top["lost_us"] == round(1000.0 * (1 - ADDMM_FLOPS / 500_000 / 1e3 / 989.4), 3)
+    causes = {h["cause"].split(":")[0]: h["evidence"] for h in top["hypotheses"]}
+    assert causes["fp32 inputs"] == "not supported"  # bf16
+    assert found[0].severity in ("critical", "warning", "info") and found[0].worth is not None
+    assert rep.violations == ()
+
+
+def test_a_kernel_above_its_peak_is_an_invariant_violation(tmp_path, builder):
+    # 8.6 GFLOP in 1 us is 8590 TFLOP/s: more than any H100 does, so the FLOPs are not that kernel's
+    rep = build_report(load_built(tmp_path, _stepped(builder(device_properties=H100), gemm_us=1.0)))
+    above = [v for v in rep.violations if "above its device's bf16 peak of 989.4" in v]
+    assert any("sm90_gemm_bf16 achieves" in v for v in above)
+    assert any("aten::addmm achieves" in v for v in above)
+
+
+def test_without_shapes_flops_and_mfu_are_null_and_say_why(tmp_path, builder):
+    result, _ = compute(load_built(tmp_path, _stepped(builder(device_properties=H100), shapes=False)).ranks[0])
+    assert result.flops_per_step is None and result.mfu is None and not result.shapes_recorded
+    assert result.matrix_ops == 4 and result.matrix_ops_unknown == 4
+    addmm = next(o for o in result.operators if o.name == "aten::addmm")
+    assert addmm.flops is None and addmm.achieved_tflops is None
+    assert addmm.why_unknown == "shapes not recorded (record_shapes=False)"
+
+
+def test_an_unknown_device_has_no_peak(tmp_path, builder):
+    b = _stepped(builder(device_properties=[{"id": 0, "name": "NVIDIA H100"}]))  # SXM or PCIe: not told
+    result, _ = compute(load_built(tmp_path, b).ranks[0])
+    assert result.flops_per_step == ADDMM_FLOPS + MM_FLOPS
+    assert result.device == "NVIDIA H100" and result.peak_tflops is None and result.mfu is None
+    assert all(k.peak_tflops is None and k.of_peak_fraction is None for k in result.kernels)
+
+
+@pytest.mark.parametrize(("name", "expected"), [
+    ("NVIDIA H100 80GB HBM3", "H100 SXM"), ("NVIDIA H100 PCIe", "H100 PCIe"), ("NVIDIA H200", "H200"),
+    ("NVIDIA B200", "B200"), ("NVIDIA GB200", "GB200 (one GPU)"), ("Tesla V100-SXM2-32GB", "V100 SXM2"),
+    ("Tesla V100-PCIE-16GB", "V100 PCIe"), ("Tesla T4", "T4"), ("NVIDIA A10", "A10"), ("NVIDIA A10G", "A10G"),
+    ("NVIDIA L4", "L4"), ("NVIDIA A100-SXM4-40GB", "A100 40GB"), ("NVIDIA A100-SXM4-80GB", "A100 80GB SXM"),
+    ("NVIDIA A100 80GB PCIe", "A100 80GB PCIe"), ("NVIDIA GeForce RTX 3090", "RTX 3090"),
+    ("NVIDIA GeForce RTX 4090", "RTX 4090"), ("AMD Instinct MI250X", "MI250X (one GCD)"),
+    ("AMD Instinct MI300X", "MI300X"), ("AMD Instinct MI325X", "MI325X"),
+    ("NVIDIA L40S", None), ("AMD Radeon Graphics", None), ("", None), (None, None), ("NVIDIA H100", None),
+])
+def test_peaks_match_device_names(name, expected):
+    peak = peak_for(name)
+    assert (peak.device if peak else None) == expected
+    if peak is not None:
+        assert peak.source and peak.fp32_tflops > 0
+
+
+def test_conv_needs_its_concrete_inputs():
+    dims = json.dumps([[8, 3, 32, 32], [16, 3, 3, 3], [16], [], [], [], [], [], []])
+    types = json.dumps(["float"] * 3 + ["ScalarList"] * 3 + ["Scalar", "ScalarList", "Scalar"])
+    concrete = json.dumps(["", "", "", "[1, 1]", "[1, 1]", "[1, 1]", "False", "[0, 0]", "1"])
+    # out 32x32 (pad 1): 2 * 8 * 16 * 3 * 9 * 1024
+    assert op_work("aten::convolution", dims, types, concrete).flops == 2 * 8 * 16 * 3 * 9 * 1024
+    missing = op_work("aten::convolution", dims, types, None)
+    assert missing.flops is None and "Concrete Inputs" in missing.why
+    assert op_work("aten::relu", dims, types, None).flops is None
+    assert op_work("aten::linear", dims, types, None) is None  # composite: its addmm is counted
