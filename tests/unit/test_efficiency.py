@@ -151,3 +151,32 @@ def test_conv_needs_its_concrete_inputs():
     assert missing.flops is None and "Concrete Inputs" in missing.why
     assert op_work("aten::relu", dims, types, None).flops is None
     assert op_work("aten::linear", dims, types, None) is None  # composite: its addmm is counted
+
+
+def test_no_finding_when_most_matrix_time_cannot_be_judged(tmp_path, builder):
+    """A slow GEMM (4.3 TFLOP/s) beside a convolution whose FLOPs its shapes do not tell (no Concrete Inputs, as in
+    2021 traces) holding most of the matrix kernels' time: the step is not judged by the GEMM alone."""
+    b = _stepped(builder(device_properties=H100), gemm_us=500.0)
+    for s in range(2):
+        t0 = 1000.0 * s
+        b.op("aten::convolution", t0 + 700, 50, **_shapes([[8, 3, 32, 32], [16, 3, 3, 3], [16]], ["float"] * 3))
+        b.kernel(t0 + 710, 280.0, name="conv_kernel", launch_at=t0 + 705)
+    rep = build_report(load_built(tmp_path, b))
+    eff = rep.ranks[0]["efficiency"]
+    # judged: the GEMM (500 us) and the mm (8 us) of 788 us of matrix kernels per step
+    assert eff["judged_kernel_time_fraction"] == round(508 / 788, 4)
+    assert eff["flops_per_step"] is None and eff["matrix_ops_unknown"] == 2
+    conv = next(o for o in eff["operators"] if o["name"] == "aten::convolution")
+    assert conv["why_unknown"] == "the transposed flag was not recorded (Concrete Inputs: torch >= 2.1)"
+    assert [f for f in rep.findings if f.id == "low_matrix_efficiency"] != []  # 64% judged: still a finding
+    b2 = _stepped(builder(device_properties=H100), gemm_us=500.0)
+    for s in range(2):
+        t0 = 1000.0 * s
+        b2.op("aten::convolution", t0 + 700, 50, **_shapes([[8, 3, 32, 32], [16, 3, 3, 3], [16]], ["float"] * 3))
+        b2.kernel(t0 + 710, 290.0, name="conv_kernel", launch_at=t0 + 705)
+        b2.op("aten::convolution", t0 + 760, 30, **_shapes([[8, 3, 32, 32], [16, 3, 3, 3], [16]], ["float"] * 3))
+        b2.kernel(t0 + 770, 230.0, name="conv_kernel", launch_at=t0 + 765)
+    rep2 = build_report(load_built(tmp_path, b2, "t2.json"))
+    # 508 of 1028 us judged: under half, no finding
+    assert rep2.ranks[0]["efficiency"]["judged_kernel_time_fraction"] == round(508 / 1028, 4)
+    assert [f for f in rep2.findings if f.id == "low_matrix_efficiency"] == []

@@ -29,6 +29,9 @@ from kinetoscope.analyze.model.units import us
 LOW_EFFICIENCY = 0.35
 #: the operators a finding names
 TOP_OPERATORS = 5
+#: a finding needs the ops whose FLOPs are known to hold at least this share of the matrix kernels' time (a 2021
+#: trace tells its GEMMs' FLOPs but not its convolutions': judging the step by its GEMMs alone would mislead)
+MIN_JUDGED_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -105,8 +108,10 @@ class Efficiency:
     matrix_ops: int
     matrix_ops_unknown: int
     shapes_recorded: bool
-    #: matrix kernels' time in the window and their time-weighted share of peak
+    #: matrix kernels' time in the window, the share of it whose ops' FLOPs and peak are known (judged), and the
+    #: judged kernels' time-weighted share of peak
     matrix_kernel_time_us: float
+    judged_kernel_time_fraction: float | None
     matrix_of_peak_fraction: float | None
     window: str
     kernels: list[KernelEfficiency] = field(default_factory=list)
@@ -229,6 +234,7 @@ def compute(trace: RankTrace) -> tuple[Efficiency, pd.DataFrame]:
     matrix_ops = [o for o in operators if o.kind == "matrix"]
     timed = [o for o in matrix_ops if o.of_peak_fraction is not None and o.kernel_time_us > 0]
     matrix_ns = sum(o.kernel_time_us for o in matrix_ops)
+    judged_us = sum(o.kernel_time_us for o in timed)
     weighted = (sum((o.of_peak_fraction or 0.0) * o.kernel_time_us for o in timed)
                 / sum(o.kernel_time_us for o in timed)) if timed else None
     result = Efficiency(
@@ -237,7 +243,9 @@ def compute(trace: RankTrace) -> tuple[Efficiency, pd.DataFrame]:
         flops_per_step=flops_per_step, steps=n_steps, mean_step_us=us(mean_step_ns),
         mfu=_r(mfu, 4), matrix_flops=matrix_flops, matrix_ops=int(len(matrix)),
         matrix_ops_unknown=int(matrix["flops"].isna().sum()), shapes_recorded=bool(len(trace.shapes)),
-        matrix_kernel_time_us=round(matrix_ns, 3), matrix_of_peak_fraction=_r(weighted, 4), window=w.describe(),
+        matrix_kernel_time_us=round(matrix_ns, 3),
+        judged_kernel_time_fraction=_r(judged_us / matrix_ns, 4) if matrix_ns else None,
+        matrix_of_peak_fraction=_r(weighted, 4), window=w.describe(),
         kernels=kernel_rows, operators=operators)
     return result, calls.reset_index(drop=True)
 
@@ -281,7 +289,8 @@ def analyze_efficiency(trace: RankTrace, config: AnalysisConfig) -> AnalysisResu
     result, calls = compute(trace)
     findings: list[Finding] = []
     share = result.matrix_of_peak_fraction
-    if share is not None and share < LOW_EFFICIENCY and result.matrix_kernel_time_us > 0:
+    judged = result.judged_kernel_time_fraction
+    if share is not None and share < LOW_EFFICIENCY and judged is not None and judged >= MIN_JUDGED_SHARE:
         worst = [o for o in result.operators if o.kind == "matrix" and o.lost_us][:TOP_OPERATORS]
         lost_us = sum(o.lost_us or 0.0 for o in result.operators if o.kind == "matrix")
         w = window(trace)
@@ -292,6 +301,7 @@ def analyze_efficiency(trace: RankTrace, config: AnalysisConfig) -> AnalysisResu
                 "device": result.device, "peak_source": result.peak_source,
                 "matrix_kernel_time_us": result.matrix_kernel_time_us,
                 "matrix_of_peak_fraction": share,
+                "judged_kernel_time_fraction": judged,
                 "lost_us": round(lost_us, 3),
                 "lost_window_fraction": round(lost_us * 1000.0 / w.dur_ns, 4) if w.dur_ns else None,
                 "window": w.describe(),
