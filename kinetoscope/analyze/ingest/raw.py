@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from kinetoscope.analyze.ingest.parser import Args, Event, OpShapes, ParsedTrace, op_shapes_of
+from kinetoscope.analyze.ingest.parser import Args, Event, OpShapes, ParsedTrace
 
 #: sparse field ids, in the scanner's order (see ``_scan.c``)
 FIELDS = ("correlation", "device", "stream", "external_id", "external_id_legacy", "bytes", "mem_bytes",
@@ -65,16 +65,6 @@ class RawColumns:
     marks: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
     #: (event, its shape fields as JSON text) of each op recorded with shapes, in event order
     shapes: list[tuple[int, OpShapes]] = field(default_factory=list)
-
-
-def _decoded_shapes(items: list[tuple[int, bytes]]) -> list[tuple[int, OpShapes]]:
-    """The shape fields of the ops' raw args (JSON objects the scanner validated)."""
-    out = []
-    for event, text in items:
-        found = op_shapes_of(text)
-        if found is not None:
-            out.append((int(event), found))
-    return out
 
 
 def _array(value: Any, dtype: Any) -> np.ndarray:
@@ -125,7 +115,7 @@ def from_scanner(out: dict[str, Any], metadata: dict[str, Any]) -> RawColumns:
         metadata=metadata,
         decoder="scanner",
         marks=_decoded_marks(out.get("marks", [])),
-        shapes=_decoded_shapes(out.get("shapes", [])),
+        shapes=out.get("shapes", []),
     )
 
 
