@@ -187,3 +187,13 @@ def test_no_finding_when_most_matrix_time_cannot_be_judged(tmp_path, builder):
     # 508 of 1028 us judged: under half, no finding
     assert rep2.ranks[0]["efficiency"]["judged_kernel_time_fraction"] == round(508 / 1028, 4)
     assert [f for f in rep2.findings if f.id == "low_matrix_efficiency"] == []
+
+
+def test_a_trace_without_gpu_work_names_no_device_though_its_properties_list_one(tmp_path, builder):
+    b = builder(device_properties=H100)
+    for s in range(2):
+        b.step(s + 1, 1000.0 * s, 1000.0)
+        b.op("aten::mm", 1000.0 * s + 10, 50, **_shapes([[512, 256], [256, 128]], ["float", "float"]))
+    result, _ = compute(load_built(tmp_path, b).ranks[0])
+    assert result.device is None and result.peak_tflops is None and result.mfu is None
+    assert result.flops_per_step == MM_FLOPS and result.kernels == []

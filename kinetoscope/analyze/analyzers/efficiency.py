@@ -21,7 +21,7 @@ from kinetoscope.analyze.model.findings import Finding
 from kinetoscope.analyze.model.flops import peak_dtype
 from kinetoscope.analyze.model.opwork import counted_ops, op_kernels
 from kinetoscope.analyze.model.peaks import DevicePeak, peak_for
-from kinetoscope.analyze.model.timeline import window
+from kinetoscope.analyze.model.timeline import kernels, window
 from kinetoscope.analyze.model.trace import RankTrace
 from kinetoscope.analyze.model.units import us
 
@@ -121,11 +121,11 @@ class Efficiency:
         return asdict(self)
 
 
-def _device_name(trace: RankTrace, device: int | None) -> str | None:
+def _device_name(trace: RankTrace, device: int) -> str | None:
     props = trace.meta.device_properties
     for i, p in enumerate(props):
         pid = p.get("id", i)
-        if device is None or (isinstance(pid, (int, float)) and int(pid) == device):
+        if isinstance(pid, (int, float)) and int(pid) == device:
             name = p.get("name")
             return name if isinstance(name, str) and name else None
     return None
@@ -160,10 +160,14 @@ def compute(trace: RankTrace) -> tuple[Efficiency, pd.DataFrame]:
     inside = ((ops["ts_ns"] >= w.start_ns) & (ops["ts_ns"] < w.end_ns)).to_numpy() if len(ops) else np.array([], bool)
     per_op_ns = ks.groupby("op")["dur_ns"].sum() if len(ks) else pd.Series(dtype=np.int64)
     calls = ops.assign(kernel_ns=per_op_ns.reindex(np.arange(len(ops))).fillna(0).to_numpy(np.float64))[inside]
+    # the device of most counted kernels, else of most kernels; a trace without GPU work names none (its
+    # deviceProperties can list GPUs it did not use)
     devices = ks.groupby("device")["dur_ns"].sum() if len(ks) else pd.Series(dtype=np.int64)
+    if not len(devices) and trace.has_gpu and len(kernels(trace)):
+        devices = kernels(trace).groupby("device")["dur_ns"].sum()
     device = int(devices.idxmax()) if len(devices) else None
-    name = _device_name(trace, device) if (device is not None or not trace.has_gpu) else None
-    peak = peak_for(name) if trace.has_gpu else None
+    name = _device_name(trace, device) if device is not None else None
+    peak = peak_for(name)
     matrix = calls[(calls["kind"] == "matrix").to_numpy()]
     known = matrix[matrix["flops"].notna().to_numpy()]
     matrix_flops = float(known["flops"].sum()) if len(matrix) else None
