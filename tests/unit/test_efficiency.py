@@ -95,6 +95,10 @@ def test_report_entry_and_the_finding(tmp_path, builder):
     assert top["lost_us"] == round(1000.0 * (1 - ADDMM_FLOPS / 500_000 / 1e3 / 989.4), 3)
     causes = {h["cause"].split(":")[0]: h["evidence"] for h in top["hypotheses"]}
     assert causes["fp32 inputs"] == "not supported"  # bf16
+    assert causes["small matrices (a small batch or sequence)"] == "not supported"  # 500 us per call
+    assert causes["layout transposes"] == "not supported"  # no copies at all
+    # sizes 1024, 4096, 1024, 1024 (the last two of each input): all multiples of 8
+    assert causes["matrix sizes not multiples of 8 (16 for some kernels)"] == "not supported"
     # worth: the matrix time lost over the 2000 us window, the addmm's 1000 us at 4.3 of 989.4 TFLOP/s and the mm's
     # 16 us at 4.2 of 494.7 (tf32): critical by the policy, held at info by the finding's ceiling (the datasheet
     # peak may not be attainable for these shapes)
@@ -197,3 +201,15 @@ def test_a_trace_without_gpu_work_names_no_device_though_its_properties_list_one
     result, _ = compute(load_built(tmp_path, b).ranks[0])
     assert result.device is None and result.peak_tflops is None and result.mfu is None
     assert result.flops_per_step == MM_FLOPS and result.kernels == []
+
+
+def test_layout_copies_beside_slow_gemms_support_the_transposes_hypothesis(tmp_path, builder):
+    b = _stepped(builder(device_properties=H100), gemm_us=500.0)
+    for s in range(2):  # a 60 us copy per step: 120 of 1016 us of matrix kernels, over the 10% that supports it
+        b.op("aten::contiguous", 1000.0 * s + 800, 20, **_shapes([[4096, 1024]], [BF16]))
+        b.kernel(1000.0 * s + 810, 60.0, name="copy_kernel", launch_at=1000.0 * s + 805)
+    rep = build_report(load_built(tmp_path, b))
+    (found,) = [f for f in rep.findings if f.id == "low_matrix_efficiency"]
+    hyp = next(h for h in found.evidence["operators"][0]["hypotheses"] if h["cause"].startswith("layout transposes"))
+    assert hyp["evidence"] == "supported"
+    assert hyp["detail"] == "120.0 us of contiguous/clone/copy_ kernels beside 1016.0 us of matrix kernels"

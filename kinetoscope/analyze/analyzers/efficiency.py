@@ -254,7 +254,14 @@ def compute(trace: RankTrace) -> tuple[Efficiency, pd.DataFrame]:
     return result, calls.reset_index(drop=True)
 
 
-def _hypotheses(op: OperatorEfficiency, calls: pd.DataFrame, trace: RankTrace) -> list[dict[str, Any]]:
+#: copies that change a tensor's layout (a transpose made contiguous before or after a GEMM)
+_LAYOUT_COPIES = frozenset({"aten::contiguous", "aten::clone", "aten::copy_", "aten::_to_copy"})
+#: layout copies taking this share of the matrix kernels' time support the transposes hypothesis
+LAYOUT_COPY_SHARE = 0.1
+
+
+def _hypotheses(op: OperatorEfficiency, calls: pd.DataFrame, trace: RankTrace,
+                result: Efficiency) -> list[dict[str, Any]]:
     """The usual causes of a slow matrix op, each with what the evidence says (supported / not supported / unknown)."""
     mine = calls[(calls["name"] == op.name).to_numpy()]
     shapes = trace.shapes.set_index("row")["input_dims"].reindex(mine["row"].to_numpy()).dropna().astype(str)
@@ -283,6 +290,14 @@ def _hypotheses(op: OperatorEfficiency, calls: pd.DataFrame, trace: RankTrace) -
         out.append({"cause": "small matrices (a small batch or sequence): too little work per kernel to fill the GPU",
                     "evidence": "supported" if per_call < 20.0 else "not supported",
                     "detail": f"{per_call:.1f} us of kernel time per call"})
+    copies_us = sum(o.kernel_time_us for o in result.operators if o.name in _LAYOUT_COPIES)
+    if result.matrix_kernel_time_us:
+        out.append({"cause": "layout transposes: tensors copied to make them contiguous around the GEMMs (the whole "
+                             "window's copies, not this operator's alone)",
+                    "evidence": "supported" if copies_us >= LAYOUT_COPY_SHARE * result.matrix_kernel_time_us
+                    else "not supported",
+                    "detail": f"{copies_us:.1f} us of contiguous/clone/copy_ kernels beside "
+                              f"{result.matrix_kernel_time_us:.1f} us of matrix kernels"})
     return out
 
 
@@ -313,7 +328,8 @@ def analyze_efficiency(trace: RankTrace, config: AnalysisConfig) -> AnalysisResu
                 "operators": [{"name": o.name, "calls": o.calls, "kernel_time_us": o.kernel_time_us,
                                "achieved_tflops": o.achieved_tflops, "peak_tflops": o.peak_tflops,
                                "peak_dtype": o.peak_dtype, "of_peak_fraction": o.of_peak_fraction,
-                               "lost_us": o.lost_us, "hypotheses": _hypotheses(o, calls, trace)} for o in worst],
+                               "lost_us": o.lost_us, "hypotheses": _hypotheses(o, calls, trace, result)}
+                              for o in worst],
             },
             recommendation="Look at the named operators first: use bf16/fp16 (torch.autocast) or allow TF32 for fp32 "
                            "matmuls, pad matrix sizes to multiples of 8 (16 for fp8), grow the batch per GPU, and "
