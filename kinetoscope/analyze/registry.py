@@ -16,6 +16,7 @@ from kinetoscope.analyze.analyzers import (
     compiled,
     copies,
     coverage,
+    efficiency,
     gpu,
     hang,
     host,
@@ -33,8 +34,8 @@ __all__ = ["AnalysisResult", "Analyzer", "MODULES", "analyzers", "register"]
 
 #: the analyzer modules, in report order (the keys of a rank's report entry follow it: comm before host, as when
 #: host imported comm and so registered it first)
-MODULES: tuple[ModuleType, ...] = (steps, anatomy, loader, gpu, allocator, copies, memory, comm, host, telemetry,
-                                   hygiene, outliers, coverage, straggler, hang, compiled)
+MODULES: tuple[ModuleType, ...] = (steps, anatomy, loader, gpu, efficiency, allocator, copies, memory, comm, host,
+                                   telemetry, hygiene, outliers, coverage, straggler, hang, compiled)
 
 
 def _collect() -> tuple[Analyzer, ...]:

@@ -97,6 +97,16 @@ def render_text(report: Report) -> str:
                 )
         elif gpu is None:
             out.append("  GPU            no GPU activity in this trace")
+        eff = r.get("efficiency") or {}
+        if eff.get("matrix_ops") and eff.get("flops_per_step") is not None:
+            peak = (f"{eff['peak_tflops']:g} TFLOP/s {eff['peak_dtype']}" if eff.get("peak_tflops") is not None
+                    else "no known peak")
+            out.append(f"  matrix work    {eff['flops_per_step'] / 1e12:.3g} TFLOP per step, MFU {_pct(eff['mfu'])} of "
+                       f"{eff.get('device') or 'the device'} ({peak}); kernels at "
+                       f"{_pct(eff['matrix_of_peak_fraction'])} of peak")
+        elif eff.get("matrix_ops"):
+            out.append(f"  matrix work    FLOPs not counted: {eff['matrix_ops_unknown']} of {eff['matrix_ops']} "
+                       "matrix ops' shapes do not tell them (record_shapes=True, torch >= 2.1)")
         for key, label in (("h2d", "H2D copies"), ("d2h", "D2H copies")):
             c = r.get(key)
             if c:

@@ -612,3 +612,20 @@ def test_distributed_shows_communication_by_what_it_serves(tmp_path):
     assert list(roles["rank"]) == [0, 1]
     assert list(roles["serves"]) == ["data parallel (DDP): gradient all-reduce"] * 2
     assert list(roles["exposed (ms/step)"]) == [0.3, 0.3] and list(roles["worth hiding (ms/step)"]) == [0.22, 0.22]
+
+
+def test_operators_page_shows_efficiency_against_the_peak_and_overview_the_mfu():
+    at = open_app("operators", trace="real/h100_bert-small.json.gz")
+    assert not at.exception and not at.error
+    ops = at.dataframe[2].value  # after the operators and the kernels
+    assert "achieved TFLOP/s" not in ops.columns and "achieved tflops" in ops.columns
+    assert set(ops["kind"]) <= {"matrix", "memory"} and "aten::addmm" in set(ops["name"])
+    # bert-small runs its GEMMs in bf16: the H100 SXM's dense bf16 peak
+    assert any("NVIDIA H100 80GB HBM3 · peak 989.4 TFLOP/s bf16" in c.value for c in at.caption)
+    at = open_app("overview", trace="real/h100_bert-small.json.gz")
+    assert not at.exception and not at.error
+    from kinetoscope.render.format import pct
+
+    entry = at.session_state["analysis"].report.ranks[0]
+    assert entry["efficiency"]["mfu"] is not None  # shown as the report says it
+    assert next(m for m in at.metric if m.label == "MFU").value == pct(entry["efficiency"]["mfu"])

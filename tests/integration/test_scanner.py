@@ -42,7 +42,7 @@ def _tables(raw, size, consume=False):
 
 def _assert_same(a, b):
     (ta, ma), (tb, mb) = a, b
-    for name in ("events", "memory", "counters", "flows", "instants", "steps", "comm_args", "marks"):
+    for name in ("events", "memory", "counters", "flows", "instants", "steps", "comm_args", "marks", "shapes"):
         pd.testing.assert_frame_equal(getattr(ta, name), getattr(tb, name), check_exact=True)
     assert ma == mb
 
@@ -445,3 +445,48 @@ def test_loop_marks_decode_like_the_reference_across_chunks_and_halves(tmp_path,
     odd = marks[marks["name"] != "kinetoscope::data_wait"]
     # values not of their column's type are <NA>, never coerced (7 is no compile id, "yes" no bool, True no int)
     assert odd[["micro_step", "compile_id", "recompile", "batch"]].isna().all().all()
+
+
+def _shaped_trace(n: int) -> list[dict]:
+    """``n`` ops recorded with shapes (one in four without Concrete Inputs), out of time order, with events in other
+    categories that carry the same key (never kept) and an op whose args are not an object."""
+    events: list[dict] = []
+    for i in range(n):
+        args: dict = {"Input Dims": [[i % 7 + 1, 64], [64, 32]], "Input type": ["float", "c10::BFloat16"]}
+        if i % 4:
+            args["Concrete Inputs"] = ["", str(i % 3)]
+        events.append({"ph": "X", "cat": "cpu_op", "name": f"aten::mm{i % 2}", "pid": 1, "tid": 1,
+                       "ts": (n - i) * 3, "dur": 2, "args": args})
+    events.append({"ph": "X", "cat": "user_annotation", "name": "a", "pid": 1, "tid": 1, "ts": 1, "dur": 1,
+                   "args": {"Input Dims": [[1]]}})
+    events.append({"ph": "X", "cat": "cpu_op", "name": "aten::relu", "pid": 1, "tid": 1, "ts": 2, "dur": 1,
+                   "args": {"Input type": ["float"]}})
+    events.append({"ph": "X", "cat": "Operator", "name": "aten::add", "pid": 1, "tid": 1, "ts": 5, "dur": 1,
+                   "args": {"Input Dims": [[2, 2], [2, 2]]}})
+    return events
+
+
+def test_op_shapes_decode_like_the_reference_across_chunks_and_halves(tmp_path, monkeypatch):
+    path = tmp_path / "shaped.json"
+    path.write_bytes(json.dumps({"traceEvents": _shaped_trace(3000)}, indent=1).encode())
+    monkeypatch.setattr(scan, "CHUNK_BYTES", 4096)
+    one = scan.scan_file(path)
+    monkeypatch.setattr(scan, "PARALLEL_MIN_BYTES", 0)
+    merged = []
+    monkeypatch.setattr(scan, "_merge", lambda a, b, merge=scan._merge: merged.append(1) or merge(a, b))
+    halves = scan.scan_file(path)
+    assert merged
+    reference = _tables(*_reference(path))
+    for scanned in (one, halves):
+        assert scanned[0].decoder == "scanner" and len(scanned[0].shapes) == 3001
+        _assert_same(_tables(*scanned), reference)
+    trace = reference[0]
+    shapes = trace.shapes
+    # 3000 aten::mm ops and the Operator-category add; not the annotation, not the op without Input Dims
+    assert len(shapes) == 3001 and shapes["row"].is_monotonic_increasing
+    names = trace.events["name"].astype(str).to_numpy()[shapes["row"].to_numpy()]
+    assert sorted(set(names)) == ["aten::add", "aten::mm0", "aten::mm1"]
+    assert int(shapes["concrete_inputs"].isna().sum()) == 750 + 1  # i % 4 == 0, and the add
+    first = shapes.iloc[0]  # the earliest op: the last mm, at 3 us
+    assert trace.events["ts_ns"].iloc[int(first["row"])] == 3000
+    assert json.loads(first["input_dims"]) == [[2999 % 7 + 1, 64], [64, 32]]

@@ -9,6 +9,8 @@
  *                              int64 (strings, floats, huge ints) are handed to Python as objects
  *   counter ("C") args      -> (event, series code, float64) rows
  *   args of cat "kinetoscope" events (the capture's loop marks: a few per step) -> (event, raw JSON bytes)
+ *   "Input Dims", "Input type", "Concrete Inputs" of cat "cpu_op"/"Operator" events holding "Input Dims"
+ *   (record_shapes)         -> (event, (dims, types or None, concrete or None)) as the JSON text written
  *   other top-level keys    -> (key, raw JSON bytes) for Python to decode
  * Everything else is validated as JSON and skipped without being materialised.
  *
@@ -182,7 +184,8 @@ typedef struct {
     Buf odd;                                /* records: event, field, kind, length, bytes */
     Buf meta;                               /* records: key length, key, value length, raw value */
     Buf marks;                              /* records: event, args length, raw args */
-    int32_t code_empty, code_C, code_mark, ident_empty;
+    Buf shapes;                             /* records: event, then 3 x (length or -1, raw value) (ops' shapes) */
+    int32_t code_empty, code_C, code_mark, code_cpu_op, code_operator, ident_empty;
     PyThreadState *tstate;                  /* while feed() runs without the GIL */
     int busy;
 } Scanner;
@@ -565,6 +568,7 @@ typedef struct {
     uint8_t fid[N_FIELDS];
     int64_t fval[N_FIELDS];
     int nodd; /* odd values, recorded in the scanner's ev_odd buffer */
+    const char *shape_at[3], *shape_end[3]; /* args' "Input Dims", "Input type", "Concrete Inputs" values */
     const char *args_start, *args_end;
 } Ev;
 
@@ -645,7 +649,12 @@ static int parse_args(Scanner *s, Ev *ev, const char **pp, const char *end, int 
                 if (ARG_KEY_LEN[i] == kn && memcmp(k, ARG_KEYS[i], (size_t)kn) == 0) { field = i; break; }
         }
         if (field < 0) {
+            int which = kn == 10 && memcmp(k, "Input Dims", 10) == 0 ? 0
+                      : kn == 10 && memcmp(k, "Input type", 10) == 0 ? 1
+                      : kn == 15 && memcmp(k, "Concrete Inputs", 15) == 0 ? 2 : -1;
+            const char *v0 = p;
             CHECK(skip_value(s, &p, end, depth + 1));
+            if (which >= 0) { ev->shape_at[which] = v0; ev->shape_end[which] = p; }
         } else {
             if (seen & (1u << field)) BAILR(s, "a repeated args key");
             seen |= 1u << field;
@@ -801,6 +810,14 @@ static int commit(Scanner *s, Ev *ev) {
             buf_put(&s->marks, ev->args_start, len) < 0)
             return ERR;
     }
+    if (ev->shape_at[0] && (cat == s->code_cpu_op || cat == s->code_operator)) {
+        if (buf_put(&s->shapes, &idx, 8) < 0) return ERR;
+        for (int j = 0; j < 3; j++) {
+            int64_t len = ev->shape_at[j] ? ev->shape_end[j] - ev->shape_at[j] : -1;
+            if (buf_put(&s->shapes, &len, 8) < 0 || (len > 0 && buf_put(&s->shapes, ev->shape_at[j], len) < 0))
+                return ERR;
+        }
+    }
     if (buf_put(&s->ph, &ph, 4) < 0 || buf_put(&s->name, &name, 4) < 0 || buf_put(&s->cat, &cat, 4) < 0 ||
         buf_put(&s->pid, &pid, 4) < 0 || buf_put(&s->tid, &tid, 4) < 0 || buf_put(&s->ts, &ev->ts, 8) < 0 ||
         buf_put(&s->dur, &ev->dur, 8) < 0)
@@ -830,6 +847,7 @@ static int parse_event(Scanner *s, const char **pp, const char *end) {
     ev.dur = 0.0;
     ev.nf = ev.nodd = 0;
     ev.args_start = ev.args_end = NULL;
+    ev.shape_at[0] = ev.shape_at[1] = ev.shape_at[2] = NULL;
     s->ev_odd.len = 0;
     if (**pp != '{') { s->reason = "an item of traceEvents that is not an object"; return BAIL; }
     int r = parse_event_body(s, &ev, pp, end, s->bare ? 1 : 2);
@@ -1046,16 +1064,52 @@ static PyObject *mark_items(Buf *b) {
     return list;
 }
 
+/* (event, (dims, types, concrete)) per op; a value not written is None; texts repeat, so each distinct one is made
+ * once (a dict of the texts seen) */
+static PyObject *shape_items(Buf *b) {
+    PyObject *list = PyList_New(0), *seen = PyDict_New();
+    const char *q = b->data, *qe = q + b->len;
+    while (list && seen && q < qe) {
+        int64_t idx;
+        memcpy(&idx, q, 8);
+        q += 8;
+        PyObject *vals[3] = {NULL, NULL, NULL};
+        int ok = 1;
+        for (int j = 0; j < 3; j++) {
+            int64_t len;
+            memcpy(&len, q, 8);
+            q += 8;
+            if (len < 0) { vals[j] = Py_NewRef(Py_None); continue; }
+            PyObject *text = PyUnicode_DecodeUTF8(q, (Py_ssize_t)len, "strict");
+            q += len;
+            if (!text) { ok = 0; break; }
+            PyObject *known = PyDict_SetDefault(seen, text, text);
+            vals[j] = known ? Py_NewRef(known) : NULL;
+            Py_DECREF(text);
+            if (!vals[j]) { ok = 0; break; }
+        }
+        PyObject *t = ok ? Py_BuildValue("(L(OOO))", (long long)idx, vals[0], vals[1], vals[2]) : NULL;
+        for (int j = 0; j < 3; j++) Py_XDECREF(vals[j]);
+        if (!t) { Py_CLEAR(list); break; }
+        if (PyList_Append(list, t) < 0) Py_CLEAR(list);
+        Py_DECREF(t);
+    }
+    Py_XDECREF(seen);
+    if (!seen) Py_CLEAR(list);
+    buf_free(b);
+    return list;
+}
+
 static PyObject *Scanner_finish(Scanner *s, PyObject *Py_UNUSED(ignored)) {
     if (s->busy) { PyErr_SetString(PyExc_RuntimeError, "Scanner.finish called during feed"); return NULL; }
     PyObject *d = Py_BuildValue(
-        "{s:n,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N}",
+        "{s:n,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N,s:N}",
         "n", s->n, "ph", bytes_of(&s->ph), "name", bytes_of(&s->name), "cat", bytes_of(&s->cat),
         "ts", bytes_of(&s->ts), "dur", bytes_of(&s->dur), "pid", bytes_of(&s->pid), "tid", bytes_of(&s->tid),
         "strings", table_values(&s->strings), "idents", table_values(&s->idents), "f_event", bytes_of(&s->f_event),
         "f_id", bytes_of(&s->f_id), "f_value", bytes_of(&s->f_value), "odd", odd_values(&s->odd),
         "c_event", bytes_of(&s->c_event), "c_series", bytes_of(&s->c_series), "c_value", bytes_of(&s->c_value),
-        "meta", meta_items(&s->meta), "marks", mark_items(&s->marks));
+        "meta", meta_items(&s->meta), "marks", mark_items(&s->marks), "shapes", shape_items(&s->shapes));
     return d;
 }
 
@@ -1071,7 +1125,7 @@ static void Scanner_dealloc(Scanner *s) {
     table_free(&s->idents);
     Buf *bufs[] = {&s->ph, &s->name, &s->cat, &s->ts, &s->dur, &s->pid, &s->tid, &s->f_event, &s->f_id,
                    &s->f_value, &s->c_event, &s->c_series, &s->c_value, &s->scratch, &s->ev_odd, &s->odd, &s->meta,
-                   &s->marks};
+                   &s->marks, &s->shapes};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) buf_free(bufs[i]);
     Py_TYPE(s)->tp_free((PyObject *)s);
 }
@@ -1093,8 +1147,11 @@ static int Scanner_init(Scanner *s, PyObject *args, PyObject *kw) {
     s->code_empty = table_get(&s->strings, "", 0, 's');
     s->code_C = table_get(&s->strings, "C", 1, 's');
     s->code_mark = table_get(&s->strings, "kinetoscope", 11, 's');
+    s->code_cpu_op = table_get(&s->strings, "cpu_op", 6, 's');
+    s->code_operator = table_get(&s->strings, "Operator", 8, 's');
     s->ident_empty = table_get(&s->idents, "", 0, 's');
-    if (s->code_empty < 0 || s->code_C < 0 || s->code_mark < 0 || s->ident_empty < 0) { PyErr_NoMemory(); return -1; }
+    if (s->code_empty < 0 || s->code_C < 0 || s->code_mark < 0 || s->code_cpu_op < 0 ||
+        s->code_operator < 0 || s->ident_empty < 0) { PyErr_NoMemory(); return -1; }
     return 0;
 }
 

@@ -226,7 +226,7 @@ def _external_column(rows: np.ndarray, order: np.ndarray | None, fields: _Fields
 
 
 def build_events(raw: RawColumns, rows: np.ndarray, fields: _Fields
-                 ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, list[str]]:
+                 ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame, list[str]]:
     warnings: list[str] = []
     ts, dur = raw.ts[rows], raw.dur[rows]
     # no time, or a time/duration int64 nanoseconds cannot hold (|t| >= ~106 days of us): unusable
@@ -272,7 +272,29 @@ def build_events(raw: RawColumns, rows: np.ndarray, fields: _Fields
     df = pd.DataFrame(columns, copy=False)  # every column is a fresh array of ours: no copy, no consolidation
     comm = build_comm_args(raw, file_rows, order, fields)
     marks = build_marks(raw, df, file_rows, order)
-    return df, comm, marks, warnings
+    shapes = build_shapes(raw, df, file_rows, order)
+    return df, comm, marks, shapes, warnings
+
+
+def build_shapes(raw: RawColumns, events: pd.DataFrame, file_rows: np.ndarray, order: np.ndarray | None
+                 ) -> pd.DataFrame:
+    """The recorded inputs of the events table's host ops (``raw.shapes``, by event), sorted by row."""
+    if not raw.shapes:
+        return schema.empty_frame(schema.SHAPE_COLUMNS)
+    source = _in_order(file_rows, order)  # event index of each table row
+    event = np.fromiter((e for e, _ in raw.shapes), dtype=np.int64, count=len(raw.shapes))
+    ranks = np.argsort(source, kind="stable")
+    at = np.minimum(np.searchsorted(source[ranks], event), max(len(source) - 1, 0))
+    kept = (source[ranks[at]] == event) if len(source) else np.zeros(len(event), dtype=bool)
+    rows = ranks[at][kept].astype(np.int64)  # an op without a usable time is no row of the table
+    fields = [f for (_, f), k in zip(raw.shapes, kept.tolist(), strict=True) if k]
+    frame = pd.DataFrame({
+        "row": rows,
+        "input_dims": pd.Categorical([f[0] for f in fields]),
+        "input_types": pd.Categorical([f[1] for f in fields]),
+        "concrete_inputs": pd.Categorical([f[2] for f in fields]),
+    })
+    return frame.sort_values("row", kind="stable", ignore_index=True)
 
 
 _MARK_TYPES: dict[str, type] = {c.name: {"Int64": int, "boolean": bool, "category": str}[c.dtype]
@@ -543,7 +565,7 @@ def build_rank_trace(raw: RawColumns, *, source: str, rank: int, rank_source: st
     instant_rows = rows_of("i")
     memory_code = raw.strings.index("[memory]") if "[memory]" in raw.strings else -1
     is_memory = raw.name[instant_rows] == memory_code
-    events, comm_args, marks, warnings = build_events(raw, rows_of("X"), fields)
+    events, comm_args, marks, shapes, warnings = build_events(raw, rows_of("X"), fields)
     warnings = list(raw.notes) + warnings
     memory = build_memory(raw, instant_rows[is_memory], fields, warnings)
     flows = build_flows(raw, rows_of("flow"), fields, warnings)
@@ -586,4 +608,5 @@ def build_rank_trace(raw: RawColumns, *, source: str, rank: int, rank_source: st
         steps=steps,
         comm_args=comm_args,
         marks=marks,
+        shapes=shapes,
     )

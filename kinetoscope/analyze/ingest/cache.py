@@ -21,9 +21,9 @@ import pandas as pd
 from kinetoscope import __version__
 from kinetoscope.analyze.model.trace import RankTrace, TraceMeta
 
-TABLES = ("events", "memory", "counters", "flows", "instants", "steps", "run_steps", "comm_args", "marks")
+TABLES = ("events", "memory", "counters", "flows", "instants", "steps", "run_steps", "comm_args", "marks", "shapes")
 #: the tables' layout: part of the key, so a cache written by an older layout is a miss, never misread
-FORMAT = 3
+FORMAT = 4
 
 
 def default_dir() -> Path:

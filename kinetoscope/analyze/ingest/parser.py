@@ -70,6 +70,44 @@ class MarkProbe(msgspec.Struct, gc=False):
     args: Any = None
 
 
+class ShapeProbe(msgspec.Struct, gc=False):
+    """Fourth, narrow pass used only when a trace has "Input Dims" (``record_shapes=True``): each op's args,
+    undecoded (most of them are decoded again only for the few operators whose work is counted)."""
+
+    cat: Any = None
+    args: msgspec.Raw = msgspec.Raw(b"")  # a Raw cannot be in a union: empty means absent
+
+
+class ShapeArgs(msgspec.Struct, gc=False):
+    """The shape fields of an op's args, as written (JSON text): decoded later, only where counted."""
+
+    dims: msgspec.Raw = msgspec.field(name="Input Dims", default=msgspec.Raw(b""))  # empty: absent
+    types: msgspec.Raw = msgspec.field(name="Input type", default=msgspec.Raw(b""))
+    concrete: msgspec.Raw = msgspec.field(name="Concrete Inputs", default=msgspec.Raw(b""))
+
+
+#: an op's recorded inputs, as JSON text (None: not written): (Input Dims, Input type, Concrete Inputs)
+OpShapes = tuple[str, str | None, str | None]
+#: the categories whose args carry shapes, matched exactly as the scanner does
+SHAPE_CATEGORIES = frozenset({"cpu_op", "Operator"})
+_shape_args_decoder = msgspec.json.Decoder(ShapeArgs)
+
+
+def _text(raw: msgspec.Raw) -> str | None:
+    return bytes(raw).decode("utf-8") if len(raw) else None
+
+
+def op_shapes_of(args: bytes | msgspec.Raw) -> OpShapes | None:
+    """The shape fields of one op's args object (validated JSON), or None when it holds no Input Dims (or the
+    fields are not what record_shapes writes: an object is expected)."""
+    try:
+        a = _shape_args_decoder.decode(args)
+    except (msgspec.DecodeError, RecursionError):
+        return None
+    dims = _text(a.dims)
+    return None if dims is None else (dims, _text(a.types), _text(a.concrete))
+
+
 class CounterEvent(msgspec.Struct, gc=False):
     """Second, narrow pass used only when a trace has counter (``C``) events."""
 
@@ -87,6 +125,7 @@ NOT_AN_OBJECT = "<not an object>"
 _events_decoder = msgspec.json.Decoder(list[Event])
 _counter_decoder = msgspec.json.Decoder(list[CounterEvent])
 _mark_decoder = msgspec.json.Decoder(list[MarkProbe])
+_shape_decoder = msgspec.json.Decoder(list[ShapeProbe])
 #: the category of the capture's loop marks (``kinetoscope.capture.loop``), matched exactly as the scanner does
 MARK_CATEGORY = "kinetoscope"
 _top_decoder = msgspec.json.Decoder(dict[str, msgspec.Raw])
@@ -102,6 +141,8 @@ class ParsedTrace:
     notes: list[str] = field(default_factory=list)
     #: (event, args) of the loop marks (events of category ``kinetoscope`` with an args object)
     marks: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
+    #: (event, shapes) of the ops recorded with shapes (category cpu_op/Operator, args with "Input Dims")
+    shapes: list[tuple[int, OpShapes]] = field(default_factory=list)
 
 
 def _json_error(source: str, exc: Exception) -> TraceFormatError:
@@ -202,8 +243,26 @@ def _parse(data: bytes, source: str) -> ParsedTrace:
         except msgspec.ValidationError as exc:
             notes.append(f"counter events skipped: {exc}")
     marks = _marks(events, raw_events) if any(e.cat == MARK_CATEGORY for e in events) else []
+    shapes = _shapes(raw_events) if b'"Input Dims"' in data else []
     return ParsedTrace(events=events, counters=counters, metadata=metadata, lenient=lenient, notes=notes,
-                       marks=marks)
+                       marks=marks, shapes=shapes)
+
+
+def _shapes(raw: bytes | msgspec.Raw) -> list[tuple[int, OpShapes]]:
+    """The recorded shapes of each op, by its position in traceEvents (items that are not objects keep theirs)."""
+    try:
+        probes: list[Any] = _shape_decoder.decode(raw)
+    except msgspec.ValidationError:  # items that are not objects, or args that are not: decoded generically
+        probes = [ShapeProbe(cat=i.get("cat"), args=msgspec.Raw(msgspec.json.encode(i["args"])))
+                  if isinstance(i, dict) and isinstance(i.get("args"), dict) else ShapeProbe()
+                  for i in _any_decoder.decode(raw)]
+    out = []
+    for i, p in enumerate(probes):
+        if p.cat in SHAPE_CATEGORIES and len(p.args):
+            found = op_shapes_of(p.args)
+            if found is not None:
+                out.append((i, found))
+    return out
 
 
 def _marks(events: list[Event], raw: bytes | msgspec.Raw) -> list[tuple[int, dict[str, Any]]]:

@@ -11,7 +11,8 @@ and strings kept apart, as in the trace). The few args fields the analyses use, 
 ``id``, are sparse ``(event, field, value)`` triples: most events carry one or two of them. A value
 that is not a plain int64 (a string such as ``"0x0"``, a float, a huge int) is kept as the Python
 object in ``odd`` and coerced once, the same way for both decoders. The args of events in category
-``kinetoscope`` (the capture's loop marks, a few per step) are kept whole, decoded, in ``marks``.
+``kinetoscope`` (the capture's loop marks, a few per step) are kept whole, decoded, in ``marks``; the shape fields
+of ops recorded with ``record_shapes`` ("Input Dims", "Input type", "Concrete Inputs") as JSON text in ``shapes``.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from kinetoscope.analyze.ingest.parser import Args, Event, ParsedTrace
+from kinetoscope.analyze.ingest.parser import Args, Event, OpShapes, ParsedTrace
 
 #: sparse field ids, in the scanner's order (see ``_scan.c``)
 FIELDS = ("correlation", "device", "stream", "external_id", "external_id_legacy", "bytes", "mem_bytes",
@@ -62,6 +63,8 @@ class RawColumns:
     decoder: str = "reference"
     #: (event, its args) of each event whose ``cat`` is exactly "kinetoscope" (loop marks), in event order
     marks: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
+    #: (event, its shape fields as JSON text) of each op recorded with shapes, in event order
+    shapes: list[tuple[int, OpShapes]] = field(default_factory=list)
 
 
 def _array(value: Any, dtype: Any) -> np.ndarray:
@@ -112,6 +115,7 @@ def from_scanner(out: dict[str, Any], metadata: dict[str, Any]) -> RawColumns:
         metadata=metadata,
         decoder="scanner",
         marks=_decoded_marks(out.get("marks", [])),
+        shapes=out.get("shapes", []),
     )
 
 
@@ -188,6 +192,7 @@ def from_parsed(parsed: ParsedTrace) -> RawColumns:
         c_series=np.array([r[3] for r in rows], dtype=np.int32),
         c_value=np.array([r[4] for r in rows], dtype=np.float64),
         metadata=parsed.metadata, notes=list(parsed.notes), marks=list(parsed.marks),
+        shapes=list(parsed.shapes),
     )
 
 

@@ -465,5 +465,6 @@ def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
         del right
     out["odd"] = a["odd"] + [(e + n, f, v) for e, f, v in b["odd"]]
     out["marks"] = a.get("marks", []) + [(e + n, v) for e, v in b.get("marks", [])]
+    out["shapes"] = a.get("shapes", []) + [(e + n, v) for e, v in b.get("shapes", [])]
     out["meta"] = a["meta"] + b["meta"]
     return out

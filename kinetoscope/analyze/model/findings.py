@@ -28,6 +28,7 @@ NATURE: dict[str, Nature] = {  # the report's finding ids, each once
     "exposed_comm": "cost",
     "allocator_churn": "cost",
     "host_oversubscribed": "cost",
+    "low_matrix_efficiency": "cost",
     "memory_growth": "correctness",
     "reserved_memory_growth": "correctness",
     "zero_grad_missing": "correctness",

@@ -106,6 +106,18 @@ MARK_COLUMNS: tuple[Column, ...] = (
     Column("call", "category", "checkpoint: torch.save / torch.distributed.checkpoint.save / ...async_save"),
 )
 
+#: Recorded inputs of host ops (``record_shapes=True``): one row per op event (category cpu_op) whose args have
+#: "Input Dims"; ``row`` is that event's position in the events table. The fields are kept as written (JSON text,
+#: repeated values share a category): they are decoded only for the operators whose work is counted.
+SHAPE_COLUMNS: tuple[Column, ...] = (
+    Column("row", "int64", "position of the op in the events table"),
+    Column("input_dims", "category", "args['Input Dims'] as JSON text: one list of sizes per input ([] not a tensor)"),
+    Column("input_types", "category", "args['Input type'] as JSON text (\"float\", \"c10::BFloat16\", "
+                                      "\"Scalar\", ...); <NA>: not written"),
+    Column("concrete_inputs", "category", "args['Concrete Inputs'] as JSON text (values of non-tensor inputs as "
+                                          "strings; torch >= 2.1); <NA>: not written"),
+)
+
 KINDS = (
     "kernel", "memcpy", "memset", "runtime", "driver", "cpu_op", "annotation",
     "gpu_annotation", "python", "sync", "trace", "other", "mark",

@@ -11,7 +11,13 @@ from typing import Any, TypeVar
 
 import pandas as pd
 
-from kinetoscope.analyze.model.schema import COMM_ARG_COLUMNS, GPU_BUSY_KINDS, MARK_COLUMNS, empty_frame
+from kinetoscope.analyze.model.schema import (
+    COMM_ARG_COLUMNS,
+    GPU_BUSY_KINDS,
+    MARK_COLUMNS,
+    SHAPE_COLUMNS,
+    empty_frame,
+)
 from kinetoscope.hangdump import HangDump
 
 
@@ -80,6 +86,8 @@ class RankTrace:
     comm_args: pd.DataFrame = field(default_factory=lambda: empty_frame(COMM_ARG_COLUMNS))
     #: the capture's loop marks (events of kind "mark") with their args (see ``schema.MARK_COLUMNS``)
     marks: pd.DataFrame = field(default_factory=lambda: empty_frame(MARK_COLUMNS))
+    #: recorded inputs of host ops (``record_shapes``; see ``schema.SHAPE_COLUMNS``); empty when not recorded
+    shapes: pd.DataFrame = field(default_factory=lambda: empty_frame(SHAPE_COLUMNS))
     #: derived views (``trace_view``), computed once and dropped with the trace
     _views: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
     #: one lock per view, so analyzers running in threads compute each view once

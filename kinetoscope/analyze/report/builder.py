@@ -116,6 +116,20 @@ def fraction_violations(obj: Any, path: str = "") -> list[str]:
     return out
 
 
+def above_peak_violations(entry: dict[str, Any]) -> list[str]:
+    """No kernel or operator achieves more than its device's peak: one that does was given FLOPs that are not its own
+    (an attribution bug), said plainly beside the out-of-range fraction."""
+    eff = entry.get("efficiency") or {}
+    out = []
+    for table in ("kernels", "operators"):
+        for row in eff.get(table) or []:
+            achieved, peak = row.get("achieved_tflops"), row.get("peak_tflops")
+            if achieved is not None and peak is not None and achieved > peak:
+                out.append(f"efficiency.{table}: {row.get('name')} achieves {achieved} TFLOP/s, above its device's "
+                           f"{row.get('peak_dtype')} peak of {peak} (FLOPs attributed to the wrong kernels)")
+    return out
+
+
 def _rank_header(r: RankTrace) -> dict[str, Any]:
     m = r.meta
     return {
@@ -365,6 +379,7 @@ def build_report(trace: Trace, config: AnalysisConfig = DEFAULT_CONFIG, *, threa
             failures.extend(lost)
     findings = _exposure_less_waits(trace, findings, job, config)
     violations = [f"rank {e['rank']}: {v}" for e in entries for v in fraction_violations(e)]
+    violations += [f"rank {e['rank']}: {v}" for e in entries for v in above_peak_violations(e)]
     violations += [f"job: {v}" for v in fraction_violations(job)]
     violations += [f"finding {f.id} (rank {f.rank}): {v}" for f in findings for v in fraction_violations(f.evidence)]
     violations += estimate_violations(findings)

@@ -1,7 +1,10 @@
 """Operators and kernels: the host ops and GPU kernels of the window by name, with the GPU time each op launched,
 every row reachable; host ops grouped by input shapes, by module or by call stack on request (analyze.ops)."""
 
+import altair as alt
+
 from kinetoscope.analyze.ingest.loader import read_bytes
+from kinetoscope.analyze.views.efficiency import efficiency_view
 from kinetoscope.analyze.views.ops import (
     kernel_table,
     op_call_stacks,
@@ -63,11 +66,47 @@ def render() -> None:
     st.subheader("GPU kernels")
     if kernels.empty:
         st.caption("No GPU kernels in the window.")
+    else:
+        st.caption(md("{:,} kernels in the window, every one below, by total time (ms). Tensor Cores: yes where the "
+                      "kernel's name says so, blank where it does not say.", len(kernels)))
+        _table(kernels.assign(tensor_cores=kernels["tensor_cores"].map({True: "yes"})).rename(
+            columns={"share_of_kernel_time": "kernel_time_fraction", "tensor_cores": "Tensor Cores"}))
+    _efficiency(entry)
+
+
+def _efficiency(entry) -> None:
+    """Matrix and memory work against the device's peak: MFU, operators, kernels and the roofline."""
+    view = efficiency_view(entry)
+    st.subheader("Against the device's peak")
+    if view is None or (view.operators.empty and view.note is None):
+        st.caption("No counted operators (matrix or memory-bound) in the window.")
         return
-    st.caption(md("{:,} kernels in the window, every one below, by total time (ms). Tensor Cores: yes where the "
-                  "kernel's name says so, blank where it does not say.", len(kernels)))
-    _table(kernels.assign(tensor_cores=kernels["tensor_cores"].map({True: "yes"})).rename(
-        columns={"share_of_kernel_time": "kernel_time_fraction", "tensor_cores": "Tensor Cores"}))
+    st.caption(md("{} · peak {} · MFU {} · FLOPs per step {}", view.device or "no device named",
+                  view.peak or "not known", state.pct(view.mfu) if view.mfu is not None else "n/a",
+                  f"{view.flops_per_step:,.0f}" if view.flops_per_step is not None else "n/a"))
+    if view.note:
+        st.caption(md("{}", view.note))
+    if view.operators.empty:
+        return
+    st.caption(md("{:,} counted operators, the most time lost below peak first: achieved TFLOP/s (matrix ops: "
+                  "FLOPs from the recorded shapes, as torch's FlopCounterMode counts them) and GB/s (bytes: the "
+                  "inputs read and the output written once) over the GPU time of the kernels each launched.",
+                  len(view.operators)))
+    _table(view.operators)
+    if not view.kernels.empty:
+        st.caption(md("{:,} kernels of counted operators (a kernel's rate is its operator's).", len(view.kernels)))
+        _table(view.kernels)
+    if view.points.empty:
+        return
+    layers = [alt.Chart(view.points).mark_circle(size=70).encode(
+        x=alt.X("intensity:Q", scale=alt.Scale(type="log"), title="arithmetic intensity (FLOP/byte)"),
+        y=alt.Y("tflops:Q", scale=alt.Scale(type="log"), title="achieved TFLOP/s"),
+        color=alt.Color("kind:N", title=None), tooltip=["operator", "intensity", "tflops"])]
+    if not view.roof.empty:
+        layers.insert(0, alt.Chart(view.roof).mark_line(color="#888").encode(x="intensity:Q", y="tflops:Q"))
+    st.altair_chart(alt.layer(*layers).properties(height=320), width="stretch",
+                    description=f"Roofline of {len(view.points)} operators: achieved TFLOP/s against FLOPs per byte, "
+                                "under the device's roof (peak and bandwidth).")
 
 
 def _file(analysis, rank: int):

@@ -78,6 +78,11 @@ def render() -> None:
                    help=md("one what-if replay of every fix of rank {} at once: savings do not simply add up",
                            entry["rank"]))
 
+    eff = entry.get("efficiency") or {}
+    cols = st.columns(3)
+    cols[0].metric("MFU", state.pct(eff["mfu"]) if eff.get("mfu") is not None else "n/a",
+                   help=md("matrix-op FLOPs per step over step time x the device's peak ({}); n/a without recorded "
+                           "shapes, steps or a known peak", eff.get("device") or "no device"))
     _gpu_summary(analysis, entry["rank"])
     st.subheader(f"Findings ({len(report.findings)})")
     if not report.findings:
