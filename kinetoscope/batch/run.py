@@ -20,7 +20,7 @@ from kinetoscope.analyze.model.distributed import RankSummary
 from kinetoscope.analyze.registry import analyzer
 from kinetoscope.analyze.whatif.fixes import straggler_saving_us
 from kinetoscope.batch.discover import discover
-from kinetoscope.batch.store import open_store, read_rows, write_rows
+from kinetoscope.batch.store import compact, open_store, read_rows, write_rows
 from kinetoscope.batch.task import analyze_file, file_key
 
 
@@ -127,8 +127,10 @@ def run_batch(
     config: AnalysisConfig = DEFAULT_CONFIG,
     limits: LoadLimits = DEFAULT_LIMITS,
     on_result: Callable[[dict[str, Any]], None] | None = None,
+    compact_store: bool = True,
 ) -> BatchSummary:
-    """Analyse every trace under ``roots`` on Dask and write the results into ``store``."""
+    """Analyse every trace under ``roots`` on Dask and write the results into ``store``, then compact the store's
+    small files into one part per table (``compact_store``)."""
     from dask.distributed import as_completed
 
     started = time.perf_counter()
@@ -171,6 +173,8 @@ def run_batch(
                 on_result(row)
         _cross_rank(root, jobs, rows_by_job, config)
         _hangs(root, jobs, config, limits)
+        if compact_store:
+            compact(root)
     finally:
         if owned is not None:
             client.close()
@@ -186,7 +190,9 @@ def _cross_rank(
     """Job-level results (matched collectives, clock skews, the straggler) of each multi-rank job: a reduce
     over the small per-rank summaries the workers stored; no trace is loaded again."""
     for job in jobs:
-        rows = [r for r in rows_by_job[job.name] if r["status"] == "ok"]
+        # in rank order, not the order the workers finished in: the reduce's output (its evidence's per-rank maps)
+        # is then the same on any cluster
+        rows = sorted((r for r in rows_by_job[job.name] if r["status"] == "ok"), key=lambda r: (r["rank"], r["path"]))
         if len(rows) < 2:
             continue
         summaries = []
