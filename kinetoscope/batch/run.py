@@ -19,8 +19,9 @@ from kinetoscope.analyze.model.config import DEFAULT_CONFIG, AnalysisConfig
 from kinetoscope.analyze.model.distributed import RankSummary
 from kinetoscope.analyze.registry import analyzer
 from kinetoscope.analyze.whatif.fixes import straggler_saving_us
+from kinetoscope.batch.compact import compact
 from kinetoscope.batch.discover import discover
-from kinetoscope.batch.store import compact, open_store, read_rows, write_rows
+from kinetoscope.batch.store import SCHEMAS, open_store, read_rows, write_rows
 from kinetoscope.batch.task import analyze_file, file_key
 
 
@@ -174,7 +175,7 @@ def run_batch(
         _cross_rank(root, jobs, rows_by_job, config)
         _hangs(root, jobs, config, limits)
         if compact_store:
-            compact(root)
+            compact(root, SCHEMAS)
     finally:
         if owned is not None:
             client.close()

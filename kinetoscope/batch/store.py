@@ -13,21 +13,14 @@ Layout (query with DuckDB: ``SELECT * FROM read_parquet('STORE/traces/*.parquet'
                                        most waited-for rank, the largest clock skew
     STORE/hangs/job-<key>.parquet      per job with hang dumps (rank-<r>.hang.json): where it stopped (process group,
                                        sequence number, op), the stuck, missing, mismatched and waiting ranks, why
-    STORE/<table>/part-<ns>-<id>.parquet  many of the files above compacted into one (``compact``, at the end of
-                                          every batch): a bucket lists and DuckDB opens a few files, not 4 per rank
-
-Every file of a table holds all the rows of the keys it holds (a key's rows are always written together); where two
-files hold a key (a rerun, or the moment between a compaction's rename and its deletes), the newer file's rows are
-the key's rows. ``read_table`` applies that rule; a raw ``read_parquet('STORE/traces/*.parquet')`` sees both only in
-that moment.
+    STORE/<table>/part-<ns>-<id>.parquet  many of the files above in one (kinetoscope/batch/compact.py, at the end
+                                          of every batch): DuckDB opens a few files, not 4 per rank
 """
 
 from __future__ import annotations
 
 import json
 import os
-import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -40,11 +33,6 @@ from kinetoscope.errors import TraceSourceError
 from kinetoscope.fsutil import atomic_target, atomic_write
 
 STORE_KIND = "kinetoscope-store"
-PART_PREFIX = "part-"
-#: parts below this size are merged again by the next compaction; larger ones stay (unless a key in them is rewritten)
-PART_TARGET_BYTES = 64 * 2**20
-#: a compaction lock older than this is taken to be left by a compaction that died
-COMPACT_LOCK_STALE_S = 600.0
 TABLES = ("traces", "findings", "steps", "summaries", "job_ranks", "jobs", "hangs")
 
 SCHEMAS: dict[str, pa.Schema] = {
@@ -140,129 +128,22 @@ def write_rows(root: Path, table: str, name: str, rows: list[dict[str, Any]]) ->
 
 
 def read_rows(root: Path, table: str, name: str) -> list[dict[str, Any]] | None:
-    """The rows of key ``name``: its own file, or else the newest compacted part holding it (None: neither)."""
     path = root / table / f"{name}.parquet"
-    if path.is_file():
-        return pq.read_table(path, schema=SCHEMAS[table]).to_pylist()
-    for part in sorted(_parts(root / table), key=_mtime, reverse=True):
-        try:
-            rows = pq.read_table(part, schema=SCHEMAS[table], filters=[("key", "=", name)]).to_pylist()
-        except FileNotFoundError:  # replaced by a compaction since it was listed
-            continue
-        if rows:
-            return rows
-    return None
+    if not path.is_file():
+        from kinetoscope.batch.compact import rows_in_parts
 
-
-def _parts(folder: Path) -> list[Path]:
-    return sorted(folder.glob(f"{PART_PREFIX}*.parquet"))
-
-
-def _singles(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.glob("*.parquet") if not p.name.startswith(PART_PREFIX))
-
-
-def _mtime(path: Path) -> int:
-    try:
-        return path.stat().st_mtime_ns
-    except FileNotFoundError:
-        return -1
+        return rows_in_parts(root / table, name, SCHEMAS[table])  # compacted (None: no rows of that key anywhere)
+    return pq.read_table(path, schema=SCHEMAS[table]).to_pylist()
 
 
 def read_table(root: str | os.PathLike[str], table: str):  # -> pandas.DataFrame
-    """A whole table of the store as a DataFrame (temporary files are ignored; a key's rows from its newest file)."""
+    """A whole table of the store as a DataFrame (temporary files are ignored)."""
     folder = Path(root) / table
     files = sorted(str(p) for p in folder.glob("*.parquet"))
     if not files:
         return SCHEMAS[table].empty_table().to_pandas()
-    if not any(Path(f).name.startswith(PART_PREFIX) for f in files):  # never compacted: one file per key
-        return ds.dataset(files, format="parquet", schema=SCHEMAS[table]).to_table().to_pandas()
-    return _newest_rows(_read_with_files([Path(f) for f in files], table)).to_pandas()
+    if any(os.path.basename(f).startswith("part-") for f in files):  # compacted: a key's rows from its newest file
+        from kinetoscope.batch.compact import newest_rows
 
-
-def _read_with_files(files: list[Path], table: str) -> pa.Table:
-    """The rows of these files, each with the file it came from (``__filename``); a file that a concurrent
-    compaction removed since it was listed is read from the part that replaced it (listed again)."""
-    for _ in range(5):
-        present = [str(f) for f in files if f.exists()]
-        try:
-            return ds.dataset(present, format="parquet", schema=SCHEMAS[table]).to_table(
-                columns=[*SCHEMAS[table].names, "__filename"])
-        except FileNotFoundError:
-            files = sorted(files[0].parent.glob("*.parquet")) if files else []
-    raise TraceSourceError(f"{files[0].parent if files else table}: files keep changing while being read")
-
-
-def _newest_rows(rows: pa.Table) -> pa.Table:
-    """Per key, the rows of the newest file that holds it. A single file holds its key even with no rows (a
-    rank's findings rewritten empty), so its claim comes from its name."""
-    names = rows.column("__filename").to_pylist()
-    files = sorted(set(names))
-    mtimes = {f: _mtime(Path(f)) for f in files}
-    newest: dict[str, tuple[int, str]] = {}
-    for key, name in zip(rows.column("key").to_pylist(), names, strict=True):
-        if (mtimes[name], name) > newest.get(key, (-2, "")):
-            newest[key] = (mtimes[name], name)
-    folder = Path(files[0]).parent if files else None
-    if folder is not None:  # empty single files claim their key too
-        for single in _singles(folder):
-            stamp = (_mtime(single), str(single))
-            if stamp > newest.get(single.stem, (-2, "")):
-                newest[single.stem] = stamp
-    keep = [newest[key][1] == name for key, name in zip(rows.column("key").to_pylist(), names, strict=True)]
-    return rows.filter(pa.array(keep, pa.bool_())).drop_columns(["__filename"])
-
-
-def compact(root: str | os.PathLike[str], tables: tuple[str, ...] = TABLES) -> dict[str, int]:
-    """Merge each table's single files (and its parts below PART_TARGET_BYTES) into one new part; returns how many
-    files each table had merged. The part is written under a temporary name, renamed in, and only then are the
-    merged files deleted: a reader never misses a row (``read_table`` takes the newer of a key's copies). One
-    compaction at a time per store (a lock file; another batch's compaction just skips); safe beside writers (a
-    file written after the listing stays for the next one)."""
-    root = Path(root)
-    lock = root / ".compact.lock"
-    if not _take_lock(lock):
-        return {}
-    merged: dict[str, int] = {}
-    try:
-        for table in tables:
-            folder = root / table
-            singles = _singles(folder)
-            if not singles:
-                continue
-            claimed = {p.stem for p in singles}
-            inputs = list(singles)
-            listed = {p: _mtime(p) for p in singles}
-            for part in _parts(folder):
-                size = part.stat().st_size
-                if size < PART_TARGET_BYTES or claimed & set(
-                        pq.read_table(part, columns=["key"]).column("key").to_pylist()):
-                    inputs.append(part)
-            if len(inputs) < 2:
-                continue
-            rows = _newest_rows(_read_with_files(inputs, table))
-            rows = rows.sort_by([("key", "ascending")])  # row groups' statistics then narrow a key look-up
-            name = f"{PART_PREFIX}{time.time_ns()}-{uuid.uuid4().hex[:8]}.parquet"
-            with atomic_target(folder / name) as tmp:
-                pq.write_table(rows, tmp, row_group_size=64 * 1024)
-            for old in inputs:
-                # a single file rewritten since the listing (a rerun of that key) is not in the part: it stays
-                if old.name.startswith(PART_PREFIX) or _mtime(old) == listed[old]:
-                    old.unlink(missing_ok=True)
-            merged[table] = len(inputs)
-    finally:
-        lock.unlink(missing_ok=True)
-    return merged
-
-
-def _take_lock(lock: Path) -> bool:
-    try:
-        fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-    except FileExistsError:
-        if time.time() - lock.stat().st_mtime < COMPACT_LOCK_STALE_S:
-            return False
-        lock.unlink(missing_ok=True)  # left by a compaction that died
-        return _take_lock(lock)
-    os.write(fd, str(os.getpid()).encode())
-    os.close(fd)
-    return True
+        return newest_rows(files, SCHEMAS[table]).to_pandas()
+    return ds.dataset(files, format="parquet", schema=SCHEMAS[table]).to_table().to_pandas()

@@ -11,7 +11,8 @@ import pytest
 pytest.importorskip("pyarrow")
 from tracebuilder import TraceBuilder  # noqa: E402
 
-from kinetoscope.batch.store import compact, open_store, read_rows, read_table, write_rows  # noqa: E402
+from kinetoscope.batch.compact import compact  # noqa: E402
+from kinetoscope.batch.store import SCHEMAS, open_store, read_rows, read_table, write_rows  # noqa: E402
 from kinetoscope.batch.task import analyze_file  # noqa: E402
 
 
@@ -43,7 +44,7 @@ def _later() -> None:
 def test_compaction_merges_every_single_file_into_one_part_and_loses_no_row(tmp_path):
     root = open_store(tmp_path / "store", create=True)
     _fill(root, 40)
-    merged = compact(root)
+    merged = compact(root, SCHEMAS)
     assert merged == {"traces": 40, "findings": 40}
     for table in ("traces", "findings"):
         (only,) = _files(root, table)
@@ -63,7 +64,7 @@ def test_compaction_merges_every_single_file_into_one_part_and_loses_no_row(tmp_
 def test_a_key_rewritten_after_compaction_reads_as_its_new_rows_then_compacts_over_the_old(tmp_path):
     root = open_store(tmp_path / "store", create=True)
     _fill(root, 4)
-    compact(root)
+    compact(root, SCHEMAS)
     _later()
     write_rows(root, "traces", "k001", [_trace_row("k001", "/t/k001.json", 5.0)])
     write_rows(root, "findings", "k001", [])  # its findings are now none: the empty file claims the key
@@ -74,7 +75,7 @@ def test_a_key_rewritten_after_compaction_reads_as_its_new_rows_then_compacts_ov
     assert read_rows(root, "traces", "k002")[0]["mean_step_us"] == 1002.0  # from the part
     assert read_rows(root, "traces", "nope") is None
     _later()
-    assert compact(root) == {"traces": 2, "findings": 2}  # the new single file and the small part it overrides
+    assert compact(root, SCHEMAS) == {"traces": 2, "findings": 2}  # the new single file and the small part it overrides
     assert len(_files(root, "traces")) == 1 and len(_files(root, "findings")) == 1
     duckdb = pytest.importorskip("duckdb")
     assert duckdb.sql(f"SELECT key, mean_step_us FROM read_parquet('{root}/traces/*.parquet') "
@@ -87,7 +88,7 @@ def test_between_a_compactions_rename_and_its_deletes_a_reader_sees_each_key_onc
     root = open_store(tmp_path / "store", create=True)
     _fill(root, 3)
     singles = {name: (root / "traces" / name).read_bytes() for name in _files(root, "traces")}
-    compact(root, ("traces",))
+    compact(root, {"traces": SCHEMAS["traces"]})
     for name, data in singles.items():  # the merged files back beside the part, as before the deletes
         (root / "traces" / name).write_bytes(data)
         os.utime(root / "traces" / name, ns=(1, 1))  # written before the part
@@ -99,10 +100,10 @@ def test_one_compaction_at_a_time(tmp_path):
     root = open_store(tmp_path / "store", create=True)
     _fill(root, 3)
     (root / ".compact.lock").write_text("12345")
-    assert compact(root) == {}
+    assert compact(root, SCHEMAS) == {}
     assert len(_files(root, "traces")) == 3
     os.utime(root / ".compact.lock", (time.time() - 3600, time.time() - 3600))  # left by a compaction that died
-    assert compact(root) == {"traces": 3, "findings": 3}
+    assert compact(root, SCHEMAS) == {"traces": 3, "findings": 3}
     assert not (root / ".compact.lock").exists()
 
 
@@ -116,7 +117,7 @@ def test_resume_finds_a_file_whose_row_was_compacted(tmp_path):
     root = open_store(tmp_path / "store", create=True)
     first, _ = (analyze_file(str(t), "job", 0, str(root)) for t in traces)
     assert first["status"] == "ok" and first["steps"] == 5
-    compact(root)
+    compact(root, SCHEMAS)
     assert not (root / "traces" / f"{first['key']}.parquet").exists()
     again = analyze_file(str(traces[0]), "job", 0, str(root), resume=True)
     assert again["skipped"] is True and again["key"] == first["key"] and again["steps"] == 5
