@@ -55,7 +55,7 @@ class BatchSummary:
 #: freezes the mmap threshold at 128 KiB: every column array of a trace is then mmap'ed, faulted in page by page and
 #: unmapped again, and the trim gives the heap's top back after every free (a 17 MB rank: 54k page faults instead of
 #: 300, sys time 0.11 s instead of 0.005, about twice the CPU in all). Both thresholds at glibc's own upper bound for
-#: the dynamic mmap threshold (32 MiB) restore single-process speed for ~10 MiB more peak RSS per worker
+#: the dynamic mmap threshold (32 MiB) restore single-process speed for ~20 MiB more peak RSS per worker
 #: (BENCHMARKS.md). The batch's own local workers get them; a cluster's are told how (deploy/README.md).
 MALLOC_ENV = {"MALLOC_TRIM_THRESHOLD_": str(32 * 2**20), "MALLOC_MMAP_THRESHOLD_": str(32 * 2**20)}
 
