@@ -32,7 +32,10 @@ COMPACT_LOCK_STALE_S = 600.0
 
 
 def rows_in_parts(folder: Path, name: str, schema: pa.Schema) -> list[dict[str, Any]] | None:
-    """The rows of key ``name`` in the newest part in ``folder`` (a table's) that holds it (None: no part does)."""
+    """The rows of key ``name`` in the newest part in ``folder`` (a table's) that holds it (None: no part does, or
+    ``folder`` is in an object store, which is never compacted)."""
+    if not isinstance(folder, Path):
+        return None
     for part in sorted(_parts(folder), key=_mtime, reverse=True):
         try:
             rows = pq.read_table(part, schema=schema, filters=[("key", "=", name)]).to_pylist()
