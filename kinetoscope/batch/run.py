@@ -19,8 +19,9 @@ from kinetoscope.analyze.model.config import DEFAULT_CONFIG, AnalysisConfig
 from kinetoscope.analyze.model.distributed import RankSummary
 from kinetoscope.analyze.registry import analyzer
 from kinetoscope.analyze.whatif.fixes import straggler_saving_us
+from kinetoscope.batch.compact import compact
 from kinetoscope.batch.discover import discover
-from kinetoscope.batch.store import open_store, read_rows, write_rows
+from kinetoscope.batch.store import SCHEMAS, open_store, read_rows, write_rows
 from kinetoscope.batch.task import analyze_file, file_key
 
 
@@ -35,6 +36,7 @@ class BatchSummary:
     seconds: float = 0.0
     top_findings: list[tuple[str, int]] = field(default_factory=list)
     failures: list[tuple[str, str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # advice about the cluster (its workers' settings)
 
     def lines(self) -> list[str]:
         out = [f"{self.jobs} jobs, {self.files} files: {self.ok} ok, {self.failed} failed"
@@ -46,7 +48,47 @@ class BatchSummary:
             out.append(f"failed: {reason if reason.startswith(path) else f'{path}: {reason}'}")
         if len(self.failures) > 10:
             out.append(f"... and {len(self.failures) - 10} more failed files (kinetoscope report {self.store})")
-        return out
+        return out + self.notes
+
+
+#: Dask's nanny starts its workers with MALLOC_TRIM_THRESHOLD_=65536, and setting any of glibc's malloc thresholds
+#: freezes the mmap threshold at 128 KiB: every column array of a trace is then mmap'ed, faulted in page by page and
+#: unmapped again, and the trim gives the heap's top back after every free (a 17 MB rank: 54k page faults instead of
+#: 300, sys time 0.11 s instead of 0.005, about twice the CPU in all). Both thresholds at glibc's own upper bound for
+#: the dynamic mmap threshold (32 MiB) restore single-process speed for ~20 MiB more peak RSS per worker
+#: (BENCHMARKS.md). The batch's own local workers get them; a cluster's are told how (deploy/README.md).
+MALLOC_ENV = {"MALLOC_TRIM_THRESHOLD_": str(32 * 2**20), "MALLOC_MMAP_THRESHOLD_": str(32 * 2**20)}
+
+
+def _worker_malloc_env() -> dict[str, str | None]:
+    """On a worker: the malloc settings its process started with."""
+    return {name: os.environ.get(name) for name in MALLOC_ENV}
+
+
+def _slow_malloc(env: dict[str, str | None]) -> bool:
+    """Thresholds set (which freezes glibc's dynamic mmap threshold) and either missing or below 16 MiB."""
+    if all(v is None for v in env.values()):
+        return False  # glibc's defaults: the mmap threshold adapts
+    try:
+        return any(v is None or int(v) < 16 * 2**20 for v in env.values())
+    except ValueError:
+        return True
+
+
+def slow_allocator_note(client: Any) -> str | None:
+    """A line of advice when a cluster's workers run with a small fixed malloc threshold (Dask's nanny sets one by
+    default): each trace then costs them about twice the CPU. None when no worker does (or they cannot tell)."""
+    try:
+        settings = client.run(_worker_malloc_env)
+    except Exception:  # noqa: BLE001 - advice only: a worker that cannot answer is not an error of the batch
+        return None
+    slow = [addr for addr, env in settings.items() if _slow_malloc(env)]
+    if not slow:
+        return None
+    fix = " ".join(f"{k}={v}" for k, v in MALLOC_ENV.items())
+    return (f"note: {len(slow)} of {len(settings)} workers run with a small fixed malloc threshold (Dask's nanny sets "
+            f"MALLOC_TRIM_THRESHOLD_=65536): each trace costs them about twice the CPU; start `dask worker` with "
+            f"{fix} in its environment (deploy/README.md)")
 
 
 def _job_key(job: Job) -> str:
@@ -67,7 +109,9 @@ def _client(scheduler: str | None, workers: int | None) -> tuple[Any, Any]:
     # the workers' statistical profiler keeps stacks of every task (~0.3 MB per trace analysed: a worker grew
     # 202 -> 240 MiB over 128 traces); the batch does not show them
     # (on a cluster of your own: DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED=False in the workers' environment)
-    with dask.config.set({"distributed.worker.profile.enabled": False}):
+    settings: dict[str, Any] = {"distributed.worker.profile.enabled": False}
+    settings.update({f"distributed.nanny.pre-spawn-environ.{k}": v for k, v in MALLOC_ENV.items()})
+    with dask.config.set(settings):
         cluster = LocalCluster(n_workers=workers or os.cpu_count() or 1, threads_per_worker=1, processes=True,
                                dashboard_address=None, host="127.0.0.1")
     return Client(cluster), cluster
@@ -84,8 +128,10 @@ def run_batch(
     config: AnalysisConfig = DEFAULT_CONFIG,
     limits: LoadLimits = DEFAULT_LIMITS,
     on_result: Callable[[dict[str, Any]], None] | None = None,
+    compact_store: bool = True,
 ) -> BatchSummary:
-    """Analyse every trace under ``roots`` on Dask and write the results into ``store``."""
+    """Analyse every trace under ``roots`` on Dask and write the results into ``store``, then compact the store's
+    small files into one part per table (``compact_store``)."""
     from dask.distributed import as_completed
 
     started = time.perf_counter()
@@ -95,6 +141,8 @@ def run_batch(
     if client is None:
         client, owned = _client(scheduler, workers)
     summary = BatchSummary(store=str(root), jobs=len(jobs))
+    if owned is None and (note := slow_allocator_note(client)) is not None:
+        summary.notes.append(note)
     try:
         futures = {}
         for job in jobs:
@@ -126,6 +174,8 @@ def run_batch(
                 on_result(row)
         _cross_rank(root, jobs, rows_by_job, config)
         _hangs(root, jobs, config, limits)
+        if compact_store:
+            compact(root, SCHEMAS)
     finally:
         if owned is not None:
             client.close()
@@ -141,7 +191,9 @@ def _cross_rank(
     """Job-level results (matched collectives, clock skews, the straggler) of each multi-rank job: a reduce
     over the small per-rank summaries the workers stored; no trace is loaded again."""
     for job in jobs:
-        rows = [r for r in rows_by_job[job.name] if r["status"] == "ok"]
+        # in rank order, not the order the workers finished in: the reduce's output (its evidence's per-rank maps)
+        # is then the same on any cluster
+        rows = sorted((r for r in rows_by_job[job.name] if r["status"] == "ok"), key=lambda r: (r["rank"], r["path"]))
         if len(rows) < 2:
             continue
         summaries = []

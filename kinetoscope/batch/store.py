@@ -1,4 +1,4 @@
-"""The batch results store: Parquet files written once each, atomically, safe with many writers.
+"""The batch results store: Parquet files written once each, atomically, safe with many writers; compacted.
 
 Layout (query with DuckDB: ``SELECT * FROM read_parquet('STORE/traces/*.parquet')``)::
 
@@ -13,6 +13,8 @@ Layout (query with DuckDB: ``SELECT * FROM read_parquet('STORE/traces/*.parquet'
                                        most waited-for rank, the largest clock skew
     STORE/hangs/job-<key>.parquet      per job with hang dumps (rank-<r>.hang.json): where it stopped (process group,
                                        sequence number, op), the stuck, missing, mismatched and waiting ranks, why
+    STORE/<table>/part-<ns>-<id>.parquet  many of the files above in one (kinetoscope/batch/compact.py, at the end
+                                          of every batch): DuckDB opens a few files, not 4 per rank
 """
 
 from __future__ import annotations
@@ -128,7 +130,9 @@ def write_rows(root: Path, table: str, name: str, rows: list[dict[str, Any]]) ->
 def read_rows(root: Path, table: str, name: str) -> list[dict[str, Any]] | None:
     path = root / table / f"{name}.parquet"
     if not path.is_file():
-        return None
+        from kinetoscope.batch.compact import rows_in_parts
+
+        return rows_in_parts(root / table, name, SCHEMAS[table])  # compacted (None: no rows of that key anywhere)
     return pq.read_table(path, schema=SCHEMAS[table]).to_pylist()
 
 
@@ -138,4 +142,8 @@ def read_table(root: str | os.PathLike[str], table: str):  # -> pandas.DataFrame
     files = sorted(str(p) for p in folder.glob("*.parquet"))
     if not files:
         return SCHEMAS[table].empty_table().to_pandas()
+    if any(os.path.basename(f).startswith("part-") for f in files):  # compacted: a key's rows from its newest file
+        from kinetoscope.batch.compact import newest_rows
+
+        return newest_rows(files, SCHEMAS[table]).to_pandas()
     return ds.dataset(files, format="parquet", schema=SCHEMAS[table]).to_table().to_pandas()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import socket
@@ -156,3 +157,59 @@ def test_cli_batch_and_report(dump, tmp_path):
     assert report.returncode == 0 and "straggler in" in report.stdout
     bad = subprocess.run([sys.executable, "-m", "kinetoscope.cli", "report", str(dump)], capture_output=True, text=True)
     assert bad.returncode == 2 and "not a Kinetoscope store" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def _comparable(store: Path, table: str):
+    """A table without its timings (seconds measured on whichever machine ran it), in a stable order."""
+    frame = read_table(store, table).drop(columns=["parse_s", "analyze_s", "reduce_s"], errors="ignore")
+    return frame.sort_values([c for c in ("key", "rank", "step", "id") if c in frame]).reset_index(drop=True)
+
+
+def _dask_cli() -> list[str]:
+    return [sys.executable, "-m", "dask"]  # the `dask` command users run (`dask scheduler`, `dask worker`)
+
+
+@pytest.mark.slow
+def test_dask_scheduler_and_worker_commands_give_the_local_runs_results_exactly(dump, tmp_path):
+    """A cluster started as deploy/README.md starts it: `dask scheduler`, `dask worker` (with its nanny, two worker
+    processes, the malloc settings and the preload), then `kinetoscope batch --scheduler`: every table equals a
+    local run's, and the batch has no advice about the workers' allocator."""
+    from kinetoscope.batch.run import MALLOC_ENV
+
+    local = tmp_path / "local"
+    run_batch([dump], local, workers=1)
+    port = _port()
+    address = f"tcp://127.0.0.1:{port}"
+    env = {**os.environ, **MALLOC_ENV}
+    procs = [subprocess.Popen([*_dask_cli(), "scheduler", "--host", "127.0.0.1", "--port", str(port),
+                               "--no-dashboard"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    try:
+        procs.append(subprocess.Popen([*_dask_cli(), "worker", address, "--nworkers", "2", "--nthreads", "1",
+                                       "--no-dashboard", "--host", "127.0.0.1", "--preload", "kinetoscope.batch.task"],
+                                      env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        from dask.distributed import Client
+
+        with Client(address, timeout="60s") as client:
+            client.wait_for_workers(2, timeout=120)
+        remote = tmp_path / "remote"
+        out = subprocess.run([sys.executable, "-m", "kinetoscope.cli", "batch", str(dump), "--store", str(remote),
+                              "--scheduler", address, "--quiet"], capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert "6 files: 4 ok, 2 failed" in out.stdout and "note:" not in out.stdout
+    finally:
+        for p in reversed(procs):
+            p.terminate()
+        for p in reversed(procs):
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+    for table in ("traces", "findings", "steps", "summaries", "job_ranks", "jobs"):
+        a, b = _comparable(local, table), _comparable(remote, table)
+        assert len(a) > 0, table
+        assert a.equals(b), table
+    # both stores were compacted: one part per table, and DuckDB reads them as the tool does
+    assert [p.name[:5] for p in (remote / "traces").glob("*.parquet")] == ["part-"]
+    duckdb = pytest.importorskip("duckdb")
+    assert duckdb.sql(f"SELECT count(*) FROM read_parquet('{remote}/steps/*.parquet')").fetchall() == [
+        (len(_comparable(local, "steps")),)]
