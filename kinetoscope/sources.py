@@ -50,7 +50,7 @@ def redact_url(text: str) -> str:
     return urlunsplit((parts.scheme, host, parts.path, "", ""))
 
 
-def trace_path(text: str | os.PathLike[str]) -> Path | RemotePath:
+def trace_path(text: str | os.PathLike[str] | RemotePath) -> Path | RemotePath:
     """A path as the ingest takes it: ``file://`` and plain paths are local ``Path`` objects, other URLs remote."""
     if isinstance(text, (Path, RemotePath)):
         return text
@@ -190,6 +190,20 @@ class RemotePath:
             out.append((RemotePath(f"{self.protocol}://{key}"), e))
         return sorted(out, key=lambda pair: str(pair[0]))
 
+    def walk(self) -> dict[RemotePath, list[tuple[RemotePath, dict[str, Any]]]]:
+        """Every object under this prefix, by folder, listed afresh in one recursive listing (what ``os.walk``
+        gives of a local tree)."""
+        fs = self._fs()
+        self._call("list", fs.invalidate_cache, self._key)
+        found = self._call("list", fs.find, self._key, detail=True)
+        folders: dict[RemotePath, list[tuple[RemotePath, dict[str, Any]]]] = {}
+        for key, info in sorted(found.items()):
+            if info.get("type", "file") != "file":
+                continue
+            path = RemotePath(f"{self.protocol}://{key}")
+            folders.setdefault(path.parent, []).append((path, info))
+        return folders
+
     def iterdir(self) -> Iterator[RemotePath]:
         return iter([p for p, _ in self.listing()])
 
@@ -199,6 +213,21 @@ class RemotePath:
             raise ValueError("remote traces are read only")
         return cast(BinaryIO, _Stream(self, self._call("open", self._fs().open, self._key, "rb", block_size=BLOCK_BYTES,
                                         cache_type="readahead")))
+
+    def arrow(self) -> tuple[str, Any]:
+        """(the object's key, its fsspec filesystem): where pyarrow reads and writes it (``filesystem=``)."""
+        return self._key, self._fs()
+
+    def write_bytes(self, data: bytes) -> None:
+        """Put the object whole (one request: a reader sees the old object or the new one, never half)."""
+        fs = self._fs()
+        self._call("write", fs.pipe_file, self._key, data)
+
+    def mkdir(self, parents: bool = False, exist_ok: bool = False) -> None:
+        """Nothing: an object store has no folders, only keys with slashes."""
+
+    def read_text(self) -> str:
+        return self.read_bytes().decode()
 
     def read_bytes(self) -> bytes:
         with self.open() as fh:

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
+from kinetoscope.analyze.ingest.jobs import TraceFile
 from kinetoscope.analyze.ingest.loader import Job, is_trace_file
 from kinetoscope.errors import TraceSourceError
 from kinetoscope.hangdump import HANG_SUFFIX
+from kinetoscope.sources import RemotePath, trace_path
 
 _RANK = re.compile(r"rank[-_]?\d+", re.IGNORECASE)
 
@@ -18,24 +21,40 @@ def _group_key(name: str) -> str | None:
     return _RANK.sub("rank-*", name) if _RANK.search(name) else None
 
 
+def _folders(root: TraceFile) -> Iterator[tuple[TraceFile, list[tuple[str, bool]]]]:
+    """Each folder under ``root`` with its files' names (and whether each is a file), as ``os.walk`` orders them;
+    a store is listed once, recursively."""
+    if isinstance(root, RemotePath):
+        try:
+            listed = root.walk()
+        except OSError as exc:
+            raise TraceSourceError(f"{root}: cannot list ({exc.strerror or exc})") from None
+        for folder, entries in listed.items():
+            yield folder, [(p.name, True) for p, _ in entries]
+        return
+    for here, dirs, files in os.walk(root):
+        dirs.sort()
+        yield Path(here), [(name, (Path(here) / name).is_file()) for name in sorted(files)]
+
+
 def discover(roots: list[str | os.PathLike[str]]) -> list[Job]:
     """Every job under the roots, in a stable order. Files named with a rank (``rank-N``) that share the
-    rest of their name in one directory form one job; any other trace file is a job of its own."""
+    rest of their name in one directory form one job; any other trace file is a job of its own. A root may be a
+    URL (``kinetoscope.sources``)."""
     jobs: list[Job] = []
-    for root in roots:
-        root = Path(root)
+    for given in roots:
+        root = trace_path(given)
         if not root.exists():
             raise TraceSourceError(f"{root}: no such file or directory")
         if root.is_file():
             jobs.append(Job(str(root), (root,)))
             continue
-        for folder, dirs, files in os.walk(root):
-            dirs.sort()
-            here = Path(folder)
-            groups: dict[str, list[Path]] = {}
-            for name in sorted(files):
+        for here, listed in _folders(root):
+            files = [name for name, _ in listed]
+            groups: dict[str, list[TraceFile]] = {}
+            for name, is_file in listed:
                 path = here / name
-                if not is_trace_file(path):
+                if not is_trace_file(path, is_file=is_file):
                     continue
                 key = _group_key(name)
                 if key is None:
