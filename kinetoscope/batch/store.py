@@ -161,7 +161,8 @@ def write_rows(root: StoreRoot, table: str, name: str, rows: list[dict[str, Any]
     arrow = pa.Table.from_pylist(rows, schema=SCHEMAS[table])
     target = root / table / f"{name}.parquet"
     if isinstance(target, RemotePath):
-        pq.write_table(arrow, *target.arrow())
+        key, fs = target.arrow()
+        pq.write_table(arrow, key, filesystem=fs)
         return
     with atomic_target(target) as tmp:
         pq.write_table(arrow, tmp)
