@@ -138,7 +138,8 @@ class RemotePath:
         except ValueError:
             raise ConfigError(f"{self}: unknown protocol {self.protocol}:// (s3://, gs://, az:// and file:// are "
                               "understood)") from None
-        return cls(**cls._get_kwargs_from_urls(str(self)))
+        # no listings cache: a watch asks again and again, and must see what changed since (a manifest landing)
+        return cls(use_listings_cache=False, **cls._get_kwargs_from_urls(str(self)))
 
     def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -179,9 +180,7 @@ class RemotePath:
 
     def listing(self) -> list[tuple[RemotePath, dict[str, Any]]]:
         """The folder's entries with what the store says of each, listed afresh (never a cached listing)."""
-        fs = self._fs()
-        self._call("list", fs.invalidate_cache, self._key)
-        entries = self._call("list", fs.ls, self._key, detail=True)
+        entries = self._call("list", self._fs().ls, self._key, detail=True)
         out = []
         for e in entries:
             key = str(e.get("name", "")).rstrip("/")
@@ -193,9 +192,7 @@ class RemotePath:
     def walk(self) -> dict[RemotePath, list[tuple[RemotePath, dict[str, Any]]]]:
         """Every object under this prefix, by folder, listed afresh in one recursive listing (what ``os.walk``
         gives of a local tree)."""
-        fs = self._fs()
-        self._call("list", fs.invalidate_cache, self._key)
-        found = self._call("list", fs.find, self._key, detail=True)
+        found = self._call("list", self._fs().find, self._key, detail=True)
         folders: dict[RemotePath, list[tuple[RemotePath, dict[str, Any]]]] = {}
         for key, info in sorted(found.items()):
             if info.get("type", "file") != "file":
@@ -222,6 +219,11 @@ class RemotePath:
         """Put the object whole (one request: a reader sees the old object or the new one, never half)."""
         fs = self._fs()
         self._call("write", fs.pipe_file, self._key, data)
+
+    def upload(self, local: Path) -> None:
+        """Put a local file here, streamed from disk (multipart for a large one; readers never see half)."""
+        fs = self._fs()
+        self._call("upload", fs.put_file, str(local), self._key)
 
     def mkdir(self, parents: bool = False, exist_ok: bool = False) -> None:
         """Nothing: an object store has no folders, only keys with slashes."""

@@ -218,6 +218,7 @@ class Watcher:
             self._say("gave up", f"{task.file}: {row['error']}")
         elif row.get("skipped"):
             self.summary.skipped += 1
+            self._say("kept", f"{task.file}: already in the store")
         else:
             self.summary.analysed += 1
             self.summary.failed += row["status"] != "ok"

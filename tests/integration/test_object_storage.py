@@ -91,6 +91,26 @@ def test_analyze_by_url_is_the_local_report(s3, capsys, tmp_path):
     assert got == expected.replace(str(local), url)
 
 
+def test_diff_and_whatif_by_url_are_the_local_ones(s3, capsys):
+    before, after = SAMPLES / "cpu" / "loader_bound", SAMPLES / "cpu" / "healthy"
+    urls = {before: f"s3://{BUCKET}/pair/loader_bound", after: f"s3://{BUCKET}/pair/healthy"}
+    for local, url in urls.items():
+        upload(s3, local, url)
+
+    def named_remote(text: str) -> str:
+        for local, url in urls.items():
+            text = text.replace(str(local), url)
+        return text
+
+    for argv in (["diff", "{before}", "{after}"], ["whatif", "{before}", "--fix", "loader_stall"]):
+        local_code = main([a.format(before=before, after=after) for a in argv])
+        expected = capsys.readouterr().out
+        remote_code = main([a.format(before=urls[before], after=urls[after]) for a in argv])
+        got = capsys.readouterr().out
+        assert remote_code == local_code and expected.strip()
+        assert got == named_remote(expected)
+
+
 def test_a_remote_trace_is_streamed_in_ranged_reads(s3, monkeypatch):
     """The scan starts on the first block: no request reads the whole object."""
     import s3fs
@@ -271,8 +291,10 @@ def test_watch_analyses_jobs_as_they_land(s3, tmp_path):
     # restarted: what the store holds is not analysed again
     again = Watch(incoming, store)
     try:
-        again.wait_for(f"job: {incoming}/broken: complete")
+        again.wait_for(f"job: {incoming}/broken/rank-0.step-1-2.pt.trace.json.gz: complete")
         again.wait_for(f"job: {incoming}/ddp: complete")
+        for _ in range(3):
+            again.wait_for("kept: ")
         code, out = again.stop()
     finally:
         if again.proc.poll() is None:
@@ -316,3 +338,41 @@ def test_ctrl_c_mid_job_loses_nothing(s3, tmp_path):
     traces = read_table(store, "traces")
     assert sorted(traces["rank"]) == [0, 1, 2] and set(traces["status"]) == {"ok"}
     assert int(read_table(store, "jobs")["straggler_rank"].iloc[0]) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+def test_capture_out_to_a_bucket(s3, tmp_path):
+    """Each file is uploaded once written, the manifest last; the training process never imports fsspec."""
+    pytest.importorskip("torch")
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import sys, time, torch\n"
+        "from torch.utils.data import DataLoader, Dataset\n"
+        "class D(Dataset):\n"
+        "    def __len__(self): return 40\n"
+        "    def __getitem__(self, i):\n"
+        "        time.sleep(0.004); return torch.randn(16), torch.randn(1)\n"
+        "net = torch.nn.Linear(16, 1); opt = torch.optim.SGD(net.parameters(), lr=0.1)\n"
+        "for x, y in DataLoader(D(), batch_size=4):\n"
+        "    loss = torch.nn.functional.mse_loss(net(x), y); opt.zero_grad(); loss.backward(); opt.step()\n"
+        "print('fsspec imported:', 'fsspec' in sys.modules)\n"
+    )
+    url = f"s3://{BUCKET}/capture/run-1"
+    proc = subprocess.run(
+        [sys.executable, "-m", "kinetoscope.cli", "capture", "--out", url, "--skip-first", "1", "--wait", "0",
+         "--warmup", "1", "--active", "3", "--", sys.executable, str(script)],
+        capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "fsspec imported: False" in proc.stdout
+    assert f"uploaded 3 file(s) to {url}" in proc.stderr
+    s3.invalidate_cache()
+    assert sorted(p.rsplit("/", 1)[-1] for p in s3.ls(url)) == [
+        "rank-0.manifest.json", "rank-0.step-2-4.pt.trace.json.gz", "rank-0.steps.json"]
+    from kinetoscope.analyze.ingest.loader import load_trace
+
+    trace = load_trace(url)
+    assert len(trace.ranks[0].steps) == 3 and trace.ranks[0].run_steps is not None
+    again = subprocess.run([sys.executable, "-m", "kinetoscope.cli", "capture", "--out", url, "--", sys.executable,
+                            "-c", "pass"], capture_output=True, text=True, timeout=120)
+    assert again.returncode == 2 and "already holds files" in again.stderr
