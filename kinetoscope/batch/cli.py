@@ -114,7 +114,8 @@ def watch_command(args: argparse.Namespace) -> int:
     client, cluster = _client(args.scheduler, args.workers)
     try:
         summary = Watcher(args.roots, root, lambda fn, *a: client.submit(fn, *a, pure=False), policy=policy,
-                          limits=limits, on_event=on_event).run(stop, abandon)
+                          limits=limits, on_event=on_event,
+                          workers_alive=lambda: bool(client.nthreads())).run(stop, abandon)
     finally:
         client.close()
         if cluster is not None:

@@ -48,6 +48,8 @@ class WatchPolicy:
     retry_s: float = 30.0
     #: files being analysed at once (submitted and not yet written)
     max_in_flight: int = 4
+    #: after a stop, how long the files in flight may take before they are abandoned
+    stop_grace_s: float = 300.0
 
 
 @dataclass
@@ -90,8 +92,10 @@ class Watcher:
     def __init__(self, roots: list[str], root: StoreRoot, submit: Callable[..., Any], *,
                  policy: WatchPolicy = WatchPolicy(), limits: LoadLimits = DEFAULT_LIMITS,
                  config: AnalysisConfig = DEFAULT_CONFIG, on_event: Callable[[str, str], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, workers_alive: Callable[[], bool] | None = None) -> None:
         self.roots, self.root, self.submit = roots, root, submit
+        #: whether any worker is left to finish the work in flight (a Ctrl-C at a terminal stops local workers too)
+        self.workers_alive = workers_alive
         self.policy, self.limits, self.config = policy, limits, config
         self.on_event = on_event or (lambda kind, text: None)
         self.clock = clock
@@ -111,16 +115,21 @@ class Watcher:
     def run(self, stop: threading.Event, abandon: threading.Event | None = None) -> WatchSummary:
         abandon = abandon or threading.Event()
         interval = self.policy.poll_s
-        next_listing = self.clock()
+        next_listing = time.monotonic()  # the listings' pace is real time; ``clock`` dates files and retries
+        stopped_at: float | None = None
         while not abandon.is_set():
-            now = self.clock()
             if stop.is_set():
                 if not self._in_flight:
                     break
-            elif now >= next_listing:
+                stopped_at = stopped_at or time.monotonic()
+                if time.monotonic() - stopped_at > self.policy.stop_grace_s or not self._alive():
+                    self._say("stop", f"abandoning {len(self._in_flight)} file(s) in flight "
+                                      "(analysed after the next start)")
+                    break
+            elif time.monotonic() >= next_listing:
                 changed = self.list_once()
                 interval = self.policy.poll_s if changed else min(interval * 2, self.policy.max_poll_s)
-                next_listing = self.clock() + interval
+                next_listing = time.monotonic() + interval
             self._collect(stopping=stop.is_set())
             if not stop.is_set():
                 self._start_ready()
@@ -131,6 +140,12 @@ class Watcher:
             self.summary.abandoned += 1
         self._in_flight.clear()
         return self.summary
+
+    def _alive(self) -> bool:
+        try:
+            return self.workers_alive is None or self.workers_alive()
+        except Exception:  # noqa: BLE001 - the scheduler itself is gone
+            return False
 
     def list_once(self) -> bool:
         """List the sources; queue each complete job's unanalysed files. Whether anything changed."""
