@@ -81,9 +81,9 @@ class RemotePath:
     """A file or folder in an object store, by URL. Its methods raise ``OSError`` (as ``Path``'s do) for what the
     store answers, with the URL redacted; a missing extra is a ``ConfigError`` naming it."""
 
-    __slots__ = ("protocol", "_key")
+    __slots__ = ("protocol", "_key", "listed")
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, listed: dict[str, Any] | None = None) -> None:
         m = _SCHEME.match(url)
         if m is None:
             raise TraceSourceError(f"{redact_url(url)}: not a URL")
@@ -91,6 +91,8 @@ class RemotePath:
         # user info and query are dropped, never used: credentials come from the store's own configuration
         parts = urlsplit(url)
         self._key = ((parts.hostname or "") + parts.path).rstrip("/")
+        #: what the listing that found this object said of it (size, ETag): its version without asking again
+        self.listed = listed
 
     # -- naming --
     def __str__(self) -> str:
@@ -186,7 +188,7 @@ class RemotePath:
             key = str(e.get("name", "")).rstrip("/")
             if not key or key == self._key:
                 continue
-            out.append((RemotePath(f"{self.protocol}://{key}"), e))
+            out.append((RemotePath(f"{self.protocol}://{key}", e), e))
         return sorted(out, key=lambda pair: str(pair[0]))
 
     def walk(self) -> dict[RemotePath, list[tuple[RemotePath, dict[str, Any]]]]:
@@ -197,7 +199,7 @@ class RemotePath:
         for key, info in sorted(found.items()):
             if info.get("type", "file") != "file":
                 continue
-            path = RemotePath(f"{self.protocol}://{key}")
+            path = RemotePath(f"{self.protocol}://{key}", info)
             folders.setdefault(path.parent, []).append((path, info))
         return folders
 
@@ -308,9 +310,10 @@ def _remote_stat(info: dict[str, Any]) -> RemoteStat:
 
 
 def version_of(path: Path | RemotePath) -> tuple[int, str]:
-    """(size, version) of a file: what changes when its content does (mtime for a local file, the ETag in S3)."""
+    """(size, version) of a file: what changes when its content does (mtime for a local file, the ETag in S3); for
+    an object found by a listing, as that listing said (a watch lists often: one request, not one per object)."""
     if isinstance(path, RemotePath):
-        remote = path.stat()
+        remote = _remote_stat(path.listed) if path.listed is not None else path.stat()
         return remote.st_size, remote.version
     st = path.stat()
     return st.st_size, str(st.st_mtime_ns)

@@ -21,20 +21,20 @@ def _group_key(name: str) -> str | None:
     return _RANK.sub("rank-*", name) if _RANK.search(name) else None
 
 
-def _folders(root: TraceFile) -> Iterator[tuple[TraceFile, list[tuple[str, bool]]]]:
-    """Each folder under ``root`` with its files' names (and whether each is a file), as ``os.walk`` orders them;
-    a store is listed once, recursively."""
+def _folders(root: TraceFile) -> Iterator[tuple[TraceFile, list[tuple[TraceFile, bool]]]]:
+    """Each folder under ``root`` with its entries (and whether each is a file), as ``os.walk`` orders them; a store
+    is listed once, recursively (its objects keep what the listing said of them: ``RemotePath.listed``)."""
     if isinstance(root, RemotePath):
         try:
             listed = root.walk()
         except OSError as exc:
             raise TraceSourceError(f"{root}: cannot list ({exc.strerror or exc})") from None
         for folder, entries in listed.items():
-            yield folder, [(p.name, True) for p, _ in entries]
+            yield folder, [(p, True) for p, _ in entries]
         return
     for here, dirs, files in os.walk(root):
         dirs.sort()
-        yield Path(here), [(name, (Path(here) / name).is_file()) for name in sorted(files)]
+        yield Path(here), [(Path(here) / name, (Path(here) / name).is_file()) for name in sorted(files)]
 
 
 def discover(roots: list[str | os.PathLike[str]]) -> list[Job]:
@@ -50,10 +50,11 @@ def discover(roots: list[str | os.PathLike[str]]) -> list[Job]:
             jobs.append(Job(str(root), (root,)))
             continue
         for here, listed in _folders(root):
-            files = [name for name, _ in listed]
+            files = [p.name for p, _ in listed]
+            by_name = {p.name: p for p, _ in listed}
             groups: dict[str, list[TraceFile]] = {}
-            for name, is_file in listed:
-                path = here / name
+            for path, is_file in listed:
+                name = path.name
                 if not is_trace_file(path, is_file=is_file):
                     continue
                 key = _group_key(name)
@@ -61,7 +62,7 @@ def discover(roots: list[str | os.PathLike[str]]) -> list[Job]:
                     jobs.append(Job(str(path), (path,)))
                 else:
                     groups.setdefault(key, []).append(path)
-            dumps = tuple(here / n for n in sorted(files) if n.endswith(HANG_SUFFIX) and not n.startswith("."))
+            dumps = tuple(by_name[n] for n in sorted(files) if n.endswith(HANG_SUFFIX) and not n.startswith("."))
             found: list[Job] = []
             for key, paths in sorted(groups.items()):
                 if len(paths) == 1:
