@@ -279,8 +279,18 @@ class _Stream:
         self.close()
 
 
+#: a URL inside some text: its scheme and host, then user info to drop (``user:pass@``) or a query (``?X-Amz-...``)
+_USERINFO_IN_TEXT = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://)[^/\s@]+@")
+_QUERY_IN_TEXT = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://[^\s?#]*)[?#][^\s]*")
+
+
+def scrub(text: str) -> str:
+    """``text`` with every URL in it redacted as ``redact_url`` does (a client's error message may quote one)."""
+    return _QUERY_IN_TEXT.sub(r"\1", _USERINFO_IN_TEXT.sub(r"\1", text))
+
+
 def _first_line(exc: BaseException) -> str:
-    return redact_url(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)[:300]
+    return scrub(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)[:300]
 
 
 def _remote_stat(info: dict[str, Any]) -> RemoteStat:
