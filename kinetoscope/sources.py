@@ -134,14 +134,20 @@ class RemotePath:
                               f"'kinetoscope[{extra or 's3'}]'") from None
         try:
             cls = fsspec.get_filesystem_class(self.protocol)
-        except ImportError:
+        except ImportError as exc:
+            if module is None:  # a protocol fsspec knows and Kinetoscope has no extra for (http://, ...)
+                raise ConfigError(f"{self}: {self.protocol}:// URLs need fsspec's implementation of them "
+                                  f"({_first_line(exc)})") from None
             raise ConfigError(f"{self}: {self.protocol}:// URLs need {module}: pip install "
                               f"'kinetoscope[{extra}]'") from None
         except ValueError:
             raise ConfigError(f"{self}: unknown protocol {self.protocol}:// (s3://, gs://, az:// and file:// are "
                               "understood)") from None
         # no listings cache: a watch asks again and again, and must see what changed since (a manifest landing)
-        return cls(use_listings_cache=False, **cls._get_kwargs_from_urls(str(self)))
+        try:
+            return cls(use_listings_cache=False, **cls._get_kwargs_from_urls(str(self)))
+        except Exception as exc:  # noqa: BLE001 - the client's own configuration error (a bad profile, ...)
+            raise ConfigError(f"{self}: cannot open the store ({type(exc).__name__}: {_first_line(exc)})") from None
 
     def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         try:

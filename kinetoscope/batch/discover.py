@@ -44,9 +44,14 @@ def discover(roots: list[str | os.PathLike[str]]) -> list[Job]:
     jobs: list[Job] = []
     for given in roots:
         root = trace_path(given)
-        if not root.exists():
+        try:
+            exists = root.exists()
+            is_file = exists and root.is_file()
+        except OSError as exc:  # a store that cannot be reached or read
+            raise TraceSourceError(f"{root}: cannot read ({exc.strerror or exc})") from None
+        if not exists:
             raise TraceSourceError(f"{root}: no such file or directory")
-        if root.is_file():
+        if is_file:
             jobs.append(Job(str(root), (root,)))
             continue
         for here, listed in _folders(root):

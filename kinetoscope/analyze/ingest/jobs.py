@@ -55,6 +55,13 @@ def list_folder(folder: TraceFile) -> list[tuple[TraceFile, bool]]:
 def find_jobs(path: str | os.PathLike[str]) -> list[Job]:
     """The jobs at ``path``: a file is one job; a directory is one job, or one per capture window."""
     p = trace_path(path)
+    try:
+        return _find_jobs(p)
+    except OSError as exc:  # a store that cannot be reached or read (a local path's errors are handled below)
+        raise TraceSourceError(f"{p}: cannot read ({exc.strerror or exc})") from None
+
+
+def _find_jobs(p: TraceFile) -> list[Job]:
     if not p.exists():
         raise TraceSourceError(f"{p}: no such file or directory")
     if p.is_file():
