@@ -7,6 +7,7 @@ from pathlib import Path
 from kinetoscope.analyze.ingest.loader import Job
 from kinetoscope.app import data
 from kinetoscope.app.ui import md, st
+from kinetoscope.batch.store import store_version
 from kinetoscope.errors import KinetoscopeError
 
 
@@ -65,15 +66,11 @@ def analyse(key: str, label: str, job: Job, upload: Path | None = None) -> data.
 
 
 @st.cache_resource(show_spinner=False, max_entries=8)
-def _store_choices(store: str, traces_mtime_ns: int) -> list[data.Choice]:
+def _store_choices(store: str, version: str) -> list[data.Choice]:
     return data.store_choices(store)
 
 
 def store_choices(store: str) -> list[data.Choice]:
     """A batch store's jobs, read once per state of the store (its traces folder changes when a row lands): every
     interaction reruns the sidebar, and a store of thousands of files took a read of all of them each time."""
-    try:
-        stamp = (Path(store) / "traces").stat().st_mtime_ns
-    except OSError:
-        stamp = -1
-    return _store_choices(str(store), stamp)
+    return _store_choices(str(store), store_version(store))

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from kinetoscope.analyze.ingest.jobs import TraceFile
 from kinetoscope.analyze.ingest.limits import LoadLimits, parse_size
 from kinetoscope.analyze.ingest.loader import Job, find_jobs
 from kinetoscope.analyze.model.trace import Trace, ViewLocks
@@ -26,6 +27,7 @@ from kinetoscope.analyze.report.job import analyse_job
 from kinetoscope.app.launch import MAX_UPLOAD_MB, bundled_samples
 from kinetoscope.errors import KinetoscopeError
 from kinetoscope.fsutil import pid_alive
+from kinetoscope.sources import trace_path, version_of
 
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -86,21 +88,21 @@ def store_choices(store: str | os.PathLike[str]) -> list[Choice]:
     failed = traces[traces["status"] != "ok"].groupby("job").size()
     out = []
     for job, rows in ok.groupby("job", sort=True):
-        files = tuple(Path(p) for p in rows.sort_values("rank")["path"])
+        files = tuple(trace_path(p) for p in rows.sort_values("rank")["path"])
         out.append(Choice(names[job], Job(names[job], files), unread=int(failed.get(job, 0))))
     return out
 
 
-def content_key(files: tuple[Path, ...]) -> str:
+def content_key(files: tuple[TraceFile, ...]) -> str:
     """Identity of a job for caching: file names, sizes and modification times (cheap, no read)."""
     h = hashlib.sha256()
     for f in files:
         try:
-            st = f.stat()
+            size, version = version_of(f)
         except OSError:  # gone (a store's job moved away): analysed as missing, and said so
             h.update(f"{f}|missing".encode())
             continue
-        h.update(f"{f.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode())
+        h.update(f"{f.resolve() if isinstance(f, Path) else f}|{size}|{version}".encode())
     return h.hexdigest()
 
 
@@ -223,7 +225,7 @@ def _named_by_file(trace: Trace, label: str) -> Trace:
     return Trace(source=label, ranks=ranks)
 
 
-def job_file(job: Job | None, name: str) -> Path | None:
+def job_file(job: Job | None, name: str) -> TraceFile | None:
     """The file of ``job`` called ``name`` (the session's own copy: a cached analysis may come from another
     session's upload, whose folder is gone)."""
     if job is None:

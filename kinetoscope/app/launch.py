@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -11,10 +12,16 @@ import time
 from pathlib import Path
 
 from kinetoscope.errors import KinetoscopeError
+from kinetoscope.sources import trace_path
 
 APP = Path(__file__).resolve().parent / "main.py"
 #: how ``kinetoscope app PATH ...`` hands its paths to the Streamlit script
 PATHS_ENV = "KINETOSCOPE_APP_PATHS"
+
+
+def given_paths(value: str) -> list[str]:
+    """The paths in ``PATHS_ENV`` (joined by ``os.pathsep``): a URL's ``scheme://`` is not a separator."""
+    return [p for p in re.split(re.escape(os.pathsep) + "(?!//)", value) if p]
 #: the upload cap the page states (the analysis side enforces it too)
 MAX_UPLOAD_MB = 512
 #: the theme's primary colour, at a contrast of 5.6:1 on white
@@ -36,9 +43,14 @@ def launch(paths: list[str], *, port: int = 8501, headless: bool = False) -> int
         import streamlit  # noqa: F401
     except ImportError:
         raise KinetoscopeError("the app needs Streamlit: pip install 'kinetoscope[app]'") from None
-    for p in paths:
-        if not Path(p).exists():
-            raise KinetoscopeError(f"{p}: no such file or directory")
+    located = [trace_path(p) for p in paths]
+    for where in located:
+        try:
+            found = where.exists()
+        except OSError as exc:  # a store that cannot be reached or read
+            raise KinetoscopeError(f"{where}: cannot read ({exc.strerror or exc})") from None
+        if not found:
+            raise KinetoscopeError(f"{where}: no such file or directory")
     command = [
         sys.executable, "-m", "streamlit", "run", str(APP),
         "--server.port", str(port),
@@ -54,7 +66,7 @@ def launch(paths: list[str], *, port: int = 8501, headless: bool = False) -> int
         "--theme.primaryColor", PRIMARY_COLOUR,
     ]
     env = dict(os.environ)
-    env[PATHS_ENV] = os.pathsep.join(str(Path(p).resolve()) for p in paths)
+    env[PATHS_ENV] = os.pathsep.join(str(p.resolve() if isinstance(p, Path) else p) for p in located)
     proc = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL)
     # stopped by a signal (a service manager's SIGTERM, the terminal closing: SIGHUP, SIGQUIT): stop the server
     # too, never leave it orphaned

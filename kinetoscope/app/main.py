@@ -13,7 +13,7 @@ from pathlib import Path
 from kinetoscope.analyze.ingest.loader import Job
 from kinetoscope.app import data, state
 from kinetoscope.app.cache import analyse, store_choices, try_analyse, watch_upload
-from kinetoscope.app.launch import PATHS_ENV
+from kinetoscope.app.launch import PATHS_ENV, given_paths
 from kinetoscope.app.screens import (
     compare,
     copies,
@@ -52,7 +52,7 @@ START_PAGE = "start_page"
 
 def sidebar() -> None:
     st.sidebar.markdown(md("**Kinetoscope**"))
-    given = [p for p in os.environ.get(PATHS_ENV, "").split(os.pathsep) if p]
+    given = given_paths(os.environ.get(PATHS_ENV, ""))
     stores = [p for p in given if is_store(p)]
     try:
         if stores:

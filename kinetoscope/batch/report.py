@@ -6,7 +6,7 @@ import os
 
 import pandas as pd
 
-from kinetoscope.batch.store import open_store, read_table
+from kinetoscope.batch.store import StoreRoot, open_store, read_table
 
 SEVERITY_RANK = {"critical": 0, "warning": 1, "info": 2}
 
@@ -24,7 +24,7 @@ def relative_names(names: list[str]) -> dict[str, str]:
     return {n: os.path.relpath(n, common) if common and common != os.sep else n for n in names}
 
 
-def fleet(store: str | os.PathLike[str]) -> pd.DataFrame:
+def fleet(store: str | os.PathLike[str] | StoreRoot) -> pd.DataFrame:
     """Jobs x findings: one row per job, a column per finding id (count), worst jobs first."""
     root = open_store(store)
     traces = read_table(root, "traces")

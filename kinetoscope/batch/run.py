@@ -10,7 +10,6 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from kinetoscope.analyze.ingest.limits import DEFAULT_LIMITS, LoadLimits
@@ -21,7 +20,7 @@ from kinetoscope.analyze.registry import analyzer
 from kinetoscope.analyze.whatif.fixes import straggler_saving_us
 from kinetoscope.batch.compact import compact
 from kinetoscope.batch.discover import discover
-from kinetoscope.batch.store import SCHEMAS, open_store, read_rows, write_rows
+from kinetoscope.batch.store import SCHEMAS, StoreRoot, open_store, read_rows, write_rows
 from kinetoscope.batch.task import analyze_file, file_key
 
 
@@ -186,7 +185,7 @@ def run_batch(
 
 
 def _cross_rank(
-    root: Path, jobs: list[Job], rows_by_job: dict[str, list[dict[str, Any]]], config: AnalysisConfig
+    root: StoreRoot, jobs: list[Job], rows_by_job: dict[str, list[dict[str, Any]]], config: AnalysisConfig
 ) -> None:
     """Job-level results (matched collectives, clock skews, the straggler) of each multi-rank job: a reduce
     over the small per-rank summaries the workers stored; no trace is loaded again."""
@@ -266,7 +265,7 @@ def _cross_rank(
         )
 
 
-def _hangs(root: Path, jobs: list[Job], config: AnalysisConfig, limits: LoadLimits) -> None:
+def _hangs(root: StoreRoot, jobs: list[Job], config: AnalysisConfig, limits: LoadLimits) -> None:
     """Each job's hang dumps (small JSON files, read here), diagnosed by the registry's ``hang`` analyzer: a row of
     the ``hangs`` table and, where it hung, its finding. Dumps that cannot be read (a pickle) are a failed row."""
     from kinetoscope.analyze.ingest.hangs import read_hang_dumps
@@ -302,7 +301,7 @@ def _hangs(root: Path, jobs: list[Job], config: AnalysisConfig, limits: LoadLimi
                 "step_us_after": None, "estimate_json": None}])
 
 
-def _top_findings(root: Path) -> list[tuple[str, int]]:
+def _top_findings(root: StoreRoot) -> list[tuple[str, int]]:
     from kinetoscope.batch.store import read_table
 
     findings = read_table(root, "findings")

@@ -19,6 +19,7 @@ Layout (query with DuckDB: ``SELECT * FROM read_parquet('STORE/traces/*.parquet'
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -31,6 +32,7 @@ import pyarrow.parquet as pq
 from kinetoscope import __version__
 from kinetoscope.errors import TraceSourceError
 from kinetoscope.fsutil import atomic_target, atomic_write
+from kinetoscope.sources import RemotePath, trace_path
 
 STORE_KIND = "kinetoscope-store"
 TABLES = ("traces", "findings", "steps", "summaries", "job_ranks", "jobs", "hangs")
@@ -90,12 +92,29 @@ SCHEMAS: dict[str, pa.Schema] = {
 }
 
 
-def open_store(path: str | os.PathLike[str], *, create: bool = False) -> Path:
-    root = Path(path)
+#: where a store lives: a local folder, or a prefix in an object store (``kinetoscope.sources``)
+StoreRoot = Path | RemotePath
+
+
+def _arrow(path: StoreRoot) -> tuple[str, Any]:
+    """(path, filesystem) as pyarrow takes them: a local path with its own, a store's key with its fsspec one."""
+    return path.arrow() if isinstance(path, RemotePath) else (str(path), None)
+
+
+def open_store(path: str | os.PathLike[str] | StoreRoot, *, create: bool = False) -> StoreRoot:
+    """The store at ``path`` (a folder or a URL), checked; with ``create``, made where nothing is."""
+    root = trace_path(path)
+    try:
+        return _open_store(root, create)
+    except OSError as exc:  # an object store's answer (no such bucket, access denied, unreachable)
+        raise TraceSourceError(f"{root}: cannot open the store ({exc.strerror or exc})") from None
+
+
+def _open_store(root: StoreRoot, create: bool) -> StoreRoot:
     marker = root / "store.json"
     if marker.is_file():
         try:
-            kind = json.loads(marker.read_text()).get("kind")
+            kind = json.loads(marker.read_bytes()).get("kind")
         except (OSError, ValueError):
             kind = None
         if kind != STORE_KIND:
@@ -104,7 +123,11 @@ def open_store(path: str | os.PathLike[str], *, create: bool = False) -> Path:
         if root.exists() and any(root.iterdir()):
             raise TraceSourceError(f"{root}: exists and is not a Kinetoscope store (refusing to write into it)")
         root.mkdir(parents=True, exist_ok=True)
-        atomic_write(marker, json.dumps({"kind": STORE_KIND, "created_by": __version__}).encode())
+        doc = json.dumps({"kind": STORE_KIND, "created_by": __version__}).encode()
+        if isinstance(marker, RemotePath):
+            marker.write_bytes(doc)
+        else:
+            atomic_write(marker, doc)
     else:
         raise TraceSourceError(f"{root}: not a Kinetoscope store (no store.json)")
     for table in TABLES:
@@ -120,30 +143,62 @@ def is_store(path: str | os.PathLike[str]) -> bool:
     return True
 
 
-def write_rows(root: Path, table: str, name: str, rows: list[dict[str, Any]]) -> None:
-    """Write one Parquet file of rows (to a temporary name, then renamed: never half a file)."""
+def store_version(root: str | os.PathLike[str] | StoreRoot) -> str:
+    """A cheap stamp of what the store's ``traces`` table holds, changed by every row written: the folder's mtime
+    locally (a row lands by a rename), one listing's names and ETags in an object store. ``""`` where unreadable."""
+    folder = trace_path(root) / "traces"
+    try:
+        if isinstance(folder, RemotePath):
+            listed = folder.listing()
+            return hashlib.sha256("\n".join(f"{p.name}|{info.get('ETag') or info.get('size')}"
+                                             for p, info in listed).encode()).hexdigest()
+        return str(folder.stat().st_mtime_ns)
+    except OSError:
+        return ""
+
+
+def write_rows(root: StoreRoot, table: str, name: str, rows: list[dict[str, Any]]) -> None:
+    """Write one Parquet file of rows (to a temporary name, then renamed: never half a file; in an object store
+    one upload, which readers see whole or not at all)."""
     arrow = pa.Table.from_pylist(rows, schema=SCHEMAS[table])
-    with atomic_target(root / table / f"{name}.parquet") as tmp:
+    target = root / table / f"{name}.parquet"
+    if isinstance(target, RemotePath):
+        key, fs = target.arrow()
+        pq.write_table(arrow, key, filesystem=fs)
+        return
+    with atomic_target(target) as tmp:
         pq.write_table(arrow, tmp)
 
 
-def read_rows(root: Path, table: str, name: str) -> list[dict[str, Any]] | None:
+def read_rows(root: StoreRoot, table: str, name: str) -> list[dict[str, Any]] | None:
     path = root / table / f"{name}.parquet"
     if not path.is_file():
+        if isinstance(path, RemotePath):
+            return None
         from kinetoscope.batch.compact import rows_in_parts
 
         return rows_in_parts(root / table, name, SCHEMAS[table])  # compacted (None: no rows of that key anywhere)
-    return pq.read_table(path, schema=SCHEMAS[table]).to_pylist()
+    where, fs = _arrow(path)
+    return pq.read_table(where, schema=SCHEMAS[table], filesystem=fs).to_pylist()
 
 
-def read_table(root: str | os.PathLike[str], table: str):  # -> pandas.DataFrame
+def read_table(root: str | os.PathLike[str] | StoreRoot, table: str):  # -> pandas.DataFrame
     """A whole table of the store as a DataFrame (temporary files are ignored)."""
-    folder = Path(root) / table
-    files = sorted(str(p) for p in folder.glob("*.parquet"))
+    folder = trace_path(root) / table
+    if isinstance(folder, RemotePath):
+        try:
+            listed = [p for p, info in folder.listing() if info.get("type") == "file"]
+        except FileNotFoundError:
+            listed = []
+        files = sorted(p.arrow()[0] for p in listed if p.name.endswith(".parquet") and not p.name.startswith("."))
+        fs = folder.arrow()[1]
+    else:
+        files, fs = sorted(str(p) for p in folder.glob("*.parquet")), None
     if not files:
         return SCHEMAS[table].empty_table().to_pandas()
-    if any(os.path.basename(f).startswith("part-") for f in files):  # compacted: a key's rows from its newest file
+    if fs is None and any(os.path.basename(f).startswith("part-") for f in files):
+        # compacted: a key's rows come from its newest file
         from kinetoscope.batch.compact import newest_rows
 
         return newest_rows(files, SCHEMAS[table]).to_pandas()
-    return ds.dataset(files, format="parquet", schema=SCHEMAS[table]).to_table().to_pandas()
+    return ds.dataset(files, format="parquet", schema=SCHEMAS[table], filesystem=fs).to_table().to_pandas()

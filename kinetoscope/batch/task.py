@@ -19,6 +19,7 @@ from kinetoscope.analyze.report.builder import entry_value
 from kinetoscope.analyze.report.job import analyse_job
 from kinetoscope.batch.store import read_rows, write_rows
 from kinetoscope.errors import KinetoscopeError
+from kinetoscope.sources import trace_path, version_of
 
 
 def file_key(path: str, content_sha256: str, version: str = __version__) -> str:
@@ -38,15 +39,19 @@ def _file_sha256(path: Path) -> str:
 def analyze_file(path: str, job: str, index: int, store: str, resume: bool = False,
                  limits: LoadLimits = DEFAULT_LIMITS) -> dict[str, Any]:
     """Analyse one file of a job and write its rows; returns the trace row (with ``skipped`` if resumed)."""
-    root = Path(store)
+    root = trace_path(store)
+    file = trace_path(path)
     base: dict[str, Any] = {"job": job, "path": path, "rank": index, "tool_version": __version__}
     started = time.perf_counter()
     try:
-        sha = _file_sha256(Path(path))
+        # a local file by its content; an object in a store by its size and ETag (hashing it would download it
+        # once more, whole, besides the scan's stream)
+        sha = _file_sha256(file) if isinstance(file, Path) else None
+        identity = sha or "{}:{}".format(*version_of(file))
     except OSError as exc:  # missing or unreadable
         try:
-            st = Path(path).stat()
-            identity = f"unreadable:{st.st_size}:{st.st_mtime_ns}"
+            size, version = version_of(file)
+            identity = f"unreadable:{size}:{version}"
         except OSError:
             identity = "missing"
         key = file_key(path, identity)
@@ -55,7 +60,7 @@ def analyze_file(path: str, job: str, index: int, store: str, resume: bool = Fal
         row = {**base, "key": key, "status": "failed", "error": f"{path}: cannot read ({exc.strerror or exc})"}
         write_rows(root, "traces", key, [row])
         return row
-    key = file_key(path, sha)
+    key = file_key(path, identity)
     if resume:
         existing = read_rows(root, "traces", key)
         if existing:
@@ -64,7 +69,7 @@ def analyze_file(path: str, job: str, index: int, store: str, resume: bool = Fal
     try:
         # streamed: a worker holds the trace's columns, never its JSON text
         # one file of the job: its rank, where the file does not name it, is its place among the job's files
-        analysed = analyse_job(Job(job, (Path(path),)), limits=limits, first_rank=index,
+        analysed = analyse_job(Job(job, (file,)), limits=limits, first_rank=index,
                                threads=1)  # the workers are the parallelism
         assert analysed.trace is not None and analysed.report is not None  # not tolerant: a bad file raised
         rank, report = analysed.trace.ranks[0], analysed.report

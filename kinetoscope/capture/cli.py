@@ -5,14 +5,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kinetoscope.errors import ConfigError, KinetoscopeError
+
+if TYPE_CHECKING:
+    from kinetoscope.sources import RemotePath
 
 SITE_DIR = Path(__file__).resolve().parent / "_site"
 
@@ -71,8 +76,12 @@ def run_capture(args: argparse.Namespace) -> int:
         raise ConfigError("--hang-timeout must be >= 0 seconds")
     if args.flight_recorder_entries < 0:
         raise ConfigError("--flight-recorder-entries must be >= 0")
+    # --out as a URL: the run writes into a local staging folder, and this process uploads each file once written
+    # (kinetoscope/capture/upload.py); the training job never imports fsspec
+    remote = _remote_out(args.out)
+    staging = Path(tempfile.mkdtemp(prefix="kinetoscope-capture-")) if remote is not None else None
     config: dict[str, Any] = {
-        "out_dir": str(Path(args.out).resolve()),
+        "out_dir": str(staging if staging is not None else Path(args.out).resolve()),
         "schedule": {"skip_first": args.skip_first, "wait": args.wait, "warmup": args.warmup,
                      "active": args.active, "repeat": args.repeat},
         "options": {"profile_memory": not args.no_memory, "record_shapes": args.record_shapes,
@@ -96,6 +105,11 @@ def run_capture(args: argparse.Namespace) -> int:
     # Kineto prints "USDT: ... profiler_start/stop" to the training log at every window; set KINETO_LOG_LEVEL
     # yourself (e.g. 2) to see the profiler's own messages
     env.setdefault("KINETO_LOG_LEVEL", "6")
+    uploader = None
+    if remote is not None:
+        from kinetoscope.capture.upload import Uploader
+
+        uploader = Uploader(out, remote).start()
     code = _run_like_a_shell(command, env)
     statuses = _read_statuses(out)
     # every writer has exited: a raw export the writer thread was gzipping when the run was killed is kept
@@ -105,10 +119,11 @@ def run_capture(args: argparse.Namespace) -> int:
     dumps = sorted(out.glob("rank-*.hang.json")) if out.is_dir() else []
     if dumps:
         sys.stderr.write(f"kinetoscope: {len(dumps)} hang dump{'s' if len(dumps) != 1 else ''} in {out} "
-                         f"({', '.join(p.name for p in dumps)}); analyse with: kinetoscope analyze {args.out}\n")
+                         f"({', '.join(p.name for p in dumps)}); analyse with: "
+                         f"kinetoscope analyze {remote or args.out}\n")
     if traces:
         sys.stderr.write(f"kinetoscope: {len(traces)} trace{'s' if len(traces) != 1 else ''} in {out}; "
-                         f"analyse with: kinetoscope analyze {args.out}\n")
+                         f"analyse with: kinetoscope analyze {remote or args.out}\n")
     elif not dumps:
         sys.stderr.write(f"kinetoscope: no trace written: {_why_no_trace(out, code, statuses)}\n")
     if recovered:
@@ -116,7 +131,34 @@ def run_capture(args: argparse.Namespace) -> int:
                          f"uncompressed, without GPU telemetry: {', '.join(p.name for p in recovered)}\n")
     if removed:
         sys.stderr.write(f"kinetoscope: removed {removed} unfinished temporary file(s) from {out}\n")
+    if uploader is not None:
+        uploaded = uploader.finish()  # what is left, the manifests last: they say the run is over
+        sys.stderr.write(f"kinetoscope: uploaded {len(uploaded)} file(s) to {remote}"
+                         + (f"; analyse with: kinetoscope analyze {remote}\n" if traces else "\n"))
+        for problem in uploader.errors:
+            sys.stderr.write(f"kinetoscope: upload failed: {problem}\n")
+        if uploader.errors:
+            sys.stderr.write(f"kinetoscope: the run's files are kept in {out}\n")
+        else:
+            shutil.rmtree(out, ignore_errors=True)
     return code
+
+
+def _remote_out(out: str) -> RemotePath | None:
+    """``--out`` as a store's prefix, checked to be reachable and empty (an earlier run's objects are not moved
+    aside in a bucket, and a watch must not take them for this run's); None for a local folder."""
+    from kinetoscope.sources import RemotePath, is_url
+
+    if not is_url(out):
+        return None
+    dest = RemotePath(out)
+    try:
+        held = dest.exists() and dest.is_dir() and any(True for _ in dest.iterdir())
+    except OSError as exc:
+        raise ConfigError(f"cannot write to --out {dest} ({exc.strerror or exc})") from None
+    if held:
+        raise ConfigError(f"--out {dest} already holds files (an earlier run?): give an empty prefix")
+    return dest
 
 
 def _traces(out: Path) -> list[Path]:

@@ -19,7 +19,9 @@ from typing import Any
 import pandas as pd
 
 from kinetoscope import __version__
+from kinetoscope.analyze.ingest.jobs import TraceFile
 from kinetoscope.analyze.model.trace import RankTrace, TraceMeta
+from kinetoscope.sources import version_of
 
 TABLES = ("events", "memory", "counters", "flows", "instants", "steps", "run_steps", "comm_args", "marks", "shapes")
 #: the tables' layout: part of the key, so a cache written by an older layout is a miss, never misread
@@ -33,9 +35,11 @@ def default_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "kinetoscope"
 
 
-def key_for(path: Path, default_rank: int) -> str:
-    st = path.stat()
-    raw = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{default_rank}|{__version__}|{FORMAT}"
+def key_for(path: TraceFile, default_rank: int) -> str:
+    """A local file by its resolved path, size and mtime; an object in a store by its URL, size and version."""
+    size, version = version_of(path)
+    where = path.resolve() if isinstance(path, Path) else path
+    raw = f"{where}|{size}|{version}|{default_rank}|{__version__}|{FORMAT}"
     return hashlib.sha256(raw.encode()).hexdigest()[:40]
 
 

@@ -6,16 +6,15 @@ that does not decode as the contract is a one-line error naming the file.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import msgspec
 
+from kinetoscope.analyze.ingest.jobs import TraceFile
 from kinetoscope.analyze.ingest.limits import DEFAULT_LIMITS, LoadLimits, size_text
 from kinetoscope.errors import TraceSourceError
 from kinetoscope.hangdump import PICKLE_MAGIC, PICKLE_REFUSED, HangDump
 
 
-def read_hang_dump(path: Path, limits: LoadLimits = DEFAULT_LIMITS) -> HangDump:
+def read_hang_dump(path: TraceFile, limits: LoadLimits = DEFAULT_LIMITS) -> HangDump:
     try:
         size = path.stat().st_size
         if size > limits.max_decompressed_bytes:
@@ -32,9 +31,9 @@ def read_hang_dump(path: Path, limits: LoadLimits = DEFAULT_LIMITS) -> HangDump:
         raise TraceSourceError(f"{path}: not a Kinetoscope hang dump ({exc})") from None
 
 
-def read_hang_dumps(paths: tuple[Path, ...], limits: LoadLimits = DEFAULT_LIMITS) -> tuple[HangDump, ...]:
+def read_hang_dumps(paths: tuple[TraceFile, ...], limits: LoadLimits = DEFAULT_LIMITS) -> tuple[HangDump, ...]:
     """Each rank's dump, by rank; two files claiming one rank are an error."""
-    dumps: dict[int, tuple[Path, HangDump]] = {}
+    dumps: dict[int, tuple[TraceFile, HangDump]] = {}
     for path in paths:
         dump = read_hang_dump(path, limits)
         if dump.rank in dumps:

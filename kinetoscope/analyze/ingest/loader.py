@@ -27,6 +27,7 @@ from kinetoscope.analyze.ingest.jobs import (
     SIDECAR_SUFFIXES,
     TRACE_SUFFIXES,
     Job,
+    TraceFile,
     find_jobs,
     is_capture_window,
     is_trace_file,
@@ -47,11 +48,12 @@ from kinetoscope.analyze.ingest.raw import RawColumns, from_parsed
 from kinetoscope.analyze.model.trace import RankTrace, Trace
 from kinetoscope.errors import KinetoscopeError, TraceFormatError, TraceSourceError
 from kinetoscope.manifest import ManifestFacts, ManifestWindows, StepTimes, manifest_name, step_times_name
+from kinetoscope.sources import trace_path
 
 __all__ = ["SIDECAR_SUFFIXES", "TRACE_SUFFIXES", "Job", "find_jobs", "is_trace_file", "load_job", "load_job_tolerant",
            "load_rank", "load_trace", "rank_from_bytes", "rank_from_name", "read_bytes", "resolve"]
 
-def read_bytes(path: Path, limits: LoadLimits = DEFAULT_LIMITS, *, fallback: str | None = None) -> bytes:
+def read_bytes(path: TraceFile, limits: LoadLimits = DEFAULT_LIMITS, *, fallback: str | None = None) -> bytes:
     """The trace's JSON bytes, gunzipped when the file is gzip (by magic, not name), within the size limit.
 
     ``fallback``: the scanner's reason for handing the file to the reference decoder, which holds it whole:
@@ -63,7 +65,7 @@ def read_bytes(path: Path, limits: LoadLimits = DEFAULT_LIMITS, *, fallback: str
             raise (
                 fallback_too_large(str(path), fallback, limits) if fallback else file_too_large(str(path), size, limits)
             )
-        with open(path, "rb") as fh:
+        with path.open("rb") as fh:
             data = fh.read()
     except OSError as exc:
         raise TraceSourceError(f"{path}: cannot read ({exc.strerror or exc})") from None
@@ -106,7 +108,7 @@ def _gunzip(
     return b"".join(parts)
 
 
-def load_rank(path: Path, *, default_rank: int = 0, limits: LoadLimits = DEFAULT_LIMITS,
+def load_rank(path: TraceFile, *, default_rank: int = 0, limits: LoadLimits = DEFAULT_LIMITS,
               cache: Path | None = None, ahead: scan.Ahead | None = None,
               after_parse: Callable[[], None] | None = None) -> RankTrace:
     """Load one rank file. Rank: distributedInfo, else ``rank-N`` in the name, else default.
@@ -140,7 +142,7 @@ def load_rank(path: Path, *, default_rank: int = 0, limits: LoadLimits = DEFAULT
     return trace
 
 
-def rank_from_bytes(data: bytes, path: Path, *, default_rank: int = 0, started: float | None = None,
+def rank_from_bytes(data: bytes, path: TraceFile, *, default_rank: int = 0, started: float | None = None,
                     limits: LoadLimits = DEFAULT_LIMITS) -> RankTrace:
     """Build a rank from a trace's (already gunzipped) JSON bytes; ``path`` names it and locates sidecars."""
     started = time.perf_counter() if started is None else started
@@ -154,12 +156,12 @@ def rank_from_bytes(data: bytes, path: Path, *, default_rank: int = 0, started: 
     return _rank_from_raw(*scanned, path, default_rank=default_rank, started=started)
 
 
-def _reference(data: bytes, path: Path, limits: LoadLimits) -> tuple[RawColumns, int]:
+def _reference(data: bytes, path: TraceFile, limits: LoadLimits) -> tuple[RawColumns, int]:
     """Columns from the reference decoder, for what the scanner leaves to it (and where it is not built)."""
     return from_parsed(parse_bytes(data, str(path), limits)), len(data)
 
 
-def _rank_from_raw(raw: RawColumns, size: int, path: Path, *, default_rank: int, started: float) -> RankTrace:
+def _rank_from_raw(raw: RawColumns, size: int, path: TraceFile, *, default_rank: int, started: float) -> RankTrace:
     dist = raw.metadata.get("distributedInfo")
     rank, rank_source = None, "default"
     if isinstance(dist, dict) and isinstance(dist.get("rank"), int):
@@ -188,7 +190,7 @@ def _rank_from_raw(raw: RawColumns, size: int, path: Path, *, default_rank: int,
     return replace(trace, meta=meta, run_steps=run_steps, steps=steps)
 
 
-def _manifest_bytes(path: Path, rank: int) -> bytes | None:
+def _manifest_bytes(path: TraceFile, rank: int) -> bytes | None:
     """The capture's manifest beside a captured trace (``rank-<r>.manifest.json``), if there is one."""
     if not is_capture_window(path):
         return None
@@ -198,7 +200,7 @@ def _manifest_bytes(path: Path, rank: int) -> bytes | None:
         return None
 
 
-def _cut_short_step(path: Path, manifest_bytes: bytes | None) -> tuple[int, str] | None:
+def _cut_short_step(path: TraceFile, manifest_bytes: bytes | None) -> tuple[int, str] | None:
     """(the step, why) when the capture's manifest says the process ended inside this trace's window: that
     step, open at the end, never completed (a crash, a signal, or the loop's end)."""
     if manifest_bytes is None:
@@ -247,7 +249,7 @@ LOOP_NS_COLUMNS = ("train_data_wait_ns", "eval_data_wait_ns", "validation_ns", "
 LOOP_COUNT_COLUMNS = ("backward_calls", "optimizer_steps")
 
 
-def _run_steps(path: Path, rank: int) -> tuple[pd.DataFrame | None, str | None]:
+def _run_steps(path: TraceFile, rank: int) -> tuple[pd.DataFrame | None, str | None]:
     """The capture's always-on step timings beside a captured trace, if present."""
     if not is_capture_window(path):
         return None, None
@@ -320,7 +322,7 @@ def _parse_to_parquet(path: str, default_rank: int, limits: LoadLimits, out: str
     from kinetoscope.analyze.ingest import cache as columnar
 
     key = f"rank-{default_rank}"
-    columnar.save(load_rank(Path(path), default_rank=default_rank, limits=limits), key, Path(out))
+    columnar.save(load_rank(trace_path(path), default_rank=default_rank, limits=limits), key, Path(out))
     return key
 
 
@@ -345,10 +347,10 @@ def _load_in_processes(job: Job, limits: LoadLimits, processes: int) -> list[Ran
 
 
 def load_job_tolerant(job: Job, limits: LoadLimits = DEFAULT_LIMITS, *, after_parse: Callable[[], None] | None = None,
-                      first_rank: int = 0) -> tuple[Trace | None, list[tuple[Path, str]]]:
+                      first_rank: int = 0) -> tuple[Trace | None, list[tuple[TraceFile, str]]]:
     """Load what can be loaded: broken rank files are returned as (path, reason), the rest form the Trace."""
     ranks: list[RankTrace] = []
-    failed: list[tuple[Path, str]] = []
+    failed: list[tuple[TraceFile, str]] = []
     for i, f in enumerate(job.files):
         try:
             ranks.append(load_rank(f, default_rank=first_rank + i, limits=limits, after_parse=after_parse))

@@ -32,6 +32,7 @@ from kinetoscope.analyze.ingest.limits import (
 from kinetoscope.errors import TraceFormatError, TraceSourceError
 
 if TYPE_CHECKING:
+    from kinetoscope.analyze.ingest.jobs import TraceFile
     from kinetoscope.analyze.ingest.raw import RawColumns
 # numpy and the columns (kinetoscope.analyze.ingest.raw) are imported where the scanner's output is turned into
 # columns, not here: scanning can then start before they are imported (``Ahead``)
@@ -100,17 +101,18 @@ def _verdict(reason: str, source: str, limits: LoadLimits) -> Exception:
     return Unhandled(reason)
 
 
-def scan_file(path: Path, limits: LoadLimits = DEFAULT_LIMITS) -> tuple[RawColumns, int] | None:
+def scan_file(path: TraceFile, limits: LoadLimits = DEFAULT_LIMITS) -> tuple[RawColumns, int] | None:
     """Columns and JSON byte count of a trace file (plain or gzip, by magic); None when the scanner is not
     built. Raises TraceFormatError for what is wrong with the file, ``Unhandled`` for valid JSON the
     reference decoder must take."""
     if not available():
         return None
     try:
-        with open(path, "rb", buffering=0) as fh:
+        # a store's object is a stream of ranged reads (kinetoscope.sources), never downloaded whole
+        with cast(BinaryIO, path.open("rb", buffering=0)) as fh:
             gz = fh.read(2) == b"\x1f\x8b"
             fh.seek(0)
-            size = os.fstat(fh.fileno()).st_size
+            size = os.fstat(fh.fileno()).st_size if isinstance(path, Path) else path.stat().st_size
             if not gz and size > limits.max_decompressed_bytes:
                 raise file_too_large(str(path), size, limits)
             if not gz and size > TAIL_CHECK_MIN_BYTES:
@@ -118,7 +120,7 @@ def scan_file(path: Path, limits: LoadLimits = DEFAULT_LIMITS) -> tuple[RawColum
             if gz:  # gunzip on a second thread while the scanner (which runs without the GIL) scans
                 with _GzipFile(fileobj=fh) as stream, _Prefetch(_RatioGuard(stream, fh, str(path))) as ahead:
                     return _finish(_feed(_scan.Scanner(max_depth=limits.max_depth), ahead, str(path), limits))
-            if size >= PARALLEL_MIN_BYTES and (os.cpu_count() or 1) > 1:
+            if size >= PARALLEL_MIN_BYTES and (os.cpu_count() or 1) > 1 and isinstance(path, Path):
                 return _scan_halves(fh, size, str(path), limits)
             return _finish(_feed(_scan.Scanner(max_depth=limits.max_depth), fh, str(path), limits))
     except _Bail as bail:
@@ -150,7 +152,7 @@ class Ahead:
     the interpreter importing pandas on one core costs the scan on the other little, and a command's start-up
     hides behind its reading. ``result()`` returns what ``scan_file`` returned or raises what it raised."""
 
-    def __init__(self, path: Path, limits: LoadLimits = DEFAULT_LIMITS) -> None:
+    def __init__(self, path: TraceFile, limits: LoadLimits = DEFAULT_LIMITS) -> None:
         self.path, self.limits = path, limits
         self._out: tuple[RawColumns, int] | None = None
         self._error: BaseException | None = None

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kinetoscope.analyze.ingest import scan
-from kinetoscope.analyze.ingest.jobs import Job
+from kinetoscope.analyze.ingest.jobs import Job, TraceFile
 from kinetoscope.analyze.ingest.limits import DEFAULT_LIMITS, LoadLimits
 from kinetoscope.analyze.ingest.loader import load_job, load_job_tolerant
 from kinetoscope.analyze.model.config import DEFAULT_CONFIG, AnalysisConfig
@@ -30,7 +30,7 @@ class JobAnalysis:
     trace: Trace | None
     report: Report | None
     #: rank files that could not be read, with the reason (``tolerant`` only; else the first one raises)
-    failed: tuple[tuple[Path, str], ...] = ()
+    failed: tuple[tuple[TraceFile, str], ...] = ()
     load_seconds: float = 0.0
     analyse_seconds: float = 0.0
 
@@ -45,7 +45,7 @@ def analyse_job(job: Job, config: AnalysisConfig = DEFAULT_CONFIG, *, limits: Lo
     before it is analysed (the app names uploaded files by their name, not the server's folder). ``first_rank``,
     ``threads``, ``keep_views``: as ``load_job`` and ``build_report`` take them."""
     started = time.perf_counter()
-    failed: list[tuple[Path, str]] = []
+    failed: list[tuple[TraceFile, str]] = []
     if tolerant:
         trace, failed = load_job_tolerant(job, limits, after_parse=after_parse, first_rank=first_rank)
     else:

@@ -7,7 +7,7 @@ from kinetoscope.analyze.report.compare import compare_reports, fix_check
 from kinetoscope.analyze.views.compare import finding_sets, name_diffs, run_change
 from kinetoscope.app import data, state
 from kinetoscope.app.cache import analyse, store_choices
-from kinetoscope.app.launch import PATHS_ENV
+from kinetoscope.app.launch import PATHS_ENV, given_paths
 from kinetoscope.app.screens.fleet import STORE_KEY
 from kinetoscope.app.ui import md, st
 from kinetoscope.render.format import compare_display, display_table
@@ -16,7 +16,7 @@ from kinetoscope.render.format import compare_display, display_table
 def _choices() -> list[data.Choice]:
     """The session's other uploaded runs, the batch store's jobs, the paths given to ``kinetoscope app``, then the
     bundled samples."""
-    given = [p for p in os.environ.get(PATHS_ENV, "").split(os.pathsep) if p]
+    given = given_paths(os.environ.get(PATHS_ENV, ""))
     out: list[data.Choice] = list(st.session_state.get(state.UPLOAD_RUNS) or [])
     store = st.session_state.get(STORE_KEY)
     if store:

@@ -4,7 +4,7 @@ from kinetoscope.analyze.model.findings import SEVERITY_ORDER
 from kinetoscope.app import state
 from kinetoscope.app.ui import bullets, md, st
 from kinetoscope.batch.report import fleet, missing_ranks, relative_names
-from kinetoscope.batch.store import read_table
+from kinetoscope.batch.store import read_table, store_version
 from kinetoscope.render.format import display_table, evidence_lines
 
 STORE_KEY = "store_path"
@@ -12,6 +12,15 @@ STORE_KEY = "store_path"
 OPEN_KEY = "fleet_open_job"
 #: a job of more ranks is not opened in the app (every rank's tables are held in memory): its job-level results show
 MAX_OPEN_RANKS = 64
+#: the store's version this page last showed; checked every REFRESH_S (one stat, or one listing of a bucket)
+VERSION_KEY = "fleet_store_version"
+REFRESH_S = 10.0
+
+
+def _rerun_when_changed(store: str) -> None:
+    """A batch --watch adds jobs all day: the page is drawn again when the store's version moves."""
+    if store_version(store) != st.session_state.get(VERSION_KEY):
+        st.rerun(scope="app")
 
 
 def render() -> None:
@@ -20,6 +29,8 @@ def render() -> None:
     if not store:
         st.info("Open a batch store to see the fleet view: kinetoscope app STORE (made by kinetoscope batch).")
         return
+    st.session_state[VERSION_KEY] = store_version(store)  # before reading: a row landing after is seen next time
+    st.fragment(run_every=REFRESH_S)(_rerun_when_changed)(store)
     table = fleet(store)
     traces = read_table(store, "traces")
     findings = read_table(store, "findings")

@@ -1,0 +1,378 @@
+"""Traces, stores and batch --watch in a real S3 API: moto's server, started and stopped here on 127.0.0.1.
+
+The endpoint and dummy credentials are in this module's environment only (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...):
+the code under test finds them as it would find a real bucket's, through the standard configuration.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import queue
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("s3fs")
+moto_server = pytest.importorskip("moto.server")
+from tracebuilder import TraceBuilder  # noqa: E402
+
+from kinetoscope.cli import main  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+SAMPLES = ROOT / "sample_traces"
+DDP = SAMPLES / "captures" / "ddp_straggler"  # a real 2-rank gloo capture: traces, manifests, step times
+BUCKET = "traces"
+
+
+@pytest.fixture(scope="module")
+def s3():
+    """A moto S3 server on a free port of 127.0.0.1, a bucket, and the environment pointing at it."""
+    import s3fs
+
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("AWS_ENDPOINT_URL", f"http://{host}:{port}")
+        mp.setenv("AWS_ACCESS_KEY_ID", "testing")
+        mp.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+        mp.setenv("AWS_DEFAULT_REGION", "us-east-1")
+        for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE"):
+            mp.delenv(name, raising=False)
+        s3fs.S3FileSystem.clear_instance_cache()
+        fs = s3fs.S3FileSystem()
+        fs.mkdir(BUCKET)
+        yield fs
+        s3fs.S3FileSystem.clear_instance_cache()
+    server.stop()
+
+
+def upload(fs, local: Path, url: str) -> None:
+    key = url.removeprefix("s3://")
+    if local.is_dir():
+        for f in sorted(local.iterdir()):
+            if f.is_file():
+                fs.put_file(str(f), f"{key}/{f.name}")
+    else:
+        fs.put_file(str(local), key)
+    fs.invalidate_cache()
+
+
+def straggler_job(folder: Path) -> None:
+    """Three ranks; rank 1 loads data slowly, so ranks 0 and 2 wait in the all-reduce (as tests/integration/
+    test_batch.py builds it)."""
+    for rank, (wait, load) in {0: (600, 50), 1: (100, 550), 2: (580, 60)}.items():
+        b = TraceBuilder(rank=rank, world_size=3)
+        for step in range(3):
+            t = step * 1000
+            b.step(step, t, 1000).loader(t, load).kernel(t + load, 300, name="gemm")
+            b.kernel(t + 400, wait, name="ncclDevKernel_AllReduce_Sum_f32")
+        b.write(folder / f"trainer.rank-{rank}.json.gz")
+
+
+def test_analyze_by_url_is_the_local_report(s3, capsys, tmp_path):
+    local = tmp_path / "ddp_straggler"
+    shutil.copytree(DDP, local)
+    url = f"s3://{BUCKET}/analyze/ddp_straggler"
+    upload(s3, local, url)
+    assert main(["analyze", str(local), "--format", "json"]) == 0
+    expected = capsys.readouterr().out
+    assert main(["analyze", url, "--format", "json"]) == 0
+    got = capsys.readouterr().out
+    # the same bytes but for where the files are (the report names its source and each rank's file)
+    assert str(local) in expected
+    assert got == expected.replace(str(local), url)
+
+
+def test_diff_and_whatif_by_url_are_the_local_ones(s3, capsys):
+    before, after = SAMPLES / "cpu" / "loader_bound", SAMPLES / "cpu" / "healthy"
+    urls = {before: f"s3://{BUCKET}/pair/loader_bound", after: f"s3://{BUCKET}/pair/healthy"}
+    for local, url in urls.items():
+        upload(s3, local, url)
+
+    def named_remote(text: str) -> str:
+        for local, url in urls.items():
+            text = text.replace(str(local), url)
+        return text
+
+    for argv in (["diff", "{before}", "{after}"], ["whatif", "{before}", "--fix", "loader_stall"]):
+        local_code = main([a.format(before=before, after=after) for a in argv])
+        expected = capsys.readouterr().out
+        remote_code = main([a.format(before=urls[before], after=urls[after]) for a in argv])
+        got = capsys.readouterr().out
+        assert remote_code == local_code and expected.strip()
+        assert got == named_remote(expected)
+
+
+def test_a_remote_trace_is_streamed_in_ranged_reads(s3, monkeypatch):
+    """The scan starts on the first block: no request reads the whole object."""
+    import s3fs
+
+    from kinetoscope import sources
+
+    trace = SAMPLES / "real" / "v100_resnet50_2021.json.gz"  # 1.16 MB
+    url = f"s3://{BUCKET}/stream/v100.json.gz"
+    upload(s3, trace, url)
+    ranges: list[tuple[int, int]] = []
+    real = s3fs.core.S3File._fetch_range
+
+    def recorded(self, start, end):
+        ranges.append((start, end))
+        return real(self, start, end)
+
+    monkeypatch.setattr(s3fs.core.S3File, "_fetch_range", recorded)
+    monkeypatch.setattr(sources, "BLOCK_BYTES", 128 * 1024)
+    from kinetoscope.analyze.ingest.loader import load_trace
+
+    remote = load_trace(url)
+    local = load_trace(trace)
+    size = trace.stat().st_size
+    assert len(remote.ranks[0].events) == len(local.ranks[0].events)
+    assert ranges[0][0] == 0 and ranges[0][1] < size  # the first request is one block or so, not the object
+    assert len(ranges) >= 3
+    assert max(end - start for start, end in ranges) < size
+
+
+def test_url_errors_are_one_line_without_secrets(s3, capsys):
+    assert main(["analyze", f"s3://AKIAEXAMPLE:hunter2@{BUCKET}/nothing/here.json?X-Amz-Signature=abc"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no such file" in err
+    assert "hunter2" not in err and "AKIAEXAMPLE" not in err and "Signature" not in err
+    assert f"s3://{BUCKET}/nothing/here.json" in err
+
+
+def test_a_missing_extra_is_named():
+    code = ("import sys; sys.modules['s3fs'] = None\n"
+            "from kinetoscope.cli import main\n"
+            "sys.exit(main(['analyze', 's3://bucket/x.json.gz']))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "pip install 'kinetoscope[s3]'" in proc.stderr, proc.stderr
+
+
+@pytest.mark.app
+def test_the_app_reads_a_store_in_the_bucket(s3, monkeypatch):
+    pytest.importorskip("streamlit")
+    from streamlit.testing.v1 import AppTest
+
+    from kinetoscope.batch.store import open_store
+    from kinetoscope.batch.task import analyze_file
+
+    trace_url = f"s3://{BUCKET}/app/v100.json.gz"
+    upload(s3, SAMPLES / "real" / "v100_resnet50_2021.json.gz", trace_url)
+    store = open_store(f"s3://{BUCKET}/app-store", create=True)
+    row = analyze_file(trace_url, "job-v100", 0, str(store))
+    assert row["status"] == "ok" and row["content_sha256"] is None  # an object is known by its ETag, not read twice
+    monkeypatch.setenv("KINETOSCOPE_APP_PATHS", str(store))
+    at = AppTest.from_file(str(ROOT / "kinetoscope" / "app" / "main.py"), default_timeout=120)
+    at.session_state["fleet_job"] = "job-v100"
+    at.run()
+    assert not at.exception and not at.error
+    jobs = at.dataframe[0].value
+    # the V100 sample's numbers, as the local store shows them (tests/integration/test_app.py)
+    v100 = jobs.set_index("job").loc["job-v100"]
+    assert v100["mean step (ms)"] == pytest.approx(174.829, abs=0.001)
+    assert v100["worst finding"] == "warning gpu_idle"
+    assert v100["worst saving (ms/step)"] == pytest.approx(58.82, abs=0.01)
+
+
+@pytest.mark.slow
+@pytest.mark.cluster
+def test_batch_into_a_bucket_and_report(s3, tmp_path, capsys):
+    pytest.importorskip("dask.distributed")
+    from kinetoscope.batch import run_batch
+
+    dump = tmp_path / "dump"
+    straggler_job(dump / "job-a")
+    (dump / "job-b").mkdir()
+    (dump / "job-b" / "broken.json.gz").write_bytes(b"\x1f\x8b\x08\x00 truncated")
+    for folder in ("job-a", "job-b"):
+        upload(s3, dump / folder, f"s3://{BUCKET}/dump/{folder}")
+    summary = run_batch([f"s3://{BUCKET}/dump"], f"s3://{BUCKET}/store", workers=1)
+    assert (summary.jobs, summary.files, summary.ok, summary.failed) == (2, 4, 3, 1)
+    assert main(["report", f"s3://{BUCKET}/store"]) == 0
+    out = capsys.readouterr().out
+    assert "2 jobs, 4 files: 3 ok, 1 failed" in out
+    assert f"straggler in s3://{BUCKET}/dump/job-a: rank 1" in out
+    assert f"s3://{BUCKET}/dump/job-b/broken.json.gz: " in out and "gzip" in out
+    # the store is Parquet in the bucket, one object per row group written
+    assert s3.ls(f"{BUCKET}/store/traces") and s3.isfile(f"{BUCKET}/store/store.json")
+
+
+class Watch:
+    """``kinetoscope batch --watch`` as a process, its event lines read as they come."""
+
+    def __init__(self, roots: str, store: str, *extra: str) -> None:
+        # its own process group: a Ctrl-C at a terminal reaches the whole group, the local workers too
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "kinetoscope.cli", "batch", roots, "--store", store, "--watch", "--workers", "1",
+             "--poll", "0.2", "--max-poll", "0.5", "--settle", "3600", *extra],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ), start_new_session=True)
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.seen: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.lines.put(line)
+
+    def wait_for(self, text: str, timeout_s: float = 180.0) -> str:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                line = self.lines.get(timeout=1)
+            except queue.Empty:
+                assert self.proc.poll() is None, "".join(self.seen)
+                continue
+            self.seen.append(line)
+            if text in line:
+                return line
+        raise AssertionError(f"no {text!r} in:\n{''.join(self.seen)}")
+
+    def stop(self, sig: int = signal.SIGINT, group: bool = False) -> tuple[int, str]:
+        if group:  # as a terminal's Ctrl-C: every process of the group
+            os.killpg(self.proc.pid, sig)
+        else:  # as a service manager's stop: the watch's own process
+            self.proc.send_signal(sig)
+        out, _ = self.proc.communicate(timeout=180)
+        while not self.lines.empty():
+            self.seen.append(self.lines.get())
+        return self.proc.returncode, out
+
+
+@pytest.mark.slow
+@pytest.mark.cluster
+def test_watch_analyses_jobs_as_they_land(s3, tmp_path):
+    pytest.importorskip("dask.distributed")
+    from kinetoscope.batch.store import read_table
+
+    incoming, store = f"s3://{BUCKET}/incoming", f"s3://{BUCKET}/watch-store"
+    watch = Watch(incoming, store, "--retry-delay", "0.2", "--max-attempts", "2")
+    try:
+        watch.wait_for("no such file")  # nothing there yet: said, and listed again
+        # a capture's job arriving: its traces first, no manifests yet (the run has not ended)
+        for f in sorted(DDP.glob("rank-*.pt.trace.json.gz")):
+            upload(s3, f, f"{incoming}/ddp/{f.name}")
+        watch.wait_for(f"waiting: {incoming}/ddp: 2 file(s)")
+        assert read_table(store, "traces").empty  # not analysed while it is incomplete
+        for f in sorted(DDP.glob("rank-*.json")):  # the manifests and step times: the run ended
+            upload(s3, f, f"{incoming}/ddp/{f.name}")
+        watch.wait_for(f"job: {incoming}/ddp: complete, 2 of 2")
+        watch.wait_for("ok: ")
+        watch.wait_for("ok: ")
+        # a broken capture: a failed row with its reason, never retried (the file, not the store, is at fault)
+        (tmp_path / "broken").mkdir()
+        (tmp_path / "broken" / "rank-0.step-1-2.pt.trace.json.gz").write_bytes(gzip.compress(b'{"traceEvents": ['))
+        (tmp_path / "broken" / "rank-0.manifest.json").write_bytes(b"{}")
+        upload(s3, tmp_path / "broken", f"{incoming}/broken")
+        failed = watch.wait_for("failed: ")
+        assert f"{incoming}/broken/rank-0.step-1-2.pt.trace.json.gz" in failed and "ends early" in failed
+        code, out = watch.stop(signal.SIGTERM)
+    finally:
+        if watch.proc.poll() is None:
+            watch.proc.kill()
+    assert code == 0, "".join(watch.seen)
+    assert "1 failed" in out and "3 files analysed" in out
+    assert not any("retry" in line for line in watch.seen)
+    traces = read_table(store, "traces").set_index("path")
+    assert sorted(traces["status"]) == ["failed", "ok", "ok"]
+    assert "ends early" in traces.loc[f"{incoming}/broken/rank-0.step-1-2.pt.trace.json.gz", "error"]
+    jobs = read_table(store, "jobs")
+    assert list(jobs["job"]) == [f"{incoming}/ddp"] and int(jobs["straggler_rank"].iloc[0]) == 1
+
+    # restarted: what the store holds is not analysed again
+    again = Watch(incoming, store)
+    try:
+        again.wait_for(f"job: {incoming}/broken/rank-0.step-1-2.pt.trace.json.gz: complete")
+        again.wait_for(f"job: {incoming}/ddp: complete")
+        for _ in range(3):
+            again.wait_for("kept: ")
+        code, out = again.stop()
+    finally:
+        if again.proc.poll() is None:
+            again.proc.kill()
+    assert code == 0 and "0 files analysed" in out and "3 already in the store" in out, out
+
+
+@pytest.mark.slow
+@pytest.mark.cluster
+def test_ctrl_c_mid_job_loses_nothing(s3, tmp_path):
+    """Ctrl-C while a job's files are being analysed: the watch ends, every row written is whole, and the next start
+    analyses exactly the files that have no row (each file once over the two runs)."""
+    pytest.importorskip("dask.distributed")
+    from kinetoscope.batch.store import read_table
+
+    incoming, store = f"s3://{BUCKET}/ctrl-c", f"s3://{BUCKET}/ctrl-c-store"
+    straggler_job(tmp_path / "job")
+    upload(s3, tmp_path / "job", f"{incoming}/job")
+    first = Watch(incoming, store, "--settle", "0", "--max-in-flight", "1")
+    try:
+        first.wait_for(f"job: {incoming}/job: complete, 3 of 3")
+        code, out = first.stop(signal.SIGINT, group=True)
+    finally:
+        if first.proc.poll() is None:
+            first.proc.kill()
+    assert code == 0, "".join(first.seen)
+    written = read_table(store, "traces")  # every object in the store reads whole
+    assert len(written) == written["path"].nunique() and set(written["status"]) <= {"ok"}
+    done = len(written)
+    second = Watch(incoming, store, "--settle", "0")
+    try:
+        second.wait_for(f"job: {incoming}/job: complete, {3 - done} of 3")
+        for _ in range(3 - done):
+            second.wait_for("ok: ")
+        code, out = second.stop()
+    finally:
+        if second.proc.poll() is None:
+            second.proc.kill()
+    assert code == 0
+    assert f"{3 - done} files analysed" in out
+    traces = read_table(store, "traces")
+    assert sorted(traces["rank"]) == [0, 1, 2] and set(traces["status"]) == {"ok"}
+    assert int(read_table(store, "jobs")["straggler_rank"].iloc[0]) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+def test_capture_out_to_a_bucket(s3, tmp_path):
+    """Each file is uploaded once written, the manifest last; the training process never imports fsspec."""
+    pytest.importorskip("torch")
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import sys, time, torch\n"
+        "from torch.utils.data import DataLoader, Dataset\n"
+        "class D(Dataset):\n"
+        "    def __len__(self): return 40\n"
+        "    def __getitem__(self, i):\n"
+        "        time.sleep(0.004); return torch.randn(16), torch.randn(1)\n"
+        "net = torch.nn.Linear(16, 1); opt = torch.optim.SGD(net.parameters(), lr=0.1)\n"
+        "for x, y in DataLoader(D(), batch_size=4):\n"
+        "    loss = torch.nn.functional.mse_loss(net(x), y); opt.zero_grad(); loss.backward(); opt.step()\n"
+        "print('fsspec imported:', 'fsspec' in sys.modules)\n"
+    )
+    url = f"s3://{BUCKET}/capture/run-1"
+    proc = subprocess.run(
+        [sys.executable, "-m", "kinetoscope.cli", "capture", "--out", url, "--skip-first", "1", "--wait", "0",
+         "--warmup", "1", "--active", "3", "--", sys.executable, str(script)],
+        capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "fsspec imported: False" in proc.stdout
+    assert f"uploaded 3 file(s) to {url}" in proc.stderr
+    s3.invalidate_cache()
+    assert sorted(p.rsplit("/", 1)[-1] for p in s3.ls(url)) == [
+        "rank-0.manifest.json", "rank-0.step-2-4.pt.trace.json.gz", "rank-0.steps.json"]
+    from kinetoscope.analyze.ingest.loader import load_trace
+
+    trace = load_trace(url)
+    assert len(trace.ranks[0].steps) == 3 and trace.ranks[0].run_steps is not None
+    again = subprocess.run([sys.executable, "-m", "kinetoscope.cli", "capture", "--out", url, "--", sys.executable,
+                            "-c", "pass"], capture_output=True, text=True, timeout=120)
+    assert again.returncode == 2 and "already holds files" in again.stderr
