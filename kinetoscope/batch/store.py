@@ -173,11 +173,12 @@ def write_rows(root: StoreRoot, table: str, name: str, rows: list[dict[str, Any]
 def read_rows(root: StoreRoot, table: str, name: str) -> list[dict[str, Any]] | None:
     path = root / table / f"{name}.parquet"
     if not path.is_file():
-        if isinstance(path, RemotePath):
+        folder = root / table
+        if isinstance(folder, RemotePath):  # stores in a bucket are not compacted: no file, no rows
             return None
         from kinetoscope.batch.compact import rows_in_parts
 
-        return rows_in_parts(root / table, name, SCHEMAS[table])  # compacted (None: no rows of that key anywhere)
+        return rows_in_parts(folder, name, SCHEMAS[table])  # compacted (None: no rows of that key anywhere)
     where, fs = _arrow(path)
     return pq.read_table(where, schema=SCHEMAS[table], filesystem=fs).to_pylist()
 
