@@ -342,3 +342,29 @@ def test_where_the_only_other_rank_left_no_dump_the_rank_that_raised_is_named():
     assert (ev["seq"], ev["unknown_ranks"], ev["ranks_without_dump"], ev["waiting_ranks"]) == (3, [0], [0], [1])
     assert ev["stuck_ranks"] == [1] and ev["stuck"][0]["why"] == "raised"
     assert "rank 0 left no record of it" in f.title and f.recommendation.startswith("the ranks without a dump")
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_profile_loop_left_by_an_exception_still_writes_the_ranks_dump(tmp_path):
+    """The loop's body raises outside profile_loop's generator, and the unwinding closes the generator (stopping the
+    profiler) before the exception reaches sys.excepthook: the hook stays for a loop left early. A loop that ran to
+    its end leaves sys.excepthook as it found it."""
+    script = tmp_path / "loop.py"
+    script.write_text(
+        "import sys\n"
+        "from kinetoscope.capture import profile_loop\n"
+        "before = sys.excepthook\n"
+        f"for i in profile_loop(range(2), {str(tmp_path / 'whole')!r}, hang_timeout_s=0, telemetry=False):\n"
+        "    pass\n"
+        "assert sys.excepthook is before, 'a loop run to its end leaves the hook'\n"
+        f"for i in profile_loop(range(9), {str(tmp_path / 'left')!r}, hang_timeout_s=0, telemetry=False):\n"
+        "    if i == 3:\n"
+        "        raise ValueError('bad batch')  # MARK\n")
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1 and "ValueError: bad batch" in proc.stderr, proc.stderr[-2000:]
+    assert not (tmp_path / "whole" / "rank-0.hang.json").exists()
+    doc = json.loads((tmp_path / "left" / "rank-0.hang.json").read_text())
+    assert doc["reason"] == "exception" and doc["steps_ended"] == 3
+    assert doc["exception"]["type"] == "ValueError" and doc["exception"]["message"] == "bad batch"
+    assert (doc["exception"]["frames"][0]["function"], doc["exception"]["frames"][0]["line"]) == ("<module>", 9)
