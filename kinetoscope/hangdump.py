@@ -85,6 +85,17 @@ class HangDump(msgspec.Struct, kw_only=True):
         return msgspec.json.encode(self)
 
 
+def fr_op(entry: dict[str, Any]) -> str:
+    """A flight recorder entry's op: its ``profiling_name`` without the backend (``gloo:all_reduce``)."""
+    name = str(entry.get("profiling_name") or "")
+    return name.split(":", 1)[1] if ":" in name else name
+
+
+def fr_completed(entry: dict[str, Any]) -> bool:
+    """Whether a flight recorder entry's collective completed (its state, or retired from the work queue)."""
+    return entry.get("state") == "completed" or entry.get("retired") is True
+
+
 #: bounds that keep a dump small and quick to write
 MAX_THREADS = 64
 MAX_FRAMES = 48

@@ -29,7 +29,7 @@ HEADINGS = {"Overview": "Kinetoscope", "Step breakdown": "Step breakdown", "Stre
             "Copies": "Copies", "Memory": "Memory", "Operators & kernels": "Operators and kernels",
             "Modules": "Modules", "Telemetry": "Telemetry",
             "Timeline": "Timeline", "Ranks": "Ranks", "Distributed": "Distributed", "Compare": "Compare",
-            "Metadata": "Metadata", "Export": "Export"}
+            "Metadata": "Metadata", "Export": "Export", "Hang": "Hang"}
 TITLES = {"overview": "Overview", "steps": "Step breakdown", "streams": "Streams", "copies": "Copies",
           "memory": "Memory", "operators": "Operators & kernels", "modules": "Modules", "telemetry": "Telemetry",
           "timeline": "Timeline", "ranks": "Ranks",

@@ -83,14 +83,33 @@ def store_choices(store: str | os.PathLike[str]) -> list[Choice]:
     from kinetoscope.batch.store import read_table
 
     traces = read_table(store, "traces")
+    hangs = read_table(store, "hangs")
+    hung = set(hangs.loc[hangs["status"] == "ok", "job"]) if len(hangs) else set()
     ok = traces[traces["status"] == "ok"]
-    names = relative_names(sorted(traces["job"].unique()))
+    names = relative_names(sorted(set(traces["job"]) | hung))
     failed = traces[traces["status"] != "ok"].groupby("job").size()
+    jobs = {job: tuple(trace_path(p) for p in rows.sort_values("rank")["path"]) for job, rows in ok.groupby("job")}
     out = []
-    for job, rows in ok.groupby("job", sort=True):
-        files = tuple(trace_path(p) for p in rows.sort_values("rank")["path"])
-        out.append(Choice(names[job], Job(names[job], files), unread=int(failed.get(job, 0))))
+    for job in sorted(set(jobs) | hung):
+        files = jobs.get(job, ())
+        out.append(Choice(names[job], Job(names[job], files, _hang_dumps(job) if job in hung else ()),
+                          unread=int(failed.get(job, 0))))
     return out
+
+
+def _hang_dumps(job: str) -> tuple[Path, ...]:
+    """A store's job's hang dumps, read in place: ``rank-<r>.hang.json`` in its folder (batch names a job by its
+    folder, or by one of its files)."""
+    from kinetoscope.hangdump import HANG_SUFFIX
+
+    if "://" in job:  # a job in a bucket: its dumps are not read from there yet
+        return ()
+    folder = Path(job) if Path(job).is_dir() else Path(job).parent
+    try:
+        return tuple(sorted(p for p in folder.iterdir() if p.name.endswith(HANG_SUFFIX)
+                            and not p.name.startswith(".") and p.is_file()))
+    except OSError:
+        return ()
 
 
 def content_key(files: tuple[TraceFile, ...]) -> str:
@@ -222,7 +241,7 @@ def _named_by_file(trace: Trace, label: str) -> Trace:
     """The trace with each rank's source the uploaded file's name (not its path in the server's folder)."""
     ranks = tuple(replace(r, meta=replace(r.meta, source=Path(r.meta.source).name), _views={},
                            _view_locks=ViewLocks()) for r in trace.ranks)
-    return Trace(source=label, ranks=ranks)
+    return Trace(source=label, ranks=ranks, hang_dumps=trace.hang_dumps)
 
 
 def job_file(job: Job | None, name: str) -> TraceFile | None:

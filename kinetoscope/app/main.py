@@ -20,6 +20,7 @@ from kinetoscope.app.screens import (
     distributed,
     export,
     fleet,
+    hang,
     memory,
     metadata,
     modules,
@@ -128,7 +129,7 @@ def sidebar() -> None:
                                   "results are on the Fleet page.", label, len(job.files), fleet.MAX_OPEN_RANKS))
             st.session_state[state.CURRENT] = None
             return
-        open_job(job, data.content_key(job.files), label, None, ask=False)
+        open_job(job, data.content_key(job.files + job.hang_dumps), label, None, ask=False)
     analysis = st.session_state.get(state.CURRENT)
     if analysis is not None:
         for name, reason in analysis.failed:
@@ -214,9 +215,19 @@ PAGES = [
     ("export", "Export", export.render),
     ("fleet", "Fleet (batch store)", fleet.render),
 ]
+# a job with hang dumps: the Hang page first, and for dumps alone (no rank traces) with the Fleet page only
+current = st.session_state.get(state.CURRENT)
+if hang.has_hang_dumps(current):
+    PAGES.insert(0, ("hang", "Hang", hang.render))
+    if current is not None and not current.report.ranks:
+        PAGES = [p for p in PAGES if p[0] in ("hang", "fleet")]
 # Pages are functions in screens/ (not pages/: Streamlit then also runs its old multipage mode
 # and drops widget changes), and AppTest cannot switch between them: tests pick START_PAGE.
-start_page = st.session_state.get(START_PAGE, "fleet" if st.session_state.get(fleet.STORE_KEY) else "overview")
+start_page = st.session_state.get(START_PAGE, "fleet" if st.session_state.get(fleet.STORE_KEY) else
+                                  "hang" if hang.has_hang_dumps(current) else "overview")
 pages = {name: st.Page(fn, title=title, url_path=name, default=name == start_page) for name, title, fn in PAGES}
 st.session_state[state.PAGE_OBJECTS] = pages  # for pages that send the user to another (Fleet -> Overview)
+goto = st.session_state.pop(fleet.OPEN_PAGE_KEY, None)
+if goto in pages:  # the Fleet page opened a hung job: its page exists now that the sidebar has opened it
+    st.switch_page(pages[goto])
 st.navigation(list(pages.values()), expanded=True).run()

@@ -174,6 +174,10 @@ class Profiler:
         self.writer = TraceWriter()
         self._hang_options = (hang_timeout_s, flight_recorder_entries) if hang_watch else None
         self.hang_watch: HangWatch | None = None
+        #: (our sys.excepthook, the one it replaced) while the watchdog runs
+        self._excepthook: tuple[Any, Any] | None = None
+        #: keep the exception hook after ``stop()`` (``profile_loop`` left early: an exception may be unwinding)
+        self.keep_exception_dump = False
 
     # --- lifecycle -----------------------------------------------------------------
     def __enter__(self) -> Profiler:
@@ -214,6 +218,22 @@ class Profiler:
         watch.start()
         watch.take_sigterm()
         self.hang_watch = watch
+        self._hook_exceptions(watch)
+
+    def _hook_exceptions(self, watch: HangWatch) -> None:
+        """An uncaught exception writes the rank's dump while the watchdog runs (the other ranks will wait for this
+        one: say why it left). ``with Profiler()`` sees it in ``__exit__`` first. ``profile_loop`` never sees it: the
+        loop's body raises outside the generator, and the unwinding closes the generator (stopping the profiler)
+        before the exception reaches the hook; so a loop left early keeps the hook (``keep_exception_dump``)."""
+        previous = sys.excepthook
+
+        def excepthook(exc_type: Any, exc: Any, tb: Any) -> None:
+            if self._excepthook is not None and not issubclass(exc_type, KeyboardInterrupt):
+                watch.dump("exception", exc=exc)
+            previous(exc_type, exc, tb)
+
+        self._excepthook = (excepthook, previous)
+        sys.excepthook = excepthook
 
     def _progress(self) -> tuple[int | None, int | None, list[int]]:
         """What the watchdog reads: steps ended, the last one's end (the step clock ``step()`` keeps), their times."""
@@ -222,6 +242,10 @@ class Profiler:
     @never_raises("hang watchdog")
     def _stop_hang_watch(self) -> None:
         watch, self.hang_watch = self.hang_watch, None
+        if not self.keep_exception_dump:
+            hook, self._excepthook = self._excepthook, None
+            if hook is not None and sys.excepthook is hook[0]:  # one set after ours stays (it calls ours: harmless)
+                sys.excepthook = hook[1]
         if watch is not None:
             watch.stop()
 
@@ -682,5 +706,10 @@ def profile_loop(
                     prof.note_workers(it)
             first = False
             yield item
+    except GeneratorExit:
+        # the loop was left early: a break, or an exception unwinding the caller (it closes this generator before
+        # the exception reaches sys.excepthook): the rank's dump is still written if the script ends by it
+        prof.keep_exception_dump = True
+        raise
     finally:
         prof.stop()

@@ -7,6 +7,8 @@ against what the script was built to do: the ranks, the op, the sequence number 
 from __future__ import annotations
 
 import json
+import os
+import re
 import signal
 import subprocess
 import sys
@@ -24,13 +26,27 @@ from kinetoscope.analyze.ingest.loader import load_job  # noqa: E402
 from kinetoscope.analyze.report.builder import build_report  # noqa: E402
 
 SCRIPT = '''\
-import sys, threading
+import os, sys, threading, time
 import torch, torch.distributed as dist
 from datetime import timedelta
 
 KIND, BAD, STEP = sys.argv[1], int(sys.argv[2]), 4
 dist.init_process_group("gloo", timeout=timedelta(seconds=900))
 rank = dist.get_rank()
+PICKLES = os.environ.get("TEST_FR_PICKLES")  # the fr_trace comparison: torch's own pickled dump, on request
+
+
+def pickle_on_request():
+    while not os.path.exists(PICKLES + ".go"):
+        time.sleep(0.1)
+    data = torch._C._distributed_c10d._dump_fr_trace()
+    with open(os.path.join(PICKLES, f".rank_{rank}"), "wb") as f:
+        f.write(data)
+    os.replace(os.path.join(PICKLES, f".rank_{rank}"), os.path.join(PICKLES, f"rank_{rank}"))
+
+
+if PICKLES:
+    threading.Thread(target=pickle_on_request, daemon=True).start()
 
 
 class Data(torch.utils.data.Dataset):
@@ -91,16 +107,23 @@ def _dumps_ready(out: Path, ranks: list[int]) -> bool:
     return True
 
 
-def run_hang(tmp_path: Path, kind: str, n: int, bad: int, *, hangs: bool) -> tuple[int, Path, str]:
+def run_hang(tmp_path: Path, kind: str, n: int, bad: int, *, hangs: bool,
+             pickles: Path | None = None) -> tuple[int, Path, str]:
     """Run the job under capture; a job that hangs is stopped (SIGTERM to capture, passed on) once every rank's dump
-    is there; a job that ends by itself is waited for. Gives capture's exit status, the out dir and its stderr."""
+    is there; a job that ends by itself is waited for. Gives capture's exit status, the out dir and its stderr.
+    ``pickles``: also have each rank write torch's own pickled flight recorder dump there (``rank_<r>``), once the
+    hang dumps are in, before the job is stopped."""
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
     out = tmp_path / "out"
+    env = dict(os.environ)
+    if pickles is not None:
+        pickles.mkdir(parents=True, exist_ok=True)
+        env["TEST_FR_PICKLES"] = str(pickles)
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n)]
     proc = subprocess.Popen([sys.executable, "-m", "kinetoscope.cli", "capture", "--hang-timeout", "5", "--out",
                              str(out), "--", *torchrun, str(script), kind, str(bad)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
     deadline = time.monotonic() + DEADLINE_S
     try:
         if hangs:
@@ -108,6 +131,11 @@ def run_hang(tmp_path: Path, kind: str, n: int, bad: int, *, hangs: bool) -> tup
                 assert proc.poll() is None, f"the job ended before it hung: {proc.stderr.read()[-3000:]}"
                 assert time.monotonic() < deadline, "no dumps within the deadline"
                 time.sleep(0.2)
+            if pickles is not None:
+                Path(f"{pickles}.go").touch()
+                while not all((pickles / f"rank_{r}").is_file() for r in range(n)):
+                    assert time.monotonic() < deadline, "no pickled dumps within the deadline"
+                    time.sleep(0.2)
             proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=max(deadline - time.monotonic(), 1))
     finally:
@@ -227,3 +255,60 @@ def test_eight_ranks(tmp_path, kind, missing):
     frame = ("__getitem__" if kind == "dataset" else "<module>", _line(kind))
     _check_parted(ev, n, bad, missing=missing, frame=frame)
     assert ev["waiting_ranks"] == [r for r in range(n) if r != bad]
+
+
+# --- torch's own analyser on the same hang ------------------------------------------------------------------------
+def fr_trace(folder: Path, db: Path) -> subprocess.CompletedProcess:
+    """torch's flight recorder analyser (``fr_trace``, by its module entry) on pickled dumps named ``rank_<r>``."""
+    return subprocess.run([sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", str(folder), "--prefix",
+                           "rank_", "-o", str(db)], capture_output=True, text=True, timeout=300)
+
+
+def with_group_config(pickles: Path, to: Path) -> Path:
+    """The test's own pickles (written by torch in the job this test ran: trusted here, never in the product) with
+    the default group's config filled in as NCCL records it: gloo's recorder keeps it under an empty name."""
+    import pickle
+
+    to.mkdir()
+    for f in sorted(pickles.glob("rank_*")):
+        doc = pickle.loads(f.read_bytes())
+        assert list(doc["pg_config"]) == [""], doc["pg_config"]  # what torch 2.13 records for gloo
+        doc["pg_config"] = {"0": {**doc["pg_config"][""], "name": "0", "desc": "default_pg"}}
+        (to / f.name).write_bytes(pickle.dumps(doc))
+    return to
+
+
+def fr_verdict(db: Path) -> tuple[str, int, list[int], list[int]]:
+    """fr_trace's verdict from its database (its -o file, written by it in this test): the first collective that
+    fails its check or that ranks never joined (fr_trace passes that one's check and lists them as missing), as
+    (group, seq, ranks that never joined, ranks that entered something else)."""
+    import pickle
+
+    _, database = pickle.loads(db.read_bytes())
+    bad = next(c for c in database.collectives if not c.pass_check or c.missing_ranks)
+    return (bad.group_id, bad.collective_seq_id, sorted(bad.missing_ranks or ()),
+            sorted((bad.mismatch_collectives or {}).keys()))
+
+
+@pytest.mark.parametrize("kind,n,bad,missing", [("barrier", 2, 1, False), ("skip", 2, 1, True),
+                                                ("sizes", 4, 2, False)])
+def test_fr_trace_names_the_same_collective_and_ranks(tmp_path, kind, n, bad, missing):
+    """Issue 32: torch's fr_trace on the same hang, from torch's own pickled dumps. On gloo it gives no verdict as
+    torch records it (a KeyError on the empty group config); with the config filled in, it names the same process
+    group, sequence number and ranks as the ``hang`` finding."""
+    code, out, err = run_hang(tmp_path, kind, n, bad, hangs=True, pickles=tmp_path / "fr")
+    assert code == STOPPED, err[-2000:]
+    ev, _ = diagnosis(out)
+    raw = fr_trace(tmp_path / "fr", tmp_path / "raw.db")
+    assert raw.returncode != 0 and re.search(r"KeyError: \('0', \d\)", raw.stderr), raw.stderr[-2000:]
+    proc = fr_trace(with_group_config(tmp_path / "fr", tmp_path / "fr-config"), tmp_path / "fr.db")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert fr_verdict(tmp_path / "fr.db") == ("0", SEQ, [bad] if missing else [], [] if missing else [bad])
+    said = proc.stdout + proc.stderr
+    if missing:
+        assert f"Not all ranks joining collective, sequence number: {SEQ}" in said
+        assert f"missing ranks: {{{bad}}}" in said
+    else:
+        assert f"Collective sequence number: {SEQ} has errors" in said and f"Culprit rank {bad};" in said
+    assert (ev["process_group"], ev["seq"], ev["missing_ranks"], ev["mismatched_ranks"]) == (
+        "0", SEQ, [bad] if missing else [], [] if missing else [bad])

@@ -12,50 +12,14 @@ import time
 from pathlib import Path
 
 import pytest
+from hangbuilder import LIB, USER, dump, entry, history, write_dumps
 
 from kinetoscope.analyze.analyzers.hang import diagnose, divergences
 from kinetoscope.analyze.ingest.jobs import find_jobs
 from kinetoscope.analyze.ingest.loader import load_job
 from kinetoscope.analyze.report.builder import build_report
 from kinetoscope.errors import TraceSourceError
-from kinetoscope.hangdump import (
-    Frame,
-    HangDump,
-    RaisedException,
-    ThreadStack,
-    hang_dump_name,
-)
-
-USER = "/home/me/train.py"
-LIB = "/usr/lib/python3.11/threading.py"
-
-
-def entry(seq: int, op: str = "all_reduce", sizes=((4, 3),), dtype: str = "Float", done: bool = True,
-          group: tuple[str, str] = ("0", "default_pg")) -> dict:
-    return {"collective_seq_id": seq, "p2p_seq_id": 0, "is_p2p": False, "profiling_name": f"gloo:{op}",
-            "process_group": list(group), "pg_id": int(group[0]) if group[0].isdigit() else 9,
-            "input_sizes": [list(s) for s in sizes], "input_dtypes": [dtype] * len(sizes),
-            "output_sizes": [list(s) for s in sizes], "output_dtypes": [dtype] * len(sizes),
-            "state": "scheduled", "retired": done, "time_created_ns": 1000 + seq}
-
-
-def dump(rank: int, entries: list[dict], *, world: int = 4, frames: list[Frame] | None = None,
-         reason: str = "watchdog", exc: RaisedException | None = None, pg_config: dict | None = None) -> HangDump:
-    frames = frames if frames is not None else [Frame(file=LIB, line=320, function="wait"),
-                                                 Frame(file=USER, line=40 + rank, function="step")]
-    return HangDump(rank=rank, world_size=world, pid=100 + rank, reason=reason, written_unix_ns=1, steps_ended=7,
-                    seconds_since_progress=9.0, threads=[ThreadStack(ident=1, name="MainThread", training=True,
-                                                                     frames=frames)],
-                    exception=exc,
-                    flight_recorder={"entries": entries, "pg_config": pg_config or {}, "version": "2.10"})
-
-
-def history(n: int, **last) -> list[dict]:
-    """Collectives #1..#n completed, then #n+1 as ``last`` says (not completed), if given."""
-    out = [entry(s) for s in range(1, n + 1)]
-    if last:
-        out.append(entry(n + 1, done=False, **last))
-    return out
+from kinetoscope.hangdump import Frame, RaisedException
 
 
 def test_a_rank_entering_another_op_is_mismatched_against_the_majority():
@@ -149,15 +113,9 @@ def test_dumps_of_a_job_in_step_give_no_finding():
     assert f is None and metrics["dumps"] == 4 and metrics["reasons"] == {str(r): "SIGUSR1" for r in range(4)}
 
 
-def _write(directory: Path, dumps) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    for d in dumps:
-        (directory / hang_dump_name(d.rank)).write_bytes(d.to_json())
-    return directory
-
-
 def test_analyze_a_directory_of_dumps_alone(tmp_path):
-    out = _write(tmp_path / "job", [dump(r, history(3) if r == 1 else history(3, op="all_reduce")) for r in range(4)])
+    out = write_dumps(tmp_path / "job", [dump(r, history(3) if r == 1 else history(3, op="all_reduce"))
+                                         for r in range(4)])
     jobs = find_jobs(out)
     assert [(len(j.files), len(j.hang_dumps)) for j in jobs] == [(0, 4)]
     report = build_report(load_job(jobs[0]))
@@ -180,7 +138,7 @@ def test_analyze_a_directory_of_dumps_alone(tmp_path):
 
 
 def test_a_pickled_dump_is_refused_in_one_line(tmp_path):
-    out = _write(tmp_path / "job", [dump(0, history(2))])
+    out = write_dumps(tmp_path / "job", [dump(0, history(2))])
     (out / "nccl_trace_rank_1").write_bytes(b"\x80\x04\x95" + b"\0" * 20)
     with pytest.raises(TraceSourceError, match="never unpickles"):
         find_jobs(out)
@@ -199,7 +157,7 @@ def test_a_hang_dump_beside_traces_is_no_trace(tmp_path, builder):
     b.step(0, 0, 1000)
     out = tmp_path / "job"
     b.write(out / "rank-0.pt.trace.json")
-    _write(out, [dump(0, history(2), world=1)])
+    write_dumps(out, [dump(0, history(2), world=1)])
     jobs = find_jobs(out)
     assert [(len(j.files), len(j.hang_dumps)) for j in jobs] == [(1, 1)]
 
@@ -300,10 +258,10 @@ def test_batch_lands_a_hangs_table_and_one_bad_job_never_sinks_it(tmp_path):
     from kinetoscope.batch.store import read_table
 
     roots = tmp_path / "jobs"
-    _write(roots / "a", [dump(r, history(3, op="barrier", sizes=()) if r == 3 else history(3, op="all_reduce"))
+    write_dumps(roots / "a", [dump(r, history(3, op="barrier", sizes=()) if r == 3 else history(3, op="all_reduce"))
                          for r in range(4)])
-    _write(roots / "b", [dump(r, history(5), reason="SIGUSR1") for r in range(4)])  # in step: no hang
-    bad = _write(roots / "c", [dump(0, history(2))])
+    write_dumps(roots / "b", [dump(r, history(5), reason="SIGUSR1") for r in range(4)])  # in step: no hang
+    bad = write_dumps(roots / "c", [dump(0, history(2))])
     (bad / "rank-1.hang.json").write_bytes(b"\x80\x04\x95")
     assert [(Path(j.name).name, len(j.files), len(j.hang_dumps)) for j in discover([roots])] == \
         [("a", 0, 4), ("b", 0, 4), ("c", 0, 2)]
@@ -384,3 +342,29 @@ def test_where_the_only_other_rank_left_no_dump_the_rank_that_raised_is_named():
     assert (ev["seq"], ev["unknown_ranks"], ev["ranks_without_dump"], ev["waiting_ranks"]) == (3, [0], [0], [1])
     assert ev["stuck_ranks"] == [1] and ev["stuck"][0]["why"] == "raised"
     assert "rank 0 left no record of it" in f.title and f.recommendation.startswith("the ranks without a dump")
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_profile_loop_left_by_an_exception_still_writes_the_ranks_dump(tmp_path):
+    """The loop's body raises outside profile_loop's generator, and the unwinding closes the generator (stopping the
+    profiler) before the exception reaches sys.excepthook: the hook stays for a loop left early. A loop that ran to
+    its end leaves sys.excepthook as it found it."""
+    script = tmp_path / "loop.py"
+    script.write_text(
+        "import sys\n"
+        "from kinetoscope.capture import profile_loop\n"
+        "before = sys.excepthook\n"
+        f"for i in profile_loop(range(2), {str(tmp_path / 'whole')!r}, hang_timeout_s=0, telemetry=False):\n"
+        "    pass\n"
+        "assert sys.excepthook is before, 'a loop run to its end leaves the hook'\n"
+        f"for i in profile_loop(range(9), {str(tmp_path / 'left')!r}, hang_timeout_s=0, telemetry=False):\n"
+        "    if i == 3:\n"
+        "        raise ValueError('bad batch')  # MARK\n")
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1 and "ValueError: bad batch" in proc.stderr, proc.stderr[-2000:]
+    assert not (tmp_path / "whole" / "rank-0.hang.json").exists()
+    doc = json.loads((tmp_path / "left" / "rank-0.hang.json").read_text())
+    assert doc["reason"] == "exception" and doc["steps_ended"] == 3
+    assert doc["exception"]["type"] == "ValueError" and doc["exception"]["message"] == "bad batch"
+    assert (doc["exception"]["frames"][0]["function"], doc["exception"]["frames"][0]["line"]) == ("<module>", 9)

@@ -21,6 +21,8 @@ from kinetoscope.analyze.model.config import AnalysisConfig
 from kinetoscope.analyze.model.findings import Finding
 from kinetoscope.analyze.model.trace import Trace
 from kinetoscope.hangdump import Frame, HangDump
+from kinetoscope.hangdump import fr_completed as _completed
+from kinetoscope.hangdump import fr_op as _op
 
 #: frames a finding shows of each rank's training thread (innermost first)
 FRAMES_SHOWN = 8
@@ -48,21 +50,12 @@ class Divergence:
     first_created_ns: int
 
 
-def _op(entry: dict[str, Any]) -> str:
-    name = str(entry.get("profiling_name") or "")
-    return name.split(":", 1)[1] if ":" in name else name
-
-
 def _signature(entry: dict[str, Any]) -> tuple[Any, ...]:
     def frozen(v: Any) -> Any:
         return tuple(frozen(x) for x in v) if isinstance(v, list) else v
 
     return (_op(entry), frozen(entry.get("input_sizes")), frozen(entry.get("input_dtypes")),
             frozen(entry.get("output_sizes")), frozen(entry.get("output_dtypes")))
-
-
-def _completed(entry: dict[str, Any]) -> bool:
-    return entry.get("state") == "completed" or entry.get("retired") is True
 
 
 def _group_key(entry: dict[str, Any]) -> tuple[str, str | None]:

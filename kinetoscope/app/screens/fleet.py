@@ -1,6 +1,7 @@
 """Fleet: a batch store's jobs x findings, worst first; broken jobs apart; a job opened in place."""
 
 from kinetoscope.analyze.model.findings import SEVERITY_ORDER
+from kinetoscope.analyze.views.hang import hung_first, hung_jobs
 from kinetoscope.app import state
 from kinetoscope.app.ui import bullets, md, st
 from kinetoscope.batch.report import fleet, missing_ranks, relative_names
@@ -10,6 +11,8 @@ from kinetoscope.render.format import display_table, evidence_lines
 STORE_KEY = "store_path"
 #: the job the Fleet page asked the sidebar to open (its relative name)
 OPEN_KEY = "fleet_open_job"
+#: the page to show the job on, where not the Overview (a hung job: the Hang page)
+OPEN_PAGE_KEY = "fleet_open_page"
 #: a job of more ranks is not opened in the app (every rank's tables are held in memory): its job-level results show
 MAX_OPEN_RANKS = 64
 #: the store's version this page last showed; checked every REFRESH_S (one stat, or one listing of a bucket)
@@ -34,10 +37,26 @@ def render() -> None:
     table = fleet(store)
     traces = read_table(store, "traces")
     findings = read_table(store, "findings")
-    names = relative_names(sorted(traces["job"].unique()))
+    hangs = read_table(store, "hangs")
+    names = relative_names(sorted(set(traces["job"]) | set(hangs.loc[hangs["status"] == "ok", "job"])))
     ok = int((traces["status"] == "ok").sum())
     st.caption(f"{store} · {traces['job'].nunique()} jobs · {len(traces)} files ({ok} ok, {len(traces) - ok} failed) · "
                "jobs named from the folder they share")
+    hung, unread = hung_jobs(hangs, names)
+    if len(hung):  # first: a job that stopped costs more than any slow step
+        st.subheader(f"Hung jobs ({len(hung)})")
+        st.caption("Jobs whose ranks' hang dumps show where they stopped: the process group and sequence number "
+                   "where the ranks parted, the op most ranks entered, and the ranks held responsible (stuck).")
+        shown, units = display_table(hung)
+        st.dataframe(shown, formats=units, pinned=("job",), width="stretch")
+        chosen = st.selectbox("Open a hung job", list(hung["job"]), key="fleet_hung_job")
+        if st.button("Open on the Hang page", key="fleet_open_hang", help="every rank's part and stack"):
+            st.session_state[OPEN_KEY] = chosen
+            st.session_state[OPEN_PAGE_KEY] = "hang"
+            st.rerun()
+    if len(unread):
+        st.subheader(f"Hang dumps that could not be read ({len(unread)})")
+        st.dataframe(unread, width="stretch")
     completeness = missing_ranks(traces).set_index("job")
     gaps = completeness["missing_ranks"]
     table = table.assign(missing_ranks=table["job"].map(gaps).astype("Int64"), job=table["job"].map(names))
@@ -46,10 +65,11 @@ def render() -> None:
     # worst first by what fixing the job's worst finding saves per step; jobs without an estimate after
     table = table.sort_values(["worst_saving_ms_per_step", "critical", "warnings"], ascending=False, na_position="last",
                               kind="stable")
+    table = hung_first(table, hung)
     lead = ["job", "worst_saving_ms_per_step", "worst_finding", "missing_ranks"]
     shown, units = display_table(table[lead + [c for c in table.columns if c not in lead]])
-    st.caption("Worst first by what fixing each job's worst finding saves per step; missing ranks: ranks of the job "
-               "(by its world size) with no readable file.")
+    st.caption("Hung jobs first, then worst first by what fixing each job's worst finding saves per step; missing "
+               "ranks: ranks of the job (by its world size) with no readable file.")
     st.dataframe(shown, formats=units, pinned=("job",), width="stretch")
     if len(broken):
         st.subheader(f"Jobs that could not be analysed ({len(broken)})")
