@@ -233,7 +233,7 @@ def _hangs(root: Path, jobs: list[Job], config: AnalysisConfig, limits: LoadLimi
             continue
         result = analyzer("hang").fn(Trace(source=job.name, ranks=(), hang_dumps=dumps), config)
         finding = result.findings[0] if result.findings else None
-        m = result.metrics
+        m = result.fragment()
         write_rows(root, "hangs", key, [{
             **row, "status": "ok", "error": None, "hung": finding is not None,
             "process_group": m.get("process_group"), "seq": m.get("seq"), "op": m.get("expected_op"),

@@ -13,12 +13,13 @@ import traceback
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from kinetoscope import __version__
 from kinetoscope.analyze import whatif
 from kinetoscope.analyze.model.config import DEFAULT_CONFIG, AnalysisConfig
 from kinetoscope.analyze.model.findings import Finding, rank_findings
+from kinetoscope.analyze.model.record import Record
 from kinetoscope.analyze.model.timeline import window
 from kinetoscope.analyze.model.trace import RankTrace, Trace
 from kinetoscope.analyze.registry import AnalysisResult, analyzers
@@ -36,9 +37,57 @@ class AnalyzerFailure:
     detail: str
 
 
+R = TypeVar("R", bound=Record)
+
+
+@dataclass(frozen=True)
+class RankReport:
+    """One rank's report entry, typed: the header, then each analyzer's result record (by registry key, in the
+    registry's order; an analyzer that failed is absent), then the what-if's replay check. ``to_dict`` writes the
+    report's rank entry (``docs/report.md``)."""
+
+    rank: int
+    #: "trace" (the file says), "file name", or "default" (nothing said: 0)
+    rank_source: str
+    world_size: int | None
+    file: str
+    #: each device's name (None where unnamed); None where the trace names no device
+    devices: list[str | None] | None
+    events: int
+    memory_events: int
+    warnings: list[str]
+    unhandled_events: dict[str, int]
+    #: each analyzer's metrics by registry key: a typed record, or a dict from an analyzer not yet typed
+    analyses: dict[str, Record | dict[str, Any] | None] = field(default_factory=dict)
+    #: the what-if's replay of the rank's steps against what was measured (``whatif.replay_entry``); None where it
+    #: failed
+    replay: dict[str, Any] | None = None
+
+    def result(self, cls: type[R]) -> R | None:
+        """The typed result of that record type (``rr.result(StepsResult)``); None where its analyzer failed or
+        is not typed."""
+        return next((m for m in self.analyses.values() if isinstance(m, cls)), None)
+
+    def header(self) -> dict[str, Any]:
+        return {"rank": self.rank, "rank_source": self.rank_source, "world_size": self.world_size, "file": self.file,
+                "devices": self.devices, "events": self.events, "memory_events": self.memory_events,
+                "warnings": self.warnings, "unhandled_events": self.unhandled_events}
+
+    def to_dict(self) -> dict[str, Any]:
+        out = self.header()
+        for metrics in self.analyses.values():
+            if isinstance(metrics, Record):
+                out.update(metrics.to_dict())
+            elif metrics:
+                out.update(metrics)
+        out["replay"] = self.replay
+        return out
+
+
 @dataclass(frozen=True)
 class Report:
     source: str
+    #: each rank's entry as the JSON report writes it (``RankReport.to_dict``), for readers of the contract
     ranks: tuple[dict[str, Any], ...]
     findings: tuple[Finding, ...]
     job: dict[str, Any]
@@ -49,6 +98,8 @@ class Report:
     #: numbers that break an invariant (a fraction outside [0, 1], a fix whose replayed step ends later than before):
     #: a bug, reported, never clamped away
     violations: tuple[str, ...] = ()
+    #: each rank's entry, typed (what ``ranks`` is written from), in the same order
+    rank_reports: tuple[RankReport, ...] = ()
     #: seconds each analyzer took, summed over ranks ("replay" and "estimates": the what-if), for benchmarks;
     #: not part of the JSON report (timings are not results)
     timings_s: dict[str, float] = field(repr=False, default_factory=dict)
@@ -116,19 +167,19 @@ def fraction_violations(obj: Any, path: str = "") -> list[str]:
     return out
 
 
-def _rank_header(r: RankTrace) -> dict[str, Any]:
+def _rank_header(r: RankTrace) -> RankReport:
     m = r.meta
-    return {
-        "rank": r.rank,
-        "rank_source": m.rank_source,
-        "world_size": m.world_size,
-        "file": m.source,
-        "devices": [p.get("name") for p in m.device_properties] or None,
-        "events": int(len(r.events)),
-        "memory_events": int(len(r.memory)),
-        "warnings": list(m.warnings),
-        "unhandled_events": dict(m.unhandled_events),
-    }
+    return RankReport(
+        rank=r.rank,
+        rank_source=m.rank_source,
+        world_size=m.world_size,
+        file=m.source,
+        devices=[p.get("name") for p in m.device_properties] or None,
+        events=int(len(r.events)),
+        memory_events=int(len(r.memory)),
+        warnings=list(m.warnings),
+        unhandled_events=dict(m.unhandled_events),
+    )
 
 
 def _capped(found: tuple[Finding, ...], entry: dict[str, Any]) -> list[Finding]:
@@ -258,7 +309,7 @@ def build_report(trace: Trace, config: AnalysisConfig = DEFAULT_CONFIG, *, threa
     once its analyses end, and RANKS_IN_FLIGHT ranks are started at once (one more may be finishing), so a job of
     many ranks holds the views of two or three, not of all (for a caller that will not look at the views again,
     such as the command)."""
-    entries: list[dict[str, Any]] = []
+    rank_reports: list[RankReport] = []
     findings: list[Finding] = []
     results: dict[int, dict[str, AnalysisResult]] = {}
     failures: list[AnalyzerFailure] = []
@@ -288,7 +339,8 @@ def build_report(trace: Trace, config: AnalysisConfig = DEFAULT_CONFIG, *, threa
         unestimated: list[list[Finding]] = []
         for i, r in enumerate(trace.ranks):
             futures, replay = running[i]
-            entry = _rank_header(r)
+            typed = _rank_header(r)
+            entry = typed.header()  # the entry so far, for the ceilings of the findings that follow
             results[r.rank] = {}
             mine: list[Finding] = []
             lost: list[AnalyzerFailure] = []
@@ -299,19 +351,20 @@ def build_report(trace: Trace, config: AnalysisConfig = DEFAULT_CONFIG, *, threa
                     lost.append(failure)
                     continue
                 results[r.rank][a.key] = res
-                entry.update(res.metrics)
+                typed.analyses[a.key] = res.metrics
+                entry.update(res.fragment())
                 mine.extend(_capped(res.findings, entry))
-            entry["replay"], failure, took = replay.result()
+            played, failure, took = replay.result()
             timings["replay"] += took
             if failure is not None:  # the what-if must not sink the report
                 lost.append(failure)
+            rank_reports.append(replace(typed, replay=played))
             estimating.append(pool.submit(_timed, "whatif", r.rank, _finish_rank, r, mine, maps, keep_views,
                                           config))
             if i + in_flight < len(trace.ranks):  # queued after this rank's last work: its views go first
                 running.append(start(trace.ranks[i + in_flight]))
             rank_failures.append(lost)
             unestimated.append(mine)
-            entries.append(entry)
         for future, lost, mine in zip(estimating, rank_failures, unestimated, strict=False):
             done, failure, took = future.result()
             if failure is not None:  # a bug past the estimates (each caught on its own): the findings, unestimated
@@ -340,8 +393,8 @@ def build_report(trace: Trace, config: AnalysisConfig = DEFAULT_CONFIG, *, threa
             failures.append(failure)
             continue
         job_results[a.key] = res
-        if res.metrics:
-            job[a.key] = res.metrics
+        if res.fragment():
+            job[a.key] = res.fragment()
         for f in res.findings:
             if missing and f.id != "hang":  # a claim about the whole job (its straggler) over ranks it never saw is
                 continue                    # not made; a hang rests on the ranks' dumps, not on their traces
@@ -350,6 +403,7 @@ def build_report(trace: Trace, config: AnalysisConfig = DEFAULT_CONFIG, *, threa
             findings.extend(found)
             failures.extend(lost)
     findings = _exposure_less_waits(trace, findings, job, config)
+    entries = [rr.to_dict() for rr in rank_reports]  # the JSON report's rank entries, from the typed ones
     violations = [f"rank {e['rank']}: {v}" for e in entries for v in fraction_violations(e)]
     violations += [f"job: {v}" for v in fraction_violations(job)]
     violations += [f"finding {f.id} (rank {f.rank}): {v}" for f in findings for v in fraction_violations(f.evidence)]
@@ -359,6 +413,7 @@ def build_report(trace: Trace, config: AnalysisConfig = DEFAULT_CONFIG, *, threa
         ranks=tuple(entries),
         findings=tuple(rank_findings(findings)),
         job=job,
+        rank_reports=tuple(rank_reports),
         results=results,
         job_results=job_results,
         failures=tuple(failures),
