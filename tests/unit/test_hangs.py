@@ -74,7 +74,7 @@ def test_a_rank_entering_another_op_is_mismatched_against_the_majority():
     assert per[0]["last_entered"] == {"seq": 7, "op": "all_reduce", "input_sizes": [[4, 3]], "input_dtypes": ["Float"],
                                       "output_sizes": [[4, 3]], "output_dtypes": ["Float"], "state": "scheduled",
                                       "completed": False}
-    assert metrics["stuck_ranks"] == [2] and metrics["seq"] == 7
+    assert metrics.stuck_ranks == [2] and metrics.seq == 7
 
 
 def test_a_rank_that_never_entered_is_missing_and_its_stack_says_where():
@@ -146,7 +146,7 @@ def test_a_raised_exception_is_the_stuck_ranks_frame():
 def test_dumps_of_a_job_in_step_give_no_finding():
     dumps = tuple(dump(r, history(6), reason="SIGUSR1") for r in range(4))
     metrics, f = diagnose(dumps)
-    assert f is None and metrics["dumps"] == 4 and metrics["reasons"] == {str(r): "SIGUSR1" for r in range(4)}
+    assert f is None and metrics.dumps == 4 and metrics.reasons == {str(r): "SIGUSR1" for r in range(4)}
 
 
 def _write(directory: Path, dumps) -> Path:

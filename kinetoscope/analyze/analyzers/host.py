@@ -17,6 +17,7 @@ from kinetoscope.analyze.model.analysis import AnalysisResult, register
 from kinetoscope.analyze.model.collectives import collectives, host_collectives
 from kinetoscope.analyze.model.config import AnalysisConfig
 from kinetoscope.analyze.model.findings import Finding
+from kinetoscope.analyze.model.results import Host, HostResult
 from kinetoscope.analyze.model.timeline import COMPILE_RE, all_loader_spans, main_thread, name_mask, sync_calls, window
 from kinetoscope.analyze.model.trace import RankTrace
 from kinetoscope.analyze.model.units import frac, us
@@ -51,27 +52,27 @@ def analyze_host(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
     """The process's CPU per step against the time its training thread was busy (capture's step timings)."""
     rs = trace.run_steps
     if rs is None or "cpu_ns" not in rs or rs["cpu_ns"].isna().all() or trace.steps.empty:
-        return AnalysisResult(key="host", metrics={"host": None})
+        return AnalysisResult(key="host", metrics=HostResult(host=None))
     numbers, busy = _busy_per_step(trace)
     rows = rs.set_index("step").reindex(numbers)
     cpu = (rows["cpu_ns"] - rows["data_wait_cpu_ns"].fillna(0)).to_numpy(float)
     ok = ~np.isnan(cpu) & (busy > 0)
     if not ok.any():
-        return AnalysisResult(key="host", metrics={"host": None})
+        return AnalysisResult(key="host", metrics=HostResult(host=None))
     share = cpu[ok] / busy[ok]
     lost = np.maximum(busy[ok] - cpu[ok], 0.0)  # busy time that ran without a core: at least this was lost
     host = (trace.meta.capture or {}).get("host") or {}
-    metrics = {
-        "steps": int(ok.sum()),
-        "cores_while_busy": round(float(np.median(share)), 4),
-        "cores_while_busy_of": "the process's CPU time outside data waits over the time its training thread wanted a "
-                              "CPU (the step less its waits for data, the device, other ranks, and compilation), per "
-                              "step (median)",
-        "busy_us_per_step": us(float(np.mean(busy[ok]))),
-        "cpu_us_per_step": us(float(np.mean(cpu[ok]))),
-        "cpus": host.get("cpus"),
-        "torch_threads": host.get("torch_threads"),
-    }
+    metrics = Host(
+        steps=int(ok.sum()),
+        cores_while_busy=round(float(np.median(share)), 4),
+        cores_while_busy_of="the process's CPU time outside data waits over the time its training thread wanted a "
+                            "CPU (the step less its waits for data, the device, other ranks, and compilation), per "
+                            "step (median)",
+        busy_us_per_step=us(float(np.mean(busy[ok]))),
+        cpu_us_per_step=us(float(np.mean(cpu[ok]))),
+        cpus=host.get("cpus"),
+        torch_threads=host.get("torch_threads"),
+    )
     findings = []
     w = window(trace)
     if (ok.sum() >= 2 and float(np.median(share)) < config.host_min_core_share
@@ -91,7 +92,7 @@ def analyze_host(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
                     + (f" ({facts})" if facts else "")
                 ),
                 evidence={
-                    "cores_while_busy": metrics["cores_while_busy"],
+                    "cores_while_busy": metrics.cores_while_busy,
                     "per_step": [
                         {"step": int(s), "busy_us": us(b), "cpu_us": us(c)}
                         for s, b, c in zip(numbers[ok], busy[ok], cpu[ok], strict=False)
@@ -111,4 +112,4 @@ def analyze_host(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
                 impact_us=float(lost.sum()) / 1000.0,
             )
         )
-    return AnalysisResult(key="host", metrics={"host": metrics}, findings=tuple(findings))
+    return AnalysisResult(key="host", metrics=HostResult(host=metrics), findings=tuple(findings))

@@ -300,3 +300,132 @@ class Coverage(Record, frozen=True):
 
 class CoverageResult(Record, frozen=True):
     coverage: Coverage
+
+
+# --- hygiene ---------------------------------------------------------------------------------------------------
+
+
+class Hygiene(Record, frozen=True):
+    #: training steps judged (a step cut short, or the profiler's empty stub, left out)
+    steps: int
+    backward_steps: int
+    optimizer_steps: int
+    zero_grad_steps: int
+    #: the finding ids this analyzer checks
+    checks: list[str]
+
+
+class HygieneResult(Record, frozen=True):
+    #: None: no steps to judge the loop by
+    hygiene: Hygiene | None
+
+
+# --- allocator -------------------------------------------------------------------------------------------------
+
+
+class Allocator(Record, frozen=True):
+    calls: int
+    time_us: float | None
+    fraction: float | None
+    fraction_of: str
+    steps_with_calls: int
+    steps: int
+    by_name: dict[str, OpTime]
+
+
+class AllocatorResult(Record, frozen=True):
+    allocator: Allocator | None
+
+
+# --- host ------------------------------------------------------------------------------------------------------
+
+
+class Host(Record, frozen=True):
+    steps: int
+    cores_while_busy: float
+    cores_while_busy_of: str
+    busy_us_per_step: float | None
+    cpu_us_per_step: float | None
+    cpus: Any
+    torch_threads: Any
+
+
+class HostResult(Record, frozen=True):
+    #: None: the capture recorded no CPU time per step
+    host: Host | None
+
+
+# --- outliers --------------------------------------------------------------------------------------------------
+
+
+class Outliers(Record, frozen=True, kw_only=True):
+    """Steps unlike the others; only ``run`` where the window has too few steps to tell."""
+
+    median_step_us: float | None | UnsetType = UNSET
+    steps: int | UnsetType = UNSET
+    outlier_steps: int | UnsetType = UNSET
+    ratio: float | UnsetType = UNSET
+    #: validation and checkpoints over the whole run, by kind; None where the capture did not record them
+    run: dict[str, dict[str, Any]] | None
+    #: where there are outliers: their time beyond the median step, and what they hold
+    excess_us: float | None | UnsetType = UNSET
+    holds: list[str] | UnsetType = UNSET
+
+
+class OutliersResult(Record, frozen=True):
+    outliers: Outliers | None
+
+
+# --- job: collectives across ranks -----------------------------------------------------------------------------
+
+
+class CollectiveRank(Record, frozen=True):
+    rank: int
+    clock_skew_us: float | None
+    matched: int
+    unmatched: int
+    point_to_point: int
+    wait_us: float | None
+    waited_for_count: int
+    waited_for_rank: int | None
+
+
+class CollectiveGroup(Record, frozen=True):
+    group: Any
+    ranks: Any
+    method: str
+    matched: int
+    unmatched: Any
+    misaligned_ranks: Any
+
+
+class Collectives(Record, frozen=True):
+    """The job's ``collectives`` object."""
+
+    matched: int
+    unmatched: int
+    groups: list[CollectiveGroup]
+    reference_rank: int | None
+    most_waited_for_rank: int | None
+    ranks: list[CollectiveRank]
+    method: str
+
+
+# --- job: hang -------------------------------------------------------------------------------------------------
+
+
+class Hang(Record, frozen=True, kw_only=True):
+    """The job's ``hang`` object, from the ranks' hang dumps; the divergence's keys only where the dumps show one
+    (or a rank that raised or stalled)."""
+
+    dumps: int
+    ranks_with_dump: list[int]
+    ranks_without_dump: list[int]
+    reasons: dict[str, str]
+    process_group: Any | UnsetType = UNSET
+    seq: int | None | UnsetType = UNSET
+    expected_op: str | None | UnsetType = UNSET
+    stuck_ranks: list[int] | UnsetType = UNSET
+    missing_ranks: list[int] | UnsetType = UNSET
+    mismatched_ranks: list[int] | UnsetType = UNSET
+    waiting_ranks: list[int] | UnsetType = UNSET
