@@ -204,12 +204,12 @@ def test_the_analysis_reads_the_marks(auto):
     assert r.run_steps["validation_ns"].tolist() == [float(v) for v in steps["validation_ns"]]
 
 
-def test_both_decoders_read_the_same_marks(auto, monkeypatch):
+def test_both_decoders_read_the_same_marks(auto):
+    from kinetoscope.analyze.ingest.limits import LoadLimits
     from kinetoscope.analyze.ingest.loader import load_trace
 
     scanned = load_trace(auto).ranks[0].marks
-    monkeypatch.setenv("KINETOSCOPE_DECODER", "reference")
-    reference = load_trace(auto).ranks[0].marks
+    reference = load_trace(auto, LoadLimits(decoder="reference")).ranks[0].marks
     assert scanned.astype(object).equals(reference.astype(object))
 
 

@@ -31,10 +31,9 @@ def _json(report) -> str:
 @pytest.mark.parametrize("path", SAMPLES, ids=lambda p: p.name)
 def test_the_report_on_threads_is_the_report_one_after_another(path, monkeypatch):
     alone = _json(build_report(load_trace(path), threads=1))
-    monkeypatch.setenv("KINETOSCOPE_THREADS", "4")
-    assert report_module.analysis_threads() == 4
+    assert report_module.analysis_threads(4) == 4
     monkeypatch.setattr(report_module, "THREADS_FROM_EVENTS", 0)  # these samples are below it
-    assert _json(build_report(load_trace(path))) == alone
+    assert _json(build_report(load_trace(path), max_threads=4)) == alone
 
 
 def test_a_view_two_threads_ask_for_at_once_is_computed_once():
@@ -57,12 +56,11 @@ def test_a_view_two_threads_ask_for_at_once_is_computed_once():
 
 
 def test_a_failing_analyzer_on_a_thread_is_reported_and_the_others_kept(monkeypatch):
-    monkeypatch.setenv("KINETOSCOPE_THREADS", "2")
     monkeypatch.setattr(report_module, "THREADS_FROM_EVENTS", 0)
     real = registry_module.analyzers()
     broken = [replace(a, fn=lambda r, c: 1 / 0) if a.key == "gpu" else a for a in real]
     monkeypatch.setattr(report_module, "analyzers", lambda: broken)
-    report = build_report(load_trace(SAMPLES[1]))
+    report = build_report(load_trace(SAMPLES[1]), max_threads=2)
     failures = [(f.analyzer, f.rank, f.error) for f in report.failures]
     assert failures == [("gpu", 0, "ZeroDivisionError: division by zero")]
     assert "loader" in report.timings_s and report.ranks[0]["steps"]["count"] > 0
@@ -78,11 +76,10 @@ def test_threads_only_for_ranks_large_enough(monkeypatch):
         return real(max_workers=max_workers, **kw)
 
     monkeypatch.setattr(report_module, "ThreadPoolExecutor", spy)
-    monkeypatch.setenv("KINETOSCOPE_THREADS", "3")
     trace = load_trace(SAMPLES[1])
-    build_report(trace)
+    build_report(trace, max_threads=3)
     monkeypatch.setattr(report_module, "THREADS_FROM_EVENTS", len(trace.ranks[0].events))
-    build_report(trace)
+    build_report(trace, max_threads=3)
     assert used == [1, 3]
 
 
@@ -122,12 +119,41 @@ def test_an_analysed_trace_can_be_pickled_and_copied():
 
 
 @pytest.mark.parametrize("value", ["0", "abc", "-2", "100"])
-def test_a_wrong_thread_count_is_a_clear_error(monkeypatch, value):
+def test_a_wrong_thread_count_is_a_clear_error(value):
+    from kinetoscope.cli.settings import from_environment
     from kinetoscope.errors import ConfigError
 
-    monkeypatch.setenv("KINETOSCOPE_THREADS", value)
     with pytest.raises(ConfigError, match="KINETOSCOPE_THREADS"):
-        build_report(load_trace(SAMPLES[2]))
+        from_environment({"KINETOSCOPE_THREADS": value})
+
+
+@pytest.mark.parametrize("value", [0, 65])
+def test_a_thread_count_out_of_range_is_refused_by_the_library_too(value):
+    from kinetoscope.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="analysis threads"):
+        build_report(load_trace(SAMPLES[2]), max_threads=value)
+
+
+def test_the_library_reads_no_thread_setting_from_the_environment(monkeypatch):
+    """KINETOSCOPE_THREADS is the command's (``cli.settings``): the library takes ``max_threads``."""
+    monkeypatch.setenv("KINETOSCOPE_THREADS", "abc")  # would be refused if read
+    assert build_report(load_trace(SAMPLES[2])).ranks
+
+
+def test_the_settings_come_from_the_environment_given():
+    from pathlib import Path
+
+    from kinetoscope.cli.settings import Settings, default_cache_dir, from_environment
+    from kinetoscope.errors import ConfigError
+
+    assert from_environment({}) == Settings(threads=None, decoder="native", cache_dir=None)
+    assert from_environment({"KINETOSCOPE_THREADS": " 3 ", "KINETOSCOPE_DECODER": "reference",
+                             "KINETOSCOPE_CACHE_DIR": "/c"}) == Settings(3, "reference", Path("/c"))
+    with pytest.raises(ConfigError, match="KINETOSCOPE_DECODER"):
+        from_environment({"KINETOSCOPE_DECODER": "fast"})
+    assert default_cache_dir({"KINETOSCOPE_CACHE_DIR": "/c", "XDG_CACHE_HOME": "/x"}) == Path("/c")
+    assert default_cache_dir({"XDG_CACHE_HOME": "/x"}) == Path("/x/kinetoscope")
 
 
 def _straggling_job(folder: Path, ranks: int = 5) -> Path:

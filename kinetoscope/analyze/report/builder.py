@@ -201,14 +201,13 @@ def _capped(found: tuple[Finding, ...], entry: dict[str, Any]) -> list[Finding]:
 THREADS_FROM_EVENTS = 200_000
 
 
-def analysis_threads() -> int:
-    """Threads a rank's analyzers share: up to 4 (past that the GIL-bound parts dominate), ``KINETOSCOPE_THREADS``
-    to choose (1: one after another)."""
-    chosen = os.environ.get("KINETOSCOPE_THREADS", "").strip()
-    if chosen:
-        if not chosen.isdigit() or not 1 <= int(chosen) <= 64:
-            raise ConfigError(f"KINETOSCOPE_THREADS={chosen!r}: expected a whole number of threads from 1 to 64")
-        return int(chosen)
+def analysis_threads(chosen: int | None = None) -> int:
+    """Threads a large rank's analyzers share: ``chosen`` (the command's ``KINETOSCOPE_THREADS``; 1: one after
+    another), else up to 4 (past that the GIL-bound parts dominate), no more than the cores."""
+    if chosen is not None:
+        if not 1 <= chosen <= 64:
+            raise ConfigError(f"{chosen} analysis threads: expected a whole number of threads from 1 to 64")
+        return chosen
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return max(1, min(4, cores))
 
@@ -302,10 +301,10 @@ def _finish_rank(r: RankTrace, found: list[Finding], maps: list[tuple[str, Any]]
 
 
 def build_report(trace: Trace, config: AnalysisConfig = DEFAULT_CONFIG, *, threads: int | None = None,
-                 keep_views: bool = True) -> Report:
+                 keep_views: bool = True, max_threads: int | None = None) -> Report:
     """Run the registry over every rank, then the job-level analyzers. ``threads``: how many the analyzers share
-    (default: ``analysis_threads()`` when a rank has THREADS_FROM_EVENTS events, else 1; a caller running reports
-    side by side, such as a batch worker, gives 1). ``keep_views=False``: each rank's derived views are dropped
+    (default: ``analysis_threads(max_threads)`` when a rank has THREADS_FROM_EVENTS events, else 1; a caller running
+    reports side by side, such as a batch worker, gives 1). ``keep_views=False``: each rank's derived views are dropped
     once its analyses end, and RANKS_IN_FLIGHT ranks are started at once (one more may be finishing), so a job of
     many ranks holds the views of two or three, not of all (for a caller that will not look at the views again,
     such as the command)."""
@@ -323,7 +322,7 @@ def build_report(trace: Trace, config: AnalysisConfig = DEFAULT_CONFIG, *, threa
     # release the GIL in their sorts, searches and takes); results are taken in the registry's and the ranks'
     # order, so the report is the one they give one after another
     if threads is None:  # below ~200k events a rank's pandas operations are too small: threads only contend
-        chosen = analysis_threads()
+        chosen = analysis_threads(max_threads)
         threads = chosen if any(len(r.events) >= THREADS_FROM_EVENTS for r in trace.ranks) else 1
     in_flight = len(trace.ranks) if keep_views else RANKS_IN_FLIGHT
     pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kinetoscope-analyze")
