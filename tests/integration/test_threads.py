@@ -15,7 +15,7 @@ from kinetoscope.analyze import registry as registry_module
 from kinetoscope.analyze.ingest.loader import load_trace
 from kinetoscope.analyze.model.trace import trace_view
 from kinetoscope.analyze.report import builder as report_module
-from kinetoscope.analyze.report.builder import build_report
+from kinetoscope.analyze.report.builder import Report, build_report
 from kinetoscope.render.json import report_to_json
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -170,14 +170,21 @@ def _straggling_job(folder: Path, ranks: int = 5) -> Path:
     return folder
 
 
+@pytest.fixture(scope="module")
+def straggling(tmp_path_factory) -> tuple[Path, Report]:
+    """The five-rank straggling job, and its report on one thread with every view kept (built once: the tests below
+    compare against it)."""
+    job = _straggling_job(tmp_path_factory.mktemp("straggling") / "job")
+    return job, build_report(load_trace(job), threads=1)
+
+
 @pytest.mark.parametrize("threads", [1, 3])
-def test_views_dropped_as_ranks_finish_give_the_same_report(tmp_path, threads):
+def test_views_dropped_as_ranks_finish_give_the_same_report(straggling, threads):
     """keep_views=False (what the command asks for): the same report, byte for byte; each rank then keeps only what
     the job analyzers reduce over (the straggler's summary), and the straggler is still found."""
     from kinetoscope.analyze.analyzers.straggler import rank_summary
 
-    job = _straggling_job(tmp_path / "job")
-    kept = build_report(load_trace(job), threads=threads)
+    job, kept = straggling  # on one thread: the report on threads is the same (test above)
     trace = load_trace(job)
     dropped = build_report(trace, threads=threads, keep_views=False)
     assert _json(dropped) == _json(kept)
@@ -212,13 +219,12 @@ def test_a_job_analysed_without_views_holds_two_ranks_views_at_a_time(tmp_path, 
     assert seen == [0, 1, 2, 3, 4, 5]
 
 
-def test_a_failure_after_a_ranks_estimates_keeps_its_findings_and_is_reported(tmp_path, monkeypatch):
+def test_a_failure_after_a_ranks_estimates_keeps_its_findings_and_is_reported(straggling, monkeypatch):
     """Past the estimates (each caught on its own), a bug in a rank's last work (here dropping its views) loses
     nothing: the rank's findings are listed, unestimated, and the failure is reported as the what-if's."""
     from kinetoscope.analyze.model.trace import RankTrace
 
-    job = _straggling_job(tmp_path / "job")
-    kept = build_report(load_trace(job), threads=1)
+    job, kept = straggling
 
     def broken(self, keep=()):
         raise RuntimeError("drop_views broke")

@@ -307,7 +307,13 @@ def test_batch_lands_a_hangs_table_and_one_bad_job_never_sinks_it(tmp_path):
     (bad / "rank-1.hang.json").write_bytes(b"\x80\x04\x95")
     assert [(Path(j.name).name, len(j.files), len(j.hang_dumps)) for j in discover([roots])] == \
         [("a", 0, 4), ("b", 0, 4), ("c", 0, 2)]
-    run_batch([roots], tmp_path / "store", workers=1)
+    # jobs of hang dumps alone submit no task: an in-process cluster (no worker process to start; was ~5 s of the
+    # fast subset) serves; the process-based one is test_batch's (marked cluster)
+    from dask.distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=":0") as cluster, \
+            Client(cluster) as client:
+        run_batch([roots], tmp_path / "store", client=client)
     hangs = read_table(tmp_path / "store", "hangs").sort_values("job")
     assert [Path(j).name for j in hangs["job"]] == ["a", "b", "c"]
     assert list(hangs["status"]) == ["ok", "ok", "failed"]
