@@ -19,7 +19,7 @@ from kinetoscope import __version__
 from kinetoscope.analyze import whatif
 from kinetoscope.analyze.model.config import DEFAULT_CONFIG, AnalysisConfig
 from kinetoscope.analyze.model.findings import Finding, rank_findings
-from kinetoscope.analyze.model.record import Record
+from kinetoscope.analyze.model.record import Record, json_ready
 from kinetoscope.analyze.model.timeline import window
 from kinetoscope.analyze.model.trace import RankTrace, Trace
 from kinetoscope.analyze.registry import AnalysisResult, analyzers
@@ -67,6 +67,18 @@ class RankReport:
         """The typed result of that record type (``rr.result(StepsResult)``); None where its analyzer failed or
         is not typed."""
         return next((m for m in self.analyses.values() if isinstance(m, cls)), None)
+
+    def value(self, key: str) -> Any:
+        """The rank entry's ``key`` as the JSON report has it (``rr.value("efficiency")``), from whichever analyzer
+        gives it, typed or not; None where none does. For renderers of an analyzer not yet typed: typed ones are
+        read with ``result``."""
+        for metrics in self.analyses.values():
+            if isinstance(metrics, Record):
+                if key in metrics.__struct_fields__:
+                    return json_ready(getattr(metrics, key))
+            elif metrics and key in metrics:
+                return metrics[key]
+        return None
 
     def header(self) -> dict[str, Any]:
         return {"rank": self.rank, "rank_source": self.rank_source, "world_size": self.world_size, "file": self.file,
