@@ -3,6 +3,8 @@ writes the report's rank entry whether its analyzers are typed or still give dic
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from kinetoscope.analyze.model.record import UNSET, Record, UnsetType
 from kinetoscope.analyze.model.results import OpTime
 from kinetoscope.analyze.report.builder import RankReport
@@ -46,3 +48,5 @@ def test_a_rank_entry_mixes_typed_and_untyped_analyzers_in_the_registry_order():
     assert rr.value("efficiency") == {"mfu": 0.25}
     assert rr.value("by_op") == {"all_reduce": {"count": 2, "time_us": 7.5}}
     assert rr.value("absent") is None
+    later = replace(rr, after_replay={"critical_path": {"steps": 2}})
+    assert list(later.to_dict())[-2:] == ["replay", "critical_path"] and later.value("critical_path") == {"steps": 2}

@@ -62,6 +62,9 @@ class RankReport:
     #: the what-if's replay of the rank's steps against what was measured (``whatif.replay_entry``); None where it
     #: failed
     replay: dict[str, Any] | None = None
+    #: further per-rank blocks written after ``replay``, in order, JSON-ready (the what-if's own blocks beside the
+    #: replay, where a branch adds them: e.g. the critical path)
+    after_replay: dict[str, Any] = field(default_factory=dict)
 
     def result(self, cls: type[R]) -> R | None:
         """The typed result of that record type (``rr.result(StepsResult)``); None where its analyzer failed or
@@ -78,7 +81,7 @@ class RankReport:
                     return json_ready(getattr(metrics, key))
             elif metrics and key in metrics:
                 return metrics[key]
-        return None
+        return self.after_replay.get(key)
 
     def header(self) -> dict[str, Any]:
         return {"rank": self.rank, "rank_source": self.rank_source, "world_size": self.world_size, "file": self.file,
@@ -93,6 +96,7 @@ class RankReport:
             elif metrics:
                 out.update(metrics)
         out["replay"] = self.replay
+        out.update(self.after_replay)
         return out
 
 
