@@ -54,7 +54,7 @@ def rows(path: Path) -> list[dict[str, object]]:
             file = next((f for f in job.files if f.name in r.meta.source), job.files[0])
             extra = hta_extra_busy_events(file)
             view = hta_view(r)
-            gpu = analyze_gpu(view, DEFAULT_CONFIG).metrics["gpu"]
+            gpu = analyze_gpu(view, DEFAULT_CONFIG).fragment()["gpu"]
             ours_busy = sum(d["busy_us"] for d in gpu["devices"]) if gpu else None
             ours_idle = gpu["devices"][0]["idle_us"] if gpu and len(gpu["devices"]) == 1 else None
             h = hta.get(r.rank)

@@ -25,6 +25,7 @@ from kinetoscope.analyze.model.trace import Trace, ViewLocks
 from kinetoscope.analyze.report.builder import Report
 from kinetoscope.analyze.report.job import analyse_job
 from kinetoscope.app.launch import MAX_UPLOAD_MB, bundled_samples
+from kinetoscope.cli.settings import from_environment
 from kinetoscope.errors import KinetoscopeError
 from kinetoscope.fsutil import pid_alive
 from kinetoscope.sources import trace_path, version_of
@@ -211,9 +212,11 @@ def without_folder(message: str, folder: Path | None) -> str:
 def app_limits() -> LoadLimits:
     """The app's load limits, shared by every session of one server: KINETOSCOPE_MAX_SIZE (default 1G) caps
     the gunzipped size of one file (analysing it takes about 2.5 times that in memory), and
-    KINETOSCOPE_MAX_FALLBACK (default 16M) what the reference decoder may hold."""
+    KINETOSCOPE_MAX_FALLBACK (default 16M) what the reference decoder may hold; KINETOSCOPE_DECODER as for the
+    command (``cli.settings``)."""
     return LoadLimits(max_decompressed_bytes=parse_size(os.environ.get("KINETOSCOPE_MAX_SIZE", "1G")),
-                      max_fallback_bytes=parse_size(os.environ.get("KINETOSCOPE_MAX_FALLBACK", "16M")))
+                      max_fallback_bytes=parse_size(os.environ.get("KINETOSCOPE_MAX_FALLBACK", "16M")),
+                      decoder=from_environment().decoder)
 
 
 def analyse(label: str, job: Job, upload: Path | None = None) -> Analysis:
@@ -227,7 +230,8 @@ def analyse(label: str, job: Job, upload: Path | None = None) -> Analysis:
         return _named_by_file(trace, label) if upload is not None else trace
 
     try:
-        analysed = analyse_job(job, limits=app_limits(), tolerant=True, relabel=relabel)
+        analysed = analyse_job(job, limits=app_limits(), tolerant=True, relabel=relabel,
+                               max_threads=from_environment().threads)
     except KinetoscopeError as exc:
         raise KinetoscopeError(without_folder(str(exc), upload)) from None
     if analysed.trace is None or analysed.report is None:

@@ -66,7 +66,9 @@ def run_batch_command(args: argparse.Namespace) -> int:
         return watch_command(args)
     total = sum(len(j.files) for j in discover(args.roots))
     progress = None if args.quiet else print_progress_factory(total)
-    limits = LoadLimits(max_decompressed_bytes=parse_size(args.max_size))
+    from kinetoscope.cli.settings import from_environment
+
+    limits = LoadLimits(max_decompressed_bytes=parse_size(args.max_size), decoder=from_environment().decoder)
     summary = run_batch(args.roots, args.store, scheduler=args.scheduler, workers=args.workers, resume=args.resume,
                         limits=limits, on_result=progress)
     for line in summary.lines():

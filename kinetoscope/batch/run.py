@@ -205,7 +205,9 @@ def _cross_rank(
             continue
         reduce_started = time.perf_counter()
         # the job-level analysis' reduce, through the registry, over the summaries the workers stored
-        metrics, _, finding = analyzer("collectives").reduce(summaries, config)  # type: ignore[misc]  # it has one
+        reduce = analyzer("collectives").reduce
+        assert reduce is not None  # the collectives analyzer has one
+        coll, _, finding = reduce(summaries, config)
         reduce_s = time.perf_counter() - reduce_started
         path_of = {int(r["rank"]): r["path"] for r in rows}
         findings = [] if finding is None else [{
@@ -224,22 +226,22 @@ def _cross_rank(
                 {
                     "key": _job_key(job),
                     "job": job.name,
-                    "rank": pr["rank"],
-                    "clock_skew_us": pr["clock_skew_us"],
-                    "wait_us": pr["wait_us"],
-                    "waited_for_count": pr["waited_for_count"],
-                    "matched": pr["matched"],
-                    "unmatched": pr["unmatched"],
-                    "straggler": finding is not None and finding.rank == pr["rank"],
+                    "rank": pr.rank,
+                    "clock_skew_us": pr.clock_skew_us,
+                    "wait_us": pr.wait_us,
+                    "waited_for_count": pr.waited_for_count,
+                    "matched": pr.matched,
+                    "unmatched": pr.unmatched,
+                    "straggler": finding is not None and finding.rank == pr.rank,
                     "straggler_cause": finding.evidence["cause"]
-                    if finding is not None and finding.rank == pr["rank"]
+                    if finding is not None and finding.rank == pr.rank
                     else None,
-                    "waited_for_rank": pr.get("waited_for_rank"),
+                    "waited_for_rank": pr.waited_for_rank,
                 }
-                for pr in metrics["ranks"]
+                for pr in coll.ranks
             ],
         )
-        skews = [abs(pr["clock_skew_us"]) for pr in metrics["ranks"] if pr["clock_skew_us"] is not None]
+        skews = [abs(pr.clock_skew_us) for pr in coll.ranks if pr.clock_skew_us is not None]
         write_rows(
             root,
             "jobs",
@@ -250,10 +252,10 @@ def _cross_rank(
                     "job": job.name,
                     "ranks": len(rows),
                     "ranks_with_collectives": sum(1 for s in summaries if s.op),
-                    "matched": metrics["matched"],
-                    "unmatched": metrics["unmatched"],
-                    "reference_rank": metrics["reference_rank"],
-                    "most_waited_for_rank": metrics["most_waited_for_rank"],
+                    "matched": coll.matched,
+                    "unmatched": coll.unmatched,
+                    "reference_rank": coll.reference_rank,
+                    "most_waited_for_rank": coll.most_waited_for_rank,
                     "straggler_rank": finding.rank if finding is not None else None,
                     "straggler_cause": finding.evidence["cause"] if finding is not None else None,
                     "straggler_wait_us_per_step": finding.evidence["others_wait_us_per_step"]
@@ -285,7 +287,7 @@ def _hangs(root: StoreRoot, jobs: list[Job], config: AnalysisConfig, limits: Loa
             continue
         result = analyzer("hang").fn(Trace(source=job.name, ranks=(), hang_dumps=dumps), config)
         finding = result.findings[0] if result.findings else None
-        m = result.metrics
+        m = result.fragment()  # the job's hang object (``model.results.Hang``); a key only where the dumps say it
         write_rows(root, "hangs", key, [{
             **row, "status": "ok", "error": None, "hung": finding is not None,
             "process_group": m.get("process_group"), "seq": m.get("seq"), "op": m.get("expected_op"),

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 from kinetoscope.cli import process
@@ -52,14 +51,13 @@ def run(args: argparse.Namespace) -> int:
     from kinetoscope.analyze.ingest.jobs import find_jobs
     from kinetoscope.analyze.ingest.limits import LoadLimits, parse_size
     from kinetoscope.analyze.ingest.scan import Ahead
+    from kinetoscope.cli.settings import default_cache_dir, from_environment
 
+    settings = from_environment()
     limits = LoadLimits(max_decompressed_bytes=parse_size(args.max_size), max_events=args.max_events,
-                        max_depth=args.max_depth, max_fallback_bytes=parse_size(args.max_fallback))
-    cache = None
-    if args.cache or os.environ.get("KINETOSCOPE_CACHE_DIR"):
-        from kinetoscope.analyze.ingest.cache import default_dir
-
-        cache = default_dir()
+                        max_depth=args.max_depth, max_fallback_bytes=parse_size(args.max_fallback),
+                        decoder=settings.decoder)
+    cache = default_cache_dir() if args.cache or settings.cache_dir is not None else None
     status = EXIT_OK
     jobs = []
     for path in args.paths:
@@ -87,7 +85,8 @@ def run(args: argparse.Namespace) -> int:
         path = job.name
         try:
             report = analyse_job(job, limits=limits, cache=cache, processes=args.processes,
-                                 ahead=ahead if i == 0 else None, after_parse=after_parse, keep_views=False).report
+                                 ahead=ahead if i == 0 else None, after_parse=after_parse, keep_views=False,
+                                 max_threads=settings.threads).report
             assert report is not None  # not tolerant: a job that cannot be read raised
         except KinetoscopeError as exc:
             error(str(exc))

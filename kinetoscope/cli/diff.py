@@ -51,8 +51,13 @@ def run(args: argparse.Namespace) -> int:
 
     limit = _parse_fraction(args.max_regression) if args.max_regression else None
     after_parse = give_back_free_memory if args.own_process else None
-    before = analyse_job(job_at(args.before), after_parse=after_parse)
-    after = analyse_job(job_at(args.after), after_parse=after_parse)
+    from kinetoscope.analyze.ingest.limits import LoadLimits
+    from kinetoscope.cli.settings import from_environment
+
+    settings = from_environment()
+    limits = LoadLimits(decoder=settings.decoder)
+    before = analyse_job(job_at(args.before), limits=limits, after_parse=after_parse, max_threads=settings.threads)
+    after = analyse_job(job_at(args.after), limits=limits, after_parse=after_parse, max_threads=settings.threads)
     assert before.trace and before.report and after.trace and after.report  # not tolerant: an unreadable job raised
     diff = diff_runs(before.trace, after.trace, before.report, after.report, before_label=args.before,
                      after_label=args.after, max_regression=limit)

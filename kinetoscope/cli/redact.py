@@ -45,7 +45,9 @@ def run(args: argparse.Namespace) -> int:
     from kinetoscope.fsutil import atomic_write
 
     source, target = Path(args.trace), Path(args.output)
-    limits = LoadLimits(max_decompressed_bytes=parse_size(args.max_size))
+    from kinetoscope.cli.settings import from_environment
+
+    limits = LoadLimits(max_decompressed_bytes=parse_size(args.max_size), decoder=from_environment().decoder)
     if source.is_dir():
         return _redact_directory(source, target, limits)
     if not source.is_file():

@@ -73,7 +73,13 @@ def run(args: argparse.Namespace) -> int:
     unused = [fid for fid in params if wanted and fid not in wanted and fid not in standing_for]
     if unused:
         sys.stderr.write(f"kinetoscope: note: --set for {', '.join(unused)}, not among --fix: not used\n")
-    analysed = analyse_job(job_at(args.path), after_parse=give_back_free_memory if args.own_process else None)
+    from kinetoscope.analyze.ingest.limits import LoadLimits
+    from kinetoscope.cli.settings import from_environment
+
+    settings = from_environment()
+    analysed = analyse_job(job_at(args.path), limits=LoadLimits(decoder=settings.decoder),
+                           after_parse=give_back_free_memory if args.own_process else None,
+                           max_threads=settings.threads)
     trace, report = analysed.trace, analysed.report
     assert trace is not None and report is not None  # not tolerant: an unreadable job raised
     ranks = [r for r in trace.ranks if args.rank is None or r.rank == args.rank]

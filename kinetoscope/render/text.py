@@ -4,7 +4,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from kinetoscope.analyze.report.builder import Report
+from kinetoscope.analyze.model.results import (
+    Collectives,
+    CommResult,
+    CopiesResult,
+    CoverageResult,
+    GpuResult,
+    LoaderResult,
+    MemoryResult,
+    PhasesResult,
+    StepsResult,
+    TelemetryResult,
+)
+from kinetoscope.analyze.report.builder import RankReport, Report
 from kinetoscope.render.format import mib as _mib
 from kinetoscope.render.format import missing_ranks_text, worth
 from kinetoscope.render.format import ms as _ms
@@ -25,145 +37,23 @@ def render_text(report: Report) -> str:
                 out.append(f"      {line}")
     else:
         out.append("Findings: none - no loader stalls, idle GPU, copy, sync, memory or straggler problems found.")
-    for r in report.ranks:
+    for r in report.rank_reports:
+        out += _rank_lines(r)
+    matched = report.job_results.get("collectives")
+    coll = matched.metrics if matched is not None else None
+    if isinstance(coll, Collectives):
         out.append("")
-        names = [d for d in (r.get("devices") or []) if d]
-        devices = (
-            ", ".join(f"{names.count(n)}x {n}" if names.count(n) > 1 else n for n in dict.fromkeys(names))
-            or "no device info"
-        )
-        out.append(f"Rank {r['rank']} ({r['rank_source']}) - {r['file']} - {devices}")
-        window = r.get("window") or {}
-        out.append(f"  window         {_ms(r.get('window_us'))}  ({window.get('description', '')})")
-        steps = r.get("steps") or {}
-        partial = steps.get("partial") or 0
-        cut = f", and {partial} cut short (left out)" if partial else ""
-        if steps.get("count"):
-            out.append(
-                f"  steps          {steps['count']} (#{steps['first']}-#{steps['last']}), "
-                f"mean {_ms(steps['mean_us'])}{cut}"
-            )
-        elif partial:
-            out.append(f"  steps          none complete: {partial} cut short by the run's end (#{steps['first']})")
-        else:
-            out.append("  steps          none recorded (no ProfilerStep spans)")
-        phases = r.get("phases")
-        if phases:
-            host = ", ".join(f"{k.replace('_', ' ')} {_pct(v['fraction'])}" for k, v in phases.items() if v["fraction"])
-            out.append(f"  step anatomy   host: {host}")
-            if any(v["gpu_fraction"] for v in phases.values()):
-                gpu_line = ", ".join(
-                    f"{k.replace('_', ' ')} {_pct(v['gpu_fraction'])}" for k, v in phases.items() if v["gpu_fraction"]
-                )
-                out.append(f"                 GPU work launched from: {gpu_line}")
-        loader = r.get("loader") or {}
-        if loader.get("calls"):
-            out.append(
-                f"  data loading   {_ms(loader['time_us'])} = {_pct(loader['fraction'])} of window"
-                + (
-                    f"; GPU idle meanwhile {_ms(loader['gpu_idle_cost_us'])}"
-                    if loader.get("gpu_idle_cost_us") is not None
-                    else ""
-                )
-            )
-        run = loader.get("run") if loader else None
-        if run:
-            waiting = (
-                f"waiting for data {_pct(run['data_wait_fraction'])} of wall time"
-                if run.get("data_wait_fraction") is not None
-                else "waiting for data: not recorded by this capture"
-            )
-            validation = (f", validation {_ms(run['validation_us'])} = {_pct(run['validation_fraction'])}"
-                          if run.get("validation_us") else "")
-            out.append(f"  whole run      {run['steps']} steps timed, {waiting}{validation}")
-        gpu = r.get("gpu")
-        if gpu:
-            missing = gpu.get("missing_activity") or {}
-            for d in gpu["devices"]:
-                if d["idle_fraction"] is None:
-                    out.append(
-                        f"  GPU {d['device']} busy     {_ms(d['busy_us'])}; idle not judged: the trace misses "
-                        f"the GPU's activity for {_pct(missing.get('unknown_fraction'))} of the window"
-                    )
-                    continue
-                causes = ", ".join(f"{k.replace('_', ' ')} {_ms(v)}" for k, v in d["idle_by_cause_us"].items() if v)
-                out.append(
-                    f"  GPU {d['device']} idle     {_pct(d['idle_fraction'])} of window ({causes or 'no idle time'})"
-                )
-            for s in gpu["streams"]:
-                out.append(
-                    f"    stream {s['stream']:<6} busy {_ms(s['busy_us'])}, idle {_pct(s['idle_fraction'])}, "
-                    f"largest gap {_ms(s['largest_gap_us'])} ({s['kernels']} kernels, {s['copies']} copies)"
-                )
-        elif gpu is None:
-            out.append("  GPU            no GPU activity in this trace")
-        eff = r.get("efficiency") or {}
-        if eff.get("matrix_ops") and eff.get("flops_per_step") is not None:
-            peak = (f"{eff['peak_tflops']:g} TFLOP/s {eff['peak_dtype']}" if eff.get("peak_tflops") is not None
-                    else "no known peak")
-            out.append(f"  matrix work    {eff['flops_per_step'] / 1e12:.3g} TFLOP per step, MFU {_pct(eff['mfu'])} of "
-                       f"{eff.get('device') or 'the device'} ({peak}); kernels at "
-                       f"{_pct(eff['matrix_of_peak_fraction'])} of peak")
-        elif eff.get("matrix_ops"):
-            out.append(f"  matrix work    FLOPs not counted: {eff['matrix_ops_unknown']} of {eff['matrix_ops']} "
-                       "matrix ops' shapes do not tell them (record_shapes=True, torch >= 2.1)")
-        for key, label in (("h2d", "H2D copies"), ("d2h", "D2H copies")):
-            c = r.get(key)
-            if c:
-                out.append(
-                    f"  {label:<14} {c['count']} copies, {_ms(c['time_us'])}, {_mib(c['bytes'])}, "
-                    f"{c['bandwidth_gb_per_s']} GB/s, pageable {_pct(c['pageable_fraction'])}, "
-                    f"overlapped {_pct(c['overlap_fraction'])}"
-                )
-        for track, series in (r.get("telemetry") or {}).items():
-            shown = ", ".join(f"{k} mean {v['mean']:g} (max {v['max']:g})" for k, v in sorted(series.items()))
-            out.append(f"  telemetry      {track}: {shown}")
-        comm = r.get("comm")
-        if comm and comm.get("overlap_fraction") is not None:
-            out.append(
-                f"  communication  {comm['collectives']} collectives, {_ms(comm['time_us'])}, overlapped with compute "
-                f"{_pct(comm['overlap_fraction'])}, exposed {_ms(comm['exposed_us'])}"
-            )
-        elif comm and comm.get("where") == "gpu":
-            out.append(
-                f"  communication  {comm['collectives']} collectives, {_ms(comm['time_us'])}; overlap with compute "
-                "not judged: the trace misses part of the GPU's activity"
-            )
-        elif comm:
-            ops = ", ".join(f"{v['count']} {k}" for k, v in comm["by_op"].items())
-            out.append(
-                f"  communication  {comm['collectives']} collectives on the host ({ops}), {_ms(comm['time_us'])} = "
-                f"{_pct(comm['fraction'])} of window"
-            )
-        mem = r.get("memory")
-        if mem:
-            for d in mem["devices"]:
-                growth = d["growth_bytes_per_step"]
-                out.append(
-                    f"  memory {d['device']:<7} peak {_mib(d['peak_allocated_bytes'])}"
-                    + (f" at {d['peak_op']}" if d.get("peak_op") else "")
-                    + (f", growth {_mib(growth)}/step (R^2 {d['growth_r2']:.2f})" if growth is not None else "")
-                )
-        unread = (r.get("coverage") or {}).get("unread_events")
-        if unread:
-            out.append("  not read       " + ", ".join(f"{n:,} {c} events" for c, n in unread.items())
-                       + " (no analysis reads these categories)")
-        for w in r.get("warnings") or []:
-            out.append(f"  note: {w}")
-    coll = report.job.get("collectives")
-    if coll:
-        out.append("")
-        p2p = sum(r.get("point_to_point", 0) for r in coll["ranks"])
-        out.append(f"Collectives across ranks ({coll['matched']} matched, {coll['unmatched']} unmatched"
+        p2p = sum(r.point_to_point for r in coll.ranks)
+        out.append(f"Collectives across ranks ({coll.matched} matched, {coll.unmatched} unmatched"
                    + (f", {p2p} point-to-point calls never matched" if p2p else "")
                    + "; clocks aligned on collective completion):")
-        for r in coll["ranks"]:
+        for cr in coll.ranks:
             out.append(
-                f"  rank {r['rank']}: clock skew {_ms(r['clock_skew_us'])}, waiting {_ms(r['wait_us'])}, "
-                f"last to arrive {r['waited_for_count']} times ({r['matched']} matched, {r['unmatched']} unmatched)"
+                f"  rank {cr.rank}: clock skew {_ms(cr.clock_skew_us)}, waiting {_ms(cr.wait_us)}, "
+                f"last to arrive {cr.waited_for_count} times ({cr.matched} matched, {cr.unmatched} unmatched)"
             )
-        if coll["most_waited_for_rank"] is not None:
-            out.append(f"  most waited-for rank: {coll['most_waited_for_rank']}")
+        if coll.most_waited_for_rank is not None:
+            out.append(f"  most waited-for rank: {coll.most_waited_for_rank}")
     missing = missing_ranks_text(report.job)
     if missing:
         out.append("")
@@ -178,6 +68,145 @@ def render_text(report: Report) -> str:
         for failure in report.failures:
             out.append(f"  analysis error in {failure.analyzer} (rank {failure.rank}): {failure.error}")
     return "\n".join(out) + "\n"
+
+
+def _rank_lines(r: RankReport) -> list[str]:
+    """One rank's numbers, read from its typed results (an analyzer that failed, or is not typed, shows nothing)."""
+    out = [""]
+    names = [d for d in (r.devices or []) if d]
+    devices = (
+        ", ".join(f"{names.count(n)}x {n}" if names.count(n) > 1 else n for n in dict.fromkeys(names))
+        or "no device info"
+    )
+    out.append(f"Rank {r.rank} ({r.rank_source}) - {r.file} - {devices}")
+    stepped = r.result(StepsResult)
+    if stepped is not None:
+        out.append(f"  window         {_ms(stepped.window_us)}  ({stepped.window.description})")
+    else:
+        out.append(f"  window         {_ms(None)}  ()")
+    steps = stepped.steps if stepped is not None else None
+    partial = steps.partial if steps is not None else 0
+    cut = f", and {partial} cut short (left out)" if partial else ""
+    if steps is not None and steps.count:
+        out.append(f"  steps          {steps.count} (#{steps.first}-#{steps.last}), mean {_ms(steps.mean_us)}{cut}")
+    elif steps is not None and partial:
+        out.append(f"  steps          none complete: {partial} cut short by the run's end (#{steps.first})")
+    else:
+        out.append("  steps          none recorded (no ProfilerStep spans)")
+    anatomy = r.result(PhasesResult)
+    phases = anatomy.phases if anatomy is not None else None
+    if phases:
+        host = ", ".join(f"{k.replace('_', ' ')} {_pct(v.fraction)}" for k, v in phases.items() if v.fraction)
+        out.append(f"  step anatomy   host: {host}")
+        if any(v.gpu_fraction for v in phases.values()):
+            gpu_line = ", ".join(
+                f"{k.replace('_', ' ')} {_pct(v.gpu_fraction)}" for k, v in phases.items() if v.gpu_fraction
+            )
+            out.append(f"                 GPU work launched from: {gpu_line}")
+    loading = r.result(LoaderResult)
+    loader = loading.loader if loading is not None else None
+    if loader is not None and loader.calls:
+        out.append(
+            f"  data loading   {_ms(loader.time_us)} = {_pct(loader.fraction)} of window"
+            + (f"; GPU idle meanwhile {_ms(loader.gpu_idle_cost_us)}" if loader.gpu_idle_cost_us is not None else "")
+        )
+    run = loader.run if loader is not None else None
+    if run is not None:
+        waiting = (
+            f"waiting for data {_pct(run.data_wait_fraction)} of wall time"
+            if run.data_wait_fraction is not None
+            else "waiting for data: not recorded by this capture"
+        )
+        validation = (f", validation {_ms(run.validation_us)} = {_pct(run.validation_fraction)}"
+                      if run.validation_us else "")
+        out.append(f"  whole run      {run.steps} steps timed, {waiting}{validation}")
+    out += _gpu_lines(r)
+    eff = r.value("efficiency") or {}
+    if eff.get("matrix_ops") and eff.get("flops_per_step") is not None:
+        peak = (f"{eff['peak_tflops']:g} TFLOP/s {eff['peak_dtype']}" if eff.get("peak_tflops") is not None
+                else "no known peak")
+        out.append(f"  matrix work    {eff['flops_per_step'] / 1e12:.3g} TFLOP per step, MFU {_pct(eff['mfu'])} of "
+                   f"{eff.get('device') or 'the device'} ({peak}); kernels at "
+                   f"{_pct(eff['matrix_of_peak_fraction'])} of peak")
+    elif eff.get("matrix_ops"):
+        out.append(f"  matrix work    FLOPs not counted: {eff['matrix_ops_unknown']} of {eff['matrix_ops']} "
+                   "matrix ops' shapes do not tell them (record_shapes=True, torch >= 2.1)")
+    copying = r.result(CopiesResult)
+    for c, label in ((copying.h2d, "H2D copies"), (copying.d2h, "D2H copies")) if copying is not None else ():
+        if c is not None:
+            out.append(
+                f"  {label:<14} {c.count} copies, {_ms(c.time_us)}, {_mib(c.bytes)}, "
+                f"{c.bandwidth_gb_per_s} GB/s, pageable {_pct(c.pageable_fraction)}, "
+                f"overlapped {_pct(c.overlap_fraction)}"
+            )
+    telemetry = r.result(TelemetryResult)
+    for track, series in ((telemetry.telemetry or {}) if telemetry is not None else {}).items():
+        shown = ", ".join(f"{k} mean {v.mean:g} (max {v.max:g})" for k, v in sorted(series.items()))
+        out.append(f"  telemetry      {track}: {shown}")
+    out += _comm_lines(r)
+    remembered = r.result(MemoryResult)
+    mem = remembered.memory if remembered is not None else None
+    if mem is not None:
+        for d in mem.devices:
+            growth = d.growth_bytes_per_step
+            out.append(
+                f"  memory {d.device:<7} peak {_mib(d.peak_allocated_bytes)}"
+                + (f" at {d.peak_op}" if d.peak_op else "")
+                + (f", growth {_mib(growth)}/step (R^2 {d.growth_r2:.2f})" if growth is not None else "")
+            )
+    covered = r.result(CoverageResult)
+    unread = covered.coverage.unread_events if covered is not None else None
+    if unread:
+        out.append("  not read       " + ", ".join(f"{n:,} {c} events" for c, n in unread.items())
+                   + " (no analysis reads these categories)")
+    for w in r.warnings:
+        out.append(f"  note: {w}")
+    return out
+
+
+def _gpu_lines(r: RankReport) -> list[str]:
+    result = r.result(GpuResult)
+    gpu = result.gpu if result is not None else None
+    if gpu is None:  # (also where the analyzer failed, as the text report has always said)
+        return ["  GPU            no GPU activity in this trace"]
+    out = []
+    for d in gpu.devices:
+        if d.idle_fraction is None:
+            out.append(
+                f"  GPU {d.device} busy     {_ms(d.busy_us)}; idle not judged: the trace misses "
+                f"the GPU's activity for {_pct(gpu.missing_activity.unknown_fraction)} of the window"
+            )
+            continue
+        causes = ", ".join(f"{k.replace('_', ' ')} {_ms(v)}" for k, v in (d.idle_by_cause_us or {}).items() if v)
+        out.append(f"  GPU {d.device} idle     {_pct(d.idle_fraction)} of window ({causes or 'no idle time'})")
+    for s in gpu.streams:
+        out.append(
+            f"    stream {s.stream:<6} busy {_ms(s.busy_us)}, idle {_pct(s.idle_fraction)}, "
+            f"largest gap {_ms(s.largest_gap_us)} ({s.kernels} kernels, {s.copies} copies)"
+        )
+    return out
+
+
+def _comm_lines(r: RankReport) -> list[str]:
+    result = r.result(CommResult)
+    comm = result.comm if result is not None else None
+    if comm is None:
+        return []
+    if comm.overlap_fraction is not None:
+        return [
+            f"  communication  {comm.collectives} collectives, {_ms(comm.time_us)}, overlapped with compute "
+            f"{_pct(comm.overlap_fraction)}, exposed {_ms(comm.exposed_us)}"
+        ]
+    if comm.where == "gpu":
+        return [
+            f"  communication  {comm.collectives} collectives, {_ms(comm.time_us)}; overlap with compute "
+            "not judged: the trace misses part of the GPU's activity"
+        ]
+    ops = ", ".join(f"{v.count} {k}" for k, v in comm.by_op.items())
+    return [
+        f"  communication  {comm.collectives} collectives on the host ({ops}), {_ms(comm.time_us)} = "
+        f"{_pct(comm.fraction)} of window"
+    ]
 
 
 def _collective_text(c: dict[str, Any] | None) -> str:

@@ -70,6 +70,7 @@ def test_no_process_wide_state_changes_while_loading_and_writing(tmp_path):
     out = _python("""
         import os, sys, threading
         from pathlib import Path
+        from kinetoscope.analyze.ingest.limits import LoadLimits
         from kinetoscope.analyze.ingest.loader import load_trace
         from kinetoscope.fsutil import atomic_write
         seen = set()
@@ -79,9 +80,8 @@ def test_no_process_wide_state_changes_while_loading_and_writing(tmp_path):
                 seen.add(sys.getrecursionlimit())
                 m = os.umask(0o022); os.umask(m); seen.add(("umask", m))
         t = threading.Thread(target=watch); t.start()
-        os.environ["KINETOSCOPE_DECODER"] = "reference"
         for _ in range(5):
-            load_trace(sys.argv[1])
+            load_trace(sys.argv[1], LoadLimits(decoder="reference"))
             atomic_write(Path(sys.argv[2]) / "f.bin", b"x")
         stop.set(); t.join()
         print(sorted(map(str, seen)))
@@ -240,7 +240,7 @@ def test_files_that_would_amplify_are_refused_in_bounded_time_and_memory(tmp_pat
     assert bad == []
 
 
-def test_the_reference_decoder_keeps_the_depth_limit(tmp_path, monkeypatch):
+def test_the_reference_decoder_keeps_the_depth_limit(tmp_path):
     """Was: through the reference decoder, 600-deep nesting was accepted at --max-depth 10."""
     from kinetoscope.analyze.ingest.limits import LoadLimits
     from kinetoscope.analyze.ingest.loader import load_trace
@@ -250,11 +250,10 @@ def test_the_reference_decoder_keeps_the_depth_limit(tmp_path, monkeypatch):
     path.write_text('{"traceEvents": [{"ph": "X", "name": "a", "ts": 1, "dur": 1, "pid": 1, "tid": 1, '
                     '"args": {"x": ' + "[" * 20 + "]" * 20 + ', "s": "[[[[[[[[[[[[[[[[[[[["}}]}')
     # 23 levels below the document: traceEvents, the event, its args, then 20 (brackets in strings do not count)
-    for decoder in ("reference", ""):
-        monkeypatch.setenv("KINETOSCOPE_DECODER", decoder)
+    for decoder in ("reference", "native"):
         with pytest.raises(TraceFormatError, match="deeper than 22 levels"):
-            load_trace(path, LoadLimits(max_depth=22))
-        assert load_trace(path, LoadLimits(max_depth=23)).ranks[0].events["name"].tolist() == ["a"]
+            load_trace(path, LoadLimits(max_depth=22, decoder=decoder))
+        assert load_trace(path, LoadLimits(max_depth=23, decoder=decoder)).ranks[0].events["name"].tolist() == ["a"]
 
 
 # --- redaction: every string, every form ----------------------------------------------------------

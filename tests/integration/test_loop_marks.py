@@ -204,12 +204,12 @@ def test_the_analysis_reads_the_marks(auto):
     assert r.run_steps["validation_ns"].tolist() == [float(v) for v in steps["validation_ns"]]
 
 
-def test_both_decoders_read_the_same_marks(auto, monkeypatch):
+def test_both_decoders_read_the_same_marks(auto):
+    from kinetoscope.analyze.ingest.limits import LoadLimits
     from kinetoscope.analyze.ingest.loader import load_trace
 
     scanned = load_trace(auto).ranks[0].marks
-    monkeypatch.setenv("KINETOSCOPE_DECODER", "reference")
-    reference = load_trace(auto).ranks[0].marks
+    reference = load_trace(auto, LoadLimits(decoder="reference")).ranks[0].marks
     assert scanned.astype(object).equals(reference.astype(object))
 
 
@@ -371,11 +371,11 @@ def test_the_marks_role_rule():
 
 
 # --- kinetoscope redact DIR --------------------------------------------------------------------------------------
-def test_redact_takes_a_capture_directory(auto, tmp_path):
+def test_redact_takes_a_capture_directory(auto, tmp_path, capsys):
+    from kinetoscope.cli import main  # the command's own entry, in this process (a new one costs ~1.5 s a call)
+
     out = tmp_path / "shared"
-    proc = subprocess.run([sys.executable, "-m", "kinetoscope.cli", "redact", str(auto), "-o", str(out)],
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
+    assert main(["redact", str(auto), "-o", str(out)]) == 0, capsys.readouterr().err
     names = sorted(p.name for p in out.iterdir())
     assert names == sorted(p.name for p in auto.iterdir())
     for p in out.iterdir():
@@ -384,18 +384,21 @@ def test_redact_takes_a_capture_directory(auto, tmp_path):
         original = auto / p.name
         same = gzip.decompress(original.read_bytes()) if p.name.endswith(".gz") else original.read_bytes()
         assert json.loads(data) == json.loads(same)  # already redacted at capture: nothing else changes
-    again = subprocess.run([sys.executable, "-m", "kinetoscope.cli", "redact", str(auto), "-o", str(out)],
-                           capture_output=True, text=True, timeout=300)
-    assert again.returncode == 2 and "Traceback" not in again.stderr and len(again.stderr.strip().splitlines()) == 1
+    capsys.readouterr()
+    code = main(["redact", str(auto), "-o", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
-def test_redact_refuses_a_directory_with_a_broken_trace_and_writes_nothing(tmp_path):
+def test_redact_refuses_a_directory_with_a_broken_trace_and_writes_nothing(tmp_path, capsys):
+    from kinetoscope.cli import main
+
     src = tmp_path / "run"
     src.mkdir()
     (src / "rank-0.manifest.json").write_text(json.dumps({"argv": ["train.py", "--password", "hunter2"]}))
     (src / "rank-0.step-2-4.pt.trace.json").write_text('{"traceEvents": [')
     out = tmp_path / "shared"
-    proc = subprocess.run([sys.executable, "-m", "kinetoscope.cli", "redact", str(src), "-o", str(out)],
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode != 0 and "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
-    assert "rank-0.step-2-4.pt.trace.json" in proc.stderr and not out.exists()
+    code = main(["redact", str(src), "-o", str(out)])
+    err = capsys.readouterr().err
+    assert code != 0 and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert "rank-0.step-2-4.pt.trace.json" in err and not out.exists()

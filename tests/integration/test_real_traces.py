@@ -122,7 +122,7 @@ def test_production_gpu_analyzer_agrees_with_hta_on_htas_terms(path):
     trace = load_job(job)
     for r in trace.ranks:
         file = next(f for f in job.files if f.name in r.meta.source)
-        gpu = analyze_gpu(hta_view(r), DEFAULT_CONFIG).metrics["gpu"]
+        gpu = analyze_gpu(hta_view(r), DEFAULT_CONFIG).fragment()["gpu"]
         ours = sum(d["busy_us"] for d in gpu["devices"]) - hta_rounding_loss_us(r)
         h = hta[r.rank]
         theirs = h.window_us - h.idle_us

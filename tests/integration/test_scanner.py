@@ -265,10 +265,15 @@ def test_one_malloc_arena_takes_on_glibc():
 
 
 def test_the_reference_decoder_can_be_forced(monkeypatch, tmp_path):
-    monkeypatch.setenv("KINETOSCOPE_DECODER", "reference")
+    from kinetoscope.analyze.ingest.limits import LoadLimits
+
     path = tmp_path / "t.json"
     path.write_bytes(DOC)
-    assert scan.scan_file(path) is None
+    assert scan.scan_file(path) is not None
+    assert scan.scan_file(path, LoadLimits(decoder="reference")) is None
+    # the library reads no environment: the variable is the command's (cli.settings), not the scanner's
+    monkeypatch.setenv("KINETOSCOPE_DECODER", "reference")
+    assert scan.scan_file(path) is not None
 
 
 def _plain_copies(tmp_path: Path) -> list[Path]:

@@ -15,7 +15,7 @@ from kinetoscope.analyze import registry as registry_module
 from kinetoscope.analyze.ingest.loader import load_trace
 from kinetoscope.analyze.model.trace import trace_view
 from kinetoscope.analyze.report import builder as report_module
-from kinetoscope.analyze.report.builder import build_report
+from kinetoscope.analyze.report.builder import Report, build_report
 from kinetoscope.render.json import report_to_json
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,10 +31,9 @@ def _json(report) -> str:
 @pytest.mark.parametrize("path", SAMPLES, ids=lambda p: p.name)
 def test_the_report_on_threads_is_the_report_one_after_another(path, monkeypatch):
     alone = _json(build_report(load_trace(path), threads=1))
-    monkeypatch.setenv("KINETOSCOPE_THREADS", "4")
-    assert report_module.analysis_threads() == 4
+    assert report_module.analysis_threads(4) == 4
     monkeypatch.setattr(report_module, "THREADS_FROM_EVENTS", 0)  # these samples are below it
-    assert _json(build_report(load_trace(path))) == alone
+    assert _json(build_report(load_trace(path), max_threads=4)) == alone
 
 
 def test_a_view_two_threads_ask_for_at_once_is_computed_once():
@@ -57,12 +56,11 @@ def test_a_view_two_threads_ask_for_at_once_is_computed_once():
 
 
 def test_a_failing_analyzer_on_a_thread_is_reported_and_the_others_kept(monkeypatch):
-    monkeypatch.setenv("KINETOSCOPE_THREADS", "2")
     monkeypatch.setattr(report_module, "THREADS_FROM_EVENTS", 0)
     real = registry_module.analyzers()
     broken = [replace(a, fn=lambda r, c: 1 / 0) if a.key == "gpu" else a for a in real]
     monkeypatch.setattr(report_module, "analyzers", lambda: broken)
-    report = build_report(load_trace(SAMPLES[1]))
+    report = build_report(load_trace(SAMPLES[1]), max_threads=2)
     failures = [(f.analyzer, f.rank, f.error) for f in report.failures]
     assert failures == [("gpu", 0, "ZeroDivisionError: division by zero")]
     assert "loader" in report.timings_s and report.ranks[0]["steps"]["count"] > 0
@@ -78,11 +76,10 @@ def test_threads_only_for_ranks_large_enough(monkeypatch):
         return real(max_workers=max_workers, **kw)
 
     monkeypatch.setattr(report_module, "ThreadPoolExecutor", spy)
-    monkeypatch.setenv("KINETOSCOPE_THREADS", "3")
     trace = load_trace(SAMPLES[1])
-    build_report(trace)
+    build_report(trace, max_threads=3)
     monkeypatch.setattr(report_module, "THREADS_FROM_EVENTS", len(trace.ranks[0].events))
-    build_report(trace)
+    build_report(trace, max_threads=3)
     assert used == [1, 3]
 
 
@@ -122,12 +119,41 @@ def test_an_analysed_trace_can_be_pickled_and_copied():
 
 
 @pytest.mark.parametrize("value", ["0", "abc", "-2", "100"])
-def test_a_wrong_thread_count_is_a_clear_error(monkeypatch, value):
+def test_a_wrong_thread_count_is_a_clear_error(value):
+    from kinetoscope.cli.settings import from_environment
     from kinetoscope.errors import ConfigError
 
-    monkeypatch.setenv("KINETOSCOPE_THREADS", value)
     with pytest.raises(ConfigError, match="KINETOSCOPE_THREADS"):
-        build_report(load_trace(SAMPLES[2]))
+        from_environment({"KINETOSCOPE_THREADS": value})
+
+
+@pytest.mark.parametrize("value", [0, 65])
+def test_a_thread_count_out_of_range_is_refused_by_the_library_too(value):
+    from kinetoscope.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="analysis threads"):
+        build_report(load_trace(SAMPLES[2]), max_threads=value)
+
+
+def test_the_library_reads_no_thread_setting_from_the_environment(monkeypatch):
+    """KINETOSCOPE_THREADS is the command's (``cli.settings``): the library takes ``max_threads``."""
+    monkeypatch.setenv("KINETOSCOPE_THREADS", "abc")  # would be refused if read
+    assert build_report(load_trace(SAMPLES[2])).ranks
+
+
+def test_the_settings_come_from_the_environment_given():
+    from pathlib import Path
+
+    from kinetoscope.cli.settings import Settings, default_cache_dir, from_environment
+    from kinetoscope.errors import ConfigError
+
+    assert from_environment({}) == Settings(threads=None, decoder="native", cache_dir=None)
+    assert from_environment({"KINETOSCOPE_THREADS": " 3 ", "KINETOSCOPE_DECODER": "reference",
+                             "KINETOSCOPE_CACHE_DIR": "/c"}) == Settings(3, "reference", Path("/c"))
+    with pytest.raises(ConfigError, match="KINETOSCOPE_DECODER"):
+        from_environment({"KINETOSCOPE_DECODER": "fast"})
+    assert default_cache_dir({"KINETOSCOPE_CACHE_DIR": "/c", "XDG_CACHE_HOME": "/x"}) == Path("/c")
+    assert default_cache_dir({"XDG_CACHE_HOME": "/x"}) == Path("/x/kinetoscope")
 
 
 def _straggling_job(folder: Path, ranks: int = 5) -> Path:
@@ -144,14 +170,21 @@ def _straggling_job(folder: Path, ranks: int = 5) -> Path:
     return folder
 
 
+@pytest.fixture(scope="module")
+def straggling(tmp_path_factory) -> tuple[Path, Report]:
+    """The five-rank straggling job, and its report on one thread with every view kept (built once: the tests below
+    compare against it)."""
+    job = _straggling_job(tmp_path_factory.mktemp("straggling") / "job")
+    return job, build_report(load_trace(job), threads=1)
+
+
 @pytest.mark.parametrize("threads", [1, 3])
-def test_views_dropped_as_ranks_finish_give_the_same_report(tmp_path, threads):
+def test_views_dropped_as_ranks_finish_give_the_same_report(straggling, threads):
     """keep_views=False (what the command asks for): the same report, byte for byte; each rank then keeps only what
     the job analyzers reduce over (the straggler's summary), and the straggler is still found."""
     from kinetoscope.analyze.analyzers.straggler import rank_summary
 
-    job = _straggling_job(tmp_path / "job")
-    kept = build_report(load_trace(job), threads=threads)
+    job, kept = straggling  # on one thread: the report on threads is the same (test above)
     trace = load_trace(job)
     dropped = build_report(trace, threads=threads, keep_views=False)
     assert _json(dropped) == _json(kept)
@@ -186,13 +219,12 @@ def test_a_job_analysed_without_views_holds_two_ranks_views_at_a_time(tmp_path, 
     assert seen == [0, 1, 2, 3, 4, 5]
 
 
-def test_a_failure_after_a_ranks_estimates_keeps_its_findings_and_is_reported(tmp_path, monkeypatch):
+def test_a_failure_after_a_ranks_estimates_keeps_its_findings_and_is_reported(straggling, monkeypatch):
     """Past the estimates (each caught on its own), a bug in a rank's last work (here dropping its views) loses
     nothing: the rank's findings are listed, unestimated, and the failure is reported as the what-if's."""
     from kinetoscope.analyze.model.trace import RankTrace
 
-    job = _straggling_job(tmp_path / "job")
-    kept = build_report(load_trace(job), threads=1)
+    job, kept = straggling
 
     def broken(self, keep=()):
         raise RuntimeError("drop_views broke")

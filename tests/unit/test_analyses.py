@@ -77,7 +77,8 @@ def test_loader_stall_on_a_cpu_only_run_uses_the_wait_itself(tmp_path):
     (f,) = [f for f in rep.findings if f.id == "loader_stall"]
     # a third of the window waiting; with workers of unknown number (no manifest), enough of them are assumed: an
     # upper bound, credited at half - a warning, and it says so
-    assert f.severity == "warning" and f.worth["basis"] == "upper bound" and "prefetch_factor" in f.recommendation
+    assert f.worth is not None
+    assert f.severity == "warning" and f.worth.basis == "upper bound" and "prefetch_factor" in f.recommendation
 
 
 def test_loader_hidden_behind_gpu_work_is_not_a_stall(tmp_path):

@@ -8,6 +8,7 @@ import its own layer or a lower one.
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -74,7 +75,9 @@ def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
     return {m for m in found if m in modules and m != name}
 
 
+@functools.lru_cache(maxsize=1)
 def _graph() -> dict[str, set[str]]:
+    """Every module's imports, read once for the tests below (none changes it)."""
     modules = _modules()
     return {name: _imports(name, path, modules) for name, path in modules.items()}
 

@@ -24,8 +24,9 @@ def finding(fid: str = "loader_stall", saving_us: float | None = None, **kw) -> 
 def test_a_cost_is_as_severe_as_its_fix_is_worth(saving_us, severity):
     judged = judge(finding(saving_us=saving_us), RUN, CONFIG)
     assert judged.severity == severity
-    assert judged.worth == {"fraction": round(saving_us / 100_000, 4), "of": "the rank's mean step time (replayed)",
-                            "basis": "estimate"}
+    assert judged.worth is not None
+    assert judged.worth.to_dict() == {"fraction": round(saving_us / 100_000, 4),
+                                      "of": "the rank's mean step time (replayed)", "basis": "estimate"}
 
 
 def test_the_analyzers_own_guess_does_not_count_for_a_cost():
@@ -36,17 +37,18 @@ def test_without_an_estimate_the_measured_cost_stands_in_for_half_of_itself():
     # a fix removes at most what the cost measured: a bound, credited at half (upper_bound_credit)
     judged = judge(finding(impact_us=400_000.0), RUN, CONFIG)  # 80% of a 500 ms window: 40%, critical
     assert judged.severity == "critical"
-    assert judged.worth["basis"] == "measured cost" and judged.worth["fraction"] == 0.8
+    assert judged.worth.basis == "measured cost" and judged.worth.fraction == 0.8
     assert judge(finding(impact_us=200_000.0), RUN, CONFIG).severity == "warning"  # 40%: 20%
     assert judge(finding(impact_us=25_000.0), RUN, CONFIG).severity == "info"  # 5%: 2.5%
-    assert judge(finding(), RUN, CONFIG).severity == "info" and judge(finding(), RUN, CONFIG).worth["fraction"] is None
+    assert judge(finding(), RUN, CONFIG).severity == "info" and judge(finding(), RUN, CONFIG).worth.fraction is None
 
 
 def test_a_one_off_cost_is_amortised_over_the_run():
     # a recompile of 3,768 ms once, in a run of 100 s: 3.8% of the run, a warning; in a 1,000 s run, 0.4%: info
     judged = judge(finding("recompile", saving_us=3_768_000.0, one_off_us=3_768_000.0), RUN, CONFIG)
-    assert judged.worth == {"fraction": 0.0377, "of": "the run's time (1000 steps timed by the capture)",
-                            "basis": "one-off total", "one_off_total_us": 3_768_000.0}
+    assert judged.worth is not None
+    assert judged.worth.to_dict() == {"fraction": 0.0377, "of": "the run's time (1000 steps timed by the capture)",
+                                      "basis": "one-off total", "one_off_total_us": 3_768_000.0}
     assert judged.severity == "warning"
     long_run = RunTime(100_000.0, 10_000, 1_000_000_000.0, 500_000.0)
     assert judge(finding("recompile", one_off_us=3_768_000.0), long_run, CONFIG).severity == "info"
@@ -55,7 +57,7 @@ def test_a_one_off_cost_is_amortised_over_the_run():
 def test_a_one_off_without_the_runs_length_is_judged_over_the_window_and_says_so():
     run = RunTime(100_000.0, None, None, 500_000.0)
     judged = judge(finding("recompile", one_off_us=100_000.0), run, CONFIG)
-    assert judged.worth["fraction"] == 0.2 and "run's length is not known" in judged.worth["of"]
+    assert judged.worth.fraction == 0.2 and "run's length is not known" in judged.worth.of
     assert judged.severity == "warning"
 
 
@@ -82,7 +84,7 @@ def test_an_upper_bound_estimate_counts_for_half_of_itself():
     bound = finding(saving_us=40_000.0)
     bound = Finding(**{**bound.__dict__, "estimate": {"saving_us_per_step": 40_000.0, "bound": "upper"}})
     judged = judge(bound, RUN, CONFIG)  # 40% of the step, credited 20%: a warning, not critical
-    assert judged.severity == "warning" and judged.worth["basis"] == "upper bound" and judged.worth["fraction"] == 0.4
+    assert judged.severity == "warning" and judged.worth.basis == "upper bound" and judged.worth.fraction == 0.4
     assert judge(bound, RUN, AnalysisConfig(upper_bound_credit=1.0)).severity == "critical"
 
 

@@ -13,6 +13,8 @@ from kinetoscope.analyze.model import intervals as iv
 from kinetoscope.analyze.model.analysis import AnalysisResult, register
 from kinetoscope.analyze.model.config import AnalysisConfig
 from kinetoscope.analyze.model.findings import Finding
+from kinetoscope.analyze.model.record import json_ready
+from kinetoscope.analyze.model.results import Allocator, AllocatorResult, OpTime
 from kinetoscope.analyze.model.timeline import allocator_calls, recurring_allocator_calls, step_at, window
 from kinetoscope.analyze.model.trace import RankTrace
 from kinetoscope.analyze.model.units import frac, us
@@ -24,22 +26,22 @@ def analyze_allocator(trace: RankTrace, config: AnalysisConfig) -> AnalysisResul
     steps; a finding when they take a share of the window (recurring: every step pays them)."""
     calls = allocator_calls(trace)
     if calls.empty:
-        return AnalysisResult(key="allocator", metrics={"allocator": None})
+        return AnalysisResult(key="allocator", metrics=AllocatorResult(allocator=None))
     w = window(trace)
     held = iv.clip(iv.union(calls["ts_ns"].to_numpy(), calls["end_ns"].to_numpy()), w.start_ns, w.end_ns)
     held_ns = iv.measure(held)
     step = step_at(trace, calls["ts_ns"].to_numpy())
     in_steps = np.unique(step[step >= 0])
     by_name = calls.groupby("name", observed=True)["dur_ns"].agg(["count", "sum"]).sort_values("sum", ascending=False)
-    metrics = {
-        "calls": int(len(calls)),
-        "time_us": us(held_ns),
-        "fraction": frac(held_ns, w.dur_ns),
-        "fraction_of": "window (host time in device mallocs and frees, a union)",
-        "steps_with_calls": int(len(in_steps)),
-        "steps": int(len(trace.steps)),
-        "by_name": {str(n): {"count": int(r["count"]), "time_us": us(r["sum"])} for n, r in by_name.iterrows()},
-    }
+    metrics = Allocator(
+        calls=int(len(calls)),
+        time_us=us(held_ns),
+        fraction=frac(held_ns, w.dur_ns),
+        fraction_of="window (host time in device mallocs and frees, a union)",
+        steps_with_calls=int(len(in_steps)),
+        steps=int(len(trace.steps)),
+        by_name={str(n): OpTime(count=int(r["count"]), time_us=us(r["sum"])) for n, r in by_name.iterrows()},
+    )
     findings = []
     if w.dur_ns and held_ns >= config.allocator_min_fraction * w.dur_ns:
         recurring = recurring_allocator_calls(trace)
@@ -52,7 +54,8 @@ def analyze_allocator(trace: RankTrace, config: AnalysisConfig) -> AnalysisResul
             id="allocator_churn", rank=trace.rank, title=title,
             evidence={"calls": int(len(calls)), "time_us": us(held_ns), "fraction_of_window": frac(held_ns, w.dur_ns),
                       "recurring_time_us": us(cost), "steps_with_calls": int(len(in_steps)),
-                      "steps": int(len(trace.steps)), "by_name": metrics["by_name"], "window_us": us(w.dur_ns)},
+                      "steps": int(len(trace.steps)), "by_name": json_ready(metrics.by_name),
+                      "window_us": us(w.dur_ns)},
             recommendation=("Let PyTorch's caching allocator keep device memory between steps: remove "
                             "torch.cuda.empty_cache() (and gc-driven frees) from the loop, unset "
                             "PYTORCH_NO_CUDA_MEMORY_CACHING, and where varying shapes fragment the cache set "
@@ -64,4 +67,4 @@ def analyze_allocator(trace: RankTrace, config: AnalysisConfig) -> AnalysisResul
             found = replace(found, ceiling="info", impact_us=held_ns / 1000.0,
                             ceiling_reason="in one step only: whether it recurs cannot be told")
         findings.append(found)
-    return AnalysisResult(key="allocator", metrics={"allocator": metrics}, findings=tuple(findings))
+    return AnalysisResult(key="allocator", metrics=AllocatorResult(allocator=metrics), findings=tuple(findings))

@@ -3,8 +3,6 @@ recognised: ``kinetoscope.analyze.model.phases``)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import pandas as pd
 
@@ -12,6 +10,7 @@ from kinetoscope.analyze.model import intervals as iv
 from kinetoscope.analyze.model.analysis import AnalysisResult, register
 from kinetoscope.analyze.model.config import AnalysisConfig
 from kinetoscope.analyze.model.phases import PHASES, gpu_phase_of, host_phases, steps_or_window
+from kinetoscope.analyze.model.results import PhasesResult, PhaseTime
 from kinetoscope.analyze.model.timeline import (
     gpu_work,
     window,
@@ -43,21 +42,21 @@ def analyze_phases(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
         for p in PHASES:
             sel = phase_of == p
             gpu_time[p] = iv.measure(iv.clip(iv.union(starts_ns[sel], ends_ns[sel]), w.start_ns, w.end_ns))
-    metrics: dict[str, Any] = {}
+    metrics: dict[str, PhaseTime] = {}
     for p in PHASES:
         host_ns = iv.measure(phases[p])
-        metrics[p] = {
-            "time_us": us(host_ns),
-            "fraction": frac(host_ns, w.dur_ns),
-            "gpu_time_us": us(gpu_time[p]) if gpu_time is not None else None,
-            "gpu_fraction": frac(gpu_time[p], w.dur_ns) if gpu_time is not None else None,
-        }
+        metrics[p] = PhaseTime(
+            time_us=us(host_ns),
+            fraction=frac(host_ns, w.dur_ns),
+            gpu_time_us=us(gpu_time[p]) if gpu_time is not None else None,
+            gpu_fraction=frac(gpu_time[p], w.dur_ns) if gpu_time is not None else None,
+        )
     per_step_json = [
         {"step": int(r["step"]), **{p: round(float(r[f"{p}_us"]), 3) for p in PHASES}} for r in rows
     ]
     return AnalysisResult(
         key="phases",
-        metrics={"phases": metrics, "phases_per_step_us": per_step_json},
+        metrics=PhasesResult(phases=metrics, phases_per_step_us=per_step_json),
         tables={"phases_per_step": per_step},
     )
 

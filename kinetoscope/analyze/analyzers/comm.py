@@ -13,6 +13,7 @@ from kinetoscope.analyze.model.analysis import AnalysisResult, register
 from kinetoscope.analyze.model.collectives import collectives, comm_compute_sets, host_collectives, host_compute
 from kinetoscope.analyze.model.config import AnalysisConfig
 from kinetoscope.analyze.model.findings import Finding
+from kinetoscope.analyze.model.results import Comm, CommResult, OpTime
 from kinetoscope.analyze.model.timeline import missing_activity, window
 from kinetoscope.analyze.model.trace import RankTrace
 from kinetoscope.analyze.model.units import frac, us
@@ -104,20 +105,20 @@ def analyze_comm(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
     found = _exposed_finding(trace, config, w, exposed_ns, comm_ns, exposed_by_op, "gpu", unknown_ns) \
         if judged else None
     by_op = coll.groupby("op")["dur_ns"].agg(["count", "sum"])
-    metrics = {
-        "collectives": int(len(coll)),
-        "time_us": us(comm_ns),
-        "fraction": frac(comm_ns, w.dur_ns),
-        "fraction_of": "window",
-        "overlap_fraction": frac(overlap_ns, comm_ns - unknown_ns) if judged else None,
-        "overlap_fraction_of": "collective time",
-        "exposed_us": us(exposed_ns) if judged else None,
-        "exposed_by_op_us": {op: us(ns) for op, ns in exposed_by_op.items()} if judged else None,
-        "unknown_us": us(unknown_ns),
-        "by_op": {str(k): {"count": int(r["count"]), "time_us": us(r["sum"])} for k, r in by_op.iterrows()},
-        "where": "gpu",
-    }
-    return AnalysisResult(key="comm", metrics={"comm": metrics}, tables={"collectives": coll},
+    metrics = Comm(
+        collectives=int(len(coll)),
+        time_us=us(comm_ns),
+        fraction=frac(comm_ns, w.dur_ns),
+        fraction_of="window",
+        overlap_fraction=frac(overlap_ns, comm_ns - unknown_ns) if judged else None,
+        overlap_fraction_of="collective time",
+        exposed_us=us(exposed_ns) if judged else None,
+        exposed_by_op_us={op: us(ns) for op, ns in exposed_by_op.items()} if judged else None,
+        unknown_us=us(unknown_ns),
+        by_op={str(k): OpTime(count=int(r["count"]), time_us=us(r["sum"])) for k, r in by_op.iterrows()},
+        where="gpu",
+    )
+    return AnalysisResult(key="comm", metrics=CommResult(comm=metrics), tables={"collectives": coll},
                           findings=(found,) if found else ())
 
 
@@ -128,7 +129,7 @@ def analyze_comm(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
 def _host_collectives(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
     coll = host_collectives(trace)
     if coll.empty:
-        return AnalysisResult(key="comm", metrics={"comm": None})
+        return AnalysisResult(key="comm", metrics=CommResult(comm=None))
     w = window(trace)
     comm_set = iv.clip(iv.union(coll["ts_ns"].to_numpy(), coll["end_ns"].to_numpy()), w.start_ns, w.end_ns)
     comm_ns = iv.measure(comm_set)
@@ -143,19 +144,19 @@ def _host_collectives(trace: RankTrace, config: AnalysisConfig) -> AnalysisResul
             exposed_ns = iv.measure(exposed)
             exposed_by_op = _exposed_by_op(coll, exposed, w)
             found = _exposed_finding(trace, config, w, exposed_ns, comm_ns, exposed_by_op, "host")
-    return AnalysisResult(key="comm", metrics={"comm": {
-        "collectives": int(len(coll)),
-        "time_us": us(comm_ns),
-        "fraction": frac(comm_ns, w.dur_ns),
-        "fraction_of": "window",
-        "overlap_fraction": frac(comm_ns - exposed_ns, comm_ns) if exposed_ns is not None else None,
-        "overlap_fraction_of": "collective time",
-        "exposed_us": us(exposed_ns),
-        "exposed_by_op_us": {op: us(ns) for op, ns in exposed_by_op.items()} or None,
-        "by_op": {str(k): {"count": int(r["count"]), "time_us": us(r["sum"])} for k, r in by_op.iterrows()},
-        "where": ("host (a CPU run: gloo)" if not trace.has_gpu
-                  else "host (no collective kernels recorded: GPU activity not recorded)"),
-    }}, tables={"collectives": coll}, findings=(found,) if found else ())
+    return AnalysisResult(key="comm", metrics=CommResult(comm=Comm(
+        collectives=int(len(coll)),
+        time_us=us(comm_ns),
+        fraction=frac(comm_ns, w.dur_ns),
+        fraction_of="window",
+        overlap_fraction=frac(comm_ns - exposed_ns, comm_ns) if exposed_ns is not None else None,
+        overlap_fraction_of="collective time",
+        exposed_us=us(exposed_ns),
+        exposed_by_op_us={op: us(ns) for op, ns in exposed_by_op.items()} or None,
+        by_op={str(k): OpTime(count=int(r["count"]), time_us=us(r["sum"])) for k, r in by_op.iterrows()},
+        where=("host (a CPU run: gloo)" if not trace.has_gpu
+               else "host (no collective kernels recorded: GPU activity not recorded)"),
+    )), tables={"collectives": coll}, findings=(found,) if found else ())
 
 
 

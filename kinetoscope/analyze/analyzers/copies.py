@@ -19,6 +19,7 @@ from kinetoscope.analyze.model.analysis import AnalysisResult, register
 from kinetoscope.analyze.model.config import AnalysisConfig
 from kinetoscope.analyze.model.copies import copies
 from kinetoscope.analyze.model.findings import Finding
+from kinetoscope.analyze.model.results import Copies, CopiesResult, CopyDevice, CopyHostMemory
 from kinetoscope.analyze.model.timeline import Window, kernels, window
 from kinetoscope.analyze.model.trace import RankTrace
 from kinetoscope.analyze.model.units import frac, us
@@ -116,12 +117,21 @@ def _direction_metrics(trace: RankTrace, sel: pd.DataFrame, w: Window) -> dict[s
     }
 
 
+def _typed(m: dict[str, Any] | None) -> Copies | None:
+    """A direction's figures as its record (the findings' own figures, ``_*_ns``, left out)."""
+    if m is None:
+        return None
+    shown = {k: v for k, v in m.items() if not k.startswith("_")}
+    return Copies(**{**shown, "host_memory_us": CopyHostMemory(**m["host_memory_us"]),
+                     "devices": [CopyDevice(**d) for d in m["devices"]]})
+
+
 @register("copies", "H2D / D2H copies")
 def analyze_copies(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
     """H2D and D2H copies: time (union per device), bytes, bandwidth, host memory (pageable, pinned or
     unknown), synchronous and blocking calls, overlap with kernels on other streams."""
     if not trace.has_gpu:
-        return AnalysisResult(key="copies", metrics={"h2d": None, "d2h": None})
+        return AnalysisResult(key="copies", metrics=CopiesResult(h2d=None, d2h=None))
     w = window(trace)
     table = copies(trace)
     h2d = _direction_metrics(trace, table[(table["direction"] == "HtoD").to_numpy()], w)
@@ -129,13 +139,10 @@ def analyze_copies(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
     findings: list[Finding] = []
     if h2d:
         findings += _h2d_findings(trace, config, w, h2d)
-    for m in (h2d, d2h):
-        if m:
-            m.pop("_pageable_like_ns")
-            m.pop("_busiest_ns")
     copy_table = table[["ts_ns", "dur_ns", "name", "device", "stream", "bytes", "direction", "host_memory", "pageable",
                         "pinned", "launched_by", "synchronous", "blocking"]]
-    return AnalysisResult(key="copies", metrics={"h2d": h2d, "d2h": d2h}, tables={"copies": copy_table},
+    return AnalysisResult(key="copies", metrics=CopiesResult(h2d=_typed(h2d), d2h=_typed(d2h)),
+                          tables={"copies": copy_table},
                           findings=tuple(findings))
 
 

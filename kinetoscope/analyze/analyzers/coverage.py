@@ -12,6 +12,7 @@ import re
 from kinetoscope.analyze.model.analysis import AnalysisResult, register
 from kinetoscope.analyze.model.config import AnalysisConfig
 from kinetoscope.analyze.model.findings import Finding
+from kinetoscope.analyze.model.results import Coverage, CoverageResult
 from kinetoscope.analyze.model.timeline import kind_mask
 from kinetoscope.analyze.model.trace import RankTrace
 
@@ -46,7 +47,7 @@ def analyze_coverage(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult
         name = _accelerator(part.split(":", 1)[0])
         if name is not None:
             accelerators.setdefault(name, {})
-    metrics = {"unread_events": counts or None, "accelerators_unread": sorted(accelerators) or None}
+    metrics = Coverage(unread_events=counts or None, accelerators_unread=sorted(accelerators) or None)
     findings = []
     for name, cats in sorted(accelerators.items()):
         events = sum(cats.values())
@@ -67,4 +68,4 @@ def analyze_coverage(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult
                 ),
             )
         )
-    return AnalysisResult(key="coverage", metrics={"coverage": metrics}, findings=tuple(findings))
+    return AnalysisResult(key="coverage", metrics=CoverageResult(coverage=metrics), findings=tuple(findings))

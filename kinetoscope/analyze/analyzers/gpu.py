@@ -14,6 +14,7 @@ from kinetoscope.analyze.model import intervals as iv
 from kinetoscope.analyze.model.analysis import AnalysisResult, register
 from kinetoscope.analyze.model.config import AnalysisConfig
 from kinetoscope.analyze.model.findings import Finding
+from kinetoscope.analyze.model.results import Gpu, GpuDevice, GpuResult, GpuStream, MissingActivity
 from kinetoscope.analyze.model.syncs import sync_cost
 from kinetoscope.analyze.model.timeline import (
     Window,
@@ -111,7 +112,7 @@ def analyze_gpu(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
     causes; idle is unknown (``null``) where the trace misses the GPU's activity."""
     if not trace.has_gpu:
         unrecorded = _gpu_used_but_not_recorded(trace)
-        return AnalysisResult(key="gpu", metrics={"gpu": None}, findings=(unrecorded,) if unrecorded else ())
+        return AnalysisResult(key="gpu", metrics=GpuResult(gpu=None), findings=(unrecorded,) if unrecorded else ())
     w = window(trace)
     streams = _stream_table(trace, w)
     missing = missing_activity(trace)
@@ -128,15 +129,15 @@ def analyze_gpu(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
         # Python the trace recorded (with_stack) running on the launching threads between ops: named, not "untraced"
         "host_python": intervals_of(python_frames(trace), w),
     }
-    devices: list[dict[str, Any]] = []
+    devices: list[GpuDevice] = []
     idle_by_device: list[int] = []
     gap_tables = []
     findings: list[Finding] = []
     refill_ns = int(config.sync_refill_max_us * 1000)
     for device, busy in device_busy(trace).items():
         if busy[0].size == 0:  # its work all lies outside the window: nothing to say about it here
-            devices.append({"device": device, "busy_us": 0.0, "idle_us": None, "idle_fraction": None,
-                            "idle_by_cause_us": None, "largest_gaps": [], "unused_in_window": True})
+            devices.append(GpuDevice(device=device, busy_us=0.0, idle_us=None, idle_fraction=None,
+                                     idle_by_cause_us=None, largest_gaps=[], unused_in_window=True))
             continue
         idle = iv.complement(busy, w.start_ns, w.end_ns)
         causes["sync"] = sync_cost(trace, sync_calls(trace), idle, refill_ns)
@@ -148,50 +149,50 @@ def analyze_gpu(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
         if judged:
             idle_by_device.append(idle_ns)
         devices.append(
-            {
-                "device": device,
-                "busy_us": us(iv.measure(busy)),
-                "idle_us": us(idle_ns) if judged else None,
-                "idle_fraction": frac(idle_ns, w.dur_ns) if judged else None,
-                "idle_by_cause_us": {c: us(v) for c, v in by_cause_ns.items()} if judged else None,
-                "largest_gaps": [
+            GpuDevice(
+                device=device,
+                busy_us=us(iv.measure(busy)),
+                idle_us=us(idle_ns) if judged else None,
+                idle_fraction=frac(idle_ns, w.dur_ns) if judged else None,
+                idle_by_cause_us={c: us(v) for c, v in by_cause_ns.items()} if judged else None,
+                largest_gaps=[
                     {"start_us": r.start_us, "dur_us": round(r.dur_us, 3), "step": int(r.step), "cause": r.cause}
                     for r in gaps.itertuples()
                 ] if judged else [],
-                "unused_in_window": False,
-            }
+                unused_in_window=False,
+            )
         )
         if judged:
             findings += _doubted(_device_findings(trace, config, w, device, idle_ns, parts, gaps)
                                  + _launch_bound(trace, config, w, device, idle, parts), doubt)
     all_idle = iv.complement(any_gpu_busy(trace), w.start_ns, w.end_ns)
-    metrics = {
-        "idle_fraction": frac(max(idle_by_device), w.dur_ns) if idle_by_device else None,
-        "fraction_of": "window",
-        "any_device_idle_us": us(iv.measure(all_idle)) if judged else None,
-        "activity_complete": judged and missing.blind_ns() == 0,
-        "missing_activity": {
-            "graph_launches": missing.graph_launches,
-            "graph_launches_unrecorded": missing.graph_launches_unrecorded,
-            "stream_capture_us": us(missing.capture_ns),
-            "queued_behind_unrecorded_work_us": us(missing.pending_ns),
-            "cut_from_trace_us": us(missing.holes_ns),
-            "unknown_us": us(missing.blind_ns()),
-            "unknown_fraction": frac(missing.blind_ns(), w.dur_ns),
-            "unknown_fraction_of": "window",
-        },
-        "startup_us": us(startup_ns),
-        "startup_fraction": frac(startup_ns, w.dur_ns),
-        "startup_fraction_of": "window (runtime calls >= 1 ms with the GPU idle: context creation, lazy loading)",
-        "judgement": doubt,
-        "devices": devices,
-        "streams": streams.to_dict("records"),
-    }
+    metrics = Gpu(
+        idle_fraction=frac(max(idle_by_device), w.dur_ns) if idle_by_device else None,
+        fraction_of="window",
+        any_device_idle_us=us(iv.measure(all_idle)) if judged else None,
+        activity_complete=judged and missing.blind_ns() == 0,
+        missing_activity=MissingActivity(
+            graph_launches=missing.graph_launches,
+            graph_launches_unrecorded=missing.graph_launches_unrecorded,
+            stream_capture_us=us(missing.capture_ns),
+            queued_behind_unrecorded_work_us=us(missing.pending_ns),
+            cut_from_trace_us=us(missing.holes_ns),
+            unknown_us=us(missing.blind_ns()),
+            unknown_fraction=frac(missing.blind_ns(), w.dur_ns),
+            unknown_fraction_of="window",
+        ),
+        startup_us=us(startup_ns),
+        startup_fraction=frac(startup_ns, w.dur_ns),
+        startup_fraction_of="window (runtime calls >= 1 ms with the GPU idle: context creation, lazy loading)",
+        judgement=doubt,
+        devices=devices,
+        streams=[GpuStream(**row) for row in streams.to_dict("records")],
+    )
     if missing.blind_ns():
         findings.append(_missing_finding(trace, w, missing, judged))
     gaps_all = pd.concat(gap_tables, ignore_index=True) if gap_tables else pd.DataFrame()
     tables = {"streams": streams, "gaps": gaps_all, "gpu_per_step": _per_step(trace)}
-    return AnalysisResult(key="gpu", metrics={"gpu": metrics}, tables=tables, findings=tuple(findings))
+    return AnalysisResult(key="gpu", metrics=GpuResult(gpu=metrics), tables=tables, findings=tuple(findings))
 
 
 #: host-side names that only a run using a GPU records: NCCL collectives, CUDA stream bookkeeping, CUDA calls

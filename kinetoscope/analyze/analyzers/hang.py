@@ -16,9 +16,12 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from kinetoscope.analyze.model.analysis import AnalysisResult, register
 from kinetoscope.analyze.model.config import AnalysisConfig
 from kinetoscope.analyze.model.findings import Finding
+from kinetoscope.analyze.model.results import Hang
 from kinetoscope.analyze.model.trace import Trace
 from kinetoscope.hangdump import Frame, HangDump
 from kinetoscope.hangdump import fr_completed as _completed
@@ -175,7 +178,7 @@ def _describe(sig: tuple[Any, ...] | None) -> str:
     return f"{sig[0]}{list(list(s) for s in sizes) if sizes else ''}"
 
 
-def diagnose(dumps: tuple[HangDump, ...]) -> tuple[dict[str, Any], Finding | None]:
+def diagnose(dumps: tuple[HangDump, ...]) -> tuple[Hang, Finding | None]:
     """The job's hang metrics and its ``hang`` finding (None: the dumps show no collective out of step and no
     rank that raised or timed out)."""
     found = divergences(dumps)
@@ -184,8 +187,8 @@ def diagnose(dumps: tuple[HangDump, ...]) -> tuple[dict[str, Any], Finding | Non
     per_rank = [_rank_entry(d, group) for d in dumps]
     world = max([d.world_size or 0 for d in dumps] + [d.rank + 1 for d in dumps])
     without = [r for r in range(world) if r not in {d.rank for d in dumps}]
-    metrics = {"dumps": len(dumps), "ranks_with_dump": [d.rank for d in dumps], "ranks_without_dump": without,
-               "reasons": {str(d.rank): d.reason for d in dumps}}
+    metrics = Hang(dumps=len(dumps), ranks_with_dump=[d.rank for d in dumps], ranks_without_dump=without,
+                   reasons={str(d.rank): d.reason for d in dumps})
     raised = [d.rank for d in dumps if d.exception is not None]
     stalled = [d.rank for d in dumps if d.reason == "watchdog"]
     if first is None and not raised and not stalled:
@@ -221,8 +224,8 @@ def diagnose(dumps: tuple[HangDump, ...]) -> tuple[dict[str, Any], Finding | Non
                           "exception": (by_rank.get(r) or {}).get("exception"),
                           "frames": (by_rank.get(r) or {}).get("frames")} for r in stuck]
     evidence["per_rank"] = per_rank
-    metrics.update({k: evidence[k] for k in ("process_group", "seq", "expected_op", "stuck_ranks", "missing_ranks",
-                                             "mismatched_ranks", "waiting_ranks")})
+    metrics = msgspec.structs.replace(metrics, **{k: evidence[k] for k in (
+        "process_group", "seq", "expected_op", "stuck_ranks", "missing_ranks", "mismatched_ranks", "waiting_ranks")})
     return metrics, Finding(id="hang", rank=None, title=_title(first, stuck, by_rank), evidence=evidence,
                             recommendation=_advice(first, stuck, by_rank), severity="critical")
 
@@ -277,6 +280,6 @@ def _advice(first: Divergence | None, stuck: list[int], by_rank: dict[int, dict[
 def hang_analysis(trace: Trace, config: AnalysisConfig) -> AnalysisResult:
     """Where and why the job stopped, from the ranks' hang dumps; nothing when the job has none."""
     if not trace.hang_dumps:
-        return AnalysisResult("hang", {})
+        return AnalysisResult("hang", None)
     metrics, finding = diagnose(trace.hang_dumps)
     return AnalysisResult("hang", metrics, findings=(finding,) if finding is not None else ())

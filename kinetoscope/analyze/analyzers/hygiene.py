@@ -16,6 +16,7 @@ from kinetoscope.analyze.model.analysis import AnalysisResult, register
 from kinetoscope.analyze.model.config import AnalysisConfig
 from kinetoscope.analyze.model.findings import Finding
 from kinetoscope.analyze.model.phases import phase_events
+from kinetoscope.analyze.model.results import Hygiene, HygieneResult
 from kinetoscope.analyze.model.timeline import (
     COMPILE_RE,
     any_gpu_busy,
@@ -152,7 +153,7 @@ def analyze_hygiene(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
     DataLoader workers re-spawned, torch.compile recompiling."""
     steps = trace.steps
     if steps.empty:
-        return AnalysisResult(key="hygiene", metrics={"hygiene": None})
+        return AnalysisResult(key="hygiene", metrics=HygieneResult(hygiene=None))
     raw = phase_events(trace)
     # a step with no op at all is the stub the profiler opens as it stops, and a step the run's end cut
     # short (a crash, a stop) never completed: neither is a training step to judge the loop by
@@ -176,15 +177,15 @@ def analyze_hygiene(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
     findings += _sync_in_loop(trace, all_steps, config)
     findings += _worker_respawn(trace)
     findings += _recompile(trace)
-    metrics = {
-        "steps": len(all_steps),
-        "backward_steps": len(bwd),
-        "optimizer_steps": len(opt),
-        "zero_grad_steps": len(zero),
-        "checks": sorted({"zero_grad_missing", "optimizer_step_mismatch", "no_backward", "sync_in_loop",
-                          "worker_respawn", "recompile"}),
-    }
-    return AnalysisResult(key="hygiene", metrics={"hygiene": metrics}, findings=tuple(findings))
+    metrics = Hygiene(
+        steps=len(all_steps),
+        backward_steps=len(bwd),
+        optimizer_steps=len(opt),
+        zero_grad_steps=len(zero),
+        checks=sorted({"zero_grad_missing", "optimizer_step_mismatch", "no_backward", "sync_in_loop",
+                       "worker_respawn", "recompile"}),
+    )
+    return AnalysisResult(key="hygiene", metrics=HygieneResult(hygiene=metrics), findings=tuple(findings))
 
 
 def _zero_grad(

@@ -9,6 +9,7 @@ from kinetoscope.analyze.model import intervals as iv
 from kinetoscope.analyze.model.analysis import AnalysisResult, register
 from kinetoscope.analyze.model.config import AnalysisConfig
 from kinetoscope.analyze.model.findings import Finding
+from kinetoscope.analyze.model.results import Loader, LoaderResult, LoaderRun
 from kinetoscope.analyze.model.timeline import (
     any_gpu_busy,
     cpu_shares,
@@ -106,7 +107,7 @@ def _recorded_sum(rs: pd.DataFrame, column: str) -> float | None:
     return float(rs[column].astype(float).sum())
 
 
-def _whole_run(trace: RankTrace, window_wait_ns: int) -> dict[str, object] | None:
+def _whole_run(trace: RankTrace, window_wait_ns: int) -> LoaderRun | None:
     """Data wait over every step of the run, from the capture's host clocks (not only profiled steps): the
     training loader's where the capture told loaders apart, with validation apart; None where not recorded."""
     rs = trace.run_steps
@@ -123,20 +124,20 @@ def _whole_run(trace: RankTrace, window_wait_ns: int) -> dict[str, object] | Non
         wait = None
     validation = _recorded_sum(rs, "validation_ns")
     eval_wait = _recorded_sum(rs, "eval_data_wait_ns")
-    return {
-        "steps": int(len(rs)),
-        "wall_us": us(wall),
-        "data_wait_us": us(wait),
-        "data_wait_fraction": frac(wait, wall),
-        "data_wait_of": ("the training loader's waits (the capture told loaders apart)" if train is not None
-                         else "every DataLoader wait on the training thread" if wait is not None
-                         else "not recorded by this capture"),
-        "validation_us": us(validation),
-        "validation_fraction": frac(validation, wall),
-        "eval_data_wait_us": us(eval_wait),
-        "fraction_of": "wall time of every step of the run (host clocks)",
-        "mean_step_us": us(wall / len(rs)),
-    }
+    return LoaderRun(
+        steps=int(len(rs)),
+        wall_us=us(wall),
+        data_wait_us=us(wait),
+        data_wait_fraction=frac(wait, wall),
+        data_wait_of=("the training loader's waits (the capture told loaders apart)" if train is not None
+                      else "every DataLoader wait on the training thread" if wait is not None
+                      else "not recorded by this capture"),
+        validation_us=us(validation),
+        validation_fraction=frac(validation, wall),
+        eval_data_wait_us=us(eval_wait),
+        fraction_of="wall time of every step of the run (host clocks)",
+        mean_step_us=us(wall / len(rs)),
+    )
 
 
 @register("loader", "Loader stalls")
@@ -156,21 +157,21 @@ def analyze_loader(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
     cost_ns = iv.measure(idle_cost) if idle_cost is not None else None
     per_step = _per_step(trace, spans, idle_cost)
     names = set(frame["name"].astype(str).unique())
-    metrics = {
-        "time_us": us(loader_ns),
-        "fraction": frac(loader_ns, w.dur_ns),
-        "fraction_of": "window",
-        "calls": int(len(frame)),
-        "gpu_idle_cost_us": us(cost_ns),
-        "gpu_idle_cost_fraction": frac(cost_ns, w.dur_ns) if cost_ns is not None else None,
-        "iterator": sorted(n.split("#", 1)[-1] for n in names),
-        "thread": main_thread(trace) if len(frame) else None,
-        "other_threads_us": us(other_ns),
-        "other_threads_calls": int(len(others)),
-        "eval_loader_wait_us": us(eval_ns) if len(trace.marks) else None,
-        "max_step_us": float(per_step["loader_us"].max()) if len(per_step) else None,
-        "run": _whole_run(trace, loader_ns),
-    }
+    metrics = Loader(
+        time_us=us(loader_ns),
+        fraction=frac(loader_ns, w.dur_ns),
+        fraction_of="window",
+        calls=int(len(frame)),
+        gpu_idle_cost_us=us(cost_ns),
+        gpu_idle_cost_fraction=frac(cost_ns, w.dur_ns) if cost_ns is not None else None,
+        iterator=sorted(n.split("#", 1)[-1] for n in names),
+        thread=main_thread(trace) if len(frame) else None,
+        other_threads_us=us(other_ns),
+        other_threads_calls=int(len(others)),
+        eval_loader_wait_us=us(eval_ns) if len(trace.marks) else None,
+        max_step_us=float(per_step["loader_us"].max()) if len(per_step) else None,
+        run=_whole_run(trace, loader_ns),
+    )
     findings = []
     # On a GPU run what matters is the GPU time the wait cost (a prefetched
     # pipeline overlaps it with compute); on a CPU-only run, the wait itself.
@@ -203,7 +204,7 @@ def analyze_loader(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
                     "loader_fraction_of_window": frac(loader_ns, w.dur_ns),
                     "gpu_idle_cost_us": us(cost_ns),
                     "calls": int(len(frame)),
-                    "iterator": metrics["iterator"],
+                    "iterator": metrics.iterator,
                     "wait_kind": kind if any("MultiProcessing" in n for n in names) else None,
                     "advice_if_no_gain": (
                         "More DataLoader workers would not make the step faster here: replayed "
@@ -229,5 +230,6 @@ def analyze_loader(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
             )
         )
     return AnalysisResult(
-        key="loader", metrics={"loader": metrics}, tables={"loader_per_step": per_step}, findings=tuple(findings)
+        key="loader", metrics=LoaderResult(loader=metrics), tables={"loader_per_step": per_step},
+        findings=tuple(findings),
     )

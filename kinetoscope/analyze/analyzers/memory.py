@@ -10,6 +10,7 @@ import pandas as pd
 from kinetoscope.analyze.model.analysis import AnalysisResult, register
 from kinetoscope.analyze.model.config import AnalysisConfig
 from kinetoscope.analyze.model.findings import Finding
+from kinetoscope.analyze.model.results import Memory, MemoryDevice, MemoryResult
 from kinetoscope.analyze.model.timeline import step_at, window
 from kinetoscope.analyze.model.trace import RankTrace
 from kinetoscope.analyze.model.units import us
@@ -254,7 +255,7 @@ def analyze_memory(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
     too few steps to tell."""
     mem = trace.memory
     if mem.empty:
-        return AnalysisResult(key="memory", metrics={"memory": None})
+        return AnalysisResult(key="memory", metrics=MemoryResult(memory=None))
     devices, tables, timelines, findings = [], [], [], []
     for (device_type, device_id), group in mem.groupby(["device_type", "device_id"], sort=True):
         metrics, per_step, timeline = _device_metrics(trace, group, config)
@@ -264,15 +265,15 @@ def analyze_memory(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
         findings += _memory_findings(trace, config, metrics, int(device_type), int(device_id))
     gpu = [d for d in devices if d["device"] != "cpu"] or devices
     growth_values = [d["growth_bytes_per_step"] for d in gpu if d["growth_bytes_per_step"] is not None]
-    summary = {
-        "growth_bytes_per_step": max(growth_values) if growth_values else None,
-        "peak_allocated_bytes": max(d["peak_allocated_bytes"] for d in gpu),
-        "scope": "gpu" if any(d["device"] != "cpu" for d in devices) else "cpu",
-        "devices": devices,
-    }
+    summary = Memory(
+        growth_bytes_per_step=max(growth_values) if growth_values else None,
+        peak_allocated_bytes=max(d["peak_allocated_bytes"] for d in gpu),
+        scope="gpu" if any(d["device"] != "cpu" for d in devices) else "cpu",
+        devices=[MemoryDevice(**d) for d in devices],
+    )
     return AnalysisResult(
         key="memory",
-        metrics={"memory": summary},
+        metrics=MemoryResult(memory=summary),
         tables={"memory_per_step": pd.concat(tables, ignore_index=True),
                 "memory_timeline": pd.concat(timelines, ignore_index=True)},
         findings=tuple(findings),

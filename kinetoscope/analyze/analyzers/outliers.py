@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from kinetoscope.analyze.model import intervals as iv
@@ -18,6 +19,7 @@ from kinetoscope.analyze.model.analysis import AnalysisResult, register
 from kinetoscope.analyze.model.config import AnalysisConfig
 from kinetoscope.analyze.model.findings import Finding
 from kinetoscope.analyze.model.phases import phase_events
+from kinetoscope.analyze.model.results import Outliers, OutliersResult
 from kinetoscope.analyze.model.timeline import COMPILE_RE, name_mask
 from kinetoscope.analyze.model.trace import RankTrace
 from kinetoscope.analyze.model.units import us
@@ -100,15 +102,16 @@ def analyze_outliers(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult
     periodic = run_periodic(trace)
     run_finding = _periodic_finding(trace, config, periodic) if periodic else None
     if len(steps) < config.outlier_min_steps:
-        return AnalysisResult(key="outliers", metrics={"outliers": {"run": periodic} if periodic else None},
+        return AnalysisResult(key="outliers",
+                              metrics=OutliersResult(outliers=Outliers(run=periodic) if periodic else None),
                               findings=(run_finding,) if run_finding else ())
     dur = steps["dur_ns"].to_numpy()
     median = float(np.median(dur))
     out = np.flatnonzero(dur >= config.outlier_step_ratio * median)
-    metrics: dict[str, Any] = {"median_step_us": us(median), "steps": int(len(steps)), "outlier_steps": int(len(out)),
-                               "ratio": config.outlier_step_ratio, "run": periodic}
+    metrics = Outliers(median_step_us=us(median), steps=int(len(steps)), outlier_steps=int(len(out)),
+                       ratio=config.outlier_step_ratio, run=periodic)
     if not len(out):
-        return AnalysisResult(key="outliers", metrics={"outliers": metrics},
+        return AnalysisResult(key="outliers", metrics=OutliersResult(outliers=metrics),
                               findings=(run_finding,) if run_finding else ())
     starts, ends = steps["start_ns"].to_numpy(), steps["end_ns"].to_numpy()
     bwd = phase_events(trace)["backward"]
@@ -131,7 +134,7 @@ def analyze_outliers(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult
         )
     excess = float(sum(dur[i] - median for i in out))
     kinds = sorted({r["holds"] for r in rows})
-    metrics.update({"excess_us": us(excess), "holds": kinds})
+    metrics = msgspec.structs.replace(metrics, excess_us=us(excess), holds=kinds)
     listed = "; ".join(f"#{r['step']} {r['step_us'] / 1000:,.1f} ms ({r['times_median']}x, {r['holds']})"
                        for r in rows[:5])
     finding = Finding(
@@ -150,5 +153,5 @@ def analyze_outliers(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult
                            "process): profile with with_stack=True." if "unknown" in kinds else "")).strip(),
         impact_us=excess / 1000.0,
     )
-    return AnalysisResult(key="outliers", metrics={"outliers": metrics},
+    return AnalysisResult(key="outliers", metrics=OutliersResult(outliers=metrics),
                           findings=(finding,) + ((run_finding,) if run_finding else ()))

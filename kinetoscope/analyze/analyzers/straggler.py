@@ -31,6 +31,7 @@ from kinetoscope.analyze.model.distributed import (
     match,
 )
 from kinetoscope.analyze.model.findings import Finding
+from kinetoscope.analyze.model.results import Collectives
 from kinetoscope.analyze.model.timeline import (
     gpu_work,
     host_busy,
@@ -233,7 +234,7 @@ def _cause(slow: RankSummary, others: list[RankSummary], lateness_us: float) -> 
 
 def job_analysis(
     summaries: list[RankSummary], config: AnalysisConfig
-) -> tuple[dict[str, Any], pd.DataFrame, Finding | None]:
+) -> tuple[Collectives, pd.DataFrame, Finding | None]:
     """The job-level result from per-rank summaries: metrics, the matched collectives, the straggler."""
     m = match(summaries)
     a = arrivals(summaries, m)
@@ -251,10 +252,10 @@ def analyze_collectives(trace: Trace, config: AnalysisConfig) -> AnalysisResult:
     """Match collectives across ranks (process group, sequence number, operation and size), align the
     ranks' clocks on collective completion, and name the rank each collective waited for and the straggler."""
     if len(trace.ranks) < 2:
-        return AnalysisResult(key="collectives", metrics={})
+        return AnalysisResult(key="collectives", metrics=None)
     summaries = [rank_summary(r) for r in trace.ranks]
     if sum(1 for s in summaries if s.op) < 2:
-        return AnalysisResult(key="collectives", metrics={})
+        return AnalysisResult(key="collectives", metrics=None)
     metrics, table, finding = job_analysis(summaries, config)
     return AnalysisResult(key="collectives", metrics=metrics, tables={"collectives": table},
                           findings=(finding,) if finding else ())

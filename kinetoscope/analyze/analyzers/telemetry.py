@@ -6,6 +6,7 @@ import pandas as pd
 
 from kinetoscope.analyze.model.analysis import AnalysisResult, register
 from kinetoscope.analyze.model.config import AnalysisConfig
+from kinetoscope.analyze.model.results import Series, TelemetryResult
 from kinetoscope.analyze.model.timeline import window
 from kinetoscope.analyze.model.trace import RankTrace
 
@@ -15,19 +16,19 @@ def analyze_telemetry(trace: RankTrace, config: AnalysisConfig) -> AnalysisResul
     """Mean, min and max of every counter series inside the window (``null`` when the trace has none)."""
     counters = trace.counters
     if counters.empty:
-        return AnalysisResult(key="telemetry", metrics={"telemetry": None})
+        return AnalysisResult(key="telemetry", metrics=TelemetryResult(telemetry=None))
     w = window(trace)
     inside = counters[(counters["ts_ns"] >= w.start_ns) & (counters["ts_ns"] <= w.end_ns)]
     if inside.empty:
         inside = counters
     stats = inside.groupby(["name", "series"], observed=True)["value"].agg(["mean", "min", "max", "count"])
-    out: dict[str, dict[str, dict[str, float]]] = {}
+    out: dict[str, dict[str, Series]] = {}
     for (name, series), row in stats.iterrows():
-        out.setdefault(str(name), {})[str(series)] = {
-            "mean": round(float(row["mean"]), 3), "min": float(row["min"]), "max": float(row["max"]),
-            "samples": int(row["count"]),
-        }
-    return AnalysisResult(key="telemetry", metrics={"telemetry": out},
+        out.setdefault(str(name), {})[str(series)] = Series(
+            mean=round(float(row["mean"]), 3), min=float(row["min"]), max=float(row["max"]),
+            samples=int(row["count"]),
+        )
+    return AnalysisResult(key="telemetry", metrics=TelemetryResult(telemetry=out),
                           tables={"telemetry": _for_display(inside, w.start_ns)})
 
 

@@ -1,8 +1,8 @@
 """A columnar cache of parsed traces: Parquet tables + a JSON metadata file per trace, never pickle.
 
-Opt-in (``kinetoscope analyze --cache`` or ``KINETOSCOPE_CACHE_DIR``). The key is the file's
-resolved path, size and modification time plus the tool version, so a cached trace is found with one
-``stat`` and reopened at the speed of reading Parquet; a changed file or a new version misses.
+Opt-in (``kinetoscope analyze --cache`` or ``KINETOSCOPE_CACHE_DIR``, which the command reads: here, a folder is
+given). The key is the file's resolved path, size and modification time plus the tool version, so a cached
+trace is found with one ``stat`` and reopened at the speed of reading Parquet; a changed file or a new version misses.
 """
 
 from __future__ import annotations
@@ -26,13 +26,6 @@ from kinetoscope.sources import version_of
 TABLES = ("events", "memory", "counters", "flows", "instants", "steps", "run_steps", "comm_args", "marks", "shapes")
 #: the tables' layout: part of the key, so a cache written by an older layout is a miss, never misread
 FORMAT = 4
-
-
-def default_dir() -> Path:
-    env = os.environ.get("KINETOSCOPE_CACHE_DIR")
-    if env:
-        return Path(env)
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "kinetoscope"
 
 
 def key_for(path: TraceFile, default_rank: int) -> str:
@@ -59,9 +52,8 @@ def _meta_from_json(doc: dict[str, Any]) -> TraceMeta:
     return TraceMeta(**doc)
 
 
-def save(trace: RankTrace, key: str, root: Path | None = None) -> None:
+def save(trace: RankTrace, key: str, root: Path) -> None:
     """Write the trace's tables and metadata under ``root/key`` (a directory renamed into place)."""
-    root = root or default_dir()
     root.mkdir(parents=True, exist_ok=True)
     target = root / key
     if target.exists():
@@ -84,8 +76,8 @@ def save(trace: RankTrace, key: str, root: Path | None = None) -> None:
         raise
 
 
-def load(key: str, root: Path | None = None) -> RankTrace | None:
-    folder = (root or default_dir()) / key
+def load(key: str, root: Path) -> RankTrace | None:
+    folder = root / key
     meta_file = folder / "meta.json"
     if not meta_file.is_file():
         return None

@@ -23,8 +23,13 @@ class LoadLimits:
     #: a file the fast scanner leaves to the reference decoder (valid JSON it does not handle exactly) is
     #: held whole in memory by that decoder: only up to this gunzipped size
     max_fallback_bytes: int = 16 * 2**20
+    #: which decoder reads a file: "native" (the compiled scanner where built, the reference decoder for what it
+    #: leaves) or "reference" (the reference decoder for everything; the command's ``KINETOSCOPE_DECODER``)
+    decoder: str = "native"
 
     def __post_init__(self) -> None:
+        if self.decoder not in ("native", "reference"):
+            raise ConfigError(f"decoder {self.decoder!r}: expected 'native' or 'reference'")
         for name in ("max_decompressed_bytes", "max_events", "max_depth", "max_fallback_bytes"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"limit {name} must be >= 1")

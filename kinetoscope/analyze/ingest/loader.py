@@ -137,7 +137,7 @@ def load_rank(path: TraceFile, *, default_rank: int = 0, limits: LoadLimits = DE
     del scanned
     if after_parse is not None:
         after_parse()  # e.g. the raw columns' pages back, before the analyses allocate theirs
-    if key is not None:
+    if key is not None and cache is not None:
         columnar.save(trace, key, cache)
     return trace
 

@@ -4,8 +4,9 @@ Memory stays bounded by one chunk per scanning thread plus the columns (~60 byte
 against 250-450 bytes of JSON per event): a trace never has to fit in memory as text, and gzip is
 decompressed chunk by chunk on a second thread into two reused buffers. Plain files from 48 MiB are
 scanned as two halves on two threads. ``None`` means "use the reference decoder": the extension is
-not built, ``KINETOSCOPE_DECODER=reference`` is set, or the scanner met something it does not
-handle exactly like the reference (odd types, invalid JSON, ...), which then decides and reports.
+not built, ``LoadLimits.decoder`` is "reference" (the command's ``KINETOSCOPE_DECODER=reference``), or the
+scanner met something it does not handle exactly like the reference (odd types, invalid JSON, ...), which then
+decides and reports.
 """
 
 from __future__ import annotations
@@ -55,9 +56,9 @@ CHUNK_BYTES = 8 * 2**20
 _BOM = b"\xef\xbb\xbf"
 
 
-def available() -> bool:
-    """Whether the compiled scanner is used (built, and not switched off)."""
-    return _scan is not None and os.environ.get("KINETOSCOPE_DECODER", "") != "reference"
+def available(limits: LoadLimits = DEFAULT_LIMITS) -> bool:
+    """Whether the compiled scanner is used (built, and not switched off by ``limits.decoder``)."""
+    return _scan is not None and limits.decoder != "reference"
 
 
 class _Bail(Exception):
@@ -105,7 +106,7 @@ def scan_file(path: TraceFile, limits: LoadLimits = DEFAULT_LIMITS) -> tuple[Raw
     """Columns and JSON byte count of a trace file (plain or gzip, by magic); None when the scanner is not
     built. Raises TraceFormatError for what is wrong with the file, ``Unhandled`` for valid JSON the
     reference decoder must take."""
-    if not available():
+    if not available(limits):
         return None
     try:
         # a store's object is a stream of ranged reads (kinetoscope.sources), never downloaded whole
@@ -139,7 +140,7 @@ def scan_file(path: TraceFile, limits: LoadLimits = DEFAULT_LIMITS) -> tuple[Raw
 
 def scan_bytes(data: bytes, source: str, limits: LoadLimits = DEFAULT_LIMITS) -> tuple[RawColumns, int] | None:
     """The same for a document already in memory (uploads): plain JSON bytes."""
-    if not available():
+    if not available(limits):
         return None
     try:
         return _finish(_feed(_scan.Scanner(max_depth=limits.max_depth), io.BytesIO(data), source, limits))

@@ -16,17 +16,26 @@ from typing import Any, Literal
 import pandas as pd
 
 from kinetoscope.analyze.model.findings import Finding
+from kinetoscope.analyze.model.record import Record
 
 
 @dataclass(frozen=True)
 class AnalysisResult:
     #: the analyzer's registry key
     key: str
-    #: this result's fragment of the rank's report entry, JSON-ready
-    #: (``{"loader": {...}}``); a value is ``None`` where it does not apply
-    metrics: dict[str, Any]
+    #: what it measured: a typed record (``model.results``) whose fields are the keys it adds to the rank's report
+    #: entry (a rank analyzer: ``LoaderResult(loader=...)``) or the job's object under its key (a job analyzer;
+    #: ``None`` where it does not apply). A plain dict (the fragment itself, JSON-ready) is still taken, for an
+    #: analyzer not yet typed; ``fragment()`` gives either as JSON.
+    metrics: Record | dict[str, Any] | None
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)
     findings: tuple[Finding, ...] = ()
+
+    def fragment(self) -> dict[str, Any]:
+        """The metrics as JSON-ready objects: the rank entry's keys (or the job object); empty for none."""
+        if self.metrics is None:
+            return {}
+        return self.metrics.to_dict() if isinstance(self.metrics, Record) else self.metrics
 
 
 @dataclass(frozen=True)

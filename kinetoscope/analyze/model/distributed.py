@@ -27,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from kinetoscope.analyze.model.results import CollectiveGroup, CollectiveRank, Collectives
+
 #: ops whose message sizes are the same on every rank (alltoall and send/recv sizes are per rank)
 _SIZE_INVARIANT = frozenset({"allreduce", "allgather", "reducescatter", "broadcast", "reduce", "barrier"})
 #: point-to-point operations complete on their two peers only, at different times: never matched
@@ -329,7 +331,7 @@ def arrivals(summaries: list[RankSummary], m: Matching) -> Arrivals:
                     last=np.asarray(last, dtype=np.int64), transfer_ns=np.asarray(transfer, dtype=np.float64))
 
 
-def job_metrics(summaries: list[RankSummary], m: Matching, a: Arrivals) -> dict[str, Any]:
+def job_metrics(summaries: list[RankSummary], m: Matching, a: Arrivals) -> Collectives:
     """The report's ``job.collectives``: matched and unmatched counts, skews, waits, the waited-for rank."""
     per_rank = []
     late = a.last[a.last >= 0]
@@ -339,25 +341,25 @@ def job_metrics(summaries: list[RankSummary], m: Matching, a: Arrivals) -> dict[
         present = ~np.isnan(waits)
         # the rank this one waited for most often: the last to arrive at the collectives where it was not
         others = a.last[(a.last >= 0) & (a.last != i) & ~np.isnan(a.wait_ns[:, i])] if len(a.last) else a.last
-        per_rank.append({
-            "rank": r,
-            "clock_skew_us": s / 1000.0 if (s := m.skew_ns.get(r)) is not None else None,
-            "matched": m.matched[r],
-            "unmatched": m.unmatched[r],
-            "point_to_point": m.point_to_point.get(r, 0),
-            "wait_us": round(float(np.nansum(waits)) / 1000.0, 3) if present.any() else None,
-            "waited_for_count": int(waited_for[i]),
-            "waited_for_rank": int(a.ranks[int(np.bincount(others).argmax())]) if len(others) else None,
-        })
+        per_rank.append(CollectiveRank(
+            rank=r,
+            clock_skew_us=s / 1000.0 if (s := m.skew_ns.get(r)) is not None else None,
+            matched=m.matched[r],
+            unmatched=m.unmatched[r],
+            point_to_point=m.point_to_point.get(r, 0),
+            wait_us=round(float(np.nansum(waits)) / 1000.0, 3) if present.any() else None,
+            waited_for_count=int(waited_for[i]),
+            waited_for_rank=int(a.ranks[int(np.bincount(others).argmax())]) if len(others) else None,
+        ))
     most = int(a.ranks[int(np.argmax(waited_for))]) if len(late) else None
-    return {
-        "matched": int(len(a.last)),
-        "unmatched": int(sum(m.unmatched.values())),
-        "groups": [{"group": g.group, "ranks": g.ranks, "method": g.method, "matched": int(len(g.index)),
-                    "unmatched": g.unmatched, "misaligned_ranks": g.misaligned} for g in m.groups],
-        "reference_rank": min(a.ranks) if a.ranks else None,
-        "most_waited_for_rank": most,
-        "ranks": per_rank,
-        "method": "collectives matched per process group (sequence numbers, else sequence alignment); clocks "
-                  "aligned on collective completion; wait = last aligned arrival - own arrival",
-    }
+    return Collectives(
+        matched=int(len(a.last)),
+        unmatched=int(sum(m.unmatched.values())),
+        groups=[CollectiveGroup(group=g.group, ranks=g.ranks, method=g.method, matched=int(len(g.index)),
+                                unmatched=g.unmatched, misaligned_ranks=g.misaligned) for g in m.groups],
+        reference_rank=min(a.ranks) if a.ranks else None,
+        most_waited_for_rank=most,
+        ranks=per_rank,
+        method="collectives matched per process group (sequence numbers, else sequence alignment); clocks "
+               "aligned on collective completion; wait = last aligned arrival - own arrival",
+    )

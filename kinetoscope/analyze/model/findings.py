@@ -51,6 +51,30 @@ def nature(finding_id: str) -> Nature:
 
 
 @dataclass(frozen=True)
+class Worth:
+    """What fixing a finding is worth, as a share of the time it is measured against (set by the severity policy,
+    ``report.policy.worth``). The report's ``worth`` object rounds ``fraction`` to 4 places."""
+
+    #: the saving over what ``of`` names; None where nothing was measured
+    fraction: float | None
+    #: what ``fraction`` is a share of
+    of: str
+    #: "estimate" (the what-if's saving per step), "upper bound" (an estimate optimistic by what the trace cannot
+    #: check), "one-off total" (a cost paid once, over the run), "measured cost" (no estimate: the cost the analyzer
+    #: measured in the window), "none"
+    basis: str
+    #: a one-off cost's total, us; None for a recurring cost
+    one_off_total_us: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"fraction": None if self.fraction is None else round(self.fraction, 4),
+                               "of": self.of, "basis": self.basis}
+        if self.one_off_total_us is not None:
+            out["one_off_total_us"] = round(self.one_off_total_us, 3)
+        return out
+
+
+@dataclass(frozen=True)
 class Finding:
     id: str
     rank: int | None
@@ -74,9 +98,9 @@ class Finding:
     #: a cost paid once rather than every step (a recompile, a worker start), in total over the window, us: its
     #: worth is amortised over the run (``policy.worth``); None for a recurring cost
     one_off_us: float | None = None
-    #: what fixing it is worth over the run (``policy.Worth.to_dict``), set by the severity policy; None for
-    #: findings whose worth is not time (correctness, information)
-    worth: dict[str, Any] | None = None
+    #: what fixing it is worth over the run, set by the severity policy; None for findings whose worth is not time
+    #: (correctness, information)
+    worth: Worth | None = None
 
     def __post_init__(self) -> None:
         if self.id not in FINDING_IDS:
@@ -96,7 +120,7 @@ class Finding:
             "recommendation": self.recommendation,
             "impact_us": round(self.impact_us, 3),
             "estimate": dict(self.estimate) if self.estimate is not None else None,  # an Estimate's JSON object
-            "worth": self.worth,
+            "worth": self.worth.to_dict() if self.worth is not None else None,
         }
 
 

@@ -13,12 +13,13 @@ import traceback
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from kinetoscope import __version__
 from kinetoscope.analyze import whatif
 from kinetoscope.analyze.model.config import DEFAULT_CONFIG, AnalysisConfig
 from kinetoscope.analyze.model.findings import Finding, rank_findings
+from kinetoscope.analyze.model.record import Record, json_ready
 from kinetoscope.analyze.model.timeline import window
 from kinetoscope.analyze.model.trace import RankTrace, Trace
 from kinetoscope.analyze.registry import AnalysisResult, analyzers
@@ -36,9 +37,73 @@ class AnalyzerFailure:
     detail: str
 
 
+R = TypeVar("R", bound=Record)
+
+
+@dataclass(frozen=True)
+class RankReport:
+    """One rank's report entry, typed: the header, then each analyzer's result record (by registry key, in the
+    registry's order; an analyzer that failed is absent), then the what-if's replay check. ``to_dict`` writes the
+    report's rank entry (``docs/report.md``)."""
+
+    rank: int
+    #: "trace" (the file says), "file name", or "default" (nothing said: 0)
+    rank_source: str
+    world_size: int | None
+    file: str
+    #: each device's name (None where unnamed); None where the trace names no device
+    devices: list[str | None] | None
+    events: int
+    memory_events: int
+    warnings: list[str]
+    unhandled_events: dict[str, int]
+    #: each analyzer's metrics by registry key: a typed record, or a dict from an analyzer not yet typed
+    analyses: dict[str, Record | dict[str, Any] | None] = field(default_factory=dict)
+    #: the what-if's replay of the rank's steps against what was measured (``whatif.replay_entry``); None where it
+    #: failed
+    replay: dict[str, Any] | None = None
+    #: further per-rank blocks written after ``replay``, in order, JSON-ready (the what-if's own blocks beside the
+    #: replay, where a branch adds them: e.g. the critical path)
+    after_replay: dict[str, Any] = field(default_factory=dict)
+
+    def result(self, cls: type[R]) -> R | None:
+        """The typed result of that record type (``rr.result(StepsResult)``); None where its analyzer failed or
+        is not typed."""
+        return next((m for m in self.analyses.values() if isinstance(m, cls)), None)
+
+    def value(self, key: str) -> Any:
+        """The rank entry's ``key`` as the JSON report has it (``rr.value("efficiency")``), from whichever analyzer
+        gives it, typed or not; None where none does. For renderers of an analyzer not yet typed: typed ones are
+        read with ``result``."""
+        for metrics in self.analyses.values():
+            if isinstance(metrics, Record):
+                if key in metrics.__struct_fields__:
+                    return json_ready(getattr(metrics, key))
+            elif metrics and key in metrics:
+                return metrics[key]
+        return self.after_replay.get(key)
+
+    def header(self) -> dict[str, Any]:
+        return {"rank": self.rank, "rank_source": self.rank_source, "world_size": self.world_size, "file": self.file,
+                "devices": self.devices, "events": self.events, "memory_events": self.memory_events,
+                "warnings": self.warnings, "unhandled_events": self.unhandled_events}
+
+    def to_dict(self) -> dict[str, Any]:
+        out = self.header()
+        for metrics in self.analyses.values():
+            if isinstance(metrics, Record):
+                out.update(metrics.to_dict())
+            elif metrics:
+                out.update(metrics)
+        out["replay"] = self.replay
+        out.update(self.after_replay)
+        return out
+
+
 @dataclass(frozen=True)
 class Report:
     source: str
+    #: each rank's entry as the JSON report writes it (``RankReport.to_dict``), for readers of the contract
     ranks: tuple[dict[str, Any], ...]
     findings: tuple[Finding, ...]
     job: dict[str, Any]
@@ -49,6 +114,8 @@ class Report:
     #: numbers that break an invariant (a fraction outside [0, 1], a fix whose replayed step ends later than before):
     #: a bug, reported, never clamped away
     violations: tuple[str, ...] = ()
+    #: each rank's entry, typed (what ``ranks`` is written from), in the same order
+    rank_reports: tuple[RankReport, ...] = ()
     #: seconds each analyzer took, summed over ranks ("replay" and "estimates": the what-if), for benchmarks;
     #: not part of the JSON report (timings are not results)
     timings_s: dict[str, float] = field(repr=False, default_factory=dict)
@@ -130,19 +197,19 @@ def above_peak_violations(entry: dict[str, Any]) -> list[str]:
     return out
 
 
-def _rank_header(r: RankTrace) -> dict[str, Any]:
+def _rank_header(r: RankTrace) -> RankReport:
     m = r.meta
-    return {
-        "rank": r.rank,
-        "rank_source": m.rank_source,
-        "world_size": m.world_size,
-        "file": m.source,
-        "devices": [p.get("name") for p in m.device_properties] or None,
-        "events": int(len(r.events)),
-        "memory_events": int(len(r.memory)),
-        "warnings": list(m.warnings),
-        "unhandled_events": dict(m.unhandled_events),
-    }
+    return RankReport(
+        rank=r.rank,
+        rank_source=m.rank_source,
+        world_size=m.world_size,
+        file=m.source,
+        devices=[p.get("name") for p in m.device_properties] or None,
+        events=int(len(r.events)),
+        memory_events=int(len(r.memory)),
+        warnings=list(m.warnings),
+        unhandled_events=dict(m.unhandled_events),
+    )
 
 
 def _capped(found: tuple[Finding, ...], entry: dict[str, Any]) -> list[Finding]:
@@ -164,14 +231,13 @@ def _capped(found: tuple[Finding, ...], entry: dict[str, Any]) -> list[Finding]:
 THREADS_FROM_EVENTS = 200_000
 
 
-def analysis_threads() -> int:
-    """Threads a rank's analyzers share: up to 4 (past that the GIL-bound parts dominate), ``KINETOSCOPE_THREADS``
-    to choose (1: one after another)."""
-    chosen = os.environ.get("KINETOSCOPE_THREADS", "").strip()
-    if chosen:
-        if not chosen.isdigit() or not 1 <= int(chosen) <= 64:
-            raise ConfigError(f"KINETOSCOPE_THREADS={chosen!r}: expected a whole number of threads from 1 to 64")
-        return int(chosen)
+def analysis_threads(chosen: int | None = None) -> int:
+    """Threads a large rank's analyzers share: ``chosen`` (the command's ``KINETOSCOPE_THREADS``; 1: one after
+    another), else up to 4 (past that the GIL-bound parts dominate), no more than the cores."""
+    if chosen is not None:
+        if not 1 <= chosen <= 64:
+            raise ConfigError(f"{chosen} analysis threads: expected a whole number of threads from 1 to 64")
+        return chosen
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return max(1, min(4, cores))
 
@@ -272,14 +338,14 @@ def _finish_rank(r: RankTrace, found: list[Finding], maps: list[tuple[str, Any]]
 
 
 def build_report(trace: Trace, config: AnalysisConfig = DEFAULT_CONFIG, *, threads: int | None = None,
-                 keep_views: bool = True) -> Report:
+                 keep_views: bool = True, max_threads: int | None = None) -> Report:
     """Run the registry over every rank, then the job-level analyzers. ``threads``: how many the analyzers share
-    (default: ``analysis_threads()`` when a rank has THREADS_FROM_EVENTS events, else 1; a caller running reports
-    side by side, such as a batch worker, gives 1). ``keep_views=False``: each rank's derived views are dropped
+    (default: ``analysis_threads(max_threads)`` when a rank has THREADS_FROM_EVENTS events, else 1; a caller running
+    reports side by side, such as a batch worker, gives 1). ``keep_views=False``: each rank's derived views are dropped
     once its analyses end, and RANKS_IN_FLIGHT ranks are started at once (one more may be finishing), so a job of
     many ranks holds the views of two or three, not of all (for a caller that will not look at the views again,
     such as the command)."""
-    entries: list[dict[str, Any]] = []
+    rank_reports: list[RankReport] = []
     findings: list[Finding] = []
     results: dict[int, dict[str, AnalysisResult]] = {}
     failures: list[AnalyzerFailure] = []
@@ -293,7 +359,7 @@ def build_report(trace: Trace, config: AnalysisConfig = DEFAULT_CONFIG, *, threa
     # release the GIL in their sorts, searches and takes); results are taken in the registry's and the ranks'
     # order, so the report is the one they give one after another
     if threads is None:  # below ~200k events a rank's pandas operations are too small: threads only contend
-        chosen = analysis_threads()
+        chosen = analysis_threads(max_threads)
         threads = chosen if any(len(r.events) >= THREADS_FROM_EVENTS for r in trace.ranks) else 1
     in_flight = len(trace.ranks) if keep_views else RANKS_IN_FLIGHT
     pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kinetoscope-analyze")
@@ -311,7 +377,8 @@ def build_report(trace: Trace, config: AnalysisConfig = DEFAULT_CONFIG, *, threa
         unestimated: list[list[Finding]] = []
         for i, r in enumerate(trace.ranks):
             futures, replay, path, roles = running[i]
-            entry = _rank_header(r)
+            typed = _rank_header(r)
+            entry = typed.header()  # the entry so far, for the ceilings of the findings that follow
             results[r.rank] = {}
             mine: list[Finding] = []
             lost: list[AnalyzerFailure] = []
@@ -322,24 +389,26 @@ def build_report(trace: Trace, config: AnalysisConfig = DEFAULT_CONFIG, *, threa
                     lost.append(failure)
                     continue
                 results[r.rank][a.key] = res
-                entry.update(res.metrics)
+                typed.analyses[a.key] = res.metrics
+                entry.update(res.fragment())
                 mine.extend(_capped(res.findings, entry))
-            entry["replay"], failure, took = replay.result()
+            played, failure, took = replay.result()
             timings["replay"] += took
             if failure is not None:  # the what-if must not sink the report
                 lost.append(failure)
+            after: dict[str, Any] = {}
             for key, future in (("critical_path", path), ("comm_roles", roles)):
-                entry[key], failure, took = future.result()
+                after[key], failure, took = future.result()
                 timings[key] += took
                 if failure is not None:
                     lost.append(failure)
+            rank_reports.append(replace(typed, replay=played, after_replay=after))
             estimating.append(pool.submit(_timed, "whatif", r.rank, _finish_rank, r, mine, maps, keep_views,
                                           config))
             if i + in_flight < len(trace.ranks):  # queued after this rank's last work: its views go first
                 running.append(start(trace.ranks[i + in_flight]))
             rank_failures.append(lost)
             unestimated.append(mine)
-            entries.append(entry)
         for future, lost, mine in zip(estimating, rank_failures, unestimated, strict=False):
             done, failure, took = future.result()
             if failure is not None:  # a bug past the estimates (each caught on its own): the findings, unestimated
@@ -368,8 +437,8 @@ def build_report(trace: Trace, config: AnalysisConfig = DEFAULT_CONFIG, *, threa
             failures.append(failure)
             continue
         job_results[a.key] = res
-        if res.metrics:
-            job[a.key] = res.metrics
+        if res.fragment():
+            job[a.key] = res.fragment()
         for f in res.findings:
             if missing and f.id != "hang":  # a claim about the whole job (its straggler) over ranks it never saw is
                 continue                    # not made; a hang rests on the ranks' dumps, not on their traces
@@ -378,6 +447,7 @@ def build_report(trace: Trace, config: AnalysisConfig = DEFAULT_CONFIG, *, threa
             findings.extend(found)
             failures.extend(lost)
     findings = _exposure_less_waits(trace, findings, job, config)
+    entries = [rr.to_dict() for rr in rank_reports]  # the JSON report's rank entries, from the typed ones
     violations = [f"rank {e['rank']}: {v}" for e in entries for v in fraction_violations(e)]
     violations += [f"rank {e['rank']}: {v}" for e in entries for v in above_peak_violations(e)]
     violations += [f"job: {v}" for v in fraction_violations(job)]
@@ -388,6 +458,7 @@ def build_report(trace: Trace, config: AnalysisConfig = DEFAULT_CONFIG, *, threa
         ranks=tuple(entries),
         findings=tuple(rank_findings(findings)),
         job=job,
+        rank_reports=tuple(rank_reports),
         results=results,
         job_results=job_results,
         failures=tuple(failures),

@@ -39,11 +39,11 @@ def analyse_job(job: Job, config: AnalysisConfig = DEFAULT_CONFIG, *, limits: Lo
                 cache: Path | None = None, processes: int = 1, ahead: scan.Ahead | None = None,
                 after_parse: Callable[[], None] | None = None, first_rank: int = 0, tolerant: bool = False,
                 relabel: Callable[[Trace], Trace] | None = None, threads: int | None = None,
-                keep_views: bool = True) -> JobAnalysis:
+                keep_views: bool = True, max_threads: int | None = None) -> JobAnalysis:
     """Load ``job`` and report on it. ``tolerant``: broken rank files are returned in ``failed`` and the rest are
     analysed (else the first raises its ``KinetoscopeError``). ``relabel``: the caller's change to the loaded trace
     before it is analysed (the app names uploaded files by their name, not the server's folder). ``first_rank``,
-    ``threads``, ``keep_views``: as ``load_job`` and ``build_report`` take them."""
+    ``threads``, ``keep_views``, ``max_threads``: as ``load_job`` and ``build_report`` take them."""
     started = time.perf_counter()
     failed: list[tuple[TraceFile, str]] = []
     if tolerant:
@@ -56,7 +56,7 @@ def analyse_job(job: Job, config: AnalysisConfig = DEFAULT_CONFIG, *, limits: Lo
         return JobAnalysis(None, None, tuple(failed), loaded - started)
     if relabel is not None:
         trace = relabel(trace)
-    report = builder.build_report(trace, config, threads=threads, keep_views=keep_views)
+    report = builder.build_report(trace, config, threads=threads, keep_views=keep_views, max_threads=max_threads)
     return JobAnalysis(trace, report, tuple(failed), loaded - started, time.perf_counter() - loaded)
 
 

@@ -25,7 +25,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from kinetoscope.analyze.model.config import AnalysisConfig
-from kinetoscope.analyze.model.findings import SEVERITY_ORDER, Finding, Severity, nature
+from kinetoscope.analyze.model.findings import SEVERITY_ORDER, Finding, Severity, Worth, nature
+
+__all__ = ["RunTime", "Worth", "judge", "limit", "severity_for", "worth"]
 
 
 @dataclass(frozen=True)
@@ -39,27 +41,6 @@ class RunTime:
     run_wall_us: float | None
     #: the profiled window, us
     window_us: float
-
-
-@dataclass(frozen=True)
-class Worth:
-    """What fixing a finding is worth, as a share of the time it is measured against."""
-
-    fraction: float | None
-    #: what ``fraction`` is a share of
-    of: str
-    #: "estimate" (the what-if's saving per step), "upper bound" (an estimate optimistic by what the trace cannot
-    #: check), "one-off total" (a cost paid once, over the run), "measured cost" (no estimate: the cost the analyzer
-    #: measured in the window), "none"
-    basis: str
-    one_off_total_us: float | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"fraction": None if self.fraction is None else round(self.fraction, 4),
-                               "of": self.of, "basis": self.basis}
-        if self.one_off_total_us is not None:
-            out["one_off_total_us"] = round(self.one_off_total_us, 3)
-        return out
 
 
 def worth(finding: Finding, run: RunTime) -> Worth:
@@ -130,4 +111,4 @@ def judge(finding: Finding, run: RunTime, config: AnalysisConfig) -> Finding:
             and (value.fraction or 0) < config.severity_warning_min_worth):
         advice = str(no_gain)
     return replace(finding, severity=severity, title=title, recommendation=advice,
-                   worth=value.to_dict() if value is not None else None)
+                   worth=value)

@@ -1,0 +1,431 @@
+"""Each analyzer's typed result: the records it returns, one JSON object each (``docs/report.md`` says what they mean).
+
+A rank analyzer's result record (``StepsResult``, ``LoaderResult``, ...) has one field per key it adds to the rank's
+report entry; a job analyzer's record is the object the job entry holds under its key. Field order is the order the
+report writes the keys in; a field left ``UNSET`` is a key written only in some cases. Times are in us, sizes in
+bytes, fractions in [0, 1] of what the neighbouring ``*_of`` field names.
+
+The records live in the model (not beside their analyzers) so that the report, the renderers and the app read them
+without importing an analyzer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kinetoscope.analyze.model.record import UNSET, Record, UnsetType
+
+# --- steps: the window and the profiler steps ------------------------------------------------------------------
+
+
+class Window(Record, frozen=True):
+    """The analysis window every fraction of a rank refers to."""
+
+    start_us: float | None
+    end_us: float | None
+    #: how it was chosen ("profiler_steps", "inferred_steps", "whole_trace", ...)
+    basis: str
+    description: str
+
+
+class Steps(Record, frozen=True):
+    #: complete steps (a step cut short is counted apart, in ``partial``)
+    count: int
+    mean_us: float | None
+    min_us: float | None
+    max_us: float | None
+    first: int | None
+    last: int | None
+    #: steps cut short by the run's end (a crash, a stop), left out of the others
+    partial: int
+
+
+class StepsResult(Record, frozen=True):
+    window_us: float | None
+    window: Window
+    steps: Steps
+
+
+# --- phases: the step's anatomy --------------------------------------------------------------------------------
+
+
+class PhaseTime(Record, frozen=True):
+    #: host time in the phase, and its share of the window
+    time_us: float | None
+    fraction: float | None
+    #: GPU work launched from the phase, and its share of the window; None without GPU activity
+    gpu_time_us: float | None
+    gpu_fraction: float | None
+
+
+class PhasesResult(Record, frozen=True):
+    #: by phase name (``model.phases.PHASES``)
+    phases: dict[str, PhaseTime]
+    #: each step: ``{"step": n, <phase>: us, ...}``
+    phases_per_step_us: list[dict[str, Any]]
+
+
+# --- loader ----------------------------------------------------------------------------------------------------
+
+
+class LoaderRun(Record, frozen=True):
+    """Data wait over every step of the run, from the capture's host clocks."""
+
+    steps: int
+    wall_us: float | None
+    data_wait_us: float | None
+    data_wait_fraction: float | None
+    data_wait_of: str
+    validation_us: float | None
+    validation_fraction: float | None
+    eval_data_wait_us: float | None
+    fraction_of: str
+    mean_step_us: float | None
+
+
+class Loader(Record, frozen=True):
+    time_us: float | None
+    fraction: float | None
+    fraction_of: str
+    calls: int
+    gpu_idle_cost_us: float | None
+    gpu_idle_cost_fraction: float | None
+    iterator: list[str]
+    thread: Any
+    other_threads_us: float | None
+    other_threads_calls: int
+    eval_loader_wait_us: float | None
+    max_step_us: float | None
+    run: LoaderRun | None
+
+
+class LoaderResult(Record, frozen=True):
+    loader: Loader
+
+
+# --- gpu -------------------------------------------------------------------------------------------------------
+
+
+class GpuDevice(Record, frozen=True):
+    device: Any
+    busy_us: float | None
+    #: None where the trace misses the GPU's activity (idle not judged)
+    idle_us: float | None
+    idle_fraction: float | None
+    idle_by_cause_us: dict[str, float | None] | None
+    largest_gaps: list[dict[str, Any]]
+    unused_in_window: bool
+
+
+class GpuStream(Record, frozen=True):
+    """One stream's row (``analyzers.gpu._stream_table``)."""
+
+    device: Any
+    stream: Any
+    kernels: int
+    copies: int
+    memsets: int
+    busy_us: float
+    idle_us: float
+    idle_fraction: float
+    largest_gap_us: float
+
+
+class MissingActivity(Record, frozen=True):
+    graph_launches: int
+    graph_launches_unrecorded: int
+    stream_capture_us: float | None
+    queued_behind_unrecorded_work_us: float | None
+    cut_from_trace_us: float | None
+    unknown_us: float | None
+    unknown_fraction: float | None
+    unknown_fraction_of: str
+
+
+class Gpu(Record, frozen=True):
+    idle_fraction: float | None
+    fraction_of: str
+    any_device_idle_us: float | None
+    activity_complete: bool
+    missing_activity: MissingActivity
+    startup_us: float | None
+    startup_fraction: float | None
+    startup_fraction_of: str
+    judgement: Any
+    devices: list[GpuDevice]
+    streams: list[GpuStream]
+
+
+class GpuResult(Record, frozen=True):
+    #: None: no GPU activity in the trace
+    gpu: Gpu | None
+
+
+# --- copies ----------------------------------------------------------------------------------------------------
+
+
+class CopyHostMemory(Record, frozen=True):
+    pageable: float | None
+    pinned: float | None
+    unknown_but_blocking: float | None
+    unknown: float | None
+
+
+class CopyDevice(Record, frozen=True):
+    device: Any
+    time_us: float | None
+    fraction: float | None
+    overlap_fraction: float | None
+    bytes: int
+
+
+class Copies(Record, frozen=True):
+    """One direction's copies (H2D or D2H)."""
+
+    count: int
+    time_us: float | None
+    time_of: str
+    fraction: float | None
+    fraction_of: str
+    bytes: int
+    bandwidth_gb_per_s: float | None
+    overlap_fraction: float | None
+    overlap_fraction_of: str
+    pageable_fraction: float | None
+    pageable_fraction_of: str
+    host_memory_us: CopyHostMemory
+    pageable_count: int
+    pinned_count: int
+    unknown_count: int
+    synchronous_count: int
+    blocking_count: int
+    devices: list[CopyDevice]
+
+
+class CopiesResult(Record, frozen=True):
+    h2d: Copies | None
+    d2h: Copies | None
+
+
+# --- telemetry -------------------------------------------------------------------------------------------------
+
+
+class Series(Record, frozen=True):
+    mean: float
+    min: float
+    max: float
+    samples: int
+
+
+class TelemetryResult(Record, frozen=True):
+    #: by track, then series; None: the trace has no counters
+    telemetry: dict[str, dict[str, Series]] | None
+
+
+# --- comm ------------------------------------------------------------------------------------------------------
+
+
+class OpTime(Record, frozen=True):
+    count: int
+    time_us: float | None
+
+
+class Comm(Record, frozen=True, kw_only=True):
+    collectives: int
+    time_us: float | None
+    fraction: float | None
+    fraction_of: str
+    #: None where not judged (the trace misses part of the GPU's activity, or no compute was traced)
+    overlap_fraction: float | None
+    overlap_fraction_of: str
+    exposed_us: float | None
+    exposed_by_op_us: dict[str, float | None] | None
+    #: collective time the trace cannot see the GPU around (collective kernels only)
+    unknown_us: float | None | UnsetType = UNSET
+    by_op: dict[str, OpTime]
+    #: "gpu" (collective kernels), or "host (...)" with why
+    where: str
+
+
+class CommResult(Record, frozen=True):
+    comm: Comm | None
+
+
+# --- memory ----------------------------------------------------------------------------------------------------
+
+
+class MemoryDevice(Record, frozen=True):
+    device: str
+    basis: str
+    events: int
+    peak_allocated_bytes: int
+    peak_us: float | None
+    peak_step: int
+    peak_op: Any
+    peak_reserved_bytes: int | None
+    growth_bytes_per_step: float | None
+    growth_method: str
+    late_growth_bytes_per_step: float | None
+    growth_r2: float | None
+    rising_step_share: float | None
+    growth_tau: float | None
+    growth_trend_z: float | None
+    steady_growth: bool
+    reserved_growth_bytes_per_step: float | None
+    steady_reserved_growth: bool
+    fragmentation_bytes_max: int | None
+    steps_fitted: int
+
+
+class Memory(Record, frozen=True):
+    growth_bytes_per_step: float | None
+    peak_allocated_bytes: int
+    #: "gpu" (the GPU devices' figures) or "cpu"
+    scope: str
+    devices: list[MemoryDevice]
+
+
+class MemoryResult(Record, frozen=True):
+    memory: Memory | None
+
+
+# --- coverage --------------------------------------------------------------------------------------------------
+
+
+class Coverage(Record, frozen=True):
+    #: events of categories no analysis reads, by category; None: none
+    unread_events: dict[str, int] | None
+    accelerators_unread: list[str] | None
+
+
+class CoverageResult(Record, frozen=True):
+    coverage: Coverage
+
+
+# --- hygiene ---------------------------------------------------------------------------------------------------
+
+
+class Hygiene(Record, frozen=True):
+    #: training steps judged (a step cut short, or the profiler's empty stub, left out)
+    steps: int
+    backward_steps: int
+    optimizer_steps: int
+    zero_grad_steps: int
+    #: the finding ids this analyzer checks
+    checks: list[str]
+
+
+class HygieneResult(Record, frozen=True):
+    #: None: no steps to judge the loop by
+    hygiene: Hygiene | None
+
+
+# --- allocator -------------------------------------------------------------------------------------------------
+
+
+class Allocator(Record, frozen=True):
+    calls: int
+    time_us: float | None
+    fraction: float | None
+    fraction_of: str
+    steps_with_calls: int
+    steps: int
+    by_name: dict[str, OpTime]
+
+
+class AllocatorResult(Record, frozen=True):
+    allocator: Allocator | None
+
+
+# --- host ------------------------------------------------------------------------------------------------------
+
+
+class Host(Record, frozen=True):
+    steps: int
+    cores_while_busy: float
+    cores_while_busy_of: str
+    busy_us_per_step: float | None
+    cpu_us_per_step: float | None
+    cpus: Any
+    torch_threads: Any
+
+
+class HostResult(Record, frozen=True):
+    #: None: the capture recorded no CPU time per step
+    host: Host | None
+
+
+# --- outliers --------------------------------------------------------------------------------------------------
+
+
+class Outliers(Record, frozen=True, kw_only=True):
+    """Steps unlike the others; only ``run`` where the window has too few steps to tell."""
+
+    median_step_us: float | None | UnsetType = UNSET
+    steps: int | UnsetType = UNSET
+    outlier_steps: int | UnsetType = UNSET
+    ratio: float | UnsetType = UNSET
+    #: validation and checkpoints over the whole run, by kind; None where the capture did not record them
+    run: dict[str, dict[str, Any]] | None
+    #: where there are outliers: their time beyond the median step, and what they hold
+    excess_us: float | None | UnsetType = UNSET
+    holds: list[str] | UnsetType = UNSET
+
+
+class OutliersResult(Record, frozen=True):
+    outliers: Outliers | None
+
+
+# --- job: collectives across ranks -----------------------------------------------------------------------------
+
+
+class CollectiveRank(Record, frozen=True):
+    rank: int
+    clock_skew_us: float | None
+    matched: int
+    unmatched: int
+    point_to_point: int
+    wait_us: float | None
+    waited_for_count: int
+    waited_for_rank: int | None
+
+
+class CollectiveGroup(Record, frozen=True):
+    group: Any
+    ranks: Any
+    method: str
+    matched: int
+    unmatched: Any
+    misaligned_ranks: Any
+
+
+class Collectives(Record, frozen=True):
+    """The job's ``collectives`` object."""
+
+    matched: int
+    unmatched: int
+    groups: list[CollectiveGroup]
+    reference_rank: int | None
+    most_waited_for_rank: int | None
+    ranks: list[CollectiveRank]
+    method: str
+
+
+# --- job: hang -------------------------------------------------------------------------------------------------
+
+
+class Hang(Record, frozen=True, kw_only=True):
+    """The job's ``hang`` object, from the ranks' hang dumps; the divergence's keys only where the dumps show one
+    (or a rank that raised or stalled)."""
+
+    dumps: int
+    ranks_with_dump: list[int]
+    ranks_without_dump: list[int]
+    reasons: dict[str, str]
+    process_group: Any | UnsetType = UNSET
+    seq: int | None | UnsetType = UNSET
+    expected_op: str | None | UnsetType = UNSET
+    stuck_ranks: list[int] | UnsetType = UNSET
+    missing_ranks: list[int] | UnsetType = UNSET
+    mismatched_ranks: list[int] | UnsetType = UNSET
+    waiting_ranks: list[int] | UnsetType = UNSET
