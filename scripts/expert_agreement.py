@@ -20,6 +20,9 @@ tuned on say how it generalises:
   never captured before, bundled in sample_traces/heldout3/), read by an independent reader before the tool ran on
   them; a second reader read the same captures on their own (heldout3_captures_b/), to show how far two experts
   agree.
+- a fourth held-out set: the third set's 13 programs captured again after the capture learned to record the
+  training thread's run-queue wait (sample_traces/heldout4/), read by two new independent readers (heldout4_captures/
+  and heldout4_captures_b/) before the tool ran on them. No analysis rule was changed after any reading of it.
 
 Public traces are not bundled (fetched test data of other projects): put them in one folder and name it with
 KINETOSCOPE_PUBLIC_TRACES; a reading whose trace is not here is listed as such.
@@ -47,7 +50,10 @@ SETS = (("in-sample", ROOT / "tests" / "expert"),
         ("second held-out set: public traces", ROOT / "tests" / "expert" / "heldout2_public"),
         ("second held-out set: captures of public training code", ROOT / "tests" / "expert" / "heldout2_captures"),
         ("third held-out set: captures of public training code", ROOT / "tests" / "expert" / "heldout3_captures"),
-        ("third held-out set, second independent reader", ROOT / "tests" / "expert" / "heldout3_captures_b"))
+        ("third held-out set, second independent reader", ROOT / "tests" / "expert" / "heldout3_captures_b"),
+        ("fourth held-out set: the same programs recaptured with scheduler statistics",
+         ROOT / "tests" / "expert" / "heldout4_captures"),
+        ("fourth held-out set, second independent reader", ROOT / "tests" / "expert" / "heldout4_captures_b"))
 
 
 def _claims(items: dict[tuple[str, int], str]) -> str:
