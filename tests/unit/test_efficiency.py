@@ -103,8 +103,8 @@ def test_report_entry_and_the_finding(tmp_path, builder):
     # 16 us at 4.2 of 494.7 (tf32): critical by the policy, held at info by the finding's ceiling (the datasheet
     # peak may not be attainable for these shapes)
     lost = 1000 * (1 - ADDMM_FLOPS / 500_000 / 1e3 / 989.4) + 16 * (1 - MM_FLOPS / 8_000 / 1e3 / 494.7)
-    assert found[0].worth["basis"] == "measured cost"
-    assert found[0].worth["fraction"] == round(lost / 2000.0, 4)
+    assert found[0].worth.basis == "measured cost"
+    assert found[0].worth.fraction is not None and round(found[0].worth.fraction, 4) == round(lost / 2000.0, 4)
     assert found[0].severity == "info"
     assert found[0].title.endswith("(what these shapes could attain is not known)")
     assert rep.violations == ()

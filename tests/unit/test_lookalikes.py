@@ -386,7 +386,7 @@ def test_the_measured_run_queue_wait_is_the_cost(tmp_path):
     assert f.evidence["measured"] is True and f.evidence["lost_us"] == 12_000
     assert f.evidence["per_step"][0] == {"step": 0, "runqueue_wait_us": 2_000, "step_us": 10_000,
                                          "share_of_step": 0.2, "oncpu_us": 7_000}
-    assert f.estimate["saving_us_per_step"] == 2_000 and f.worth["basis"] == "estimate"
+    assert f.estimate["saving_us_per_step"] == 2_000 and f.worth.basis == "estimate"
     assert f.severity == "warning"
 
 
@@ -722,9 +722,9 @@ def test_untraced_time_beside_a_worker_restart_is_a_bound(tmp_path):
         return b
 
     (plain,) = found(report_of(tmp_path, restart_trace(False), "plain.json"), "worker_respawn")
-    assert plain.estimate.bound is None and plain.worth["basis"] == "estimate"
+    assert plain.estimate.bound is None and plain.worth.basis == "estimate"
     (f,) = found(report_of(tmp_path, restart_trace(True), "val.json"), "worker_respawn")
-    assert f.estimate.bound == "upper" and f.worth["basis"] == "upper bound"
+    assert f.estimate.bound == "upper" and f.worth.basis == "upper bound"
     # the wait's 7 ms over a typical one, and the 13 ms step 3 spends outside its wait beyond a typical step's 19 ms
     # (40 - 8 against 20 - 1), over 6 steps
     assert f.estimate.saving_us_per_step == pytest.approx((7_000 + 13_000) / 6, abs=1e-3)
