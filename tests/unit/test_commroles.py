@@ -102,3 +102,55 @@ def test_fsdp_on_gloo_all_gathers_in_flight_and_queued_and_the_reduce_scatter_gl
     # from its issue (+20) to its start (+130)
     assert e["fsdp"] == {"allgathers": 4, "issue_recorded": 4, "max_in_flight": 2, "queued_behind_previous": 2,
                          "queued_us": 220.0}
+
+
+GENERIC = "ncclDevKernel_Generic(ncclDevKernelArgsStorage<4096ul>)"  # RCCL: the name says no operation
+SENDRECV = "ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclDevComm*, unsigned long, ncclWork*)"
+
+
+def generic_kernels() -> TraceBuilder:
+    """One 1000 us step whose collective kernels' names do not say their operation: in the forward (+10..+200), a
+    SendRecv kernel launched inside record_param_comms("all_to_all"); in backward (+300..+600), a generic kernel
+    launched inside c10d::allreduce_ > nccl:all_reduce (record_param_comms without a name); in the optimizer
+    (+700..+900), a generic kernel inside c10d::_allgather_base_ > record_param_comms("all_gather_into_tensor"); then
+    a generic kernel launched outside any host op naming it, and an all-reduce kernel (its name says so) launched
+    inside a host all-to-all: the kernel's name wins."""
+    b = TraceBuilder(device_properties=A100)
+    t = 10_000
+    b.step(0, t, 1000)
+    b.op("aten::linear", t + 10, 190)
+    b.kernel(t + 30, 50, name="fwd_gemm", launch_at=t + 20)
+    b.op("record_param_comms", t + 100, 20, **{"Collective name": "all_to_all"})
+    b.kernel(t + 130, 40, name=SENDRECV, stream=20, launch_at=t + 105)
+    b.op("autograd::engine::evaluate_function: AddmmBackward0", t + 300, 300)
+    b.op("c10d::allreduce_", t + 400, 40)
+    b.op("record_param_comms", t + 405, 30)
+    b.op("nccl:all_reduce", t + 410, 20, cat="user_annotation")
+    b.kernel(t + 450, 100, name=GENERIC, stream=20, launch_at=t + 415)
+    b.op("Optimizer.step#SGD.step", t + 700, 200, cat="user_annotation")
+    b.op("c10d::_allgather_base_", t + 710, 40)
+    b.op("record_param_comms", t + 715, 30, **{"Collective name": "_allgather_base"})
+    b.kernel(t + 760, 60, name=GENERIC, stream=20, launch_at=t + 720)
+    b.kernel(t + 830, 10, name=GENERIC, stream=20, launch_at=t + 800)
+    b.op("nccl:all_to_all", t + 850, 20, cat="user_annotation")
+    b.kernel(t + 880, 10, name=NCCL, stream=20, launch_at=t + 855)
+    return b
+
+
+def test_a_kernel_naming_no_operation_takes_it_from_the_host_op_that_launched_it(tmp_path):
+    r = load_built(tmp_path, generic_kernels()).ranks[0]
+    roles = collective_roles(r)
+    assert list(roles["op"]) == ["alltoall", "allreduce", "allgather", "other", "allreduce"]
+    assert list(roles["phase"]) == ["forward", "backward", "optimizer", "optimizer", "optimizer"]
+    # an all-gather in the optimizer is no FSDP parameter gather (no FSDP annotation): other, as the doc says
+    assert list(roles["role"]) == ["alltoall", "dp_allreduce", "other", "other", "other"]
+
+
+def test_without_a_launch_on_record_a_generic_kernel_s_operation_stays_unknown(tmp_path):
+    b = TraceBuilder(device_properties=A100)
+    b.step(0, 10_000, 1000)
+    b.op("autograd::engine::evaluate_function: AddmmBackward0", 10_300, 300)
+    b.op("nccl:all_reduce", 10_400, 20, cat="user_annotation")
+    b.kernel(10_450, 100, name=GENERIC, stream=20)  # launched before the recording began
+    roles = collective_roles(load_built(tmp_path, b).ranks[0])
+    assert list(roles["op"]) == ["other"] and list(roles["role"]) == ["other"]

@@ -12,7 +12,12 @@ Roles, first match in this order:
   other        the rest (a loss or grad-norm all-reduce, broadcasts, barriers)
 The host issues a collective kernel where its launch call is (correlation id); a CPU (gloo) collective runs on
 a worker thread after the ``c10d::`` op that queued it, matched first in, first out, and takes that op's operation
-(gloo reduces-scatters with all-reduces: the ``c10d::`` op says what it is)."""
+(gloo reduces-scatters with all-reduces: the ``c10d::`` op says what it is).
+
+A kernel whose name does not tell its operation (RCCL's ``ncclDevKernel_Generic``; the ``SendRecv`` kernel NCCL runs
+all-to-all and grouped send/recv with) and carries no ``Collective name`` takes the operation of the host op that
+launched it: the innermost ``record_param_comms`` with a ``Collective name``, ``nccl:<op>`` or ``c10d::<op>`` enclosing
+its launch call on the launching thread. A kernel name that names another operation wins."""
 
 from __future__ import annotations
 
@@ -33,6 +38,12 @@ FSDP_RE = re.compile(r"^(?:FSDP::|fsdp::|FullyShardedDataParallel)")
 #: the c10d ops that queue a collective (not its bookkeeping: c10d::wait, c10d::allreduce_coalesced's parts)
 C10D_COLLECTIVE_RE = re.compile(r"^c10d::(?:_?all|_?reduce|broadcast|send|recv|alltoall|gather|scatter|barrier)")
 _P2P = frozenset({"send", "recv", "sendrecv"})
+#: host ops that name the collective they launch (record_param_comms through its "Collective name" arg)
+HOST_COMM_RE = re.compile(r"^(?:nccl:|c10d::|record_param_comms$)")
+#: operations the host op says better than the kernel's name: none named, or NCCL's send/recv kernel
+_KERNEL_GENERIC = frozenset({"other", "sendrecv"})
+_KNOWN_OPS = frozenset({"allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "sendrecv", "send", "recv",
+                        "reduce", "barrier", "gather", "scatter"})
 
 
 def _role(op: str, phase: str, in_fsdp: bool) -> str:
@@ -91,6 +102,36 @@ def _issued_gpu(trace: RankTrace, coll: pd.DataFrame) -> tuple[np.ndarray, np.nd
     return ts, tid
 
 
+def _host_ops(trace: RankTrace, op: np.ndarray, ts: np.ndarray, tid: np.ndarray) -> np.ndarray:
+    """``op`` with each generic one (``_KERNEL_GENERIC``) replaced by the innermost host op naming a collective that
+    encloses its launch at ``ts`` on thread ``tid``; kept where there is none."""
+    generic = np.array([str(o) in _KERNEL_GENERIC for o in op], dtype=bool) & (ts >= 0)
+    if not generic.any():
+        return op
+    ev = trace.events
+    ops = ev[kind_mask(ev, ("cpu_op", "annotation")) & name_mask(ev, HOST_COMM_RE)]
+    if ops.empty:
+        return op
+    meta = trace.comm_args.set_index("row")
+    coll_name = meta["coll_name"].reindex(ops.index) if "coll_name" in meta else pd.Series(None, index=ops.index)
+    named = []
+    for name, c in zip(ops["name"].astype(str), coll_name, strict=False):
+        if name == "record_param_comms":
+            named.append(normalise_op(str(c)) if c is not None and c == c else "")
+        else:
+            named.append(normalise_op(name.split(":")[-1]))
+    known = np.array([n in _KNOWN_OPS for n in named], dtype=bool)
+    ops, host_op = ops[known], np.asarray(named, dtype=object)[known]
+    o_ts, o_end = ops["ts_ns"].to_numpy(np.int64), ops["end_ns"].to_numpy(np.int64)
+    o_tid = ops["tid"].astype(str).to_numpy(object)
+    out = op.copy()
+    for k in np.flatnonzero(generic):
+        enclosing = np.flatnonzero((o_tid == tid[k]) & (o_ts <= ts[k]) & (ts[k] < o_end))
+        if enclosing.size:  # the innermost: the latest to start
+            out[k] = host_op[enclosing[np.argmax(o_ts[enclosing])]]
+    return out
+
+
 def _issued_host(trace: RankTrace, coll: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Each host (gloo) collective's ``c10d::`` op, first queued first run: its start (-1: none), thread and
     operation (the collective's own where none)."""
@@ -125,7 +166,7 @@ def collective_roles(trace: RankTrace) -> pd.DataFrame:
                            phase=pd.Series(dtype=object), in_fsdp=pd.Series(dtype=bool), where=where)
     if where == "gpu":
         ts, tid = _issued_gpu(trace, coll)
-        op = coll["op"].astype(str).to_numpy(object)
+        op = _host_ops(trace, coll["op"].astype(str).to_numpy(object), ts, tid)
     else:
         ts, tid, op = _issued_host(trace, coll)
     ev = trace.events
