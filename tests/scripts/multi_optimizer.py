@@ -1,10 +1,11 @@
 """Training loops with several optimizers, or training in child processes, whose steps are known by construction
 (issue 28, item 1: the capture counts every optimizer and notices training it does not follow).
 
-Usage: multi_optimizer.py MODE [--batches N] [--epochs E] [--layers L] [--test-batches M]
+Usage: multi_optimizer.py MODE [--batches N] [--epochs E] [--layers L] [--test-batches M] [--workers W]
 MODE:
   "gan": a GAN-like loop over a DataLoader of N batches: per batch, D's two backward() calls (real, fake) and
-         D's optimizer step, then G's one backward() and G's optimizer step (two Adam optimizers, D then G).
+         D's optimizer step, then G's one backward() and G's optimizer step (two Adam optimizers, D then G);
+         the DataLoader has W worker processes (default 0).
   "per_layer": forward-forward-like: one batch taken with next(iter(loader)), then L layers trained in turn, each
          by its own Adam for E epochs (one backward() and one step() per epoch): L * E optimizer steps, one after
          another, no DataLoader iteration between them.
@@ -21,9 +22,9 @@ import torch
 BATCH = 8
 
 
-def make_loader(batches: int, features: int) -> torch.utils.data.DataLoader:
+def make_loader(batches: int, features: int, workers: int = 0) -> torch.utils.data.DataLoader:
     data = torch.utils.data.TensorDataset(torch.randn(BATCH * batches, features), torch.randn(BATCH * batches, 1))
-    return torch.utils.data.DataLoader(data, batch_size=BATCH)
+    return torch.utils.data.DataLoader(data, batch_size=BATCH, num_workers=workers)
 
 
 def gan(args: argparse.Namespace) -> None:
@@ -32,7 +33,7 @@ def gan(args: argparse.Namespace) -> None:
     optD = torch.optim.Adam(netD.parameters(), lr=1e-3)
     optG = torch.optim.Adam(netG.parameters(), lr=1e-3)
     bce = torch.nn.functional.binary_cross_entropy_with_logits
-    for real, _ in make_loader(args.batches, 16):
+    for real, _ in make_loader(args.batches, 16, args.workers):
         netD.zero_grad()
         bce(netD(real), torch.ones(BATCH, 1)).backward()
         fake = netG(torch.randn(BATCH, 4))
@@ -86,6 +87,7 @@ if __name__ == "__main__":
     ap.add_argument("--epochs", type=int, default=5)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--test-batches", type=int, default=6)
+    ap.add_argument("--workers", type=int, default=0)  # gan: the DataLoader's worker processes
     args = ap.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
