@@ -2,9 +2,13 @@
 
 Installed by ``kinetoscope capture -- python train.py`` through a ``sitecustomize`` hook, once the
 script imports torch. What ends a step, by preference: an explicit ``mark_step()`` call, an optimizer
-step (``torch.optim``; one optimizer defines the step, and a closure optimizer such as LBFGS steps
-once however often its closure runs backward), a DataLoader iteration, a ``backward()`` call (manual
-SGD loops). The first kind seen that ranks higher takes over. The profiler starts at the first step
+step (``torch.optim``; any optimizer's, so one optimizer per layer trained in turn gives one step per
+``step()``; a closure optimizer such as LBFGS steps once however often its closure runs backward), a
+DataLoader iteration, a ``backward()`` call (manual SGD loops). The first kind seen that ranks higher takes
+over. When two optimizers each step once within one DataLoader iteration on the training thread (a GAN's D then
+G; not one optimizer stepping again and again on one batch, then the next: layers trained in turn), a
+step is that iteration, as users count them: the steps so far are discarded and the profiler starts over at
+the next iteration; the manifest says so (``loop.step_source_why``). The profiler starts at the first step
 boundary, so a launcher process (``torchrun``) that never trains is never profiled.
 
 Capture stands aside, with one line on stderr, when the script runs ``torch.profiler`` itself (two
@@ -35,7 +39,8 @@ from kinetoscope.capture.profiler import Profiler, Schedule
 #: step sources, most preferred first
 SOURCES = ("marker", "optimizer", "dataloader", "backward")
 
-_state: dict[str, Any] = {"profiler": None, "optimizer": None, "source": None, "config": None,
+_state: dict[str, Any] = {"profiler": None, "optimizers": [], "stepped": None, "per_iteration": None,
+                          "source": None, "config": None,
                           "disabled": False, "crashed": None, "pid": None, "loop": None,
                           "profiled": False, "terminating": False, "atexit": False, "watch": None}
 
@@ -99,6 +104,7 @@ class _StepBoundaries:
 
     def on_data_wait(self, iterator: Any) -> None:
         if threading.current_thread() is threading.main_thread():
+            _state["stepped"] = {}  # the optimizers that stepped since this batch: how often
             _boundary("dataloader")
 
     def on_backward(self, in_optimizer_step: int) -> None:
@@ -107,10 +113,40 @@ class _StepBoundaries:
             _boundary("backward")
 
     def on_optimizer_step(self, optimizer: Any) -> None:
-        if _state["optimizer"] is None:
-            _state["optimizer"] = id(optimizer)
-        if id(optimizer) == _state["optimizer"]:  # GANs etc.: one optimizer defines the step
-            _boundary("optimizer")
+        # every optimizer's step ends a step (was: only the first optimizer seen, so a GAN's generator steps and all
+        # but the first layer's of a per-layer loop fell inside other steps), unless several step per iteration
+        oid = id(optimizer)
+        if oid not in _state["optimizers"]:
+            _state["optimizers"].append(oid)
+        if _state["per_iteration"] is not None:
+            return
+        stepped = _state["stepped"]
+        if stepped is not None and threading.current_thread() is threading.main_thread():
+            if oid in stepped:  # one optimizer stepping again in the iteration (layers trained in turn on one batch)
+                _state["stepped"] = None  # its steps are the steps: this iteration is no GAN-like one
+            else:
+                stepped[oid] = 1
+                if len(stepped) > 1:  # each of several optimizers once per iteration so far: D then G
+                    _per_iteration(len(stepped))
+                    return
+        _boundary("optimizer")
+
+
+def _per_iteration(optimizers: int) -> None:
+    """Several optimizers stepped within one DataLoader iteration: a step is the iteration from here on. The steps
+    so far ended at one optimizer's step (part of an iteration): they are no steps of this run; the profiler starts
+    over at the next iteration."""
+    try:
+        if _state["disabled"] or os.getpid() != _state["pid"]:
+            return
+        _state["per_iteration"] = (f"{optimizers} optimizers step in one DataLoader iteration: a step ends at each "
+                                   "DataLoader iteration (one step = one iteration, every optimizer's step in it)")
+        _state["source"] = "dataloader"
+        prof, _state["profiler"] = _state["profiler"], None
+        if prof is not None:
+            prof.discard()
+    except Exception as exc:  # noqa: BLE001
+        warn_once("capture hook", f"capture hook failed ({type(exc).__name__}: {exc}); training continues")
 
 
 _LISTENER = _StepBoundaries()
@@ -165,6 +201,8 @@ def _boundary(kind: str) -> None:
                 # boundary ends: that one is kept.)
                 _state["profiler"] = None
                 prof.discard()
+            elif prof is not None:  # the step a loop's first next() started ends here: it is of the new kind
+                prof.step_source = kind
         elif kind != current:
             return
         prof = _state["profiler"]
@@ -176,6 +214,7 @@ def _boundary(kind: str) -> None:
             os.environ[PARENT_ENV] = "0"  # a training process: its subprocesses (an eval script) are not profiled
             prof = Profiler(config["out_dir"], schedule=Schedule(**config.get("schedule", {})),
                             loop=_state["loop"], step_source=kind, hang_watch=False, **config.get("options", {}))
+            prof.step_source_why = _state["per_iteration"] if kind == "dataloader" else None
             prof.start()
             _state["profiler"] = prof
             _state["profiled"] = True

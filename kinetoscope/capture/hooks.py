@@ -7,7 +7,8 @@ timed) and ``DataLoader.__iter__`` (which loader an iterator belongs to), ``torc
 call only: ``train()`` recurses into the children), ``torch.autograd.backward`` (outermost calls: a reentrant
 checkpoint's inner backward is part of its outer one), the global optimizer step hooks, dynamo's compile start/end
 callbacks (registered once torch._dynamo is imported: ``torch.compile`` is wrapped to do it, as importing dynamo up
-front costs ~1.5 s), ``torch.save`` and, once imported, ``torch.distributed.checkpoint.save``/``async_save``.
+front costs ~1.5 s), ``torch.save`` and, once imported, ``torch.distributed.checkpoint.save``/``async_save``, and
+``multiprocessing``'s ``Process.start`` (the Python child processes the script starts).
 
 Per event the thread where it happens pays its clock reads (``time.time_ns``; a DataLoader wait also reads the
 ``perf_counter`` and process CPU clocks the capture always read) and one append to each recorder's ``pending``
@@ -30,6 +31,8 @@ from kinetoscope.capture._safety import warn_once
 
 #: the kinds of loop event, in the manifest's order
 KINDS = ("data_wait", "validation", "backward", "optimizer_step", "compile", "checkpoint")
+#: the Python child processes the script started (the manifest's ``loop.child_processes``; not a kind of mark)
+CHILD_PROCESS = "child_process"
 
 
 class LoopRecorder(Protocol):
@@ -119,6 +122,11 @@ class _Hooks:
                     self.recordable.add(kind)
             except Exception as exc:  # noqa: BLE001 - a torch without this hook: that kind is not recorded
                 warn_once(f"loop hook {kind}", f"cannot record {kind} marks ({type(exc).__name__}: {exc})")
+        try:
+            self._patch_process_start()
+            self.recordable.add(CHILD_PROCESS)
+        except Exception as exc:  # noqa: BLE001
+            warn_once("loop hook child", f"cannot record child processes ({type(exc).__name__}: {exc})")
         self.live = True
 
     def _uninstall(self) -> None:
@@ -361,6 +369,49 @@ class _Hooks:
 
         self.undo.append(remove_hooks)
         return True
+
+    # --- child processes ------------------------------------------------------------------------
+    def _patch_process_start(self) -> None:
+        """``multiprocessing``'s ``Process.start`` (torch.multiprocessing's too: the same class): which Python
+        child processes this one started, and for what (a hogwild trainer the capture does not follow)."""
+        import multiprocessing.process as mp_process
+
+        hooks = self
+
+        def make(original: Any) -> Any:
+            @functools.wraps(original)
+            def start(self: Any) -> Any:
+                target = getattr(self, "_target", None)  # start() deletes it once the child runs
+                out = original(self)
+                if hooks.live:
+                    hooks.child_started(self, target)
+                return out
+
+            return start
+
+        self._patch(mp_process.BaseProcess, "start", make)
+
+    def child_started(self, process: Any, target: Any) -> None:
+        try:
+            module = str(getattr(target, "__module__", "") or "") if target is not None else ""
+            if target is None:  # a Process subclass with its own run()
+                name = type(process).__qualname__
+            else:
+                name = str(getattr(target, "__qualname__", None) or getattr(target, "__name__", None)
+                           or type(target).__name__)
+            if module.startswith("torch.utils.data"):
+                kind = "dataloader_worker"
+            elif module == "torch.multiprocessing.spawn":
+                kind = "spawned_rank"  # profiled as a rank of its own (the capture's sitecustomize)
+            elif module.startswith("multiprocessing.") and not module.startswith("multiprocessing.pool"):
+                kind = "helper"  # a Manager's server, a forkserver
+            else:
+                kind = "other"
+            event = ("P", time.time_ns(), threading.get_native_id(), kind, name)
+            for r in self.recorders:
+                r.pending.append(event)
+        except Exception:  # noqa: BLE001
+            pass
 
     # --- torch.compile --------------------------------------------------------------------------
     def _arm_compile(self, torch: Any) -> bool:

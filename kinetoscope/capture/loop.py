@@ -40,6 +40,15 @@ PREFIX = "kinetoscope::"
 STEP_LISTS = ("train_data_wait_ns", "eval_data_wait_ns", "validation_ns", "compile_ns", "checkpoint_ns",
               "backward_calls", "optimizer_steps")
 
+#: what ends a step, said in the manifest beside ``step_source`` (``kinetoscope capture`` says more where several
+#: optimizers made it choose)
+STEP_SOURCE_WHY = {
+    "profiler_step": "the script calls Profiler.step()",
+    "marker": "the script calls mark_step()",
+    "optimizer": "a step ends at each optimizer.step(), any optimizer's",
+    "dataloader": "a step ends at each DataLoader iteration",
+    "backward": "a step ends at each backward() (no optimizer step and no DataLoader iteration seen)",
+}
 
 # --- what the events mean ---------------------------------------------------------------------------------
 @dataclass
@@ -91,7 +100,8 @@ class LoopRecorder:
         self._loaders: dict[int, _Loader] = {}
         self._awaiting: set[int] = set()
         self._stretches: dict[int, _Stretch] = {}
-        self._optimizer: int | None = None
+        #: the optimizers seen stepping (their ids), in the order first seen
+        self._optimizers: list[int] = []
         self._micro = 0
         self.backward_calls = 0
         self.optimizer_steps = 0
@@ -101,6 +111,9 @@ class LoopRecorder:
         self._compile_spans: list[tuple[int, int]] = []
         self._checkpoint = {"saves": 0}
         self._checkpoint_spans: list[tuple[int, int]] = []
+        #: Python child processes started, by kind (hooks.child_started), and the "other" ones' targets
+        self._children: dict[str, int] = {"other": 0, "dataloader_worker": 0, "spawned_rank": 0, "helper": 0}
+        self._child_targets: list[str] = []
         self._begin_steps(None)
         #: processed marks of the steps a window records: (name, t0, t1, native tid, args)
         self._marks: list[tuple[str, int, int, int, dict[str, Any]]] = []
@@ -232,13 +245,13 @@ class LoopRecorder:
         _, t0, t1, tid, opt = e
         for s in self._stretches.values():
             s.trained = True
-        if self._optimizer is None:
-            self._optimizer = opt  # the first optimizer to step defines the step (GANs: one of two)
-        if opt != self._optimizer:
-            return
+        if opt not in self._optimizers:
+            self._optimizers.append(opt)
+        # every optimizer's steps count (a GAN's two, one per layer): was only the first optimizer seen stepping
         self.optimizer_steps += 1
         self._count("optimizer_steps", t1)
-        self._keep(keep, "optimizer_step", t0, t1, tid, {"backward_calls": self._micro})
+        self._keep(keep, "optimizer_step", t0, t1, tid,
+                   {"backward_calls": self._micro, "optimizer": self._optimizers.index(opt)})
         self._micro = 0
 
     def _on_M(self, e: tuple[Any, ...], out: StepLoop, keep: bool) -> None:
@@ -276,6 +289,30 @@ class LoopRecorder:
         self._checkpoint_spans.append((t0, t1))
         self._spread("checkpoint_ns", t0, t1)
         self._keep(keep, "checkpoint", t0, t1, tid, {"call": call})
+
+    def _on_P(self, e: tuple[Any, ...], out: StepLoop, keep: bool) -> None:
+        _, t, tid, kind, target = e
+        self._children[kind] = self._children.get(kind, 0) + 1
+        if kind == "other" and target not in self._child_targets:
+            self._child_targets.append(target)
+
+    def _child_processes(self) -> dict[str, Any] | None:
+        """The manifest's ``child_processes``: the Python child processes this process started (DataLoader workers,
+        spawned ranks the capture profiles, multiprocessing's helpers apart), and whether the training ran there:
+        true when some were started and this process ran no backward() and no optimizer step (null where either
+        was not recorded)."""
+        if hooks.CHILD_PROCESS not in self._recordable:
+            return None
+        started = self._children["other"]
+        if "backward" in self._recordable and "optimizer_step" in self._recordable:
+            here = self.backward_calls > 0 or self.optimizer_steps > 0
+            training_in_children: bool | None = started > 0 and not here
+        else:
+            training_in_children = None
+        return {"started": started, "targets": list(self._child_targets),
+                "training_in_children": training_in_children,
+                "dataloader_workers": self._children["dataloader_worker"],
+                "spawned_ranks": self._children["spawned_rank"]}
 
     # --- the end, and what is written --------------------------------------------------------------------
     def finish(self, end_unix_ns: int, *, keep: bool) -> None:
@@ -316,8 +353,9 @@ class LoopRecorder:
         config.pop("class", None)
         return config
 
-    def manifest(self, step_source: str) -> dict[str, Any]:
-        """The manifest's ``loop`` object: null where a kind was not recorded, never 0."""
+    def manifest(self, step_source: str, why: str | None = None) -> dict[str, Any]:
+        """The manifest's ``loop`` object: null where a kind was not recorded, never 0. ``why``: what chose the step
+        boundary, when the source's own sentence (``STEP_SOURCE_WHY``) does not say it."""
         recorded = self.recorded
         roles = self.roles()
         loaders = []
@@ -329,9 +367,11 @@ class LoopRecorder:
             "marks": MARKS_VERSION,
             "recorded": recorded,
             "step_source": step_source,
+            "step_source_why": why or STEP_SOURCE_WHY.get(step_source),
             "loaders": loaders if "data_wait" in recorded else None,
             "backward_calls": self.backward_calls if "backward" in recorded else None,
             "optimizer_steps": self.optimizer_steps if "optimizer_step" in recorded else None,
+            "optimizers": len(self._optimizers) if "optimizer_step" in recorded else None,
             "validation": (
                 {**self._validation, "total_ns": _union_ns(self._validation_spans)}
                 if "validation" in recorded
@@ -345,6 +385,7 @@ class LoopRecorder:
                 if "checkpoint" in recorded
                 else None
             ),
+            "child_processes": self._child_processes(),
         }
 
     def step_lists(self, steps: int) -> dict[str, list[int] | None]:

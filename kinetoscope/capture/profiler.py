@@ -36,7 +36,7 @@ from kinetoscope.capture.cores import effective_cores
 from kinetoscope.capture.dist import RankInfo, rank_info
 from kinetoscope.capture.hangwatch import DEFAULT_FR_ENTRIES, HangWatch, arm_flight_recorder
 from kinetoscope.capture.hooks import is_data_loader_iterator
-from kinetoscope.capture.loop import MARKS_VERSION, STEP_LISTS, LoopRecorder, WindowMarks
+from kinetoscope.capture.loop import MARKS_VERSION, STEP_LISTS, STEP_SOURCE_WHY, LoopRecorder, WindowMarks
 from kinetoscope.capture.output import (
     TraceWriter,
     base_time_ns,
@@ -140,6 +140,9 @@ class Profiler:
         self.loop = loop
         self._own_loop = loop is None
         self.step_source = step_source
+        #: what chose the step boundary, where ``step_source``'s own sentence does not say it (``kinetoscope
+        #: capture``: several optimizers per DataLoader iteration)
+        self.step_source_why: str | None = None
         self._closed = False
         self._data_wait_ns = 0
         self._data_wait_cpu_ns = 0
@@ -625,14 +628,15 @@ class Profiler:
     def _loop_manifest(self) -> dict[str, Any]:
         loop = self._loop_manifest_of_recorder()
         if loop is None:
-            loop = {"marks": MARKS_VERSION, "recorded": [], "step_source": self.step_source, "loaders": None,
-                    "backward_calls": None, "optimizer_steps": None, "validation": None, "compile": None,
-                    "checkpoint": None}
+            loop = {"marks": MARKS_VERSION, "recorded": [], "step_source": self.step_source,
+                    "step_source_why": self.step_source_why or STEP_SOURCE_WHY.get(self.step_source), "loaders": None,
+                    "backward_calls": None, "optimizer_steps": None, "optimizers": None, "validation": None,
+                    "compile": None, "checkpoint": None, "child_processes": None}
         return loop
 
     @never_raises("loop recorder")
     def _loop_manifest_of_recorder(self) -> dict[str, Any] | None:
-        return self.loop.manifest(self.step_source) if self.loop is not None else None
+        return self.loop.manifest(self.step_source, self.step_source_why) if self.loop is not None else None
 
     @never_raises("loop recorder", default=None)
     def _training_loop_config(self) -> dict[str, Any] | None:

@@ -113,11 +113,15 @@ def test_capture_writes_the_loop_into_the_manifest(auto):
     checkpoint = loop.pop("checkpoint")
     assert loop == {
         "marks": 1, "recorded": ALL_KINDS, "step_source": "optimizer",
+        "step_source_why": "a step ends at each optimizer.step(), any optimizer's",
         # every one of the 32 train batches is followed by its backward(); the validation loader's 6 (two passes
         # of 3) by none, all taken in eval mode with grad disabled
         "loaders": [{"loader": 0, "role": "train", "batches": 32, "batches_followed_by_backward": 32, **LOADER},
                     {"loader": 1, "role": "eval", "batches": 6, "batches_followed_by_backward": 0, **LOADER}],
-        "backward_calls": 32, "optimizer_steps": 8,  # accumulation 4
+        "backward_calls": 32, "optimizer_steps": 8, "optimizers": 1,  # accumulation 4
+        # no Python child process started (no DataLoader workers): 0, not null
+        "child_processes": {"started": 0, "targets": [], "training_in_children": False, "dataloader_workers": 0,
+                            "spawned_ranks": 0},
         "compile": {"compiles": 0, "recompiles": 0, "total_ns": 0},  # recorded (armed), none happened: 0, not null
     }
     assert validation["stretches"] == 2 and validation["batches"] == 6 and validation["total_ns"] > 0
@@ -151,7 +155,7 @@ def test_capture_splices_the_windows_marks(auto):
         {"loader": 1, "role": "eval", "batch": 2}, {"loader": 1, "role": "eval", "batch": 3, "exhausted": True}]
     assert [m["args"]["micro_step"] for m in marks(events, "backward")] == [1, 2, 3, 4] * 3
     assert {m["args"]["thread"] for m in marks(events, "backward")} == {"main"}
-    assert [m["args"] for m in marks(events, "optimizer_step")] == [{"backward_calls": 4}] * 3
+    assert [m["args"] for m in marks(events, "optimizer_step")] == [{"backward_calls": 4, "optimizer": 0}] * 3
     assert [m["args"] for m in marks(events, "validation")] == [{"module": "Sequential", "batches": 3, "loader": 1}]
     assert [m["args"] for m in marks(events, "checkpoint")] == [{"call": "torch.save"}]
     assert not marks(events, "compile")

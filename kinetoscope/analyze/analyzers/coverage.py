@@ -14,7 +14,7 @@ from kinetoscope.analyze.model.config import AnalysisConfig
 from kinetoscope.analyze.model.findings import Finding
 from kinetoscope.analyze.model.results import Coverage, CoverageResult
 from kinetoscope.analyze.model.timeline import kind_mask
-from kinetoscope.analyze.model.trace import RankTrace
+from kinetoscope.analyze.model.trace import RankTrace, training_children
 
 #: categories (and distributed backends) of accelerators the analyses do not read, with their usual names
 _ACCELERATORS = (
@@ -68,4 +68,27 @@ def analyze_coverage(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult
                 ),
             )
         )
+    children = training_children(trace.meta.capture)
+    if children is not None:
+        started, targets = children
+        named = f" ({', '.join(targets)})" if targets else ""
+        findings.append(
+            Finding(
+                id="training_in_children",
+                rank=trace.rank,
+                title=(
+                    f"The window holds no training steps: this process ran no backward() and no optimizer step; "
+                    f"the training ran in {started} Python child process{'es' if started != 1 else ''}{named} the "
+                    "capture does not follow"
+                ),
+                evidence={"child_processes": started, "targets": list(targets), "backward_calls": 0,
+                          "optimizer_steps": 0},
+                recommendation=(
+                    "This report is about the parent's own work, not the training. To profile a trainer, start "
+                    "Kinetoscope's Profiler inside the child's training function, or start the children with "
+                    "torch.multiprocessing.spawn (kinetoscope capture profiles each as a rank)."
+                ),
+            )
+        )
     return AnalysisResult(key="coverage", metrics=CoverageResult(coverage=metrics), findings=tuple(findings))
+

@@ -45,7 +45,7 @@ from kinetoscope.analyze.ingest.limits import (
 )
 from kinetoscope.analyze.ingest.parser import parse_bytes
 from kinetoscope.analyze.ingest.raw import RawColumns, from_parsed
-from kinetoscope.analyze.model.trace import RankTrace, Trace
+from kinetoscope.analyze.model.trace import RankTrace, Trace, training_children
 from kinetoscope.errors import KinetoscopeError, TraceFormatError, TraceSourceError
 from kinetoscope.manifest import ManifestFacts, ManifestWindows, StepTimes, manifest_name, step_times_name
 from kinetoscope.sources import trace_path
@@ -185,8 +185,13 @@ def _rank_from_raw(raw: RawColumns, size: int, path: TraceFile, *, default_rank:
         steps = steps.assign(partial=steps["partial"].to_numpy() | (steps["step"] == cut[0]).to_numpy())
         notes += (f"ProfilerStep#{cut[0]} is partial: {cut[1]} before it completed (capture manifest); the window "
                   "leaves it out",)
+    capture = _capture_facts(manifest)
+    children = training_children(capture)
+    if children is not None:
+        notes += (f"the window holds no training steps: the training ran in {children[0]} Python child "
+                  f"process{'es' if children[0] != 1 else ''} the capture does not follow (capture manifest)",)
     meta = replace(trace.meta, load_seconds=time.perf_counter() - started, warnings=trace.meta.warnings + notes,
-                   capture=_capture_facts(manifest))
+                   capture=capture)
     return replace(trace, meta=meta, run_steps=run_steps, steps=steps)
 
 

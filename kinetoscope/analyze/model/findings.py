@@ -39,6 +39,7 @@ NATURE: dict[str, Nature] = {  # the report's finding ids, each once
     "memory_inconclusive": "information",
     "outlier_steps": "information",
     "accelerator_unread": "information",
+    "training_in_children": "information",
 }
 
 

@@ -177,3 +177,19 @@ def trace_view(fn: Callable[[RankTrace], V]) -> Callable[[RankTrace], V]:
 
     view.view_key = key  # type: ignore[attr-defined]  # for RankTrace.drop_views(keep=...)
     return view
+
+
+def training_children(capture: dict[str, Any] | None) -> tuple[int, tuple[str, ...]] | None:
+    """(how many, their targets) when the capture's manifest (``TraceMeta.capture``) says this process ran no training
+    itself and started Python child processes (not DataLoader workers) that it does not follow:
+    ``loop.child_processes``."""
+    loop = (capture or {}).get("loop") or {}
+    children = loop.get("child_processes") if isinstance(loop, dict) else None
+    if not isinstance(children, dict) or children.get("training_in_children") is not True:
+        return None
+    started = children.get("started")
+    if not isinstance(started, int) or isinstance(started, bool) or started < 1:
+        return None
+    targets = children.get("targets")
+    names = tuple(str(t) for t in targets) if isinstance(targets, list) else ()
+    return started, names

@@ -1,0 +1,94 @@
+"""Training loops with several optimizers, or training in child processes, whose steps are known by construction
+(issue 28, item 1: the capture counts every optimizer and notices training it does not follow).
+
+Usage: multi_optimizer.py MODE [--batches N] [--epochs E] [--layers L] [--test-batches M] [--workers W]
+MODE:
+  "gan": a GAN-like loop over a DataLoader of N batches: per batch, D's two backward() calls (real, fake) and
+         D's optimizer step, then G's one backward() and G's optimizer step (two Adam optimizers, D then G);
+         the DataLoader has W worker processes (default 0).
+  "per_layer": forward-forward-like: one batch taken with next(iter(loader)), then L layers trained in turn, each
+         by its own Adam for E epochs (one backward() and one step() per epoch): L * E optimizer steps, one after
+         another, no DataLoader iteration between them.
+  "hogwild": a shared model trained by 2 processes started with the "spawn" method (target ``train``: N batches
+         each, backward() and SGD step per batch); the parent joins them, then evaluates it over a DataLoader of M
+         batches with model.eval() and torch.no_grad(): the parent itself runs no backward() and no step().
+Nothing of Kinetoscope in the script: it runs under ``kinetoscope capture``.
+"""
+
+import argparse
+
+import torch
+
+BATCH = 8
+
+
+def make_loader(batches: int, features: int, workers: int = 0) -> torch.utils.data.DataLoader:
+    data = torch.utils.data.TensorDataset(torch.randn(BATCH * batches, features), torch.randn(BATCH * batches, 1))
+    return torch.utils.data.DataLoader(data, batch_size=BATCH, num_workers=workers)
+
+
+def gan(args: argparse.Namespace) -> None:
+    netD = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    netG = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.ReLU(), torch.nn.Linear(16, 16))
+    optD = torch.optim.Adam(netD.parameters(), lr=1e-3)
+    optG = torch.optim.Adam(netG.parameters(), lr=1e-3)
+    bce = torch.nn.functional.binary_cross_entropy_with_logits
+    for real, _ in make_loader(args.batches, 16, args.workers):
+        netD.zero_grad()
+        bce(netD(real), torch.ones(BATCH, 1)).backward()
+        fake = netG(torch.randn(BATCH, 4))
+        bce(netD(fake.detach()), torch.zeros(BATCH, 1)).backward()
+        optD.step()
+        netG.zero_grad()
+        bce(netD(fake), torch.ones(BATCH, 1)).backward()
+        optG.step()
+
+
+def per_layer(args: argparse.Namespace) -> None:
+    x, y = next(iter(make_loader(1, 16)))
+    layers = [torch.nn.Linear(16, 16) for _ in range(args.layers)]
+    for layer in layers:
+        opt = torch.optim.Adam(layer.parameters(), lr=1e-3)
+        for _ in range(args.epochs):
+            opt.zero_grad()
+            layer(x).pow(2).mean().backward()
+            opt.step()
+        x = layer(x).detach()
+
+
+def train(model: torch.nn.Module, batches: int, seed: int) -> None:
+    torch.manual_seed(seed)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.5)
+    for x, y in make_loader(batches, 16):
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+
+
+def hogwild(args: argparse.Namespace) -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    model.share_memory()
+    ctx = torch.multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=train, args=(model, args.batches, rank)) for rank in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+    model.eval()
+    with torch.no_grad():
+        for x, y in make_loader(args.test_batches, 16):
+            torch.nn.functional.mse_loss(model(x), y)
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("mode", choices=("gan", "per_layer", "hogwild"))
+    ap.add_argument("--batches", type=int, default=12)
+    ap.add_argument("--epochs", type=int, default=5)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--test-batches", type=int, default=6)
+    ap.add_argument("--workers", type=int, default=0)  # gan: the DataLoader's worker processes
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    {"gan": gan, "per_layer": per_layer, "hogwild": hogwild}[args.mode](args)
