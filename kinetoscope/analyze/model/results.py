@@ -376,6 +376,94 @@ class OutliersResult(Record, frozen=True):
     outliers: Outliers | None
 
 
+# --- efficiency: matrix work against the device's peak -------------------------------------------------------------
+
+
+class KernelEfficiency(Record, frozen=True):
+    """One kernel name's work in the window (the kernels of counted ops)."""
+
+    name: str
+    kind: str  # "matrix" | "memory"
+    calls: int
+    time_us: float
+    flops: float | None
+    bytes: float | None
+    achieved_tflops: float | None
+    peak_tflops: float | None
+    #: the peak-table dtype ``peak_tflops`` is of (fp32 inputs: tf32 where the device has it)
+    peak_dtype: str | None
+    achieved_gbps: float | None
+    peak_gbps: float | None
+    #: achieved TFLOP/s over peak (matrix kernels); above 1 is an attribution bug (an invariant violation)
+    of_peak_fraction: float | None
+    #: achieved GB/s over peak bandwidth (memory kernels): an estimate, as the bytes are (cache hits and broadcast
+    #: inputs move fewer bytes than the shapes say), so it may pass 1
+    bandwidth_of_peak: float | None
+
+
+class OperatorEfficiency(Record, frozen=True):
+    """One operator name's work in the window."""
+
+    name: str
+    kind: str
+    calls: int
+    #: calls whose shapes did not tell their work (``why`` says why for the first)
+    calls_unknown: int
+    why_unknown: str | None
+    input_type: str | None
+    flops: float | None
+    bytes: float | None
+    #: the GPU time of the kernels its calls launched
+    kernel_time_us: float
+    achieved_tflops: float | None
+    peak_tflops: float | None
+    peak_dtype: str | None
+    achieved_gbps: float | None
+    peak_gbps: float | None
+    #: FLOPs per byte; None where either is unknown
+    arithmetic_intensity: float | None
+    #: "compute" or "memory" bound against the device's ridge point (peak FLOP/s over peak bytes/s); None: unknown
+    roofline: str | None
+    of_peak_fraction: float | None
+    bandwidth_of_peak: float | None
+    #: matrix ops: kernel time less what it would take at peak, time x (1 - of peak); None otherwise
+    lost_us: float | None
+
+
+class Efficiency(Record, frozen=True):
+    """A rank's ``efficiency`` entry (docs/report.md)."""
+
+    device: str | None
+    #: where the peaks come from; None: the device is not in the table (``device`` says what the trace names)
+    peak_source: str | None
+    #: the peak MFU is measured against, and its dtype (that of most of the matrix FLOPs)
+    peak_tflops: float | None
+    peak_dtype: str | None
+    #: matrix-op FLOPs (FlopCounterMode's count) per mean complete step; None without steps or without shapes
+    flops_per_step: float | None
+    steps: int
+    mean_step_us: float | None
+    #: model FLOPs utilisation: flops_per_step / (mean step x peak); None where either is unknown
+    mfu: float | None
+    #: matrix-op FLOPs in the window, and the counted matrix ops whose shapes did not tell theirs
+    matrix_flops: float | None
+    matrix_ops: int
+    matrix_ops_unknown: int
+    shapes_recorded: bool
+    #: matrix kernels' time in the window, the share of it whose ops' FLOPs and peak are known (judged), and the
+    #: judged kernels' time-weighted share of peak
+    matrix_kernel_time_us: float
+    judged_kernel_time_fraction: float | None
+    matrix_of_peak_fraction: float | None
+    window: str
+    kernels: list[KernelEfficiency]
+    operators: list[OperatorEfficiency]
+
+
+class EfficiencyResult(Record, frozen=True):
+    efficiency: Efficiency
+
+
 # --- job: collectives across ranks -----------------------------------------------------------------------------
 
 
