@@ -464,6 +464,57 @@ class EfficiencyResult(Record, frozen=True):
     efficiency: Efficiency
 
 
+# --- compiled: torch.compile's regions, Triton kernels, recompiled frames ------------------------------------------
+
+
+class CompiledRegion(Record, frozen=True):
+    """One compiled region (``frame/compile_id``, or ``backward``) in the window."""
+
+    region: str
+    #: None where the region's name does not tell them (the backward)
+    frame: int | None
+    compile_id: int | None
+    entries: int
+    host_us: float | None
+    #: None without GPU activity in the trace
+    gpu_us: float | None
+    kernels: int
+
+
+class TritonKernel(Record, frozen=True):
+    """One Triton kernel name Inductor generated, in the window."""
+
+    name: str
+    #: "pointwise", "reduction", "persistent reduction", "template", "foreach" (``model.compiled.TRITON_KINDS``)
+    kind: str
+    #: the ops fused into it, as its name says
+    fused: str
+    count: int
+    time_us: float | None
+    #: the compiled regions its kernels ran in
+    regions: list[str]
+
+
+class Compiled(Record, frozen=True):
+    regions: list[CompiledRegion]
+    regions_entered_per_step: float | None
+    host_compiled_us: float | None
+    host_compiled_fraction: float | None
+    gpu_compiled_us: float | None
+    gpu_eager_us: float | None
+    gpu_compiled_fraction: float | None
+    fraction_of: str
+    triton_kernels: list[TritonKernel]
+    triton_kernels_left_out: int
+    #: frames compiled more than once: their compile ids, by frame
+    recompiled_frames: dict[str, list[int]]
+
+
+class CompiledResult(Record, frozen=True):
+    #: None: no compiled region in the trace
+    compiled: Compiled | None
+
+
 # --- job: collectives across ranks -----------------------------------------------------------------------------
 
 
