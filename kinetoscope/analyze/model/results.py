@@ -515,6 +515,48 @@ class CompiledResult(Record, frozen=True):
     compiled: Compiled | None
 
 
+# --- comm_roles: communication by what it serves (``whatif.commroles``, written after the replay) ------------------
+
+
+class CommRole(Record, frozen=True):
+    """One role's collectives in the window (``model.commroles.ROLES``)."""
+
+    role: str
+    collectives: int
+    ops: list[str]
+    time_us: float | None
+    #: the part no compute ran beside, and its share of the window; None where it cannot be told
+    exposed_us: float | None
+    exposed_fraction: float | None
+    #: the replayed mean step less the same with the role's collective kernels taking no time; None: not replayed
+    worth_us_per_step: float | None
+
+
+class FsdpGathers(Record, frozen=True):
+    """FSDP's all-gathers: how many were in flight at once, and how many queued behind the previous one."""
+
+    allgathers: int
+    issue_recorded: int
+    max_in_flight: int | None
+    queued_behind_previous: int
+    queued_us: float | None
+
+
+class CommRoles(Record, frozen=True):
+    """A rank's ``comm_roles`` block."""
+
+    #: "gpu" (collective kernels) or "host" (the host's gloo/nccl annotations)
+    where: str
+    fraction_of: str
+    roles: list[CommRole]
+    #: why the exposed time cannot be told; None where it can
+    exposed_unknown: str | None
+    #: what ``worth_us_per_step`` means; None where no role's worth is replayed
+    worth_of: str | None
+    #: None: no FSDP all-gather
+    fsdp: FsdpGathers | None
+
+
 # --- job: collectives across ranks -----------------------------------------------------------------------------
 
 
