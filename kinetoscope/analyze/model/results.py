@@ -557,6 +557,67 @@ class CommRoles(Record, frozen=True):
     fsdp: FsdpGathers | None
 
 
+# --- critical_path: each step's critical path and slack (``whatif.critpath``, written after the replay) ------------
+
+
+class PathKind(Record, frozen=True):
+    """The path's time in one kind of segment (``whatif.critpath.KINDS``), mean per window step."""
+
+    kind: str
+    dur_us: float
+    #: of the mean window step
+    step_fraction: float
+
+
+class PathName(Record, frozen=True):
+    """The path's time in one kind and name, mean per window step."""
+
+    kind: str
+    name: str
+    dur_us: float
+    step_fraction: float
+
+
+class PathSegment(Record, frozen=True):
+    """One stretch of the median step's path (consecutive segments of one kind and name merged)."""
+
+    kind: str
+    name: str
+    #: from the step's start
+    start_us: float
+    dur_us: float
+    #: of the median step's duration; None for a step of no duration
+    step_fraction: float | None
+
+
+class MedianStepPath(Record, frozen=True):
+    #: the step's index among the window's steps
+    index: int
+    step_us: float
+    segments: list[PathSegment]
+    #: segments past ``whatif.critpath.LISTED_SEGMENTS``, and their time
+    segments_left_out: int
+    left_out_us: float
+    #: None: no GPU op (or host point) any step end awaits
+    gpu_slack_us: float | None
+    host_slack_us: float | None
+
+
+class CriticalPathSummary(Record, frozen=True):
+    """A rank's ``critical_path`` block."""
+
+    steps: int
+    fraction_of: str
+    mean_step_us: float
+    by_kind: list[PathKind]
+    names: list[PathName]
+    names_left_out: int
+    #: the median over steps of each step's slack; None where no step has one
+    gpu_slack_us: float | None
+    host_slack_us: float | None
+    median_step: MedianStepPath
+
+
 # --- job: collectives across ranks -----------------------------------------------------------------------------
 
 
