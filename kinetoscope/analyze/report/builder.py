@@ -72,7 +72,7 @@ class RankReport:
         return next((m for m in (*self.analyses.values(), *self.after_replay.values()) if isinstance(m, cls)), None)
 
     def value(self, key: str) -> Any:
-        """The rank entry's ``key`` as the JSON report has it (``rr.value("efficiency")``), from whichever analyzer
+        """The rank entry's ``key`` as the JSON report has it (``rr.value("host")``), from whichever analyzer
         gives it, typed or not; None where none does. For renderers of an analyzer not yet typed: typed ones are
         read with ``result``."""
         for metrics in self.analyses.values():
