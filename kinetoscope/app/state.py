@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 from kinetoscope.analyze.model.analysis import AnalysisResult
+from kinetoscope.analyze.model.record import Record
 from kinetoscope.app.data import Analysis
 from kinetoscope.app.ui import st
 from kinetoscope.render.format import mib, ms, pct  # noqa: F401  (re-exported for the screens)
+
+R = TypeVar("R", bound=Record)
 
 CURRENT = "analysis"
 #: the job (its files) behind the current analysis, as this session has it
@@ -33,6 +36,12 @@ def rank_entry(analysis: Analysis) -> dict[str, Any]:
     ranks = [r["rank"] for r in analysis.report.ranks]
     chosen = st.session_state.get("rank", analysis.report.worst_rank)
     return analysis.report.ranks[ranks.index(chosen)] if chosen in ranks else analysis.report.ranks[0]
+
+
+def rank_result(analysis: Analysis, entry: dict[str, Any], cls: type[R]) -> R | None:
+    """The typed result of that record type for the entry's rank (``RankReport.result``); None where none."""
+    typed = next((rr for rr in analysis.report.rank_reports if rr.rank == entry["rank"]), None)
+    return typed.result(cls) if typed is not None else None
 
 
 def page(title: str) -> tuple[Analysis, dict[str, Any], dict[str, AnalysisResult]]:

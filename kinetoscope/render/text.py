@@ -9,6 +9,7 @@ from kinetoscope.analyze.model.results import (
     CommResult,
     CopiesResult,
     CoverageResult,
+    EfficiencyResult,
     GpuResult,
     LoaderResult,
     MemoryResult,
@@ -121,15 +122,15 @@ def _rank_lines(r: RankReport) -> list[str]:
                       if run.validation_us else "")
         out.append(f"  whole run      {run.steps} steps timed, {waiting}{validation}")
     out += _gpu_lines(r)
-    eff = r.value("efficiency") or {}
-    if eff.get("matrix_ops") and eff.get("flops_per_step") is not None:
-        peak = (f"{eff['peak_tflops']:g} TFLOP/s {eff['peak_dtype']}" if eff.get("peak_tflops") is not None
-                else "no known peak")
-        out.append(f"  matrix work    {eff['flops_per_step'] / 1e12:.3g} TFLOP per step, MFU {_pct(eff['mfu'])} of "
-                   f"{eff.get('device') or 'the device'} ({peak}); kernels at "
-                   f"{_pct(eff['matrix_of_peak_fraction'])} of peak")
-    elif eff.get("matrix_ops"):
-        out.append(f"  matrix work    FLOPs not counted: {eff['matrix_ops_unknown']} of {eff['matrix_ops']} "
+    effs = r.result(EfficiencyResult)
+    eff = effs.efficiency if effs is not None else None
+    if eff is not None and eff.matrix_ops and eff.flops_per_step is not None:
+        peak = (f"{eff.peak_tflops:g} TFLOP/s {eff.peak_dtype}" if eff.peak_tflops is not None else "no known peak")
+        out.append(f"  matrix work    {eff.flops_per_step / 1e12:.3g} TFLOP per step, MFU {_pct(eff.mfu)} of "
+                   f"{eff.device or 'the device'} ({peak}); kernels at "
+                   f"{_pct(eff.matrix_of_peak_fraction)} of peak")
+    elif eff is not None and eff.matrix_ops:
+        out.append(f"  matrix work    FLOPs not counted: {eff.matrix_ops_unknown} of {eff.matrix_ops} "
                    "matrix ops' shapes do not tell them (record_shapes=True, torch >= 2.1)")
     copying = r.result(CopiesResult)
     for c, label in ((copying.h2d, "H2D copies"), (copying.d2h, "D2H copies")) if copying is not None else ():

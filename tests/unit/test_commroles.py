@@ -35,13 +35,27 @@ def test_ddp_s_gradient_all_reduce_in_backward_its_exposed_time_and_its_worth(tm
     roles = collective_roles(r)
     assert list(roles["role"]) == ["dp_allreduce"] * 3 and list(roles["phase"]) == ["backward"] * 3
     e = comm_roles_entry(r)
-    (dp,) = e["roles"]
-    assert e["where"] == "gpu" and e["exposed_unknown"] is None and e["fsdp"] is None
-    assert (dp["role"], dp["collectives"], dp["ops"], dp["time_us"], dp["exposed_us"]) == \
+    (dp,) = e.roles
+    assert e.where == "gpu" and e.exposed_unknown is None and e.fsdp is None
+    assert (dp.role, dp.collectives, dp.ops, dp.time_us, dp.exposed_us) == \
         ("dp_allreduce", 3, ["allreduce"], 900.0, 900.0)
     # hidden entirely, the all-reduce ends at +620; the sync then costs its own 5 us from +700 and returns at +705,
     # the 75 us of host work after it end the step at +780: 220 us per step, not the 300 us exposed
-    assert dp["worth_us_per_step"] == 220.0
+    assert dp.worth_us_per_step == 220.0
+
+
+def test_the_report_holds_the_block_typed_and_the_roles_table_reads_it(tmp_path):
+    from kinetoscope.analyze.model.results import CommRoles
+    from kinetoscope.analyze.report.builder import build_report
+    from kinetoscope.analyze.views.distributed import roles_table
+
+    report = build_report(load_built(tmp_path, ddp_step()))
+    block = report.rank_reports[0].result(CommRoles)
+    assert block is not None and report.ranks[0]["comm_roles"] == block.to_dict()
+    # 900 us of all-reduce over 3 steps, none of it hidden, worth 220 us a step (the test above): ms per step
+    row = roles_table(report).iloc[0]
+    assert (row["rank"], row["role"], row["collectives"]) == (0, "dp_allreduce", 3)
+    assert (row["time_ms"], row["exposed_ms"], row["worth_ms"]) == (0.3, 0.3, 0.22)
 
 
 def tp_forward() -> TraceBuilder:
@@ -91,17 +105,19 @@ def test_fsdp_on_gloo_all_gathers_in_flight_and_queued_and_the_reduce_scatter_gl
     assert list(roles["role"]) == ["fsdp_allgather", "fsdp_allgather", "fsdp_reducescatter"] * 2
     assert list(roles["op"]) == ["allgather", "allgather", "reducescatter"] * 2
     e = comm_roles_entry(r)
-    assert e["where"] == "host" and e["worth_of"] is None
-    by = {x["role"]: x for x in e["roles"]}
+    assert e.where == "host" and e.worth_of is None
+    by = {x.role: x for x in e.roles}
     # all-gathers: +30..+230 less the compute at +150..+200: 150 us a step; the reduce-scatter +620..+700 less
     # +620..+650: 50 us a step
-    assert by["fsdp_allgather"]["exposed_us"] == 300.0 and by["fsdp_allgather"]["time_us"] == 400.0
-    assert by["fsdp_reducescatter"]["exposed_us"] == 100.0 and by["fsdp_reducescatter"]["time_us"] == 160.0
-    assert by["fsdp_allgather"]["worth_us_per_step"] is None  # the replay holds no host collectives
+    assert by["fsdp_allgather"].exposed_us == 300.0 and by["fsdp_allgather"].time_us == 400.0
+    assert by["fsdp_reducescatter"].exposed_us == 100.0 and by["fsdp_reducescatter"].time_us == 160.0
+    assert by["fsdp_allgather"].worth_us_per_step is None  # the replay holds no host collectives
     # two issued at once (+10 and +20, the first ending at +130): two in flight; the second waited behind the first
     # from its issue (+20) to its start (+130)
-    assert e["fsdp"] == {"allgathers": 4, "issue_recorded": 4, "max_in_flight": 2, "queued_behind_previous": 2,
-                         "queued_us": 220.0}
+    # the JSON object, its keys in the report's order
+    assert list(e.to_dict()) == ["where", "fraction_of", "roles", "exposed_unknown", "worth_of", "fsdp"]
+    assert e.to_dict()["fsdp"] == {"allgathers": 4, "issue_recorded": 4, "max_in_flight": 2,
+                                   "queued_behind_previous": 2, "queued_us": 220.0}
 
 
 GENERIC = "ncclDevKernel_Generic(ncclDevKernelArgsStorage<4096ul>)"  # RCCL: the name says no operation

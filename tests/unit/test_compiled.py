@@ -9,6 +9,7 @@ from tracebuilder import TraceBuilder
 from kinetoscope.analyze.analyzers.compiled import analyze_compiled
 from kinetoscope.analyze.model.compiled import triton_kind
 from kinetoscope.analyze.model.config import DEFAULT_CONFIG
+from kinetoscope.analyze.model.results import CompiledResult
 
 A100 = [{"id": 0, "name": "NVIDIA A100-SXM4-80GB"}]
 
@@ -35,7 +36,10 @@ def compiled_steps() -> TraceBuilder:
 
 def test_regions_time_compiled_against_eager_triton_kernels_and_the_recompiled_frame(tmp_path):
     r = load_built(tmp_path, compiled_steps()).ranks[0]
-    m = analyze_compiled(r, DEFAULT_CONFIG).metrics["compiled"]
+    typed = analyze_compiled(r, DEFAULT_CONFIG).metrics
+    assert isinstance(typed, CompiledResult) and typed.compiled is not None
+    assert typed.compiled.regions[0].region == "0/0" and typed.compiled.triton_kernels[0].kind == "pointwise"
+    m = typed.to_dict()["compiled"]  # the report's JSON object
     assert [(x["region"], x["entries"], x["host_us"], x["gpu_us"], x["kernels"]) for x in m["regions"]] == [
         ("0/0", 1, 290.0, 150.0, 2), ("0/1", 1, 290.0, 150.0, 2), ("1/0", 2, 200.0, 60.0, 2),
         ("backward", 2, 200.0, 80.0, 2)]
@@ -62,4 +66,4 @@ def test_triton_kernel_names():
 def test_an_eager_trace_has_no_compiled_block(tmp_path):
     b = TraceBuilder(device_properties=A100).step(0, 0, 100)
     b.kernel(10, 50, launch_at=5)
-    assert analyze_compiled(load_built(tmp_path, b).ranks[0], DEFAULT_CONFIG).metrics == {"compiled": None}
+    assert analyze_compiled(load_built(tmp_path, b).ranks[0], DEFAULT_CONFIG).metrics == CompiledResult(compiled=None)

@@ -47,7 +47,13 @@ def test_a_gpu_bound_step_runs_through_its_kernels_and_the_host_has_the_sync_s_w
 
 def test_the_report_block_sums_the_path_by_kind_and_lists_the_median_step(tmp_path):
     r = load_built(tmp_path, gpu_bound()).ranks[0]
-    e = critical_path_entry(r)
+    typed = critical_path_entry(r)
+    assert typed is not None and typed.median_step.index == 1 and typed.by_kind[-1].kind == "kernel"
+    e = typed.to_dict()  # the report's JSON object, its keys in the report's order
+    assert list(e) == ["steps", "fraction_of", "mean_step_us", "by_kind", "names", "names_left_out", "gpu_slack_us",
+                       "host_slack_us", "median_step"]
+    assert list(e["median_step"]) == ["index", "step_us", "segments", "segments_left_out", "left_out_us",
+                                      "gpu_slack_us", "host_slack_us"]
     assert e["steps"] == 3 and e["mean_step_us"] == 1000
     assert e["by_kind"] == [{"kind": "host", "dur_us": 80.0, "step_fraction": 0.08},
                             {"kind": "sync", "dur_us": 10.0, "step_fraction": 0.01},
@@ -117,7 +123,7 @@ def test_a_collective_waiting_for_compute_on_another_stream_is_on_the_path_after
         assert step.host_slack_ns == 1_680_000
         assert step.gpu_slack_ns == 0
     e = critical_path_entry(r)
-    assert [(k["kind"], k["dur_us"]) for k in e["by_kind"]] == [
+    assert [(k.kind, k.dur_us) for k in e.by_kind] == [
         ("host", 185), ("data", 100), ("sync", 5), ("launch", 10), ("kernel", 800), ("collective", 900)]
 
 

@@ -88,6 +88,18 @@ def test_report_entry_and_the_finding(tmp_path, builder):
     assert {k["name"] for k in eff["kernels"]} == {"sm90_gemm_bf16", "sm90_gemm_tf32", "relu_kernel"}
     assert all({"achieved_tflops", "peak_tflops"} <= set(k) for k in eff["kernels"])
     json.dumps(rep.to_dict())  # JSON-ready
+    # the text report and the app's view read the typed record
+    from kinetoscope.analyze.model.results import EfficiencyResult
+    from kinetoscope.analyze.views.efficiency import efficiency_view
+    from kinetoscope.render.text import render_text
+
+    typed = rep.rank_reports[0].result(EfficiencyResult)
+    assert typed is not None and typed.efficiency.to_dict() == eff
+    assert f"matrix work    {(ADDMM_FLOPS + MM_FLOPS) / 1e12:.3g} TFLOP per step" in render_text(rep)
+    view = efficiency_view(typed.efficiency)
+    assert view is not None and view.note is None and view.device == eff["device"]
+    assert set(view.operators["name"]) == {o["name"] for o in eff["operators"]}
+    assert efficiency_view(None) is None
     found = [f for f in rep.findings if f.id == "low_matrix_efficiency"]
     assert len(found) == 1
     top = found[0].evidence["operators"][0]

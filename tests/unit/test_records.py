@@ -50,3 +50,12 @@ def test_a_rank_entry_mixes_typed_and_untyped_analyzers_in_the_registry_order():
     assert rr.value("absent") is None
     later = replace(rr, after_replay={"critical_path": {"steps": 2}})
     assert list(later.to_dict())[-2:] == ["replay", "critical_path"] and later.value("critical_path") == {"steps": 2}
+
+
+def test_a_typed_block_after_the_replay_is_written_as_json_and_read_back_typed():
+    block = Inner(b_us=1.5, a=2)
+    rr = replace(_rank({}), after_replay={"comm_roles": None, "critical_path": block})
+    entry = rr.to_dict()
+    assert list(entry)[-3:] == ["replay", "comm_roles", "critical_path"]
+    assert entry["comm_roles"] is None and entry["critical_path"] == {"b_us": 1.5, "a": 2}
+    assert rr.result(Inner) is block and rr.value("critical_path") == {"b_us": 1.5, "a": 2}

@@ -9,7 +9,6 @@ complete ProfilerSteps) and say so; unknown is null: a trace without shapes, a d
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -21,6 +20,7 @@ from kinetoscope.analyze.model.findings import Finding
 from kinetoscope.analyze.model.flops import peak_dtype
 from kinetoscope.analyze.model.opwork import counted_ops, op_kernels
 from kinetoscope.analyze.model.peaks import DevicePeak, peak_for
+from kinetoscope.analyze.model.results import Efficiency, EfficiencyResult, KernelEfficiency, OperatorEfficiency
 from kinetoscope.analyze.model.timeline import kernels, window
 from kinetoscope.analyze.model.trace import RankTrace
 from kinetoscope.analyze.model.units import us
@@ -32,93 +32,6 @@ TOP_OPERATORS = 5
 #: a finding needs the ops whose FLOPs are known to hold at least this share of the matrix kernels' time (a 2021
 #: trace tells its GEMMs' FLOPs but not its convolutions': judging the step by its GEMMs alone would mislead)
 MIN_JUDGED_SHARE = 0.5
-
-
-@dataclass(frozen=True)
-class KernelEfficiency:
-    """One kernel name's work in the window (the kernels of counted ops)."""
-
-    name: str
-    kind: str  # "matrix" | "memory"
-    calls: int
-    time_us: float
-    flops: float | None
-    bytes: float | None
-    achieved_tflops: float | None
-    peak_tflops: float | None
-    #: the peak-table dtype ``peak_tflops`` is of (fp32 inputs: tf32 where the device has it)
-    peak_dtype: str | None
-    achieved_gbps: float | None
-    peak_gbps: float | None
-    #: achieved TFLOP/s over peak (matrix kernels); above 1 is an attribution bug (an invariant violation)
-    of_peak_fraction: float | None
-    #: achieved GB/s over peak bandwidth (memory kernels): an estimate, as the bytes are (cache hits and broadcast
-    #: inputs move fewer bytes than the shapes say), so it may pass 1
-    bandwidth_of_peak: float | None
-
-
-@dataclass(frozen=True)
-class OperatorEfficiency:
-    """One operator name's work in the window."""
-
-    name: str
-    kind: str
-    calls: int
-    #: calls whose shapes did not tell their work (``why`` says why for the first)
-    calls_unknown: int
-    why_unknown: str | None
-    input_type: str | None
-    flops: float | None
-    bytes: float | None
-    #: the GPU time of the kernels its calls launched
-    kernel_time_us: float
-    achieved_tflops: float | None
-    peak_tflops: float | None
-    peak_dtype: str | None
-    achieved_gbps: float | None
-    peak_gbps: float | None
-    #: FLOPs per byte; None where either is unknown
-    arithmetic_intensity: float | None
-    #: "compute" or "memory" bound against the device's ridge point (peak FLOP/s over peak bytes/s); None: unknown
-    roofline: str | None
-    of_peak_fraction: float | None
-    bandwidth_of_peak: float | None
-    #: matrix ops: kernel time less what it would take at peak, time x (1 - of peak); None otherwise
-    lost_us: float | None
-
-
-@dataclass(frozen=True)
-class Efficiency:
-    """A rank's ``efficiency`` entry (docs/report.md)."""
-
-    device: str | None
-    #: where the peaks come from; None: the device is not in the table (``device`` says what the trace names)
-    peak_source: str | None
-    #: the peak MFU is measured against, and its dtype (that of most of the matrix FLOPs)
-    peak_tflops: float | None
-    peak_dtype: str | None
-    #: matrix-op FLOPs (FlopCounterMode's count) per mean complete step; None without steps or without shapes
-    flops_per_step: float | None
-    steps: int
-    mean_step_us: float | None
-    #: model FLOPs utilisation: flops_per_step / (mean step x peak); None where either is unknown
-    mfu: float | None
-    #: matrix-op FLOPs in the window, and the counted matrix ops whose shapes did not tell theirs
-    matrix_flops: float | None
-    matrix_ops: int
-    matrix_ops_unknown: int
-    shapes_recorded: bool
-    #: matrix kernels' time in the window, the share of it whose ops' FLOPs and peak are known (judged), and the
-    #: judged kernels' time-weighted share of peak
-    matrix_kernel_time_us: float
-    judged_kernel_time_fraction: float | None
-    matrix_of_peak_fraction: float | None
-    window: str
-    kernels: list[KernelEfficiency] = field(default_factory=list)
-    operators: list[OperatorEfficiency] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def _device_name(trace: RankTrace, device: int) -> str | None:
@@ -341,5 +254,5 @@ def analyze_efficiency(trace: RankTrace, config: AnalysisConfig) -> AnalysisResu
             ceiling="info",
             ceiling_reason="what these shapes could attain is not known",
         ))
-    return AnalysisResult(key="efficiency", metrics={"efficiency": result.to_dict()}, tables={"efficiency": calls},
+    return AnalysisResult(key="efficiency", metrics=EfficiencyResult(efficiency=result), tables={"efficiency": calls},
                           findings=tuple(findings))

@@ -376,6 +376,248 @@ class OutliersResult(Record, frozen=True):
     outliers: Outliers | None
 
 
+# --- efficiency: matrix work against the device's peak -------------------------------------------------------------
+
+
+class KernelEfficiency(Record, frozen=True):
+    """One kernel name's work in the window (the kernels of counted ops)."""
+
+    name: str
+    kind: str  # "matrix" | "memory"
+    calls: int
+    time_us: float
+    flops: float | None
+    bytes: float | None
+    achieved_tflops: float | None
+    peak_tflops: float | None
+    #: the peak-table dtype ``peak_tflops`` is of (fp32 inputs: tf32 where the device has it)
+    peak_dtype: str | None
+    achieved_gbps: float | None
+    peak_gbps: float | None
+    #: achieved TFLOP/s over peak (matrix kernels); above 1 is an attribution bug (an invariant violation)
+    of_peak_fraction: float | None
+    #: achieved GB/s over peak bandwidth (memory kernels): an estimate, as the bytes are (cache hits and broadcast
+    #: inputs move fewer bytes than the shapes say), so it may pass 1
+    bandwidth_of_peak: float | None
+
+
+class OperatorEfficiency(Record, frozen=True):
+    """One operator name's work in the window."""
+
+    name: str
+    kind: str
+    calls: int
+    #: calls whose shapes did not tell their work (``why`` says why for the first)
+    calls_unknown: int
+    why_unknown: str | None
+    input_type: str | None
+    flops: float | None
+    bytes: float | None
+    #: the GPU time of the kernels its calls launched
+    kernel_time_us: float
+    achieved_tflops: float | None
+    peak_tflops: float | None
+    peak_dtype: str | None
+    achieved_gbps: float | None
+    peak_gbps: float | None
+    #: FLOPs per byte; None where either is unknown
+    arithmetic_intensity: float | None
+    #: "compute" or "memory" bound against the device's ridge point (peak FLOP/s over peak bytes/s); None: unknown
+    roofline: str | None
+    of_peak_fraction: float | None
+    bandwidth_of_peak: float | None
+    #: matrix ops: kernel time less what it would take at peak, time x (1 - of peak); None otherwise
+    lost_us: float | None
+
+
+class Efficiency(Record, frozen=True):
+    """A rank's ``efficiency`` entry (docs/report.md)."""
+
+    device: str | None
+    #: where the peaks come from; None: the device is not in the table (``device`` says what the trace names)
+    peak_source: str | None
+    #: the peak MFU is measured against, and its dtype (that of most of the matrix FLOPs)
+    peak_tflops: float | None
+    peak_dtype: str | None
+    #: matrix-op FLOPs (FlopCounterMode's count) per mean complete step; None without steps or without shapes
+    flops_per_step: float | None
+    steps: int
+    mean_step_us: float | None
+    #: model FLOPs utilisation: flops_per_step / (mean step x peak); None where either is unknown
+    mfu: float | None
+    #: matrix-op FLOPs in the window, and the counted matrix ops whose shapes did not tell theirs
+    matrix_flops: float | None
+    matrix_ops: int
+    matrix_ops_unknown: int
+    shapes_recorded: bool
+    #: matrix kernels' time in the window, the share of it whose ops' FLOPs and peak are known (judged), and the
+    #: judged kernels' time-weighted share of peak
+    matrix_kernel_time_us: float
+    judged_kernel_time_fraction: float | None
+    matrix_of_peak_fraction: float | None
+    window: str
+    kernels: list[KernelEfficiency]
+    operators: list[OperatorEfficiency]
+
+
+class EfficiencyResult(Record, frozen=True):
+    efficiency: Efficiency
+
+
+# --- compiled: torch.compile's regions, Triton kernels, recompiled frames ------------------------------------------
+
+
+class CompiledRegion(Record, frozen=True):
+    """One compiled region (``frame/compile_id``, or ``backward``) in the window."""
+
+    region: str
+    #: None where the region's name does not tell them (the backward)
+    frame: int | None
+    compile_id: int | None
+    entries: int
+    host_us: float | None
+    #: None without GPU activity in the trace
+    gpu_us: float | None
+    kernels: int
+
+
+class TritonKernel(Record, frozen=True):
+    """One Triton kernel name Inductor generated, in the window."""
+
+    name: str
+    #: "pointwise", "reduction", "persistent reduction", "template", "foreach" (``model.compiled.TRITON_KINDS``)
+    kind: str
+    #: the ops fused into it, as its name says
+    fused: str
+    count: int
+    time_us: float | None
+    #: the compiled regions its kernels ran in
+    regions: list[str]
+
+
+class Compiled(Record, frozen=True):
+    regions: list[CompiledRegion]
+    regions_entered_per_step: float | None
+    host_compiled_us: float | None
+    host_compiled_fraction: float | None
+    gpu_compiled_us: float | None
+    gpu_eager_us: float | None
+    gpu_compiled_fraction: float | None
+    fraction_of: str
+    triton_kernels: list[TritonKernel]
+    triton_kernels_left_out: int
+    #: frames compiled more than once: their compile ids, by frame
+    recompiled_frames: dict[str, list[int]]
+
+
+class CompiledResult(Record, frozen=True):
+    #: None: no compiled region in the trace
+    compiled: Compiled | None
+
+
+# --- comm_roles: communication by what it serves (``whatif.commroles``, written after the replay) ------------------
+
+
+class CommRole(Record, frozen=True):
+    """One role's collectives in the window (``model.commroles.ROLES``)."""
+
+    role: str
+    collectives: int
+    ops: list[str]
+    time_us: float | None
+    #: the part no compute ran beside, and its share of the window; None where it cannot be told
+    exposed_us: float | None
+    exposed_fraction: float | None
+    #: the replayed mean step less the same with the role's collective kernels taking no time; None: not replayed
+    worth_us_per_step: float | None
+
+
+class FsdpGathers(Record, frozen=True):
+    """FSDP's all-gathers: how many were in flight at once, and how many queued behind the previous one."""
+
+    allgathers: int
+    issue_recorded: int
+    max_in_flight: int | None
+    queued_behind_previous: int
+    queued_us: float | None
+
+
+class CommRoles(Record, frozen=True):
+    """A rank's ``comm_roles`` block."""
+
+    #: "gpu" (collective kernels) or "host" (the host's gloo/nccl annotations)
+    where: str
+    fraction_of: str
+    roles: list[CommRole]
+    #: why the exposed time cannot be told; None where it can
+    exposed_unknown: str | None
+    #: what ``worth_us_per_step`` means; None where no role's worth is replayed
+    worth_of: str | None
+    #: None: no FSDP all-gather
+    fsdp: FsdpGathers | None
+
+
+# --- critical_path: each step's critical path and slack (``whatif.critpath``, written after the replay) ------------
+
+
+class PathKind(Record, frozen=True):
+    """The path's time in one kind of segment (``whatif.critpath.KINDS``), mean per window step."""
+
+    kind: str
+    dur_us: float
+    #: of the mean window step
+    step_fraction: float
+
+
+class PathName(Record, frozen=True):
+    """The path's time in one kind and name, mean per window step."""
+
+    kind: str
+    name: str
+    dur_us: float
+    step_fraction: float
+
+
+class PathSegment(Record, frozen=True):
+    """One stretch of the median step's path (consecutive segments of one kind and name merged)."""
+
+    kind: str
+    name: str
+    #: from the step's start
+    start_us: float
+    dur_us: float
+    #: of the median step's duration; None for a step of no duration
+    step_fraction: float | None
+
+
+class MedianStepPath(Record, frozen=True):
+    #: the step's index among the window's steps
+    index: int
+    step_us: float
+    segments: list[PathSegment]
+    #: segments past ``whatif.critpath.LISTED_SEGMENTS``, and their time
+    segments_left_out: int
+    left_out_us: float
+    #: None: no GPU op (or host point) any step end awaits
+    gpu_slack_us: float | None
+    host_slack_us: float | None
+
+
+class CriticalPathSummary(Record, frozen=True):
+    """A rank's ``critical_path`` block."""
+
+    steps: int
+    fraction_of: str
+    mean_step_us: float
+    by_kind: list[PathKind]
+    names: list[PathName]
+    names_left_out: int
+    #: the median over steps of each step's slack; None where no step has one
+    gpu_slack_us: float | None
+    host_slack_us: float | None
+    median_step: MedianStepPath
+
+
 # --- job: collectives across ranks -----------------------------------------------------------------------------
 
 

@@ -62,17 +62,17 @@ class RankReport:
     #: the what-if's replay of the rank's steps against what was measured (``whatif.replay_entry``); None where it
     #: failed
     replay: dict[str, Any] | None = None
-    #: further per-rank blocks written after ``replay``, in order, JSON-ready (the what-if's own blocks beside the
-    #: replay, where a branch adds them: e.g. the critical path)
-    after_replay: dict[str, Any] = field(default_factory=dict)
+    #: further per-rank blocks written after ``replay``, in order, by key (the what-if's own blocks beside the
+    #: replay: ``comm_roles``, ``critical_path``): a typed record, or None where the block does not apply or failed
+    after_replay: dict[str, Record | dict[str, Any] | None] = field(default_factory=dict)
 
     def result(self, cls: type[R]) -> R | None:
-        """The typed result of that record type (``rr.result(StepsResult)``); None where its analyzer failed or
-        is not typed."""
-        return next((m for m in self.analyses.values() if isinstance(m, cls)), None)
+        """The typed result of that record type (``rr.result(StepsResult)``, or a block written after the replay:
+        ``rr.result(CommRoles)``); None where its analyzer failed or is not typed, or the block is absent."""
+        return next((m for m in (*self.analyses.values(), *self.after_replay.values()) if isinstance(m, cls)), None)
 
     def value(self, key: str) -> Any:
-        """The rank entry's ``key`` as the JSON report has it (``rr.value("efficiency")``), from whichever analyzer
+        """The rank entry's ``key`` as the JSON report has it (``rr.value("host")``), from whichever analyzer
         gives it, typed or not; None where none does. For renderers of an analyzer not yet typed: typed ones are
         read with ``result``."""
         for metrics in self.analyses.values():
@@ -81,7 +81,7 @@ class RankReport:
                     return json_ready(getattr(metrics, key))
             elif metrics and key in metrics:
                 return metrics[key]
-        return self.after_replay.get(key)
+        return json_ready(self.after_replay.get(key))
 
     def header(self) -> dict[str, Any]:
         return {"rank": self.rank, "rank_source": self.rank_source, "world_size": self.world_size, "file": self.file,
@@ -96,7 +96,7 @@ class RankReport:
             elif metrics:
                 out.update(metrics)
         out["replay"] = self.replay
-        out.update(self.after_replay)
+        out.update({key: json_ready(block) for key, block in self.after_replay.items()})
         return out
 
 
@@ -396,7 +396,7 @@ def build_report(trace: Trace, config: AnalysisConfig = DEFAULT_CONFIG, *, threa
             timings["replay"] += took
             if failure is not None:  # the what-if must not sink the report
                 lost.append(failure)
-            after: dict[str, Any] = {}
+            after: dict[str, Record | dict[str, Any] | None] = {}
             for key, future in (("critical_path", path), ("comm_roles", roles)):
                 after[key], failure, took = future.result()
                 timings[key] += took

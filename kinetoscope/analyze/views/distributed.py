@@ -15,6 +15,7 @@ import pandas as pd
 
 from kinetoscope.analyze.model import intervals as iv
 from kinetoscope.analyze.model.collectives import collectives, comm_compute_sets
+from kinetoscope.analyze.model.results import CommRoles, StepsResult
 from kinetoscope.analyze.model.timeline import window
 from kinetoscope.analyze.model.trace import RankTrace, Trace, trace_view
 from kinetoscope.analyze.report.builder import Report
@@ -37,20 +38,22 @@ ROLE_WORDS = {"fsdp_allgather": "FSDP: gathering parameters", "fsdp_reducescatte
 def roles_table(report: Report) -> pd.DataFrame:
     """One row per rank and role from each rank's ``comm_roles`` (ms per complete step; blank where unknown)."""
     rows = []
-    for entry in report.ranks:
-        block = entry.get("comm_roles")
-        if not block:
+    for rr in report.rank_reports:
+        block = rr.result(CommRoles)
+        if block is None:
             continue
-        per_step = max(int((entry.get("steps") or {}).get("count") or 0), 1)
-        fsdp = block.get("fsdp") or {}
-        for r in block["roles"]:
-            is_ag = r["role"] == "fsdp_allgather"
-            rows.append({"rank": entry["rank"], "role": r["role"], "serves": ROLE_WORDS.get(r["role"], r["role"]),
-                         "collectives": r["collectives"], "time_ms": r["time_us"] / per_step / 1000,
-                         "exposed_ms": None if r["exposed_us"] is None else r["exposed_us"] / per_step / 1000,
-                         "worth_ms": None if r["worth_us_per_step"] is None else r["worth_us_per_step"] / 1000,
-                         "fsdp_max_in_flight": fsdp.get("max_in_flight") if is_ag else None,
-                         "fsdp_queued": fsdp.get("queued_behind_previous") if is_ag else None})
+        stepped = rr.result(StepsResult)
+        per_step = max(stepped.steps.count if stepped is not None else 0, 1)
+        fsdp = block.fsdp
+        for r in block.roles:
+            is_ag = r.role == "fsdp_allgather"
+            rows.append({"rank": rr.rank, "role": r.role, "serves": ROLE_WORDS.get(r.role, r.role),
+                         "collectives": r.collectives,
+                         "time_ms": None if r.time_us is None else r.time_us / per_step / 1000,
+                         "exposed_ms": None if r.exposed_us is None else r.exposed_us / per_step / 1000,
+                         "worth_ms": None if r.worth_us_per_step is None else r.worth_us_per_step / 1000,
+                         "fsdp_max_in_flight": fsdp.max_in_flight if is_ag and fsdp is not None else None,
+                         "fsdp_queued": fsdp.queued_behind_previous if is_ag and fsdp is not None else None})
     out = pd.DataFrame(rows, columns=list(ROLE_COLUMNS))
     for col in ("time_ms", "exposed_ms", "worth_ms"):
         out[col] = pd.to_numeric(out[col], errors="coerce").astype("float64")

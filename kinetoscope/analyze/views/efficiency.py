@@ -1,13 +1,14 @@
-"""The efficiency page's tables and roofline, from a rank's report entry (``efficiency``): everything the screen
+"""The efficiency page's tables and roofline, from a rank's typed ``efficiency`` record: everything the screen
 draws, computed here (the screen only draws)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import pandas as pd
+
+from kinetoscope.analyze.model.results import Efficiency
 
 #: the operator table's columns, in the order shown
 OPERATOR_COLUMNS = ("name", "kind", "calls", "input_type", "kernel_time_us", "achieved_tflops", "peak_tflops",
@@ -34,20 +35,19 @@ class EfficiencyView:
     roof: pd.DataFrame
 
 
-def efficiency_view(entry: dict[str, Any]) -> EfficiencyView | None:
-    """The view of a rank's ``efficiency`` entry; None where the report has none."""
-    eff = entry.get("efficiency")
-    if not eff:
+def efficiency_view(eff: Efficiency | None) -> EfficiencyView | None:
+    """The view of a rank's ``efficiency`` record; None where the report has none (its analyzer failed)."""
+    if eff is None:
         return None
-    operators = pd.DataFrame(eff.get("operators") or [], columns=list(OPERATOR_COLUMNS))
-    kernels = pd.DataFrame(eff.get("kernels") or [], columns=list(KERNEL_COLUMNS))
+    operators = pd.DataFrame([o.to_dict() for o in eff.operators], columns=list(OPERATOR_COLUMNS))
+    kernels = pd.DataFrame([k.to_dict() for k in eff.kernels], columns=list(KERNEL_COLUMNS))
     known = operators[operators["arithmetic_intensity"].notna() & operators["achieved_tflops"].notna()]
     points = pd.DataFrame({"operator": known["name"], "kind": known["kind"],
                            "intensity": known["arithmetic_intensity"].astype(float),
                            "tflops": known["achieved_tflops"].astype(float)})
-    peak, bw = eff.get("peak_tflops"), None
-    for rows in (eff.get("kernels") or [], eff.get("operators") or []):
-        bw = bw or next((r.get("peak_gbps") for r in rows if r.get("peak_gbps")), None)
+    peak = eff.peak_tflops
+    bw = next((r.peak_gbps for r in eff.kernels if r.peak_gbps), None) \
+        or next((r.peak_gbps for r in eff.operators if r.peak_gbps), None)
     roof = pd.DataFrame(columns=["intensity", "tflops"])
     if peak and bw:
         lo = min([1.0, *points["intensity"].tolist()]) / 2
@@ -55,13 +55,13 @@ def efficiency_view(entry: dict[str, Any]) -> EfficiencyView | None:
         x = np.geomspace(lo, hi, 64)
         roof = pd.DataFrame({"intensity": x, "tflops": np.minimum(peak, bw * x / 1e3)})
     note = None
-    if not eff.get("shapes_recorded"):
+    if not eff.shapes_recorded:
         note = "The trace records no input shapes: FLOPs cannot be counted (capture with record_shapes=True)."
     elif peak is None:
-        note = (f"No peak is known for {eff.get('device') or 'this device'}: achieved rates are shown, MFU and the "
+        note = (f"No peak is known for {eff.device or 'this device'}: achieved rates are shown, MFU and the "
                 "share of peak are not.")
     return EfficiencyView(
-        device=eff.get("device"),
-        peak=f"{peak:,.1f} TFLOP/s {eff.get('peak_dtype')} ({eff.get('peak_source')})" if peak else None,
-        mfu=eff.get("mfu"), flops_per_step=eff.get("flops_per_step"), note=note,
+        device=eff.device,
+        peak=f"{peak:,.1f} TFLOP/s {eff.peak_dtype} ({eff.peak_source})" if peak else None,
+        mfu=eff.mfu, flops_per_step=eff.flops_per_step, note=note,
         operators=operators, kernels=kernels, points=points, roof=roof)

@@ -4,8 +4,6 @@ other on one communicator."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import pandas as pd
 
@@ -13,6 +11,7 @@ from kinetoscope.analyze.model import intervals as iv
 from kinetoscope.analyze.model.collectives import comm_compute_sets, host_compute
 from kinetoscope.analyze.model.commroles import ROLES, collective_roles
 from kinetoscope.analyze.model.config import DEFAULT_CONFIG, AnalysisConfig
+from kinetoscope.analyze.model.results import CommRole, CommRoles, FsdpGathers
 from kinetoscope.analyze.model.timeline import missing_activity, window
 from kinetoscope.analyze.model.trace import RankTrace
 from kinetoscope.analyze.model.units import frac, us
@@ -57,7 +56,7 @@ def _worth_ns(trace: RankTrace, labels: np.ndarray) -> float | None:
     return baseline(trace).mean_step_ns - after.mean_step_ns
 
 
-def _fsdp(coll: pd.DataFrame) -> dict[str, Any] | None:
+def _fsdp(coll: pd.DataFrame) -> FsdpGathers | None:
     ag = coll[(coll["role"] == "fsdp_allgather").to_numpy()]
     if ag.empty:
         return None
@@ -80,11 +79,11 @@ def _fsdp(coll: pd.DataFrame) -> dict[str, Any] | None:
             if 0 <= issued[b] < end[a] and start[b] - end[a] <= QUEUE_TOL_NS:
                 queued += 1
                 queued_ns += int(start[b] - issued[b])
-    return {"allgathers": int(len(ag)), "issue_recorded": int(known.sum()), "max_in_flight": in_flight,
-            "queued_behind_previous": queued, "queued_us": us(queued_ns)}
+    return FsdpGathers(allgathers=int(len(ag)), issue_recorded=int(known.sum()), max_in_flight=in_flight,
+                       queued_behind_previous=queued, queued_us=us(queued_ns))
 
 
-def comm_roles_entry(trace: RankTrace, config: AnalysisConfig = DEFAULT_CONFIG) -> dict[str, Any] | None:
+def comm_roles_entry(trace: RankTrace, config: AnalysisConfig = DEFAULT_CONFIG) -> CommRoles | None:
     """The report's ``comm_roles`` block; None without collectives."""
     coll = collective_roles(trace)
     if coll.empty:
@@ -101,14 +100,14 @@ def comm_roles_entry(trace: RankTrace, config: AnalysisConfig = DEFAULT_CONFIG) 
         busy = iv.clip(iv.union(mine["ts_ns"].to_numpy(), mine["end_ns"].to_numpy()), w.start_ns, w.end_ns)
         exp_ns = iv.measure(iv.intersect(busy, exposed)) if exposed is not None else None
         worth = _worth_ns(trace, mine.index.to_numpy()) if where == "gpu" else None
-        roles.append({"role": role, "collectives": int(len(mine)),
-                      "ops": sorted({str(o) for o in mine["op"]}),
-                      "time_us": us(iv.measure(busy)),
-                      "exposed_us": us(exp_ns) if exp_ns is not None else None,
-                      "exposed_fraction": frac(exp_ns, w.dur_ns) if exp_ns is not None else None,
-                      "worth_us_per_step": round(worth / 1000, 3) if worth is not None else None})
-    return {"where": where, "fraction_of": "window", "roles": roles, "exposed_unknown": why,
-            "worth_of": ("the replayed mean step less the same with the role's collective kernels taking no time "
-                         "(hidden entirely: an upper bound on what overlapping them gives)"
-                         if where == "gpu" and g.steps else None),
-            "fsdp": _fsdp(coll)}
+        roles.append(CommRole(role=role, collectives=int(len(mine)),
+                              ops=sorted({str(o) for o in mine["op"]}),
+                              time_us=us(iv.measure(busy)),
+                              exposed_us=us(exp_ns) if exp_ns is not None else None,
+                              exposed_fraction=frac(exp_ns, w.dur_ns) if exp_ns is not None else None,
+                              worth_us_per_step=round(worth / 1000, 3) if worth is not None else None))
+    return CommRoles(where=where, fraction_of="window", roles=roles, exposed_unknown=why,
+                     worth_of=("the replayed mean step less the same with the role's collective kernels taking no "
+                               "time (hidden entirely: an upper bound on what overlapping them gives)"
+                               if where == "gpu" and g.steps else None),
+                     fsdp=_fsdp(coll))

@@ -25,6 +25,7 @@ import pandas as pd
 
 from kinetoscope.analyze.model.collectives import COLLECTIVE_RE
 from kinetoscope.analyze.model.phases import PHASES, host_phases, phase_lookup
+from kinetoscope.analyze.model.results import CriticalPathSummary, MedianStepPath, PathKind, PathName, PathSegment
 from kinetoscope.analyze.model.timeline import gpu_work, main_thread, name_mask, runtime_calls
 from kinetoscope.analyze.model.trace import RankTrace, trace_view
 from kinetoscope.analyze.whatif.graph import NONE, ReplayGraph, replay_graph
@@ -372,7 +373,7 @@ def _median(values: list[float]) -> float | None:
     return float(np.median(values)) if values else None
 
 
-def critical_path_entry(trace: RankTrace) -> dict[str, object] | None:
+def critical_path_entry(trace: RankTrace) -> CriticalPathSummary | None:
     """The report's ``critical_path`` block: the path's time by kind and by name (mean per window step), the
     median step's path segment by segment, and the slack beside it."""
     g = replay_graph(trace)
@@ -387,10 +388,10 @@ def critical_path_entry(trace: RankTrace) -> dict[str, object] | None:
         for seg in s.segments:
             by_kind[seg.kind] += seg.dur_ns
             by_name[(seg.kind, seg.name)] += seg.dur_ns
-    kinds = [{"kind": k, "dur_us": _us(by_kind[k] / n), "step_fraction": round(by_kind[k] / n / mean_step, 4)}
+    kinds = [PathKind(kind=k, dur_us=_us(by_kind[k] / n), step_fraction=round(by_kind[k] / n / mean_step, 4))
              for k in KINDS if by_kind.get(k)]
     names = sorted(by_name.items(), key=lambda kv: (-kv[1], kv[0]))
-    top = [{"kind": k, "name": nm, "dur_us": _us(ns / n), "step_fraction": round(ns / n / mean_step, 4)}
+    top = [PathName(kind=k, name=nm, dur_us=_us(ns / n), step_fraction=round(ns / n / mean_step, 4))
            for (k, nm), ns in names[:LISTED_NAMES]]
     durs = np.array([s.dur_ns for s in cp.steps])
     med = int(np.argsort(durs, kind="stable")[(n - 1) // 2])
@@ -398,29 +399,30 @@ def critical_path_entry(trace: RankTrace) -> dict[str, object] | None:
     merged = _merged(step.segments)
     listed = merged[:LISTED_SEGMENTS]
     rest = merged[LISTED_SEGMENTS:]
-    segments = [{"kind": k, "name": nm, "start_us": _us(st - step.start_ns), "dur_us": _us(d),
-                 "step_fraction": round(d / step.dur_ns, 4) if step.dur_ns else None} for k, nm, st, d in listed]
+    segments = [PathSegment(kind=k, name=nm, start_us=_us(st - step.start_ns), dur_us=_us(d),
+                            step_fraction=round(d / step.dur_ns, 4) if step.dur_ns else None)
+                for k, nm, st, d in listed]
     gpu = [s.gpu_slack_ns for s in cp.steps if s.gpu_slack_ns is not None]
     host = [s.host_slack_ns for s in cp.steps if s.host_slack_ns is not None]
-    return {
-        "steps": n,
-        "fraction_of": "the mean window step (by_kind, names); the median step's duration (median_step)",
-        "mean_step_us": _us(mean_step),
-        "by_kind": kinds,
-        "names": top,
-        "names_left_out": max(0, len(names) - LISTED_NAMES),
-        "gpu_slack_us": _us(m) if (m := _median(gpu)) is not None else None,
-        "host_slack_us": _us(m) if (m := _median(host)) is not None else None,
-        "median_step": {
-            "index": med,
-            "step_us": _us(step.dur_ns),
-            "segments": segments,
-            "segments_left_out": len(rest),
-            "left_out_us": _us(sum(d for *_, d in rest)),
-            "gpu_slack_us": _us(step.gpu_slack_ns) if step.gpu_slack_ns is not None else None,
-            "host_slack_us": _us(step.host_slack_ns) if step.host_slack_ns is not None else None,
-        },
-    }
+    return CriticalPathSummary(
+        steps=n,
+        fraction_of="the mean window step (by_kind, names); the median step's duration (median_step)",
+        mean_step_us=_us(mean_step),
+        by_kind=kinds,
+        names=top,
+        names_left_out=max(0, len(names) - LISTED_NAMES),
+        gpu_slack_us=_us(m) if (m := _median(gpu)) is not None else None,
+        host_slack_us=_us(m) if (m := _median(host)) is not None else None,
+        median_step=MedianStepPath(
+            index=med,
+            step_us=_us(step.dur_ns),
+            segments=segments,
+            segments_left_out=len(rest),
+            left_out_us=_us(sum(d for *_, d in rest)),
+            gpu_slack_us=_us(step.gpu_slack_ns) if step.gpu_slack_ns is not None else None,
+            host_slack_us=_us(step.host_slack_ns) if step.host_slack_ns is not None else None,
+        ),
+    )
 
 
 def fix_limits(trace: RankTrace, edits: Edits) -> dict[str, float | None] | None:

@@ -4,6 +4,7 @@ every row reachable; host ops grouped by input shapes, by module or by call stac
 import altair as alt
 
 from kinetoscope.analyze.ingest.loader import read_bytes
+from kinetoscope.analyze.model.results import EfficiencyResult
 from kinetoscope.analyze.views.efficiency import efficiency_view
 from kinetoscope.analyze.views.ops import (
     kernel_table,
@@ -71,12 +72,12 @@ def render() -> None:
                       "kernel's name says so, blank where it does not say.", len(kernels)))
         _table(kernels.assign(tensor_cores=kernels["tensor_cores"].map({True: "yes"})).rename(
             columns={"share_of_kernel_time": "kernel_time_fraction", "tensor_cores": "Tensor Cores"}))
-    _efficiency(entry)
+    _efficiency(state.rank_result(analysis, entry, EfficiencyResult))
 
 
-def _efficiency(entry) -> None:
+def _efficiency(result: EfficiencyResult | None) -> None:
     """Matrix and memory work against the device's peak: MFU, operators, kernels and the roofline."""
-    view = efficiency_view(entry)
+    view = efficiency_view(result.efficiency if result is not None else None)
     st.subheader("Against the device's peak")
     if view is None or (view.operators.empty and view.note is None):
         st.caption("No counted operators (matrix or memory-bound) in the window.")

@@ -2,6 +2,7 @@
 
 from kinetoscope.analyze.ingest.loader import read_bytes
 from kinetoscope.analyze.model.findings import SEVERITY_ORDER
+from kinetoscope.analyze.model.results import EfficiencyResult
 from kinetoscope.analyze.report.savings import all_together, shared_savings
 from kinetoscope.analyze.views.gpuinfo import device_summary, kernel_launches, occupancy_summary
 from kinetoscope.app import state
@@ -78,11 +79,12 @@ def render() -> None:
                    help=md("one what-if replay of every fix of rank {} at once: savings do not simply add up",
                            entry["rank"]))
 
-    eff = entry.get("efficiency") or {}
+    effs = state.rank_result(analysis, entry, EfficiencyResult)
+    eff = effs.efficiency if effs is not None else None
     cols = st.columns(3)
-    cols[0].metric("MFU", state.pct(eff["mfu"]) if eff.get("mfu") is not None else "n/a",
+    cols[0].metric("MFU", state.pct(eff.mfu) if eff is not None and eff.mfu is not None else "n/a",
                    help=md("matrix-op FLOPs per step over step time x the device's peak ({}); n/a without recorded "
-                           "shapes, steps or a known peak", eff.get("device") or "no device"))
+                           "shapes, steps or a known peak", (eff.device if eff is not None else None) or "no device"))
     _gpu_summary(analysis, entry["rank"])
     st.subheader(f"Findings ({len(report.findings)})")
     if not report.findings:

@@ -5,6 +5,7 @@ The full trace in Perfetto."""
 
 import altair as alt
 
+from kinetoscope.analyze.model.results import CriticalPathSummary
 from kinetoscope.analyze.views.spans import KIND_COLOURS, step_range_ms, timeline_view
 from kinetoscope.app import state
 from kinetoscope.app.perfetto import open_in_perfetto
@@ -62,16 +63,17 @@ def render() -> None:
     zoom = st.session_state.get(ZOOM)
     if zoom is not None:
         start, end = zoom
-    path = entry.get("critical_path")
-    with_path = bool(path) and st.checkbox(
+    path = state.rank_result(analysis, entry, CriticalPathSummary)
+    with_path = path is not None and st.checkbox(
         "Critical path", value=True, key="tl_path",
         help="the chain of host work, launches, GPU work and waits that ends each step (a row under the steps)")
     view = timeline_view(rank, start, end, with_path=with_path)
-    if with_path and path:
-        top = sorted(path["by_kind"], key=lambda k: -k["step_fraction"])[:5]
-        kinds = ", ".join(f"{k['kind']} {_share(k['step_fraction'])}" for k in top)
-        slack = ", ".join(f"{who} {number(path[f'{who.lower()}_slack_us'] / 1000.0)} ms" for who in ("GPU", "host")
-                          if path.get(f"{who.lower()}_slack_us") is not None)
+    if with_path and path is not None:
+        top = sorted(path.by_kind, key=lambda k: -k.step_fraction)[:5]
+        kinds = ", ".join(f"{k.kind} {_share(k.step_fraction)}" for k in top)
+        slack = ", ".join(f"{who} {number(us / 1000.0)} ms" for who, us in (("GPU", path.gpu_slack_us),
+                                                                              ("host", path.host_slack_us))
+                          if us is not None)
         st.caption(md("Critical path of the mean step: {}. Slack beside it (median step): {}.", kinds,
                       slack or "unknown"))
     merged = (md("; {:,} spans shorter than a pixel ({} ms) are merged into blocks drawn as dark as the share of the "
