@@ -55,7 +55,7 @@ def newest_rows(files: list[str], schema: pa.Schema, fs: Any = None) -> pa.Table
     """The rows of a table's files (local paths, or keys in the object store ``fs``), each key's from the newest
     file holding it."""
     if fs is not None:
-        return _remote_newest_rows(_remote_read_with_files(files, schema, fs), files)
+        return _remote_newest_rows(*_remote_read_with_files(files, schema, fs))
     return _newest_rows(_read_with_files([Path(f) for f in files], schema))
 
 
@@ -201,13 +201,13 @@ def _remote_rows_in_parts(folder: RemotePath, name: str, schema: pa.Schema) -> l
     return None
 
 
-def _remote_read_with_files(files: list[str], schema: pa.Schema, fs: Any) -> pa.Table:
-    """``_read_with_files`` over keys in ``fs``: a key a compaction deleted since the listing is left out (its rows
-    are in the part that replaced it, which a listing made now shows)."""
+def _remote_read_with_files(files: list[str], schema: pa.Schema, fs: Any) -> tuple[pa.Table, list[str]]:
+    """``_read_with_files`` over keys in ``fs``, with the keys it read: where a compaction deleted a key since the
+    listing, the folder is listed again (its rows are in the part that replaced it) and read as listed now."""
     for _ in range(5):
         try:
             return ds.dataset(files, format="parquet", schema=schema, filesystem=fs).to_table(
-                columns=[*schema.names, "__filename"])
+                columns=[*schema.names, "__filename"]), files
         except FileNotFoundError:
             folder = files[0].rsplit("/", 1)[0] if files else ""
             fs.invalidate_cache()
@@ -259,7 +259,7 @@ def _compact_remote(root: RemotePath, schemas: dict[str, pa.Schema]) -> dict[str
             if len(inputs) < 2:
                 continue
             files = [p.arrow()[0] for p, _ in inputs]
-            rows = _remote_newest_rows(_remote_read_with_files(files, schema, fs), files)
+            rows = _remote_newest_rows(*_remote_read_with_files(files, schema, fs))
             rows = rows.sort_by([("key", "ascending")])
             part_key = (folder / f"{PART_PREFIX}{time.time_ns()}-{uuid.uuid4().hex[:8]}.parquet").arrow()[0]
             pq.write_table(rows, part_key, row_group_size=64 * 1024, filesystem=fs)

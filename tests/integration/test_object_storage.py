@@ -285,6 +285,20 @@ def test_a_store_in_the_bucket_is_compacted_and_its_newest_rows_win(s3):
     assert (raw.num_rows, sum(raw.column("mean_step_us").to_pylist())) == (7, sum(expected))
 
 
+@pytest.mark.slow
+def test_a_reader_that_listed_before_a_compaction_in_the_bucket_reads_every_row(s3):
+    from kinetoscope.batch.compact import compact, newest_rows
+    from kinetoscope.batch.store import SCHEMAS, open_store, write_rows
+
+    root = open_store(f"s3://{BUCKET}/raced", create=True)
+    for i in range(5):
+        write_rows(root, "traces", f"k{i}", [_trace_row(f"k{i}", 100.0 + i)])
+    listed = sorted(p for p in s3.ls(f"{BUCKET}/raced/traces"))  # a reader lists the five single files ...
+    assert compact(root, SCHEMAS) == {"traces": 5}  # ... a compaction replaces them by a part, then it reads
+    rows = newest_rows(listed, SCHEMAS["traces"], s3).to_pylist()
+    assert sorted((r["key"], r["mean_step_us"]) for r in rows) == [(f"k{i}", 100.0 + i) for i in range(5)]
+
+
 class Watch:
     """``kinetoscope batch --watch`` as a process, its event lines read as they come."""
 
