@@ -299,6 +299,29 @@ def test_a_reader_that_listed_before_a_compaction_in_the_bucket_reads_every_row(
     assert sorted((r["key"], r["mean_step_us"]) for r in rows) == [(f"k{i}", 100.0 + i) for i in range(5)]
 
 
+@pytest.mark.slow
+def test_a_key_rewritten_during_a_compaction_in_the_bucket_keeps_its_new_rows(s3, monkeypatch):
+    from kinetoscope.batch import compact as compaction
+    from kinetoscope.batch.store import SCHEMAS, open_store, read_rows, read_table, write_rows
+
+    root = open_store(f"s3://{BUCKET}/rewritten", create=True)
+    for i in range(3):
+        write_rows(root, "traces", f"k{i}", [_trace_row(f"k{i}", 100.0 + i)])
+    merge = compaction._remote_newest_rows
+
+    def rerun_lands(*args):  # a rerun of k1 writes its file after the compaction listed and read the folder
+        rows = merge(*args)
+        write_rows(root, "traces", "k1", [_trace_row("k1", 999.0)])
+        return rows
+
+    monkeypatch.setattr(compaction, "_remote_newest_rows", rerun_lands)
+    assert compaction.compact(root, SCHEMAS) == {"traces": 3}
+    names = _names(s3, f"{BUCKET}/rewritten/traces")
+    assert len(names) == 2 and names[0] == "k1.parquet" and names[1].startswith("part-")  # the new k1 stayed
+    assert [r["mean_step_us"] for r in read_rows(root, "traces", "k1")] == [999.0]
+    assert sorted(read_table(root, "traces")["mean_step_us"]) == [100.0, 102.0, 999.0]
+
+
 class Watch:
     """``kinetoscope batch --watch`` as a process, its event lines read as they come."""
 
