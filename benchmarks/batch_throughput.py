@@ -194,11 +194,21 @@ def main() -> int:
     ap.add_argument("--variants", default="dask,fixed,local", help="cluster runs per repeat (comma-separated)")
     ap.add_argument("--dir", type=Path, default=Path("/tmp/kinetoscope-tput"))
     ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--min-free-gb", type=float, default=5.0,
+                    help="refuse to generate a job that would leave less free disk than this (default 5)")
     args = ap.parse_args()
     job = args.dir / f"job-{args.ranks}"
     truth = args.dir / f"job-{args.ranks}.truth"
     try:
         if not truth.exists():
+            # ~17.45 MB per rank at 150 steps x 150 kernels (measured); roughly in proportion to steps x kernels
+            need = args.ranks * 17.45e6 * (args.steps / 150) * ((args.kernels + 10) / 160)
+            args.dir.mkdir(parents=True, exist_ok=True)
+            free = shutil.disk_usage(args.dir).free
+            if free - need < args.min_free_gb * 1e9:
+                print(f"not generated: {args.ranks} ranks need ~{need / 1e9:.1f} GB and {free / 1e9:.1f} GB are free "
+                      f"(--min-free-gb {args.min_free_gb:g}); use fewer --ranks")
+                return 1
             write_job(job, args.ranks, args.steps, args.kernels)
         files = sorted(job.glob("rank-*.json"), key=lambda p: int(p.stem.split("-")[1]))
         size = sum(p.stat().st_size for p in files)

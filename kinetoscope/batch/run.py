@@ -22,7 +22,6 @@ from kinetoscope.batch.compact import compact
 from kinetoscope.batch.discover import discover
 from kinetoscope.batch.store import SCHEMAS, StoreRoot, open_store, read_rows, write_rows
 from kinetoscope.batch.task import analyze_file, file_key
-from kinetoscope.sources import RemotePath
 
 
 @dataclass
@@ -174,7 +173,7 @@ def run_batch(
                 on_result(row)
         _cross_rank(root, jobs, rows_by_job, config)
         _hangs(root, jobs, config, limits)
-        if compact_store and not isinstance(root, RemotePath):  # a store in a bucket is not compacted (yet)
+        if compact_store:
             compact(root, SCHEMAS)
     finally:
         if owned is not None:

@@ -14,7 +14,8 @@ Layout (query with DuckDB: ``SELECT * FROM read_parquet('STORE/traces/*.parquet'
     STORE/hangs/job-<key>.parquet      per job with hang dumps (rank-<r>.hang.json): where it stopped (process group,
                                        sequence number, op), the stuck, missing, mismatched and waiting ranks, why
     STORE/<table>/part-<ns>-<id>.parquet  many of the files above in one (kinetoscope/batch/compact.py, at the end
-                                          of every batch): DuckDB opens a few files, not 4 per rank
+                                          of every batch, in a folder or a bucket): DuckDB opens a few files, not 4
+                                          per rank
 """
 
 from __future__ import annotations
@@ -171,16 +172,17 @@ def write_rows(root: StoreRoot, table: str, name: str, rows: list[dict[str, Any]
 
 
 def read_rows(root: StoreRoot, table: str, name: str) -> list[dict[str, Any]] | None:
+    """The rows of key ``name``: its single file's, or (compacted) the newest part's that holds it."""
     path = root / table / f"{name}.parquet"
-    if not path.is_file():
-        folder = root / table
-        if isinstance(folder, RemotePath):  # stores in a bucket are not compacted: no file, no rows
-            return None
-        from kinetoscope.batch.compact import rows_in_parts
+    if path.is_file():
+        where, fs = _arrow(path)
+        try:
+            return pq.read_table(where, schema=SCHEMAS[table], filesystem=fs).to_pylist()
+        except FileNotFoundError:  # merged into a part by a compaction since it was seen
+            pass
+    from kinetoscope.batch.compact import rows_in_parts
 
-        return rows_in_parts(folder, name, SCHEMAS[table])  # compacted (None: no rows of that key anywhere)
-    where, fs = _arrow(path)
-    return pq.read_table(where, schema=SCHEMAS[table], filesystem=fs).to_pylist()
+    return rows_in_parts(root / table, name, SCHEMAS[table])  # compacted (None: no rows of that key anywhere)
 
 
 def read_table(root: str | os.PathLike[str] | StoreRoot, table: str):  # -> pandas.DataFrame
@@ -197,9 +199,9 @@ def read_table(root: str | os.PathLike[str] | StoreRoot, table: str):  # -> pand
         files, fs = sorted(str(p) for p in folder.glob("*.parquet")), None
     if not files:
         return SCHEMAS[table].empty_table().to_pandas()
-    if fs is None and any(os.path.basename(f).startswith("part-") for f in files):
+    if any(os.path.basename(f).startswith("part-") for f in files):
         # compacted: a key's rows come from its newest file
         from kinetoscope.batch.compact import newest_rows
 
-        return newest_rows(files, SCHEMAS[table]).to_pandas()
+        return newest_rows(files, SCHEMAS[table], fs).to_pandas()
     return ds.dataset(files, format="parquet", schema=SCHEMAS[table], filesystem=fs).to_table().to_pandas()

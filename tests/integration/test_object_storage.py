@@ -202,8 +202,124 @@ def test_batch_into_a_bucket_and_report(s3, tmp_path, capsys):
     assert "2 jobs, 4 files: 3 ok, 1 failed" in out
     assert f"straggler in s3://{BUCKET}/dump/job-a: rank 1" in out
     assert f"s3://{BUCKET}/dump/job-b/broken.json.gz: " in out and "gzip" in out
-    # the store is Parquet in the bucket, one object per row group written
-    assert s3.ls(f"{BUCKET}/store/traces") and s3.isfile(f"{BUCKET}/store/store.json")
+    # the store is Parquet in the bucket, compacted at the batch's end: one part per table, the single files gone
+    s3.invalidate_cache()
+    (part,) = s3.ls(f"{BUCKET}/store/traces")
+    assert part.rsplit("/", 1)[-1].startswith("part-") and s3.isfile(f"{BUCKET}/store/store.json")
+    # --resume finds every file's row in the part, and analyses nothing again
+    again = run_batch([f"s3://{BUCKET}/dump"], f"s3://{BUCKET}/store", workers=1, resume=True)
+    assert (again.files, again.ok, again.failed, again.skipped) == (4, 3, 1, 4)
+
+
+def _trace_row(key: str, mean_step_us: float) -> dict:
+    return {"key": key, "job": "job", "path": f"/t/{key}.json", "rank": 0, "status": "ok", "mean_step_us": mean_step_us}
+
+
+def _finding(key: str, fid: str) -> dict:
+    return {"key": key, "job": "job", "path": f"/t/{key}.json", "rank": 0, "id": fid, "severity": "warning",
+            "title": fid}
+
+
+def _names(fs, folder: str) -> list[str]:
+    fs.invalidate_cache()
+    return sorted(p.rsplit("/", 1)[-1] for p in fs.ls(folder))
+
+
+@pytest.mark.slow
+def test_a_store_in_the_bucket_is_compacted_and_its_newest_rows_win(s3):
+    from kinetoscope.batch.compact import compact
+    from kinetoscope.batch.store import SCHEMAS, open_store, read_rows, read_table, write_rows
+
+    url = f"s3://{BUCKET}/compacted"
+    root = open_store(url, create=True)
+    for i in range(6):
+        key = f"k{i:03d}"
+        write_rows(root, "traces", key, [_trace_row(key, 1000.0 + i)])
+        write_rows(root, "findings", key, [_finding(key, "gpu_idle"), _finding(key, "loader_stall")] if i % 2 else [])
+    assert compact(root, SCHEMAS) == {"traces": 6, "findings": 6}
+    (part,) = _names(s3, f"{BUCKET}/compacted/traces")
+    assert part.startswith("part-") and len(_names(s3, f"{BUCKET}/compacted/findings")) == 1
+    traces = read_table(url, "traces").sort_values("key")
+    assert list(traces["key"]) == [f"k{i:03d}" for i in range(6)]
+    assert list(traces["mean_step_us"]) == [1000.0, 1001.0, 1002.0, 1003.0, 1004.0, 1005.0]
+    findings = read_table(url, "findings")
+    assert sorted(zip(findings["key"], findings["id"], strict=True)) == [
+        ("k001", "gpu_idle"), ("k001", "loader_stall"), ("k003", "gpu_idle"), ("k003", "loader_stall"),
+        ("k005", "gpu_idle"), ("k005", "loader_stall")]
+    assert [r["mean_step_us"] for r in read_rows(root, "traces", "k003")] == [1003.0]  # --resume's look-up
+    assert read_rows(root, "traces", "k999") is None
+
+    # the moment between a compaction's upload and its deletes: a key in a single file and in the part reads once
+    write_rows(root, "traces", "k004", [_trace_row("k004", 1004.0)])
+    # a key rewritten after the compaction: its single file's rows win over the part's, an empty one too
+    write_rows(root, "traces", "k002", [_trace_row("k002", 2002.0)])
+    write_rows(root, "findings", "k001", [])
+    # an older part (by name) that still holds k000 (a compaction's delete not yet done): the newer part's rows win
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    with s3.open(f"{BUCKET}/compacted/traces/part-0000000000000000001-00000000.parquet", "wb") as stale:
+        pq.write_table(pa.Table.from_pylist([_trace_row("k000", 1.0), _trace_row("k006", 1006.0)],
+                                            schema=SCHEMAS["traces"]), stale)
+    expected = [1000.0, 1001.0, 2002.0, 1003.0, 1004.0, 1005.0, 1006.0]
+    traces = read_table(url, "traces").sort_values("key")
+    assert list(traces["key"]) == [f"k{i:03d}" for i in range(7)]
+    assert list(traces["mean_step_us"]) == expected
+    assert [r["mean_step_us"] for r in read_rows(root, "traces", "k000")] == [1000.0]
+    assert [r["mean_step_us"] for r in read_rows(root, "traces", "k002")] == [2002.0]
+    assert read_rows(root, "findings", "k001") == []
+    assert sorted(read_table(url, "findings")["key"]) == ["k003", "k003", "k005", "k005"]
+
+    # compacting again merges the singles and both small parts into one part, with the same rows
+    assert compact(root, SCHEMAS) == {"traces": 4, "findings": 2}
+    (part,) = _names(s3, f"{BUCKET}/compacted/traces")
+    assert part.startswith("part-")
+    assert list(read_table(url, "traces").sort_values("key")["mean_step_us"]) == expected
+    assert sorted(read_table(url, "findings")["key"]) == ["k003", "k003", "k005", "k005"]
+    assert [r["mean_step_us"] for r in read_rows(root, "traces", "k002")] == [2002.0]
+    assert read_rows(root, "findings", "k001") is None  # no rows anywhere now: the empty file merged into nothing
+    assert not s3.exists(f"{BUCKET}/compacted/.compact.lock")
+    # a raw read of the table's objects (what DuckDB's read_parquet over the URL sees) has each key once
+    import pyarrow.dataset as ds
+    raw = ds.dataset(f"{BUCKET}/compacted/traces", format="parquet", filesystem=s3).to_table()
+    assert (raw.num_rows, sum(raw.column("mean_step_us").to_pylist())) == (7, sum(expected))
+
+
+@pytest.mark.slow
+def test_a_reader_that_listed_before_a_compaction_in_the_bucket_reads_every_row(s3):
+    from kinetoscope.batch.compact import compact, newest_rows
+    from kinetoscope.batch.store import SCHEMAS, open_store, write_rows
+
+    root = open_store(f"s3://{BUCKET}/raced", create=True)
+    for i in range(5):
+        write_rows(root, "traces", f"k{i}", [_trace_row(f"k{i}", 100.0 + i)])
+    listed = sorted(p for p in s3.ls(f"{BUCKET}/raced/traces"))  # a reader lists the five single files ...
+    assert compact(root, SCHEMAS) == {"traces": 5}  # ... a compaction replaces them by a part, then it reads
+    rows = newest_rows(listed, SCHEMAS["traces"], s3).to_pylist()
+    assert sorted((r["key"], r["mean_step_us"]) for r in rows) == [(f"k{i}", 100.0 + i) for i in range(5)]
+
+
+@pytest.mark.slow
+def test_a_key_rewritten_during_a_compaction_in_the_bucket_keeps_its_new_rows(s3, monkeypatch):
+    from kinetoscope.batch import compact as compaction
+    from kinetoscope.batch.store import SCHEMAS, open_store, read_rows, read_table, write_rows
+
+    root = open_store(f"s3://{BUCKET}/rewritten", create=True)
+    for i in range(3):
+        write_rows(root, "traces", f"k{i}", [_trace_row(f"k{i}", 100.0 + i)])
+    merge = compaction._remote_newest_rows
+
+    def rerun_lands(*args):  # a rerun of k1 writes its file after the compaction listed and read the folder
+        rows = merge(*args)
+        write_rows(root, "traces", "k1", [_trace_row("k1", 999.0)])
+        return rows
+
+    monkeypatch.setattr(compaction, "_remote_newest_rows", rerun_lands)
+    assert compaction.compact(root, SCHEMAS) == {"traces": 3}
+    names = _names(s3, f"{BUCKET}/rewritten/traces")
+    assert len(names) == 2 and names[0] == "k1.parquet" and names[1].startswith("part-")  # the new k1 stayed
+    assert [r["mean_step_us"] for r in read_rows(root, "traces", "k1")] == [999.0]
+    assert sorted(read_table(root, "traces")["mean_step_us"]) == [100.0, 102.0, 999.0]
 
 
 class Watch:
