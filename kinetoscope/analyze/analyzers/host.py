@@ -27,6 +27,7 @@ from kinetoscope.analyze.model.analysis import AnalysisResult, register
 from kinetoscope.analyze.model.collectives import collectives, host_collectives
 from kinetoscope.analyze.model.config import AnalysisConfig
 from kinetoscope.analyze.model.findings import Finding
+from kinetoscope.analyze.model.results import HostInferred, HostMeasured, HostResult
 from kinetoscope.analyze.model.timeline import (
     COMPILE_RE,
     all_loader_spans,
@@ -105,13 +106,13 @@ def analyze_host(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
     against the time its training thread had work (capture's step timings)."""
     rs = trace.run_steps
     if rs is None or trace.steps.empty:
-        return AnalysisResult(key="host", metrics={"host": None})
+        return AnalysisResult(key="host", metrics=HostResult(host=None))
     steps = _steps(trace)
     rows = rs.set_index("step").reindex(steps["step"].to_numpy(np.int64))
     if "runqueue_wait_ns" in rows and rows["runqueue_wait_ns"].notna().any():
         return _measured(trace, config, steps, rows)
     if "cpu_ns" not in rs or rs["cpu_ns"].isna().all():
-        return AnalysisResult(key="host", metrics={"host": None})
+        return AnalysisResult(key="host", metrics=HostResult(host=None))
     return _inferred(trace, config)
 
 
@@ -123,20 +124,19 @@ def _measured(trace: RankTrace, config: AnalysisConfig, steps: Any, rows: Any) -
     numbers = steps["step"].to_numpy(np.int64)
     ok = ~np.isnan(wait) & (wall > 0)
     if not ok.any():
-        return AnalysisResult(key="host", metrics={"host": None})
+        return AnalysisResult(key="host", metrics=HostResult(host=None))
     lost = float(wait[ok].sum())
     share = lost / float(wall[ok].sum())
     facts, facts_text = _facts(trace)
-    metrics = {
-        "measured": True,
-        "steps": int(ok.sum()),
-        "runqueue_wait_us_per_step": us(lost / ok.sum()),
-        "runqueue_wait_fraction_of_steps": round(share, 4),
-        "runqueue_wait_fraction_of_steps_of": "the training thread's time runnable with no CPU (the kernel's "
-                                              "scheduler statistics) over the wall time of the window's steps",
-        "oncpu_us_per_step": us(float(np.nansum(oncpu[ok])) / ok.sum()) if not np.isnan(oncpu[ok]).all() else None,
+    metrics = HostMeasured(
+        steps=int(ok.sum()),
+        runqueue_wait_us_per_step=us(lost / ok.sum()),
+        runqueue_wait_fraction_of_steps=round(share, 4),
+        runqueue_wait_fraction_of_steps_of="the training thread's time runnable with no CPU (the kernel's "
+                                           "scheduler statistics) over the wall time of the window's steps",
+        oncpu_us_per_step=us(float(np.nansum(oncpu[ok])) / ok.sum()) if not np.isnan(oncpu[ok]).all() else None,
         **facts,
-    }
+    )
     findings = []
     if ok.sum() >= 2 and share >= config.host_runqueue_min_fraction:
         device = iv.measure(any_gpu_busy(trace)) > 0
@@ -163,7 +163,7 @@ def _measured(trace: RankTrace, config: AnalysisConfig, steps: Any, rows: Any) -
             recommendation=_ADVICE,
             impact_us=lost / 1000.0,
         ))
-    return AnalysisResult(key="host", metrics={"host": metrics}, findings=tuple(findings))
+    return AnalysisResult(key="host", metrics=HostResult(host=metrics), findings=tuple(findings))
 
 
 def _inferred(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
@@ -174,25 +174,24 @@ def _inferred(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
     cpu = (rows["cpu_ns"] - rows["data_wait_cpu_ns"].fillna(0)).to_numpy(float)
     ok = ~np.isnan(cpu) & (upper > 0)
     if not ok.any():
-        return AnalysisResult(key="host", metrics={"host": None})
+        return AnalysisResult(key="host", metrics=HostResult(host=None))
     share = cpu[ok] / upper[ok]
     lost_hi = np.maximum(upper[ok] - cpu[ok], 0.0)  # the shortfall if every untraced stretch was work
     lost_lo = np.maximum(lower[ok] - cpu[ok], 0.0)  # the shortfall counting only time inside operators as work
     share_lo = cpu[ok] / np.maximum(lower[ok], 1.0)
     facts, facts_text = _facts(trace)
-    metrics = {
-        "measured": False,
-        "steps": int(ok.sum()),
-        "cores_while_busy": round(float(np.median(share)), 4),
-        "cores_while_busy_of": "the process's CPU time outside data waits over the time its training thread wanted a "
-                              "CPU (the step less its waits for data, the device, other ranks, and compilation), per "
-                              "step (median)",
-        "cores_while_in_operators": round(float(np.median(share_lo)), 4),
-        "busy_us_per_step": us(float(np.mean(upper[ok]))),
-        "in_operators_us_per_step": us(float(np.mean(lower[ok]))),
-        "cpu_us_per_step": us(float(np.mean(cpu[ok]))),
+    metrics = HostInferred(
+        steps=int(ok.sum()),
+        cores_while_busy=round(float(np.median(share)), 4),
+        cores_while_busy_of="the process's CPU time outside data waits over the time its training thread wanted a "
+                            "CPU (the step less its waits for data, the device, other ranks, and compilation), per "
+                            "step (median)",
+        cores_while_in_operators=round(float(np.median(share_lo)), 4),
+        busy_us_per_step=us(float(np.mean(upper[ok]))),
+        in_operators_us_per_step=us(float(np.mean(lower[ok]))),
+        cpu_us_per_step=us(float(np.mean(cpu[ok]))),
         **facts,
-    }
+    )
     w = window(trace)
     findings = []
     starved = ok.sum() >= 2 and float(np.median(share)) < config.host_min_core_share
@@ -216,8 +215,8 @@ def _inferred(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
             evidence={
                 "measured": False,
                 "confidence": confidence,
-                "cores_while_busy": metrics["cores_while_busy"],
-                "cores_while_in_operators": metrics["cores_while_in_operators"],
+                "cores_while_busy": metrics.cores_while_busy,
+                "cores_while_in_operators": metrics.cores_while_in_operators,
                 "per_step": [
                     {"step": int(s), "busy_us": us(b), "in_operators_us": us(o), "cpu_us": us(c)}
                     for s, b, o, c in zip(numbers[ok], upper[ok], lower[ok], cpu[ok], strict=True)
@@ -236,4 +235,4 @@ def _inferred(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
             ceiling_reason=("no stronger on an inference: the capture did not record the thread's run-queue wait"
                             if sure else "only if the time between operators is work: it may be waits"),
         ))
-    return AnalysisResult(key="host", metrics={"host": metrics}, findings=tuple(findings))
+    return AnalysisResult(key="host", metrics=HostResult(host=metrics), findings=tuple(findings))

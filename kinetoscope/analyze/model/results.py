@@ -340,19 +340,39 @@ class AllocatorResult(Record, frozen=True):
 # --- host ------------------------------------------------------------------------------------------------------
 
 
-class Host(Record, frozen=True):
+class HostMeasured(Record, frozen=True, kw_only=True):
+    """The training thread's run-queue wait, as the kernel counted it (captures with scheduler statistics)."""
+
+    measured: bool = True
+    steps: int
+    runqueue_wait_us_per_step: float | None
+    runqueue_wait_fraction_of_steps: float
+    runqueue_wait_fraction_of_steps_of: str
+    oncpu_us_per_step: float | None
+    cpus: Any
+    torch_threads: Any
+    num_workers: int | None
+
+
+class HostInferred(Record, frozen=True, kw_only=True):
+    """The process's CPU time against the time its training thread had work (no scheduler statistics)."""
+
+    measured: bool = False
     steps: int
     cores_while_busy: float
     cores_while_busy_of: str
+    cores_while_in_operators: float
     busy_us_per_step: float | None
+    in_operators_us_per_step: float | None
     cpu_us_per_step: float | None
     cpus: Any
     torch_threads: Any
+    num_workers: int | None
 
 
 class HostResult(Record, frozen=True):
-    #: None: the capture recorded no CPU time per step
-    host: Host | None
+    #: None: the capture recorded no CPU time (nor run-queue wait) per step
+    host: HostMeasured | HostInferred | None
 
 
 # --- outliers --------------------------------------------------------------------------------------------------
