@@ -119,3 +119,21 @@ def straggler_job(folder: Path, slow: int = 2, n: int = 4, steps: int = 5, late_
             b.kernel(t + load, 800, name="gemm", launch_at=t + load, launch_dur=5)
             b.kernel(t + load + 800, 1900 - load - 800, stream=20, name=NCCL)
         b.write(folder / f"rank-{r}.json")
+
+
+def ddp_step(steps: int = 3, **builder: Any) -> TraceBuilder:
+    """Each 1000 us step: a forward op (+10..+200) launching a 150 us kernel, a backward op (+300..+700) launching
+    a 300 us kernel (+310..+610) and DDP's gradient all-reduce (launched at +620, runs +620..+920 with no compute
+    beside it), a sync from +700 that returns 5 us after it, 75 us of host work, on an A100. ``builder``: the
+    TraceBuilder's own arguments (rank, world_size)."""
+    b = TraceBuilder(device_properties=[{"id": 0, "name": "NVIDIA A100-SXM4-80GB"}], **builder)
+    for k in range(steps):
+        t = 10_000 + 1000 * k
+        b.step(k, t, 1000)
+        b.op("aten::linear", t + 10, 190)
+        b.kernel(t + 30, 150, name="fwd_gemm", launch_at=t + 20)
+        b.op("autograd::engine::evaluate_function: AddmmBackward0", t + 300, 400)
+        b.kernel(t + 310, 300, name="bwd_gemm", launch_at=t + 305)
+        b.kernel(t + 620, 300, name=NCCL, stream=20, launch_at=t + 615)
+        b.runtime("cudaStreamSynchronize", t + 700, 225)
+    return b

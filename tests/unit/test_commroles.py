@@ -4,30 +4,13 @@ what hiding it is worth are known by construction (each test's comments work the
 from __future__ import annotations
 
 from conftest import load_built
-from tracebuilder import MAIN_PID, NCCL, TraceBuilder
+from tracebuilder import MAIN_PID, NCCL, TraceBuilder, ddp_step
 
 from kinetoscope.analyze.model.commroles import collective_roles
 from kinetoscope.analyze.whatif.commroles import comm_roles_entry
 
 A100 = [{"id": 0, "name": "NVIDIA A100-SXM4-80GB"}]
 WORKER = 200  # a gloo worker thread
-
-
-def ddp_step(steps: int = 3) -> TraceBuilder:
-    """Each 1000 us step: a forward op (+10..+200) launching a 150 us kernel, a backward op (+300..+700) launching
-    a 300 us kernel (+310..+610) and DDP's gradient all-reduce (launched at +620, runs +620..+920 with no compute
-    beside it), a sync from +700 that returns 5 us after it, 75 us of host work."""
-    b = TraceBuilder(device_properties=A100)
-    for k in range(steps):
-        t = 10_000 + 1000 * k
-        b.step(k, t, 1000)
-        b.op("aten::linear", t + 10, 190)
-        b.kernel(t + 30, 150, name="fwd_gemm", launch_at=t + 20)
-        b.op("autograd::engine::evaluate_function: AddmmBackward0", t + 300, 400)
-        b.kernel(t + 310, 300, name="bwd_gemm", launch_at=t + 305)
-        b.kernel(t + 620, 300, name=NCCL, stream=20, launch_at=t + 615)
-        b.runtime("cudaStreamSynchronize", t + 700, 225)
-    return b
 
 
 def test_ddp_s_gradient_all_reduce_in_backward_its_exposed_time_and_its_worth(tmp_path):
