@@ -426,17 +426,23 @@ def _marked_trace(n: int) -> list[dict]:
     return events
 
 
-def test_loop_marks_decode_like_the_reference_across_chunks_and_halves(tmp_path, monkeypatch):
-    path = tmp_path / "marked.json"
-    path.write_bytes(json.dumps({"traceEvents": _marked_trace(4000)}, indent=1).encode())
+def _scan_in_small_chunks_and_in_halves(path, monkeypatch):
+    """The file scanned in 4 KiB chunks, then again as two halves merged (asserting they were), and the reference
+    decoder's tables."""
     monkeypatch.setattr(scan, "CHUNK_BYTES", 4096)
     one = scan.scan_file(path)
     monkeypatch.setattr(scan, "PARALLEL_MIN_BYTES", 0)
     merged = []
     monkeypatch.setattr(scan, "_merge", lambda a, b, merge=scan._merge: merged.append(1) or merge(a, b))
     halves = scan.scan_file(path)
-    assert merged  # the two halves' marks were merged
-    reference = _tables(*_reference(path))
+    assert merged  # the two halves were merged
+    return one, halves, _tables(*_reference(path))
+
+
+def test_loop_marks_decode_like_the_reference_across_chunks_and_halves(tmp_path, monkeypatch):
+    path = tmp_path / "marked.json"
+    path.write_bytes(json.dumps({"traceEvents": _marked_trace(4000)}, indent=1).encode())
+    one, halves, reference = _scan_in_small_chunks_and_in_halves(path, monkeypatch)
     for scanned in (one, halves):
         assert scanned[0].decoder == "scanner" and len(scanned[0].marks) == 801
         _assert_same(_tables(*scanned), reference)
@@ -474,14 +480,7 @@ def _shaped_trace(n: int) -> list[dict]:
 def test_op_shapes_decode_like_the_reference_across_chunks_and_halves(tmp_path, monkeypatch):
     path = tmp_path / "shaped.json"
     path.write_bytes(json.dumps({"traceEvents": _shaped_trace(3000)}, indent=1).encode())
-    monkeypatch.setattr(scan, "CHUNK_BYTES", 4096)
-    one = scan.scan_file(path)
-    monkeypatch.setattr(scan, "PARALLEL_MIN_BYTES", 0)
-    merged = []
-    monkeypatch.setattr(scan, "_merge", lambda a, b, merge=scan._merge: merged.append(1) or merge(a, b))
-    halves = scan.scan_file(path)
-    assert merged
-    reference = _tables(*_reference(path))
+    one, halves, reference = _scan_in_small_chunks_and_in_halves(path, monkeypatch)
     for scanned in (one, halves):
         assert scanned[0].decoder == "scanner" and len(scanned[0].shapes) == 3001
         _assert_same(_tables(*scanned), reference)
