@@ -98,19 +98,14 @@ def store_choices(store: str | os.PathLike[str]) -> list[Choice]:
     return out
 
 
-def _hang_dumps(job: str) -> tuple[Path, ...]:
+def _hang_dumps(job: str) -> tuple[TraceFile, ...]:
     """A store's job's hang dumps, read in place: ``rank-<r>.hang.json`` in its folder (batch names a job by its
     folder, or by one of its files)."""
-    from kinetoscope.hangdump import HANG_SUFFIX
+    from kinetoscope.analyze.ingest.jobs import hang_dumps
 
     if "://" in job:  # a job in a bucket: its dumps are not read from there yet
         return ()
-    folder = Path(job) if Path(job).is_dir() else Path(job).parent
-    try:
-        return tuple(sorted(p for p in folder.iterdir() if p.name.endswith(HANG_SUFFIX)
-                            and not p.name.startswith(".") and p.is_file()))
-    except OSError:
-        return ()
+    return hang_dumps(Path(job) if Path(job).is_dir() else Path(job).parent)
 
 
 def content_key(files: tuple[TraceFile, ...]) -> str:

@@ -52,6 +52,19 @@ def list_folder(folder: TraceFile) -> list[tuple[TraceFile, bool]]:
     return [(f, f.is_file()) for f in sorted(folder.iterdir())]
 
 
+def _dumps(entries: list[tuple[TraceFile, bool]]) -> tuple[TraceFile, ...]:
+    """The hang dumps (``rank-<r>.hang.json``) among a folder's entries, hidden files left out."""
+    return tuple(f for f, is_file in entries if f.name.endswith(HANG_SUFFIX) and not f.name.startswith(".") and is_file)
+
+
+def hang_dumps(folder: TraceFile) -> tuple[TraceFile, ...]:
+    """A folder's hang dumps, by name (none where it cannot be listed)."""
+    try:
+        return _dumps(list_folder(folder))  # sorted, as the listing is
+    except OSError:
+        return ()
+
+
 def find_jobs(path: str | os.PathLike[str]) -> list[Job]:
     """The jobs at ``path``: a file is one job; a directory is one job, or one per capture window."""
     p = trace_path(path)
@@ -76,8 +89,7 @@ def _find_jobs(p: TraceFile) -> list[Job]:
     try:
         entries = list_folder(p)
         files = [f for f, is_file in entries if is_trace_file(f, is_file=is_file)]
-        dumps = tuple(f for f, is_file in entries if f.name.endswith(HANG_SUFFIX) and not f.name.startswith(".")
-                      and is_file)
+        dumps = _dumps(entries)
     except OSError as exc:
         raise TraceSourceError(f"{p}: cannot list ({exc.strerror or exc})") from None
     for f in dumps + tuple(f for f, is_file in entries if _FR_PICKLE_NAME.search(f.name) and is_file):
