@@ -225,3 +225,17 @@ def test_layout_copies_beside_slow_gemms_support_the_transposes_hypothesis(tmp_p
     hyp = next(h for h in found.evidence["operators"][0]["hypotheses"] if h["cause"].startswith("layout transposes"))
     assert hyp["evidence"] == "supported"
     assert hyp["detail"] == "120.0 us of contiguous/clone/copy_ kernels beside 1016.0 us of matrix kernels"
+
+
+def test_an_event_whose_cat_is_not_a_string_leaves_the_other_shapes_read(tmp_path, builder):
+    """Was: a ``cat`` holding a list (valid JSON) sent the file to the reference decoder, whose shape pass tested
+    the list's membership in a set and raised TypeError (the fuzz test found it); the upload failed whole."""
+    path = _stepped(builder(device_properties=H100)).write(tmp_path / "t.json")
+    doc = json.loads(path.read_text())
+    relu = next(e for e in doc["traceEvents"] if e.get("name") == "aten::relu")
+    relu["cat"] = ["cpu_op"]
+    path.write_text(json.dumps(doc))
+    from kinetoscope.analyze.ingest.loader import load_trace
+
+    result, _ = compute(load_trace(path).ranks[0])
+    assert result.flops_per_step == ADDMM_FLOPS + MM_FLOPS  # both steps' GEMMs still counted

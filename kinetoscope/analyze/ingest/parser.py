@@ -258,7 +258,7 @@ def _shapes(raw: bytes | msgspec.Raw) -> list[tuple[int, OpShapes]]:
                   for i in _any_decoder.decode(raw)]
     out = []
     for i, p in enumerate(probes):
-        if p.cat in SHAPE_CATEGORIES and len(p.args):
+        if isinstance(p.cat, str) and p.cat in SHAPE_CATEGORIES and len(p.args):  # a cat may be any JSON
             found = op_shapes_of(p.args)
             if found is not None:
                 out.append((i, found))
