@@ -27,7 +27,12 @@ def _python(code: str, *args: str, timeout: int = 300, env: dict[str, str] | Non
 
 @pytest.mark.slow
 def test_a_process_analysing_traces_one_after_another_stays_flat():
-    """Was: module-level caches kept every analysed trace's views (RSS +47% over 30 traces of 35 MB)."""
+    """Was: module-level caches kept every analysed trace's views (RSS +47% over 30 traces of 35 MB).
+
+    RSS after each trace swings by ~15% with where the allocator's arenas happen to stand (213-245 MB here, with
+    no trend), so one reading against another fails by chance (CI: 215 after the 5th, 246 after the 30th). The
+    highest of ten readings early and late compares like with like; a leak of the old kind adds ~1.5% a trace,
+    ~+22% between the two windows' centres."""
     out = _python("""
         import gc, sys
         from kinetoscope.analyze.ingest.loader import load_trace
@@ -36,17 +41,16 @@ def test_a_process_analysing_traces_one_after_another_stays_flat():
             for line in open("/proc/self/status"):
                 if line.startswith("VmRSS"):
                     return int(line.split()[1])
-        marks = {}
+        marks = []
         for i in range(1, 31):
             report = build_report(load_trace(sys.argv[1]))
             del report
             gc.collect()
-            if i in (5, 30):
-                marks[i] = rss()
-        print(marks[5], marks[30])
+            marks.append(rss())
+        print(max(marks[5:15]), max(marks[20:30]))
     """, str(SAMPLE))
-    after5, after30 = map(int, out.split())
-    assert after30 <= after5 * 1.10, (after5, after30)
+    early, late = map(int, out.split())
+    assert late <= early * 1.10, (early, late)
 
 
 def test_views_live_and_die_with_their_trace():
