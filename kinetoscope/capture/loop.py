@@ -34,7 +34,7 @@ from kinetoscope.capture._safety import warn_once
 from kinetoscope.capture.hooks import KINDS, LoopListener
 
 #: version of the marks contract written into the manifest's ``loop`` object
-MARKS_VERSION = 1
+MARKS_VERSION = 2  # 2: a step's validation/compile/checkpoint time is on its wall's clock (1: could exceed it)
 PREFIX = "kinetoscope::"
 #: steps.json's per-step lists of loop marks (beside step_wall_ns, data_wait_ns, ...)
 STEP_LISTS = ("train_data_wait_ns", "eval_data_wait_ns", "validation_ns", "compile_ns", "checkpoint_ns",
@@ -388,8 +388,13 @@ class LoopRecorder:
             "child_processes": self._child_processes(),
         }
 
-    def step_lists(self, steps: int) -> dict[str, list[int] | None]:
-        """steps.json's per-step lists (``steps`` rows: the Profiler's), null where not recorded."""
+    def step_lists(self, steps: int, walls_ns: list[int] | None = None) -> dict[str, list[int] | None]:
+        """steps.json's per-step lists (``steps`` rows: the Profiler's), null where not recorded.
+
+        ``walls_ns``: the Profiler's step walls (a monotonic clock, read after its own bookkeeping at a boundary). A
+        mark's time in a step is measured on the wall clock the hooks read, between this recorder's boundaries; it
+        is given on the walls' clock (times wall / span, floored), so that a step wholly inside a validation reads
+        its wall, never more (was: 1.00016 of the run's steps, the bookkeeping at each boundary counted twice)."""
         recorded = self.recorded
         n = len(self._starts)
         if n != steps:  # never expected: the lists would not line up with the steps, so they are not written
@@ -407,12 +412,19 @@ class LoopRecorder:
         def row(kind: str, name: str) -> list[int] | None:
             return list(self._rows[name]) if kind in recorded else None
 
+        def timed(kind: str, name: str) -> list[int] | None:
+            values = row(kind, name)
+            if values is None or walls_ns is None or len(walls_ns) != n:
+                return values
+            spans = [e - s for s, e in zip(self._starts, self._ends, strict=True)]
+            return [v * w // span if span > 0 else v for v, w, span in zip(values, walls_ns, spans, strict=True)]
+
         return {
             "train_data_wait_ns": waits("train") if "data_wait" in recorded else None,
             "eval_data_wait_ns": waits("eval") if "data_wait" in recorded else None,
-            "validation_ns": row("validation", "validation_ns"),
-            "compile_ns": row("compile", "compile_ns"),
-            "checkpoint_ns": row("checkpoint", "checkpoint_ns"),
+            "validation_ns": timed("validation", "validation_ns"),
+            "compile_ns": timed("compile", "compile_ns"),
+            "checkpoint_ns": timed("checkpoint", "checkpoint_ns"),
             "backward_calls": row("backward", "backward_calls"),
             "optimizer_steps": row("optimizer_step", "optimizer_steps"),
         }

@@ -623,7 +623,7 @@ class Profiler:
 
     @never_raises("loop recorder")
     def _loop_step_lists(self, steps: int) -> dict[str, Any] | None:
-        return self.loop.step_lists(steps) if self.loop is not None else None
+        return self.loop.step_lists(steps, self._step_wall_ns) if self.loop is not None else None
 
     def _loop_manifest(self) -> dict[str, Any]:
         loop = self._loop_manifest_of_recorder()

@@ -112,7 +112,7 @@ def test_capture_writes_the_loop_into_the_manifest(auto):
     validation = loop.pop("validation")
     checkpoint = loop.pop("checkpoint")
     assert loop == {
-        "marks": 1, "recorded": ALL_KINDS, "step_source": "optimizer",
+        "marks": 2, "recorded": ALL_KINDS, "step_source": "optimizer",
         "step_source_why": "a step ends at each optimizer.step(), any optimizer's",
         # every one of the 32 train batches is followed by its backward(); the validation loader's 6 (two passes
         # of 3) by none, all taken in eval mode with grad disabled
@@ -406,3 +406,29 @@ def test_redact_refuses_a_directory_with_a_broken_trace_and_writes_nothing(tmp_p
     err = capsys.readouterr().err
     assert code != 0 and "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert "rank-0.step-2-4.pt.trace.json" in err and not out.exists()
+
+
+def test_a_step_inside_a_validation_reads_its_wall_never_more():
+    """Was: a Hogwild parent's test pass covered every step, and validation_ns summed to 1.00016 of the steps' walls
+    (the recorder's step spans, on the hooks' wall clock, hold the Profiler's bookkeeping at each boundary; its walls,
+    on a monotonic clock, start after it). Each step's marked time is given on the walls' clock: times wall / span.
+    Events are fed by hand, their times known by construction: a stretch from 0 to 3000 ns over steps [0, 1000],
+    [1000, 3000]; the walls 900 and 1900 ns."""
+    import torch
+
+    from kinetoscope.capture import loop
+
+    rec = loop.LoopRecorder()
+    rec.attach()
+    try:
+        module = torch.nn.Linear(1, 1)
+        rec.begin_steps(0)
+        rec.pending[:] = [("M", 0, rec.training_thread, id(module), "Linear", False)]
+        rec.close_step(1000, record=True, keep=False)
+        rec.pending[:] = [("M", 3000, rec.training_thread, id(module), "Linear", True)]
+        rec.close_step(3000, record=True, keep=False)
+        lists = rec.step_lists(2, [900, 1900])
+        assert lists["validation_ns"] == [900, 1900]  # 1000 * 900 // 1000, 2000 * 1900 // 2000
+        assert rec.step_lists(2)["validation_ns"] == [1000, 2000]  # on the hooks' clock when no walls are given
+    finally:
+        rec.detach()
