@@ -11,6 +11,8 @@ generated once into --dir and deleted afterwards unless --keep. Each repeat runs
            starts them by default (its nanny sets MALLOC_TRIM_THRESHOLD_=65536), then ``kinetoscope batch``
   fixed    as deploy/README.md starts them: MALLOC_TRIM_THRESHOLD_ and MALLOC_MMAP_THRESHOLD_ at 32 MiB in the
            workers' environment and ``--preload kinetoscope.batch.task`` (the analyzers imported at the worker's start)
+  tuned    as fixed, and Dask's upkeep slowed down as deploy/README.md now starts the workers (``WORKER_ENV``: the
+           event loop's 20 ms tick at 1 s, the system monitor at 5 s, the memory monitor at 1 s)
   local    ``kinetoscope batch --workers N`` (its own LocalCluster, which sets the same; its start is timed)
 
 and prints, per cluster run: ranks per minute, MB/s in all and per worker, the per-worker speed as a fraction of
@@ -41,7 +43,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cluster_job import write_job  # noqa: E402
 
-from kinetoscope.batch.run import MALLOC_ENV  # noqa: E402
+from kinetoscope.batch.run import MALLOC_ENV, WORKER_ENV  # noqa: E402
 
 PY = sys.executable
 
@@ -215,7 +217,7 @@ def main() -> int:
         print(f"job: {len(files)} ranks, {size / 1e9:.2f} GB of JSON ({size / len(files) / 1e6:.1f} MB per rank); "
               f"{args.workers} workers; {os.cpu_count()} cores; load average at start "
               f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-        envs = {"dask": {}, "fixed": dict(MALLOC_ENV)}
+        envs = {"dask": {}, "fixed": dict(MALLOC_ENV), "tuned": {**MALLOC_ENV, **WORKER_ENV}}
         ratios: dict[str, list[float]] = {v: [] for v in args.variants.split(",")}
         cpu_ratios: dict[str, list[float]] = {v: [] for v in ratios}
         for rep in range(args.repeats):
@@ -229,7 +231,7 @@ def main() -> int:
                     r = run_local(job, args.dir / "store-local", args.workers)
                 else:
                     r = run_cluster(job, args.dir / f"store-{variant}", args.workers, envs[variant],
-                                    preload=variant == "fixed")
+                                    preload=variant in ("fixed", "tuned"))
                 per_worker = size / r["wall_s"] / 1e6 / args.workers
                 ratios[variant].append(per_worker / s_mb)
                 cpu_ratios[variant].append(single["cpu_s"] / r["cpu_s"])

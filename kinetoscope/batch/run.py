@@ -57,6 +57,18 @@ class BatchSummary:
 #: the dynamic mmap threshold (32 MiB) restore single-process speed for ~20 MiB more peak RSS per worker
 #: (BENCHMARKS.md). The batch's own local workers get them; a cluster's are told how (deploy/README.md).
 MALLOC_ENV = {"MALLOC_TRIM_THRESHOLD_": str(32 * 2**20), "MALLOC_MMAP_THRESHOLD_": str(32 * 2**20)}
+#: Dask settings for workers that run long CPU-bound tasks (deploy/README.md says why; BENCHMARKS.md measures):
+#: no statistical profiler (it keeps every task's stacks, ~0.3 MB per trace analysed: a worker grew 202 -> 240 MiB
+#: over 128 traces; the batch does not show them), and the event loop's 20 ms tick, the 0.5 s system monitor and the
+#: 0.1 s memory monitor slowed down: an idle nanny and two workers spent 0.070 of a core on them, 0.008 with these
+#: (0.06 CPU s per rank over a 1,024-rank batch). As environment variables for ``dask worker``: ``WORKER_ENV``.
+WORKER_DASK_CONFIG: dict[str, Any] = {
+    "distributed.worker.profile.enabled": False,
+    "distributed.admin.tick.interval": "1s",
+    "distributed.admin.system-monitor.interval": "5s",
+    "distributed.worker.memory.monitor-interval": "1s",
+}
+WORKER_ENV = {"DASK_" + k.upper().replace(".", "__").replace("-", "_"): str(v) for k, v in WORKER_DASK_CONFIG.items()}
 
 
 def _worker_malloc_env() -> dict[str, str | None]:
@@ -105,10 +117,7 @@ def _client(scheduler: str | None, workers: int | None) -> tuple[Any, Any]:
         return Client(scheduler, timeout="30s"), None
     import dask
 
-    # the workers' statistical profiler keeps stacks of every task (~0.3 MB per trace analysed: a worker grew
-    # 202 -> 240 MiB over 128 traces); the batch does not show them
-    # (on a cluster of your own: DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED=False in the workers' environment)
-    settings: dict[str, Any] = {"distributed.worker.profile.enabled": False}
+    settings: dict[str, Any] = dict(WORKER_DASK_CONFIG)  # on a cluster of your own: WORKER_ENV, deploy/README.md
     settings.update({f"distributed.nanny.pre-spawn-environ.{k}": v for k, v in MALLOC_ENV.items()})
     with dask.config.set(settings):
         cluster = LocalCluster(n_workers=workers or os.cpu_count() or 1, threads_per_worker=1, processes=True,

@@ -213,3 +213,32 @@ def test_dask_scheduler_and_worker_commands_give_the_local_runs_results_exactly(
     duckdb = pytest.importorskip("duckdb")
     assert duckdb.sql(f"SELECT count(*) FROM read_parquet('{remote}/steps/*.parquet')").fetchall() == [
         (len(_comparable(local, "steps")),)]
+
+
+def test_the_local_batchs_workers_start_with_the_deployment_settings():
+    """`kinetoscope batch --workers N` starts its workers as deploy/README.md starts a cluster's: glibc's malloc
+    thresholds at 32 MiB, no statistical profiler, Dask's upkeep slowed (tick 1 s, system monitor 5 s, memory
+    monitor 1 s). Read back in the worker processes themselves."""
+    from kinetoscope.batch.run import _client
+
+    client, cluster = _client(None, 1)
+    try:
+        def settings():
+            import os
+
+            import dask
+
+            return ({k: dask.config.get(k) for k in ("distributed.worker.profile.enabled",
+                                                    "distributed.admin.tick.interval",
+                                                    "distributed.admin.system-monitor.interval",
+                                                    "distributed.worker.memory.monitor-interval")},
+                    {k: os.environ.get(k) for k in ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_")})
+
+        (seen,) = client.run(settings).values()
+        assert seen == ({"distributed.worker.profile.enabled": False, "distributed.admin.tick.interval": "1s",
+                         "distributed.admin.system-monitor.interval": "5s",
+                         "distributed.worker.memory.monitor-interval": "1s"},
+                        {"MALLOC_TRIM_THRESHOLD_": "33554432", "MALLOC_MMAP_THRESHOLD_": "33554432"})
+    finally:
+        client.close()
+        cluster.close()
