@@ -1,0 +1,320 @@
+"""CUDA/HIP graphs: what each captured graph holds, and which graph each replay ran.
+
+A graph is recorded once (stream capture: the launches between ``cudaStreamBeginCapture`` and
+``cudaStreamEndCapture`` do not run, Kineto records them as host calls without GPU work) and replayed many times
+(``cudaGraphLaunch``). Recent Kineto records a replay's kernels under the launch's correlation id; older Kineto and
+ROCm's roctracer often do not. Where the capture is at hand - in the same trace, or in a separate capture trace
+(vLLM's and SGLang's ``capture_traces/``) - a replay whose kernels were not recorded still has a known content: the
+captured launches, in order. Their durations are not known (the captured kernels never ran).
+
+Matching a replay to its graph: Kineto records no graph id on the replay's launch call nor on the capture, so
+the match is by elimination and stated with its basis and confidence, never guessed silently:
+
+- ``only_capture``: the trace (and its capture traces) hold one captured graph;
+- ``identical_captures``: several were captured, all with the same launch sequence (calls and host ops);
+- ``batch_size``: the replay runs inside a serving iteration annotated with its batch size (vLLM
+  ``execute_…_context_…_generation_…``, SGLang ``step[DECODE bs=N]``), matched to the capture trace of the smallest
+  captured batch size that holds it (the servers pad up to it), and to its one capture, or to the capture at the
+  replay's position when the iteration replays as many graphs as the file captured (piecewise graphs).
+
+Confidence is "medium" at best: a graph captured before recording began would look the same as none.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from kinetoscope.analyze.model.schema import GRAPH_CAPTURE_COLUMNS
+from kinetoscope.analyze.model.timeline import (
+    CAPTURE_BEGIN_RE,
+    CAPTURE_END_RE,
+    GRAPH_LAUNCH_RE,
+    gpu_work,
+    kind_mask,
+    name_mask,
+    runtime_calls,
+    window,
+)
+from kinetoscope.analyze.model.trace import RankTrace, trace_view
+
+#: calls that put work on a stream, and so put a node into a graph when the stream is capturing
+CAPTURED_LAUNCH_RE = re.compile(
+    r"^(cuda|hip|cu)[A-Za-z0-9]*?(LaunchKernel(ExC|Ex)?|LaunchCooperativeKernel|Memcpy[A-Za-z0-9]*Async"
+    r"|Memset[A-Za-z0-9]*Async)(_v2)?(_ptsz|_spt)?$"
+)
+#: calls after whose return every graph replayed before them has finished
+DEVICE_SYNC_RE = re.compile(r"^(cuda|hip)DeviceSynchronize$|^cuCtxSynchronize$")
+#: a serving iteration's batch size: vLLM's ``execute_context_{reqs}({tokens})_generation_{reqs}({tokens})`` (its
+#: detailed form writes ``(sq{tokens}...``), SGLang's ``step[DECODE bs=N]``; the graph is captured per token count
+_VLLM_ITERATION_RE = re.compile(r"^execute_(?:\d+_)?context_\d+\((?:sq)?(\d+)[^)]*\)_generation_\d+\((?:sq)?(\d+)")
+_SGLANG_ITERATION_RE = re.compile(r"^step\[[A-Z]+\b[^\]]*\bbs=(\d+)")
+#: a capture trace's batch size: its file name (SGLang/ATOM ``bs_{N}_…``) or a ``capture_{N}_{mode}`` annotation
+_CAPTURE_FILE_BS_RE = re.compile(r"(?:^|[_/-])bs_?(\d+)(?:[_.-]|$)")
+_CAPTURE_ANNOTATION_RE = re.compile(r"^capture_(\d+)_")
+THIS_TRACE = "this trace"
+
+
+@dataclass(frozen=True)
+class CapturedGraph:
+    """One stream capture: the launches it recorded, in order."""
+
+    #: THIS_TRACE, or the capture trace's file name
+    source: str
+    #: position among its source's captures, in time order
+    capture: int
+    batch_size: int | None
+    calls: tuple[str, ...]
+    #: the host op around each call (None: none recorded)
+    ops: tuple[str | None, ...]
+    #: where the capture lies in this trace (None for a separate capture trace)
+    begin_ns: int | None = None
+    end_ns: int | None = None
+
+    @property
+    def launches(self) -> int:
+        return len(self.calls)
+
+    def content(self) -> tuple[tuple[str, ...], tuple[str | None, ...]]:
+        return self.calls, self.ops
+
+
+@dataclass(frozen=True)
+class GraphReplay:
+    """One graph launch in the window, and what is known of the work it ran."""
+
+    ts_ns: int
+    end_ns: int
+    tid: str
+    #: kernels, copies and memsets the trace recorded under the launch's correlation id
+    recorded_work: int
+    #: index into ``GraphReplays.graphs``; None: not matched
+    graph: int | None
+    matched_by: str | None
+    confidence: str | None
+    #: why a replay without recorded work was not matched (None when matched or recorded)
+    unmatched_reason: str | None
+    #: the device it ran on, where the launching thread's recorded work all ran on one
+    device: int | None
+    #: by when it had certainly finished (None: not bounded): the return of the next device-wide sync on its thread
+    finished_by_ns: int | None
+    #: the start of the next recorded work on its device (its end, were it last in the queue: an upper bound on its
+    #: span only when that work waited for it)
+    next_work_ns: int | None
+
+    @property
+    def recorded(self) -> bool:
+        return self.recorded_work > 0
+
+
+@dataclass(frozen=True)
+class GraphReplays:
+    graphs: tuple[CapturedGraph, ...]
+    replays: tuple[GraphReplay, ...]
+
+
+def _enclosing_ops(ev: pd.DataFrame, calls: pd.DataFrame) -> list[str | None]:
+    """The innermost host op (an aten/custom operator; annotations such as ProfilerStep name no op) of each call's
+    thread that holds it."""
+    ops = ev[kind_mask(ev, ("cpu_op",))]
+    out: list[str | None] = [None] * len(calls)
+    if ops.empty:
+        return out
+    tids = ops["tid"].astype(str).to_numpy()
+    by_tid = {}
+    for tid in np.unique(tids):
+        mine = ops[tids == tid]
+        order = np.argsort(mine["ts_ns"].to_numpy(), kind="stable")
+        by_tid[tid] = (mine["ts_ns"].to_numpy()[order], mine["end_ns"].to_numpy()[order],
+                       mine["name"].astype(str).to_numpy()[order])
+    for i, (tid, ts, end) in enumerate(zip(calls["tid"].astype(str), calls["ts_ns"], calls["end_ns"], strict=True)):
+        if tid not in by_tid:
+            continue
+        starts, ends, names = by_tid[tid]
+        j = int(np.searchsorted(starts, ts, side="right")) - 1
+        while j >= 0:  # the latest-starting op that still holds the call is the innermost
+            if ends[j] >= end:
+                out[i] = str(names[j])
+                break
+            j -= 1
+    return out
+
+
+def capture_table(trace: RankTrace, source: str) -> pd.DataFrame:
+    """The launches of each stream capture in ``trace`` (``schema.GRAPH_CAPTURE_COLUMNS``), for a capture trace
+    kept beside an execution trace (``source``: its file name)."""
+    graphs = _captures_in(trace, source)
+    rows = [(g.source, g.capture, g.batch_size, i, call, op)
+            for g in graphs for i, (call, op) in enumerate(zip(g.calls, g.ops, strict=True))]
+    frame = pd.DataFrame(rows, columns=[c.name for c in GRAPH_CAPTURE_COLUMNS])
+    return frame.astype({c.name: c.dtype for c in GRAPH_CAPTURE_COLUMNS})
+
+
+def _capture_batch_size(trace: RankTrace, source: str) -> int | None:
+    ev = trace.events
+    notes = ev[kind_mask(ev, ("annotation",)) & name_mask(ev, _CAPTURE_ANNOTATION_RE)]
+    if len(notes):
+        m = _CAPTURE_ANNOTATION_RE.match(str(notes["name"].iloc[0]))
+        return int(m.group(1)) if m else None
+    m = _CAPTURE_FILE_BS_RE.search(source)
+    return int(m.group(1)) if m else None
+
+
+def _captures_in(trace: RankTrace, source: str) -> list[CapturedGraph]:
+    """Each Begin..EndCapture on a thread, with the launches made on that thread in between that ran nothing."""
+    calls = runtime_calls(trace)
+    begins = calls[name_mask(calls, CAPTURE_BEGIN_RE)].sort_values("ts_ns", kind="stable")
+    if begins.empty:
+        return []
+    ends = calls[name_mask(calls, CAPTURE_END_RE)]
+    ran = gpu_work(trace)["correlation"].dropna().to_numpy(np.int64)
+    launches = calls[name_mask(calls, CAPTURED_LAUNCH_RE)]
+    launches = launches[~np.isin(launches["correlation"].fillna(-1).to_numpy(np.int64), ran)]
+    batch_size = _capture_batch_size(trace, source) if source != THIS_TRACE else None
+    out: list[CapturedGraph] = []
+    for b in begins.itertuples():
+        tid = str(b.tid)
+        mine_end = ends[(ends["tid"].astype(str) == tid).to_numpy() & (ends["ts_ns"] >= b.end_ns).to_numpy()]
+        if mine_end.empty:
+            continue  # never ended in the trace: no graph was made from it here
+        stop = int(mine_end["ts_ns"].min())
+        inside = launches[(launches["tid"].astype(str) == tid).to_numpy() & (launches["ts_ns"] >= b.end_ns).to_numpy()
+                          & (launches["end_ns"] <= stop).to_numpy()].sort_values("ts_ns", kind="stable")
+        out.append(CapturedGraph(source=source, capture=len(out), batch_size=batch_size,
+                                 calls=tuple(inside["name"].astype(str)),
+                                 ops=tuple(_enclosing_ops(trace.events, inside)),
+                                 begin_ns=int(b.ts_ns), end_ns=int(mine_end["end_ns"].min())))
+    return out
+
+
+def _from_table(table: pd.DataFrame) -> list[CapturedGraph]:
+    out = []
+    for (source, capture), g in table.groupby(["source", "capture"], sort=True, observed=True):
+        g = g.sort_values("order", kind="stable")
+        bs = g["batch_size"].iloc[0]
+        out.append(CapturedGraph(source=str(source), capture=int(capture), batch_size=None if pd.isna(bs) else int(bs),
+                                 calls=tuple(g["call"].astype(str)),
+                                 ops=tuple(None if pd.isna(o) else str(o) for o in g["op"].astype(object))))
+    return out
+
+
+def _iteration_batch_sizes(trace: RankTrace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(start, end, batch size) of each serving iteration the trace annotates, sorted by start."""
+    ev = trace.events
+    rows = ev[name_mask(ev, _VLLM_ITERATION_RE) | name_mask(ev, _SGLANG_ITERATION_RE)]
+    starts, ends, sizes = [], [], []
+    for name, ts, end in zip(rows["name"].astype(str), rows["ts_ns"], rows["end_ns"], strict=True):
+        m = _VLLM_ITERATION_RE.match(name)
+        size = int(m.group(1)) + int(m.group(2)) if m else int(_SGLANG_ITERATION_RE.match(name).group(1))  # type: ignore[union-attr]
+        starts.append(int(ts))
+        ends.append(int(end))
+        sizes.append(size)
+    order = np.argsort(np.asarray(starts, dtype=np.int64), kind="stable")
+    return (np.asarray(starts, np.int64)[order], np.asarray(ends, np.int64)[order], np.asarray(sizes, np.int64)[order])
+
+
+@trace_view
+def graph_replays(trace: RankTrace) -> GraphReplays:
+    """Every graph launch in the window, matched to its captured graph where the evidence allows."""
+    own = _captures_in(trace, THIS_TRACE)
+    external = _from_table(trace.graph_captures) if len(trace.graph_captures) else []
+    graphs = tuple(own + external)
+    w = window(trace)
+    calls = runtime_calls(trace)
+    launches = calls[name_mask(calls, GRAPH_LAUNCH_RE) & (calls["end_ns"] > w.start_ns).to_numpy()
+                     & (calls["ts_ns"] < w.end_ns).to_numpy()].sort_values("ts_ns", kind="stable")
+    work = gpu_work(trace)
+    per_corr = work["correlation"].dropna().astype(np.int64).value_counts()
+    # the device each launching thread's recorded work ran on
+    launched = calls[calls["correlation"].notna().to_numpy()]
+    dev_of_corr = work.dropna(subset=["correlation"]).drop_duplicates("correlation").set_index("correlation")["device"]
+    thread_devices: dict[str, set[int]] = {}
+    for tid, corr in zip(launched["tid"].astype(str), launched["correlation"].astype(np.int64), strict=True):
+        d = dev_of_corr.get(corr)
+        if d is not None:
+            thread_devices.setdefault(tid, set()).add(int(d))
+    devices = sorted({int(d) for d in work["device"].unique()})
+    syncs = calls[name_mask(calls, DEVICE_SYNC_RE)]
+    starts_by_device = {d: np.sort(work["ts_ns"].to_numpy()[(work["device"] == d).to_numpy()]) for d in devices}
+    it_start, it_end, it_size = _iteration_batch_sizes(trace)
+    ext_sizes = sorted({g.batch_size for g in external if g.batch_size is not None})
+
+    replays: list[GraphReplay] = []
+    for row in launches.itertuples():
+        tid = str(row.tid)
+        ts, end = int(row.ts_ns), int(row.end_ns)
+        recorded = int(per_corr.get(int(row.correlation), 0)) if not pd.isna(row.correlation) else 0
+        mine = thread_devices.get(tid, set())
+        device = next(iter(mine)) if len(mine) == 1 else (devices[0] if len(devices) == 1 else None)
+        graph = matched_by = reason = None
+        if not recorded:
+            graph, matched_by, reason = _match(graphs, own, external, ext_sizes, ts, tid, launches,
+                                               it_start, it_end, it_size)
+        finished_by = None
+        mine_syncs = syncs[(syncs["tid"].astype(str) == tid).to_numpy() & (syncs["ts_ns"] >= end).to_numpy()]
+        if len(mine_syncs):
+            finished_by = int(mine_syncs["end_ns"].min())
+        next_work = None
+        if device is not None and len(starts_by_device.get(device, ())):
+            s = starts_by_device[device]
+            k = int(np.searchsorted(s, ts, side="left"))
+            next_work = int(s[k]) if k < len(s) else None
+        replays.append(GraphReplay(ts_ns=ts, end_ns=end, tid=tid, recorded_work=recorded, graph=graph,
+                                   matched_by=matched_by, confidence="medium" if matched_by else None,
+                                   unmatched_reason=reason, device=device, finished_by_ns=finished_by,
+                                   next_work_ns=next_work))
+    return GraphReplays(graphs=graphs, replays=tuple(replays))
+
+
+def _match(graphs: tuple[CapturedGraph, ...], own: list[CapturedGraph], external: list[CapturedGraph],
+           ext_sizes: list[int], ts: int, tid: str, launches: pd.DataFrame, it_start: np.ndarray,
+           it_end: np.ndarray, it_size: np.ndarray) -> tuple[int | None, str | None, str | None]:
+    """(graph index, basis, why not) for one replay whose work was not recorded."""
+    if not graphs:
+        return None, None, "no capture in the trace or beside it"
+    # a serving iteration's batch size picks the capture trace
+    k = int(np.searchsorted(it_start, ts, side="right")) - 1
+    if external and ext_sizes and k >= 0 and ts < it_end[k]:
+        size = int(it_size[k])
+        fits = [s for s in ext_sizes if s >= size]
+        if not fits:
+            return None, None, f"the iteration's batch size {size} exceeds every captured one ({max(ext_sizes)})"
+        chosen = [i for i, g in enumerate(graphs) if g.source != THIS_TRACE and g.batch_size == fits[0]]
+        sources = {graphs[i].source for i in chosen}
+        if len(sources) > 1:
+            return None, None, f"{len(sources)} capture traces for batch size {fits[0]}"
+        if len(chosen) == 1:
+            return chosen[0], "batch_size", None
+        same = launches[(launches["ts_ns"] >= it_start[k]).to_numpy() & (launches["ts_ns"] < it_end[k]).to_numpy()
+                        & (launches["tid"].astype(str) == tid).to_numpy()]
+        if len(same) == len(chosen):  # piecewise graphs: one replay per captured piece, in capture order
+            pos = int(np.searchsorted(same["ts_ns"].to_numpy(), ts, side="left"))
+            return chosen[pos], "batch_size", None
+        return None, None, (f"the capture trace for batch size {fits[0]} holds {len(chosen)} graphs and the "
+                            f"iteration replays {len(same)}")
+    # else: captured in this trace before the replay, or beside it without a batch size to choose by
+    candidates = [i for i, g in enumerate(graphs)
+                  if g.source != THIS_TRACE or (g.end_ns is not None and g.end_ns <= ts)]
+    if not candidates:
+        return None, None, "the trace's captures all come after this replay"
+    contents = {graphs[i].content() for i in candidates}
+    if len(contents) > 1:
+        return None, None, f"{len(candidates)} captured graphs with different launches and nothing to tell them apart"
+    if len(candidates) == 1:
+        return candidates[0], "only_capture", None
+    return candidates[-1], "identical_captures", None
+
+
+def replay_span(r: GraphReplay) -> tuple[int, int] | None:
+    """Where a replay whose work was not recorded ran its captured graph, when that can be bounded: from its launch
+    to the next recorded work on its device or the next device-wide sync on its thread, whichever comes first (the
+    span the trace is otherwise blind over); None when it is recorded, unmatched, on an unknown device or unbounded."""
+    if r.recorded or r.graph is None or r.device is None:
+        return None
+    bounds = [b for b in (r.finished_by_ns, r.next_work_ns) if b is not None]
+    if not bounds:
+        return None
+    return r.ts_ns, max(min(bounds), r.end_ns)
