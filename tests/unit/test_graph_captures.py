@@ -85,6 +85,31 @@ def test_a_device_sync_bounds_a_replay_before_the_next_recorded_work(tmp_path):
     assert missing["graph_replay_span_us"] == 300
 
 
+def test_work_on_another_stream_does_not_bound_a_replay(tmp_path):
+    b = TraceBuilder().step(1, 0, 10_000).kernel(0, 50, launch_at=-10, stream=7)
+    _capture(b, 100)
+    b.runtime("cudaGraphLaunch", 1000, 20, b._next_corr())  # to stream 7: the thread's last launch went there
+    b.kernel(1200, 100, launch_at=1050, stream=9)  # another stream: may run beside the replay
+    b.kernel(4000, 100, launch_at=1100, stream=7)  # queued behind the replay
+    (replay,) = graph_replays(load_built(tmp_path, b).ranks[0]).replays
+    assert (replay.device, replay.stream, replay.next_work_ns) == (0, 7, 4_000_000)
+    missing = build_report(load_built(tmp_path, b, "again.json")).ranks[0]["gpu"]["missing_activity"]
+    assert missing["graph_replay_span_us"] == 3000
+
+
+def test_a_replay_from_a_thread_that_launched_nothing_recorded_stays_unknown(tmp_path):
+    b = TraceBuilder().step(1, 0, 10_000).kernel(0, 50, launch_at=-10)
+    _capture(b, 100)
+    b.runtime("cudaGraphLaunch", 1000, 20, b._next_corr(), tid=555)
+    b.kernel(2000, 100, launch_at=1500)
+    missing = build_report(load_built(tmp_path, b)).ranks[0]["gpu"]["missing_activity"]
+    assert missing["graph_launches_from_capture"] == 0
+    assert missing["graph_launches_unmatched"] == {
+        "matched, but its stream is not known (its thread launched no recorded work before it)": 1}
+    (graph,) = missing["captured_graphs"]
+    assert graph["replays"] == 1 and graph["replays_judged"] == 0
+
+
 def test_captures_with_different_launches_leave_the_replays_unmatched(tmp_path):
     b = TraceBuilder().step(1, 0, 10_000).kernel(0, 50, launch_at=-10)
     _capture(b, 100)
@@ -161,3 +186,13 @@ def test_piecewise_captures_pair_with_the_iterations_replays_in_order(tmp_path):
     pieces = sorted(missing["captured_graphs"], key=lambda g: g["capture"])
     assert [(g["capture"], g["launch_list"][0]["op"], g["replays"]) for g in pieces] == [
         (0, "aten::mm", 1), (1, "aten::silu", 1)]
+
+
+def test_the_capture_traces_launches_survive_the_cache(tmp_path):
+    _capture_file(tmp_path, "bs_32_rank0.json.gz", ("aten::mm", "aten::silu"))
+    b = TraceBuilder().step(1, 0, 10_000).kernel(0, 50, launch_at=-10)
+    path = b.write(tmp_path / "exec.json")
+    first = load_trace(path, cache=tmp_path / "cache").ranks[0].graph_captures
+    again = load_trace(path, cache=tmp_path / "cache").ranks[0].graph_captures
+    assert list(again["op"].astype(str)) == ["aten::mm", "aten::silu"] and list(again["batch_size"]) == [32, 32]
+    assert again.dtypes.to_dict() == first.dtypes.to_dict()

@@ -253,7 +253,7 @@ def _unmatched(trace: RankTrace) -> dict[str, int]:
             continue
         reason = r.unmatched_reason
         if reason is None and r.device is None:
-            reason = "matched, but the device it ran on is not known (its thread's work ran on several)"
+            reason = "matched, but its stream is not known (its thread launched no recorded work before it)"
         elif reason is None and replay_span(r) is None:
             reason = "matched, but nothing bounds when it finished (no later recorded work or device sync)"
         if reason is not None:

@@ -97,12 +97,14 @@ class GraphReplay:
     confidence: str | None
     #: why a replay without recorded work was not matched (None when matched or recorded)
     unmatched_reason: str | None
-    #: the device it ran on, where the launching thread's recorded work all ran on one
+    #: the device and stream its thread's last recorded launch before it went to (a replay goes to the thread's
+    #: current stream, as ``torch.cuda.CUDAGraph.replay`` does; Kineto does not record the replay's own); None: the
+    #: thread launched no recorded work before it
     device: int | None
+    stream: int | None
     #: by when it had certainly finished (None: not bounded): the return of the next device-wide sync on its thread
     finished_by_ns: int | None
-    #: the start of the next recorded work on its device (its end, were it last in the queue: an upper bound on its
-    #: span only when that work waited for it)
+    #: the start of the next recorded work on that stream, which waited for the replay there (None: none)
     next_work_ns: int | None
 
     @property
@@ -228,17 +230,20 @@ def graph_replays(trace: RankTrace) -> GraphReplays:
                      & (calls["ts_ns"] < w.end_ns).to_numpy()].sort_values("ts_ns", kind="stable")
     work = gpu_work(trace)
     per_corr = work["correlation"].dropna().astype(np.int64).value_counts()
-    # the device each launching thread's recorded work ran on
+    # each thread's launches of recorded work, in time order, with the device and stream that work ran on
+    placed = work.dropna(subset=["correlation"]).drop_duplicates("correlation")
+    placed = pd.DataFrame({"correlation": placed["correlation"].astype(np.int64).to_numpy(),
+                           "device": placed["device"].to_numpy(np.int64),
+                           "stream": placed["stream"].to_numpy(np.int64)})
     launched = calls[calls["correlation"].notna().to_numpy()]
-    dev_of_corr = work.dropna(subset=["correlation"]).drop_duplicates("correlation").set_index("correlation")["device"]
-    thread_devices: dict[str, set[int]] = {}
-    for tid, corr in zip(launched["tid"].astype(str), launched["correlation"].astype(np.int64), strict=True):
-        d = dev_of_corr.get(corr)
-        if d is not None:
-            thread_devices.setdefault(tid, set()).add(int(d))
-    devices = sorted({int(d) for d in work["device"].unique()})
+    launched = pd.DataFrame({"tid": launched["tid"].astype(str).to_numpy(), "ts_ns": launched["ts_ns"].to_numpy(),
+                             "correlation": launched["correlation"].astype(np.int64).to_numpy()})
+    launched = launched.merge(placed, on="correlation").sort_values("ts_ns", kind="stable")
+    by_thread = {str(tid): (g["ts_ns"].to_numpy(), g["device"].to_numpy(), g["stream"].to_numpy())
+                 for tid, g in launched.groupby("tid", sort=False)}
+    starts_on = {(int(d), int(st)): np.sort(g["ts_ns"].to_numpy())
+                 for (d, st), g in work.groupby(["device", "stream"], sort=False)}
     syncs = calls[name_mask(calls, DEVICE_SYNC_RE)]
-    starts_by_device = {d: np.sort(work["ts_ns"].to_numpy()[(work["device"] == d).to_numpy()]) for d in devices}
     it_start, it_end, it_size = _iteration_batch_sizes(trace)
     ext_sizes = sorted({g.batch_size for g in external if g.batch_size is not None})
 
@@ -247,8 +252,12 @@ def graph_replays(trace: RankTrace) -> GraphReplays:
         tid = str(row.tid)
         ts, end = int(row.ts_ns), int(row.end_ns)
         recorded = int(per_corr.get(int(row.correlation), 0)) if not pd.isna(row.correlation) else 0
-        mine = thread_devices.get(tid, set())
-        device = next(iter(mine)) if len(mine) == 1 else (devices[0] if len(devices) == 1 else None)
+        device = stream = None
+        if tid in by_thread:
+            l_ts, l_dev, l_stream = by_thread[tid]
+            k = int(np.searchsorted(l_ts, ts, side="left")) - 1
+            if k >= 0:
+                device, stream = int(l_dev[k]), int(l_stream[k])
         graph = matched_by = reason = None
         if not recorded:
             graph, matched_by, reason = _match(graphs, own, external, ext_sizes, ts, tid, launches,
@@ -258,13 +267,13 @@ def graph_replays(trace: RankTrace) -> GraphReplays:
         if len(mine_syncs):
             finished_by = int(mine_syncs["end_ns"].min())
         next_work = None
-        if device is not None and len(starts_by_device.get(device, ())):
-            s = starts_by_device[device]
+        if device is not None and stream is not None:
+            s = starts_on[(device, stream)]
             k = int(np.searchsorted(s, ts, side="left"))
             next_work = int(s[k]) if k < len(s) else None
         replays.append(GraphReplay(ts_ns=ts, end_ns=end, tid=tid, recorded_work=recorded, graph=graph,
                                    matched_by=matched_by, confidence="medium" if matched_by else None,
-                                   unmatched_reason=reason, device=device, finished_by_ns=finished_by,
+                                   unmatched_reason=reason, device=device, stream=stream, finished_by_ns=finished_by,
                                    next_work_ns=next_work))
     return GraphReplays(graphs=graphs, replays=tuple(replays))
 
@@ -310,8 +319,8 @@ def _match(graphs: tuple[CapturedGraph, ...], own: list[CapturedGraph], external
 
 def replay_span(r: GraphReplay) -> tuple[int, int] | None:
     """Where a replay whose work was not recorded ran its captured graph, when that can be bounded: from its launch
-    to the next recorded work on its device or the next device-wide sync on its thread, whichever comes first (the
-    span the trace is otherwise blind over); None when it is recorded, unmatched, on an unknown device or unbounded."""
+    to the next recorded work on its stream or the next device-wide sync on its thread, whichever comes first; None
+    when it is recorded, unmatched, on an unknown stream or unbounded."""
     if r.recorded or r.graph is None or r.device is None:
         return None
     bounds = [b for b in (r.finished_by_ns, r.next_work_ns) if b is not None]

@@ -162,7 +162,7 @@ class MissingActivity(Record, frozen=True):
     graph_launches_unrecorded: int
     #: unrecorded replays judged from a capture: their graph is known and their span bounded; the rest stay unknown
     graph_launches_from_capture: int
-    #: time (union over devices) from those replays' launches to the next recorded work on their device or the next
+    #: time (union over devices) from those replays' launches to the next recorded work on their stream or the next
     #: device-wide sync, whichever is first: the GPU ran the captured graph there (an upper bound on its time), so it
     #: is neither idle nor unknown; ``None`` when no replay was judged
     graph_replay_span_us: float | None

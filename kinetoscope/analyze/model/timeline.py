@@ -431,7 +431,9 @@ def missing_activity(trace: RankTrace) -> MissingActivity:
         ends = np.where(nxt < len(sorted_starts), sorted_starts[np.minimum(nxt, len(sorted_starts) - 1)], w.end_ns)
         replay = iv.clip(iv.union(first, np.maximum(ends, unrecorded_blind["end_ns"].to_numpy())), w.start_ns, w.end_ns)
         blind = iv.union(np.concatenate((blind[0], replay[0])), np.concatenate((blind[1], replay[1])))
-    pending = _pending_on_idle(trace, w)
+    replay_spans = {d: iv.clip(iv.union(np.array([a for a, _ in v], np.int64), np.array([b for _, b in v], np.int64)),
+                               w.start_ns, w.end_ns) for d, v in spans.items()}
+    pending = _pending_on_idle(trace, w, replay_spans)
     holes = _holes(trace, w)
     for extra in (pending, holes):
         if extra[0].size:
@@ -439,10 +441,7 @@ def missing_activity(trace: RankTrace) -> MissingActivity:
     return MissingActivity(graph_launches=int(len(graphs)), graph_launches_unrecorded=int(len(unrecorded)),
                            capture_ns=iv.measure(capture), pending_ns=iv.measure(pending),
                            holes_ns=iv.measure(holes), blind=blind, graph_launches_from_capture=int(judged.sum()),
-                           replay_spans={d: iv.clip(iv.union(np.array([a for a, _ in v], np.int64),
-                                                             np.array([b for _, b in v], np.int64)),
-                                                    w.start_ns, w.end_ns)
-                                         for d, v in spans.items()})
+                           replay_spans=replay_spans)
 
 
 #: runtime-call correlation ids count every API call; a jump of this many between two calls in time
@@ -519,9 +518,10 @@ def startup_calls(trace: RankTrace) -> pd.DataFrame:
 PENDING_MIN_NS = 1_000_000
 
 
-def _pending_on_idle(trace: RankTrace, w: Window) -> iv.Intervals:
+def _pending_on_idle(trace: RankTrace, w: Window, replays: dict[int, iv.Intervals]) -> iv.Intervals:
     """Times at which a launched kernel was waiting to start while its device shows no work: an idle
-    GPU starts a kernel within microseconds, so the device was busy with work the trace lacks."""
+    GPU starts a kernel within microseconds, so the device was busy with work the trace lacks. ``replays``: where
+    each device ran a graph known from its capture (work the trace lacks, but knows of)."""
     q = launch_queue(trace)
     q = q[(q["delay_ns"] >= PENDING_MIN_NS).to_numpy()]
     if q.empty:
@@ -531,7 +531,8 @@ def _pending_on_idle(trace: RankTrace, w: Window) -> iv.Intervals:
     for device, group in q.groupby("device"):
         waiting = iv.clip(iv.union(group["ts_ns"].to_numpy() - group["delay_ns"].to_numpy(), group["ts_ns"].to_numpy()),
                           w.start_ns, w.end_ns)
-        unexplained = iv.subtract(waiting, busy.get(int(device), iv.EMPTY))
+        unexplained = iv.subtract(iv.subtract(waiting, busy.get(int(device), iv.EMPTY)),
+                                  replays.get(int(device), iv.EMPTY))
         keep = (unexplained[1] - unexplained[0]) >= PENDING_MIN_NS
         parts_s.append(unexplained[0][keep])
         parts_e.append(unexplained[1][keep])
