@@ -196,3 +196,17 @@ def test_the_capture_traces_launches_survive_the_cache(tmp_path):
     again = load_trace(path, cache=tmp_path / "cache").ranks[0].graph_captures
     assert list(again["op"].astype(str)) == ["aten::mm", "aten::silu"] and list(again["batch_size"]) == [32, 32]
     assert again.dtypes.to_dict() == first.dtypes.to_dict()
+
+
+def test_the_text_report_says_which_replays_were_judged_from_a_capture(tmp_path):
+    from kinetoscope.render.text import render_text
+
+    b = _trace()
+    b.runtime("cudaGraphLaunch", 9000, 20, b._next_corr())  # one more replay, and no recorded work after it
+    lines = render_text(build_report(load_built(tmp_path, b))).splitlines()
+    assert ("  graph replays 5 without recorded kernels, 4 judged from their graph's capture (running a captured "
+            "graph 2.00 ms: neither idle nor unknown)") in lines
+    assert ("    graph 0 of this trace: 3 launches (aten::mm, aten::relu); 5 replays (4 judged), matched by "
+            "only_capture, medium confidence") in lines
+    assert "    1 not judged: matched, but nothing bounds when it finished (no later recorded work or device sync)" \
+        in lines
