@@ -639,6 +639,7 @@ def test_streams_page_lists_the_replays_judged_from_a_capture():
     texts = [unescaped(m.value) for m in at.markdown]
     assert any(t.startswith("**Graph replays without recorded kernels**: 2, of which 2 judged from their graph's "
                             "capture") for t in texts)
-    assert "Graph 0 of this trace: 2 launches; 2 replays (2 judged), matched by only_capture, medium confidence" in texts
+    assert ("Graph 0 of this trace: 2 launches; 2 replays (2 judged), matched by only_capture, medium confidence"
+            in texts)
     launches = next(d.value for d in at.dataframe if list(d.value.columns) == ["call", "op"])
     assert list(launches["op"]) == ["aten::mm", "aten::relu"]
