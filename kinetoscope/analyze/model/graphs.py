@@ -176,19 +176,26 @@ def _captures_in(trace: RankTrace, source: str) -> list[CapturedGraph]:
     launches = calls[name_mask(calls, CAPTURED_LAUNCH_RE)]
     launches = launches[~np.isin(launches["correlation"].fillna(-1).to_numpy(np.int64), ran)]
     batch_size = _capture_batch_size(trace, source) if source != THIS_TRACE else None
+    # per thread, in time order: a served model captures hundreds of graphs of thousands of launches
+    end_of = {str(t): g.sort_values("ts_ns", kind="stable") for t, g in ends.groupby(ends["tid"].astype(str))}
+    launches_of = {str(t): g.sort_values("ts_ns", kind="stable")
+                   for t, g in launches.groupby(launches["tid"].astype(str))}
     out: list[CapturedGraph] = []
     for b in begins.itertuples():
         tid = str(b.tid)
-        mine_end = ends[(ends["tid"].astype(str) == tid).to_numpy() & (ends["ts_ns"] >= b.end_ns).to_numpy()]
-        if mine_end.empty:
+        mine_end = end_of.get(tid)
+        k = int(np.searchsorted(mine_end["ts_ns"].to_numpy(), b.end_ns, side="left")) if mine_end is not None else 0
+        if mine_end is None or k == len(mine_end):
             continue  # never ended in the trace: no graph was made from it here
-        stop = int(mine_end["ts_ns"].min())
-        inside = launches[(launches["tid"].astype(str) == tid).to_numpy() & (launches["ts_ns"] >= b.end_ns).to_numpy()
-                          & (launches["end_ns"] <= stop).to_numpy()].sort_values("ts_ns", kind="stable")
+        stop, stop_end = int(mine_end["ts_ns"].iloc[k]), int(mine_end["end_ns"].iloc[k])
+        inside = launches_of.get(tid, launches.iloc[0:0])
+        lo, hi = np.searchsorted(inside["ts_ns"].to_numpy(), [b.end_ns, stop], side="left")
+        inside = inside.iloc[lo:hi]
+        inside = inside[(inside["end_ns"] <= stop).to_numpy()]
         out.append(CapturedGraph(source=source, capture=len(out), batch_size=batch_size,
                                  calls=tuple(inside["name"].astype(str)),
                                  ops=tuple(_enclosing_ops(trace.events, inside)),
-                                 begin_ns=int(b.ts_ns), end_ns=int(mine_end["end_ns"].min())))
+                                 begin_ns=int(b.ts_ns), end_ns=stop_end))
     return out
 
 
@@ -209,8 +216,13 @@ def _iteration_batch_sizes(trace: RankTrace) -> tuple[np.ndarray, np.ndarray, np
     rows = ev[name_mask(ev, _VLLM_ITERATION_RE) | name_mask(ev, _SGLANG_ITERATION_RE)]
     starts, ends, sizes = [], [], []
     for name, ts, end in zip(rows["name"].astype(str), rows["ts_ns"], rows["end_ns"], strict=True):
-        m = _VLLM_ITERATION_RE.match(name)
-        size = int(m.group(1)) + int(m.group(2)) if m else int(_SGLANG_ITERATION_RE.match(name).group(1))  # type: ignore[union-attr]
+        vllm, sglang = _VLLM_ITERATION_RE.match(name), _SGLANG_ITERATION_RE.match(name)
+        if vllm is not None:
+            size = int(vllm.group(1)) + int(vllm.group(2))  # context tokens + decode tokens: the graph's size
+        elif sglang is not None:
+            size = int(sglang.group(1))
+        else:
+            continue
         starts.append(int(ts))
         ends.append(int(end))
         sizes.append(size)
@@ -228,6 +240,8 @@ def graph_replays(trace: RankTrace) -> GraphReplays:
     calls = runtime_calls(trace)
     launches = calls[name_mask(calls, GRAPH_LAUNCH_RE) & (calls["end_ns"] > w.start_ns).to_numpy()
                      & (calls["ts_ns"] < w.end_ns).to_numpy()].sort_values("ts_ns", kind="stable")
+    if launches.empty:
+        return GraphReplays(graphs=graphs, replays=())
     work = gpu_work(trace)
     per_corr = work["correlation"].dropna().astype(np.int64).value_counts()
     # each thread's launches of recorded work, in time order, with the device and stream that work ran on
@@ -260,7 +274,7 @@ def graph_replays(trace: RankTrace) -> GraphReplays:
                 device, stream = int(l_dev[k]), int(l_stream[k])
         graph = matched_by = reason = None
         if not recorded:
-            graph, matched_by, reason = _match(graphs, own, external, ext_sizes, ts, tid, launches,
+            graph, matched_by, reason = _match(graphs, external, ext_sizes, ts, tid, launches,
                                                it_start, it_end, it_size)
         finished_by = None
         mine_syncs = syncs[(syncs["tid"].astype(str) == tid).to_numpy() & (syncs["ts_ns"] >= end).to_numpy()]
@@ -278,7 +292,7 @@ def graph_replays(trace: RankTrace) -> GraphReplays:
     return GraphReplays(graphs=graphs, replays=tuple(replays))
 
 
-def _match(graphs: tuple[CapturedGraph, ...], own: list[CapturedGraph], external: list[CapturedGraph],
+def _match(graphs: tuple[CapturedGraph, ...], external: list[CapturedGraph],
            ext_sizes: list[int], ts: int, tid: str, launches: pd.DataFrame, it_start: np.ndarray,
            it_end: np.ndarray, it_size: np.ndarray) -> tuple[int | None, str | None, str | None]:
     """(graph index, basis, why not) for one replay whose work was not recorded."""

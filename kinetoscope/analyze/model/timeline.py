@@ -401,7 +401,7 @@ def missing_activity(trace: RankTrace) -> MissingActivity:
 
     spans: dict[int, list[tuple[int, int]]] = {}
     judged_at: set[int] = set()
-    for r in graph_replays(trace).replays:
+    for r in graph_replays(trace).replays if len(unrecorded) else ():
         span = replay_span(r)
         if span is not None and r.device is not None:
             spans.setdefault(r.device, []).append(span)
