@@ -118,20 +118,25 @@ class GraphReplays:
     replays: tuple[GraphReplay, ...]
 
 
-def _enclosing_ops(ev: pd.DataFrame, calls: pd.DataFrame) -> list[str | None]:
-    """The innermost host op (an aten/custom operator; annotations such as ProfilerStep name no op) of each call's
-    thread that holds it."""
+OpIndex = dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]
+
+
+def _op_index(ev: pd.DataFrame) -> OpIndex:
+    """Per thread, its host ops (aten/custom operators; annotations such as ProfilerStep name no op) by start."""
     ops = ev[kind_mask(ev, ("cpu_op",))]
-    out: list[str | None] = [None] * len(calls)
-    if ops.empty:
-        return out
     tids = ops["tid"].astype(str).to_numpy()
     by_tid = {}
     for tid in np.unique(tids):
         mine = ops[tids == tid]
         order = np.argsort(mine["ts_ns"].to_numpy(), kind="stable")
-        by_tid[tid] = (mine["ts_ns"].to_numpy()[order], mine["end_ns"].to_numpy()[order],
-                       mine["name"].astype(str).to_numpy()[order])
+        by_tid[str(tid)] = (mine["ts_ns"].to_numpy()[order], mine["end_ns"].to_numpy()[order],
+                            mine["name"].astype(str).to_numpy()[order])
+    return by_tid
+
+
+def _enclosing_ops(by_tid: OpIndex, calls: pd.DataFrame) -> list[str | None]:
+    """The innermost host op of each call's thread that holds it."""
+    out: list[str | None] = [None] * len(calls)
     for i, (tid, ts, end) in enumerate(zip(calls["tid"].astype(str), calls["ts_ns"], calls["end_ns"], strict=True)):
         if tid not in by_tid:
             continue
@@ -180,6 +185,7 @@ def _captures_in(trace: RankTrace, source: str) -> list[CapturedGraph]:
     end_of = {str(t): g.sort_values("ts_ns", kind="stable") for t, g in ends.groupby(ends["tid"].astype(str))}
     launches_of = {str(t): g.sort_values("ts_ns", kind="stable")
                    for t, g in launches.groupby(launches["tid"].astype(str))}
+    ops = _op_index(trace.events)
     out: list[CapturedGraph] = []
     for b in begins.itertuples():
         tid = str(b.tid)
@@ -194,7 +200,7 @@ def _captures_in(trace: RankTrace, source: str) -> list[CapturedGraph]:
         inside = inside[(inside["end_ns"] <= stop).to_numpy()]
         out.append(CapturedGraph(source=source, capture=len(out), batch_size=batch_size,
                                  calls=tuple(inside["name"].astype(str)),
-                                 ops=tuple(_enclosing_ops(trace.events, inside)),
+                                 ops=tuple(_enclosing_ops(ops, inside)),
                                  begin_ns=int(b.ts_ns), end_ns=stop_end))
     return out
 
@@ -258,8 +264,9 @@ def graph_replays(trace: RankTrace) -> GraphReplays:
     starts_on = {(int(d), int(st)): np.sort(g["ts_ns"].to_numpy())
                  for (d, st), g in work.groupby(["device", "stream"], sort=False)}
     syncs = calls[name_mask(calls, DEVICE_SYNC_RE)]
-    it_start, it_end, it_size = _iteration_batch_sizes(trace)
-    ext_sizes = sorted({g.batch_size for g in external if g.batch_size is not None})
+    syncs_of = {str(t): (g["ts_ns"].to_numpy(), np.minimum.accumulate(g["end_ns"].to_numpy()[::-1])[::-1])
+                for t, g in syncs.sort_values("ts_ns", kind="stable").groupby(syncs["tid"].astype(str))}
+    matcher = _Matcher(graphs, external, launches, _iteration_batch_sizes(trace))
 
     replays: list[GraphReplay] = []
     for row in launches.itertuples():
@@ -274,12 +281,12 @@ def graph_replays(trace: RankTrace) -> GraphReplays:
                 device, stream = int(l_dev[k]), int(l_stream[k])
         graph = matched_by = reason = None
         if not recorded:
-            graph, matched_by, reason = _match(graphs, external, ext_sizes, ts, tid, launches,
-                                               it_start, it_end, it_size)
+            graph, matched_by, reason = matcher.match(ts, tid)
         finished_by = None
-        mine_syncs = syncs[(syncs["tid"].astype(str) == tid).to_numpy() & (syncs["ts_ns"] >= end).to_numpy()]
-        if len(mine_syncs):
-            finished_by = int(mine_syncs["end_ns"].min())
+        if tid in syncs_of:  # the earliest return of a sync called after the launch returned
+            s_ts, s_first_end = syncs_of[tid]
+            k = int(np.searchsorted(s_ts, end, side="left"))
+            finished_by = int(s_first_end[k]) if k < len(s_ts) else None
         next_work = None
         if device is not None and stream is not None:
             s = starts_on[(device, stream)]
@@ -292,43 +299,66 @@ def graph_replays(trace: RankTrace) -> GraphReplays:
     return GraphReplays(graphs=graphs, replays=tuple(replays))
 
 
-def _match(graphs: tuple[CapturedGraph, ...], external: list[CapturedGraph],
-           ext_sizes: list[int], ts: int, tid: str, launches: pd.DataFrame, it_start: np.ndarray,
-           it_end: np.ndarray, it_size: np.ndarray) -> tuple[int | None, str | None, str | None]:
-    """(graph index, basis, why not) for one replay whose work was not recorded."""
-    if not graphs:
-        return None, None, "no capture in the trace or beside it"
-    # a serving iteration's batch size picks the capture trace
-    k = int(np.searchsorted(it_start, ts, side="right")) - 1
-    if external and ext_sizes and k >= 0 and ts < it_end[k]:
-        size = int(it_size[k])
-        fits = [s for s in ext_sizes if s >= size]
+class _Matcher:
+    """Matches one graph's replays after another to the captured graphs (the work done once per trace)."""
+
+    def __init__(self, graphs: tuple[CapturedGraph, ...], external: list[CapturedGraph], launches: pd.DataFrame,
+                 iterations: tuple[np.ndarray, np.ndarray, np.ndarray]) -> None:
+        self.graphs = graphs
+        self.it_start, self.it_end, self.it_size = iterations
+        self.sizes = sorted({g.batch_size for g in external if g.batch_size is not None})
+        self.launch_ts = {str(t): np.sort(g["ts_ns"].to_numpy())
+                          for t, g in launches.groupby(launches["tid"].astype(str))}
+        # candidates without a batch size to choose by: every capture trace's graph, and this trace's graphs that
+        # ended before the replay; per number of this trace's graphs ended, how many distinct contents and the last
+        contents: dict[tuple[tuple[str, ...], tuple[str | None, ...]], int] = {}
+        last = -1
+        for i, g in enumerate(graphs):
+            if g.source != THIS_TRACE:
+                contents.setdefault(g.content(), i)
+                last = i
+        own = [i for i, g in enumerate(graphs) if g.source == THIS_TRACE]
+        own.sort(key=lambda i: graphs[i].end_ns or 0)
+        self.own_end = np.array([graphs[i].end_ns or 0 for i in own], dtype=np.int64)
+        self.distinct, self.count, self.last = [len(contents)], [len(graphs) - len(own)], [last]
+        for i in own:
+            contents.setdefault(graphs[i].content(), i)
+            self.distinct.append(len(contents))
+            self.count.append(self.count[-1] + 1)
+            self.last.append(last if last >= 0 and graphs[last].source != THIS_TRACE else i)
+
+    def match(self, ts: int, tid: str) -> tuple[int | None, str | None, str | None]:
+        """(graph index, basis, why not) for one replay whose work was not recorded."""
+        if not self.graphs:
+            return None, None, "no capture in the trace or beside it"
+        k = int(np.searchsorted(self.it_start, ts, side="right")) - 1
+        if self.sizes and k >= 0 and ts < self.it_end[k]:  # a serving iteration's batch size picks the capture trace
+            return self._by_batch_size(ts, tid, k)
+        p = int(np.searchsorted(self.own_end, ts, side="right"))
+        if not self.count[p]:
+            return None, None, "the trace's captures all come after this replay"
+        if self.distinct[p] > 1:
+            return None, None, (f"{self.count[p]} captured graphs with different launches and nothing to tell them "
+                                "apart")
+        return self.last[p], "only_capture" if self.count[p] == 1 else "identical_captures", None
+
+    def _by_batch_size(self, ts: int, tid: str, k: int) -> tuple[int | None, str | None, str | None]:
+        size = int(self.it_size[k])
+        fits = [s for s in self.sizes if s >= size]
         if not fits:
-            return None, None, f"the iteration's batch size {size} exceeds every captured one ({max(ext_sizes)})"
-        chosen = [i for i, g in enumerate(graphs) if g.source != THIS_TRACE and g.batch_size == fits[0]]
-        sources = {graphs[i].source for i in chosen}
+            return None, None, f"the iteration's batch size {size} exceeds every captured one ({max(self.sizes)})"
+        chosen = [i for i, g in enumerate(self.graphs) if g.source != THIS_TRACE and g.batch_size == fits[0]]
+        sources = {self.graphs[i].source for i in chosen}
         if len(sources) > 1:
             return None, None, f"{len(sources)} capture traces for batch size {fits[0]}"
         if len(chosen) == 1:
             return chosen[0], "batch_size", None
-        same = launches[(launches["ts_ns"] >= it_start[k]).to_numpy() & (launches["ts_ns"] < it_end[k]).to_numpy()
-                        & (launches["tid"].astype(str) == tid).to_numpy()]
-        if len(same) == len(chosen):  # piecewise graphs: one replay per captured piece, in capture order
-            pos = int(np.searchsorted(same["ts_ns"].to_numpy(), ts, side="left"))
-            return chosen[pos], "batch_size", None
+        mine = self.launch_ts.get(tid, np.empty(0, np.int64))
+        lo, hi = np.searchsorted(mine, [self.it_start[k], self.it_end[k]], side="left")
+        if hi - lo == len(chosen):  # piecewise graphs: one replay per captured piece, in capture order
+            return chosen[int(np.searchsorted(mine[lo:hi], ts, side="left"))], "batch_size", None
         return None, None, (f"the capture trace for batch size {fits[0]} holds {len(chosen)} graphs and the "
-                            f"iteration replays {len(same)}")
-    # else: captured in this trace before the replay, or beside it without a batch size to choose by
-    candidates = [i for i, g in enumerate(graphs)
-                  if g.source != THIS_TRACE or (g.end_ns is not None and g.end_ns <= ts)]
-    if not candidates:
-        return None, None, "the trace's captures all come after this replay"
-    contents = {graphs[i].content() for i in candidates}
-    if len(contents) > 1:
-        return None, None, f"{len(candidates)} captured graphs with different launches and nothing to tell them apart"
-    if len(candidates) == 1:
-        return candidates[0], "only_capture", None
-    return candidates[-1], "identical_captures", None
+                            f"iteration replays {hi - lo}")
 
 
 def replay_span(r: GraphReplay) -> tuple[int, int] | None:
