@@ -97,6 +97,16 @@ def test_work_on_another_stream_does_not_bound_a_replay(tmp_path):
     assert missing["graph_replay_span_us"] == 3000
 
 
+def test_work_launched_before_a_replay_does_not_bound_it(tmp_path):
+    b = TraceBuilder().step(1, 0, 10_000).kernel(0, 50, launch_at=-10)
+    _capture(b, 100)
+    b.kernel(1500, 100, launch_at=900)  # launched before the replay, queued: runs before it on the stream
+    b.runtime("cudaGraphLaunch", 1000, 20, b._next_corr())
+    b.kernel(4000, 100, launch_at=1100)  # launched after it: waited for it
+    (replay,) = graph_replays(load_built(tmp_path, b).ranks[0]).replays
+    assert (replay.stream, replay.next_work_ns) == (7, 4_000_000)
+
+
 def test_a_replay_from_a_thread_that_launched_nothing_recorded_stays_unknown(tmp_path):
     b = TraceBuilder().step(1, 0, 10_000).kernel(0, 50, launch_at=-10)
     _capture(b, 100)

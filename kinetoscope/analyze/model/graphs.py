@@ -104,7 +104,8 @@ class GraphReplay:
     stream: int | None
     #: by when it had certainly finished (None: not bounded): the return of the next device-wide sync on its thread
     finished_by_ns: int | None
-    #: the start of the next recorded work on that stream, which waited for the replay there (None: none)
+    #: the earliest start of the recorded work launched to that stream after it, which waited for the replay there
+    #: (None: none)
     next_work_ns: int | None
 
     @property
@@ -251,18 +252,22 @@ def graph_replays(trace: RankTrace) -> GraphReplays:
     work = gpu_work(trace)
     per_corr = work["correlation"].dropna().astype(np.int64).value_counts()
     # each thread's launches of recorded work, in time order, with the device and stream that work ran on
-    placed = work.dropna(subset=["correlation"]).drop_duplicates("correlation")
+    placed = work.dropna(subset=["correlation"]).drop_duplicates("correlation")  # sorted by start: its first op
     placed = pd.DataFrame({"correlation": placed["correlation"].astype(np.int64).to_numpy(),
                            "device": placed["device"].to_numpy(np.int64),
-                           "stream": placed["stream"].to_numpy(np.int64)})
+                           "stream": placed["stream"].to_numpy(np.int64),
+                           "start_ns": placed["ts_ns"].to_numpy(np.int64)})
     launched = calls[calls["correlation"].notna().to_numpy()]
     launched = pd.DataFrame({"tid": launched["tid"].astype(str).to_numpy(), "ts_ns": launched["ts_ns"].to_numpy(),
                              "correlation": launched["correlation"].astype(np.int64).to_numpy()})
     launched = launched.merge(placed, on="correlation").sort_values("ts_ns", kind="stable")
     by_thread = {str(tid): (g["ts_ns"].to_numpy(), g["device"].to_numpy(), g["stream"].to_numpy())
                  for tid, g in launched.groupby("tid", sort=False)}
-    starts_on = {(int(d), int(st)): np.sort(g["ts_ns"].to_numpy())
-                 for (d, st), g in work.groupby(["device", "stream"], sort=False)}
+    # per stream, by launch: the earliest start of the work launched at or after each launch (a stream runs its
+    # work in launch order, so work launched after a replay to its stream waited for it)
+    after_launch = {(int(d), int(st)): (g["ts_ns"].to_numpy(),
+                                         np.minimum.accumulate(g["start_ns"].to_numpy()[::-1])[::-1])
+                    for (d, st), g in launched.groupby(["device", "stream"], sort=False)}
     syncs = calls[name_mask(calls, DEVICE_SYNC_RE)]
     syncs_of = {str(t): (g["ts_ns"].to_numpy(), np.minimum.accumulate(g["end_ns"].to_numpy()[::-1])[::-1])
                 for t, g in syncs.sort_values("ts_ns", kind="stable").groupby(syncs["tid"].astype(str))}
@@ -289,9 +294,9 @@ def graph_replays(trace: RankTrace) -> GraphReplays:
             finished_by = int(s_first_end[k]) if k < len(s_ts) else None
         next_work = None
         if device is not None and stream is not None:
-            s = starts_on[(device, stream)]
-            k = int(np.searchsorted(s, ts, side="left"))
-            next_work = int(s[k]) if k < len(s) else None
+            l_ts, first_start = after_launch[(device, stream)]
+            k = int(np.searchsorted(l_ts, ts, side="right"))
+            next_work = int(first_start[k]) if k < len(l_ts) else None
         replays.append(GraphReplay(ts_ns=ts, end_ns=end, tid=tid, recorded_work=recorded, graph=graph,
                                    matched_by=matched_by, confidence="medium" if matched_by else None,
                                    unmatched_reason=reason, device=device, stream=stream, finished_by_ns=finished_by,
