@@ -641,5 +641,5 @@ def test_streams_page_lists_the_replays_judged_from_a_capture():
                             "capture") for t in texts)
     assert ("Graph 0 of this trace: 2 launches; 2 replays (2 judged), matched by only_capture, medium confidence"
             in texts)
-    launches = next(d.value for d in at.dataframe if list(d.value.columns) == ["call", "op"])
+    launches = next(d.value for d in at.dataframe if list(d.value.columns) == ["call", "op", "kernel", "grid"])
     assert list(launches["op"]) == ["aten::mm", "aten::relu"]

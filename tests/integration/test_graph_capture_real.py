@@ -43,40 +43,49 @@ def test_the_real_replays_are_recorded_and_need_no_capture():
     assert replay.recorded_work == 544 and (replay.device, replay.stream) == (9, 3)
 
 
-def _without_replay_kernels(folder: Path, capture: bool) -> Path:
-    """The SGLang trace less its replay's 544 kernels; with ``capture``, a capture trace of 544 launches for batch
-    size 32 in ``capture_traces/`` beside it."""
+def _without_replay_kernels(folder: Path, capture: bool) -> tuple[Path, list[str]]:
+    """The SGLang trace less its replay's 544 kernels; with ``capture``, a capture trace for batch size 32 in
+    ``capture_traces/`` beside it: 544 launch calls whose args name those kernels in the order they ran, as
+    roctracer writes a capture. Returns the trace and those kernels' names."""
     doc = json.loads(gzip.decompress(SGLANG.read_bytes()))
     launch = next(e for e in doc["traceEvents"] if e.get("name") == "hipGraphLaunch")
     corr = launch["args"]["correlation"]
-    kept = [e for e in doc["traceEvents"]
-            if not (e.get("cat") == "kernel" and e.get("args", {}).get("correlation") == corr)]
+    replayed = sorted((e for e in doc["traceEvents"]
+                       if e.get("cat") == "kernel" and e.get("args", {}).get("correlation") == corr),
+                      key=lambda e: e["ts"])
+    kept = [e for e in doc["traceEvents"] if not any(e is r for r in replayed)]
     assert len(doc["traceEvents"]) - len(kept) == 544
     path = folder / "sglang.json.gz"
     path.write_bytes(gzip.compress(json.dumps({**doc, "traceEvents": kept}).encode()))
     if capture:
-        calls = [("hipStreamBeginCapture", 0)] + [("hipLaunchKernel", 10 + 10 * i) for i in range(544)]
-        calls.append(("hipStreamEndCapture", 5460))
+        calls = [("hipStreamBeginCapture", 0, None)] + [("hipLaunchKernel", 10 + 10 * i, k["name"])
+                                                        for i, k in enumerate(replayed)]
+        calls.append(("hipStreamEndCapture", 5460, None))
         events = [{"ph": "X", "cat": "cuda_runtime", "name": n, "pid": 1, "tid": 1, "ts": ts, "dur": 5,
-                   "args": {"correlation": 1 + i}} for i, (n, ts) in enumerate(calls)]
+                   "args": {"correlation": 1 + i, **({"kernel": k} if k else {})}}
+                  for i, (n, ts, k) in enumerate(calls)]
         (folder / "capture_traces").mkdir()
         (folder / "capture_traces" / "bs_32_rank0.json.gz").write_bytes(
             gzip.compress(json.dumps({"traceEvents": events}).encode()))
-    return path
+    return path, [k["name"] for k in replayed]
 
 
 def test_an_unrecorded_real_replay_is_judged_from_a_capture_trace(tmp_path):
     as_recorded = _missing(SGLANG)
     for sub in ("blind", "captured"):
         (tmp_path / sub).mkdir()
-    blind = _missing(_without_replay_kernels(tmp_path / "blind", capture=False))
-    judged = _missing(_without_replay_kernels(tmp_path / "captured", capture=True))
+    blind = _missing(_without_replay_kernels(tmp_path / "blind", capture=False)[0])
+    path, names = _without_replay_kernels(tmp_path / "captured", capture=True)
+    judged = _missing(path)
     assert blind["graph_launches_unmatched"] == {"no capture in the trace or beside it": 1}
     assert judged["graph_launches_from_capture"] == 1 and judged["graph_launches_unmatched"] == {}
     (graph,) = judged["captured_graphs"]
     # step[DECODE bs=32] -> the capture trace for batch size 32
     assert (graph["source"], graph["batch_size"], graph["launches"]) == ("bs_32_rank0.json.gz", 32, 544)
     assert graph["matched_by"] == ["batch_size"] and graph["replays_judged"] == 1
+    # the replay's kernels, named by the capture, in the order they ran: the first 64 listed
+    assert [x["kernel"] for x in graph["launch_list"]] == names[:64]
+    assert names[0].startswith("void at::native::vectorized_gather_kernel")  # the embedding lookup
     # from the launch (463814.6 us) to the next recorded work on stream 3 (the argmax reduce at 473768.0; a kernel
     # on stream 2 at 465666.0 does not bound it): it holds the replay's real kernels, 463828.7 .. 473759.3
     assert judged["graph_replay_span_us"] == pytest.approx(9953.436)

@@ -50,9 +50,10 @@ def test_replays_get_their_graph_from_a_capture_in_the_same_trace(tmp_path):
     (graph,) = missing["captured_graphs"]
     assert graph["source"] == "this trace" and graph["capture"] == 0 and graph["batch_size"] is None
     assert graph["launches"] == 3
-    assert graph["launch_list"] == [{"call": "cudaLaunchKernel", "op": "aten::mm"},
-                                    {"call": "cudaLaunchKernel", "op": "aten::relu"},
-                                    {"call": "cudaMemcpyAsync", "op": None}]
+    # CUPTI's runtime calls name no kernel, and the captured kernels never ran: nothing names them
+    assert graph["launch_list"] == [{"call": "cudaLaunchKernel", "op": "aten::mm", "kernel": None, "grid": None},
+                                    {"call": "cudaLaunchKernel", "op": "aten::relu", "kernel": None, "grid": None},
+                                    {"call": "cudaMemcpyAsync", "op": None, "kernel": None, "grid": None}]
     assert graph["replays"] == 4 and graph["replays_judged"] == 4
     assert graph["matched_by"] == ["only_capture"] and graph["confidence"] == "medium"
     # only the capture itself (BeginCapture 100 .. EndCapture's end 310) stays unknown: 2.1% of the window
@@ -161,7 +162,15 @@ def test_recorded_replays_need_no_capture(tmp_path):
 
 
 def _capture_file(tmp_path, name: str, ops: tuple[str, ...]) -> None:
-    _capture(TraceBuilder(), 100, ops=ops, copy=False).write(tmp_path / "capture_traces" / name)
+    """A capture trace as roctracer writes one: each launch call's args name its kernel and grid."""
+    b = TraceBuilder().runtime("hipStreamBeginCapture", 100, 5, 1)
+    for i, op in enumerate(ops):
+        b.op(op, 120 + 50 * i, 40)
+        args = {"correlation": 2 + i, "kernel": f"{op.split('::')[1]}_kernel", "grid": [4 * (i + 1), 1, 1],
+                "block": [256, 1, 1]}
+        b.raw({"ph": "X", "cat": "cuda_runtime", "name": "hipLaunchKernel", "pid": 100, "tid": 100, "ts": 130 + 50 * i,
+               "dur": 5, "args": args})
+    b.runtime("hipStreamEndCapture", 300, 10, 10).write(tmp_path / "capture_traces" / name)
 
 
 def test_a_serving_iteration_picks_the_capture_trace_of_its_padded_batch_size(tmp_path):
@@ -177,8 +186,9 @@ def test_a_serving_iteration_picks_the_capture_trace_of_its_padded_batch_size(tm
     by_file = {g["source"]: g for g in missing["captured_graphs"]}
     assert sorted(by_file) == ["bs_32_rank0.json.gz", "bs_64_rank0.json.gz"]
     assert by_file["bs_32_rank0.json.gz"]["batch_size"] == 32 and by_file["bs_32_rank0.json.gz"]["launches"] == 1
-    assert by_file["bs_64_rank0.json.gz"]["launch_list"] == [{"call": "cudaLaunchKernel", "op": "aten::mm"},
-                                                            {"call": "cudaLaunchKernel", "op": "aten::silu"}]
+    assert by_file["bs_64_rank0.json.gz"]["launch_list"] == [
+        {"call": "hipLaunchKernel", "op": "aten::mm", "kernel": "mm_kernel", "grid": "[4,1,1]"},
+        {"call": "hipLaunchKernel", "op": "aten::silu", "kernel": "silu_kernel", "grid": "[8,1,1]"}]
     assert all(g["matched_by"] == ["batch_size"] and g["replays"] == 1 for g in by_file.values())
     assert missing["graph_launches_from_capture"] == 2
     assert missing["graph_launches_unmatched"] == {"the iteration's batch size 100 exceeds every captured one (64)": 1}
@@ -205,6 +215,7 @@ def test_the_capture_traces_launches_survive_the_cache(tmp_path):
     first = load_trace(path, cache=tmp_path / "cache").ranks[0].graph_captures
     again = load_trace(path, cache=tmp_path / "cache").ranks[0].graph_captures
     assert list(again["op"].astype(str)) == ["aten::mm", "aten::silu"] and list(again["batch_size"]) == [32, 32]
+    assert list(again["kernel"].astype(str)) == ["mm_kernel", "silu_kernel"]
     assert again.dtypes.to_dict() == first.dtypes.to_dict()
 
 

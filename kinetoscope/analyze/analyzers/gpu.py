@@ -236,8 +236,9 @@ def _captured_graphs(trace: RankTrace) -> list[CapturedGraphReplays]:
             continue
         out.append(CapturedGraphReplays(
             source=graph.source, capture=graph.capture, batch_size=graph.batch_size, launches=graph.launches,
-            launch_list=[CapturedLaunch(call=c, op=o)
-                         for c, o in zip(graph.calls[:GRAPH_LAUNCHES_LISTED], graph.ops, strict=False)],
+            launch_list=[CapturedLaunch(call=c, op=o, kernel=k, grid=g)
+                         for c, o, k, g in zip(graph.calls[:GRAPH_LAUNCHES_LISTED], graph.ops, graph.kernels,
+                                               graph.grids, strict=False)],
             replays=len(mine), replays_judged=sum(replay_span(r) is not None for r in mine),
             matched_by=sorted({r.matched_by for r in mine if r.matched_by}),
             confidence="medium"))

@@ -44,7 +44,7 @@ from kinetoscope.analyze.ingest.limits import (
     file_too_large,
     inflates_too_much,
 )
-from kinetoscope.analyze.ingest.parser import parse_bytes
+from kinetoscope.analyze.ingest.parser import launched_kernels, parse_bytes
 from kinetoscope.analyze.ingest.raw import RawColumns, from_parsed
 from kinetoscope.analyze.model.graphs import capture_table
 from kinetoscope.analyze.model.trace import RankTrace, Trace, training_children
@@ -219,7 +219,7 @@ def _graph_captures(path: TraceFile) -> tuple[pd.DataFrame | None, tuple[str, ..
     frames, notes = [], []
     for f in files:
         try:
-            frames.append(capture_table(load_rank(f), f.name))
+            frames.append(capture_table(load_rank(f), f.name, launched_kernels(read_bytes(f))))
         except KinetoscopeError as exc:
             notes.append(f"ignored {CAPTURE_TRACES_DIR}/{f.name}: {exc}")
     frames = [f for f in frames if len(f)]

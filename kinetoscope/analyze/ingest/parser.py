@@ -122,6 +122,34 @@ class CounterEvent(msgspec.Struct, gc=False):
 #: marks an item of traceEvents that was not a JSON object
 NOT_AN_OBJECT = "<not an object>"
 
+class LaunchProbe(msgspec.Struct, gc=False):
+    """A narrow look at one event, for the kernel a runtime call launches (roctracer writes it in its args; only
+    read from graph-capture traces, whose captured kernels never run and so are named nowhere else)."""
+
+    args: Any = None
+
+
+class LaunchProbes(msgspec.Struct, gc=False):
+    traceEvents: list[LaunchProbe] = msgspec.field(default_factory=list)
+
+
+def launched_kernels(data: bytes) -> dict[int, tuple[str, str | None]]:
+    """(kernel name, launch grid as JSON text) by correlation id, for the calls whose args name the kernel they
+    launch; {} where the document cannot be read so (the names are extra: never a reason to fail a load)."""
+    try:
+        probes = (msgspec.json.decode(data, type=LaunchProbes).traceEvents if data.lstrip()[:1] == b"{"
+                  else msgspec.json.decode(data, type=list[LaunchProbe]))
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return {}
+    out: dict[int, tuple[str, str | None]] = {}
+    for p in probes:
+        a = p.args
+        if isinstance(a, dict) and isinstance(a.get("kernel"), str) and isinstance(a.get("correlation"), int):
+            grid = a.get("grid")
+            out[a["correlation"]] = (a["kernel"], msgspec.json.encode(grid).decode() if grid is not None else None)
+    return out
+
+
 _events_decoder = msgspec.json.Decoder(list[Event])
 _counter_decoder = msgspec.json.Decoder(list[CounterEvent])
 _mark_decoder = msgspec.json.Decoder(list[MarkProbe])

@@ -23,6 +23,7 @@ Confidence is "medium" at best: a graph captured before recording began would lo
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -70,6 +71,9 @@ class CapturedGraph:
     calls: tuple[str, ...]
     #: the host op around each call (None: none recorded)
     ops: tuple[str | None, ...]
+    #: the kernel each call launches and its grid, where the call's args name it (None: not written)
+    kernels: tuple[str | None, ...]
+    grids: tuple[str | None, ...]
     #: where the capture lies in this trace (None for a separate capture trace)
     begin_ns: int | None = None
     end_ns: int | None = None
@@ -78,8 +82,8 @@ class CapturedGraph:
     def launches(self) -> int:
         return len(self.calls)
 
-    def content(self) -> tuple[tuple[str, ...], tuple[str | None, ...]]:
-        return self.calls, self.ops
+    def content(self) -> tuple[tuple[str | None, ...], ...]:
+        return self.calls, self.ops, self.kernels
 
 
 @dataclass(frozen=True)
@@ -151,12 +155,15 @@ def _enclosing_ops(by_tid: OpIndex, calls: pd.DataFrame) -> list[str | None]:
     return out
 
 
-def capture_table(trace: RankTrace, source: str) -> pd.DataFrame:
+def capture_table(trace: RankTrace, source: str, kernels: Mapping[int, tuple[str, str | None]] | None = None
+                  ) -> pd.DataFrame:
     """The launches of each stream capture in ``trace`` (``schema.GRAPH_CAPTURE_COLUMNS``), for a capture trace
-    kept beside an execution trace (``source``: its file name)."""
-    graphs = _captures_in(trace, source)
-    rows = [(g.source, g.capture, g.batch_size, i, call, op)
-            for g in graphs for i, (call, op) in enumerate(zip(g.calls, g.ops, strict=True))]
+    kept beside an execution trace (``source``: its file name; ``kernels``: the kernel and grid each launch call's
+    args name, by correlation id)."""
+    graphs = _captures_in(trace, source, kernels or {})
+    rows = [(g.source, g.capture, g.batch_size, i, call, op, kernel, grid)
+            for g in graphs
+            for i, (call, op, kernel, grid) in enumerate(zip(g.calls, g.ops, g.kernels, g.grids, strict=True))]
     frame = pd.DataFrame(rows, columns=[c.name for c in GRAPH_CAPTURE_COLUMNS])
     return frame.astype({c.name: c.dtype for c in GRAPH_CAPTURE_COLUMNS})
 
@@ -171,7 +178,8 @@ def _capture_batch_size(trace: RankTrace, source: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def _captures_in(trace: RankTrace, source: str) -> list[CapturedGraph]:
+def _captures_in(trace: RankTrace, source: str, kernels: Mapping[int, tuple[str, str | None]]
+                 ) -> list[CapturedGraph]:
     """Each Begin..EndCapture on a thread, with the launches made on that thread in between that ran nothing."""
     calls = runtime_calls(trace)
     begins = calls[name_mask(calls, CAPTURE_BEGIN_RE)].sort_values("ts_ns", kind="stable")
@@ -199,9 +207,12 @@ def _captures_in(trace: RankTrace, source: str) -> list[CapturedGraph]:
         lo, hi = np.searchsorted(inside["ts_ns"].to_numpy(), [b.end_ns, stop], side="left")
         inside = inside.iloc[lo:hi]
         inside = inside[(inside["end_ns"] <= stop).to_numpy()]
+        named = [kernels.get(int(c)) if not pd.isna(c) else None for c in inside["correlation"]]
         out.append(CapturedGraph(source=source, capture=len(out), batch_size=batch_size,
                                  calls=tuple(inside["name"].astype(str)),
                                  ops=tuple(_enclosing_ops(ops, inside)),
+                                 kernels=tuple(n[0] if n else None for n in named),
+                                 grids=tuple(n[1] if n else None for n in named),
                                  begin_ns=int(b.ts_ns), end_ns=stop_end))
     return out
 
@@ -212,9 +223,13 @@ def _from_table(table: pd.DataFrame) -> list[CapturedGraph]:
         g = g.sort_values("order", kind="stable")
         bs = g["batch_size"].iloc[0]
         out.append(CapturedGraph(source=str(source), capture=int(capture), batch_size=None if pd.isna(bs) else int(bs),
-                                 calls=tuple(g["call"].astype(str)),
-                                 ops=tuple(None if pd.isna(o) else str(o) for o in g["op"].astype(object))))
+                                 calls=tuple(g["call"].astype(str)), ops=_texts(g["op"]), kernels=_texts(g["kernel"]),
+                                 grids=_texts(g["grid"])))
     return out
+
+
+def _texts(column: pd.Series) -> tuple[str | None, ...]:
+    return tuple(None if pd.isna(v) else str(v) for v in column.astype(object))
 
 
 def _iteration_batch_sizes(trace: RankTrace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -240,7 +255,7 @@ def _iteration_batch_sizes(trace: RankTrace) -> tuple[np.ndarray, np.ndarray, np
 @trace_view
 def graph_replays(trace: RankTrace) -> GraphReplays:
     """Every graph launch in the window, matched to its captured graph where the evidence allows."""
-    own = _captures_in(trace, THIS_TRACE)
+    own = _captures_in(trace, THIS_TRACE, {})  # the trace model keeps no launch args: its kernels go unnamed
     external = _from_table(trace.graph_captures) if len(trace.graph_captures) else []
     graphs = tuple(own + external)
     w = window(trace)
@@ -316,7 +331,7 @@ class _Matcher:
                           for t, g in launches.groupby(launches["tid"].astype(str))}
         # candidates without a batch size to choose by: every capture trace's graph, and this trace's graphs that
         # ended before the replay; per number of this trace's graphs ended, how many distinct contents and the last
-        contents: dict[tuple[tuple[str, ...], tuple[str | None, ...]], int] = {}
+        contents: dict[tuple[tuple[str | None, ...], ...], int] = {}
         last = -1
         for i, g in enumerate(graphs):
             if g.source != THIS_TRACE:

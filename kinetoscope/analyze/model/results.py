@@ -132,11 +132,14 @@ class GpuStream(Record, frozen=True):
 
 
 class CapturedLaunch(Record, frozen=True):
-    """One launch a captured graph holds, as the capture recorded it (the kernel itself never ran there, so its name
-    and duration are not in the capture; ``op`` is the host op that made the call, ``None``: none recorded)."""
+    """One launch a captured graph holds, as the capture recorded it (the kernel itself never ran there, so no GPU
+    event names it or times it; ``op`` is the host op that made the call, ``None``: none recorded)."""
 
     call: str
     op: str | None
+    #: the kernel it launches and its grid as written, where the call's args name them (roctracer's do)
+    kernel: str | None
+    grid: str | None
 
 
 class CapturedGraphReplays(Record, frozen=True):

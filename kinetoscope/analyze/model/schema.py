@@ -130,6 +130,9 @@ GRAPH_CAPTURE_COLUMNS: tuple[Column, ...] = (
     Column("order", "int64", "the launch's position in its capture"),
     Column("call", "category", "the launch call (cudaLaunchKernel, hipMemcpyAsync, ...)"),
     Column("op", "category", "the innermost host op around the call; <NA>: none recorded"),
+    Column("kernel", "category", "the kernel the call launches, where its args name it (roctracer writes args "
+                                 "'kernel'); <NA>: not written (CUPTI's runtime calls do not)"),
+    Column("grid", "category", "its launch grid as written (args 'grid', \"[32, 1, 1]\"); <NA>: not written"),
 )
 
 KINDS = (

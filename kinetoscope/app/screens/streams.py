@@ -64,6 +64,6 @@ def _graph_replays(missing: dict) -> None:
         st.markdown(md("Graph {} of {}{}: {} launches; {} replays ({} judged), matched by {}, {} confidence",
                        g["capture"], g["source"], size, g["launches"], g["replays"], g["replays_judged"],
                        ", ".join(g["matched_by"]), g["confidence"]))
-        st.dataframe(pd.DataFrame(g["launch_list"], columns=["call", "op"]), width="stretch")
+        st.dataframe(pd.DataFrame(g["launch_list"], columns=["call", "op", "kernel", "grid"]), width="stretch")
     for reason, count in (missing.get("graph_launches_unmatched") or {}).items():
         st.markdown(md("{} not judged: {}", count, reason))
