@@ -203,7 +203,7 @@ def _graph_lines(m: MissingActivity) -> list[str]:
         out.append(f"    graph {g.capture} of {g.source}{size}: {g.launches} launches{f' ({ops})' if ops else ''}; "
                    f"{g.replays} replays ({g.replays_judged} judged), matched by {', '.join(g.matched_by)}, "
                    f"{g.confidence} confidence")
-    for reason, count in m.graph_launches_unmatched.items():
+    for reason, count in m.graph_launches_not_judged.items():
         out.append(f"    {count} not judged: {reason}")
     return out
 

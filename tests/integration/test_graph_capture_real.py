@@ -38,7 +38,7 @@ def test_the_real_replays_are_recorded_and_need_no_capture():
     for path in (VLLM, SGLANG):
         missing = _missing(path)
         assert missing["graph_launches_unrecorded"] == 0 and missing["graph_launches_from_capture"] == 0
-        assert missing["captured_graphs"] == [] and missing["graph_launches_unmatched"] == {}
+        assert missing["captured_graphs"] == [] and missing["graph_launches_not_judged"] == {}
     (replay,) = graph_replays(load_trace(SGLANG).ranks[0]).replays
     assert replay.recorded_work == 544 and (replay.device, replay.stream) == (9, 3)
 
@@ -77,8 +77,8 @@ def test_an_unrecorded_real_replay_is_judged_from_a_capture_trace(tmp_path):
     blind = _missing(_without_replay_kernels(tmp_path / "blind", capture=False)[0])
     path, names = _without_replay_kernels(tmp_path / "captured", capture=True)
     judged = _missing(path)
-    assert blind["graph_launches_unmatched"] == {"no capture in the trace or beside it": 1}
-    assert judged["graph_launches_from_capture"] == 1 and judged["graph_launches_unmatched"] == {}
+    assert blind["graph_launches_not_judged"] == {"no capture in the trace or beside it": 1}
+    assert judged["graph_launches_from_capture"] == 1 and judged["graph_launches_not_judged"] == {}
     (graph,) = judged["captured_graphs"]
     # step[DECODE bs=32] -> the capture trace for batch size 32
     assert (graph["source"], graph["batch_size"], graph["launches"]) == ("bs_32_rank0.json.gz", 32, 544)

@@ -46,7 +46,7 @@ def test_replays_get_their_graph_from_a_capture_in_the_same_trace(tmp_path):
     assert missing["graph_launches_from_capture"] == 4
     # each replay: from its launch to the next recorded kernel, 500 us
     assert missing["graph_replay_span_us"] == 2000
-    assert missing["graph_launches_unmatched"] == {}
+    assert missing["graph_launches_not_judged"] == {}
     (graph,) = missing["captured_graphs"]
     assert graph["source"] == "this trace" and graph["capture"] == 0 and graph["batch_size"] is None
     assert graph["launches"] == 3
@@ -69,7 +69,7 @@ def test_without_the_capture_the_same_replays_are_not_judged(tmp_path):
     gpu = build_report(load_built(tmp_path, b)).ranks[0]["gpu"]
     missing = gpu["missing_activity"]
     assert missing["graph_launches_from_capture"] == 0 and missing["graph_replay_span_us"] is None
-    assert missing["graph_launches_unmatched"] == {"no capture in the trace or beside it": 4}
+    assert missing["graph_launches_not_judged"] == {"no capture in the trace or beside it": 4}
     assert missing["unknown_us"] == 2000
     assert gpu["devices"][0]["idle_us"] is None
 
@@ -115,7 +115,7 @@ def test_a_replay_from_a_thread_that_launched_nothing_recorded_stays_unknown(tmp
     b.kernel(2000, 100, launch_at=1500)
     missing = build_report(load_built(tmp_path, b)).ranks[0]["gpu"]["missing_activity"]
     assert missing["graph_launches_from_capture"] == 0
-    assert missing["graph_launches_unmatched"] == {
+    assert missing["graph_launches_not_judged"] == {
         "matched, but its stream is not known (its thread launched no recorded work before it)": 1}
     (graph,) = missing["captured_graphs"]
     assert graph["replays"] == 1 and graph["replays_judged"] == 0
@@ -128,7 +128,7 @@ def test_captures_with_different_launches_leave_the_replays_unmatched(tmp_path):
     _replays(b)
     missing = build_report(load_built(tmp_path, b)).ranks[0]["gpu"]["missing_activity"]
     assert missing["graph_launches_from_capture"] == 0 and missing["captured_graphs"] == []
-    assert missing["graph_launches_unmatched"] == {
+    assert missing["graph_launches_not_judged"] == {
         "2 captured graphs with different launches and nothing to tell them apart": 4}
 
 
@@ -147,7 +147,7 @@ def test_a_replay_before_the_only_capture_is_not_matched_to_it(tmp_path):
     _replays(b, starts=(1000,))
     _capture(b, 3000)
     missing = build_report(load_built(tmp_path, b)).ranks[0]["gpu"]["missing_activity"]
-    assert missing["graph_launches_unmatched"] == {"the trace's captures all come after this replay": 1}
+    assert missing["graph_launches_not_judged"] == {"the trace's captures all come after this replay": 1}
 
 
 def test_recorded_replays_need_no_capture(tmp_path):
@@ -158,7 +158,7 @@ def test_recorded_replays_need_no_capture(tmp_path):
            "args": {"device": 0, "stream": 7, "correlation": 4242}})
     missing = build_report(load_built(tmp_path, b)).ranks[0]["gpu"]["missing_activity"]
     assert missing["graph_launches_unrecorded"] == 0 and missing["graph_launches_from_capture"] == 0
-    assert missing["captured_graphs"] == [] and missing["graph_launches_unmatched"] == {}
+    assert missing["captured_graphs"] == [] and missing["graph_launches_not_judged"] == {}
 
 
 def _capture_file(tmp_path, name: str, ops: tuple[str, ...]) -> None:
@@ -191,7 +191,7 @@ def test_a_serving_iteration_picks_the_capture_trace_of_its_padded_batch_size(tm
         {"call": "hipLaunchKernel", "op": "aten::silu", "kernel": "silu_kernel", "grid": "[8,1,1]"}]
     assert all(g["matched_by"] == ["batch_size"] and g["replays"] == 1 for g in by_file.values())
     assert missing["graph_launches_from_capture"] == 2
-    assert missing["graph_launches_unmatched"] == {"the iteration's batch size 100 exceeds every captured one (64)": 1}
+    assert missing["graph_launches_not_judged"] == {"the iteration's batch size 100 exceeds every captured one (64)": 1}
 
 
 def test_piecewise_captures_pair_with_the_iterations_replays_in_order(tmp_path):

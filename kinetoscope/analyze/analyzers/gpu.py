@@ -196,7 +196,7 @@ def analyze_gpu(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
             graph_launches_from_capture=missing.graph_launches_from_capture,
             graph_replay_span_us=_replay_span_us(spans),
             captured_graphs=_captured_graphs(trace),
-            graph_launches_unmatched=_unmatched(trace),
+            graph_launches_not_judged=_not_judged(trace),
             stream_capture_us=us(missing.capture_ns),
             queued_behind_unrecorded_work_us=us(missing.pending_ns),
             cut_from_trace_us=us(missing.holes_ns),
@@ -245,7 +245,7 @@ def _captured_graphs(trace: RankTrace) -> list[CapturedGraphReplays]:
     return out
 
 
-def _unmatched(trace: RankTrace) -> dict[str, int]:
+def _not_judged(trace: RankTrace) -> dict[str, int]:
     """Replays without recorded work that no capture could be matched to, by reason (a matched replay whose span
     cannot be bounded counts here too)."""
     out: dict[str, int] = {}

@@ -171,8 +171,8 @@ class MissingActivity(Record, frozen=True):
     graph_replay_span_us: float | None
     #: the captured graphs that unrecorded replays were matched to
     captured_graphs: list[CapturedGraphReplays]
-    #: unrecorded replays not matched to a capture, by reason
-    graph_launches_unmatched: dict[str, int]
+    #: unrecorded replays not judged from a capture (no capture matched, or the span not bounded), by reason
+    graph_launches_not_judged: dict[str, int]
     stream_capture_us: float | None
     queued_behind_unrecorded_work_us: float | None
     cut_from_trace_us: float | None

@@ -65,5 +65,5 @@ def _graph_replays(missing: dict) -> None:
                        g["capture"], g["source"], size, g["launches"], g["replays"], g["replays_judged"],
                        ", ".join(g["matched_by"]), g["confidence"]))
         st.dataframe(pd.DataFrame(g["launch_list"], columns=["call", "op", "kernel", "grid"]), width="stretch")
-    for reason, count in (missing.get("graph_launches_unmatched") or {}).items():
+    for reason, count in (missing.get("graph_launches_not_judged") or {}).items():
         st.markdown(md("{} not judged: {}", count, reason))
