@@ -161,16 +161,29 @@ def test_recorded_replays_need_no_capture(tmp_path):
     assert missing["captured_graphs"] == [] and missing["graph_launches_not_judged"] == {}
 
 
-def _capture_file(tmp_path, name: str, ops: tuple[str, ...]) -> None:
-    """A capture trace as roctracer writes one: each launch call's args name its kernel and grid."""
-    b = TraceBuilder().runtime("hipStreamBeginCapture", 100, 5, 1)
+def _rocm_capture(b: TraceBuilder, at: float, ops: tuple[str, ...]) -> TraceBuilder:
+    """A capture as roctracer records one: each launch call's args name its kernel and grid."""
+    b.runtime("hipStreamBeginCapture", at, 5, b._next_corr())
     for i, op in enumerate(ops):
-        b.op(op, 120 + 50 * i, 40)
-        args = {"correlation": 2 + i, "kernel": f"{op.split('::')[1]}_kernel", "grid": [4 * (i + 1), 1, 1],
+        b.op(op, at + 20 + 50 * i, 40)
+        args = {"correlation": b._next_corr(), "kernel": f"{op.split('::')[1]}_kernel", "grid": [4 * (i + 1), 1, 1],
                 "block": [256, 1, 1]}
-        b.raw({"ph": "X", "cat": "cuda_runtime", "name": "hipLaunchKernel", "pid": 100, "tid": 100, "ts": 130 + 50 * i,
-               "dur": 5, "args": args})
-    b.runtime("hipStreamEndCapture", 300, 10, 10).write(tmp_path / "capture_traces" / name)
+        b.raw({"ph": "X", "cat": "cuda_runtime", "name": "hipLaunchKernel", "pid": 100, "tid": 100,
+               "ts": at + 30 + 50 * i, "dur": 5, "args": args})
+    return b.runtime("hipStreamEndCapture", at + 200, 10, b._next_corr())
+
+
+def _capture_file(tmp_path, name: str, ops: tuple[str, ...]) -> None:
+    _rocm_capture(TraceBuilder(), 100, ops).write(tmp_path / "capture_traces" / name)
+
+
+def test_a_rocm_capture_in_the_trace_names_the_graphs_kernels(tmp_path):
+    b = TraceBuilder().step(1, 0, 10_000).kernel(0, 50, launch_at=-10, name="warmup_kernel")
+    _replays(_rocm_capture(b, 100, ("aten::mm", "aten::gelu")), starts=(1000,))
+    missing = build_report(load_built(tmp_path, b)).ranks[0]["gpu"]["missing_activity"]
+    (graph,) = missing["captured_graphs"]
+    assert [(x["kernel"], x["grid"]) for x in graph["launch_list"]] == [("mm_kernel", "[4,1,1]"),
+                                                                          ("gelu_kernel", "[8,1,1]")]
 
 
 def test_a_serving_iteration_picks_the_capture_trace_of_its_padded_batch_size(tmp_path):
@@ -231,3 +244,13 @@ def test_the_text_report_says_which_replays_were_judged_from_a_capture(tmp_path)
             "only_capture, medium confidence") in lines
     assert "    1 not judged: matched, but nothing bounds when it finished (no later recorded work or device sync)" \
         in lines
+
+
+def test_launch_args_are_read_narrowly_and_never_fail_a_load():
+    from kinetoscope.analyze.ingest.parser import launched_kernels
+
+    assert launched_kernels(b'[{"args": {"correlation": 3, "kernel": "k", "grid": [1, 1, 1], "stack": ["x"]}},'
+                            b' {"args": null}, {"name": "no args"}, {"args": {"correlation": true, "kernel": "b"}}]'
+                            ) == {3: ("k", "[1,1,1]")}
+    assert launched_kernels(b'{"traceEvents": [{"args": [1]}]}') == {}  # args that are no object: no names at all
+    assert launched_kernels(b'{"traceEvents": [') == {}

@@ -24,7 +24,7 @@ from kinetoscope.analyze.model.trace import RankTrace, TraceMeta
 from kinetoscope.sources import version_of
 
 TABLES = ("events", "memory", "counters", "flows", "instants", "steps", "run_steps", "comm_args", "marks", "shapes",
-          "graph_captures")
+          "graph_captures", "launch_kernels")
 #: the tables' layout: part of the key, so a cache written by an older layout is a miss, never misread
 FORMAT = 5
 

@@ -122,11 +122,18 @@ class CounterEvent(msgspec.Struct, gc=False):
 #: marks an item of traceEvents that was not a JSON object
 NOT_AN_OBJECT = "<not an object>"
 
-class LaunchProbe(msgspec.Struct, gc=False):
-    """A narrow look at one event, for the kernel a runtime call launches (roctracer writes it in its args; only
-    read from graph-capture traces, whose captured kernels never run and so are named nowhere else)."""
+class LaunchArgs(msgspec.Struct, gc=False):
+    correlation: Any = None
+    kernel: Any = None
+    grid: Any = None
 
-    args: Any = None
+
+class LaunchProbe(msgspec.Struct, gc=False):
+    """A narrow look at one event, for the kernel a runtime call launches (roctracer writes it in its args; read
+    only from traces holding a stream capture, whose captured kernels never run and so are named nowhere else).
+    Other args are skipped, not decoded."""
+
+    args: LaunchArgs | None = None
 
 
 class LaunchProbes(msgspec.Struct, gc=False):
@@ -144,9 +151,9 @@ def launched_kernels(data: bytes) -> dict[int, tuple[str, str | None]]:
     out: dict[int, tuple[str, str | None]] = {}
     for p in probes:
         a = p.args
-        if isinstance(a, dict) and isinstance(a.get("kernel"), str) and isinstance(a.get("correlation"), int):
-            grid = a.get("grid")
-            out[a["correlation"]] = (a["kernel"], msgspec.json.encode(grid).decode() if grid is not None else None)
+        if a is not None and isinstance(a.kernel, str) and isinstance(a.correlation, int) \
+                and not isinstance(a.correlation, bool):
+            out[a.correlation] = (a.kernel, msgspec.json.encode(a.grid).decode() if a.grid is not None else None)
     return out
 
 

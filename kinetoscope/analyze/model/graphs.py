@@ -155,12 +155,10 @@ def _enclosing_ops(by_tid: OpIndex, calls: pd.DataFrame) -> list[str | None]:
     return out
 
 
-def capture_table(trace: RankTrace, source: str, kernels: Mapping[int, tuple[str, str | None]] | None = None
-                  ) -> pd.DataFrame:
+def capture_table(trace: RankTrace, source: str) -> pd.DataFrame:
     """The launches of each stream capture in ``trace`` (``schema.GRAPH_CAPTURE_COLUMNS``), for a capture trace
-    kept beside an execution trace (``source``: its file name; ``kernels``: the kernel and grid each launch call's
-    args name, by correlation id)."""
-    graphs = _captures_in(trace, source, kernels or {})
+    kept beside an execution trace (``source``: its file name)."""
+    graphs = _captures_in(trace, source)
     rows = [(g.source, g.capture, g.batch_size, i, call, op, kernel, grid)
             for g in graphs
             for i, (call, op, kernel, grid) in enumerate(zip(g.calls, g.ops, g.kernels, g.grids, strict=True))]
@@ -178,8 +176,7 @@ def _capture_batch_size(trace: RankTrace, source: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def _captures_in(trace: RankTrace, source: str, kernels: Mapping[int, tuple[str, str | None]]
-                 ) -> list[CapturedGraph]:
+def _captures_in(trace: RankTrace, source: str) -> list[CapturedGraph]:
     """Each Begin..EndCapture on a thread, with the launches made on that thread in between that ran nothing."""
     calls = runtime_calls(trace)
     begins = calls[name_mask(calls, CAPTURE_BEGIN_RE)].sort_values("ts_ns", kind="stable")
@@ -195,6 +192,10 @@ def _captures_in(trace: RankTrace, source: str, kernels: Mapping[int, tuple[str,
     launches_of = {str(t): g.sort_values("ts_ns", kind="stable")
                    for t, g in launches.groupby(launches["tid"].astype(str))}
     ops = _op_index(trace.events)
+    lk = trace.launch_kernels
+    kernels: Mapping[int, tuple[str, str | None]] = {
+        int(c): (str(k), None if pd.isna(g) else str(g))
+        for c, k, g in zip(lk["correlation"], lk["kernel"].astype(object), lk["grid"].astype(object), strict=True)}
     out: list[CapturedGraph] = []
     for b in begins.itertuples():
         tid = str(b.tid)
@@ -255,7 +256,7 @@ def _iteration_batch_sizes(trace: RankTrace) -> tuple[np.ndarray, np.ndarray, np
 @trace_view
 def graph_replays(trace: RankTrace) -> GraphReplays:
     """Every graph launch in the window, matched to its captured graph where the evidence allows."""
-    own = _captures_in(trace, THIS_TRACE, {})  # the trace model keeps no launch args: its kernels go unnamed
+    own = _captures_in(trace, THIS_TRACE)
     external = _from_table(trace.graph_captures) if len(trace.graph_captures) else []
     graphs = tuple(own + external)
     w = window(trace)

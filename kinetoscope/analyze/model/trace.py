@@ -15,6 +15,7 @@ from kinetoscope.analyze.model.schema import (
     COMM_ARG_COLUMNS,
     GPU_BUSY_KINDS,
     GRAPH_CAPTURE_COLUMNS,
+    LAUNCH_KERNEL_COLUMNS,
     MARK_COLUMNS,
     SHAPE_COLUMNS,
     empty_frame,
@@ -92,6 +93,8 @@ class RankTrace:
     #: launches of the graphs captured in separate capture traces (``capture_traces/`` beside the trace; see
     #: ``schema.GRAPH_CAPTURE_COLUMNS``); empty when there are none
     graph_captures: pd.DataFrame = field(default_factory=lambda: empty_frame(GRAPH_CAPTURE_COLUMNS))
+    #: the kernels the trace's own captured launch calls name (see ``schema.LAUNCH_KERNEL_COLUMNS``)
+    launch_kernels: pd.DataFrame = field(default_factory=lambda: empty_frame(LAUNCH_KERNEL_COLUMNS))
     #: derived views (``trace_view``), computed once and dropped with the trace
     _views: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
     #: one lock per view, so analyzers running in threads compute each view once
