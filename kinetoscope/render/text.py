@@ -202,7 +202,9 @@ def _graph_lines(m: MissingActivity) -> list[str]:
         ops = ", ".join(dict.fromkeys(x.op for x in g.launch_list if x.op))
         out.append(f"    graph {g.capture} of {g.source}{size}: {g.launches} launches{f' ({ops})' if ops else ''}; "
                    f"{g.replays} replays ({g.replays_judged} judged), matched by {', '.join(g.matched_by)}, "
-                   f"{g.confidence} confidence")
+                   f"{g.confidence} confidence"
+                   + (f"; a recorded replay of its kernels keeps the GPU busy {_ms(g.recorded_replay_busy_us)} "
+                      f"(median of {g.recorded_replays_alike})" if g.recorded_replay_busy_us is not None else ""))
     for reason, count in m.graph_launches_not_judged.items():
         out.append(f"    {count} not judged: {reason}")
     return out

@@ -184,6 +184,28 @@ def test_a_rocm_capture_in_the_trace_names_the_graphs_kernels(tmp_path):
     (graph,) = missing["captured_graphs"]
     assert [(x["kernel"], x["grid"]) for x in graph["launch_list"]] == [("mm_kernel", "[4,1,1]"),
                                                                           ("gelu_kernel", "[8,1,1]")]
+    assert graph["recorded_replays_alike"] == 0 and graph["recorded_replay_busy_us"] is None
+
+
+def test_a_recorded_replay_of_the_same_kernels_tells_what_a_replay_costs(tmp_path):
+    b = TraceBuilder().step(1, 0, 10_000).kernel(0, 50, launch_at=-10)
+    _rocm_capture(b, 100, ("aten::mm", "aten::gelu"))
+    _replays(b, starts=(1000,))  # unrecorded
+    for start, names in ((6000, ("gelu_kernel", "mm_kernel")), (8000, ("mm_kernel", "other_kernel"))):
+        corr = b._next_corr()  # recorded: its kernels carry the launch's correlation id
+        b.runtime("hipGraphLaunch", start, 20, corr)
+        for j, name in enumerate(names):  # 100 us then 50 us, 10 us apart: 150 us busy
+            b.raw({"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": 7, "ts": start + 100 + 110 * j,
+                   "dur": 100 - 50 * j, "args": {"device": 0, "stream": 7, "correlation": corr}})
+    report = build_report(load_built(tmp_path, b))
+    (graph,) = report.ranks[0]["gpu"]["missing_activity"]["captured_graphs"]
+    from kinetoscope.render.text import render_text
+
+    assert any(line.endswith("; a recorded replay of its kernels keeps the GPU busy 0.15 ms (median of 1)")
+               for line in render_text(report).splitlines())
+    # the replay at 6000 ran the graph's kernels (in another order); the one at 8000 ran others
+    assert graph["replays"] == 1 and graph["recorded_replays_alike"] == 1
+    assert graph["recorded_replay_busy_us"] == 150
 
 
 def test_a_serving_iteration_picks_the_capture_trace_of_its_padded_batch_size(tmp_path):

@@ -241,7 +241,9 @@ def _captured_graphs(trace: RankTrace) -> list[CapturedGraphReplays]:
                                                graph.grids, strict=False)],
             replays=len(mine), replays_judged=sum(replay_span(r) is not None for r in mine),
             matched_by=sorted({r.matched_by for r in mine if r.matched_by}),
-            confidence="medium"))
+            confidence="medium", recorded_replays_alike=len(known.recorded_alike_ns.get(index, ())),
+            recorded_replay_busy_us=us(float(np.median(known.recorded_alike_ns[index])))
+            if known.recorded_alike_ns.get(index) else None))
     return out
 
 

@@ -24,11 +24,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
+from kinetoscope.analyze.model import intervals as iv
 from kinetoscope.analyze.model.schema import GRAPH_CAPTURE_COLUMNS
 from kinetoscope.analyze.model.timeline import (
     CAPTURE_BEGIN_RE,
@@ -121,6 +122,9 @@ class GraphReplay:
 class GraphReplays:
     graphs: tuple[CapturedGraph, ...]
     replays: tuple[GraphReplay, ...]
+    #: per graph (index), the GPU busy time (union of its work) of each recorded replay whose kernels are the
+    #: graph's, by name and count: what a replay of it costs the GPU, where the capture names its kernels
+    recorded_alike_ns: dict[int, tuple[int, ...]] = field(default_factory=dict)
 
 
 OpIndex = dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]
@@ -317,7 +321,38 @@ def graph_replays(trace: RankTrace) -> GraphReplays:
                                    matched_by=matched_by, confidence="medium" if matched_by else None,
                                    unmatched_reason=reason, device=device, stream=stream, finished_by_ns=finished_by,
                                    next_work_ns=next_work))
-    return GraphReplays(graphs=graphs, replays=tuple(replays))
+    return GraphReplays(graphs=graphs, replays=tuple(replays),
+                        recorded_alike_ns=_recorded_alike(graphs, launches, replays, work))
+
+
+def _kernel_names(graph: CapturedGraph) -> tuple[str, ...] | None:
+    """The graph's kernels by name, sorted (its copies and memsets left out), where the capture names every one."""
+    launched = [k for c, k in zip(graph.calls, graph.kernels, strict=True) if "LaunchKernel" in c
+                or "LaunchCooperativeKernel" in c]
+    if not launched or any(k is None for k in launched):
+        return None
+    return tuple(sorted(str(k) for k in launched))
+
+
+def _recorded_alike(graphs: tuple[CapturedGraph, ...], launches: pd.DataFrame, replays: list[GraphReplay],
+                    work: pd.DataFrame) -> dict[int, tuple[int, ...]]:
+    keys: dict[tuple[str, ...], list[int]] = {}
+    for i, g in enumerate(graphs):
+        key = _kernel_names(g)
+        if key is not None:
+            keys.setdefault(key, []).append(i)
+    if not keys or not any(r.recorded for r in replays):
+        return {}
+    kernels = work[kind_mask(work, ("kernel",))]
+    out: dict[int, list[int]] = {}
+    for corr, r in zip(launches["correlation"], replays, strict=True):
+        if not r.recorded or pd.isna(corr):
+            continue
+        ran = work[(work["correlation"] == corr).to_numpy()]
+        key = tuple(sorted(kernels["name"][(kernels["correlation"] == corr).to_numpy()].astype(str)))
+        for i in keys.get(key, []):
+            out.setdefault(i, []).append(iv.measure(iv.union(ran["ts_ns"].to_numpy(), ran["end_ns"].to_numpy())))
+    return {i: tuple(v) for i, v in out.items()}
 
 
 class _Matcher:

@@ -158,6 +158,11 @@ class CapturedGraphReplays(Record, frozen=True):
     #: how the replays were matched to it ("only_capture", "identical_captures", "batch_size")
     matched_by: list[str]
     confidence: str | None
+    #: replays in the trace whose recorded kernels are this graph's (by name and count, where the capture names its
+    #: kernels), and the median GPU busy time of one of them (union of its work): what the unrecorded ones likely
+    #: cost the GPU inside their span; ``None``: no such replay
+    recorded_replays_alike: int
+    recorded_replay_busy_us: float | None
 
 
 class MissingActivity(Record, frozen=True):

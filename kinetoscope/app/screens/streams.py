@@ -61,9 +61,12 @@ def _graph_replays(missing: dict) -> None:
                    else ""))
     for g in missing.get("captured_graphs") or []:
         size = f", batch size {g['batch_size']}" if g["batch_size"] is not None else ""
-        st.markdown(md("Graph {} of {}{}: {} launches; {} replays ({} judged), matched by {}, {} confidence",
+        busy = g.get("recorded_replay_busy_us")
+        alike = (f"; a recorded replay of its kernels keeps the GPU busy {state.ms(busy)} (median of "
+                 f"{g['recorded_replays_alike']})" if busy is not None else "")
+        st.markdown(md("Graph {} of {}{}: {} launches; {} replays ({} judged), matched by {}, {} confidence{}",
                        g["capture"], g["source"], size, g["launches"], g["replays"], g["replays_judged"],
-                       ", ".join(g["matched_by"]), g["confidence"]))
+                       ", ".join(g["matched_by"]), g["confidence"], alike))
         st.dataframe(pd.DataFrame(g["launch_list"], columns=["call", "op", "kernel", "grid"]), width="stretch")
     for reason, count in (missing.get("graph_launches_not_judged") or {}).items():
         st.markdown(md("{} not judged: {}", count, reason))
