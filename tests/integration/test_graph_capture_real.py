@@ -43,6 +43,14 @@ def test_the_real_replays_are_recorded_and_need_no_capture():
     assert replay.recorded_work == 544 and (replay.device, replay.stream) == (9, 3)
 
 
+def test_the_serving_iterations_batch_sizes_are_read_from_their_annotations():
+    from kinetoscope.analyze.model.graphs import _iteration_batch_sizes
+
+    # "execute_32_context_0(sq0sk0...)_generation_32(sq32sk55086...)" and "step[DECODE bs=32]": 32 tokens each
+    for path in (VLLM, SGLANG):
+        assert list(_iteration_batch_sizes(load_trace(path).ranks[0])[2]) == [32]
+
+
 def _without_replay_kernels(folder: Path, capture: bool) -> tuple[Path, list[str]]:
     """The SGLang trace less its replay's 544 kernels; with ``capture``, a capture trace for batch size 32 in
     ``capture_traces/`` beside it: 544 launch calls whose args name those kernels in the order they ran, as

@@ -11,7 +11,7 @@ Matching a replay to its graph: Kineto records no graph id on the replay's launc
 the match is by elimination and stated with its basis and confidence, never guessed silently:
 
 - ``only_capture``: the trace (and its capture traces) hold one captured graph;
-- ``identical_captures``: several were captured, all with the same launch sequence (calls and host ops);
+- ``identical_captures``: several were captured, all with the same launch sequence (calls, host ops, kernels);
 - ``batch_size``: the replay runs inside a serving iteration annotated with its batch size (vLLM
   ``execute_…_context_…_generation_…``, SGLang ``step[DECODE bs=N]``), matched to the capture trace of the smallest
   captured batch size that holds it (the servers pad up to it), and to its one capture, or to the capture at the
