@@ -46,9 +46,10 @@ def test_the_real_replays_are_recorded_and_need_no_capture():
 def test_the_serving_iterations_batch_sizes_are_read_from_their_annotations():
     from kinetoscope.analyze.model.graphs import _iteration_batch_sizes
 
-    # "execute_32_context_0(sq0sk0...)_generation_32(sq32sk55086...)" and "step[DECODE bs=32]": 32 tokens each
-    for path in (VLLM, SGLANG):
-        assert list(_iteration_batch_sizes(load_trace(path).ranks[0])[2]) == [32]
+    # vLLM: "execute_32_context_0(sq0sk0...)_generation_32(sq32sk55086...)"; SGLang: an "execute_32_context_0(...)"
+    # annotation and, inside it, "step[DECODE bs=32]": 32 tokens each
+    assert list(_iteration_batch_sizes(load_trace(VLLM).ranks[0])[2]) == [32]
+    assert list(_iteration_batch_sizes(load_trace(SGLANG).ranks[0])[2]) == [32, 32]
 
 
 def _without_replay_kernels(folder: Path, capture: bool) -> tuple[Path, list[str]]:
