@@ -215,6 +215,7 @@ def test_a_serving_iteration_picks_the_capture_trace_of_its_padded_batch_size(tm
     b.op("step[DECODE bs=20]", 900, 1500, cat="user_annotation")  # padded to 32
     b.op("execute_context_0(0)_generation_40(40)", 2900, 1500, cat="user_annotation")  # padded to 64
     b.op("step[DECODE bs=100]", 4900, 1500, cat="user_annotation")  # more than any capture
+    b.op("step[DECODE bs=2]", 950, 20, cat="user_annotation")  # nested, ended before the replay: not its iteration
     _replays(b, starts=(1000, 3000, 5000))
     trace = load_trace(b.write(tmp_path / "exec.json"))
     missing = build_report(trace).ranks[0]["gpu"]["missing_activity"]

@@ -388,6 +388,10 @@ class _Matcher:
         if not self.graphs:
             return None, None, "no capture in the trace or beside it"
         k = int(np.searchsorted(self.it_start, ts, side="right")) - 1
+        for _ in range(8):  # the innermost annotation holding the replay (a server may annotate a step twice, nested)
+            if k < 0 or ts < self.it_end[k]:
+                break
+            k -= 1
         if self.sizes and k >= 0 and ts < self.it_end[k]:  # a serving iteration's batch size picks the capture trace
             return self._by_batch_size(ts, tid, k)
         p = int(np.searchsorted(self.own_end, ts, side="right"))
