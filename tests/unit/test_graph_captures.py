@@ -62,6 +62,7 @@ def test_replays_get_their_graph_from_a_capture_in_the_same_trace(tmp_path):
     device = gpu["devices"][0]
     assert device["idle_us"] == 10_000 - 450 - 2000
     assert gpu["idle_fraction"] == pytest.approx(0.755)
+    assert gpu["activity_complete"] is False  # judged, but the replays' kernels are not in the trace
 
 
 def test_without_the_capture_the_same_replays_are_not_judged(tmp_path):

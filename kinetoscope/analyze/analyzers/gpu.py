@@ -189,7 +189,8 @@ def analyze_gpu(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
         idle_fraction=frac(max(idle_by_device), w.dur_ns) if idle_by_device else None,
         fraction_of="window",
         any_device_idle_us=us(iv.measure(all_idle)) if judged else None,
-        activity_complete=judged and missing.blind_ns() == 0,
+        # replays judged from a capture ran work the trace does not show: judged, but not complete
+        activity_complete=judged and missing.blind_ns() == 0 and not missing.graph_launches_from_capture,
         missing_activity=MissingActivity(
             graph_launches=missing.graph_launches,
             graph_launches_unrecorded=missing.graph_launches_unrecorded,
