@@ -62,7 +62,6 @@ def test_replays_get_their_graph_from_a_capture_in_the_same_trace(tmp_path):
     device = gpu["devices"][0]
     assert device["idle_us"] == 10_000 - 450 - 2000
     assert gpu["idle_fraction"] == pytest.approx(0.755)
-    assert gpu["activity_complete"] is False  # judged, but the replays' kernels are not in the trace
 
 
 def test_without_the_capture_the_same_replays_are_not_judged(tmp_path):
@@ -239,8 +238,11 @@ def test_piecewise_captures_pair_with_the_iterations_replays_in_order(tmp_path):
     b = TraceBuilder().step(1, 0, 10_000).kernel(0, 50, launch_at=-10)
     b.op("step[DECODE bs=8]", 900, 4500, cat="user_annotation")
     _replays(b, starts=(1000, 3000))
-    missing = build_report(load_trace(b.write(tmp_path / "exec.json"))).ranks[0]["gpu"]["missing_activity"]
+    gpu = build_report(load_trace(b.write(tmp_path / "exec.json"))).ranks[0]["gpu"]
+    missing = gpu["missing_activity"]
     pieces = sorted(missing["captured_graphs"], key=lambda g: g["capture"])
+    # nothing is unknown, but the replays' kernels are not in the trace: judged, not complete
+    assert missing["unknown_us"] == 0 and gpu["idle_fraction"] is not None and gpu["activity_complete"] is False
     assert [(g["capture"], g["launch_list"][0]["op"], g["replays"]) for g in pieces] == [
         (0, "aten::mm", 1), (1, "aten::silu", 1)]
 
