@@ -13,6 +13,7 @@ from kinetoscope.analyze.model.results import (
     GpuResult,
     LoaderResult,
     MemoryResult,
+    MissingActivity,
     PhasesResult,
     StepsResult,
     TelemetryResult,
@@ -185,6 +186,27 @@ def _gpu_lines(r: RankReport) -> list[str]:
             f"    stream {s.stream:<6} busy {_ms(s.busy_us)}, idle {_pct(s.idle_fraction)}, "
             f"largest gap {_ms(s.largest_gap_us)} ({s.kernels} kernels, {s.copies} copies)"
         )
+    return out + _graph_lines(gpu.missing_activity)
+
+
+def _graph_lines(m: MissingActivity) -> list[str]:
+    """Graph replays whose kernels were not recorded: which were judged from their graph's capture, and how."""
+    if not m.graph_launches_unrecorded:
+        return []
+    out = [f"  graph replays {m.graph_launches_unrecorded} without recorded kernels, "
+           f"{m.graph_launches_from_capture} judged from their graph's capture"
+           + (f" (running a captured graph {_ms(m.graph_replay_span_us)}: neither idle nor unknown)"
+              if m.graph_replay_span_us is not None else "")]
+    for g in m.captured_graphs:
+        size = f", batch size {g.batch_size}" if g.batch_size is not None else ""
+        ops = ", ".join(dict.fromkeys(x.op for x in g.launch_list if x.op))
+        out.append(f"    graph {g.capture} of {g.source}{size}: {g.launches} launches{f' ({ops})' if ops else ''}; "
+                   f"{g.replays} replays ({g.replays_judged} judged), matched by {', '.join(g.matched_by)}, "
+                   f"{g.confidence} confidence"
+                   + (f"; a recorded replay of its kernels keeps the GPU busy {_ms(g.recorded_replay_busy_us)} "
+                      f"(median of {g.recorded_replays_alike})" if g.recorded_replay_busy_us is not None else ""))
+    for reason, count in m.graph_launches_not_judged.items():
+        out.append(f"    {count} not judged: {reason}")
     return out
 
 

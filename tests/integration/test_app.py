@@ -620,3 +620,26 @@ def test_operators_page_shows_efficiency_against_the_peak_and_overview_the_mfu()
     entry = at.session_state["analysis"].report.ranks[0]
     assert entry["efficiency"]["mfu"] is not None  # shown as the report says it
     assert next(m for m in at.metric if m.label == "MFU").value == pct(entry["efficiency"]["mfu"])
+
+
+def test_streams_page_lists_the_replays_judged_from_a_capture():
+    """A graph captured in the trace (two launches in aten::mm and aten::relu), replayed twice with no kernels
+    recorded, each followed 500 us later by a recorded kernel on the replay's stream."""
+    import json as _json
+
+    b = TraceBuilder().step(1, 0, 10_000).kernel(0, 50, launch_at=-10)
+    b.runtime("cudaStreamBeginCapture", 100, 5, 1500)
+    for i, op in enumerate(("aten::mm", "aten::relu")):
+        b.op(op, 120 + 50 * i, 40).runtime("cudaLaunchKernel", 130 + 50 * i, 5, 1501 + i)
+    b.runtime("cudaStreamEndCapture", 300, 10, 1503)
+    for i, t in enumerate((1000, 3000)):
+        b.runtime("cudaGraphLaunch", t, 20, 1504 + i).kernel(t + 500, 100, launch_at=t + 30)
+    at = open_app("streams", source="Upload", pending_uploads=[("graphs.json", _json.dumps(b.document()).encode())])
+    assert not at.exception and not at.error
+    texts = [unescaped(m.value) for m in at.markdown]
+    assert any(t.startswith("**Graph replays without recorded kernels**: 2, of which 2 judged from their graph's "
+                            "capture") for t in texts)
+    assert ("Graph 0 of this trace: 2 launches; 2 replays (2 judged), matched by only_capture, medium confidence"
+            in texts)
+    launches = next(d.value for d in at.dataframe if list(d.value.columns) == ["call", "op", "kernel", "grid"])
+    assert list(launches["op"]) == ["aten::mm", "aten::relu"]

@@ -14,7 +14,16 @@ from kinetoscope.analyze.model import intervals as iv
 from kinetoscope.analyze.model.analysis import AnalysisResult, register
 from kinetoscope.analyze.model.config import AnalysisConfig
 from kinetoscope.analyze.model.findings import Finding
-from kinetoscope.analyze.model.results import Gpu, GpuDevice, GpuResult, GpuStream, MissingActivity
+from kinetoscope.analyze.model.graphs import graph_replays, replay_span
+from kinetoscope.analyze.model.results import (
+    CapturedGraphReplays,
+    CapturedLaunch,
+    Gpu,
+    GpuDevice,
+    GpuResult,
+    GpuStream,
+    MissingActivity,
+)
 from kinetoscope.analyze.model.syncs import sync_cost
 from kinetoscope.analyze.model.timeline import (
     Window,
@@ -37,6 +46,9 @@ from kinetoscope.analyze.model.timeline import (
 )
 from kinetoscope.analyze.model.trace import RankTrace
 from kinetoscope.analyze.model.units import frac, us
+
+#: launches listed per captured graph in the report (a served model's graph holds hundreds to thousands)
+GRAPH_LAUNCHES_LISTED = 64
 
 #: Idle time is attributed to the first cause that covers it, in this order (docs/findings.md).
 CAUSES = ("data_wait", "sync", "host_compute", "host_launch", "host_python", "other")
@@ -134,12 +146,16 @@ def analyze_gpu(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
     gap_tables = []
     findings: list[Finding] = []
     refill_ns = int(config.sync_refill_max_us * 1000)
+    spans = missing.replay_spans or {}
     for device, busy in device_busy(trace).items():
-        if busy[0].size == 0:  # its work all lies outside the window: nothing to say about it here
+        replayed = spans.get(device, iv.EMPTY)
+        if busy[0].size == 0 and replayed[0].size == 0:  # its work all lies outside the window: nothing to say here
             devices.append(GpuDevice(device=device, busy_us=0.0, idle_us=None, idle_fraction=None,
                                      idle_by_cause_us=None, largest_gaps=[], unused_in_window=True))
             continue
-        idle = iv.complement(busy, w.start_ns, w.end_ns)
+        # where a replay ran its captured graph the GPU was not idle waiting for the host: left out of idle
+        covered = iv.union(np.concatenate((busy[0], replayed[0])), np.concatenate((busy[1], replayed[1])))
+        idle = iv.complement(covered, w.start_ns, w.end_ns)
         causes["sync"] = sync_cost(trace, sync_calls(trace), idle, refill_ns)
         parts = _attribute(idle, causes)
         idle_ns = iv.measure(idle)
@@ -165,15 +181,23 @@ def analyze_gpu(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
         if judged:
             findings += _doubted(_device_findings(trace, config, w, device, idle_ns, parts, gaps)
                                  + _launch_bound(trace, config, w, device, idle, parts), doubt)
-    all_idle = iv.complement(any_gpu_busy(trace), w.start_ns, w.end_ns)
+    anywhere = any_gpu_busy(trace)
+    for replayed in spans.values():
+        anywhere = iv.union(np.concatenate((anywhere[0], replayed[0])), np.concatenate((anywhere[1], replayed[1])))
+    all_idle = iv.complement(anywhere, w.start_ns, w.end_ns)
     metrics = Gpu(
         idle_fraction=frac(max(idle_by_device), w.dur_ns) if idle_by_device else None,
         fraction_of="window",
         any_device_idle_us=us(iv.measure(all_idle)) if judged else None,
-        activity_complete=judged and missing.blind_ns() == 0,
+        # replays judged from a capture ran work the trace does not show: judged, but not complete
+        activity_complete=judged and missing.blind_ns() == 0 and not missing.graph_launches_from_capture,
         missing_activity=MissingActivity(
             graph_launches=missing.graph_launches,
             graph_launches_unrecorded=missing.graph_launches_unrecorded,
+            graph_launches_from_capture=missing.graph_launches_from_capture,
+            graph_replay_span_us=_replay_span_us(spans),
+            captured_graphs=_captured_graphs(trace),
+            graph_launches_not_judged=_not_judged(trace),
             stream_capture_us=us(missing.capture_ns),
             queued_behind_unrecorded_work_us=us(missing.pending_ns),
             cut_from_trace_us=us(missing.holes_ns),
@@ -193,6 +217,52 @@ def analyze_gpu(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
     gaps_all = pd.concat(gap_tables, ignore_index=True) if gap_tables else pd.DataFrame()
     tables = {"streams": streams, "gaps": gaps_all, "gpu_per_step": _per_step(trace)}
     return AnalysisResult(key="gpu", metrics=GpuResult(gpu=metrics), tables=tables, findings=tuple(findings))
+
+
+def _replay_span_us(spans: dict[int, iv.Intervals]) -> float | None:
+    if not spans:
+        return None
+    starts = np.concatenate([v[0] for v in spans.values()])
+    ends = np.concatenate([v[1] for v in spans.values()])
+    return us(iv.measure(iv.union(starts, ends)))
+
+
+def _captured_graphs(trace: RankTrace) -> list[CapturedGraphReplays]:
+    """The captured graphs replays without recorded work were matched to, with what each holds."""
+    known = graph_replays(trace)
+    out = []
+    for index, graph in enumerate(known.graphs):
+        mine = [r for r in known.replays if r.graph == index]
+        if not mine:
+            continue
+        out.append(CapturedGraphReplays(
+            source=graph.source, capture=graph.capture, batch_size=graph.batch_size, launches=graph.launches,
+            launch_list=[CapturedLaunch(call=c, op=o, kernel=k, grid=g)
+                         for c, o, k, g in zip(graph.calls[:GRAPH_LAUNCHES_LISTED], graph.ops, graph.kernels,
+                                               graph.grids, strict=False)],
+            replays=len(mine), replays_judged=sum(replay_span(r) is not None for r in mine),
+            matched_by=sorted({r.matched_by for r in mine if r.matched_by}),
+            confidence="medium", recorded_replays_alike=len(known.recorded_alike_ns.get(index, ())),
+            recorded_replay_busy_us=us(float(np.median(known.recorded_alike_ns[index])))
+            if known.recorded_alike_ns.get(index) else None))
+    return out
+
+
+def _not_judged(trace: RankTrace) -> dict[str, int]:
+    """Replays without recorded work that no capture could be matched to, by reason (a matched replay whose span
+    cannot be bounded counts here too)."""
+    out: dict[str, int] = {}
+    for r in graph_replays(trace).replays:
+        if r.recorded:
+            continue
+        reason = r.unmatched_reason
+        if reason is None and r.device is None:
+            reason = "matched, but its stream is not known (its thread launched no recorded work before it)"
+        elif reason is None and replay_span(r) is None:
+            reason = "matched, but nothing bounds when it finished (no later recorded work or device sync)"
+        if reason is not None:
+            out[reason] = out.get(reason, 0) + 1
+    return out
 
 
 #: host-side names that only a run using a GPU records: NCCL collectives, CUDA stream bookkeeping, CUDA calls
@@ -254,8 +324,11 @@ def _doubted(findings: list[Finding], doubt: str | None) -> list[Finding]:
 
 def _missing_finding(trace: RankTrace, w: Window, missing: Any, judged: bool) -> Finding:
     what = []
-    if missing.graph_launches_unrecorded:
-        what.append(f"{missing.graph_launches_unrecorded} CUDA/HIP graph replays whose kernels were not recorded")
+    blind_replays = missing.graph_launches_unrecorded - missing.graph_launches_from_capture
+    if blind_replays:
+        what.append(f"{blind_replays} CUDA/HIP graph replays whose kernels were not recorded"
+                    + (f" ({missing.graph_launches_from_capture} more were judged from their graph's capture)"
+                       if missing.graph_launches_from_capture else ""))
     if missing.capture_ns:
         what.append(f"stream capture for {missing.capture_ns / 1e6:.1f} ms (launches inside a capture do not run)")
     if missing.holes_ns:
@@ -266,7 +339,7 @@ def _missing_finding(trace: RankTrace, w: Window, missing: Any, judged: bool) ->
                     "trace shows idle (it was busy with work queued before recording began)")
     share = missing.blind_ns() / w.dur_ns if w.dur_ns else 0.0
     tips = ["The GPU ran work the trace does not show, so its idle time cannot be judged there."]
-    if missing.graph_launches_unrecorded:
+    if blind_replays:
         tips.append("To see the kernels inside graph replays, profile with a recent PyTorch/Kineto (graph kernels "
                     "are recorded under the replay's correlation id) or Nsight Systems (--cuda-graph-trace=node).")
     if missing.capture_ns:
@@ -286,6 +359,7 @@ def _missing_finding(trace: RankTrace, w: Window, missing: Any, judged: bool) ->
         evidence={
             "graph_launches": missing.graph_launches,
             "graph_launches_unrecorded": missing.graph_launches_unrecorded,
+            "graph_launches_from_capture": missing.graph_launches_from_capture,
             "stream_capture_us": us(missing.capture_ns),
             "queued_behind_unrecorded_work_us": us(missing.pending_ns),
             "cut_from_trace_us": us(missing.holes_ns),

@@ -23,9 +23,10 @@ from kinetoscope.analyze.ingest.jobs import TraceFile
 from kinetoscope.analyze.model.trace import RankTrace, TraceMeta
 from kinetoscope.sources import version_of
 
-TABLES = ("events", "memory", "counters", "flows", "instants", "steps", "run_steps", "comm_args", "marks", "shapes")
+TABLES = ("events", "memory", "counters", "flows", "instants", "steps", "run_steps", "comm_args", "marks", "shapes",
+          "graph_captures", "launch_kernels")
 #: the tables' layout: part of the key, so a cache written by an older layout is a miss, never misread
-FORMAT = 4
+FORMAT = 5
 
 
 def key_for(path: TraceFile, default_rank: int) -> str:

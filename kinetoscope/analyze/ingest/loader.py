@@ -31,6 +31,7 @@ from kinetoscope.analyze.ingest.jobs import (
     find_jobs,
     is_capture_window,
     is_trace_file,
+    list_folder,
     rank_from_name,
     resolve,
 )
@@ -43,8 +44,11 @@ from kinetoscope.analyze.ingest.limits import (
     file_too_large,
     inflates_too_much,
 )
-from kinetoscope.analyze.ingest.parser import parse_bytes
+from kinetoscope.analyze.ingest.parser import launched_kernels, parse_bytes
 from kinetoscope.analyze.ingest.raw import RawColumns, from_parsed
+from kinetoscope.analyze.model.graphs import capture_table
+from kinetoscope.analyze.model.schema import LAUNCH_KERNEL_COLUMNS
+from kinetoscope.analyze.model.timeline import CAPTURE_BEGIN_RE
 from kinetoscope.analyze.model.trace import RankTrace, Trace, training_children
 from kinetoscope.errors import KinetoscopeError, TraceFormatError, TraceSourceError
 from kinetoscope.manifest import ManifestFacts, ManifestWindows, StepTimes, manifest_name, step_times_name
@@ -178,6 +182,11 @@ def _rank_from_raw(raw: RawColumns, size: int, path: TraceFile, *, default_rank:
         raise TraceFormatError(str(path), "trace holds no timed events (nothing to analyse)")
     run_steps, note = _run_steps(path, rank)
     notes: tuple[str, ...] = (note,) if note else ()
+    launch_kernels = _captured_launch_kernels(trace, path)
+    if launch_kernels is not None:
+        trace = replace(trace, launch_kernels=launch_kernels)
+    graph_captures, skipped = _graph_captures(path)
+    notes += skipped
     manifest = _manifest_bytes(path, rank)  # read once: the window that was cut short, and the run's facts
     cut = _cut_short_step(path, manifest)
     steps = trace.steps
@@ -195,7 +204,51 @@ def _rank_from_raw(raw: RawColumns, size: int, path: TraceFile, *, default_rank:
                   f"process{'es' if children[0] != 1 else ''} the capture does not follow (capture manifest)",)
     meta = replace(trace.meta, load_seconds=time.perf_counter() - started, warnings=trace.meta.warnings + notes,
                    capture=capture)
-    return replace(trace, meta=meta, run_steps=run_steps, steps=steps)
+    trace = replace(trace, meta=meta, run_steps=run_steps, steps=steps)
+    return trace if graph_captures is None else replace(trace, graph_captures=graph_captures)
+
+
+#: the folder beside an execution trace where vLLM (``--profiler-config.capture_torch_profiler``) and SGLang
+#: (``SGLANG_GRAPH_BATCH_CAPTURE``) write one trace per captured graph batch size
+CAPTURE_TRACES_DIR = "capture_traces"
+
+
+def _captured_launch_kernels(trace: RankTrace, path: TraceFile) -> pd.DataFrame | None:
+    """The kernel and grid each launch call that ran nothing names in its args (``schema.LAUNCH_KERNEL_COLUMNS``),
+    for a local trace holding a stream capture: read again from the file, as the columnar scan keeps no launch
+    args; None where there is no capture or the file cannot be read again."""
+    names = trace.events["name"].cat.categories
+    if not isinstance(path, Path) or not any(CAPTURE_BEGIN_RE.match(str(n)) for n in names):
+        return None
+    try:
+        named = launched_kernels(read_bytes(path))
+    except (OSError, KinetoscopeError):
+        return None
+    ran = set(trace.gpu_events["correlation"].dropna().astype(int))
+    rows = [(c, k, g) for c, (k, g) in named.items() if c not in ran]
+    frame = pd.DataFrame(rows, columns=[c.name for c in LAUNCH_KERNEL_COLUMNS])
+    return frame.astype({c.name: c.dtype for c in LAUNCH_KERNEL_COLUMNS})
+
+
+def _graph_captures(path: TraceFile) -> tuple[pd.DataFrame | None, tuple[str, ...]]:
+    """The launches of the graphs captured in the capture traces beside a local trace (``capture_traces/``), and a
+    note for each one that could not be read; (None, ()) where there are none."""
+    if not isinstance(path, Path) or path.parent.name == CAPTURE_TRACES_DIR:  # a capture trace itself: no sidecar
+        return None, ()
+    folder = path.parent / CAPTURE_TRACES_DIR
+    try:
+        listed = list_folder(folder) if folder.is_dir() else []
+        files = [f for f, is_file in listed if is_trace_file(f, is_file=is_file)]
+    except OSError:
+        return None, ()
+    frames, notes = [], []
+    for f in files:
+        try:
+            frames.append(capture_table(load_rank(f), f.name))
+        except KinetoscopeError as exc:
+            notes.append(f"ignored {CAPTURE_TRACES_DIR}/{f.name}: {exc}")
+    frames = [f for f in frames if len(f)]
+    return (pd.concat(frames, ignore_index=True) if frames else None), tuple(notes)
 
 
 def _manifest_bytes(path: TraceFile, rank: int) -> bytes | None:

@@ -122,6 +122,41 @@ class CounterEvent(msgspec.Struct, gc=False):
 #: marks an item of traceEvents that was not a JSON object
 NOT_AN_OBJECT = "<not an object>"
 
+class LaunchArgs(msgspec.Struct, gc=False):
+    correlation: Any = None
+    kernel: Any = None
+    grid: Any = None
+
+
+class LaunchProbe(msgspec.Struct, gc=False):
+    """A narrow look at one event, for the kernel a runtime call launches (roctracer writes it in its args; read
+    only from traces holding a stream capture, whose captured kernels never run and so are named nowhere else).
+    Other args are skipped, not decoded."""
+
+    args: LaunchArgs | None = None
+
+
+class LaunchProbes(msgspec.Struct, gc=False):
+    traceEvents: list[LaunchProbe] = msgspec.field(default_factory=list)
+
+
+def launched_kernels(data: bytes) -> dict[int, tuple[str, str | None]]:
+    """(kernel name, launch grid as JSON text) by correlation id, for the calls whose args name the kernel they
+    launch; {} where the document cannot be read so (the names are extra: never a reason to fail a load)."""
+    try:
+        probes = (msgspec.json.decode(data, type=LaunchProbes).traceEvents if data.lstrip()[:1] == b"{"
+                  else msgspec.json.decode(data, type=list[LaunchProbe]))
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return {}
+    out: dict[int, tuple[str, str | None]] = {}
+    for p in probes:
+        a = p.args
+        if a is not None and isinstance(a.kernel, str) and isinstance(a.correlation, int) \
+                and not isinstance(a.correlation, bool):
+            out[a.correlation] = (a.kernel, msgspec.json.encode(a.grid).decode() if a.grid is not None else None)
+    return out
+
+
 _events_decoder = msgspec.json.Decoder(list[Event])
 _counter_decoder = msgspec.json.Decoder(list[CounterEvent])
 _mark_decoder = msgspec.json.Decoder(list[MarkProbe])

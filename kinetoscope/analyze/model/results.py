@@ -131,9 +131,53 @@ class GpuStream(Record, frozen=True):
     largest_gap_us: float
 
 
+class CapturedLaunch(Record, frozen=True):
+    """One launch a captured graph holds, as the capture recorded it (the kernel itself never ran there, so no GPU
+    event names it or times it; ``op`` is the host op that made the call, ``None``: none recorded)."""
+
+    call: str
+    op: str | None
+    #: the kernel it launches and its grid as written, where the call's args name them (roctracer's do)
+    kernel: str | None
+    grid: str | None
+
+
+class CapturedGraphReplays(Record, frozen=True):
+    """A captured graph that replays with unrecorded kernels were matched to (``analyze.model.graphs``)."""
+
+    #: "this trace", or the capture trace's file name
+    source: str
+    capture: int
+    batch_size: int | None
+    launches: int
+    #: the first ``GRAPH_LAUNCHES_LISTED`` launches, in capture order
+    launch_list: list[CapturedLaunch]
+    replays: int
+    #: of which the GPU timeline is judged (their span is bounded: see ``graph_replay_span_us``)
+    replays_judged: int
+    #: how the replays were matched to it ("only_capture", "identical_captures", "batch_size")
+    matched_by: list[str]
+    confidence: str | None
+    #: replays in the trace whose recorded kernels are this graph's (by name and count, where the capture names its
+    #: kernels), and the median GPU busy time of one of them (union of its work): what the unrecorded ones likely
+    #: cost the GPU inside their span; ``None``: no such replay
+    recorded_replays_alike: int
+    recorded_replay_busy_us: float | None
+
+
 class MissingActivity(Record, frozen=True):
     graph_launches: int
     graph_launches_unrecorded: int
+    #: unrecorded replays judged from a capture: their graph is known and their span bounded; the rest stay unknown
+    graph_launches_from_capture: int
+    #: time (union over devices) from those replays' launches to the next recorded work on their stream or the next
+    #: device-wide sync, whichever is first: the GPU ran the captured graph there (an upper bound on its time), so it
+    #: is neither idle nor unknown; ``None`` when no replay was judged
+    graph_replay_span_us: float | None
+    #: the captured graphs that unrecorded replays were matched to
+    captured_graphs: list[CapturedGraphReplays]
+    #: unrecorded replays not judged from a capture (no capture matched, or the span not bounded), by reason
+    graph_launches_not_judged: dict[str, int]
     stream_capture_us: float | None
     queued_behind_unrecorded_work_us: float | None
     cut_from_trace_us: float | None

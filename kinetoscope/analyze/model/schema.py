@@ -118,6 +118,32 @@ SHAPE_COLUMNS: tuple[Column, ...] = (
                                           "strings; torch >= 2.1); <NA>: not written"),
 )
 
+#: The kernel each launch call made inside a stream capture names in its args (roctracer writes ``kernel`` and
+#: ``grid``; CUPTI's runtime calls do not): a captured kernel never runs, so no GPU event names it. Read only from
+#: traces that hold a capture, for the calls whose correlation id has no GPU work.
+LAUNCH_KERNEL_COLUMNS: tuple[Column, ...] = (
+    Column("correlation", "int64", "the launch call's correlation id"),
+    Column("kernel", "category", "args['kernel']"),
+    Column("grid", "category", "args['grid'] as JSON text (\"[32,1,1]\"); <NA>: not written"),
+)
+
+#: Launches recorded inside a CUDA/HIP stream capture (Begin..EndCapture): the work a graph holds, one row per
+#: launch in capture order. The host calls are what the trace records of them (the captured kernels never ran, so
+#: no GPU event names them); ``op`` is the host op that made the call. Captures in the trace itself are derived
+#: from its events; this table holds those of separate capture traces (``capture_traces/`` beside the trace).
+GRAPH_CAPTURE_COLUMNS: tuple[Column, ...] = (
+    Column("source", "category", "the capture trace's file name"),
+    Column("capture", "int64", "the capture's position among its file's captures, in time order"),
+    Column("batch_size", "Int64", "the batch size the graph was captured for (file name bs_N or a capture_N_* "
+                                  "annotation); <NA>: not told"),
+    Column("order", "int64", "the launch's position in its capture"),
+    Column("call", "category", "the launch call (cudaLaunchKernel, hipMemcpyAsync, ...)"),
+    Column("op", "category", "the innermost host op around the call; <NA>: none recorded"),
+    Column("kernel", "category", "the kernel the call launches, where its args name it (``LAUNCH_KERNEL_COLUMNS``); "
+                                 "<NA>: not written"),
+    Column("grid", "category", "its launch grid as written (args 'grid', \"[32, 1, 1]\"); <NA>: not written"),
+)
+
 KINDS = (
     "kernel", "memcpy", "memset", "runtime", "driver", "cpu_op", "annotation",
     "gpu_annotation", "python", "sync", "trace", "other", "mark",

@@ -379,6 +379,10 @@ class MissingActivity:
     holes_ns: int
     #: time in the window for which the GPU's activity is unknown
     blind: iv.Intervals
+    #: unrecorded replays whose graph is known from a capture and whose span is bounded (``graphs.replay_span``)
+    graph_launches_from_capture: int = 0
+    #: per device, where those replays ran their captured graphs: neither idle nor unknown
+    replay_spans: dict[int, iv.Intervals] | None = None
 
     def blind_ns(self) -> int:
         return iv.measure(self.blind)
@@ -393,6 +397,17 @@ def missing_activity(trace: RankTrace) -> MissingActivity:
     recorded = np.isin(graphs["correlation"].fillna(-1).to_numpy(np.int64),
                        gpu_work(trace)["correlation"].dropna().to_numpy(np.int64))
     unrecorded = graphs[~recorded | graphs["correlation"].isna().to_numpy()]
+    from kinetoscope.analyze.model.graphs import graph_replays, replay_span  # built on this module's views
+
+    spans: dict[int, list[tuple[int, int]]] = {}
+    judged_at: set[int] = set()
+    for r in graph_replays(trace).replays if len(unrecorded) else ():
+        span = replay_span(r)
+        if span is not None and r.device is not None:
+            spans.setdefault(r.device, []).append(span)
+            judged_at.add(r.ts_ns)
+    judged = np.isin(unrecorded["ts_ns"].to_numpy(), np.fromiter(judged_at, np.int64, len(judged_at)))
+    unrecorded_blind = unrecorded[~judged]
     # capture phases: from each BeginCapture to the next EndCapture on the same thread
     begin = calls[name_mask(calls, CAPTURE_BEGIN_RE)]
     end = calls[name_mask(calls, CAPTURE_END_RE)]
@@ -408,22 +423,25 @@ def missing_activity(trace: RankTrace) -> MissingActivity:
     # an unrecorded replay runs for an unknown time on an unknown stream: nothing after it can be judged
     # until the next recorded GPU work
     blind = capture
-    if len(unrecorded):
+    if len(unrecorded_blind):
         starts = gpu_work(trace)["ts_ns"].to_numpy()
-        first = unrecorded["ts_ns"].to_numpy()
+        first = unrecorded_blind["ts_ns"].to_numpy()
         nxt = np.searchsorted(np.sort(starts), first, side="right")
         sorted_starts = np.sort(starts)
         ends = np.where(nxt < len(sorted_starts), sorted_starts[np.minimum(nxt, len(sorted_starts) - 1)], w.end_ns)
-        replay = iv.clip(iv.union(first, np.maximum(ends, unrecorded["end_ns"].to_numpy())), w.start_ns, w.end_ns)
+        replay = iv.clip(iv.union(first, np.maximum(ends, unrecorded_blind["end_ns"].to_numpy())), w.start_ns, w.end_ns)
         blind = iv.union(np.concatenate((blind[0], replay[0])), np.concatenate((blind[1], replay[1])))
-    pending = _pending_on_idle(trace, w)
+    replay_spans = {d: iv.clip(iv.union(np.array([a for a, _ in v], np.int64), np.array([b for _, b in v], np.int64)),
+                               w.start_ns, w.end_ns) for d, v in spans.items()}
+    pending = _pending_on_idle(trace, w, replay_spans)
     holes = _holes(trace, w)
     for extra in (pending, holes):
         if extra[0].size:
             blind = iv.union(np.concatenate((blind[0], extra[0])), np.concatenate((blind[1], extra[1])))
     return MissingActivity(graph_launches=int(len(graphs)), graph_launches_unrecorded=int(len(unrecorded)),
                            capture_ns=iv.measure(capture), pending_ns=iv.measure(pending),
-                           holes_ns=iv.measure(holes), blind=blind)
+                           holes_ns=iv.measure(holes), blind=blind, graph_launches_from_capture=int(judged.sum()),
+                           replay_spans=replay_spans)
 
 
 #: runtime-call correlation ids count every API call; a jump of this many between two calls in time
@@ -500,9 +518,10 @@ def startup_calls(trace: RankTrace) -> pd.DataFrame:
 PENDING_MIN_NS = 1_000_000
 
 
-def _pending_on_idle(trace: RankTrace, w: Window) -> iv.Intervals:
+def _pending_on_idle(trace: RankTrace, w: Window, replays: dict[int, iv.Intervals]) -> iv.Intervals:
     """Times at which a launched kernel was waiting to start while its device shows no work: an idle
-    GPU starts a kernel within microseconds, so the device was busy with work the trace lacks."""
+    GPU starts a kernel within microseconds, so the device was busy with work the trace lacks. ``replays``: where
+    each device ran a graph known from its capture (work the trace lacks, but knows of)."""
     q = launch_queue(trace)
     q = q[(q["delay_ns"] >= PENDING_MIN_NS).to_numpy()]
     if q.empty:
@@ -512,7 +531,8 @@ def _pending_on_idle(trace: RankTrace, w: Window) -> iv.Intervals:
     for device, group in q.groupby("device"):
         waiting = iv.clip(iv.union(group["ts_ns"].to_numpy() - group["delay_ns"].to_numpy(), group["ts_ns"].to_numpy()),
                           w.start_ns, w.end_ns)
-        unexplained = iv.subtract(waiting, busy.get(int(device), iv.EMPTY))
+        unexplained = iv.subtract(iv.subtract(waiting, busy.get(int(device), iv.EMPTY)),
+                                  replays.get(int(device), iv.EMPTY))
         keep = (unexplained[1] - unexplained[0]) >= PENDING_MIN_NS
         parts_s.append(unexplained[0][keep])
         parts_e.append(unexplained[1][keep])

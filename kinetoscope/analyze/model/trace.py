@@ -14,6 +14,8 @@ import pandas as pd
 from kinetoscope.analyze.model.schema import (
     COMM_ARG_COLUMNS,
     GPU_BUSY_KINDS,
+    GRAPH_CAPTURE_COLUMNS,
+    LAUNCH_KERNEL_COLUMNS,
     MARK_COLUMNS,
     SHAPE_COLUMNS,
     empty_frame,
@@ -88,6 +90,11 @@ class RankTrace:
     marks: pd.DataFrame = field(default_factory=lambda: empty_frame(MARK_COLUMNS))
     #: recorded inputs of host ops (``record_shapes``; see ``schema.SHAPE_COLUMNS``); empty when not recorded
     shapes: pd.DataFrame = field(default_factory=lambda: empty_frame(SHAPE_COLUMNS))
+    #: launches of the graphs captured in separate capture traces (``capture_traces/`` beside the trace; see
+    #: ``schema.GRAPH_CAPTURE_COLUMNS``); empty when there are none
+    graph_captures: pd.DataFrame = field(default_factory=lambda: empty_frame(GRAPH_CAPTURE_COLUMNS))
+    #: the kernels the trace's own captured launch calls name (see ``schema.LAUNCH_KERNEL_COLUMNS``)
+    launch_kernels: pd.DataFrame = field(default_factory=lambda: empty_frame(LAUNCH_KERNEL_COLUMNS))
     #: derived views (``trace_view``), computed once and dropped with the trace
     _views: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
     #: one lock per view, so analyzers running in threads compute each view once
