@@ -98,7 +98,7 @@ def test_fsdp_on_gloo_all_gathers_in_flight_and_queued_and_the_reduce_scatter_gl
     # two issued at once (+10 and +20, the first ending at +130): two in flight; the second waited behind the first
     # from its issue (+20) to its start (+130)
     # the JSON object, its keys in the report's order
-    assert list(e.to_dict()) == ["where", "fraction_of", "roles", "exposed_unknown", "worth_of", "fsdp"]
+    assert list(e.to_dict()) == ["where", "fraction_of", "roles", "exposed_unknown", "worth_of", "fsdp", "pipeline"]
     assert e.to_dict()["fsdp"] == {"allgathers": 4, "issue_recorded": 4, "max_in_flight": 2,
                                    "queued_behind_previous": 2, "queued_us": 220.0}
 

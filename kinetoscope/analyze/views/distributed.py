@@ -62,6 +62,55 @@ def roles_table(report: Report) -> pd.DataFrame:
     return out
 
 
+#: the pipeline-stage table's columns (ms per complete step, as the ranks table)
+STAGE_COLUMNS = ("stage", "rank", "upstream_rank", "downstream_rank", "steps", "step_ms", "bubble_ms",
+                 "bubble_fraction", "worth_ms", "where")
+
+
+def stage_order(links: Mapping[int, tuple[int | None, int | None]]) -> dict[int, int | None]:
+    """Each rank's stage (0: the first) from each one's (upstream, downstream) ranks: the chains that start at a rank
+    receiving from none and follow each rank's downstream one whose upstream it is. None for a rank on no such chain
+    (a link one side does not confirm, a cycle as interleaved stages make, a rank not seen)."""
+    out: dict[int, int | None] = dict.fromkeys(links)
+    for head, (up, _) in links.items():
+        if up is not None:
+            continue
+        rank: int | None = head
+        k = 0
+        while rank is not None and rank in links and out[rank] is None:
+            out[rank] = k
+            nxt = links[rank][1]
+            rank = nxt if nxt is not None and nxt in links and links[nxt][0] == rank else None
+            k += 1
+    return out
+
+
+def stages_table(report: Report) -> pd.DataFrame:
+    """One row per rank that is a pipeline stage (``comm_roles.pipeline``), in stage order: its neighbours, its bubble
+    and what removing the waits is worth (ms per complete step; blank where unknown)."""
+    blocks = {}
+    for rr in report.rank_reports:
+        roles = rr.result(CommRoles)
+        if roles is not None and roles.pipeline is not None:
+            blocks[rr.rank] = roles.pipeline
+    order = stage_order({r: (b.upstream_rank, b.downstream_rank) for r, b in blocks.items()})
+    rows = []
+    for rank, b in blocks.items():
+        step_ms = float(np.mean([s.step_us for s in b.steps])) / 1000 if b.steps else None
+        rows.append({"stage": order[rank], "rank": rank, "upstream_rank": b.upstream_rank,
+                     "downstream_rank": b.downstream_rank, "steps": len(b.steps), "step_ms": step_ms,
+                     "bubble_ms": None if b.bubble_us_per_step is None else b.bubble_us_per_step / 1000,
+                     "bubble_fraction": b.bubble_fraction,
+                     "worth_ms": None if b.worth_us_per_step is None else b.worth_us_per_step / 1000,
+                     "where": b.where})
+    out = pd.DataFrame(rows, columns=list(STAGE_COLUMNS))
+    for col in ("stage", "upstream_rank", "downstream_rank"):
+        out[col] = pd.array(out[col], dtype="Int64")
+    for col in ("step_ms", "bubble_ms", "bubble_fraction", "worth_ms"):
+        out[col] = pd.to_numeric(out[col], errors="coerce").astype("float64")
+    return out.sort_values(["stage", "rank"], kind="stable", na_position="last").reset_index(drop=True)
+
+
 @dataclass(frozen=True)
 class DistributedView:
     #: one row per rank (``RANK_COLUMNS``); GPU columns are null where the rank recorded no GPU collectives
@@ -74,6 +123,8 @@ class DistributedView:
     about: str
     #: per rank and role (``ROLE_COLUMNS``): communication by what it serves, from each rank's ``comm_roles``
     roles: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=list(ROLE_COLUMNS)))
+    #: per pipeline stage (``STAGE_COLUMNS``), in stage order: its bubble per step, from each rank's ``comm_roles``
+    stages: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=list(STAGE_COLUMNS)))
 
 
 @trace_view
@@ -168,4 +219,4 @@ def distributed_view(trace: Trace, report: Report) -> DistributedView:
              "most often; last to arrive: how many collectives waited for this rank; clock skew: its clock's offset "
              "from the reference rank. Blank: the trace cannot say (no collective kernels, no matched collectives).")
     return DistributedView(ranks=ranks, collectives=collectives_ms, headline=headline, about=about,
-                           roles=roles_table(report))
+                           roles=roles_table(report), stages=stages_table(report))
