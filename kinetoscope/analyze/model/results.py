@@ -543,7 +543,11 @@ class CommRole(Record, frozen=True):
 
     role: str
     collectives: int
+    #: their operations; "unknown" for a collective whose operation nothing in the trace tells (a kernel whose name
+    #: says none, without a ``Collective name`` and without a launch on record: launched before the recording began)
     ops: list[str]
+    #: how many of them are such
+    ops_unknown: int
     time_us: float | None
     #: the part no compute ran beside, and its share of the window; None where it cannot be told
     exposed_us: float | None

@@ -26,8 +26,8 @@ RANK_COLUMNS = ("rank", "steps", "step_ms", "compute_only_ms", "overlap_ms", "co
 
 
 #: the communication-by-role table's columns (ms per complete step, as the ranks table)
-ROLE_COLUMNS = ("rank", "role", "serves", "collectives", "time_ms", "exposed_ms", "worth_ms", "fsdp_max_in_flight",
-                "fsdp_queued")
+ROLE_COLUMNS = ("rank", "role", "serves", "collectives", "ops_unknown", "time_ms", "exposed_ms", "worth_ms",
+                "fsdp_max_in_flight", "fsdp_queued")
 #: what each role serves, in words
 ROLE_WORDS = {"fsdp_allgather": "FSDP: gathering parameters", "fsdp_reducescatter": "FSDP: reducing gradients",
               "dp_allreduce": "data parallel (DDP): gradient all-reduce", "tp_forward": "tensor parallel (forward)",
@@ -48,7 +48,7 @@ def roles_table(report: Report) -> pd.DataFrame:
         for r in block.roles:
             is_ag = r.role == "fsdp_allgather"
             rows.append({"rank": rr.rank, "role": r.role, "serves": ROLE_WORDS.get(r.role, r.role),
-                         "collectives": r.collectives,
+                         "collectives": r.collectives, "ops_unknown": r.ops_unknown,
                          "time_ms": None if r.time_us is None else r.time_us / per_step / 1000,
                          "exposed_ms": None if r.exposed_us is None else r.exposed_us / per_step / 1000,
                          "worth_ms": None if r.worth_us_per_step is None else r.worth_us_per_step / 1000,

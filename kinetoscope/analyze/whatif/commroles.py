@@ -103,7 +103,8 @@ def comm_roles_entry(trace: RankTrace, config: AnalysisConfig = DEFAULT_CONFIG) 
         exp_ns = iv.measure(iv.intersect(busy, exposed)) if exposed is not None else None
         worth = worth_by_role[role] = _worth_ns(trace, mine.index.to_numpy()) if where == "gpu" else None
         roles.append(CommRole(role=role, collectives=int(len(mine)),
-                              ops=sorted({str(o) for o in mine["op"]}),
+                              ops=sorted({"unknown" if o == "other" else str(o) for o in mine["op"]}),
+                              ops_unknown=int((mine["op"] == "other").sum()),
                               time_us=us(iv.measure(busy)),
                               exposed_us=us(exp_ns) if exp_ns is not None else None,
                               exposed_fraction=frac(exp_ns, w.dur_ns) if exp_ns is not None else None,

@@ -32,7 +32,8 @@ LABELS = {
 }
 
 
-ROLE_LABELS = {"rank": "rank", "serves": "serves", "collectives": "collectives", "time_ms": "time (ms/step)",
+ROLE_LABELS = {"rank": "rank", "serves": "serves", "collectives": "collectives",
+               "ops_unknown": "operation unknown", "time_ms": "time (ms/step)",
                "exposed_ms": "exposed (ms/step)", "worth_ms": "worth hiding (ms/step)",
                "fsdp_max_in_flight": "all-gathers in flight", "fsdp_queued": "queued all-gathers"}
 
@@ -136,8 +137,9 @@ def _roles(roles: pd.DataFrame) -> None:
     st.subheader("Communication by what it serves")
     st.caption("Per rank and role, ms per step: the collectives' time, the part no compute ran beside "
                "(exposed), and what hiding them entirely would give the step (the replay; blank for collectives "
-               "on the host). FSDP: all-gathers in flight at once (1: no prefetch) and queued behind the "
-               "previous one on one communicator.")
+               "on the host). Operation unknown: collectives the trace does not name (a generic kernel launched "
+               "before the recording began), counted under other. FSDP: all-gathers in flight at once (1: no "
+               "prefetch) and queued behind the previous one on one communicator.")
     st.dataframe(roles.drop(columns=["role"]).rename(columns=ROLE_LABELS),
                  formats={ROLE_LABELS[c]: "{:,.3f}" for c in ("time_ms", "exposed_ms", "worth_ms")},
                  width="stretch")
