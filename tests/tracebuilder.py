@@ -159,7 +159,8 @@ def _stage_order(schedule: str, stages: int, micro: int, s: int) -> list[tuple[s
 
 
 def pipeline_job(*, stages: int, micro: int, schedule: str = "gpipe", fwd_us: float = 100.0, bwd_us: float = 200.0,
-                 steps: int = 3, host_us: float = 100.0, send_us: float = 1.0) -> list[TraceBuilder]:
+                 steps: int = 3, host_us: float = 100.0, send_us: float = 1.0,
+                 world_group: bool = False) -> list[TraceBuilder]:
     """A pipeline-parallel job on A100s, one rank per stage, its bubbles known by construction: each step, a rank's
     host launches every kernel of the step in its first ``host_us`` (1 us apiece), then waits in a
     cudaDeviceSynchronize for the last; the GPU starts ``host_us`` after the step. Each forward (``fwd_us``) and
@@ -167,7 +168,8 @@ def pipeline_job(*, stages: int, micro: int, schedule: str = "gpipe", fwd_us: fl
     posted when its previous receive ended (the step's first at the GPU's start), which ends when the neighbour's
     kernel producing it ends (transfers take no time), and sends each output on stream 21 in a ``send_us`` kernel
     from the end of the kernel producing it. Kernels carry "Collective name" and "Process Group Ranks" (a two-rank
-    group per pair of neighbours), as recent Kineto writes them. A rank's next step starts when its last kernel ends.
+    group per pair of neighbours; ``world_group``: every send/recv in one group of all the ranks, which names no peer),
+    as recent Kineto writes them. A rank's next step starts when its last kernel ends.
     Simulated from a step before the first (not written), so every written step is alike: with equal stage times, each
     stage's GPU waits (stages - 1) x (fwd_us + bwd_us) a step, and the schedule spans (micro + stages - 1) x
     (fwd_us + bwd_us) (GPipe's bubble fraction (p - 1) / (m + p - 1)); a step spans that plus ``host_us``."""
@@ -194,7 +196,8 @@ def pipeline_job(*, stages: int, micro: int, schedule: str = "gpipe", fwd_us: fl
                     start = free[s]
                     if needs:
                         arrival = done[(kind, src, i)]
-                        group = {"Process Group Ranks": str(sorted([s, src])), "Collective name": "recv"}
+                        ranks = sorted([s, src]) if not world_group else list(range(stages))
+                        group = {"Process Group Ranks": str(ranks), "Collective name": "recv"}
                         r0 = recv_free[s]
                         if arrival > r0:
                             kernels[s].append((r0, arrival - r0, 20, SENDRECV_KERNEL, group))
@@ -206,7 +209,9 @@ def pipeline_job(*, stages: int, micro: int, schedule: str = "gpipe", fwd_us: fl
                     dst = s + 1 if kind == "F" else s - 1
                     if 0 <= dst < stages:
                         kernels[s].append((start + dur, send_us, 21, SENDRECV_KERNEL,
-                                           {"Process Group Ranks": str(sorted([s, dst])), "Collective name": "send"}))
+                                           {"Process Group Ranks": str(sorted([s, dst]) if not world_group
+                                                                       else list(range(stages))),
+                                            "Collective name": "send"}))
             if not progressed:
                 raise ValueError("the schedule deadlocks")
         for s in range(stages):

@@ -114,3 +114,41 @@ def test_the_distributed_view_shows_a_row_per_stage_in_stage_order(tmp_path):
     assert list(table["bubble_ms"]) == [0.9] * 4 and list(table["step_ms"]) == [3.4] * 4
     assert list(table["worth_ms"]) == [0.899, 0.899, 0.899, 0.9]
     assert list(table["upstream_rank"].astype(object).fillna(-1)) == [-1, 0, 1, 2]
+
+
+def test_each_stage_s_bubble_is_a_finding_worth_what_the_replay_says(tmp_path):
+    from kinetoscope.analyze.ingest.loader import load_trace
+    from kinetoscope.analyze.report.builder import build_report
+
+    for s, b in enumerate(pipeline_job(stages=4, micro=8, schedule="gpipe")):
+        b.write(tmp_path / "job" / f"rank-{s}.json")
+    report = build_report(load_trace(tmp_path / "job"))
+    bubbles = {f.rank: f for f in report.findings if f.id == "pipeline_bubble"}
+    assert sorted(bubbles) == [0, 1, 2, 3]
+    first, last = bubbles[0], bubbles[3]
+    assert first.title == "Pipeline stage (first stage, sends to rank 1) waits for its neighbours 26% of each step " \
+                          "(0.90 ms of 3.40 ms)"
+    assert last.title.startswith("Pipeline stage (receives from rank 2, last stage) waits")
+    assert first.evidence["bubble_us_by_step"] == {"0": 900.0, "1": 900.0, "2": 900.0}
+    assert first.impact_us == 2700.0  # three steps' bubbles
+    # the replay with the send/recv kernels taking no time (the comm_roles block's worth): 899 and 900 us a step,
+    # an upper bound, so credited at half: 899 / 3400 = 26%, 13% credited: a warning
+    assert (first.estimate["saving_us_per_step"], last.estimate["saving_us_per_step"]) == (899.0, 900.0)
+    assert first.estimate["bound"] == "upper" and first.worth.basis == "upper bound"
+    assert first.severity == "warning"
+
+
+def test_no_finding_where_the_bubble_is_small_or_no_neighbour_is_known(tmp_path):
+    from kinetoscope.analyze.analyzers.comm import analyze_comm
+    from kinetoscope.analyze.model.config import DEFAULT_CONFIG
+
+    def bubble_findings(name, **job):
+        r = load_built(tmp_path, pipeline_job(**job)[0], f"{name}.json").ranks[0]
+        return [f for f in analyze_comm(r, DEFAULT_CONFIG).findings if f.id == "pipeline_bubble"]
+
+    assert len(bubble_findings("a", stages=2, micro=4)) == 1  # 300 us of 1600: 19%
+    # 2 stages, 32 microbatches (250 us to launch their kernels): 300 us of 250 + 33 x 300 = 10150 us, 3% of the
+    # step: under the 5% bar
+    assert bubble_findings("b", stages=2, micro=32, host_us=250.0) == []
+    # one group of all three ranks names no peer: send/recv to no known neighbour are no evidence of stages
+    assert bubble_findings("c", stages=3, micro=4, world_group=True) == []

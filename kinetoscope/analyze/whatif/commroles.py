@@ -11,12 +11,12 @@ from kinetoscope.analyze.model import intervals as iv
 from kinetoscope.analyze.model.collectives import comm_compute_sets, host_compute
 from kinetoscope.analyze.model.commroles import ROLES, collective_roles
 from kinetoscope.analyze.model.config import DEFAULT_CONFIG, AnalysisConfig
+from kinetoscope.analyze.model.pipeline import pipeline_stage
 from kinetoscope.analyze.model.results import CommRole, CommRoles, FsdpGathers
 from kinetoscope.analyze.model.timeline import missing_activity, window
 from kinetoscope.analyze.model.trace import RankTrace
 from kinetoscope.analyze.model.units import frac, us
 from kinetoscope.analyze.whatif.graph import replay_graph
-from kinetoscope.analyze.whatif.pipeline import pipeline_stage
 from kinetoscope.analyze.whatif.replay import Edits, baseline, replay
 
 #: an all-gather that started within this of the previous one's end, on its stream (or gloo thread), after being

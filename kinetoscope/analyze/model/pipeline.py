@@ -1,6 +1,7 @@
 """A rank as a pipeline stage (``PipelineStage``): the neighbours it passes activations and gradients to, and its
 bubble in each complete step, the time it waited for them (the schedule's warm-up and cool-down, and the waits in
-between), with what removing the waits is worth through the replay.
+between). ``whatif.commroles`` writes it in ``comm_roles`` with what the replay says removing the waits is worth;
+the ``pipeline_bubble`` finding rests on it.
 
 The stage's neighbours are the other members of the two-rank process groups its send/recv run in (a larger group
 does not say who the peer is). In a step (the first complete one), the recv that ends first, where it ends before
