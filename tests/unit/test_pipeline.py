@@ -152,3 +152,65 @@ def test_no_finding_where_the_bubble_is_small_or_no_neighbour_is_known(tmp_path)
     assert bubble_findings("b", stages=2, micro=32, host_us=250.0) == []
     # one group of all three ranks names no peer: send/recv to no known neighbour are no evidence of stages
     assert bubble_findings("c", stages=3, micro=4, world_group=True) == []
+
+
+def gloo_stage(rank: int, world: int, up: int | None, down: int | None, *, one_group: bool = True,
+               shapes: bool = True):
+    """One 1000 us step of a stage on gloo/CPU, as torch.distributed.pipelining records it (a real 2-rank capture:
+    c10d::send / c10d::recv_ ops, each followed by a gloo:send / gloo:recv annotation on the training thread that
+    lasts until the transfer is done; a send waited for later, a recv at once). Two forwards (+10..+110,
+    +120..+220), each sent on (sends +115..+300 and +225..+500: the thread has nothing left to do from +220); the
+    first gradient's recv +515..+800, a backward +800..+900, the second's recv +905..+910, a backward +910..+990.
+    ``up``/``down``: the ranks the c10d ops name (their third argument, recorded with record_shapes)."""
+    from tracebuilder import TraceBuilder
+
+    b = TraceBuilder(rank=rank, world_size=world)
+    if one_group:
+        b.top["distributedInfo"]["pg_count"] = 1
+    t = 10_000
+
+    def c10d(name, at, peer):
+        args = {"Input Dims": [[[16, 256]], [], [], []], "Concrete Inputs": ["", "", str(peer), "0"]} \
+            if shapes else {}
+        b.op(name, at, 5, **args)
+
+    b.step(0, t, 1000)
+    b.op("aten::mm", t + 10, 100)
+    c10d("c10d::send", t + 110, down)
+    b.op("gloo:send", t + 115, 185, cat="user_annotation")
+    b.op("aten::mm", t + 120, 100)
+    c10d("c10d::send", t + 220, down)
+    b.op("gloo:send", t + 225, 275, cat="user_annotation")
+    c10d("c10d::recv_", t + 510, down)
+    b.op("gloo:recv", t + 515, 285, cat="user_annotation")
+    b.op("aten::mm", t + 800, 100)
+    c10d("c10d::recv_", t + 900, down)
+    b.op("gloo:recv", t + 905, 5, cat="user_annotation")
+    b.op("aten::mm", t + 910, 80)
+    if up is not None:  # a later stage first receives its activations
+        c10d("c10d::recv_", t + 1, up)
+        b.op("gloo:recv", t + 3, 6, cat="user_annotation")
+    return b
+
+
+def test_on_gloo_the_stage_waits_in_recv_and_in_the_sends_after_its_last_compute(tmp_path):
+    block = comm_roles_entry(load_built(tmp_path, gloo_stage(0, 2, None, 1)).ranks[0]).pipeline
+    assert block.where == "host" and block.bubble_unknown is None
+    # two ranks: the peer is the other one; the first op of the step is a send: the first stage
+    assert (block.peers, block.upstream_rank, block.downstream_rank) == ([1], None, 1)
+    # sends: +220..+300 (after the second forward) and +225..+500 (nothing after it): +220..+500; recvs +515..+800 and
+    # +905..+910; the gaps between ops (+110..+120, +500..+515) are not waits
+    (step,) = block.steps
+    assert step.intervals_us == [[220.0, 500.0], [515.0, 800.0], [905.0, 910.0]]
+    assert (step.bubble_us, block.bubble_us_per_step, block.bubble_fraction) == (570.0, 570.0, 0.57)
+    assert block.worth_us_per_step is None and "not replayed" in block.worth_of
+
+
+def test_on_gloo_the_peers_come_from_the_c10d_ops_where_the_job_had_one_group(tmp_path):
+    def stage(name, **kw):
+        return comm_roles_entry(load_built(tmp_path, gloo_stage(1, 3, 0, 2, **kw), f"{name}.json").ranks[0]).pipeline
+
+    middle = stage("a")
+    assert (middle.peers, middle.upstream_rank, middle.downstream_rank) == ([0, 2], 0, 2)
+    # several process groups: the c10d op's rank is one in its group, which the trace does not name
+    assert (stage("b", one_group=False).peers, stage("c", shapes=False).upstream_rank) == ([], None)
