@@ -209,7 +209,8 @@ def pipeline_stage(trace: RankTrace, config: AnalysisConfig, worth_ns: float | N
     mean_step = float(np.mean([s.step_us for s in per_step])) if per_step else None
     return PipelineStage(
         where=where, peers=peers, upstream_rank=up, downstream_rank=down, p2p_ops=int(len(p2p)),
-        measure=MEASURE_GPU if where == "gpu" else MEASURE_HOST, window=WINDOW, steps=per_step,
+        measure=MEASURE_GPU if where == "gpu" else MEASURE_HOST, window=WINDOW, fraction_of="the mean step",
+        steps=per_step,
         bubble_us_per_step=round(mean_bubble, 3) if mean_bubble is not None else None,
         bubble_fraction=frac(mean_bubble, mean_step),
         worth_us_per_step=round(worth_ns / 1000, 3) if worth_ns is not None else None,

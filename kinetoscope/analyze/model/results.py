@@ -599,6 +599,8 @@ class PipelineStage(Record, frozen=True):
     measure: str
     #: what each step's span is
     window: str
+    #: what ``bubble_fraction`` is a share of (a step's own ``bubble_fraction``: of that step)
+    fraction_of: str
     steps: list[BubbleStep]
     #: the mean over the steps, and its share of the mean step
     bubble_us_per_step: float | None
