@@ -59,12 +59,15 @@ class TraceBuilder:
         return self._corr
 
     def kernel(self, ts: float, dur: float, *, stream: int = 7, device: int = 0, name: str = "gemm_kernel",
-               launch_at: float | None = None, launch_dur: float = 5.0, launch_tid: int = MAIN_TID) -> TraceBuilder:
+               launch_at: float | None = None, launch_dur: float = 5.0, launch_tid: int = MAIN_TID,
+               args: dict[str, Any] | None = None) -> TraceBuilder:
+        """``args``: more of the kernel's args (a collective's "Collective name", "Process Group Ranks" ...)."""
         corr = self._next_corr()
         if launch_at is not None:
             self.runtime("cudaLaunchKernel", launch_at, launch_dur, corr, tid=launch_tid)
         self.events.append({"ph": "X", "cat": "kernel", "name": name, "pid": device, "tid": stream, "ts": ts,
-                            "dur": dur, "args": {"device": device, "stream": stream, "correlation": corr}})
+                            "dur": dur, "args": {"device": device, "stream": stream, "correlation": corr,
+                                                 **(args or {})}})
         return self
 
     def memcpy(self, ts: float, dur: float, *, direction: str = "HtoD", host: str = "Pageable", nbytes: int = 1 << 20,
@@ -137,3 +140,91 @@ def ddp_step(steps: int = 3, **builder: Any) -> TraceBuilder:
         b.kernel(t + 620, 300, name=NCCL, stream=20, launch_at=t + 615)
         b.runtime("cudaStreamSynchronize", t + 700, 225)
     return b
+
+
+#: NCCL's kernel for send and recv (and all-to-all): its name says neither
+SENDRECV_KERNEL = "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)"
+
+
+def _stage_order(schedule: str, stages: int, micro: int, s: int) -> list[tuple[str, int]]:
+    """Stage ``s``'s tasks in order: GPipe (every forward, then every backward) or 1F1B (``stages - 1 - s`` forwards
+    of warm-up, then one forward one backward, then the backwards left)."""
+    if schedule == "gpipe":
+        return [("F", i) for i in range(micro)] + [("B", i) for i in range(micro)]
+    warm = min(stages - 1 - s, micro)
+    order = [("F", i) for i in range(warm)]
+    for i in range(micro - warm):
+        order += [("F", warm + i), ("B", i)]
+    return order + [("B", i) for i in range(micro - warm, micro)]
+
+
+def pipeline_job(*, stages: int, micro: int, schedule: str = "gpipe", fwd_us: float = 100.0, bwd_us: float = 200.0,
+                 steps: int = 3, host_us: float = 100.0, send_us: float = 1.0,
+                 world_group: bool = False) -> list[TraceBuilder]:
+    """A pipeline-parallel job on A100s, one rank per stage, its bubbles known by construction: each step, a rank's
+    host launches every kernel of the step in its first ``host_us`` (1 us apiece), then waits in a
+    cudaDeviceSynchronize for the last; the GPU starts ``host_us`` after the step. Each forward (``fwd_us``) and
+    backward (``bwd_us``) is one kernel on stream 7; a stage receives each input on stream 20 in a SendRecv kernel
+    posted when its previous receive ended (the step's first at the GPU's start), which ends when the neighbour's
+    kernel producing it ends (transfers take no time), and sends each output on stream 21 in a ``send_us`` kernel
+    from the end of the kernel producing it. Kernels carry "Collective name" and "Process Group Ranks" (a two-rank
+    group per pair of neighbours; ``world_group``: every send/recv in one group of all the ranks, which names no peer),
+    as recent Kineto writes them. A rank's next step starts when its last kernel ends.
+    Simulated from a step before the first (not written), so every written step is alike: with equal stage times, each
+    stage's GPU waits (stages - 1) x (fwd_us + bwd_us) a step, and the schedule spans (micro + stages - 1) x
+    (fwd_us + bwd_us) (GPipe's bubble fraction (p - 1) / (m + p - 1)); a step spans that plus ``host_us``."""
+    builders = [TraceBuilder(rank=s, world_size=stages, device_properties=[{"id": 0, "name": "NVIDIA A100-SXM4-80GB"}])
+                for s in range(stages)]
+    host_start = [10_000.0] * stages
+    for k in range(-1, steps):
+        done: dict[tuple[str, int, int], float] = {}  # (kind, stage, microbatch) -> the end of its kernel
+        kernels: list[list[tuple[float, float, int, str, dict[str, Any]]]] = [[] for _ in range(stages)]
+        free = [h + host_us for h in host_start]
+        recv_free = list(free)
+        pending = {s: _stage_order(schedule, stages, micro, s) for s in range(stages)}
+        while any(pending.values()):
+            progressed = False
+            for s in range(stages):
+                while pending[s]:
+                    kind, i = pending[s][0]
+                    src = s - 1 if kind == "F" else s + 1
+                    needs = 0 <= src < stages
+                    if needs and (kind, src, i) not in done:
+                        break
+                    pending[s].pop(0)
+                    progressed = True
+                    start = free[s]
+                    if needs:
+                        arrival = done[(kind, src, i)]
+                        ranks = sorted([s, src]) if not world_group else list(range(stages))
+                        group = {"Process Group Ranks": str(ranks), "Collective name": "recv"}
+                        r0 = recv_free[s]
+                        if arrival > r0:
+                            kernels[s].append((r0, arrival - r0, 20, SENDRECV_KERNEL, group))
+                        recv_free[s] = max(r0, arrival)
+                        start = max(start, arrival)
+                    dur = fwd_us if kind == "F" else bwd_us
+                    kernels[s].append((start, dur, 7, f"{'fwd' if kind == 'F' else 'bwd'}_gemm", {}))
+                    free[s] = done[(kind, s, i)] = start + dur
+                    dst = s + 1 if kind == "F" else s - 1
+                    if 0 <= dst < stages:
+                        kernels[s].append((start + dur, send_us, 21, SENDRECV_KERNEL,
+                                           {"Process Group Ranks": str(sorted([s, dst]) if not world_group
+                                                                       else list(range(stages))),
+                                            "Collective name": "send"}))
+            if not progressed:
+                raise ValueError("the schedule deadlocks")
+        for s in range(stages):
+            end = max(t + d for t, d, *_ in kernels[s])
+            if k >= 0:
+                b = builders[s]
+                b.step(k, host_start[s], end - host_start[s])
+                ordered = sorted(kernels[s], key=lambda x: x[0])
+                if len(ordered) + 1 > host_us:
+                    raise ValueError("host_us too short to launch the step's kernels")
+                for j, (t, d, stream, name, args) in enumerate(ordered):
+                    b.kernel(t, d, stream=stream, name=name, launch_at=host_start[s] + j, launch_dur=1.0,
+                             args=args)
+                b.runtime("cudaDeviceSynchronize", host_start[s] + len(ordered), end - host_start[s] - len(ordered))
+            host_start[s] = end
+    return builders

@@ -98,7 +98,7 @@ def test_fsdp_on_gloo_all_gathers_in_flight_and_queued_and_the_reduce_scatter_gl
     # two issued at once (+10 and +20, the first ending at +130): two in flight; the second waited behind the first
     # from its issue (+20) to its start (+130)
     # the JSON object, its keys in the report's order
-    assert list(e.to_dict()) == ["where", "fraction_of", "roles", "exposed_unknown", "worth_of", "fsdp"]
+    assert list(e.to_dict()) == ["where", "fraction_of", "roles", "exposed_unknown", "worth_of", "fsdp", "pipeline"]
     assert e.to_dict()["fsdp"] == {"allgathers": 4, "issue_recorded": 4, "max_in_flight": 2,
                                    "queued_behind_previous": 2, "queued_us": 220.0}
 
@@ -153,3 +153,39 @@ def test_without_a_launch_on_record_a_generic_kernel_s_operation_stays_unknown(t
     b.kernel(10_450, 100, name=GENERIC, stream=20)  # launched before the recording began
     roles = collective_roles(load_built(tmp_path, b).ranks[0])
     assert list(roles["op"]) == ["other"] and list(roles["role"]) == ["other"]
+
+
+def rccl_step() -> TraceBuilder:
+    """One 1000 us step on an MI300X whose collectives all run in RCCL's ``ncclDevKernel_Generic_4`` kernel (its name
+    says no operation), as the TraceLens MI300X trace records them: in the forward (+10..+200) a broadcast whose kernel
+    carries its own "Collective name" and group (Kineto copies the launching op's args onto the kernel); in backward
+    (+300..+700) a kernel launched by hipExtLaunchKernel inside record_param_comms("allreduce") without args of its
+    own; and one kernel launched before the recording began: no launch, no args, nothing names it."""
+    b = TraceBuilder(device_properties=[{"id": 0, "name": "AMD Instinct MI300X"}])
+    t = 10_000
+    b.step(0, t, 1000)
+    b.kernel(t + 2, 30, name="ncclDevKernel_Generic_4(ncclDevKernelArgsStorage<4096ul>)", stream=4)
+    b.op("aten::linear", t + 10, 190)
+    b.kernel(t + 40, 50, name="Cijk_Alik_Bljk_BBS_BH", launch_at=t + 20)
+    b.kernel(t + 100, 14, name="ncclDevKernel_Generic_4(ncclDevKernelArgsStorage<4096ul>)", stream=4,
+             launch_at=t + 60, args={"Collective name": "broadcast", "In msg nelems": 9600,
+                                     "Process Group Ranks": "[0, 1, 2, 3, 4, 5, 6, 7]"})
+    b.op("autograd::engine::evaluate_function: ConvolutionBackward0", t + 300, 400)
+    b.op("c10d::allreduce_", t + 400, 60)
+    b.op("record_param_comms", t + 405, 50, **{"Collective name": "allreduce", "In msg nelems": 2873320})
+    b.op("nccl:all_reduce", t + 410, 40, cat="user_annotation")
+    b.kernel(t + 460, 300, name="ncclDevKernel_Generic_4(ncclDevKernelArgsStorage<4096ul>)", stream=4,
+             launch_at=t + 420)
+    return b
+
+
+def test_rccl_s_generic_kernels_take_their_operation_from_their_args_or_launch_and_the_rest_is_unknown(tmp_path):
+    r = load_built(tmp_path, rccl_step()).ranks[0]
+    roles = collective_roles(r)
+    assert list(roles["op"]) == ["other", "broadcast", "allreduce"]
+    assert list(roles["role"]) == ["other", "other", "dp_allreduce"]
+    assert list(roles["group_ranks"])[1] == "[0, 1, 2, 3, 4, 5, 6, 7]"
+    by = {x.role: x for x in comm_roles_entry(r).roles}
+    # the unnamed kernel is counted under other, said as unknown
+    assert (by["other"].collectives, by["other"].ops, by["other"].ops_unknown) == (2, ["broadcast", "unknown"], 1)
+    assert (by["dp_allreduce"].ops, by["dp_allreduce"].ops_unknown) == (["allreduce"], 0)

@@ -4,6 +4,7 @@ across ranks is ``distributed``; the job-level analyzer is in ``straggler``."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pandas as pd
@@ -13,6 +14,7 @@ from kinetoscope.analyze.model.analysis import AnalysisResult, register
 from kinetoscope.analyze.model.collectives import collectives, comm_compute_sets, host_collectives, host_compute
 from kinetoscope.analyze.model.config import AnalysisConfig
 from kinetoscope.analyze.model.findings import Finding
+from kinetoscope.analyze.model.pipeline import pipeline_stage
 from kinetoscope.analyze.model.results import Comm, CommResult, OpTime
 from kinetoscope.analyze.model.timeline import missing_activity, window
 from kinetoscope.analyze.model.trace import RankTrace
@@ -82,9 +84,58 @@ def _exposed_finding(trace: RankTrace, config: AnalysisConfig, w: Any, exposed_n
     )
 
 
+_BUBBLE_ADVICE = (
+    "More microbatches per step shrink the schedule's warm-up and cool-down (with GPipe or 1F1B and stages of equal "
+    "time they idle (p - 1) / (m + p - 1) of it, for p stages and m microbatches); an interleaved schedule (several "
+    "stages per rank: torch.distributed.pipelining's ScheduleInterleaved1F1B) divides that by the stages per rank, "
+    "and a zero-bubble one (ScheduleInterleavedZeroBubble, ScheduleZBVZeroBubble) fills it with weight-gradient work. "
+    "Waits in the middle of the steady state point at a slower neighbour: balance the layers across the stages. "
+    "Compare the stages (kinetoscope analyze on the job's directory) before tuning.")
+
+
+def _bubble_finding(trace: RankTrace, config: AnalysisConfig) -> Finding | None:
+    """The stage's bubble, where the trace shows the rank is a stage (a neighbour known) and tells every step's."""
+    stage = pipeline_stage(trace, config, None)
+    if stage is None or stage.bubble_us_per_step is None or stage.bubble_fraction is None or not stage.steps:
+        return None
+    if stage.upstream_rank is None and stage.downstream_rank is None:
+        return None  # send/recv to no known neighbour: not evidence of pipeline stages
+    if stage.bubble_fraction < config.pipeline_bubble_min_fraction:
+        return None
+    mean_step_us = sum(s.step_us for s in stage.steps) / len(stage.steps)
+    total_us = sum(s.bubble_us or 0.0 for s in stage.steps)
+    where = ("receives from rank " + str(stage.upstream_rank) if stage.upstream_rank is not None else "first stage") \
+        + (", sends to rank " + str(stage.downstream_rank) if stage.downstream_rank is not None else ", last stage")
+    return Finding(
+        id="pipeline_bubble",
+        rank=trace.rank,
+        title=(f"Pipeline stage ({where}) waits for its neighbours {stage.bubble_fraction:.0%} of each step "
+               f"({stage.bubble_us_per_step / 1000:,.2f} ms of {mean_step_us / 1000:,.2f} ms)"),
+        evidence={
+            "bubble_us_per_step": stage.bubble_us_per_step,
+            "bubble_fraction_of_step": stage.bubble_fraction,
+            "bubble_us_by_step": {str(s.step): s.bubble_us for s in stage.steps},
+            "steps": len(stage.steps),
+            "upstream_rank": stage.upstream_rank,
+            "downstream_rank": stage.downstream_rank,
+            "where": stage.where,
+            "measure": stage.measure,
+        },
+        recommendation=_BUBBLE_ADVICE,
+        impact_us=total_us,
+    )
+
+
 @register("comm", "Communication overlap")
 def analyze_comm(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
-    """Collective time (union), how much of it overlaps compute kernels, and the exposed remainder, by kind."""
+    """Collective time (union), how much of it overlaps compute kernels, and the exposed remainder, by kind; and a
+    pipeline stage's bubble."""
+    res = _overlap(trace, config)
+    bubble = _bubble_finding(trace, config)
+    return replace(res, findings=(*res.findings, bubble)) if bubble is not None else res
+
+
+def _overlap(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
     coll = collectives(trace)
     if coll.empty:
         return _host_collectives(trace, config)

@@ -45,8 +45,8 @@ def group_name(pg_name: object, pg_ranks: object) -> str:
 @trace_view
 def collectives(trace: RankTrace) -> pd.DataFrame:
     """Collective kernels in the window, in start order, with what the trace says about each: operation,
-    process group, sequence number, message sizes (from the kernel's own args, else from the
-    ``record_param_comms`` op that launched it, matched on External id)."""
+    process group (``group``, and ``group_ranks`` as the trace writes them), sequence number, message sizes (from
+    the kernel's own args, else from the ``record_param_comms`` op that launched it, matched on External id)."""
     k = kernels(trace)
     coll = k[name_mask(k, COLLECTIVE_RE, search=True)]
     w = window(trace)
@@ -81,7 +81,8 @@ def collectives(trace: RankTrace) -> pd.DataFrame:
         if k is None:
             k = keys[(g, r)] = group_name(g, r)
         group_key.append(k)
-    return coll.assign(op=op, group=group_key, seq=pd.array(pick("seq"), dtype="Int64"),
+    return coll.assign(op=op, group=group_key, group_ranks=ranks.to_numpy(object),
+                       seq=pd.array(pick("seq"), dtype="Int64"),
                        in_nelems=pd.array(pick("in_nelems"), dtype="Int64"),
                        out_nelems=pd.array(pick("out_nelems"), dtype="Int64"))
 
@@ -113,6 +114,7 @@ def host_collectives(trace: RankTrace) -> pd.DataFrame:
     return sel.assign(
         op=[normalise_op(str(n).split(":", 1)[-1]) for n in sel["name"]],
         group="default",
+        group_ranks=None,
         seq=pd.array([None] * len(sel), dtype="Int64"),
         in_nelems=pd.array([None] * len(sel), dtype="Int64"),
         out_nelems=pd.array([None] * len(sel), dtype="Int64"),

@@ -46,6 +46,10 @@ class AnalysisConfig:
     #: Collectives not overlapped with compute for this share of the window are worth looking at (the same bar as
     #: the DataLoader's and the GPU's idle).
     exposed_comm_min_fraction: float = 0.05
+    #: A pipeline stage waiting for its neighbours this share of its mean step is worth looking at (the bar of the
+    #: other waits). GPipe and 1F1B leave (p - 1) / (m + p - 1) of the schedule idle: 4 stages need 57 microbatches
+    #: to bring it under 5%.
+    pipeline_bubble_min_fraction: float = 0.05
     #: Device mallocs and frees through the runtime holding the host this share of the window (the caching
     #: allocator makes them rare after warm-up) are worth looking at.
     allocator_min_fraction: float = 0.05
@@ -144,6 +148,7 @@ _FRACTIONS = frozenset(
         "overlap_min_fraction",
         "copy_min_fraction",
         "exposed_comm_min_fraction",
+        "pipeline_bubble_min_fraction",
         "memory_leak_device_share",
         "allocator_min_fraction",
         "host_min_core_share",

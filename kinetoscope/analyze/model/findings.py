@@ -26,6 +26,7 @@ NATURE: dict[str, Nature] = {  # the report's finding ids, each once
     "worker_respawn": "cost",
     "recompile": "cost",
     "exposed_comm": "cost",
+    "pipeline_bubble": "cost",
     "allocator_churn": "cost",
     "host_oversubscribed": "cost",
     "low_matrix_efficiency": "cost",

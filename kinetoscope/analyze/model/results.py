@@ -587,7 +587,11 @@ class CommRole(Record, frozen=True):
 
     role: str
     collectives: int
+    #: their operations; "unknown" for a collective whose operation nothing in the trace tells (a kernel whose name
+    #: says none, without a ``Collective name`` and without a launch on record: launched before the recording began)
     ops: list[str]
+    #: how many of them are such
+    ops_unknown: int
     time_us: float | None
     #: the part no compute ran beside, and its share of the window; None where it cannot be told
     exposed_us: float | None
@@ -606,6 +610,53 @@ class FsdpGathers(Record, frozen=True):
     queued_us: float | None
 
 
+class BubbleStep(Record, frozen=True):
+    """One complete step of a pipeline stage: its bubble, a union of intervals in the step's span."""
+
+    step: int
+    #: the step's span (its profiler step, host clock)
+    step_us: float
+    #: the time the stage waited for a neighbour (``PipelineStage.measure``); None where it cannot be told
+    bubble_us: float | None
+    #: of ``step_us``
+    bubble_fraction: float | None
+    #: the bubble's intervals, us from the step's start, in order (the first ``BUBBLE_INTERVALS_MAX``)
+    intervals_us: list[list[float]]
+    intervals_left_out: int
+
+
+class PipelineStage(Record, frozen=True):
+    """A rank as a pipeline stage (its send/recv to neighbours): who it exchanges with and its bubbles per step."""
+
+    #: "gpu" (send/recv kernels against compute kernels) or "host" (the training thread's send/recv and waits)
+    where: str
+    #: the ranks this one exchanges with (the other member of each two-rank group of its send/recv), ascending
+    peers: list[int]
+    #: the rank its first activations come from (the peer of the recv that ends first in the step, where it ends
+    #: before the first send starts), and the rank it sends them to (the peer of the first send to another rank
+    #: than the upstream one); None where there is none (the first and last stage) or the trace cannot say
+    upstream_rank: int | None
+    downstream_rank: int | None
+    #: send/recv in the window
+    p2p_ops: int
+    #: what the bubble is, in words
+    measure: str
+    #: what each step's span is
+    window: str
+    #: what ``bubble_fraction`` is a share of (a step's own ``bubble_fraction``: of that step)
+    fraction_of: str
+    steps: list[BubbleStep]
+    #: the mean over the steps, and its share of the mean step
+    bubble_us_per_step: float | None
+    bubble_fraction: float | None
+    #: the replayed mean step less the same with this stage's send/recv taking no time: what the stage gains if its
+    #: neighbours never kept it waiting; None where the replay cannot say (``worth_of`` says why)
+    worth_us_per_step: float | None
+    worth_of: str
+    #: why the bubble cannot be told; None where it can
+    bubble_unknown: str | None
+
+
 class CommRoles(Record, frozen=True):
     """A rank's ``comm_roles`` block."""
 
@@ -619,6 +670,8 @@ class CommRoles(Record, frozen=True):
     worth_of: str | None
     #: None: no FSDP all-gather
     fsdp: FsdpGathers | None
+    #: the rank as a pipeline stage; None: no send/recv
+    pipeline: PipelineStage | None = None
 
 
 # --- critical_path: each step's critical path and slack (``whatif.critpath``, written after the replay) ------------

@@ -26,8 +26,8 @@ RANK_COLUMNS = ("rank", "steps", "step_ms", "compute_only_ms", "overlap_ms", "co
 
 
 #: the communication-by-role table's columns (ms per complete step, as the ranks table)
-ROLE_COLUMNS = ("rank", "role", "serves", "collectives", "time_ms", "exposed_ms", "worth_ms", "fsdp_max_in_flight",
-                "fsdp_queued")
+ROLE_COLUMNS = ("rank", "role", "serves", "collectives", "ops_unknown", "time_ms", "exposed_ms", "worth_ms",
+                "fsdp_max_in_flight", "fsdp_queued")
 #: what each role serves, in words
 ROLE_WORDS = {"fsdp_allgather": "FSDP: gathering parameters", "fsdp_reducescatter": "FSDP: reducing gradients",
               "dp_allreduce": "data parallel (DDP): gradient all-reduce", "tp_forward": "tensor parallel (forward)",
@@ -48,7 +48,7 @@ def roles_table(report: Report) -> pd.DataFrame:
         for r in block.roles:
             is_ag = r.role == "fsdp_allgather"
             rows.append({"rank": rr.rank, "role": r.role, "serves": ROLE_WORDS.get(r.role, r.role),
-                         "collectives": r.collectives,
+                         "collectives": r.collectives, "ops_unknown": r.ops_unknown,
                          "time_ms": None if r.time_us is None else r.time_us / per_step / 1000,
                          "exposed_ms": None if r.exposed_us is None else r.exposed_us / per_step / 1000,
                          "worth_ms": None if r.worth_us_per_step is None else r.worth_us_per_step / 1000,
@@ -60,6 +60,55 @@ def roles_table(report: Report) -> pd.DataFrame:
     for col in ("fsdp_max_in_flight", "fsdp_queued"):
         out[col] = pd.array(out[col], dtype="Int64")
     return out
+
+
+#: the pipeline-stage table's columns (ms per complete step, as the ranks table)
+STAGE_COLUMNS = ("stage", "rank", "upstream_rank", "downstream_rank", "steps", "step_ms", "bubble_ms",
+                 "bubble_fraction", "worth_ms", "where")
+
+
+def stage_order(links: Mapping[int, tuple[int | None, int | None]]) -> dict[int, int | None]:
+    """Each rank's stage (0: the first) from each one's (upstream, downstream) ranks: the chains that start at a rank
+    receiving from none and follow each rank's downstream one whose upstream it is. None for a rank on no such chain
+    (a link one side does not confirm, a cycle as interleaved stages make, a rank not seen)."""
+    out: dict[int, int | None] = dict.fromkeys(links)
+    for head, (up, _) in links.items():
+        if up is not None:
+            continue
+        rank: int | None = head
+        k = 0
+        while rank is not None and rank in links and out[rank] is None:
+            out[rank] = k
+            nxt = links[rank][1]
+            rank = nxt if nxt is not None and nxt in links and links[nxt][0] == rank else None
+            k += 1
+    return out
+
+
+def stages_table(report: Report) -> pd.DataFrame:
+    """One row per rank that is a pipeline stage (``comm_roles.pipeline``), in stage order: its neighbours, its bubble
+    and what removing the waits is worth (ms per complete step; blank where unknown)."""
+    blocks = {}
+    for rr in report.rank_reports:
+        roles = rr.result(CommRoles)
+        if roles is not None and roles.pipeline is not None:
+            blocks[rr.rank] = roles.pipeline
+    order = stage_order({r: (b.upstream_rank, b.downstream_rank) for r, b in blocks.items()})
+    rows = []
+    for rank, b in blocks.items():
+        step_ms = float(np.mean([s.step_us for s in b.steps])) / 1000 if b.steps else None
+        rows.append({"stage": order[rank], "rank": rank, "upstream_rank": b.upstream_rank,
+                     "downstream_rank": b.downstream_rank, "steps": len(b.steps), "step_ms": step_ms,
+                     "bubble_ms": None if b.bubble_us_per_step is None else b.bubble_us_per_step / 1000,
+                     "bubble_fraction": b.bubble_fraction,
+                     "worth_ms": None if b.worth_us_per_step is None else b.worth_us_per_step / 1000,
+                     "where": b.where})
+    out = pd.DataFrame(rows, columns=list(STAGE_COLUMNS))
+    for col in ("stage", "upstream_rank", "downstream_rank"):
+        out[col] = pd.array(out[col], dtype="Int64")
+    for col in ("step_ms", "bubble_ms", "bubble_fraction", "worth_ms"):
+        out[col] = pd.to_numeric(out[col], errors="coerce").astype("float64")
+    return out.sort_values(["stage", "rank"], kind="stable", na_position="last").reset_index(drop=True)
 
 
 @dataclass(frozen=True)
@@ -74,6 +123,8 @@ class DistributedView:
     about: str
     #: per rank and role (``ROLE_COLUMNS``): communication by what it serves, from each rank's ``comm_roles``
     roles: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=list(ROLE_COLUMNS)))
+    #: per pipeline stage (``STAGE_COLUMNS``), in stage order: its bubble per step, from each rank's ``comm_roles``
+    stages: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=list(STAGE_COLUMNS)))
 
 
 @trace_view
@@ -168,4 +219,4 @@ def distributed_view(trace: Trace, report: Report) -> DistributedView:
              "most often; last to arrive: how many collectives waited for this rank; clock skew: its clock's offset "
              "from the reference rank. Blank: the trace cannot say (no collective kernels, no matched collectives).")
     return DistributedView(ranks=ranks, collectives=collectives_ms, headline=headline, about=about,
-                           roles=roles_table(report))
+                           roles=roles_table(report), stages=stages_table(report))

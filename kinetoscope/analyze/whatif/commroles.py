@@ -11,6 +11,7 @@ from kinetoscope.analyze.model import intervals as iv
 from kinetoscope.analyze.model.collectives import comm_compute_sets, host_compute
 from kinetoscope.analyze.model.commroles import ROLES, collective_roles
 from kinetoscope.analyze.model.config import DEFAULT_CONFIG, AnalysisConfig
+from kinetoscope.analyze.model.pipeline import pipeline_stage
 from kinetoscope.analyze.model.results import CommRole, CommRoles, FsdpGathers
 from kinetoscope.analyze.model.timeline import missing_activity, window
 from kinetoscope.analyze.model.trace import RankTrace
@@ -93,15 +94,17 @@ def comm_roles_entry(trace: RankTrace, config: AnalysisConfig = DEFAULT_CONFIG) 
     exposed, why = _exposed(trace, coll, where, config)
     g = replay_graph(trace)
     roles = []
+    worth_by_role: dict[str, float | None] = {}
     for role in ROLES:
         mine = coll[(coll["role"] == role).to_numpy()]
         if mine.empty:
             continue
         busy = iv.clip(iv.union(mine["ts_ns"].to_numpy(), mine["end_ns"].to_numpy()), w.start_ns, w.end_ns)
         exp_ns = iv.measure(iv.intersect(busy, exposed)) if exposed is not None else None
-        worth = _worth_ns(trace, mine.index.to_numpy()) if where == "gpu" else None
+        worth = worth_by_role[role] = _worth_ns(trace, mine.index.to_numpy()) if where == "gpu" else None
         roles.append(CommRole(role=role, collectives=int(len(mine)),
-                              ops=sorted({str(o) for o in mine["op"]}),
+                              ops=sorted({"unknown" if o == "other" else str(o) for o in mine["op"]}),
+                              ops_unknown=int((mine["op"] == "other").sum()),
                               time_us=us(iv.measure(busy)),
                               exposed_us=us(exp_ns) if exp_ns is not None else None,
                               exposed_fraction=frac(exp_ns, w.dur_ns) if exp_ns is not None else None,
@@ -110,4 +113,4 @@ def comm_roles_entry(trace: RankTrace, config: AnalysisConfig = DEFAULT_CONFIG) 
                      worth_of=("the replayed mean step less the same with the role's collective kernels taking no "
                                "time (hidden entirely: an upper bound on what overlapping them gives)"
                                if where == "gpu" and g.steps else None),
-                     fsdp=_fsdp(coll))
+                     fsdp=_fsdp(coll), pipeline=pipeline_stage(trace, config, worth_by_role.get("pipeline")))

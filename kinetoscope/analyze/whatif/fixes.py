@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from kinetoscope.analyze.model.commroles import collective_roles
 from kinetoscope.analyze.model.findings import Finding
 from kinetoscope.analyze.model.timeline import (
     cpu_shares,
@@ -396,6 +397,28 @@ def _plan_exposed_comm(trace: RankTrace, g: ReplayGraph, finding: Finding, p: di
                              bound="upper")
 
 
+def _plan_pipeline_bubble(trace: RankTrace, g: ReplayGraph, finding: Finding, p: dict[str, Any]) -> Plan | None:
+    """The stage's send/recv kernels take no time: it never waits for its neighbours (on the host, its measured
+    bubble goes)."""
+    assumption = ("the stage's neighbours never keep it waiting (a schedule with fewer bubbles, balanced stages): "
+                  "the bound of what it gains; their own work and the schedule's warm-up bound it too, which one "
+                  "rank's trace does not show")
+    if finding.evidence.get("where") == "gpu":
+        coll = collective_roles(trace)
+        labels = coll.index[(coll["role"] == "pipeline").to_numpy()] if len(coll) else coll.index
+        pos = pd.Series(np.arange(len(g.op_label)), index=g.op_label)
+        ops = pos.reindex(labels).dropna().astype(np.int64).to_numpy()
+        if not len(ops):
+            return None
+        return Plan(Edits(op_dur={int(j): 0 for j in ops}), "replay: the stage's send/recv kernels take no time",
+                    (assumption,), bound="upper", kind="comm")
+    bubble = finding.evidence.get("bubble_us_per_step")
+    if bubble is None:
+        return None
+    return plan_from_measure("comm", float(bubble) * 1000, "measured: the stage's bubble", (assumption,),
+                             bound="upper")
+
+
 def _plan_recompile(trace: RankTrace, g: ReplayGraph, finding: Finding, p: dict[str, Any]) -> Plan | None:
     ns = float(finding.evidence.get("compile_time_us") or 0) * 1000
     return plan_from_measure("compile", ns / max(g.steps, 1), "measured: compile time",
@@ -460,7 +483,8 @@ FIXES: dict[str, Fix] = {f.finding_id: f for f in (
     Fix("launch_bound", _plan_launch_bound, edits="launch"),
     Fix("host_oversubscribed", _plan_host_oversubscribed),
     Fix("allocator_churn", _plan_allocator_churn),
-    Fix("exposed_comm", _plan_exposed_comm),
+    Fix("exposed_comm", _plan_exposed_comm, edits="comm"),
+    Fix("pipeline_bubble", _plan_pipeline_bubble, edits="comm"),
     Fix("recompile", _plan_recompile),
     Fix("straggler", _plan_straggler),
     Fix("memory_growth", no_time_cost=_KEEPS_ALIVE),

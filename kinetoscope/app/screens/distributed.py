@@ -32,7 +32,8 @@ LABELS = {
 }
 
 
-ROLE_LABELS = {"rank": "rank", "serves": "serves", "collectives": "collectives", "time_ms": "time (ms/step)",
+ROLE_LABELS = {"rank": "rank", "serves": "serves", "collectives": "collectives",
+               "ops_unknown": "operation unknown", "time_ms": "time (ms/step)",
                "exposed_ms": "exposed (ms/step)", "worth_ms": "worth hiding (ms/step)",
                "fsdp_max_in_flight": "all-gathers in flight", "fsdp_queued": "queued all-gathers"}
 
@@ -127,6 +128,7 @@ def render() -> None:
     else:
         _matched(coll)
     _roles(view.roles)
+    _stages(view.stages)
 
 
 def _roles(roles: pd.DataFrame) -> None:
@@ -135,10 +137,33 @@ def _roles(roles: pd.DataFrame) -> None:
     st.subheader("Communication by what it serves")
     st.caption("Per rank and role, ms per step: the collectives' time, the part no compute ran beside "
                "(exposed), and what hiding them entirely would give the step (the replay; blank for collectives "
-               "on the host). FSDP: all-gathers in flight at once (1: no prefetch) and queued behind the "
-               "previous one on one communicator.")
+               "on the host). Operation unknown: collectives the trace does not name (a generic kernel launched "
+               "before the recording began), counted under other. FSDP: all-gathers in flight at once (1: no "
+               "prefetch) and queued behind the previous one on one communicator.")
     st.dataframe(roles.drop(columns=["role"]).rename(columns=ROLE_LABELS),
                  formats={ROLE_LABELS[c]: "{:,.3f}" for c in ("time_ms", "exposed_ms", "worth_ms")},
+                 width="stretch")
+
+
+STAGE_LABELS = {"stage": "stage", "rank": "rank", "upstream_rank": "receives from rank",
+                "downstream_rank": "sends to rank", "steps": "steps", "step_ms": "mean step (ms)",
+                "bubble_ms": "bubble (ms/step)", "bubble_fraction": "bubble (share of the step)",
+                "worth_ms": "worth removing the waits (ms/step)", "where": "measured on"}
+
+
+def _stages(stages: pd.DataFrame) -> None:
+    if stages.empty:
+        return
+    st.subheader("Pipeline stages")
+    st.caption("Per stage, each complete step: the bubble, the time the stage waited for a neighbour's activations "
+               "or gradients (on the GPU: a send or receive kernel running and no compute kernel; on the host: the "
+               "training thread in send/receive beside no compute), and what the stage gains if its neighbours never "
+               "kept it waiting (the replay; an upper bound on what a schedule with fewer bubbles gives it; blank "
+               "for send/receive on the host). Stage order: who receives from whom; blank where the trace cannot "
+               "say.")
+    st.dataframe(stages.rename(columns=STAGE_LABELS),
+                 formats={STAGE_LABELS["step_ms"]: "{:,.3f}", STAGE_LABELS["bubble_ms"]: "{:,.3f}",
+                          STAGE_LABELS["bubble_fraction"]: "{:.1%}", STAGE_LABELS["worth_ms"]: "{:,.3f}"},
                  width="stretch")
 
 
