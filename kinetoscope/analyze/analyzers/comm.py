@@ -14,9 +14,10 @@ from kinetoscope.analyze.model.analysis import AnalysisResult, register
 from kinetoscope.analyze.model.collectives import collectives, comm_compute_sets, host_collectives, host_compute
 from kinetoscope.analyze.model.config import AnalysisConfig
 from kinetoscope.analyze.model.findings import Finding
+from kinetoscope.analyze.model.missing import missing_activity
 from kinetoscope.analyze.model.pipeline import pipeline_stage
 from kinetoscope.analyze.model.results import Comm, CommResult, OpTime
-from kinetoscope.analyze.model.timeline import missing_activity, window
+from kinetoscope.analyze.model.timeline import window
 from kinetoscope.analyze.model.trace import RankTrace
 from kinetoscope.analyze.model.units import frac, us
 

@@ -15,6 +15,7 @@ from kinetoscope.analyze.model.analysis import AnalysisResult, register
 from kinetoscope.analyze.model.config import AnalysisConfig
 from kinetoscope.analyze.model.findings import Finding
 from kinetoscope.analyze.model.graphs import graph_replays, replay_span
+from kinetoscope.analyze.model.missing import missing_activity
 from kinetoscope.analyze.model.results import (
     CapturedGraphReplays,
     CapturedLaunch,
@@ -35,7 +36,6 @@ from kinetoscope.analyze.model.timeline import (
     kind_mask,
     launch_queue,
     loader_spans,
-    missing_activity,
     name_mask,
     python_frames,
     python_hotspots,

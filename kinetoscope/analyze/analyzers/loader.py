@@ -9,6 +9,7 @@ from kinetoscope.analyze.model import intervals as iv
 from kinetoscope.analyze.model.analysis import AnalysisResult, register
 from kinetoscope.analyze.model.config import AnalysisConfig
 from kinetoscope.analyze.model.findings import Finding
+from kinetoscope.analyze.model.missing import missing_activity
 from kinetoscope.analyze.model.results import Loader, LoaderResult, LoaderRun
 from kinetoscope.analyze.model.timeline import (
     any_gpu_busy,
@@ -17,7 +18,6 @@ from kinetoscope.analyze.model.timeline import (
     intervals_of,
     loader_spans,
     main_thread,
-    missing_activity,
     other_loader_spans,
     other_role_waits,
     window,

@@ -31,6 +31,7 @@ from kinetoscope.analyze.model.distributed import (
     match,
 )
 from kinetoscope.analyze.model.findings import Finding
+from kinetoscope.analyze.model.missing import missing_activity
 from kinetoscope.analyze.model.results import Collectives
 from kinetoscope.analyze.model.timeline import (
     gpu_work,
@@ -39,7 +40,6 @@ from kinetoscope.analyze.model.timeline import (
     kind_mask,
     loader_spans,
     main_thread,
-    missing_activity,
     name_mask,
     window,
 )

@@ -25,8 +25,9 @@ from kinetoscope.analyze.model import intervals as iv
 from kinetoscope.analyze.model.collectives import comm_compute_sets, host_compute
 from kinetoscope.analyze.model.commroles import collective_roles
 from kinetoscope.analyze.model.config import AnalysisConfig
+from kinetoscope.analyze.model.missing import missing_activity
 from kinetoscope.analyze.model.results import BubbleStep, PipelineStage
-from kinetoscope.analyze.model.timeline import missing_activity, window
+from kinetoscope.analyze.model.timeline import window
 from kinetoscope.analyze.model.trace import RankTrace
 from kinetoscope.analyze.model.units import frac, us
 
