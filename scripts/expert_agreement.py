@@ -23,6 +23,9 @@ tuned on say how it generalises:
 - a fourth held-out set: the third set's 13 programs captured again after the capture learned to record the
   training thread's run-queue wait (sample_traces/heldout4/), read by two new independent readers (heldout4_captures/
   and heldout4_captures_b/) before the tool ran on them. No analysis rule was changed after any reading of it.
+- a fifth held-out set: twelve programs never captured before (sample_traces/heldout5/), captured by a helper who
+  never ran the analysis, read by two independent readers (heldout5_captures/ and heldout5_captures_b/) before the
+  tool ran on them; scored once.
 
 Public traces are not bundled (fetched test data of other projects): put them in one folder and name it with
 KINETOSCOPE_PUBLIC_TRACES; a reading whose trace is not here is listed as such.
@@ -53,7 +56,9 @@ SETS = (("in-sample", ROOT / "tests" / "expert"),
         ("third held-out set, second independent reader", ROOT / "tests" / "expert" / "heldout3_captures_b"),
         ("fourth held-out set: the same programs recaptured with scheduler statistics",
          ROOT / "tests" / "expert" / "heldout4_captures"),
-        ("fourth held-out set, second independent reader", ROOT / "tests" / "expert" / "heldout4_captures_b"))
+        ("fourth held-out set, second independent reader", ROOT / "tests" / "expert" / "heldout4_captures_b"),
+        ("fifth held-out set: twelve programs never captured before", ROOT / "tests" / "expert" / "heldout5_captures"),
+        ("fifth held-out set, second independent reader", ROOT / "tests" / "expert" / "heldout5_captures_b"))
 
 
 def _claims(items: dict[tuple[str, int], str]) -> str:
