@@ -15,7 +15,7 @@ from kinetoscope.analyze.model import intervals as iv
 from kinetoscope.analyze.model.analysis import AnalysisResult, register
 from kinetoscope.analyze.model.config import AnalysisConfig
 from kinetoscope.analyze.model.findings import Finding
-from kinetoscope.analyze.model.phases import phase_events
+from kinetoscope.analyze.model.phases import evaluation_steps, phase_events
 from kinetoscope.analyze.model.results import Hygiene, HygieneResult
 from kinetoscope.analyze.model.timeline import (
     COMPILE_RE,
@@ -164,7 +164,10 @@ def analyze_hygiene(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
     zero = _per_step(trace, raw["zero_grad"])
     findings: list[Finding] = []
     findings += _zero_grad(trace, raw, bwd, opt, zero)
-    findings += _optimizer_mismatch(trace, all_steps, bwd, opt)
+    # an evaluation iteration taken for a step (a window inferred from DataLoader waits takes a test loader's
+    # batches for steps) is no training step: was "100 optimizer steps for 105 training steps", a warning
+    evaluation = set(steps.loc[evaluation_steps(trace), "step"].astype(int)) & all_steps
+    findings += _optimizer_mismatch(trace, all_steps - evaluation, bwd, opt, evaluation)
     no_bwd = (opt - bwd) & all_steps
     if no_bwd:
         findings.append(Finding(
@@ -234,7 +237,8 @@ def _zero_grad(
     return out
 
 
-def _optimizer_mismatch(trace: RankTrace, all_steps: set[int], bwd: set[int], opt: set[int]) -> list[Finding]:
+def _optimizer_mismatch(trace: RankTrace, all_steps: set[int], bwd: set[int], opt: set[int],
+                        evaluation: set[int]) -> list[Finding]:
     if not opt or opt == all_steps or len(all_steps) < 2:
         return []
     ordered = sorted(all_steps)
@@ -257,6 +261,7 @@ def _optimizer_mismatch(trace: RankTrace, all_steps: set[int], bwd: set[int], op
                 "optimizer_steps": len(opt),
                 "steps_with_optimizer": stepped[:20],
                 "accumulation_every": every,
+                "evaluation_steps_left_out": len(evaluation),
             },
             recommendation=(
                 "Expected with gradient accumulation; scale the loss by 1/N and clear gradients only after each "

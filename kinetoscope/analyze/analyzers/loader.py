@@ -10,6 +10,7 @@ from kinetoscope.analyze.model.analysis import AnalysisResult, register
 from kinetoscope.analyze.model.config import AnalysisConfig
 from kinetoscope.analyze.model.findings import Finding
 from kinetoscope.analyze.model.missing import missing_activity
+from kinetoscope.analyze.model.phases import evaluation_steps
 from kinetoscope.analyze.model.results import Loader, LoaderResult, LoaderRun
 from kinetoscope.analyze.model.timeline import (
     any_gpu_busy,
@@ -140,17 +141,35 @@ def _whole_run(trace: RankTrace, window_wait_ns: int) -> LoaderRun | None:
     )
 
 
+def _split_evaluation_waits(trace: RankTrace, frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(the training loop's waits, the waits that start in an evaluation step): a trace without the capture's marks
+    that takes a test loader's batches for steps (a window inferred from DataLoader waits) runs them without backward
+    or optimizer among steps that train (``phases.evaluation_steps``)."""
+    evaluation = evaluation_steps(trace)
+    if not evaluation.any() or frame.empty:
+        return frame, frame.iloc[0:0]
+    steps = trace.steps
+    starts, ends = steps["start_ns"].to_numpy(), steps["end_ns"].to_numpy()
+    ts = frame["ts_ns"].to_numpy()
+    i = np.clip(np.searchsorted(starts, ts, side="right") - 1, 0, len(steps) - 1)
+    in_eval = evaluation[i] & (ts >= starts[i]) & (ts < ends[i])
+    return frame[~in_eval], frame[in_eval]
+
+
 @register("loader", "Loader stalls")
 def analyze_loader(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
     """Time in enumerate(DataLoader)/DataPipe spans, per step and in total, and the GPU idle it caused."""
     w = window(trace)
     frame = loader_spans(trace)
+    inferred_eval = frame.iloc[0:0]
+    if not len(trace.marks):  # without the capture's loader roles: a wait in an evaluation step is evaluation
+        frame, inferred_eval = _split_evaluation_waits(trace, frame)
     spans = intervals_of(frame, w)
     loader_ns = iv.measure(spans)
     others = other_loader_spans(trace)  # on other threads (a prefetcher); a validation loader's are counted apart
     others = others[others["tid"].astype(str).to_numpy() != str(main_thread(trace))]
     other_ns = iv.measure(intervals_of(others, w))
-    eval_ns = iv.measure(intervals_of(other_role_waits(trace), w))
+    eval_ns = iv.measure(intervals_of(other_role_waits(trace) if len(trace.marks) else inferred_eval, w))
     # the GPU's idle during the wait, where the trace shows what the GPU did
     has_gpu = trace.has_gpu and missing_activity(trace).blind_ns() <= config.missing_activity_max_fraction * w.dur_ns
     idle_cost = iv.subtract(spans, any_gpu_busy(trace)) if has_gpu else None
@@ -168,7 +187,8 @@ def analyze_loader(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
         thread=main_thread(trace) if len(frame) else None,
         other_threads_us=us(other_ns),
         other_threads_calls=int(len(others)),
-        eval_loader_wait_us=us(eval_ns) if len(trace.marks) else None,
+        eval_loader_wait_us=us(eval_ns) if len(trace.marks) or len(inferred_eval) else None,
+        eval_loader_wait_basis=("capture marks" if len(trace.marks) else "inferred" if len(inferred_eval) else None),
         max_step_us=float(per_step["loader_us"].max()) if len(per_step) else None,
         run=_whole_run(trace, loader_ns),
     )

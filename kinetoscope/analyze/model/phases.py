@@ -76,6 +76,28 @@ def phase_events(trace: RankTrace) -> dict[str, pd.DataFrame]:
     }
 
 
+@trace_view
+def evaluation_steps(trace: RankTrace) -> np.ndarray:
+    """Per row of ``trace.steps``: a step that runs no backward pass and no optimizer step while at least half of
+    the steps (and two) run a backward pass - an evaluation iteration, inferred (a window inferred from DataLoader
+    waits takes a test loader's batches for steps). All False where too few steps train to tell."""
+    steps = trace.steps
+    if steps.empty:
+        return np.zeros(0, dtype=bool)
+    ev = phase_events(trace)
+    starts, ends = steps["start_ns"].to_numpy(), steps["end_ns"].to_numpy()
+
+    def held(frame: pd.DataFrame) -> np.ndarray:
+        spans = iv.union(frame["ts_ns"].to_numpy(), frame["end_ns"].to_numpy())
+        return iv.overlap_each(starts, ends, spans) > 0
+
+    backward = held(ev["backward"])
+    optimizer = held(ev["optimizer"]) if "optimizer" in ev else np.zeros(len(steps), dtype=bool)
+    if backward.sum() < max(2, len(steps) // 2):
+        return np.zeros(len(steps), dtype=bool)
+    return ~backward & ~optimizer
+
+
 def _step_envelopes(steps: pd.DataFrame, frame: pd.DataFrame) -> iv.Intervals:
     """Per step: [first start, last end] of the frame's events starting inside the step."""
     if frame.empty or steps.empty:

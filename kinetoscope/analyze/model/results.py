@@ -97,6 +97,9 @@ class Loader(Record, frozen=True):
     eval_loader_wait_us: float | None
     max_step_us: float | None
     run: LoaderRun | None
+    #: how the evaluation waits were told apart: "capture marks", "inferred" (waits in steps running no backward
+    #: pass and no optimizer step among steps that do), None where none were
+    eval_loader_wait_basis: str | None = None
 
 
 class LoaderResult(Record, frozen=True):

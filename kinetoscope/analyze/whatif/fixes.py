@@ -13,12 +13,17 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from kinetoscope.analyze.model import intervals as iv
 from kinetoscope.analyze.model.commroles import collective_roles
 from kinetoscope.analyze.model.findings import Finding
+from kinetoscope.analyze.model.phases import evaluation_steps
 from kinetoscope.analyze.model.timeline import (
+    _tid_mask,
     cpu_shares,
     handoff_ns,
+    kind_mask,
     loader_spans,
+    main_thread,
     name_mask,
     other_loader_spans,
 )
@@ -283,11 +288,11 @@ def plan_respawn(trace: RankTrace, g: ReplayGraph, finding: Finding) -> Plan | N
     if not long.any():
         return None
     # shutting the old workers down and starting new ones also runs outside next(): untraced host time in the
-    # steps where the start-up waits fall; what those steps spend outside their waits beyond a typical step goes
-    steps_ns = (g.step_end - g.step_start).astype(float)
+    # steps where the start-up waits fall; what those steps spend outside their waits and outside the training
+    # thread's traced operators, beyond a typical step, goes (was: all time outside the waits, so an evaluation
+    # pass that started a new iterator - its forward traced - was worth 60 ms a step of a 222 ms one)
     step_of = np.clip(np.searchsorted(g.step_start, g.wait_start[items], side="right") - 1, 0, g.steps - 1)
-    wait_in_step = np.bincount(step_of, weights=waits.astype(float), minlength=g.steps)
-    outside = steps_ns - wait_in_step
+    outside = _untraced_outside_waits(trace, g, items)
     typical_outside = float(np.median(outside))
     hit = sorted({int(x) for x in step_of[long]})
     extra = sum(max(outside[s_] - typical_outside, 0.0) for s_ in hit) / g.steps
@@ -297,14 +302,31 @@ def plan_respawn(trace: RankTrace, g: ReplayGraph, finding: Finding) -> Plan | N
     # that time is untraced: where those steps also hold other work than training - another loader's waits (a
     # validation pass), the capture's validation or checkpoint marks - that work's untraced hooks (a framework's
     # epoch end) share it and the trace cannot split them off: the saving is then a bound
-    shared = extra > 0 and _holds_other_work(trace, [(int(g.step_start[s_]), int(g.step_end[s_])) for s_ in hit])
+    evaluation_at = set(trace.steps["start_ns"].to_numpy()[evaluation_steps(trace)].tolist())
+    shared = extra > 0 and (_holds_other_work(trace, [(int(g.step_start[s_]), int(g.step_end[s_])) for s_ in hit])
+                            or any(int(g.step_start[s_]) in evaluation_at for s_ in hit))  # an evaluation step
     return Plan(edits, "replay: persistent workers",
                 (f"each worker start-up wait becomes a typical wait ({typical / 1e6:.2f} ms, the median)",
                  f"the time those {len(hit)} step(s) spend outside their waits beyond a typical step (worker shutdown "
                  f"and start, {extra * g.steps / 1e6:.1f} ms in all) goes too"
-                 + (": all of it, though those steps also ran other work (validation, a checkpoint) whose untraced "
-                    "time shares it" if shared else "")),
+                 + (": all of it, though those steps also ran other work (validation, evaluation, a checkpoint) whose "
+                    "untraced time shares it" if shared else "")),
                 bound="upper" if shared else None)
+
+
+def _untraced_outside_waits(trace: RankTrace, g: ReplayGraph, items: np.ndarray) -> np.ndarray:
+    """Per step of the graph, its time inside neither a data wait nor an operator of the training thread (ns)."""
+    covered_s = [g.wait_start[items]]
+    covered_e = [g.wait_end[items]]
+    tid = main_thread(trace)
+    if tid is not None:
+        ev = trace.events
+        ops = ev[kind_mask(ev, ("cpu_op",)) & _tid_mask(ev, {tid})]
+        covered_s.append(ops["ts_ns"].to_numpy())
+        covered_e.append(ops["end_ns"].to_numpy())
+    covered = iv.union(np.concatenate(covered_s).astype(np.int64), np.concatenate(covered_e).astype(np.int64))
+    steps_ns = (g.step_end - g.step_start).astype(float)
+    return steps_ns - iv.overlap_each(g.step_start, g.step_end, covered).astype(float)
 
 
 _OTHER_WORK_MARKS = frozenset({"kinetoscope::validation", "kinetoscope::checkpoint"})
