@@ -165,7 +165,7 @@ class RemotePath:
         return dict(self._call("stat", self._fs().info, self._key))
 
     def stat(self) -> RemoteStat:
-        return _remote_stat(self.info())
+        return remote_stat(self.info())
 
     def exists(self) -> bool:
         try:
@@ -299,7 +299,8 @@ def _first_line(exc: BaseException) -> str:
     return scrub(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)[:300]
 
 
-def _remote_stat(info: dict[str, Any]) -> RemoteStat:
+def remote_stat(info: dict[str, Any]) -> RemoteStat:
+    """What a store's listing or ``info`` says of an object (S3's, GCS's and Azure's own field names), as a stat."""
     size = int(info.get("size") or 0)
     mtime = 0.0
     for key in ("LastModified", "mtime", "updated", "last_modified", "created"):
@@ -329,7 +330,7 @@ def version_of(path: Path | RemotePath) -> tuple[int, str]:
     """(size, version) of a file: what changes when its content does (mtime for a local file, the ETag in S3); for
     an object found by a listing, as that listing said (a watch lists often: one request, not one per object)."""
     if isinstance(path, RemotePath):
-        remote = _remote_stat(path.listed) if path.listed is not None else path.stat()
+        remote = remote_stat(path.listed) if path.listed is not None else path.stat()
         return remote.st_size, remote.version
     st = path.stat()
     return st.st_size, str(st.st_mtime_ns)
