@@ -31,6 +31,16 @@ EXTRAS = {
 }
 #: bytes fetched per ranged read of a remote file: what a stream holds at once (the scanner reads 8 MiB chunks)
 BLOCK_BYTES = 8 * 2**20
+#: Azure's fully qualified form, ``abfs://CONTAINER@ACCOUNT.dfs.core.windows.net/path``: the user part is the
+#: container (no password, never a secret), the host names the account
+_AZURE_PROTOCOLS = ("az", "abfs", "abfss")
+_AZURE_ACCOUNT_HOST = re.compile(r"^[a-z0-9]+\.(dfs|blob)\.core\.windows\.net$", re.IGNORECASE)
+
+
+def _azure_container(scheme: str, username: str | None, password: str | None, host: str) -> bool:
+    """Whether a URL's user part is an Azure container (``abfs://container@account.dfs.core.windows.net``)."""
+    return (scheme.lower() in _AZURE_PROTOCOLS and bool(username) and password is None
+            and _AZURE_ACCOUNT_HOST.match(host) is not None)
 
 
 def is_url(text: str | os.PathLike[str]) -> bool:
@@ -47,6 +57,8 @@ def redact_url(text: str) -> str:
     host = parts.hostname or ""
     if parts.port is not None:
         host = f"{host}:{parts.port}"
+    if _azure_container(parts.scheme, parts.username, parts.password, parts.hostname or ""):
+        host = f"{parts.username}@{host}"
     return urlunsplit((parts.scheme, host, parts.path, "", ""))
 
 
@@ -81,7 +93,7 @@ class RemotePath:
     """A file or folder in an object store, by URL. Its methods raise ``OSError`` (as ``Path``'s do) for what the
     store answers, with the URL redacted; a missing extra is a ``ConfigError`` naming it."""
 
-    __slots__ = ("protocol", "_key", "listed")
+    __slots__ = ("protocol", "_key", "_account", "listed")
 
     def __init__(self, url: str, listed: dict[str, Any] | None = None) -> None:
         m = _SCHEME.match(url)
@@ -90,13 +102,23 @@ class RemotePath:
         self.protocol = m.group(1).lower()
         # user info and query are dropped, never used: credentials come from the store's own configuration
         parts = urlsplit(url)
-        self._key = ((parts.hostname or "") + parts.path).rstrip("/")
+        #: Azure's account host where the URL names it (``container@account.dfs.core.windows.net``), else ""
+        self._account = ""
+        if _azure_container(self.protocol, parts.username, parts.password, parts.hostname or ""):
+            self._account = parts.hostname or ""
+            self._key = (f"{parts.username}{parts.path}").rstrip("/")
+        else:
+            self._key = ((parts.hostname or "") + parts.path).rstrip("/")
         #: what the listing that found this object said of it (size, ETag): its version without asking again
         self.listed = listed
 
+    def _at(self, key: str, listed: dict[str, Any] | None = None) -> RemotePath:
+        """The object at ``key`` (a bucket's or container's name, then the path) in the same store."""
+        return RemotePath(f"{self.protocol}://{_with_account(key, self._account)}", listed)
+
     # -- naming --
     def __str__(self) -> str:
-        return f"{self.protocol}://{self._key}"
+        return f"{self.protocol}://{_with_account(self._key, self._account)}"
 
     def __repr__(self) -> str:
         return f"RemotePath({str(self)!r})"
@@ -116,7 +138,7 @@ class RemotePath:
 
     @property
     def parent(self) -> RemotePath:
-        return RemotePath(f"{self.protocol}://{self._key.rsplit('/', 1)[0]}")
+        return self._at(self._key.rsplit('/', 1)[0])
 
     def with_name(self, name: str) -> RemotePath:
         return self.parent / name
@@ -194,7 +216,7 @@ class RemotePath:
             key = str(e.get("name", "")).rstrip("/")
             if not key or key == self._key:
                 continue
-            out.append((RemotePath(f"{self.protocol}://{key}", e), e))
+            out.append((self._at(key, e), e))
         return sorted(out, key=lambda pair: str(pair[0]))
 
     def walk(self) -> dict[RemotePath, list[tuple[RemotePath, dict[str, Any]]]]:
@@ -205,7 +227,7 @@ class RemotePath:
         for key, info in sorted(found.items()):
             if info.get("type", "file") != "file":
                 continue
-            path = RemotePath(f"{self.protocol}://{key}", info)
+            path = self._at(key, info)
             folders.setdefault(path.parent, []).append((path, info))
         return folders
 
@@ -242,6 +264,14 @@ class RemotePath:
     def read_bytes(self) -> bytes:
         with self.open() as fh:
             return fh.read()
+
+
+def _with_account(key: str, account: str) -> str:
+    """``container/path`` as the URL's part after ``://``: ``container@account.../path`` where an account is named."""
+    if not account:
+        return key
+    container, _, rest = key.partition("/")
+    return f"{container}@{account}/{rest}" if rest else f"{container}@{account}"
 
 
 class _Stream:
@@ -286,13 +316,20 @@ class _Stream:
 
 
 #: a URL inside some text: its scheme and host, then user info to drop (``user:pass@``) or a query (``?X-Amz-...``)
-_USERINFO_IN_TEXT = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://)[^/\s@]+@")
+_USERINFO_IN_TEXT = re.compile(r"\b([A-Za-z][A-Za-z0-9+.-]*)://([^/\s@]+)@([^/\s:?#]*)")
 _QUERY_IN_TEXT = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://[^\s?#]*)[?#][^\s]*")
 
 
 def scrub(text: str) -> str:
     """``text`` with every URL in it redacted as ``redact_url`` does (a client's error message may quote one)."""
-    return _QUERY_IN_TEXT.sub(r"\1", _USERINFO_IN_TEXT.sub(r"\1", text))
+    return _QUERY_IN_TEXT.sub(r"\1", _USERINFO_IN_TEXT.sub(_drop_userinfo, text))
+
+
+def _drop_userinfo(m: re.Match[str]) -> str:
+    scheme, userinfo, host = m.groups()
+    if ":" not in userinfo and _azure_container(scheme, userinfo, None, host):
+        return m.group(0)  # an Azure container, not a credential
+    return f"{scheme}://{host}"
 
 
 def _first_line(exc: BaseException) -> str:
