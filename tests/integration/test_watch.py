@@ -269,3 +269,14 @@ def test_the_watch_never_compacts_with_files_in_flight_and_a_failed_compaction_i
     (name,) = parquet_names(root, "traces")
     assert name.startswith("part-")
     assert sorted(read_table(root, "traces")["path"]) == sorted(str(src / f"t{i}.json.gz") for i in range(5))
+
+
+@pytest.mark.parametrize(("flag", "value", "message"), [
+    ("--compact-every", "0", "--max-attempts, --max-in-flight and --compact-every must be >= 1"),
+    ("--compact-quiet", "-1", "--compact-quiet must be >= 0 seconds")])
+def test_compaction_flags_are_checked(tmp_path, capsys, flag, value, message):
+    pytest.importorskip("dask")
+    from kinetoscope.cli import main
+
+    assert main(["batch", str(tmp_path), "--store", str(tmp_path / "store"), "--watch", flag, value]) == 2
+    assert capsys.readouterr().err == f"kinetoscope: error: {message}\n"
