@@ -18,6 +18,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -261,6 +262,60 @@ def test_batch_into_the_bucket_and_report(store, tmp_path, capsys):
     for table in ("traces", "findings", "jobs"):
         for value in read_table(store.url("store"), table).to_numpy().ravel():
             assert AZURE_KEY not in str(value) and "AccountKey" not in str(value)
+
+
+@pytest.mark.slow
+def test_a_watch_on_the_bucket_analyses_what_lands_and_compacts(store, tmp_path):
+    """A watch (tasks in this process) over a prefix, its store in the bucket, compact_every=2: two one-rank jobs
+    uploaded while it runs are analysed once each and leave one part per table; a third, once quiet, too."""
+    from concurrent.futures import Future
+
+    from kinetoscope.batch.store import open_store, read_table
+    from kinetoscope.batch.watch import Watcher, WatchPolicy
+
+    def run_here(fn, *args):
+        fut: Future = Future()
+        fut.set_result(fn(*args))
+        return fut
+
+    root = open_store(store.url("watch-store"), create=True)
+    now = [0.0]
+    events: list[tuple[str, str]] = []
+    watcher = Watcher([store.url("watch-in")], root, run_here, clock=lambda: now[0],
+                      on_event=lambda *e: events.append(e),
+                      policy=WatchPolicy(settle_s=0, poll_s=0.05, max_poll_s=0.05, max_in_flight=1,
+                                         compact_every=2, compact_quiet_s=100))
+
+    def wait_until(done):
+        deadline = time.monotonic() + 120
+        while not done() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert done(), (watcher.summary, events)
+
+    tables = ("traces", "findings", "steps", "summaries")
+    stop = threading.Event()
+    thread = threading.Thread(target=watcher.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        for i in range(3):
+            b = TraceBuilder()
+            for step in range(3):
+                b.step(step, step * 1000, 1000).kernel(step * 1000 + 100, 500, name="gemm")
+            store.upload(b.write(tmp_path / f"t{i}.json.gz"), f"watch-in/t{i}.json.gz")
+            wait_until(lambda i=i: watcher.summary.analysed == i + 1)
+        wait_until(lambda: watcher.summary.compactions == 1)
+        assert all(sorted(n.startswith("part-") for n in store.names(f"watch-store/{t}")) == [False, True]
+                   for t in tables)
+        now[0] = 150.0
+        wait_until(lambda: watcher.summary.compactions == 2)
+    finally:
+        stop.set()
+        thread.join(120)
+    assert all(len(store.names(f"watch-store/{t}")) == 1 for t in tables)
+    traces = read_table(store.url("watch-store"), "traces")
+    assert sorted(traces["path"]) == [store.url(f"watch-in/t{i}.json.gz") for i in range(3)]
+    assert set(traces["status"]) == {"ok"} and len(read_table(store.url("watch-store"), "steps")) == 9
+    assert watcher.summary.listings > 3 and watcher.summary.analysed == 3  # listed again and again, analysed once
 
 
 def test_no_secret_in_what_an_azure_failure_prints(store, tmp_path, capsys, monkeypatch):
