@@ -6,8 +6,12 @@ version, its neighbours, a stream of its bytes) through fsspec. Light: no numpy,
 remote URL is first used, so a training job capturing to a local folder never imports it.
 
 Credentials and endpoints come from each ecosystem's own configuration (for S3: ``AWS_ENDPOINT_URL``,
-``AWS_PROFILE``, the usual credential chain); nothing here reads or keeps a secret. A URL is shown and stored
-without its user info and query (``redact_url``): ``s3://key:secret@bucket/x?token=...`` reads ``s3://bucket/x``.
+``AWS_PROFILE``, the usual credential chain; for GCS: Google's default credentials, ``STORAGE_EMULATOR_HOST``; for
+Azure: ``AZURE_STORAGE_CONNECTION_STRING``, or ``AZURE_STORAGE_ACCOUNT_NAME`` with a key, SAS token or service
+principal; for any of them fsspec's ``FSSPEC_<PROTOCOL>_<OPTION>``); nothing here reads or keeps a secret. A URL
+is shown and stored without its user info and query (``redact_url``): ``s3://key:secret@bucket/x?token=...`` reads
+``s3://bucket/x`` (but for Azure's ``az://container@account.blob.core.windows.net/x``, whose user part is the
+container).
 """
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ Layout (query with DuckDB: ``SELECT * FROM read_parquet('STORE/traces/*.parquet'
     STORE/hangs/job-<key>.parquet      per job with hang dumps (rank-<r>.hang.json): where it stopped (process group,
                                        sequence number, op), the stuck, missing, mismatched and waiting ranks, why
     STORE/<table>/part-<ns>-<id>.parquet  many of the files above in one (kinetoscope/batch/compact.py, at the end
-                                          of every batch, in a folder or a bucket): DuckDB opens a few files, not 4
-                                          per rank
+                                          of every batch and every few files of a watch, in a folder or a bucket):
+                                          DuckDB opens a few files, not 4 per rank
 """
 
 from __future__ import annotations
