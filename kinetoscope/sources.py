@@ -6,8 +6,12 @@ version, its neighbours, a stream of its bytes) through fsspec. Light: no numpy,
 remote URL is first used, so a training job capturing to a local folder never imports it.
 
 Credentials and endpoints come from each ecosystem's own configuration (for S3: ``AWS_ENDPOINT_URL``,
-``AWS_PROFILE``, the usual credential chain); nothing here reads or keeps a secret. A URL is shown and stored
-without its user info and query (``redact_url``): ``s3://key:secret@bucket/x?token=...`` reads ``s3://bucket/x``.
+``AWS_PROFILE``, the usual credential chain; for GCS: Google's default credentials, ``STORAGE_EMULATOR_HOST``; for
+Azure: ``AZURE_STORAGE_CONNECTION_STRING``, or ``AZURE_STORAGE_ACCOUNT_NAME`` with a key, SAS token or service
+principal; for any of them fsspec's ``FSSPEC_<PROTOCOL>_<OPTION>``); nothing here reads or keeps a secret. A URL
+is shown and stored without its user info and query (``redact_url``): ``s3://key:secret@bucket/x?token=...`` reads
+``s3://bucket/x`` (but for Azure's ``az://container@account.blob.core.windows.net/x``, whose user part is the
+container).
 """
 
 from __future__ import annotations
@@ -31,6 +35,16 @@ EXTRAS = {
 }
 #: bytes fetched per ranged read of a remote file: what a stream holds at once (the scanner reads 8 MiB chunks)
 BLOCK_BYTES = 8 * 2**20
+#: Azure's fully qualified form, ``abfs://CONTAINER@ACCOUNT.dfs.core.windows.net/path``: the user part is the
+#: container (no password, never a secret), the host names the account
+_AZURE_PROTOCOLS = ("az", "abfs", "abfss")
+_AZURE_ACCOUNT_HOST = re.compile(r"^[a-z0-9]+\.(dfs|blob)\.core\.windows\.net$", re.IGNORECASE)
+
+
+def _azure_container(scheme: str, username: str | None, password: str | None, host: str) -> bool:
+    """Whether a URL's user part is an Azure container (``abfs://container@account.dfs.core.windows.net``)."""
+    return (scheme.lower() in _AZURE_PROTOCOLS and bool(username) and password is None
+            and _AZURE_ACCOUNT_HOST.match(host) is not None)
 
 
 def is_url(text: str | os.PathLike[str]) -> bool:
@@ -47,6 +61,8 @@ def redact_url(text: str) -> str:
     host = parts.hostname or ""
     if parts.port is not None:
         host = f"{host}:{parts.port}"
+    if _azure_container(parts.scheme, parts.username, parts.password, parts.hostname or ""):
+        host = f"{parts.username}@{host}"
     return urlunsplit((parts.scheme, host, parts.path, "", ""))
 
 
@@ -81,7 +97,7 @@ class RemotePath:
     """A file or folder in an object store, by URL. Its methods raise ``OSError`` (as ``Path``'s do) for what the
     store answers, with the URL redacted; a missing extra is a ``ConfigError`` naming it."""
 
-    __slots__ = ("protocol", "_key", "listed")
+    __slots__ = ("protocol", "_key", "_account", "listed")
 
     def __init__(self, url: str, listed: dict[str, Any] | None = None) -> None:
         m = _SCHEME.match(url)
@@ -90,13 +106,23 @@ class RemotePath:
         self.protocol = m.group(1).lower()
         # user info and query are dropped, never used: credentials come from the store's own configuration
         parts = urlsplit(url)
-        self._key = ((parts.hostname or "") + parts.path).rstrip("/")
+        #: Azure's account host where the URL names it (``container@account.dfs.core.windows.net``), else ""
+        self._account = ""
+        if _azure_container(self.protocol, parts.username, parts.password, parts.hostname or ""):
+            self._account = parts.hostname or ""
+            self._key = (f"{parts.username}{parts.path}").rstrip("/")
+        else:
+            self._key = ((parts.hostname or "") + parts.path).rstrip("/")
         #: what the listing that found this object said of it (size, ETag): its version without asking again
         self.listed = listed
 
+    def _at(self, key: str, listed: dict[str, Any] | None = None) -> RemotePath:
+        """The object at ``key`` (a bucket's or container's name, then the path) in the same store."""
+        return RemotePath(f"{self.protocol}://{_with_account(key, self._account)}", listed)
+
     # -- naming --
     def __str__(self) -> str:
-        return f"{self.protocol}://{self._key}"
+        return f"{self.protocol}://{_with_account(self._key, self._account)}"
 
     def __repr__(self) -> str:
         return f"RemotePath({str(self)!r})"
@@ -116,7 +142,7 @@ class RemotePath:
 
     @property
     def parent(self) -> RemotePath:
-        return RemotePath(f"{self.protocol}://{self._key.rsplit('/', 1)[0]}")
+        return self._at(self._key.rsplit('/', 1)[0])
 
     def with_name(self, name: str) -> RemotePath:
         return self.parent / name
@@ -165,7 +191,7 @@ class RemotePath:
         return dict(self._call("stat", self._fs().info, self._key))
 
     def stat(self) -> RemoteStat:
-        return _remote_stat(self.info())
+        return remote_stat(self.info())
 
     def exists(self) -> bool:
         try:
@@ -194,7 +220,7 @@ class RemotePath:
             key = str(e.get("name", "")).rstrip("/")
             if not key or key == self._key:
                 continue
-            out.append((RemotePath(f"{self.protocol}://{key}", e), e))
+            out.append((self._at(key, e), e))
         return sorted(out, key=lambda pair: str(pair[0]))
 
     def walk(self) -> dict[RemotePath, list[tuple[RemotePath, dict[str, Any]]]]:
@@ -205,7 +231,7 @@ class RemotePath:
         for key, info in sorted(found.items()):
             if info.get("type", "file") != "file":
                 continue
-            path = RemotePath(f"{self.protocol}://{key}", info)
+            path = self._at(key, info)
             folders.setdefault(path.parent, []).append((path, info))
         return folders
 
@@ -242,6 +268,14 @@ class RemotePath:
     def read_bytes(self) -> bytes:
         with self.open() as fh:
             return fh.read()
+
+
+def _with_account(key: str, account: str) -> str:
+    """``container/path`` as the URL's part after ``://``: ``container@account.../path`` where an account is named."""
+    if not account:
+        return key
+    container, _, rest = key.partition("/")
+    return f"{container}@{account}/{rest}" if rest else f"{container}@{account}"
 
 
 class _Stream:
@@ -286,20 +320,28 @@ class _Stream:
 
 
 #: a URL inside some text: its scheme and host, then user info to drop (``user:pass@``) or a query (``?X-Amz-...``)
-_USERINFO_IN_TEXT = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://)[^/\s@]+@")
+_USERINFO_IN_TEXT = re.compile(r"\b([A-Za-z][A-Za-z0-9+.-]*)://([^/\s@]+)@([^/\s:?#]*)")
 _QUERY_IN_TEXT = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://[^\s?#]*)[?#][^\s]*")
 
 
 def scrub(text: str) -> str:
     """``text`` with every URL in it redacted as ``redact_url`` does (a client's error message may quote one)."""
-    return _QUERY_IN_TEXT.sub(r"\1", _USERINFO_IN_TEXT.sub(r"\1", text))
+    return _QUERY_IN_TEXT.sub(r"\1", _USERINFO_IN_TEXT.sub(_drop_userinfo, text))
+
+
+def _drop_userinfo(m: re.Match[str]) -> str:
+    scheme, userinfo, host = m.groups()
+    if ":" not in userinfo and _azure_container(scheme, userinfo, None, host):
+        return m.group(0)  # an Azure container, not a credential
+    return f"{scheme}://{host}"
 
 
 def _first_line(exc: BaseException) -> str:
     return scrub(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)[:300]
 
 
-def _remote_stat(info: dict[str, Any]) -> RemoteStat:
+def remote_stat(info: dict[str, Any]) -> RemoteStat:
+    """What a store's listing or ``info`` says of an object (S3's, GCS's and Azure's own field names), as a stat."""
     size = int(info.get("size") or 0)
     mtime = 0.0
     for key in ("LastModified", "mtime", "updated", "last_modified", "created"):
@@ -329,7 +371,7 @@ def version_of(path: Path | RemotePath) -> tuple[int, str]:
     """(size, version) of a file: what changes when its content does (mtime for a local file, the ETag in S3); for
     an object found by a listing, as that listing said (a watch lists often: one request, not one per object)."""
     if isinstance(path, RemotePath):
-        remote = _remote_stat(path.listed) if path.listed is not None else path.stat()
+        remote = remote_stat(path.listed) if path.listed is not None else path.stat()
         return remote.st_size, remote.version
     st = path.stat()
     return st.st_size, str(st.st_mtime_ns)

@@ -43,6 +43,14 @@ def add_batch_commands(sub: argparse._SubParsersAction) -> None:
                    help="wait before the first retry, doubled for each further one (default 30)")
     w.add_argument("--max-in-flight", type=int, default=None,
                    help="files being analysed at once (default: twice the workers, at least 2)")
+    w.add_argument("--compact-every", type=int, default=256, metavar="N",
+                   help="compact the store's small files into parts once N files have been analysed since the last "
+                        "compaction; new files wait until those in flight are written, so at most N stay un-compacted "
+                        "(default 256)")
+    w.add_argument("--compact-quiet", type=float, default=120.0, metavar="S",
+                   help="compact once nothing has been written for S seconds; also the wait before a compaction that "
+                        "failed is tried again (default 120). A failed compaction is reported, never fatal; a clean "
+                        "stop compacts once more")
     b.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
     b.set_defaults(func=run_batch_command)
 
@@ -87,15 +95,16 @@ def watch_command(args: argparse.Namespace) -> int:
     from kinetoscope.batch.store import open_store
     from kinetoscope.batch.watch import Watcher, WatchPolicy
 
-    for name in ("settle", "poll", "max_poll", "retry_delay"):
+    for name in ("settle", "poll", "max_poll", "retry_delay", "compact_quiet"):
         if not getattr(args, name) >= 0:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 0 seconds")
-    if args.max_attempts < 1 or (args.max_in_flight is not None and args.max_in_flight < 1):
-        raise ConfigError("--max-attempts and --max-in-flight must be >= 1")
+    if args.max_attempts < 1 or args.compact_every < 1 or (args.max_in_flight is not None and args.max_in_flight < 1):
+        raise ConfigError("--max-attempts, --max-in-flight and --compact-every must be >= 1")
     workers = args.workers or os.cpu_count() or 1
     policy = WatchPolicy(settle_s=args.settle, poll_s=max(args.poll, 0.1), max_poll_s=max(args.max_poll, args.poll),
                          max_attempts=args.max_attempts, retry_s=args.retry_delay,
-                         max_in_flight=args.max_in_flight or max(2, 2 * workers))
+                         max_in_flight=args.max_in_flight or max(2, 2 * workers),
+                         compact_every=args.compact_every, compact_quiet_s=args.compact_quiet)
     limits = LoadLimits(max_decompressed_bytes=parse_size(args.max_size))
     root = open_store(args.store, create=True)
     stop, abandon = threading.Event(), threading.Event()

@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 
 from kinetoscope.errors import TraceSourceError
 from kinetoscope.fsutil import atomic_target
-from kinetoscope.sources import RemotePath, trace_path
+from kinetoscope.sources import RemotePath, remote_stat, trace_path
 
 PART_PREFIX = "part-"
 #: parts below this size are merged again by the next compaction; larger ones stay (unless a key in them is rewritten)
@@ -107,20 +107,20 @@ def _newest_rows(rows: pa.Table) -> pa.Table:
     return rows.filter(pa.array(keep, pa.bool_())).drop_columns(["__filename"])
 
 
-def compact(root: str | os.PathLike[str] | RemotePath, schemas: dict[str, pa.Schema]) -> dict[str, int]:
+def compact(root: str | os.PathLike[str] | RemotePath, schemas: dict[str, pa.Schema]) -> dict[str, int] | None:
     """Merge each table's (each of ``schemas``) single files, and its parts below PART_TARGET_BYTES, into one new
     part; returns how many files each table had merged. The part is written under a temporary name, renamed in,
     and only then are the merged files deleted: a reader never misses a row (``read_table`` takes the newer of a
-    key's copies). One compaction at a time per store (a lock file; another batch's compaction just skips); safe
-    beside writers (a file written or rewritten after the listing stays for the next one). A store in a bucket:
-    ``_compact_remote``."""
+    key's copies). One compaction at a time per store (a lock file; another's compaction just skips, and returns
+    None, not a count); safe beside writers (a file written or rewritten after the listing stays for the next one).
+    A store in a bucket: ``_compact_remote``."""
     where = trace_path(root)
     if isinstance(where, RemotePath):
         return _compact_remote(where, schemas)
     root = where
     lock = root / ".compact.lock"
     if not _take_lock(lock):
-        return {}
+        return None
     merged: dict[str, int] = {}
     try:
         for table, schema in schemas.items():
@@ -232,13 +232,13 @@ def _remote_newest_rows(rows: pa.Table, listed: list[str]) -> pa.Table:
     return rows.filter(pa.array(keep, pa.bool_())).drop_columns(["__filename"])
 
 
-def _compact_remote(root: RemotePath, schemas: dict[str, pa.Schema]) -> dict[str, int]:
+def _compact_remote(root: RemotePath, schemas: dict[str, pa.Schema]) -> dict[str, int] | None:
     """``compact`` for a store in a bucket: the part uploaded to its own key (seen whole or not at all), then the
     merged keys deleted; a single file whose ETag changed since the listing (rewritten) stays."""
     lock = root / ".compact.lock"
     token = uuid.uuid4().hex
     if not _take_remote_lock(lock, token):
-        return {}
+        return None
     merged: dict[str, int] = {}
     try:
         for table, schema in schemas.items():
@@ -302,9 +302,10 @@ def _take_remote_lock(lock: RemotePath, token: str) -> bool:
     except FileNotFoundError:
         info = None
     if info is not None:
-        changed: Any = info.get("LastModified") or info.get("mtime") or info.get("updated")
-        stamp = changed.timestamp() if hasattr(changed, "timestamp") else None
-        if stamp is None or time.time() - stamp < COMPACT_LOCK_STALE_S:
+        # when it was written, as each store says it (S3's LastModified, GCS's updated, Azure's last_modified);
+        # a store that does not say (0) never has its lock taken over
+        stamp = remote_stat(info).st_mtime
+        if not stamp or time.time() - stamp < COMPACT_LOCK_STALE_S:
             return False
     lock.write_bytes(token.encode())
     return _remote_token(lock) == token

@@ -14,8 +14,8 @@ Layout (query with DuckDB: ``SELECT * FROM read_parquet('STORE/traces/*.parquet'
     STORE/hangs/job-<key>.parquet      per job with hang dumps (rank-<r>.hang.json): where it stopped (process group,
                                        sequence number, op), the stuck, missing, mismatched and waiting ranks, why
     STORE/<table>/part-<ns>-<id>.parquet  many of the files above in one (kinetoscope/batch/compact.py, at the end
-                                          of every batch, in a folder or a bucket): DuckDB opens a few files, not 4
-                                          per rank
+                                          of every batch and every few files of a watch, in a folder or a bucket):
+                                          DuckDB opens a few files, not 4 per rank
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 from kinetoscope import __version__
 from kinetoscope.errors import TraceSourceError
 from kinetoscope.fsutil import atomic_target, atomic_write
-from kinetoscope.sources import RemotePath, trace_path
+from kinetoscope.sources import RemotePath, remote_stat, trace_path
 
 STORE_KIND = "kinetoscope-store"
 TABLES = ("traces", "findings", "steps", "summaries", "job_ranks", "jobs", "hangs")
@@ -151,7 +151,8 @@ def store_version(root: str | os.PathLike[str] | StoreRoot) -> str:
     try:
         if isinstance(folder, RemotePath):
             listed = folder.listing()
-            return hashlib.sha256("\n".join(f"{p.name}|{info.get('ETag') or info.get('size')}"
+            # each object's version as its store names it (S3's ETag, GCS's etag or generation, Azure's etag)
+            return hashlib.sha256("\n".join(f"{p.name}|{remote_stat(info).version}"
                                              for p, info in listed).encode()).hexdigest()
         return str(folder.stat().st_mtime_ns)
     except OSError:

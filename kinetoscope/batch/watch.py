@@ -9,6 +9,13 @@ it gets a failed row saying so. A broken trace is not retried: its failed row is
 ``max_in_flight`` files are being analysed at once. ``stop`` (the first Ctrl-C or SIGTERM) ends the watch once the
 files in flight are written; ``abandon`` (the second) ends it at once: every row already written is whole (each is
 one file written atomically), and what was in flight is analysed after the next start.
+
+Each analysed file leaves one small Parquet file per table, so the watch compacts the store (``compact``) once
+``compact_every`` files have been written since the last compaction, or once nothing has been written for
+``compact_quiet_s`` with some files not yet compacted, and at a clean stop. It never compacts with files in flight:
+past ``compact_every`` it starts no new file until those in flight are written, then compacts, then goes on (so the
+store never holds more than ``compact_every`` un-compacted files of this watch's, plus its job-level ones). A
+compaction that fails is said and tried again after ``compact_quiet_s``: the rows are all there in single files.
 """
 
 from __future__ import annotations
@@ -23,13 +30,14 @@ from typing import Any
 from kinetoscope.analyze.ingest.jobs import Job, TraceFile, is_capture_window, rank_from_name
 from kinetoscope.analyze.ingest.limits import DEFAULT_LIMITS, LoadLimits
 from kinetoscope.analyze.model.config import DEFAULT_CONFIG, AnalysisConfig
+from kinetoscope.batch.compact import compact
 from kinetoscope.batch.discover import discover
 from kinetoscope.batch.run import _cross_rank, _hangs
-from kinetoscope.batch.store import StoreRoot, write_rows
+from kinetoscope.batch.store import SCHEMAS, StoreRoot, write_rows
 from kinetoscope.batch.task import analyze_file, file_key
 from kinetoscope.errors import KinetoscopeError
 from kinetoscope.manifest import manifest_name
-from kinetoscope.sources import version_of
+from kinetoscope.sources import scrub, version_of
 
 #: an error that may pass if tried again (the store, the network, a worker), as opposed to a broken trace
 TRANSIENT = ("cannot read", "task failed")
@@ -50,6 +58,11 @@ class WatchPolicy:
     max_in_flight: int = 4
     #: after a stop, how long the files in flight may take before they are abandoned
     stop_grace_s: float = 300.0
+    #: compact the store once this many files have been written since the last compaction (new files wait for it)
+    compact_every: int = 256
+    #: compact once nothing has been written for this long and some files are not compacted yet; also the wait
+    #: before a failed compaction is tried again
+    compact_quiet_s: float = 120.0
 
 
 @dataclass
@@ -62,12 +75,16 @@ class WatchSummary:
     given_up: int = 0
     abandoned: int = 0
     jobs: int = 0
+    compactions: int = 0
+    compactions_failed: int = 0
     errors: list[str] = field(default_factory=list)
 
     def lines(self) -> list[str]:
         return [f"watched {self.listings} listings: {self.jobs} jobs complete, {self.analysed} files analysed "
                 f"({self.failed} failed, {self.given_up} given up after retries), {self.skipped} already in the store"
-                + (f", {self.abandoned} abandoned in flight (analysed after the next start)" if self.abandoned else "")]
+                + (f", {self.abandoned} abandoned in flight (analysed after the next start)" if self.abandoned else "")
+                + f"; store compacted {self.compactions} time(s)"
+                + (f" ({self.compactions_failed} compaction(s) failed)" if self.compactions_failed else "")]
 
 
 #: a file version: its URL or path, size, and mtime or ETag
@@ -110,6 +127,10 @@ class Watcher:
         self._in_flight: list[_Task] = []
         #: job name -> (the job, its versions, rows so far, files left)
         self._jobs: dict[str, tuple[Job, tuple[Version, ...], list[dict[str, Any]], int]] = {}
+        #: files written since the last compaction, when the last was written (``clock``), and no compaction before
+        self._uncompacted = 0
+        self._last_write = 0.0
+        self._compact_not_before = 0.0
 
     # -- the loop --
     def run(self, stop: threading.Event, abandon: threading.Event | None = None) -> WatchSummary:
@@ -132,14 +153,53 @@ class Watcher:
                 next_listing = time.monotonic() + interval
             self._collect(stopping=stop.is_set())
             if not stop.is_set():
-                self._start_ready()
+                self._compact_if_due()
+                if not self._compaction_waits():  # past compact_every: the files in flight land first
+                    self._start_ready()
             (abandon if stop.is_set() else stop).wait(0.2)
+        if not abandon.is_set() and not self._in_flight and self._uncompacted:
+            self._compact()
         for task in self._in_flight:
             if task.future is not None:
                 task.future.cancel()
             self.summary.abandoned += 1
         self._in_flight.clear()
         return self.summary
+
+    def _compaction_waits(self) -> bool:
+        """Whether a compaction is due by count (``compact_every``): no new file starts until it has run. After a
+        failed one, work goes on (the retry waits ``compact_quiet_s``)."""
+        return self._uncompacted >= self.policy.compact_every and self.clock() >= self._compact_not_before
+
+    def _compact_if_due(self) -> None:
+        """Compact when ``compact_every`` files were written, or nothing for ``compact_quiet_s``; never with files
+        in flight (their rows are being written)."""
+        if not self._uncompacted or self._in_flight:
+            return
+        now = self.clock()
+        if now < self._compact_not_before:
+            return
+        if self._uncompacted >= self.policy.compact_every or now - self._last_write >= self.policy.compact_quiet_s:
+            self._compact()
+
+    def _compact(self) -> None:
+        files = self._uncompacted
+        try:
+            merged = compact(self.root, SCHEMAS)
+        except Exception as exc:  # noqa: BLE001 - not fatal: every row is in its single file, tried again later
+            self.summary.compactions_failed += 1
+            self._compact_not_before = self.clock() + self.policy.compact_quiet_s
+            self._say("compact", f"failed, tried again in {self.policy.compact_quiet_s:g} s: "
+                                 f"{type(exc).__name__}: {scrub(str(exc).strip())[:300]}")
+            return
+        if merged is None:  # another compaction of this store holds its lock: this one waits its turn
+            self._compact_not_before = self.clock() + self.policy.compact_quiet_s
+            self._say("compact", "skipped: another compaction of the store is running")
+            return
+        self._uncompacted = 0
+        self.summary.compactions += 1
+        self._say("compacted", f"{files} file(s) analysed since the last compaction; merged "
+                  + (", ".join(f"{table} {n}" for table, n in merged.items()) or "nothing"))
 
     def _alive(self) -> bool:
         try:
@@ -239,6 +299,9 @@ class Watcher:
             self.summary.failed += row["status"] != "ok"
             self._say(row["status"], f"{task.file}" + (f": {error}" if row["status"] != "ok" else ""))
         self._done.add(task.version)
+        if not row.get("skipped"):
+            self._uncompacted += 1
+            self._last_write = self.clock()
         job, versions, rows, left = self._jobs[task.job.name]
         rows.append(row)
         self._jobs[task.job.name] = (job, versions, rows, left - 1)

@@ -322,6 +322,75 @@ def test_a_key_rewritten_during_a_compaction_in_the_bucket_keeps_its_new_rows(s3
     assert sorted(read_table(root, "traces")["mean_step_us"]) == [100.0, 102.0, 999.0]
 
 
+@pytest.mark.slow
+def test_a_watch_compacts_its_store_in_the_bucket(s3, tmp_path):
+    """Jobs uploaded while a watch runs (tasks in this process), the store in the bucket: with compact_every=2 the
+    store holds a part after the 2nd file, a part and the 3rd file's objects after the 3rd, one part after the quiet
+    period; every table reads the same rows throughout."""
+    from concurrent.futures import Future
+
+    import pandas as pd
+
+    from kinetoscope.batch.store import open_store, read_table
+    from kinetoscope.batch.watch import Watcher, WatchPolicy
+
+    def run_here(fn, *args):
+        fut: Future = Future()
+        fut.set_result(fn(*args))
+        return fut
+
+    incoming, store = f"s3://{BUCKET}/compact-in", f"s3://{BUCKET}/compact-store"
+    root = open_store(store, create=True)
+    now = [0.0]
+    watcher = Watcher([incoming], root, run_here, clock=lambda: now[0],
+                      policy=WatchPolicy(settle_s=0, poll_s=0.05, max_poll_s=0.05, max_in_flight=1,
+                                         compact_every=2, compact_quiet_s=100))
+    tables = ("traces", "findings", "steps", "summaries")
+
+    def read_all():
+        return {t: read_table(store, t).sort_values(["key", *(["step"] if t == "steps" else [])])
+                .reset_index(drop=True) for t in tables}
+
+    def objects(table):
+        names = _names(s3, f"{BUCKET}/compact-store/{table}")
+        return sorted("part" if n.startswith("part-") else "single" for n in names)
+
+    def wait_until(done):
+        deadline = time.monotonic() + 120
+        while not done() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert done(), watcher.summary
+
+    stop = threading.Event()
+    thread = threading.Thread(target=watcher.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        for i in range(3):
+            b = TraceBuilder()
+            for step in range(3):
+                b.step(step, step * 1000, 1000).kernel(step * 1000 + 100, 500 + 100 * i, name="gemm")
+            upload(s3, b.write(tmp_path / f"t{i}.json.gz"), f"{incoming}/t{i}.json.gz")  # one object: seen whole
+            wait_until(lambda i=i: watcher.summary.analysed == i + 1)
+            if i == 1:  # the 2nd file's rows written: the compaction comes next, before any other file starts
+                wait_until(lambda: watcher.summary.compactions == 1)
+                assert all(objects(t) == ["part"] for t in tables)
+                two = read_all()
+        assert watcher.summary.compactions == 1 and all(objects(t) == ["part", "single"] for t in tables)
+        before = read_all()
+        now[0] = 150.0  # quiet for 100 s: the 3rd file is compacted too
+        wait_until(lambda: watcher.summary.compactions == 2)
+    finally:
+        stop.set()
+        thread.join(120)
+    assert all(objects(t) == ["part"] for t in tables)
+    after = read_all()
+    for t in tables:
+        pd.testing.assert_frame_equal(after[t], before[t])
+        pd.testing.assert_frame_equal(after[t][after[t]["key"].isin(two[t]["key"])].reset_index(drop=True), two[t])
+    assert sorted(after["traces"]["mean_step_us"]) == [1000.0, 1000.0, 1000.0] and len(after["steps"]) == 9
+    assert not s3.exists(f"{BUCKET}/compact-store/.compact.lock")
+
+
 class Watch:
     """``kinetoscope batch --watch`` as a process, its event lines read as they come."""
 

@@ -8,6 +8,7 @@ import time
 from concurrent.futures import Future
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 pytest.importorskip("pyarrow")
@@ -133,3 +134,149 @@ def test_work_in_flight_is_bounded(tmp_path):
     thread.join(60)
     assert watcher.summary.analysed == 5 and len(tasks.calls) == 5
     assert tasks.most_in_flight == 2
+
+
+# --- compaction while watching ------------------------------------------------------------------------------------
+PER_FILE_TABLES = ("traces", "findings", "steps", "summaries")  # what a one-rank job writes: one key per table
+
+
+def parquet_names(root, table: str) -> list[str]:
+    return sorted(p.name for p in (root / table).glob("*.parquet"))
+
+
+def tables(root) -> dict:
+    return {t: read_table(root, t).sort_values(["key", *(["step"] if t == "steps" else [])]).reset_index(drop=True)
+            for t in PER_FILE_TABLES}
+
+
+def drop(src: Path, name: str) -> None:
+    """A one-rank job dropped into the watched folder whole (written beside it, then renamed in)."""
+    staging = src.parent / "staging"
+    staging.mkdir(exist_ok=True)
+    one_rank(staging / name)
+    (staging / name).rename(src / name)
+
+
+def wait_until(done, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not done() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert done()
+
+
+def test_the_watch_compacts_every_n_files_and_when_quiet(tmp_path):
+    """Jobs dropped into a folder; compact_every=3 and one file at a time: compactions after the 3rd and 6th files,
+    the 7th waits for the quiet period. Each table's files are known at each point, and the rows never change."""
+    src = tmp_path / "in"
+    src.mkdir()
+    root = open_store(tmp_path / "store", create=True)
+    now = [0.0]
+    events: list[tuple[str, str]] = []
+    watcher = Watcher([str(src)], root, Tasks().submit, clock=lambda: now[0], on_event=lambda *e: events.append(e),
+                      policy=WatchPolicy(settle_s=0, poll_s=0.01, max_poll_s=0.01, max_in_flight=1,
+                                         compact_every=3, compact_quiet_s=100))
+    stop = threading.Event()
+    thread = threading.Thread(target=watcher.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        for i in range(2):
+            drop(src, f"t{i}.json.gz")
+        wait_until(lambda: watcher.summary.analysed == 2)
+        listed = watcher.summary.listings
+        wait_until(lambda: watcher.summary.listings >= listed + 3)
+        assert watcher.summary.compactions == 0  # 2 files < 3, and not quiet for 100 s yet
+        for table in PER_FILE_TABLES:
+            names = parquet_names(root, table)
+            assert len(names) == 2 and not any(n.startswith("part-") for n in names), names
+        first_two = tables(root)
+
+        for i in range(2, 7):
+            drop(src, f"t{i}.json.gz")
+        wait_until(lambda: watcher.summary.analysed == 7)
+        assert watcher.summary.compactions == 2  # after the 3rd file and after the 6th
+        for table in PER_FILE_TABLES:  # the 6th's compaction merged 3 singles and the first part: a part, + the 7th
+            names = parquet_names(root, table)
+            assert sorted(n.startswith("part-") for n in names) == [False, True], names
+        before = tables(root)
+        assert len(before["traces"]) == 7 and set(before["traces"]["status"]) == {"ok"}
+        assert len(before["steps"]) == 7 * 3  # three profiled steps each
+
+        now[0] = 150.0  # nothing written for 100 s: the 7th file is compacted too
+        wait_until(lambda: watcher.summary.compactions == 3)
+    finally:
+        stop.set()
+        thread.join(60)
+    assert not thread.is_alive()
+    for table in PER_FILE_TABLES:
+        (name,) = parquet_names(root, table)
+        assert name.startswith("part-")
+    after = tables(root)
+    for table in PER_FILE_TABLES:  # the same rows, read from one part as from a part and a single file
+        pd.testing.assert_frame_equal(after[table], before[table])
+        mine = after[table][after[table]["key"].isin(first_two[table]["key"])].reset_index(drop=True)
+        pd.testing.assert_frame_equal(mine, first_two[table])
+    compacted = [text for kind, text in events if kind == "compacted"]
+    assert compacted == [
+        "3 file(s) analysed since the last compaction; merged traces 3, findings 3, steps 3, summaries 3",
+        "3 file(s) analysed since the last compaction; merged traces 4, findings 4, steps 4, summaries 4",
+        "1 file(s) analysed since the last compaction; merged traces 2, findings 2, steps 2, summaries 2"]
+    assert watcher.summary.compactions == 3  # the clean stop had nothing new to compact
+    assert watcher.summary.lines()[0].endswith("; store compacted 3 time(s)")
+
+
+def test_the_watch_never_compacts_with_files_in_flight_and_a_failed_compaction_is_not_fatal(tmp_path, monkeypatch):
+    from kinetoscope.batch import watch as watching
+
+    src = tmp_path / "in"
+    src.mkdir()
+    for i in range(5):
+        one_rank(src / f"t{i}.json.gz")  # there before the watch starts
+    root = open_store(tmp_path / "store", create=True)
+    now = [0.0]
+    tasks, events = Tasks(hold=True), []
+    watcher = Watcher([str(src)], root, tasks.submit, clock=lambda: now[0], on_event=lambda *e: events.append(e),
+                      policy=WatchPolicy(settle_s=0, poll_s=0.01, max_poll_s=0.01, max_in_flight=2,
+                                         compact_every=2, compact_quiet_s=100))
+    calls: list[tuple[int, int]] = []  # (files in flight, futures not done) at each compaction
+    real = watching.compact
+
+    def compact(where, schemas):
+        calls.append((len(watcher._in_flight), sum(not f.done() for f, _, _ in tasks.pending)))
+        if len(calls) == 1:
+            raise OSError("disk full")
+        return real(where, schemas)
+
+    monkeypatch.setattr(watching, "compact", compact)
+    stop = threading.Event()
+    thread = threading.Thread(target=watcher.run, args=(stop,), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while watcher.summary.analysed < 5 and time.monotonic() < deadline:
+        time.sleep(0.1)
+        tasks.release_one()
+    # the first compaction failed (said, not fatal) and the work went on; its retry waits 100 s of quiet
+    assert watcher.summary.analysed == 5 and thread.is_alive()
+    assert (watcher.summary.compactions_failed, watcher.summary.compactions) == (1, 0)
+    assert ("compact", "failed, tried again in 100 s: OSError: disk full") in events
+    assert len(parquet_names(root, "traces")) == 5
+    now[0] = 100.0
+    while watcher.summary.compactions < 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    stop.set()
+    thread.join(60)
+    assert calls == [(0, 0), (0, 0)]  # each with nothing in flight
+    assert tasks.most_in_flight == 2
+    (name,) = parquet_names(root, "traces")
+    assert name.startswith("part-")
+    assert sorted(read_table(root, "traces")["path"]) == sorted(str(src / f"t{i}.json.gz") for i in range(5))
+
+
+@pytest.mark.parametrize(("flag", "value", "message"), [
+    ("--compact-every", "0", "--max-attempts, --max-in-flight and --compact-every must be >= 1"),
+    ("--compact-quiet", "-1", "--compact-quiet must be >= 0 seconds")])
+def test_compaction_flags_are_checked(tmp_path, capsys, flag, value, message):
+    pytest.importorskip("dask")
+    from kinetoscope.cli import main
+
+    assert main(["batch", str(tmp_path), "--store", str(tmp_path / "store"), "--watch", flag, value]) == 2
+    assert capsys.readouterr().err == f"kinetoscope: error: {message}\n"

@@ -31,6 +31,25 @@ def test_redaction_of_urls_alone_and_inside_text():
         "GET s3://b/key failed (see https://h/x)")
 
 
+def test_azure_urls_that_name_their_account_keep_the_container():
+    """``abfss://container@account.dfs.core.windows.net/path``: the user part is the container, not a secret; the
+    store is asked for ``container/path`` in that account."""
+    p = trace_path("abfss://runs@myacct.dfs.core.windows.net/team-a/job-42/?sv=2024&sig=SECRET")
+    assert isinstance(p, RemotePath) and str(p) == "abfss://runs@myacct.dfs.core.windows.net/team-a/job-42"
+    assert p.name == "job-42" and str(p.parent) == "abfss://runs@myacct.dfs.core.windows.net/team-a"
+    assert str(p.parent.parent) == "abfss://runs@myacct.dfs.core.windows.net"
+    assert str(p / "r.json") == "abfss://runs@myacct.dfs.core.windows.net/team-a/job-42/r.json"
+    assert p._at("runs/team-b") == trace_path("abfss://runs@myacct.dfs.core.windows.net/team-b")  # a listed key
+    assert p._key == "runs/team-a/job-42"
+    # a password, another scheme or another host: user info is a credential, dropped as ever
+    assert str(trace_path("az://runs:KEY@myacct.blob.core.windows.net/x")) == "az://myacct.blob.core.windows.net/x"
+    assert str(trace_path("s3://AKIA@bucket/x")) == "s3://bucket/x"
+    assert str(trace_path("az://user@evil.example.com/x")) == "az://evil.example.com/x"
+    assert redact_url("az://runs@myacct.blob.core.windows.net/x?sig=S") == "az://runs@myacct.blob.core.windows.net/x"
+    assert scrub("az://runs@myacct.blob.core.windows.net/x and az://c:KEY@myacct.blob.core.windows.net/y?sig=S") == (
+        "az://runs@myacct.blob.core.windows.net/x and az://myacct.blob.core.windows.net/y")
+
+
 def test_given_paths_keep_a_url_whole():
     assert given_paths("s3://b/store:/tmp/x:file:///a/b") == ["s3://b/store", "/tmp/x", "file:///a/b"]
     assert given_paths("") == []
