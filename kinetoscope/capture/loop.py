@@ -109,6 +109,8 @@ class LoopRecorder:
         self._validation_spans: list[tuple[int, int]] = []
         self._compile = {"compiles": 0, "recompiles": 0}
         self._compile_spans: list[tuple[int, int]] = []
+        #: compilations of a frame compiled before (compile id F/N, N >= 1): what fixing the recompiles removes
+        self._recompile_spans: list[tuple[int, int]] = []
         self._checkpoint = {"saves": 0}
         self._checkpoint_spans: list[tuple[int, int]] = []
         #: Python child processes started, by kind (hooks.child_started), and the "other" ones' targets
@@ -278,6 +280,8 @@ class LoopRecorder:
             self._compile["compiles"] += 1
             self._compile["recompiles"] += recompile
         self._compile_spans.append((t0, t1))
+        if recompile:
+            self._recompile_spans.append((t0, t1))
         self._spread("compile_ns", t0, t1)
         self._keep(keep, "compile", t0, t1, tid, {"compile_id": cid, "recompile": recompile, "trigger": trigger})
 
@@ -378,7 +382,8 @@ class LoopRecorder:
                 else None
             ),
             "compile": (
-                {**self._compile, "total_ns": _union_ns(self._compile_spans)} if "compile" in recorded else None
+                {**self._compile, "total_ns": _union_ns(self._compile_spans),
+                 "recompile_total_ns": _union_ns(self._recompile_spans)} if "compile" in recorded else None
             ),
             "checkpoint": (
                 {**self._checkpoint, "total_ns": _union_ns(self._checkpoint_spans)}

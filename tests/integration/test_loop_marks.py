@@ -122,7 +122,7 @@ def test_capture_writes_the_loop_into_the_manifest(auto):
         # no Python child process started (no DataLoader workers): 0, not null
         "child_processes": {"started": 0, "targets": [], "training_in_children": False, "dataloader_workers": 0,
                             "spawned_ranks": 0},
-        "compile": {"compiles": 0, "recompiles": 0, "total_ns": 0},  # recorded (armed), none happened: 0, not null
+        "compile": {"compiles": 0, "recompiles": 0, "total_ns": 0, "recompile_total_ns": 0},  # armed, none: 0, not null
     }
     assert validation["stretches"] == 2 and validation["batches"] == 6 and validation["total_ns"] > 0
     assert checkpoint["saves"] == 1 and checkpoint["total_ns"] > 0

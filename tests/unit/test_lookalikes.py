@@ -390,6 +390,22 @@ def test_the_measured_run_queue_wait_is_the_cost(tmp_path):
     assert f.severity == "warning"
 
 
+def test_a_wait_measured_over_every_step_is_judged_over_the_run(tmp_path):
+    """Was: a DDP rank's window waited 31% of its steps for a CPU, critical, while the capture's counts over the run's
+    95 steps said 20% (two readers: a warning). Severity follows worth over the run: the window's 6 steps wait 3 ms of
+    10 ms (30%); the run's other 54 steps 0.5 ms: (6 x 3 + 54 x 0.5) / 600 ms = 7.5% of the run, a warning."""
+    busy_trace(tmp_path)
+    n = 60
+    steps_json(tmp_path, wall=[10_000_000] * n, wait=[1_000_000] * n, wait_cpu=[1_000_000] * n,
+               cpu=[7_000_000] * n, runqueue=[3_000_000] * 6 + [500_000] * (n - 6), oncpu=[6_000_000] * n)
+    rep = load_dir(tmp_path)
+    (f,) = found(rep, "host_oversubscribed")
+    assert f.evidence["lost_us"] == 18_000 and f.evidence["run_lost_us"] == 45_000
+    assert f.worth.fraction == 0.075 and f.worth.of == "the run's time (60 steps timed by the capture, measured over each)"
+    assert f.severity == "warning"
+    assert "(30% of the step, measured by the kernel over 6 steps; 8% over the run's 60 steps)" in f.title
+
+
 def test_a_measured_small_wait_outranks_an_inferred_shortfall(tmp_path):
     """CPU time says 0.3 of a core; the kernel says the thread waited 0.2 ms of each 10 ms step for a CPU (2%, under
     the policy's warning bar): the rest of the shortfall was waits the trace did not show. Nothing is raised."""
@@ -807,3 +823,38 @@ def test_evaluation_iterations_taken_for_steps_are_neither_training_steps_nor_tr
     # iterations 0-10: waits 0-7 train, 8-10 evaluate
     assert loader["eval_loader_wait_us"] == 3 * 6_000 and loader["eval_loader_wait_basis"] == "inferred"
     assert loader["time_us"] == 8 * 1_000
+
+
+@pytest.mark.parametrize("recorded_recompile_ns", [None, 3_000_000])
+def test_a_recompile_is_worth_its_recompilation_not_every_compile_of_the_run(tmp_path, recorded_recompile_ns):
+    """Was: a compiled MLP whose last batch is smaller recompiled once (11.7 s) in the window, and the finding was
+    worth the run's whole compile time (50.5 s with the first compile), 98% of the run: critical where two readers
+    said warning (22.8%). Fixing recompiles removes the recompilation, not the frame's first compile. 4 steps of
+    10 ms; step 2 recompiles (frame 0's second compilation, 5 ms); the capture's manifest: 2 compiles, 1 recompile,
+    50 ms of compiling over a run of 40 steps timed; with the recompilation's own run total where the capture recorded
+    it (3 ms)."""
+    import json
+
+    from kinetoscope.analyze.ingest.loader import load_trace
+
+    b = TraceBuilder()
+    for s in range(4):
+        t = s * 10_000
+        b.step(s, t, 10_000).op("aten::linear", t + 10, 90)
+        if s == 2:
+            b.op("entire_frame_compile", t + 100, 5_000)
+            b.op("fx_codegen_and_compile_data: compile_id=0/1", t + 200, 100, cat="user_annotation")
+    b.write(tmp_path / "rank-0.step-0-3.pt.trace.json")
+    compile_ = {"compiles": 2, "recompiles": 1, "total_ns": 50_000_000}
+    if recorded_recompile_ns is not None:
+        compile_["recompile_total_ns"] = recorded_recompile_ns
+    (tmp_path / "rank-0.manifest.json").write_text(json.dumps({"manifest_version": 2, "rank": 0, "loop": {
+        "marks": 2, "recorded": ["compile"], "compile": compile_}}))
+    (tmp_path / "rank-0.steps.json").write_text(json.dumps({
+        "rank": 0, "unit": "ns", "step_wall_ns": [10_000_000] * 40, "data_wait_ns": [0] * 40,
+        "profiled": [False] * 36 + [True] * 4}))
+    (f,) = found(build_report(load_trace(tmp_path)), "recompile")
+    if recorded_recompile_ns is None:  # the window holds the run's one recompilation and no first compile: its 5 ms
+        assert f.worth.one_off_total_us == 5_000 and f.evidence["one_off_of"] == "the window's recompilations"
+    else:
+        assert f.worth.one_off_total_us == 3_000 and f.evidence["one_off_of"] == "the run's recompilations (capture)"

@@ -137,6 +137,12 @@ def _measured(trace: RankTrace, config: AnalysisConfig, steps: Any, rows: Any) -
         oncpu_us_per_step=us(float(np.nansum(oncpu[ok])) / ok.sum()) if not np.isnan(oncpu[ok]).all() else None,
         **facts,
     )
+    # over every step of the run, where each has its count: the run's cost, which the severity policy judges
+    rs = trace.run_steps
+    run_wait = rs["runqueue_wait_ns"].to_numpy(float) if rs is not None and "runqueue_wait_ns" in rs else None
+    run_lost = float(run_wait.sum()) if run_wait is not None and len(run_wait) and not np.isnan(run_wait).any() \
+        else None
+    run_wall = float(rs["wall_ns"].sum()) if run_lost is not None and rs is not None else None
     findings = []
     if ok.sum() >= 2 and share >= config.host_runqueue_min_fraction:
         device = iv.measure(any_gpu_busy(trace)) > 0
@@ -144,7 +150,9 @@ def _measured(trace: RankTrace, config: AnalysisConfig, steps: Any, rows: Any) -
             id="host_oversubscribed",
             rank=trace.rank,
             title=(f"The training thread waited {lost / ok.sum() / 1e6:.1f} ms per step for a CPU "
-                   f"({share:.0%} of the step, measured by the kernel over {int(ok.sum())} steps)"
+                   f"({share:.0%} of the step, measured by the kernel over {int(ok.sum())} steps"
+                   + (f"; {run_lost / run_wall:.0%} over the run's {len(run_wait)} steps"
+                      if run_lost is not None and run_wait is not None and run_wall else "") + ")"
                    + (f" ({facts_text})" if facts_text else "")),
             evidence={
                 "measured": True,
@@ -156,12 +164,14 @@ def _measured(trace: RankTrace, config: AnalysisConfig, steps: Any, rows: Any) -
                 ][:20],
                 "lost_us": us(lost),
                 "lost_fraction_of_window": frac(lost, window(trace).dur_ns),
+                "run_lost_us": us(run_lost),
                 # on a rank with device work, host time lost may have been hidden behind the device's
                 "saving_bound": "upper" if device else None,
                 **facts,
             },
             recommendation=_ADVICE,
             impact_us=lost / 1000.0,
+            run_cost_us=us(run_lost),
         ))
     return AnalysisResult(key="host", metrics=HostResult(host=metrics), findings=tuple(findings))
 

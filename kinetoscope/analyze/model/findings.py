@@ -100,6 +100,9 @@ class Finding:
     #: a cost paid once rather than every step (a recompile, a worker start), in total over the window, us: its
     #: worth is amortised over the run (``policy.worth``); None for a recurring cost
     one_off_us: float | None = None
+    #: a recurring cost the capture measured over every step of the run (``steps.json``), in total, us: its worth is
+    #: that over the run's time rather than the window's rate (``policy.worth``); None where only the window shows it
+    run_cost_us: float | None = None
     #: what fixing it is worth over the run, set by the severity policy; None for findings whose worth is not time
     #: (correctness, information)
     worth: Worth | None = None

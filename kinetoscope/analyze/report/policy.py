@@ -4,7 +4,8 @@ A finding is a claim a user acts on, so how loud it is follows what acting on it
 
 * **cost** findings (time lost: waits, idle, syncs, copies, launches, collectives, compilation) get their
   severity from their *worth*: the estimated saving over the run. A recurring cost is worth its saving per step
-  over the mean step; a one-off cost (a recompile, a worker start) is worth its total over the run's time,
+  over the mean step, or - where the capture measured it over every step of the run (``Finding.run_cost_us``) - its
+  total over the run's time; a one-off cost (a recompile, a worker start) is worth its total over the run's time,
   amortised over every step the capture timed (else over the profiled window, and said so). Below
   ``config.severity_warning_min_worth`` it is information; from ``config.severity_critical_min_worth`` it is
   critical; warning between. Without an estimate the measured cost's share of the window stands in, and the
@@ -55,6 +56,11 @@ def worth(finding: Finding, run: RunTime) -> Worth:
                      "one-off total", one_off)
     est = finding.estimate
     saving = est.get("saving_us_per_step") if est is not None else None
+    if finding.run_cost_us is not None and run.run_wall_us and est is not None and saving is not None:
+        # measured over every step of the run: what the window's steps happened to hold is not the run's rate
+        return Worth(finding.run_cost_us / run.run_wall_us,
+                     f"the run's time ({run.run_steps} steps timed by the capture, measured over each)",
+                     "upper bound" if est.get("bound") == "upper" else "estimate")
     if est is not None and saving is not None and run.mean_step_us:
         return Worth(float(saving) / run.mean_step_us, "the rank's mean step time (replayed)",
                      "upper bound" if est.get("bound") == "upper" else "estimate")
