@@ -401,7 +401,8 @@ def test_a_wait_measured_over_every_step_is_judged_over_the_run(tmp_path):
     rep = load_dir(tmp_path)
     (f,) = found(rep, "host_oversubscribed")
     assert f.evidence["lost_us"] == 18_000 and f.evidence["run_lost_us"] == 45_000
-    assert f.worth.fraction == 0.075 and f.worth.of == "the run's time (60 steps timed by the capture, measured over each)"
+    assert f.worth.fraction == 0.075
+    assert f.worth.of == "the run's time (60 steps timed by the capture, measured over each)"
     assert f.severity == "warning"
     assert "(30% of the step, measured by the kernel over 6 steps; 8% over the run's 60 steps)" in f.title
 
