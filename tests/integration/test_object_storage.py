@@ -561,3 +561,28 @@ def test_capture_out_to_a_bucket(s3, tmp_path):
     again = subprocess.run([sys.executable, "-m", "kinetoscope.cli", "capture", "--out", url, "--", sys.executable,
                             "-c", "pass"], capture_output=True, text=True, timeout=120)
     assert again.returncode == 2 and "already holds files" in again.stderr
+
+
+def test_duckdb_queries_a_compacted_store_over_its_url(s3):
+    """Issue 33: the store stays queryable by DuckDB over the URL. DuckDB given the store's fsspec filesystem (its
+    own `register_filesystem`, no extension to download) reads the compacted part by its s3:// URL: 6 traces, 3 with
+    two findings each, known by construction."""
+    duckdb = pytest.importorskip("duckdb")
+    from kinetoscope.batch.compact import compact
+    from kinetoscope.batch.store import SCHEMAS, open_store, write_rows
+
+    url = f"s3://{BUCKET}/queried"
+    root = open_store(url, create=True)
+    for i in range(6):
+        key = f"k{i:03d}"
+        write_rows(root, "traces", key, [_trace_row(key, 1000.0 + i)])
+        write_rows(root, "findings", key, [_finding(key, "gpu_idle"), _finding(key, "loader_stall")] if i % 2 else [])
+    compact(root, SCHEMAS)
+    con = duckdb.connect()
+    con.register_filesystem(s3)
+    ((count, total),) = con.execute(f"SELECT count(*), sum(mean_step_us) FROM read_parquet('{url}/traces/*.parquet')"
+                                    ).fetchall()
+    assert (count, total) == (6, sum(1000.0 + i for i in range(6)))
+    by_id = con.execute(f"SELECT id, count(*) FROM read_parquet('{url}/findings/*.parquet') "
+                        "GROUP BY id ORDER BY id").fetchall()
+    assert by_id == [("gpu_idle", 3), ("loader_stall", 3)]
