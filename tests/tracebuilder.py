@@ -124,6 +124,18 @@ def straggler_job(folder: Path, slow: int = 2, n: int = 4, steps: int = 5, late_
         b.write(folder / f"rank-{r}.json")
 
 
+def slow_loader_job(folder: Path) -> None:
+    """Three ranks of a gzip job; rank 1 loads data slowly, so ranks 0 and 2 wait in the all-reduce (the batch and
+    object-storage tests' job)."""
+    for rank, (wait, load) in {0: (600, 50), 1: (100, 550), 2: (580, 60)}.items():
+        b = TraceBuilder(rank=rank, world_size=3)
+        for step in range(3):
+            t = step * 1000
+            b.step(step, t, 1000).loader(t, load).kernel(t + load, 300, name="gemm")
+            b.kernel(t + 400, wait, name="ncclDevKernel_AllReduce_Sum_f32")
+        b.write(folder / f"trainer.rank-{rank}.json.gz")
+
+
 def ddp_step(steps: int = 3, **builder: Any) -> TraceBuilder:
     """Each 1000 us step: a forward op (+10..+200) launching a 150 us kernel, a backward op (+300..+700) launching
     a 300 us kernel (+310..+610) and DDP's gradient all-reduce (launched at +620, runs +620..+920 with no compute

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("dask.distributed")
-from tracebuilder import TraceBuilder  # noqa: E402
+from tracebuilder import TraceBuilder, slow_loader_job  # noqa: E402
 
 from kinetoscope.batch import discover, run_batch  # noqa: E402
 from kinetoscope.batch.report import fleet, store_report  # noqa: E402
@@ -26,21 +26,11 @@ SAMPLES = ROOT / "sample_traces"
 pytestmark = pytest.mark.cluster
 
 
-def straggler_job(folder: Path) -> None:
-    """Three ranks; rank 1 loads data slowly, so ranks 0 and 2 wait in the all-reduce."""
-    for rank, (wait, load) in {0: (600, 50), 1: (100, 550), 2: (580, 60)}.items():
-        b = TraceBuilder(rank=rank, world_size=3)
-        for step in range(3):
-            t = step * 1000
-            b.step(step, t, 1000).loader(t, load).kernel(t + load, 300, name="gemm")
-            b.kernel(t + 400, wait, name="ncclDevKernel_AllReduce_Sum_f32")
-        b.write(folder / f"trainer.rank-{rank}.json.gz")
-
 
 @pytest.fixture
 def dump(tmp_path):
     root = tmp_path / "dump"
-    straggler_job(root / "job-a")
+    slow_loader_job(root / "job-a")
     shutil.copy(SAMPLES / "real" / "v100_resnet50_2021.json.gz", root / "single.json.gz")
     (root / "job-b").mkdir()
     (root / "job-b" / "broken.json.gz").write_bytes(b"\x1f\x8b\x08\x00 truncated")

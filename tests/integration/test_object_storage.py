@@ -21,7 +21,7 @@ import pytest
 
 pytest.importorskip("s3fs")
 moto_server = pytest.importorskip("moto.server")
-from tracebuilder import TraceBuilder  # noqa: E402
+from tracebuilder import TraceBuilder, slow_loader_job  # noqa: E402
 
 from kinetoscope.cli import main  # noqa: E402
 
@@ -64,17 +64,6 @@ def upload(fs, local: Path, url: str) -> None:
         fs.put_file(str(local), key)
     fs.invalidate_cache()
 
-
-def straggler_job(folder: Path) -> None:
-    """Three ranks; rank 1 loads data slowly, so ranks 0 and 2 wait in the all-reduce (as tests/integration/
-    test_batch.py builds it)."""
-    for rank, (wait, load) in {0: (600, 50), 1: (100, 550), 2: (580, 60)}.items():
-        b = TraceBuilder(rank=rank, world_size=3)
-        for step in range(3):
-            t = step * 1000
-            b.step(step, t, 1000).loader(t, load).kernel(t + load, 300, name="gemm")
-            b.kernel(t + 400, wait, name="ncclDevKernel_AllReduce_Sum_f32")
-        b.write(folder / f"trainer.rank-{rank}.json.gz")
 
 
 def test_analyze_by_url_is_the_local_report(s3, capsys, tmp_path):
@@ -190,7 +179,7 @@ def test_batch_into_a_bucket_and_report(s3, tmp_path, capsys):
     from kinetoscope.batch import run_batch
 
     dump = tmp_path / "dump"
-    straggler_job(dump / "job-a")
+    slow_loader_job(dump / "job-a")
     (dump / "job-b").mkdir()
     (dump / "job-b" / "broken.json.gz").write_bytes(b"\x1f\x8b\x08\x00 truncated")
     for folder in ("job-a", "job-b"):
@@ -496,7 +485,7 @@ def test_ctrl_c_mid_job_loses_nothing(s3, tmp_path):
     from kinetoscope.batch.store import read_table
 
     incoming, store = f"s3://{BUCKET}/ctrl-c", f"s3://{BUCKET}/ctrl-c-store"
-    straggler_job(tmp_path / "job")
+    slow_loader_job(tmp_path / "job")
     upload(s3, tmp_path / "job", f"{incoming}/job")
     first = Watch(incoming, store, "--settle", "0", "--max-in-flight", "1")
     try:

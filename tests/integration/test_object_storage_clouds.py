@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tracebuilder import TraceBuilder
+from tracebuilder import TraceBuilder, slow_loader_job
 
 from kinetoscope.cli import main
 
@@ -151,16 +151,6 @@ def store(request) -> Iterator[Store]:
     yield from (_gcs() if request.param == "gs" else _azure())
 
 
-def straggler_job(folder: Path) -> None:
-    """Three ranks; rank 1 loads data slowly, so ranks 0 and 2 wait in the all-reduce (as test_batch.py builds it)."""
-    for rank, (wait, load) in {0: (600, 50), 1: (100, 550), 2: (580, 60)}.items():
-        b = TraceBuilder(rank=rank, world_size=3)
-        for step in range(3):
-            t = step * 1000
-            b.step(step, t, 1000).loader(t, load).kernel(t + load, 300, name="gemm")
-            b.kernel(t + 400, wait, name="ncclDevKernel_AllReduce_Sum_f32")
-        b.write(folder / f"trainer.rank-{rank}.json.gz")
-
 
 def test_analyze_by_url_is_the_local_report(store, capsys, tmp_path):
     local = tmp_path / "ddp_straggler"
@@ -237,7 +227,7 @@ def test_batch_into_the_bucket_and_report(store, tmp_path, capsys):
     from kinetoscope.batch.store import read_table
 
     dump = tmp_path / "dump"
-    straggler_job(dump / "job-a")
+    slow_loader_job(dump / "job-a")
     (dump / "job-b").mkdir()
     (dump / "job-b" / "broken.json.gz").write_bytes(b"\x1f\x8b\x08\x00 truncated")
     for folder in ("job-a", "job-b"):
