@@ -1,14 +1,16 @@
 """The loop recorder's hooks: one set of patches for the whole process, reference counted and reversible.
 
 ``attach()`` (``LoopRecorder.attach``: ``Profiler.start()``, ``kinetoscope capture``) acquires them, ``detach()``
-releases them, and the last release puts every patched function back (or, where someone wrapped it after us,
-leaves our wrapper in place as a plain pass-through). What is patched: ``_BaseDataLoaderIter.__next__`` (the wait,
-timed) and ``DataLoader.__iter__`` (which loader an iterator belongs to), ``torch.nn.Module.train`` (the outermost
-call only: ``train()`` recurses into the children), ``torch.autograd.backward`` (outermost calls: a reentrant
-checkpoint's inner backward is part of its outer one), the global optimizer step hooks, dynamo's compile start/end
-callbacks (registered once torch._dynamo is imported: ``torch.compile`` is wrapped to do it, as importing dynamo up
-front costs ~1.5 s), ``torch.save`` and, once imported, ``torch.distributed.checkpoint.save``/``async_save``, and
-``multiprocessing``'s ``Process.start`` (the Python child processes the script starts).
+releases them, and the last release puts every patched function back (or, where someone wrapped it after us, leaves
+our wrapper in place as a plain pass-through). What is patched: ``_BaseDataLoaderIter.__next__`` (the wait, timed)
+and ``DataLoader.__iter__`` (which loader an iterator belongs to), ``_MultiProcessingDataLoaderIter.__init__`` and
+``_shutdown_workers`` (starting and stopping a loader's worker processes, timed), ``torch.nn.Module.train`` (the
+outermost call only: ``train()`` recurses into the children), ``torch.autograd.backward`` (outermost calls: a
+reentrant checkpoint's inner backward is part of its outer one), the global optimizer step hooks, dynamo's compile
+start/end callbacks (registered once torch._dynamo is imported: ``torch.compile`` is wrapped to do it, as importing
+dynamo up front costs ~1.5 s), ``torch.save`` and, once imported,
+``torch.distributed.checkpoint.save``/``async_save``, and ``multiprocessing``'s ``Process.start`` (the Python child
+processes the script starts).
 
 Per event the thread where it happens pays its clock reads (``time.time_ns``; a DataLoader wait also reads the
 ``perf_counter`` and process CPU clocks the capture always read) and one append to each recorder's ``pending``
@@ -30,7 +32,7 @@ from typing import Any, Protocol
 from kinetoscope.capture._safety import warn_once
 
 #: the kinds of loop event, in the manifest's order
-KINDS = ("data_wait", "validation", "backward", "optimizer_step", "compile", "checkpoint")
+KINDS = ("data_wait", "validation", "backward", "optimizer_step", "compile", "checkpoint", "workers")
 #: the Python child processes the script started (the manifest's ``loop.child_processes``; not a kind of mark)
 CHILD_PROCESS = "child_process"
 
@@ -116,7 +118,8 @@ class _Hooks:
             self.at_fork = True
         for kind, install in (("data_wait", self._patch_data_loader), ("validation", self._patch_train),
                               ("backward", self._patch_backward), ("optimizer_step", self._hook_optimizer),
-                              ("compile", self._arm_compile), ("checkpoint", self._patch_save)):
+                              ("compile", self._arm_compile), ("checkpoint", self._patch_save),
+                              ("workers", self._patch_workers)):
             try:
                 if install(torch):
                     self.recordable.add(kind)
@@ -196,6 +199,62 @@ class _Hooks:
         self._patch(dataloader._BaseDataLoaderIter, "__next__", make_next)
         self._patch(dataloader.DataLoader, "__iter__", make_iter)
         return True
+
+    def _patch_workers(self, torch: Any) -> bool:
+        """A multi-process iterator's construction starts its workers (``persistent_workers`` keeps them for the
+        loader's later iterators) and ``_shutdown_workers`` stops them (at exhaustion, or when the iterator is
+        dropped): both timed, so a loader whose workers are started again is known, with what it cost."""
+        from torch.utils.data import dataloader
+
+        hooks = self
+        cls = dataloader._MultiProcessingDataLoaderIter
+
+        def make_init(original: Any) -> Any:
+            @functools.wraps(original)
+            def __init__(self: Any, loader: Any, *args: Any, **kwargs: Any) -> None:
+                if not hooks.live:
+                    return original(self, loader, *args, **kwargs)
+                t0 = time.time_ns()
+                try:
+                    return original(self, loader, *args, **kwargs)
+                finally:
+                    hooks.workers_event(self, loader, "start", t0)
+
+            return __init__
+
+        def make_shutdown(original: Any) -> Any:
+            @functools.wraps(original)
+            def _shutdown_workers(self: Any) -> None:
+                # workers never started, or stopped before: nothing to time
+                if not hooks.live or self.__dict__.get("_shutdown", True):
+                    return original(self)
+                t0 = time.time_ns()
+                try:
+                    return original(self)
+                finally:
+                    hooks.workers_event(self, None, "stop", t0)
+
+            return _shutdown_workers
+
+        self._patch(cls, "__init__", make_init)
+        self._patch(cls, "_shutdown_workers", make_shutdown)
+        return True
+
+    def workers_event(self, it: Any, loader: Any, what: str, t0: int) -> None:
+        try:
+            t1 = time.time_ns()
+            lid = self.loader_id(loader, it) if loader is not None else self.iterator_loader(it)
+            if loader is not None:
+                try:
+                    it._kinetoscope_loader = lid
+                except Exception:  # noqa: BLE001
+                    pass
+            workers = getattr(it, "_num_workers", None)
+            event = ("L", t0, t1, threading.get_native_id(), what, lid, workers if isinstance(workers, int) else None)
+            for r in self.recorders:
+                r.pending.append(event)
+        except Exception as exc:  # noqa: BLE001
+            warn_once("loop workers", f"DataLoader workers not recorded ({type(exc).__name__}: {exc})")
 
     def data_wait(self, it: Any, t1: int, wait_ns: int, cpu_ns: int, exhausted: bool) -> None:
         try:

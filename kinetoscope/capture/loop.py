@@ -17,6 +17,10 @@ Rules (issue 28's contract, with two changes, said here and in docs/report.md):
 * a validation stretch runs from a root module's outermost ``.eval()``/``.train(False)`` to its next outermost
   ``.train()`` with no ``backward()`` or optimizer step in between; one still open when the recorder finishes (a
   final evaluation) ends there.
+* DataLoader workers: each multi-process iterator's start (its construction) and stop (``_shutdown_workers``) is a
+  ``kinetoscope::workers_start``/``workers_stop`` span; a start of a loader whose workers were started before is a
+  restart (what ``persistent_workers=True`` avoids), and ``restart_total_ns`` is the time of the restarts and of the
+  stops they follow.
 * Change: dynamo's lazy backward compilation (it runs inside ``backward()``) is a ``kinetoscope::compile`` span
   too, with ``trigger: "lazy_backward"``, counted in ``total_ns`` but not in ``compiles``; every compile mark says
   its ``trigger``.
@@ -113,6 +117,14 @@ class LoopRecorder:
         self._recompile_spans: list[tuple[int, int]] = []
         self._checkpoint = {"saves": 0}
         self._checkpoint_spans: list[tuple[int, int]] = []
+        #: DataLoader worker processes started and stopped (multi-process iterators); a restart is a start of a
+        #: loader whose workers were started before (persistent_workers=False, or iter() called again)
+        self._workers = {"starts": 0, "stops": 0, "restarts": 0}
+        self._worker_spans: list[tuple[int, int]] = []
+        #: what persistent workers would not have paid: each restart's start, and the stop it follows
+        self._restart_spans: list[tuple[int, int]] = []
+        #: per loader: [starts, stops, stops not yet followed by a restart]
+        self._worker_state: dict[int, list[Any]] = {}
         #: Python child processes started, by kind (hooks.child_started), and the "other" ones' targets
         self._children: dict[str, int] = {"other": 0, "dataloader_worker": 0, "spawned_rank": 0, "helper": 0}
         self._child_targets: list[str] = []
@@ -294,6 +306,29 @@ class LoopRecorder:
         self._spread("checkpoint_ns", t0, t1)
         self._keep(keep, "checkpoint", t0, t1, tid, {"call": call})
 
+    def _on_L(self, e: tuple[Any, ...], out: StepLoop, keep: bool) -> None:
+        _, t0, t1, tid, what, lid, workers = e
+        state = self._worker_state.setdefault(lid, [0, 0, []])
+        self._worker_spans.append((t0, t1))
+        args: dict[str, Any] = {"loader": lid, "workers": workers}
+        if what == "start":
+            restart = state[0] > 0
+            state[0] += 1
+            self._workers["starts"] += 1
+            if restart:
+                self._workers["restarts"] += 1
+                self._restart_spans += [(t0, t1), *state[2]]
+                state[2] = []
+            args["restart"] = restart
+        else:
+            state[1] += 1
+            self._workers["stops"] += 1
+            if state[1] < state[0]:  # a newer iterator of this loader already runs its own workers
+                self._restart_spans.append((t0, t1))
+            else:
+                state[2].append((t0, t1))
+        self._keep(keep, "workers_" + what, t0, t1, tid, args)
+
     def _on_P(self, e: tuple[Any, ...], out: StepLoop, keep: bool) -> None:
         _, t, tid, kind, target = e
         self._children[kind] = self._children.get(kind, 0) + 1
@@ -389,6 +424,10 @@ class LoopRecorder:
                 {**self._checkpoint, "total_ns": _union_ns(self._checkpoint_spans)}
                 if "checkpoint" in recorded
                 else None
+            ),
+            "workers": (
+                {**self._workers, "total_ns": _union_ns(self._worker_spans),
+                 "restart_total_ns": _union_ns(self._restart_spans)} if "workers" in recorded else None
             ),
             "child_processes": self._child_processes(),
         }

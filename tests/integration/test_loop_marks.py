@@ -16,6 +16,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -30,7 +31,7 @@ SECRET_ARGS = ("--api-key", SECRET, f"HF_TOKEN={HF}")
 #: a DataLoader's description in the manifest, for the script's loaders (TensorDataset, batch_size 16, no workers)
 LOADER = {"num_workers": 0, "prefetch_factor": None, "persistent_workers": False, "pin_memory": False,
           "batch_size": 16, "class": "DataLoader"}
-ALL_KINDS = ["data_wait", "validation", "backward", "optimizer_step", "compile", "checkpoint"]
+ALL_KINDS = ["data_wait", "validation", "backward", "optimizer_step", "compile", "checkpoint", "workers"]
 #: the trace's clock and time.time_ns() are two clocks: the marks are placed through each step's ProfilerStep span,
 #: whose start is known only to lie between two host clock reads around prof.step() (a few us apart, more when
 #: the thread is preempted there), and the profiler's clock is the TSC converted to wall time once at its start.
@@ -123,6 +124,7 @@ def test_capture_writes_the_loop_into_the_manifest(auto):
         "child_processes": {"started": 0, "targets": [], "training_in_children": False, "dataloader_workers": 0,
                             "spawned_ranks": 0},
         "compile": {"compiles": 0, "recompiles": 0, "total_ns": 0, "recompile_total_ns": 0},  # armed, none: 0, not null
+        "workers": {"starts": 0, "stops": 0, "restarts": 0, "total_ns": 0, "restart_total_ns": 0},  # no workers
     }
     assert validation["stretches"] == 2 and validation["batches"] == 6 and validation["total_ns"] > 0
     assert checkpoint["saves"] == 1 and checkpoint["total_ns"] > 0
@@ -317,7 +319,8 @@ def test_hooks_are_reference_counted_and_put_back():
     from kinetoscope.capture import loop
 
     dl = torch.utils.data.dataloader
-    originals = (dl._BaseDataLoaderIter.__next__, torch.autograd.backward, torch.nn.Module.train, torch.save)
+    originals = (dl._BaseDataLoaderIter.__next__, torch.autograd.backward, torch.nn.Module.train, torch.save,
+                 dl._MultiProcessingDataLoaderIter.__init__, dl._MultiProcessingDataLoaderIter._shutdown_workers)
     a, b = loop.LoopRecorder(), loop.LoopRecorder()
     a.attach()
     b.attach()
@@ -329,7 +332,9 @@ def test_hooks_are_reference_counted_and_put_back():
     b.close_step(2**62, record=False, keep=False)
     assert (a.backward_calls, b.backward_calls) == (0, 1)
     b.detach()
-    assert (dl._BaseDataLoaderIter.__next__, torch.autograd.backward, torch.nn.Module.train, torch.save) == originals
+    mp_iter = dl._MultiProcessingDataLoaderIter
+    assert (dl._BaseDataLoaderIter.__next__, torch.autograd.backward, torch.nn.Module.train, torch.save,
+            mp_iter.__init__, mp_iter._shutdown_workers) == originals
     # a wrapper someone put over ours stays, and ours under it passes through
     a.attach()
     ours = torch.autograd.backward
@@ -432,3 +437,61 @@ def test_a_step_inside_a_validation_reads_its_wall_never_more():
         assert rec.step_lists(2)["validation_ns"] == [1000, 2000]  # on the hooks' clock when no walls are given
     finally:
         rec.detach()
+
+
+# --- DataLoader workers started again ---------------------------------------------------------------------------
+def test_a_restart_costs_its_start_and_the_stop_before_it():
+    """Events fed by hand, times known by construction (ns). Loader 0 (an iterator per epoch): start [0, 100],
+    stop [1000, 1050], start [2000, 2300] (a restart), stop [3000, 3040], start [4000, 4200] (a restart). Loader 1:
+    one start [500, 520], never again. Loader 2 (iter() called again before the first iterator is dropped): start
+    [5000, 5100], start [6000, 6100] (a restart, no stop before it), then the first iterator's stop [7000, 7030]
+    (a newer one already runs: part of the restart). Restarts: 300 + 50 + 200 + 40 + 100 + 30 = 720 ns."""
+    from kinetoscope.capture import loop
+
+    rec = loop.LoopRecorder()
+    rec.attach()
+    try:
+        tid = rec.training_thread
+        rec.begin_steps(0)
+        rec.pending[:] = [("L", 0, 100, tid, "start", 0, 2), ("L", 500, 520, tid, "start", 1, 4),
+                          ("L", 1000, 1050, tid, "stop", 0, 2), ("L", 2000, 2300, tid, "start", 0, 2),
+                          ("L", 3000, 3040, tid, "stop", 0, 2), ("L", 4000, 4200, tid, "start", 0, 2),
+                          ("L", 5000, 5100, tid, "start", 2, 1), ("L", 6000, 6100, tid, "start", 2, 1),
+                          ("L", 7000, 7030, tid, "stop", 2, 1)]
+        rec.close_step(10_000, record=True, keep=True)
+        workers = rec.manifest("optimizer")["workers"]
+        assert workers == {"starts": 6, "stops": 3, "restarts": 3,
+                           "total_ns": 100 + 20 + 50 + 300 + 40 + 200 + 100 + 100 + 30, "restart_total_ns": 720}
+        starts = [m for m in rec.take_marks(0, 10_000) if m[0] == "workers_start"]
+        assert [m[4]["restart"] for m in starts] == [False, False, True, True, False, True]
+    finally:
+        rec.detach()
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_real_worker_restarts_are_recorded(persistent):
+    """Three epochs over a DataLoader with 2 workers: without persistent workers each epoch's iterator starts 2 new
+    processes and stops them when exhausted (3 starts, 3 stops, 2 restarts); with them, one start and no stop while
+    the loader lives."""
+    import torch
+
+    from kinetoscope.capture import loop
+
+    data = torch.utils.data.TensorDataset(torch.arange(8.0))
+    loader = torch.utils.data.DataLoader(data, batch_size=4, num_workers=2, persistent_workers=persistent)
+    rec = loop.LoopRecorder()
+    rec.attach()
+    try:
+        rec.begin_steps(time.time_ns())
+        for _ in range(3):
+            assert sum(len(b[0]) for b in loader) == 8
+        rec.close_step(time.time_ns(), record=True, keep=True)
+        workers = rec.manifest("dataloader")["workers"]
+        marks_ = rec.take_marks(0, 2**62)
+    finally:
+        rec.detach()
+        del loader
+    expected = (1, 0, 0) if persistent else (3, 3, 2)
+    assert (workers["starts"], workers["stops"], workers["restarts"]) == expected
+    assert (workers["restart_total_ns"] > 0) is not persistent
+    assert {m[4]["workers"] for m in marks_ if m[0].startswith("workers_")} == {2}

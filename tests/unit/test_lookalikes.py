@@ -859,3 +859,42 @@ def test_a_recompile_is_worth_its_recompilation_not_every_compile_of_the_run(tmp
         assert f.worth.one_off_total_us == 5_000 and f.evidence["one_off_of"] == "the window's recompilations"
     else:
         assert f.worth.one_off_total_us == 3_000 and f.evidence["one_off_of"] == "the run's recompilations (capture)"
+
+
+@pytest.mark.parametrize("recorded", [True, False])
+def test_a_worker_restart_the_capture_timed_is_worth_its_time_over_the_run(tmp_path, recorded):
+    """Was: Lightning's epoch end stopped 16 workers and started 16 more inside one step (2.66 s, mostly untraced)
+    before a short first wait, and no worker_respawn was found (two readers: warning). The capture now times each
+    start and stop of a loader's workers. 4 steps of 10 ms; in step 1 the old iterator's workers stop (300 us) and
+    a new iterator's start (2,000 us, a restart); the manifest: 2 restarts over the run, 40 ms of restarting, over
+    40 steps of 10 ms timed: 10% of the run, measured: warning. Without the capture's record (a trace from elsewhere
+    holding the same marks is not one: the marks need their manifest) nothing tells a restart: no finding."""
+    import json
+
+    from kinetoscope.analyze.ingest.loader import load_trace
+
+    b = TraceBuilder()
+    for s in range(4):
+        t = s * 10_000
+        b.step(s, t, 10_000).op("aten::linear", t + 5_000, 90)
+        if s == 1:
+            b.op("kinetoscope::workers_stop", t + 100, 300, cat="kinetoscope", loader=0, workers=2)
+            b.op("kinetoscope::workers_start", t + 500, 2_000, cat="kinetoscope", loader=0, workers=2, restart=True)
+    b.write(tmp_path / "rank-0.step-0-3.pt.trace.json")
+    if recorded:
+        (tmp_path / "rank-0.manifest.json").write_text(json.dumps({"manifest_version": 2, "rank": 0, "loop": {
+            "marks": 2, "recorded": ["workers"], "workers": {
+                "starts": 3, "stops": 2, "restarts": 2, "total_ns": 50_000_000, "restart_total_ns": 40_000_000}}}))
+    (tmp_path / "rank-0.steps.json").write_text(json.dumps({
+        "rank": 0, "unit": "ns", "step_wall_ns": [10_000_000] * 40, "data_wait_ns": [0] * 40,
+        "profiled": [False] * 36 + [True] * 4}))
+    rep = build_report(load_trace(tmp_path))
+    if not recorded:
+        assert not found(rep, "worker_respawn")
+        return
+    (f,) = found(rep, "worker_respawn")
+    assert f.severity == "warning" and f.worth.one_off_total_us == 40_000 and f.worth.fraction == 0.1
+    assert f.worth.basis == "one-off total" and f.impact_us == 2_300
+    assert f.evidence["window_restarts"] == [{"step": 1, "loader": 0, "workers": 2, "start_us": 2_000.0,
+                                              "stop_before_us": 300.0}]
+    assert (f.evidence["run_restarts"], f.evidence["run_restart_time_us"]) == (2, 40_000)

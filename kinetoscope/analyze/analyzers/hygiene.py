@@ -318,6 +318,69 @@ def _sync_in_loop(trace: RankTrace, all_steps: set[int], config: AnalysisConfig)
 
 
 def _worker_respawn(trace: RankTrace) -> list[Finding]:
+    loop = (trace.meta.capture or {}).get("loop") or {}
+    recorded = loop.get("workers")
+    if "workers" in (loop.get("recorded") or []) and isinstance(recorded, dict) and _count(recorded.get("restarts")):
+        return _worker_respawn_recorded(trace, recorded)
+    # no loader restarted its workers: a DataLoader built anew each epoch is a new loader, told only by its first
+    # waits, as in a trace from elsewhere
+    return _worker_respawn_inferred(trace)
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _worker_respawn_recorded(trace: RankTrace, recorded: dict[str, Any]) -> list[Finding]:
+    """The capture timed every start and stop of a loader's worker processes over the run: a restart (a loader
+    whose workers were started before) is what persistent workers avoid, worth the restarts' time and the stops
+    they follow, once each, over the run (was: inferred from a long first wait after a new iterator's seed draw,
+    which misses a framework whose epoch end stops 16 workers and starts 16 more before a short first wait)."""
+    restarts, restart_ns = _count(recorded.get("restarts")), _count(recorded.get("restart_total_ns"))
+    if not restarts or restart_ns is None:
+        return []
+    marks = trace.marks
+    window_restarts: list[dict[str, Any]] = []
+    window_ns = 0
+    if len(marks):
+        names = marks["name"].astype(str).to_numpy()
+        rows = marks["row"].to_numpy()
+        ts, end = trace.events["ts_ns"].to_numpy()[rows], trace.events["end_ns"].to_numpy()[rows]
+        loader = marks["loader"].astype("float64").to_numpy()
+        restart = marks["restart"].fillna(False).to_numpy(dtype=bool)
+        steps = step_at(trace, ts)
+        for i in np.flatnonzero((names == "kinetoscope::workers_start") & restart):
+            # what the window holds of it: this start, and its loader's stops just before it
+            stops = (names == "kinetoscope::workers_stop") & (end <= ts[i]) & (loader == loader[i])
+            earlier = (names == "kinetoscope::workers_start") & (ts < ts[i]) & (loader == loader[i])
+            if earlier.any():
+                stops &= ts >= ts[earlier].max()
+            stop_ns = int((end[stops] - ts[stops]).sum())
+            window_ns += int(end[i] - ts[i]) + stop_ns
+            workers = marks["workers"].iloc[i]
+            window_restarts.append({"step": int(steps[i]) if steps[i] >= 0 else None,
+                                    "loader": None if np.isnan(loader[i]) else int(loader[i]),
+                                    "workers": None if pd.isna(workers) else int(workers),
+                                    "start_us": us(int(end[i] - ts[i])), "stop_before_us": us(stop_ns)})
+    total_us = restart_ns / 1000.0
+    return [Finding(
+        id="worker_respawn", rank=trace.rank,
+        title=(f"DataLoader workers were started again {restarts} time(s) over the run (the capture timed "
+               f"{total_us / 1000:,.1f} ms of stopping and restarting them)"),
+        evidence={"basis": "capture (every worker start and stop timed)", "run_restarts": restarts,
+                  "run_restart_time_us": round(total_us, 3), "run_starts": _count(recorded.get("starts")),
+                  "run_stops": _count(recorded.get("stops")),
+                  "run_worker_start_stop_time_us": us(_count(recorded.get("total_ns"))),
+                  "window_restarts": window_restarts[:20],
+                  "not_counted": "a restarted iterator's first batch, which persistent workers wait for too"},
+        recommendation="Create the DataLoader once with persistent_workers=True (workers then survive across epochs "
+                       "and iterators); do not build a new DataLoader or iter(loader) inside the step loop.",
+        impact_us=window_ns / 1000.0,
+        one_off_us=total_us,
+    )]
+
+
+def _worker_respawn_inferred(trace: RankTrace) -> list[Finding]:
     loaders = loader_spans(trace)
     multi = loaders[loaders["name"].astype(str).str.contains("MultiProcessing")]
     seeds = _seed_draws(trace)

@@ -89,7 +89,7 @@ COMM_ARG_COLUMNS: tuple[Column, ...] = (
 MARK_COLUMNS: tuple[Column, ...] = (
     Column("row", "int64", "position of the mark in the events table"),
     Column("name", "category", "the mark: kinetoscope::data_wait, ::validation, ::backward, ::optimizer_step, "
-                               "::compile, ::checkpoint"),
+                               "::compile, ::checkpoint, ::workers_start, ::workers_stop"),
     Column("loader", "Int64", "data_wait: the DataLoader's number in the process; validation: the loader iterated "
                               "inside (<NA>: none)"),
     Column("role", "category", "data_wait: the loader's role when the window was written (train/eval/unknown)"),
@@ -104,6 +104,9 @@ MARK_COLUMNS: tuple[Column, ...] = (
     Column("recompile", "boolean", "compile: a second or later compilation of its frame"),
     Column("trigger", "category", "compile: dynamo (a frame) / lazy_backward (AOT's backward, inside backward())"),
     Column("call", "category", "checkpoint: torch.save / torch.distributed.checkpoint.save / ...async_save"),
+    Column("workers", "Int64", "workers_start/workers_stop: the iterator's worker processes"),
+    Column("restart", "boolean", "workers_start: that loader's workers were started before (persistent workers "
+                                 "would have kept them)"),
 )
 
 #: Recorded inputs of host ops (``record_shapes=True``): one row per op event (category cpu_op) whose args have
