@@ -80,6 +80,9 @@ class _Hooks:
         self.loader_ids: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         self.sampler_ids: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         self.loader_config: dict[int, dict[str, Any]] = {}
+        #: dataset -> (its last multi-process loader, that loader's number): a loader built anew over it
+        self.dataset_loaders: weakref.WeakKeyDictionary[Any, tuple[weakref.ref[Any], int]] = \
+            weakref.WeakKeyDictionary()
         self.next_loader = 0
         #: root modules put in eval mode by an outermost .eval()/.train(False), until seen training again: a trainer
         #: may restore training mode by setting ``module.training`` itself (Lightning does), with no call to see
@@ -250,11 +253,28 @@ class _Hooks:
                 except Exception:  # noqa: BLE001
                     pass
             workers = getattr(it, "_num_workers", None)
-            event = ("L", t0, t1, threading.get_native_id(), what, lid, workers if isinstance(workers, int) else None)
+            rebuilt = self.rebuilt_from(loader, lid) if loader is not None else None
+            event = ("L", t0, t1, threading.get_native_id(), what, lid, workers if isinstance(workers, int) else None,
+                     rebuilt)
             for r in self.recorders:
                 r.pending.append(event)
         except Exception as exc:  # noqa: BLE001
             warn_once("loop workers", f"DataLoader workers not recorded ({type(exc).__name__}: {exc})")
+
+    def rebuilt_from(self, loader: Any, lid: int) -> int | None:
+        """The loader ``loader`` replaces: the last loader over the same dataset object, when that loader is gone (a
+        ``DataLoader`` built anew each epoch: its workers start again, as a non-persistent iterator's would)."""
+        dataset = getattr(loader, "dataset", None)
+        if dataset is None:
+            return None
+        try:
+            before = self.dataset_loaders.get(dataset)
+            self.dataset_loaders[dataset] = (weakref.ref(loader), lid)
+        except TypeError:  # a dataset that cannot be hashed or weakly referenced: not told
+            return None
+        if before is None or before[1] == lid or before[0]() is not None:
+            return None
+        return before[1]
 
     def data_wait(self, it: Any, t1: int, wait_ns: int, cpu_ns: int, exhausted: bool) -> None:
         try:

@@ -20,7 +20,8 @@ Rules (issue 28's contract, with two changes, said here and in docs/report.md):
 * DataLoader workers: each multi-process iterator's start (its construction) and stop (``_shutdown_workers``) is a
   ``kinetoscope::workers_start``/``workers_stop`` span; a start of a loader whose workers were started before is a
   restart (what ``persistent_workers=True`` avoids), and ``restart_total_ns`` is the time of the restarts and of the
-  stops they follow.
+  stops they follow. A loader built anew over the dataset of a loader that is gone continues that loader's story
+  (a ``DataLoader`` made each epoch restarts its workers too).
 * Change: dynamo's lazy backward compilation (it runs inside ``backward()``) is a ``kinetoscope::compile`` span
   too, with ``trigger: "lazy_backward"``, counted in ``total_ns`` but not in ``compiles``; every compile mark says
   its ``trigger``.
@@ -307,7 +308,9 @@ class LoopRecorder:
         self._keep(keep, "checkpoint", t0, t1, tid, {"call": call})
 
     def _on_L(self, e: tuple[Any, ...], out: StepLoop, keep: bool) -> None:
-        _, t0, t1, tid, what, lid, workers = e
+        _, t0, t1, tid, what, lid, workers, rebuilt = e
+        if rebuilt is not None and lid not in self._worker_state and rebuilt in self._worker_state:
+            self._worker_state[lid] = self._worker_state.pop(rebuilt)  # a loader built anew: the same workers' story
         state = self._worker_state.setdefault(lid, [0, 0, []])
         self._worker_spans.append((t0, t1))
         args: dict[str, Any] = {"loader": lid, "workers": workers}

@@ -453,11 +453,11 @@ def test_a_restart_costs_its_start_and_the_stop_before_it():
     try:
         tid = rec.training_thread
         rec.begin_steps(0)
-        rec.pending[:] = [("L", 0, 100, tid, "start", 0, 2), ("L", 500, 520, tid, "start", 1, 4),
-                          ("L", 1000, 1050, tid, "stop", 0, 2), ("L", 2000, 2300, tid, "start", 0, 2),
-                          ("L", 3000, 3040, tid, "stop", 0, 2), ("L", 4000, 4200, tid, "start", 0, 2),
-                          ("L", 5000, 5100, tid, "start", 2, 1), ("L", 6000, 6100, tid, "start", 2, 1),
-                          ("L", 7000, 7030, tid, "stop", 2, 1)]
+        rec.pending[:] = [("L", 0, 100, tid, "start", 0, 2, None), ("L", 500, 520, tid, "start", 1, 4, None),
+                          ("L", 1000, 1050, tid, "stop", 0, 2, None), ("L", 2000, 2300, tid, "start", 0, 2, None),
+                          ("L", 3000, 3040, tid, "stop", 0, 2, None), ("L", 4000, 4200, tid, "start", 0, 2, None),
+                          ("L", 5000, 5100, tid, "start", 2, 1, None), ("L", 6000, 6100, tid, "start", 2, 1, None),
+                          ("L", 7000, 7030, tid, "stop", 2, 1, None)]
         rec.close_step(10_000, record=True, keep=True)
         workers = rec.manifest("optimizer")["workers"]
         assert workers == {"starts": 6, "stops": 3, "restarts": 3,
@@ -468,30 +468,40 @@ def test_a_restart_costs_its_start_and_the_stop_before_it():
         rec.detach()
 
 
-@pytest.mark.parametrize("persistent", [False, True])
-def test_real_worker_restarts_are_recorded(persistent):
-    """Three epochs over a DataLoader with 2 workers: without persistent workers each epoch's iterator starts 2 new
-    processes and stops them when exhausted (3 starts, 3 stops, 2 restarts); with them, one start and no stop while
-    the loader lives."""
+@pytest.mark.parametrize("how", ["one loader", "persistent", "a loader per epoch", "two loaders"])
+def test_real_worker_restarts_are_recorded(how):
+    """Three epochs with 2 workers. One DataLoader: each epoch's iterator starts 2 new processes and stops them when
+    exhausted (3 starts, 3 stops, 2 restarts). With persistent workers: one start and no stop while the loader
+    lives. A DataLoader built anew each epoch over the same dataset: the same 2 restarts. Two loaders over the same
+    dataset, both alive (a train and a test loader), each iterated once per epoch: 6 starts, 4 restarts (never one
+    loader's start counted as the other's restart: 4, not 5)."""
     import torch
 
     from kinetoscope.capture import loop
 
     data = torch.utils.data.TensorDataset(torch.arange(8.0))
-    loader = torch.utils.data.DataLoader(data, batch_size=4, num_workers=2, persistent_workers=persistent)
+
+    def make():
+        return torch.utils.data.DataLoader(data, batch_size=4, num_workers=2, persistent_workers=how == "persistent")
+
+    loaders = [make(), make()] if how == "two loaders" else [make()]
     rec = loop.LoopRecorder()
     rec.attach()
     try:
         rec.begin_steps(time.time_ns())
         for _ in range(3):
-            assert sum(len(b[0]) for b in loader) == 8
+            if how == "a loader per epoch":
+                loaders = [make()]
+            for loader in loaders:
+                assert sum(len(b[0]) for b in loader) == 8
         rec.close_step(time.time_ns(), record=True, keep=True)
         workers = rec.manifest("dataloader")["workers"]
         marks_ = rec.take_marks(0, 2**62)
     finally:
         rec.detach()
-        del loader
-    expected = (1, 0, 0) if persistent else (3, 3, 2)
+        del loaders, loader
+    expected = {"one loader": (3, 3, 2), "persistent": (1, 0, 0), "a loader per epoch": (3, 3, 2),
+                "two loaders": (6, 6, 4)}[how]
     assert (workers["starts"], workers["stops"], workers["restarts"]) == expected
-    assert (workers["restart_total_ns"] > 0) is not persistent
+    assert (workers["restart_total_ns"] > 0) is (how != "persistent")
     assert {m[4]["workers"] for m in marks_ if m[0].startswith("workers_")} == {2}

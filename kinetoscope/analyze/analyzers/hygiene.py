@@ -320,10 +320,9 @@ def _sync_in_loop(trace: RankTrace, all_steps: set[int], config: AnalysisConfig)
 def _worker_respawn(trace: RankTrace) -> list[Finding]:
     loop = (trace.meta.capture or {}).get("loop") or {}
     recorded = loop.get("workers")
-    if "workers" in (loop.get("recorded") or []) and isinstance(recorded, dict) and _count(recorded.get("restarts")):
+    if "workers" in (loop.get("recorded") or []) and isinstance(recorded, dict):
         return _worker_respawn_recorded(trace, recorded)
-    # no loader restarted its workers: a DataLoader built anew each epoch is a new loader, told only by its first
-    # waits, as in a trace from elsewhere
+    # not recorded (a trace from elsewhere, a capture before the workers were hooked): inferred
     return _worker_respawn_inferred(trace)
 
 
