@@ -126,6 +126,8 @@ class LoopRecorder:
         self._restart_spans: list[tuple[int, int]] = []
         #: per loader: [starts, stops, stops not yet followed by a restart]
         self._worker_state: dict[int, list[Any]] = {}
+        #: per loader, the stop just recorded: inside the exhausted next() that comes after it
+        self._stopping: dict[int, int] = {}
         #: Python child processes started, by kind (hooks.child_started), and the "other" ones' targets
         self._children: dict[str, int] = {"other": 0, "dataloader_worker": 0, "spawned_rank": 0, "helper": 0}
         self._child_targets: list[str] = []
@@ -224,6 +226,11 @@ class LoopRecorder:
             else:
                 self._awaiting.discard(lid)
         t0 = t1 - wait
+        if exhausted:  # the next() that ended a non-persistent iterator stopped its workers: not a wait for data
+            stopping = min(self._stopping.pop(lid, 0), wait)
+            if stopping:
+                cpu = cpu * (wait - stopping) // wait
+                wait -= stopping
         if tid == self.training_thread:
             out.data_wait_ns += wait
             out.data_wait_cpu_ns += cpu
@@ -309,6 +316,8 @@ class LoopRecorder:
 
     def _on_L(self, e: tuple[Any, ...], out: StepLoop, keep: bool) -> None:
         _, t0, t1, tid, what, lid, workers, rebuilt = e
+        if what == "start":
+            self._stopping.pop(lid, None)  # a stop that was no exhausted next()'s (an iterator dropped)
         if rebuilt is not None and lid not in self._worker_state and rebuilt in self._worker_state:
             self._worker_state[lid] = self._worker_state.pop(rebuilt)  # a loader built anew: the same workers' story
         state = self._worker_state.setdefault(lid, [0, 0, []])
@@ -326,6 +335,7 @@ class LoopRecorder:
         else:
             state[1] += 1
             self._workers["stops"] += 1
+            self._stopping[lid] = self._stopping.get(lid, 0) + (t1 - t0)
             if state[1] < state[0]:  # a newer iterator of this loader already runs its own workers
                 self._restart_spans.append((t0, t1))
             else:

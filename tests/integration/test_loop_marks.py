@@ -505,3 +505,27 @@ def test_real_worker_restarts_are_recorded(how):
     assert (workers["starts"], workers["stops"], workers["restarts"]) == expected
     assert (workers["restart_total_ns"] > 0) is (how != "persistent")
     assert {m[4]["workers"] for m in marks_ if m[0].startswith("workers_")} == {2}
+
+
+def test_the_next_that_stops_the_workers_waits_for_no_data():
+    """Events fed by hand (ns): loader 0's last next() runs [1000, 1600] and raises StopIteration after stopping the
+    workers [1100, 1500]: its wait for data is 600 - 400 = 200 ns (was: 600, the shutdown read as a data wait); an
+    ordinary next() [2000, 2050] of a new iterator keeps its 50."""
+    import torch
+
+    from kinetoscope.capture import loop
+
+    rec = loop.LoopRecorder()
+    rec.attach()
+    try:
+        tid = rec.training_thread
+        rec.begin_steps(0)
+        rec.pending[:] = [("L", 0, 100, tid, "start", 0, 2, None)]
+        it = iter(torch.utils.data.DataLoader([1, 2]))  # any iterator: a tag for loader 0
+        it._kinetoscope_loader = 0
+        rec.pending += [("L", 1100, 1500, tid, "stop", 0, 2, None), ("W", 1600, 600, 0, tid, it, 2, True, True),
+                        ("L", 1700, 1900, tid, "start", 0, 2, None), ("W", 2050, 50, 0, tid, it, 0, True, False)]
+        out = rec.close_step(10_000, record=True, keep=False)
+        assert out.data_wait_ns == 250
+    finally:
+        rec.detach()

@@ -898,3 +898,18 @@ def test_a_worker_restart_the_capture_timed_is_worth_its_time_over_the_run(tmp_p
     assert f.evidence["window_restarts"] == [{"step": 1, "loader": 0, "workers": 2, "start_us": 2_000.0,
                                               "stop_before_us": 300.0}]
     assert (f.evidence["run_restarts"], f.evidence["run_restart_time_us"]) == (2, 40_000)
+
+
+def test_the_wait_that_stops_the_workers_is_no_wait_for_data(tmp_path):
+    """A non-persistent iterator's last next() shuts its workers down: the capture's workers_stop mark covers it.
+    4 steps of 10 ms, a 1 ms training wait in each; in step 2 the exhausted next() [+6,000, 3,000 us] holds the
+    workers' stop [+6,100, 2,500 us]. Training waits: 4 x 1,000 us (was: 7,000, the shutdown read as data)."""
+    b = TraceBuilder()
+    for s in range(4):
+        t = s * 10_000
+        b.step(s, t, 10_000).loader(t + 10, 1_000, multiprocess=True).op("aten::linear", t + 2_000, 500)
+        if s == 2:
+            b.loader(t + 6_000, 3_000, multiprocess=True)
+            b.op("kinetoscope::workers_stop", t + 6_100, 2_500, cat="kinetoscope", loader=0, workers=2)
+    rep = build_report(load_built(tmp_path, b))
+    assert rep.ranks[0]["loader"]["time_us"] == 4 * 1_000

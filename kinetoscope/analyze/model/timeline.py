@@ -200,12 +200,21 @@ def loader_spans(trace: RankTrace) -> pd.DataFrame:
     if tid is None or spans.empty:
         return spans.iloc[0:0]
     spans = spans[_tid_mask(spans, {tid})]
-    other = other_role_waits(trace)
-    if len(other) and len(spans):
-        marked = iv.union(other["ts_ns"].to_numpy(), other["end_ns"].to_numpy())
-        inside = iv.overlap_each(spans["ts_ns"].to_numpy(), spans["end_ns"].to_numpy(), marked)
-        spans = spans[inside < spans["dur_ns"].to_numpy() / 2]  # mostly inside another loader's wait: not training
+    # mostly inside another loader's wait (not training), or inside the capture's record of workers stopping (the
+    # next() that ended a non-persistent iterator shuts its workers down: worker_respawn's time, no wait for data)
+    for other in (other_role_waits(trace), _workers_stopping(trace)):
+        if len(other) and len(spans):
+            marked = iv.union(other["ts_ns"].to_numpy(), other["end_ns"].to_numpy())
+            inside = iv.overlap_each(spans["ts_ns"].to_numpy(), spans["end_ns"].to_numpy(), marked)
+            spans = spans[inside < spans["dur_ns"].to_numpy() / 2]
     return spans
+
+
+def _workers_stopping(trace: RankTrace) -> pd.DataFrame:
+    marks = trace.marks
+    if marks.empty:
+        return trace.events.iloc[0:0]
+    return trace.events.iloc[marks["row"].to_numpy()[(marks["name"] == "kinetoscope::workers_stop").to_numpy()]]
 
 
 @trace_view
