@@ -80,7 +80,8 @@ def worth(estimate: Mapping[str, Any] | None) -> str | None:
     saving, share = estimate.get("saving_us_per_step"), estimate.get("saving_fraction")
     if estimate.get("method") == "one-off":
         return (f"fix this: a one-off {estimate['one_off_total_us'] / 1000:,.1f} ms in all; over "
-                f"{estimate['amortised_over_steps']:,} steps ~{(saving or 0) / 1000:,.2f} ms per step ({share:.1%})")
+                f"{estimate['amortised_over_steps']:,} steps ~{(saving or 0) / 1000:,.2f} ms per step ({share:.1%} of "
+                "their mean step)")
     workers = estimate.get("num_workers")
     cpus = estimate.get("cpus")
     assumed = ("" if workers is None else

@@ -867,7 +867,8 @@ def test_a_worker_restart_the_capture_timed_is_worth_its_time_over_the_run(tmp_p
     before a short first wait, and no worker_respawn was found (two readers: warning). The capture now times each
     start and stop of a loader's workers. 4 steps of 10 ms; in step 1 the old iterator's workers stop (300 us) and
     a new iterator's start (2,000 us, a restart); the manifest: 2 restarts over the run, 40 ms of restarting, over
-    40 steps of 10 ms timed: 10% of the run, measured: warning. Without the capture's record (a trace from elsewhere
+    40 steps of 5 ms timed: 20% of the run, measured: warning, and the estimate says 20% (1 ms per step of the run's
+    5 ms mean step; was "10%", against the window's 10 ms steps). Without the capture's record (a trace from elsewhere
     holding the same marks is not one: the marks need their manifest) nothing tells a restart: no finding."""
     import json
 
@@ -886,14 +887,15 @@ def test_a_worker_restart_the_capture_timed_is_worth_its_time_over_the_run(tmp_p
             "marks": 2, "recorded": ["workers"], "workers": {
                 "starts": 3, "stops": 2, "restarts": 2, "total_ns": 50_000_000, "restart_total_ns": 40_000_000}}}))
     (tmp_path / "rank-0.steps.json").write_text(json.dumps({
-        "rank": 0, "unit": "ns", "step_wall_ns": [10_000_000] * 40, "data_wait_ns": [0] * 40,
+        "rank": 0, "unit": "ns", "step_wall_ns": [5_000_000] * 40, "data_wait_ns": [0] * 40,
         "profiled": [False] * 36 + [True] * 4}))
     rep = build_report(load_trace(tmp_path))
     if not recorded:
         assert not found(rep, "worker_respawn")
         return
     (f,) = found(rep, "worker_respawn")
-    assert f.severity == "warning" and f.worth.one_off_total_us == 40_000 and f.worth.fraction == 0.1
+    assert f.severity == "warning" and f.worth.one_off_total_us == 40_000 and f.worth.fraction == 0.2
+    assert (f.estimate["saving_us_per_step"], f.estimate["saving_fraction"]) == (1_000, 0.2)
     assert f.worth.basis == "one-off total" and f.impact_us == 2_300
     assert f.evidence["window_restarts"] == [{"step": 1, "loader": 0, "workers": 2, "start_us": 2_000.0,
                                               "stop_before_us": 300.0}]
