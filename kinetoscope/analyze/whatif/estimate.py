@@ -44,7 +44,7 @@ def _one_off(trace: RankTrace, mean_step_ns: float, window_steps: int, total_us:
     steps = timed or max(window_steps, 1)
     over = f"the {steps} steps timed by the capture" if timed else \
         f"the {steps} profiled steps (the run's length is not known: no step timings beside the trace)"
-    if timed:
+    if timed and rs is not None:
         wall = float(rs["wall_ns"].sum())
         mean_step_ns = wall / timed if wall > 0 else mean_step_ns
     return Estimate.of(mean_step_ns, mean_step_ns - total_us * 1000 / steps, "one-off",
