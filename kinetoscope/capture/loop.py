@@ -124,7 +124,7 @@ class LoopRecorder:
         self._worker_spans: list[tuple[int, int]] = []
         #: what persistent workers would not have paid: each restart's start, and the stop it follows
         self._restart_spans: list[tuple[int, int]] = []
-        #: per loader: [starts, stops, stops not yet followed by a restart]
+        #: per loader: [starts, stops, stops not yet followed by a restart (span, mark args)]
         self._worker_state: dict[int, list[Any]] = {}
         #: per loader, the stop just recorded: inside the exhausted next() that comes after it
         self._stopping: dict[int, int] = {}
@@ -329,17 +329,22 @@ class LoopRecorder:
             self._workers["starts"] += 1
             if restart:
                 self._workers["restarts"] += 1
-                self._restart_spans += [(t0, t1), *state[2]]
+                self._restart_spans.append((t0, t1))
+                for span, stop_args in state[2]:  # the stops it follows are part of it (their marks say so)
+                    self._restart_spans.append(span)
+                    stop_args["restart"] = True
                 state[2] = []
             args["restart"] = restart
         else:
             state[1] += 1
             self._workers["stops"] += 1
             self._stopping[lid] = self._stopping.get(lid, 0) + (t1 - t0)
-            if state[1] < state[0]:  # a newer iterator of this loader already runs its own workers
+            # a newer iterator of this loader already runs its own workers (the old one dropped after it started)
+            args["restart"] = superseded = state[1] < state[0]
+            if superseded:
                 self._restart_spans.append((t0, t1))
             else:
-                state[2].append((t0, t1))
+                state[2].append(((t0, t1), args))
         self._keep(keep, "workers_" + what, t0, t1, tid, args)
 
     def _on_P(self, e: tuple[Any, ...], out: StepLoop, keep: bool) -> None:

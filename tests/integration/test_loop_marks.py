@@ -462,8 +462,11 @@ def test_a_restart_costs_its_start_and_the_stop_before_it():
         workers = rec.manifest("optimizer")["workers"]
         assert workers == {"starts": 6, "stops": 3, "restarts": 3,
                            "total_ns": 100 + 20 + 50 + 300 + 40 + 200 + 100 + 100 + 30, "restart_total_ns": 720}
-        starts = [m for m in rec.take_marks(0, 10_000) if m[0] == "workers_start"]
-        assert [m[4]["restart"] for m in starts] == [False, False, True, True, False, True]
+        kept = rec.take_marks(0, 10_000)
+        assert [m[4]["restart"] for m in kept if m[0] == "workers_start"] == [False, False, True, True, False, True]
+        # loader 0's stops are followed by restarts, loader 2's ends an iterator a newer one replaced
+        assert [(m[4]["loader"], m[4]["restart"]) for m in kept if m[0] == "workers_stop"] == [
+            (0, True), (0, True), (2, True)]
     finally:
         rec.detach()
 

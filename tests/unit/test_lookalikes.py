@@ -864,12 +864,13 @@ def test_a_recompile_is_worth_its_recompilation_not_every_compile_of_the_run(tmp
 @pytest.mark.parametrize("recorded", [True, False])
 def test_a_worker_restart_the_capture_timed_is_worth_its_time_over_the_run(tmp_path, recorded):
     """Was: Lightning's epoch end stopped 16 workers and started 16 more inside one step (2.66 s, mostly untraced)
-    before a short first wait, and no worker_respawn was found (two readers: warning). The capture now times each
-    start and stop of a loader's workers. 4 steps of 10 ms; in step 1 the old iterator's workers stop (300 us) and
-    a new iterator's start (2,000 us, a restart); the manifest: 2 restarts over the run, 40 ms of restarting, over
-    40 steps of 5 ms timed: 20% of the run, measured: warning, and the estimate says 20% (1 ms per step of the run's
-    5 ms mean step; was "10%", against the window's 10 ms steps). Without the capture's record (a trace from elsewhere
-    holding the same marks is not one: the marks need their manifest) nothing tells a restart: no finding."""
+    before a short first wait, and no worker_respawn was found (two readers: warning). The capture now times
+    each start and stop of a loader's workers. 4 steps of 10 ms; in step 1 the old iterator's workers stop (300
+    us) and a new iterator's start (2,000 us, a restart), and another loader's workers stop for good (400 us);
+    the manifest: 2 restarts over the run, 40 ms of restarting, over 40 steps of 5 ms timed: 20% of the run,
+    measured: warning, and the estimate says 20% (1 ms per step of the run's 5 ms mean step; was "10%", against
+    the window's 10 ms steps). Without the capture's record (a trace from elsewhere holding the same marks is
+    not one: the marks need their manifest) nothing tells a restart: no finding."""
     import json
 
     from kinetoscope.analyze.ingest.loader import load_trace
@@ -879,8 +880,9 @@ def test_a_worker_restart_the_capture_timed_is_worth_its_time_over_the_run(tmp_p
         t = s * 10_000
         b.step(s, t, 10_000).op("aten::linear", t + 5_000, 90)
         if s == 1:
-            b.op("kinetoscope::workers_stop", t + 100, 300, cat="kinetoscope", loader=0, workers=2)
+            b.op("kinetoscope::workers_stop", t + 100, 300, cat="kinetoscope", loader=0, workers=2, restart=True)
             b.op("kinetoscope::workers_start", t + 500, 2_000, cat="kinetoscope", loader=0, workers=2, restart=True)
+            b.op("kinetoscope::workers_stop", t + 3_000, 400, cat="kinetoscope", loader=1, workers=2, restart=False)
     b.write(tmp_path / "rank-0.step-0-3.pt.trace.json")
     if recorded:
         (tmp_path / "rank-0.manifest.json").write_text(json.dumps({"manifest_version": 2, "rank": 0, "loop": {
@@ -897,8 +899,8 @@ def test_a_worker_restart_the_capture_timed_is_worth_its_time_over_the_run(tmp_p
     assert f.severity == "warning" and f.worth.one_off_total_us == 40_000 and f.worth.fraction == 0.2
     assert (f.estimate["saving_us_per_step"], f.estimate["saving_fraction"]) == (1_000, 0.2)
     assert f.worth.basis == "one-off total" and f.impact_us == 2_300
-    assert f.evidence["window_restarts"] == [{"step": 1, "loader": 0, "workers": 2, "start_us": 2_000.0,
-                                              "stop_before_us": 300.0}]
+    # the window's part: the restart and the stop the capture counts with it, not another loader's last stop
+    assert f.evidence["window_restarts"] == [{"step": 1, "loader": 0, "workers": 2, "start_us": 2_000.0}]
     assert (f.evidence["run_restarts"], f.evidence["run_restart_time_us"]) == (2, 40_000)
 
 

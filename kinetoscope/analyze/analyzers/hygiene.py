@@ -348,19 +348,15 @@ def _worker_respawn_recorded(trace: RankTrace, recorded: dict[str, Any]) -> list
         loader = marks["loader"].astype("float64").to_numpy()
         restart = marks["restart"].fillna(False).to_numpy(dtype=bool)
         steps = step_at(trace, ts)
+        # the capture says which stops are part of a restart (those it follows, or an old iterator dropped after it)
+        window_ns = int((end - ts)[np.isin(names, ["kinetoscope::workers_start", "kinetoscope::workers_stop"])
+                                   & restart].sum())
         for i in np.flatnonzero((names == "kinetoscope::workers_start") & restart):
-            # what the window holds of it: this start, and its loader's stops just before it
-            stops = (names == "kinetoscope::workers_stop") & (end <= ts[i]) & (loader == loader[i])
-            earlier = (names == "kinetoscope::workers_start") & (ts < ts[i]) & (loader == loader[i])
-            if earlier.any():
-                stops &= ts >= ts[earlier].max()
-            stop_ns = int((end[stops] - ts[stops]).sum())
-            window_ns += int(end[i] - ts[i]) + stop_ns
             workers = marks["workers"].iloc[i]
             window_restarts.append({"step": int(steps[i]) if steps[i] >= 0 else None,
                                     "loader": None if np.isnan(loader[i]) else int(loader[i]),
                                     "workers": None if pd.isna(workers) else int(workers),
-                                    "start_us": us(int(end[i] - ts[i])), "stop_before_us": us(stop_ns)})
+                                    "start_us": us(int(end[i] - ts[i]))})
     total_us = restart_ns / 1000.0
     return [Finding(
         id="worker_respawn", rank=trace.rank,
