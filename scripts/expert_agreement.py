@@ -26,6 +26,9 @@ tuned on say how it generalises:
 - a fifth held-out set: twelve programs never captured before (sample_traces/heldout5/), captured by a helper who
   never ran the analysis, read by two independent readers (heldout5_captures/ and heldout5_captures_b/) before the
   tool ran on them; scored once.
+- a sixth held-out set: twelve more programs or configurations (sample_traces/heldout6/), captured the same way on a
+  quiet machine, read by two new independent readers (heldout6_captures/ and heldout6_captures_b/), committed before
+  the tool ran on them; scored once.
 
 Public traces are not bundled (fetched test data of other projects): put them in one folder and name it with
 KINETOSCOPE_PUBLIC_TRACES; a reading whose trace is not here is listed as such.
@@ -58,7 +61,10 @@ SETS = (("in-sample", ROOT / "tests" / "expert"),
          ROOT / "tests" / "expert" / "heldout4_captures"),
         ("fourth held-out set, second independent reader", ROOT / "tests" / "expert" / "heldout4_captures_b"),
         ("fifth held-out set: twelve programs never captured before", ROOT / "tests" / "expert" / "heldout5_captures"),
-        ("fifth held-out set, second independent reader", ROOT / "tests" / "expert" / "heldout5_captures_b"))
+        ("fifth held-out set, second independent reader", ROOT / "tests" / "expert" / "heldout5_captures_b"),
+        ("sixth held-out set: twelve more programs, captured on a quiet machine",
+         ROOT / "tests" / "expert" / "heldout6_captures"),
+        ("sixth held-out set, second independent reader", ROOT / "tests" / "expert" / "heldout6_captures_b"))
 
 
 def _claims(items: dict[tuple[str, int], str]) -> str:

@@ -917,3 +917,33 @@ def test_the_wait_that_stops_the_workers_is_no_wait_for_data(tmp_path):
             b.op("kinetoscope::workers_stop", t + 6_100, 2_500, cat="kinetoscope", loader=0, workers=2)
     rep = build_report(load_built(tmp_path, b))
     assert rep.ranks[0]["loader"]["time_us"] == 4 * 1_000
+
+
+@pytest.mark.parametrize("recompiles", [1, 0])
+def test_a_recompile_before_the_window_is_known_from_the_capture(tmp_path, recompiles):
+    """Was: the Trainer with torch_compile and per-batch padding recompiled (27.2 s of a 32.3 s run) in the warm-up
+    step, before the window; the manifest and steps.json said so, and the report said nothing (two readers:
+    critical). 4 steps of 10 ms with no compilation in them; the manifest: 2 compiles, the given recompiles, 30 ms
+    of recompiling; 40 steps of 10 ms timed: 7.5% of the run, a one-off: warning. No recompile recorded: nothing."""
+    import json
+
+    from kinetoscope.analyze.ingest.loader import load_trace
+
+    b = TraceBuilder()
+    for s in range(4):
+        b.step(s, s * 10_000, 10_000).op("aten::linear", s * 10_000 + 10, 90)
+    b.write(tmp_path / "rank-0.step-0-3.pt.trace.json")
+    (tmp_path / "rank-0.manifest.json").write_text(json.dumps({"manifest_version": 2, "rank": 0, "loop": {
+        "marks": 2, "recorded": ["compile"], "compile": {
+            "compiles": 2, "recompiles": recompiles, "total_ns": 90_000_000,
+            "recompile_total_ns": 30_000_000 if recompiles else 0}}}))
+    (tmp_path / "rank-0.steps.json").write_text(json.dumps({
+        "rank": 0, "unit": "ns", "step_wall_ns": [10_000_000] * 40, "data_wait_ns": [0] * 40,
+        "profiled": [False] * 36 + [True] * 4}))
+    rep = build_report(load_trace(tmp_path))
+    if not recompiles:
+        assert not found(rep, "recompile")
+        return
+    (f,) = found(rep, "recompile")
+    assert f.severity == "warning" and f.worth.one_off_total_us == 30_000 and f.worth.fraction == 0.075
+    assert f.evidence["run_recompiles"] == 1 and "outside the profiled window" in f.title

@@ -170,6 +170,9 @@ def straggler_finding(summaries: list[RankSummary], m: Matching, a: Arrivals, co
         "unknown": f"Rank {slow} arrives last, but none of its input, copy, compute, host or untraced time explains "
         "it: check what runs outside the profiled threads on its node.",
     }[cause]
+    # as often last as chance would make one of its group's ranks: lateness that moves between ranks
+    group_size = int(member[member[:, i] & late].sum(axis=1).mean()) if (member[:, i] & late).any() else 2
+    chance = chance_of_last(int(round(last_share * considered)), considered, max(group_size, 2))
     # a collective kernel's start is the rank's arrival only when the trace shows everything queued before it
     incomplete = sorted(s.rank for s in summaries if s.unknown_fraction > config.missing_activity_max_fraction)
     doubt = (f" - but the GPU activity of rank{'s' if len(incomplete) > 1 else ''} "
@@ -181,12 +184,16 @@ def straggler_finding(summaries: list[RankSummary], m: Matching, a: Arrivals, co
         # between ranks (a loaded host, noise): said, not claimed
         ceiling="info"
         if incomplete or (cause == "unknown" and last_share < config.straggler_unexplained_min_last_share)
+        or chance >= config.straggler_chance_max
         else "critical",
         ceiling_reason=(
             None
             if incomplete
             else "no part of its step explains its lateness, and it is not nearly always "
             "the last: it cannot be told from noise"
+            if cause == "unknown" and last_share < config.straggler_unexplained_min_last_share
+            else f"any of its group's {max(group_size, 2)} ranks would be last this often by chance "
+            f"{chance:.0%} of the time: lateness that moves between ranks, not a straggler"
         ),
         rank=int(slow),
         title=(
@@ -203,6 +210,7 @@ def straggler_finding(summaries: list[RankSummary], m: Matching, a: Arrivals, co
             "cause_excess_us_per_step": round(excess, 3) if excess is not None else None,
             "last_to_arrive_share": round(float(last_share), 4),
             "last_to_arrive_share_of": "collectives of its process groups in which some rank waited",
+            "last_this_often_by_chance": round(chance, 4),
             "collectives_considered": considered,
             "matched_collectives": int(len(a.last)),
             "others_wait_us_per_step": round(cost_per_step_us, 3),
@@ -212,7 +220,39 @@ def straggler_finding(summaries: list[RankSummary], m: Matching, a: Arrivals, co
         },
         recommendation=advice,
         impact_us=cost_per_step_us * n_steps,
+        # where the others waited, on the straggler's own clock: the estimate places its saving in those steps
+        extra={"late_arrivals_ns": _late_arrivals(a, i, m.skew_ns.get(int(slow)))},
     )
+
+
+def chance_of_last(k: int, n: int, ranks: int) -> float:
+    """The chance that one rank is last in ``k`` or more of ``n`` collectives were each of ``ranks`` ranks equally
+    likely to be last in each (the binomial tail, exact: integers up to a few thousand collectives, then a normal
+    approximation)."""
+    if k <= 0 or n <= 0:
+        return 1.0
+    if n > 3000:
+        import math
+
+        mu, sd = n / ranks, math.sqrt(n * (1 / ranks) * (1 - 1 / ranks))
+        return 0.5 * math.erfc((k - 0.5 - mu) / (sd * math.sqrt(2))) if sd > 0 else float(k <= mu)
+    from math import comb
+
+    other = ranks - 1
+    tail = sum(comb(n, j) * other ** (n - j) for j in range(k, n + 1))
+    return tail / ranks ** n
+
+
+def _late_arrivals(a: Arrivals, i: int, skew_ns: int | None) -> list[tuple[int, float]]:
+    """(the straggler's own arrival time, ns; its partners' mean wait there, ns) for each collective it came last to."""
+    rows = np.flatnonzero(a.last == i)
+    out = []
+    for row in rows:
+        waits = np.delete(a.wait_ns[row], i)
+        waits = waits[~np.isnan(waits)]
+        if len(waits):
+            out.append((int(a.arrival_ns[row, i] + (skew_ns or 0)), float(waits.mean())))
+    return out
 
 
 def _cause(slow: RankSummary, others: list[RankSummary], lateness_us: float) -> tuple[str, float | None]:

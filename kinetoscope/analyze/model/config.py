@@ -123,6 +123,11 @@ class AnalysisConfig:
     #: ... and where no part of its step explains its lateness (cause unknown), it must be the last nearly always
     #: to be claimed (lateness that moves between ranks on a loaded or noisy host is no straggler).
     straggler_unexplained_min_last_share: float = 0.8
+    #: ... and, whatever explains it, it is last more often than chance among its group's ranks would make it: the
+    #: chance of arriving last that often in that many collectives, were every rank as likely to, is under this (a
+    #: 2-rank job whose rank 0 was last in 19 of 30 collectives, late before an epoch's end and early after it, is
+    #: 10% likely by chance: lateness that moves, not a straggler; 18 of 20 is 0.02%).
+    straggler_chance_max: float = 0.01
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -161,6 +166,7 @@ _FRACTIONS = frozenset(
         "straggler_min_spread_fraction",
         "straggler_min_last_share",
         "straggler_unexplained_min_last_share",
+        "straggler_chance_max",
     }
 )
 

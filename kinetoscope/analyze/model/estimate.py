@@ -40,6 +40,10 @@ class Estimate(Mapping[str, Any]):
     #: a one-off cost: its total (us) and the steps it is spread over
     one_off_total_us: float | None = None
     amortised_over_steps: int | None = None
+    #: the saving in each window step (us; sums to ``saving_us_per_step`` times the steps): where in the window it
+    #: lies, so the policy can weigh steps unlike the others (an epoch's end) by how often the run has them. Not
+    #: written to the report's JSON (``to_dict``); None where the estimate does not say
+    saving_by_step_us: tuple[float, ...] | None = None
 
     @classmethod
     def of(cls, before_ns: float, after_ns: float, method: str, assumptions: tuple[str, ...] | list[str],

@@ -103,6 +103,10 @@ class Finding:
     #: a recurring cost the capture measured over every step of the run (``steps.json``), in total, us: its worth is
     #: that over the run's time rather than the window's rate (``policy.worth``); None where only the window shows it
     run_cost_us: float | None = None
+    #: a cost paid per event (a DataLoader iterator restarting its workers), as (events in the window, events over
+    #: the run as the capture counted them): the window's saving stands for the run's events, over the run's time
+    #: (``policy.worth``); None where the run's count is not known
+    run_events: tuple[int, int] | None = None
     #: what fixing it is worth over the run, set by the severity policy; None for findings whose worth is not time
     #: (correctness, information)
     worth: Worth | None = None

@@ -259,7 +259,7 @@ def _exposure_less_waits(trace: Trace, findings: list[Finding], job: dict[str, A
     collectives were matched across ranks (that part is a straggler's cost, not overlap to be had), judged again.
     What every rank waits - the least any rank waits: lateness that moves between ranks, each waiting for the others
     in turn - is no rank's cost to fix, and an overlapped collective hides it like its transfer: it stays exposure."""
-    from kinetoscope.analyze.report.exposure import without_waits
+    from kinetoscope.analyze.report.exposure import runqueue_less_waits, without_waits
 
     ranks = [r for r in (job.get("collectives") or {}).get("ranks", []) if r.get("wait_us") is not None]
     if not ranks or not any(r["wait_us"] for r in ranks):
@@ -277,6 +277,15 @@ def _exposure_less_waits(trace: Trace, findings: list[Finding], job: dict[str, A
             est = g.estimate
             mean = float(est.step_us_after) + float(est.saving_us_per_step) if est is not None else None
             out.append(judge(g, _run_of(trace.rank(f.rank), mean, float(g.evidence.get("window_us") or 0)), config))
+        elif (f.id == "host_oversubscribed" and f.rank is not None and waits.get(f.rank)
+              and any(r.rank == f.rank for r in trace.ranks)):
+            g = runqueue_less_waits(f, waits[f.rank], shared_us=shared)
+            if g is f:
+                out.append(f)
+                continue
+            est = g.estimate
+            mean = float(est.step_us_after) + float(est.saving_us_per_step) if est is not None else None
+            out.append(judge(g, _run_of(trace.rank(f.rank), mean, window(trace.rank(f.rank)).dur_ns / 1000.0), config))
         else:
             out.append(f)
     return out
@@ -284,17 +293,23 @@ def _exposure_less_waits(trace: Trace, findings: list[Finding], job: dict[str, A
 
 def run_time(r: RankTrace) -> RunTime:
     """What a finding of this rank is worth against: its replayed mean step, the run the capture timed, its window."""
-    mean = whatif.baseline(r).mean_step_ns / 1000.0 if whatif.replay_graph(r).steps else None
-    return _run_of(r, mean, window(r).dur_ns / 1000.0)
+    if not whatif.replay_graph(r).steps:
+        return _run_of(r, None, window(r).dur_ns / 1000.0)
+    base = whatif.baseline(r)
+    return _run_of(r, base.mean_step_ns / 1000.0, window(r).dur_ns / 1000.0,
+                   tuple(float(x) / 1000.0 for x in base.step_ns))
 
 
-def _run_of(r: RankTrace, mean_step_us: float | None, window_us: float) -> RunTime:
+def _run_of(r: RankTrace, mean_step_us: float | None, window_us: float,
+            window_steps_us: tuple[float, ...] | None = None) -> RunTime:
     """A RunTime from a mean step and window already known, and the steps the capture timed."""
     rs = r.run_steps
     if rs is None or len(rs) == 0:
         return RunTime(mean_step_us=mean_step_us, run_steps=None, run_wall_us=None, window_us=window_us)
-    return RunTime(mean_step_us=mean_step_us, run_steps=int(len(rs)),
-                   run_wall_us=float(rs["wall_ns"].sum()) / 1000.0, window_us=window_us)
+    walls = rs["wall_ns"].to_numpy(dtype=float)
+    return RunTime(mean_step_us=mean_step_us, run_steps=int(len(rs)), run_wall_us=float(walls.sum()) / 1000.0,
+                   window_us=window_us, window_steps_us=window_steps_us,
+                   run_steps_us=tuple((walls / 1000.0).tolist()))
 
 
 def _estimated(r: RankTrace, found: list[Finding],

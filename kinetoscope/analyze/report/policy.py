@@ -25,6 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+import numpy as np
+
 from kinetoscope.analyze.model.config import AnalysisConfig
 from kinetoscope.analyze.model.findings import SEVERITY_ORDER, Finding, Severity, Worth, nature
 
@@ -42,9 +44,34 @@ class RunTime:
     run_wall_us: float | None
     #: the profiled window, us
     window_us: float
+    #: each window step's time as the replay reproduces it and each step the capture timed (us): where the window
+    #: holds steps unlike the others (an epoch's end), a saving in them counts as often as the run has such steps
+    window_steps_us: tuple[float, ...] | None = None
+    run_steps_us: tuple[float, ...] | None = None
 
 
-def worth(finding: Finding, run: RunTime) -> Worth:
+def _over_the_run(by_step: tuple[float, ...] | None, run: RunTime, ratio: float,
+                  min_steps: int) -> tuple[float, str] | None:
+    """The saving over the run (us) where the window's steps are not alike: the window's outlier steps (``ratio``
+    times its median step or more: an epoch's end with validation, a checkpoint, workers restarting) stand for as
+    many of the run's steps as are outliers by the same rule, its ordinary steps for the run's ordinary ones (was:
+    the window's mean rate, so an epoch boundary caught in a 10-step window of a 154-step run counted 15 times).
+    None where the window's steps are alike, or the run or the saving's place is not known."""
+    w, r = run.window_steps_us, run.run_steps_us
+    if by_step is None or w is None or r is None or len(w) != len(by_step) or len(w) < min_steps or not r:
+        return None
+    wa, ra, sa = np.asarray(w, dtype=float), np.asarray(r, dtype=float), np.asarray(by_step, dtype=float)
+    out_w = wa >= ratio * float(np.median(wa))
+    if not out_w.any() or out_w.all():
+        return None
+    out_r = ra >= ratio * float(np.median(ra))
+    total = float(sa[~out_w].mean()) * int((~out_r).sum()) + float(sa[out_w].mean()) * int(out_r.sum())
+    return total, (f"the run's time ({len(ra)} steps timed by the capture; the window's {int(out_w.sum())} step(s) of "
+                   f"{ratio:g}x its median or more stand for the run's {int(out_r.sum())}, its other "
+                   f"{int((~out_w).sum())} for the run's {int((~out_r).sum())})")
+
+
+def worth(finding: Finding, run: RunTime, config: AnalysisConfig | None = None) -> Worth:
     """What fixing ``finding`` alone is worth over the run."""
     one_off = finding.one_off_us
     if one_off is not None:
@@ -61,6 +88,21 @@ def worth(finding: Finding, run: RunTime) -> Worth:
         return Worth(finding.run_cost_us / run.run_wall_us,
                      f"the run's time ({run.run_steps} steps timed by the capture, measured over each)",
                      "upper bound" if est.get("bound") == "upper" else "estimate")
+    events = finding.run_events
+    if events is not None and events[0] > 0 and est is not None and saving is not None and run.run_wall_us \
+            and run.window_steps_us:
+        # a cost paid per event: the window's events stand for the run's (was: the window's rate, so one epoch's
+        # restart in a 10-step window counted for every 10 steps of the run)
+        total = float(saving) * len(run.window_steps_us) * events[1] / events[0]
+        return Worth(total / run.run_wall_us,
+                     f"the run's time ({run.run_steps} steps timed by the capture; the window's {events[0]} event(s) "
+                     f"stand for the run's {events[1]})", "upper bound" if est.get("bound") == "upper" else "estimate")
+    if est is not None and saving is not None and run.run_wall_us and config is not None:
+        split = _over_the_run(getattr(est, "saving_by_step_us", None), run, config.outlier_step_ratio,
+                              config.outlier_min_steps)
+        if split is not None:
+            return Worth(split[0] / run.run_wall_us, split[1],
+                         "upper bound" if est.get("bound") == "upper" else "estimate")
     if est is not None and saving is not None and run.mean_step_us:
         return Worth(float(saving) / run.mean_step_us, "the rank's mean step time (replayed)",
                      "upper bound" if est.get("bound") == "upper" else "estimate")
@@ -103,7 +145,7 @@ def judge(finding: Finding, run: RunTime, config: AnalysisConfig) -> Finding:
     if kind == "correctness":
         wanted, value = finding.severity, None
     else:
-        value = worth(finding, run)
+        value = worth(finding, run, config)
         wanted = severity_for(value, config)
     severity = _weaker(wanted, finding.ceiling)
     title = finding.title

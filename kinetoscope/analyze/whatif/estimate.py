@@ -6,12 +6,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from kinetoscope.analyze.model.estimate import Estimate
 from kinetoscope.analyze.model.findings import Finding
 from kinetoscope.analyze.model.trace import RankTrace
-from kinetoscope.analyze.whatif.fixes import FIXES, edited_by, params_for, plan_for
+from kinetoscope.analyze.whatif.fixes import FIXES, Plan, edited_by, params_for, plan_for
 from kinetoscope.analyze.whatif.graph import replay_graph
-from kinetoscope.analyze.whatif.replay import Edits, apply, baseline
+from kinetoscope.analyze.whatif.replay import Edits, Replayed, apply, baseline
 
 
 def estimate(trace: RankTrace, finding: Finding, params: dict[str, Any] | None = None) -> Estimate | None:
@@ -31,7 +33,33 @@ def estimate(trace: RankTrace, finding: Finding, params: dict[str, Any] | None =
         return None
     after = apply(trace, g, plan.edits)
     return Estimate.of(base.mean_step_ns, after.mean_step_ns, plan.method, plan.assumptions,
-                       details={k: v for k, v in plan.extra.items() if v is not None}, bound=plan.bound)
+                       details={k: v for k, v in plan.extra.items() if v is not None}, bound=plan.bound,
+                       saving_by_step_us=_by_step(base, after, plan))
+
+
+def _by_step(base: Replayed, after: Replayed, plan: Plan) -> tuple[float, ...] | None:
+    """Where in the window the saving lies (us per window step, summing to the mean saving times the steps): the
+    replay's own per-step host saving, scaled to the mean saving (a GPU-bound step saves less than its host part),
+    plus the analytic savings in the steps the plan names (else spread evenly)."""
+    n = len(base.step_ns)
+    if n == 0 or len(after.step_ns) != n:
+        return None
+    analytic = float(sum(plan.edits.analytic_ns.values()))
+    total = (base.mean_step_ns - after.mean_step_ns) * n
+    placed = np.zeros(n)
+    if analytic > 0:
+        weights = np.asarray(plan.analytic_weights or (), dtype=float)
+        if len(weights) == n and weights.sum() > 0:
+            placed += analytic * n * weights / weights.sum()
+        else:
+            placed[:] = analytic
+    rest = total - float(placed.sum())
+    host = np.maximum(base.step_ns - after.step_ns, 0.0)
+    if host.sum() > 0:
+        placed += host * (rest / float(host.sum()))
+    else:
+        placed += rest / n
+    return tuple(round(float(x) / 1000.0, 3) for x in placed)
 
 
 def _one_off(trace: RankTrace, mean_step_ns: float, window_steps: int, total_us: float) -> Estimate:

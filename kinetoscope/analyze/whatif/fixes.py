@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -53,6 +53,9 @@ class Plan:
     #: what the plan edits where its finding's ``Fix`` does not say (a finding standing for another's fix):
     #: "syncs" for the syncs-removed plan; a plan with a loader edit edits "loader"
     kind: str | None = None
+    #: how its analytic savings (``Edits.analytic_ns``) are spread over the window's steps (relative weights, one
+    #: per step); None: evenly
+    analytic_weights: tuple[float, ...] | None = None
 
     @property
     def what(self) -> str | None:
@@ -311,16 +314,20 @@ def plan_respawn(trace: RankTrace, g: ReplayGraph, finding: Finding) -> Plan | N
                  f"and start, {extra * g.steps / 1e6:.1f} ms in all) goes too"
                  + (": all of it, though those steps also ran other work (validation, evaluation, a checkpoint) whose "
                     "untraced time shares it" if shared else "")),
-                bound="upper" if shared else None)
+                bound="upper" if shared else None,
+                analytic_weights=tuple(1.0 if k in hit else 0.0 for k in range(g.steps)))
 
 
 def _untraced_outside_waits(trace: RankTrace, g: ReplayGraph, items: np.ndarray) -> np.ndarray:
-    """Per step of the graph, its time inside neither a data wait nor an operator of the training thread (ns)."""
-    covered_s = [g.wait_start[items]]
-    covered_e = [g.wait_end[items]]
+    """Per step of the graph, its time inside neither a data wait, an operator of the training thread, nor the
+    capture's validation or checkpoint marks (ns): what those marks hold untraced is the validation's or the
+    save's (a framework's hooks, a file copy), not the workers'."""
+    ev = trace.events
+    marks = ev[name_mask(ev, names=_OTHER_WORK_MARKS)]
+    covered_s = [g.wait_start[items], marks["ts_ns"].to_numpy()]
+    covered_e = [g.wait_end[items], marks["end_ns"].to_numpy()]
     tid = main_thread(trace)
     if tid is not None:
-        ev = trace.events
         ops = ev[kind_mask(ev, ("cpu_op",)) & _tid_mask(ev, {tid})]
         covered_s.append(ops["ts_ns"].to_numpy())
         covered_e.append(ops["end_ns"].to_numpy())
@@ -451,12 +458,23 @@ def _plan_straggler(trace: RankTrace, g: ReplayGraph, finding: Finding, p: dict[
     ev = finding.evidence
     excess = ev.get("cause_excess_us_per_step")
     known = ev.get("cause") != "unknown" and excess is not None
-    return plan_from_measure("straggler", straggler_saving_us(ev) * 1000, "measured: collective waits",
+    plan = plan_from_measure("straggler", straggler_saving_us(ev) * 1000, "measured: collective waits",
                              (f"rank {ev.get('rank')}'s cause ({ev.get('cause')}) removed: the others' waits for it "
                               "at collectives shrink by its lateness"
                               + (", at most its measured excess" if known else
                                  " (its cause is not in the trace: the others' whole wait, at most)"),),
                              bound=None if known else "upper")
+    # the saving lies where the others waited: by the straggler's own step holding each late arrival
+    late = finding.extra.get("late_arrivals_ns")
+    if late and g.steps:
+        at = np.asarray([t for t, _ in late], dtype=np.int64)
+        waits = np.asarray([w for _, w in late], dtype=np.float64)
+        k = np.searchsorted(g.step_start, at, side="right") - 1
+        inside = (k >= 0) & (at < g.step_end[np.clip(k, 0, g.steps - 1)])
+        weights = np.bincount(k[inside], weights=waits[inside], minlength=g.steps)[:g.steps]
+        if weights.sum() > 0:
+            plan = replace(plan, analytic_weights=tuple(float(x) for x in weights))
+    return plan
 
 
 PlanFn = Callable[[RankTrace, ReplayGraph, Finding, dict[str, Any]], "Plan | None"]
