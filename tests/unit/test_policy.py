@@ -14,7 +14,7 @@ RUN = RunTime(mean_step_us=100_000.0, run_steps=1000, run_wall_us=100_000_000.0,
 
 
 def finding(fid: str = "loader_stall", saving_us: float | None = None, **kw) -> Finding:
-    estimate = None if saving_us is None else {"saving_us_per_step": saving_us}
+    estimate = kw.pop("estimate", None if saving_us is None else {"saving_us_per_step": saving_us})
     return Finding(id=fid, rank=0, title="t", evidence={}, recommendation="", estimate=estimate, **kw)
 
 
@@ -106,3 +106,42 @@ def test_a_fix_worth_nothing_is_not_advised():
     assert judge(f, RUN, CONFIG).recommendation == "more workers would not help"  # 0.1% of the step
     worth_it = Finding(**{**f.__dict__, "estimate": {"saving_us_per_step": 10_000.0}})
     assert judge(worth_it, RUN, CONFIG).recommendation == "raise num_workers"
+
+
+def _estimate(by_step_us: tuple[float, ...]):
+    from kinetoscope.analyze.model.estimate import Estimate
+
+    mean = sum(by_step_us) / len(by_step_us)
+    return Estimate(step_us_after=0.0, saving_us_per_step=mean, saving_fraction=None, method="replay: x",
+                    assumptions=(), saving_by_step_us=by_step_us)
+
+
+#: a window of 5 steps, the last an epoch's end (50 ms, 5x the median); a run of 20 timed steps, 2 of them epoch ends
+SPLIT_RUN = RunTime(mean_step_us=18_000.0, run_steps=20, run_wall_us=18 * 10_000.0 + 2 * 50_000.0, window_us=90_000.0,
+                    window_steps_us=(10_000.0,) * 4 + (50_000.0,), run_steps_us=(10_000.0,) * 18 + (50_000.0,) * 2)
+
+
+def test_a_saving_in_an_epochs_end_counts_as_often_as_the_run_has_epoch_ends():
+    """Was: the window's mean saving (4.8 ms) over its mean step (18 ms): 27%, as if every 5th step of the run ended an
+    epoch. 1 ms in each ordinary step stands for the run's 18, 20 ms in the epoch end for the run's 2: 58 ms of a
+    280 ms run, 20.7%."""
+    judged = judge(finding("straggler", estimate=_estimate((1_000.0,) * 4 + (20_000.0,))), SPLIT_RUN, CONFIG)
+    assert judged.worth.fraction == pytest.approx(58_000 / 280_000)
+    assert judged.worth.of.startswith("the run's time (20 steps timed by the capture; the window's 1 step(s) of 3x")
+    assert judged.severity == "warning"
+
+
+def test_alike_steps_keep_the_mean_step_rule():
+    run = RunTime(mean_step_us=10_000.0, run_steps=20, run_wall_us=200_000.0, window_us=50_000.0,
+                  window_steps_us=(10_000.0,) * 5, run_steps_us=(10_000.0,) * 20)
+    judged = judge(finding("straggler", estimate=_estimate((1_000.0,) * 5)), run, CONFIG)
+    assert judged.worth.of == "the rank's mean step time (replayed)" and judged.worth.fraction == 0.1
+
+
+def test_a_cost_per_event_stands_for_the_runs_events():
+    """One worker restart in the window, worth 5 ms a step over its 5 steps (25 ms); the capture counted 3 over the
+    run: 75 ms of a 280 ms run (26.8%, critical), not the window's rate (5 ms of every 18 ms step)."""
+    f = finding("worker_respawn", estimate=_estimate((0.0,) * 4 + (25_000.0,)), run_events=(1, 3))
+    judged = judge(f, SPLIT_RUN, CONFIG)
+    assert judged.worth.fraction == pytest.approx(75_000 / 280_000)
+    assert judged.worth.of.endswith("the window's 1 event(s) stand for the run's 3)") and judged.severity == "critical"
