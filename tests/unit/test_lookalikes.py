@@ -7,7 +7,6 @@ import pytest
 from conftest import load_built
 from tracebuilder import TraceBuilder
 
-from kinetoscope.analyze.model.findings import Finding
 from kinetoscope.analyze.report.builder import build_report
 
 
@@ -983,33 +982,6 @@ def test_the_chance_of_being_last_is_the_binomial_tail():
     assert chance_of_last(2, 3, 2) == 0.5 and chance_of_last(4, 4, 4) == 1 / 256 and chance_of_last(0, 5, 2) == 1.0
 
 
-def test_a_run_queue_wait_over_the_run_is_told_whatever_the_window_held(tmp_path):
-    """Was: of two DDP ranks waiting 6.8% and 5.5% of the run for a CPU, the one whose window held 0.9% was not told.
-    The window's 6 steps wait 0.2 ms of 10 ms (2%, under the 3% bar); the run's other 54 steps 0.6 ms: (6 x 0.2 +
-    54 x 0.6) / 600 ms = 5.6% of the run: raised, a warning."""
-    busy_trace(tmp_path)
-    n = 60
-    steps_json(tmp_path, wall=[10_000_000] * n, wait=[1_000_000] * n, wait_cpu=[1_000_000] * n,
-               cpu=[7_000_000] * n, runqueue=[200_000] * 6 + [600_000] * (n - 6), oncpu=[6_000_000] * n)
-    (f,) = found(load_dir(tmp_path), "host_oversubscribed")
-    assert f.evidence["run_lost_us"] == 33_600 and f.worth.fraction == pytest.approx(0.056)
-    assert f.severity == "warning"
-
-
-@pytest.mark.parametrize("run_wait_ns, raised", [(1_000_000, True), (300_000, False)])
-def test_cpu_data_waits_over_the_run_are_told_whatever_the_window_held(tmp_path, run_wait_ns, raised):
-    """Was: of two CPU ranks whose training waits were 9.8% and 9.4% of the run, the one whose window held 4.9% was
-    not told. The window's 6 steps wait 0.4 ms of 10 ms (4%, under the 5% bar); the run's other 54 steps 1 ms: 9.4%
-    of the run, raised; 0.3 ms: 3.1%, not."""
-    workers_trace(tmp_path, 400)
-    n = 60
-    wait = [400_000] * 6 + [run_wait_ns] * (n - 6)
-    steps_json(tmp_path, wall=[10_000_000] * n, wait=wait, wait_cpu=wait, cpu=[9_000_000] * n)
-    rep = load_dir(tmp_path)
-    assert rep.ranks[0]["loader"]["fraction"] == 0.04
-    assert bool(found(rep, "loader_stall")) is raised
-
-
 @pytest.mark.parametrize("counted", [True, False])
 def test_a_restart_stands_for_the_runs_restarts_not_for_every_window(tmp_path, counted):
     """Was: one epoch's restart caught in a 10-step window of a 154-step run was worth its cost every 10 steps (a
@@ -1068,18 +1040,3 @@ def test_a_stragglers_saving_lies_where_the_others_waited(tmp_path):
     by_step = f.estimate.saving_by_step_us
     assert [x > 0 for x in by_step] == [True] * 7 + [False] * 5
     assert sum(by_step) == pytest.approx(f.estimate.saving_us_per_step * 12, abs=0.01)
-
-
-def test_a_ranks_run_queue_wait_is_hidden_while_it_waits_for_later_ranks():
-    """A rank lost 10 ms on the run queue in its window (40 ms over the run) and waited 14 ms for later ranks, 10 ms
-    of which every rank waits: 4 ms hides as much of its loss, 60% is left (24 ms over the run); waiting 30 ms
-    beyond, all of it hides. No wait beyond the shared one: the finding as it was."""
-    from kinetoscope.analyze.report.exposure import runqueue_less_waits
-
-    f = Finding(id="host_oversubscribed", rank=1, title="waited", evidence={"lost_us": 10_000.0}, recommendation="",
-                impact_us=10_000.0, run_cost_us=40_000.0)
-    g = runqueue_less_waits(f, 14_000.0, shared_us=10_000.0)
-    assert g.run_cost_us == pytest.approx(24_000.0) and g.evidence["not_hidden_by_waits_fraction"] == 0.6
-    assert g.evidence["waiting_for_other_ranks_us"] == 4_000.0
-    assert runqueue_less_waits(f, 40_000.0, shared_us=10_000.0).run_cost_us == 0.0
-    assert runqueue_less_waits(f, 10_000.0, shared_us=10_000.0) is f

@@ -144,12 +144,7 @@ def _measured(trace: RankTrace, config: AnalysisConfig, steps: Any, rows: Any) -
         else None
     run_wall = float(rs["wall_ns"].sum()) if run_lost is not None and rs is not None else None
     findings = []
-    run_share = run_lost / run_wall if run_lost is not None and run_wall else None
-    # raised where the window or the run (measured over every step) waited past the bar: the severity policy judges
-    # it over the run (was: the window's share alone, so of two ranks waiting 6.8% and 5.5% of the run the one
-    # whose window happened to hold 0.9% was not told)
-    if ok.sum() >= 2 and (share >= config.host_runqueue_min_fraction
-                          or (run_share is not None and run_share >= config.host_runqueue_min_fraction)):
+    if ok.sum() >= 2 and share >= config.host_runqueue_min_fraction:
         device = iv.measure(any_gpu_busy(trace)) > 0
         findings.append(Finding(
             id="host_oversubscribed",

@@ -198,12 +198,7 @@ def analyze_loader(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
     basis_ns = cost_ns if cost_ns is not None else loader_ns
     share = basis_ns / w.dur_ns if w.dur_ns else 0.0
     in_window = int(((frame["end_ns"] > w.start_ns) & (frame["ts_ns"] < w.end_ns)).sum())
-    # on a CPU run the capture's timing of every step's training waits is the run's share, measured: past the bar
-    # it is raised whatever the window happened to hold (was: of two ranks waiting 9.8% and 9.4% of the run, the one
-    # whose window held 4.9% was not told, the other was); a GPU run's bar is the GPU idle the waits cost
-    run_share = metrics.run.data_wait_fraction if metrics.run is not None and cost_ns is None else None
-    if in_window >= 2 and (share >= config.loader_min_fraction
-                           or (run_share is not None and run_share >= config.loader_min_fraction)):
+    if in_window >= 2 and share >= config.loader_min_fraction:
         from kinetoscope.analyze.model.copies import h2d_copies
 
         pageable = bool(h2d_copies(trace)["pageable"].any()) if has_gpu else False

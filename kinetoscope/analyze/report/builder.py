@@ -259,7 +259,7 @@ def _exposure_less_waits(trace: Trace, findings: list[Finding], job: dict[str, A
     collectives were matched across ranks (that part is a straggler's cost, not overlap to be had), judged again.
     What every rank waits - the least any rank waits: lateness that moves between ranks, each waiting for the others
     in turn - is no rank's cost to fix, and an overlapped collective hides it like its transfer: it stays exposure."""
-    from kinetoscope.analyze.report.exposure import runqueue_less_waits, without_waits
+    from kinetoscope.analyze.report.exposure import without_waits
 
     ranks = [r for r in (job.get("collectives") or {}).get("ranks", []) if r.get("wait_us") is not None]
     if not ranks or not any(r["wait_us"] for r in ranks):
@@ -277,15 +277,6 @@ def _exposure_less_waits(trace: Trace, findings: list[Finding], job: dict[str, A
             est = g.estimate
             mean = float(est.step_us_after) + float(est.saving_us_per_step) if est is not None else None
             out.append(judge(g, _run_of(trace.rank(f.rank), mean, float(g.evidence.get("window_us") or 0)), config))
-        elif (f.id == "host_oversubscribed" and f.rank is not None and waits.get(f.rank)
-              and any(r.rank == f.rank for r in trace.ranks)):
-            g = runqueue_less_waits(f, waits[f.rank], shared_us=shared)
-            if g is f:
-                out.append(f)
-                continue
-            est = g.estimate
-            mean = float(est.step_us_after) + float(est.saving_us_per_step) if est is not None else None
-            out.append(judge(g, _run_of(trace.rank(f.rank), mean, window(trace.rank(f.rank)).dur_ns / 1000.0), config))
         else:
             out.append(f)
     return out
