@@ -28,7 +28,9 @@ tuned on say how it generalises:
   tool ran on them; scored once.
 - a sixth held-out set: twelve more programs or configurations (sample_traces/heldout6/), captured the same way on a
   quiet machine, read by two new independent readers (heldout6_captures/ and heldout6_captures_b/), committed before
-  the tool ran on them; scored once.
+  the tool ran on them; scored once, then rules were changed after it (in sample for them since).
+- a seventh held-out set: twelve more (sample_traces/heldout7/), captured and read the same way, scored once on the
+  code the sixth set's rules made (caa96bf), before any change.
 
 Public traces are not bundled (fetched test data of other projects): put them in one folder and name it with
 KINETOSCOPE_PUBLIC_TRACES; a reading whose trace is not here is listed as such.
@@ -64,7 +66,10 @@ SETS = (("in-sample", ROOT / "tests" / "expert"),
         ("fifth held-out set, second independent reader", ROOT / "tests" / "expert" / "heldout5_captures_b"),
         ("sixth held-out set: twelve more programs, captured on a quiet machine",
          ROOT / "tests" / "expert" / "heldout6_captures"),
-        ("sixth held-out set, second independent reader", ROOT / "tests" / "expert" / "heldout6_captures_b"))
+        ("sixth held-out set, second independent reader", ROOT / "tests" / "expert" / "heldout6_captures_b"),
+        ("seventh held-out set: twelve more programs, scored on the code after the sixth",
+         ROOT / "tests" / "expert" / "heldout7_captures"),
+        ("seventh held-out set, second independent reader", ROOT / "tests" / "expert" / "heldout7_captures_b"))
 
 
 def _claims(items: dict[tuple[str, int], str]) -> str:
