@@ -200,14 +200,33 @@ def loader_spans(trace: RankTrace) -> pd.DataFrame:
     if tid is None or spans.empty:
         return spans.iloc[0:0]
     spans = spans[_tid_mask(spans, {tid})]
-    # mostly inside another loader's wait (not training), or inside the capture's record of workers stopping (the
-    # next() that ended a non-persistent iterator shuts its workers down: worker_respawn's time, no wait for data)
-    for other in (other_role_waits(trace), _workers_stopping(trace)):
+    # mostly inside another loader's wait (not training), inside the capture's record of workers stopping (the
+    # next() that ended a non-persistent iterator shuts its workers down: worker_respawn's time, no wait for data),
+    # or a multi-process iterator's first batch (one worker loads it while the others start, whatever their number:
+    # start-up, which no worker count removes)
+    for other in (other_role_waits(trace), _workers_stopping(trace), _first_batches(trace)):
         if len(other) and len(spans):
             marked = iv.union(other["ts_ns"].to_numpy(), other["end_ns"].to_numpy())
             inside = iv.overlap_each(spans["ts_ns"].to_numpy(), spans["end_ns"].to_numpy(), marked)
             spans = spans[inside < spans["dur_ns"].to_numpy() / 2]
     return spans
+
+
+def _first_batches(trace: RankTrace) -> pd.DataFrame:
+    """The capture's data-wait marks of a multi-process iterator's first batch (batch 0 of a loader with workers, as
+    the manifest describes it), where the capture timed the workers' starts (a capture before that, or a trace from
+    elsewhere: none)."""
+    marks = trace.marks
+    loop = (trace.meta.capture or {}).get("loop") or {}
+    if marks.empty or "workers" not in (loop.get("recorded") or []):
+        return trace.events.iloc[0:0]
+    multi = {x.get("loader") for x in loop.get("loaders") or [] if isinstance(x, dict)
+             and isinstance(x.get("num_workers"), int) and x["num_workers"] > 0}
+    if not multi:
+        return trace.events.iloc[0:0]
+    first = ((marks["name"] == "kinetoscope::data_wait").to_numpy() & (marks["batch"] == 0).fillna(False)
+             .to_numpy(dtype=bool) & marks["loader"].isin(list(multi)).fillna(False).to_numpy(dtype=bool))
+    return trace.events.iloc[marks["row"].to_numpy()[first]]
 
 
 def _workers_stopping(trace: RankTrace) -> pd.DataFrame:

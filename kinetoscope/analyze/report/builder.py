@@ -259,13 +259,16 @@ def _exposure_less_waits(trace: Trace, findings: list[Finding], job: dict[str, A
     collectives were matched across ranks (that part is a straggler's cost, not overlap to be had), judged again.
     What every rank waits - the least any rank waits: lateness that moves between ranks, each waiting for the others
     in turn - is no rank's cost to fix, and an overlapped collective hides it like its transfer: it stays exposure."""
-    from kinetoscope.analyze.report.exposure import without_waits
+    from kinetoscope.analyze.report.exposure import runqueue_less_waits, without_waits
 
     ranks = [r for r in (job.get("collectives") or {}).get("ranks", []) if r.get("wait_us") is not None]
     if not ranks or not any(r["wait_us"] for r in ranks):
         return findings
     shared = min(float(r["wait_us"]) for r in ranks)
     waits = {r["rank"]: float(r["wait_us"]) for r in ranks}
+    # ranks losing time to the run queue over the run (measured): a host whose CPUs every rank lacks
+    starved = {f.rank for f in findings if f.id == "host_oversubscribed" and f.evidence.get("measured")
+               and _run_or_window_share(f) >= config.host_runqueue_min_fraction}
     out = []
     for f in findings:
         if (f.id == "exposed_comm" and f.rank is not None and waits.get(f.rank)
@@ -277,9 +280,27 @@ def _exposure_less_waits(trace: Trace, findings: list[Finding], job: dict[str, A
             est = g.estimate
             mean = float(est.step_us_after) + float(est.saving_us_per_step) if est is not None else None
             out.append(judge(g, _run_of(trace.rank(f.rank), mean, float(g.evidence.get("window_us") or 0)), config))
+        elif (f.id == "host_oversubscribed" and f.rank is not None and waits.get(f.rank) and f.evidence.get("measured")
+              and not (starved - {f.rank}) and any(r.rank == f.rank for r in trace.ranks)):
+            # the ranks it waits for lose no time to the run queue: its own loss hides behind their lateness (where
+            # they are starved too, a fix of the shared host speeds them as well: nothing is taken off)
+            g = runqueue_less_waits(f, waits[f.rank], shared_us=shared)
+            if g is f:
+                out.append(f)
+                continue
+            est = g.estimate
+            mean = float(est.step_us_after) + float(est.saving_us_per_step) if est is not None else None
+            out.append(judge(g, _run_of(trace.rank(f.rank), mean, window(trace.rank(f.rank)).dur_ns / 1000.0), config))
         else:
             out.append(f)
     return out
+
+
+def _run_or_window_share(f: Finding) -> float:
+    """A measured run-queue finding's share of the run where the capture timed it, else of the window."""
+    run = f.evidence.get("run_lost_fraction")
+    window = f.evidence.get("runqueue_wait_fraction_of_steps")
+    return float(run) if isinstance(run, (int, float)) else float(window or 0)
 
 
 def run_time(r: RankTrace) -> RunTime:

@@ -49,3 +49,35 @@ def without_waits(finding: Finding, wait_us: float, config: AnalysisConfig, shar
 
 
 
+
+
+def runqueue_less_waits(finding: Finding, wait_us: float, shared_us: float = 0.0) -> Finding:
+    """A rank's run-queue wait (``host_oversubscribed``, measured) less what its waits for later ranks beyond
+    ``shared_us`` hide, where those ranks do not lose time to the run queue themselves (the caller's test): in a
+    synchronous job a rank that loses time while the others are late for another reason (rank 0 evaluating alone)
+    makes no step longer (was: a DDP rank waiting 417 ms in its window for rank 0's evaluation was told to fix 5% of
+    its run lost on the run queue; both readers: worth little to the job). The window's share of the loss its waits
+    cover is taken off the run's too. With nothing to take off, the finding is returned as it was."""
+    beyond = max(float(wait_us) - float(shared_us), 0.0)
+    lost = float(finding.evidence.get("lost_us") or 0.0)
+    if beyond <= 0 or lost <= 0:
+        return finding
+    keep = max(lost - beyond, 0.0) / lost
+    estimate = finding.estimate
+    if estimate is not None:
+        mean = float(estimate.step_us_after) + float(estimate.saving_us_per_step)
+        saving = float(estimate.saving_us_per_step) * keep
+        by_step = estimate.saving_by_step_us
+        estimate = replace(estimate, step_us_after=round(mean - saving, 3), saving_us_per_step=round(saving, 3),
+                           saving_fraction=round(saving / mean, 4) if mean > 0 else None,
+                           saving_by_step_us=tuple(x * keep for x in by_step) if by_step else None,
+                           assumptions=(*estimate.assumptions,
+                                        f"its {beyond / 1000:,.2f} ms of waiting for later ranks in the window, which "
+                                        "lose no time to the run queue themselves, hides as much of the time it lost"))
+    ev = {**finding.evidence, "waiting_for_other_ranks_us": round(beyond, 3),
+          "not_hidden_by_waits_fraction": round(keep, 4)}
+    title = (f"{finding.title}; its {beyond / 1000:,.1f} ms of waiting for later ranks in the window hides "
+             f"{1 - keep:.0%} of it")
+    run_cost = finding.run_cost_us * keep if finding.run_cost_us is not None else None
+    return replace(finding, evidence=ev, title=title, impact_us=finding.impact_us * keep, estimate=estimate,
+                   run_cost_us=run_cost, worth=None, severity="info")
