@@ -30,7 +30,9 @@ tuned on say how it generalises:
   quiet machine, read by two new independent readers (heldout6_captures/ and heldout6_captures_b/), committed before
   the tool ran on them; scored once, then rules were changed after it (in sample for them since).
 - a seventh held-out set: twelve more (sample_traces/heldout7/), captured and read the same way, scored once on the
-  code the sixth set's rules made (caa96bf), before any change.
+  code the sixth set's rules made (caa96bf), before any change; then two rules were changed after it.
+- an eighth held-out set: twelve more (sample_traces/heldout8/), likewise, scored once on the code after the seventh
+  set's rules (1f40c90).
 
 Public traces are not bundled (fetched test data of other projects): put them in one folder and name it with
 KINETOSCOPE_PUBLIC_TRACES; a reading whose trace is not here is listed as such.
@@ -69,7 +71,10 @@ SETS = (("in-sample", ROOT / "tests" / "expert"),
         ("sixth held-out set, second independent reader", ROOT / "tests" / "expert" / "heldout6_captures_b"),
         ("seventh held-out set: twelve more programs, scored on the code after the sixth",
          ROOT / "tests" / "expert" / "heldout7_captures"),
-        ("seventh held-out set, second independent reader", ROOT / "tests" / "expert" / "heldout7_captures_b"))
+        ("seventh held-out set, second independent reader", ROOT / "tests" / "expert" / "heldout7_captures_b"),
+        ("eighth held-out set: twelve more programs, scored on the code after the seventh",
+         ROOT / "tests" / "expert" / "heldout8_captures"),
+        ("eighth held-out set, second independent reader", ROOT / "tests" / "expert" / "heldout8_captures_b"))
 
 
 def _claims(items: dict[tuple[str, int], str]) -> str:
