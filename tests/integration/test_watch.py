@@ -55,6 +55,19 @@ class Tasks:
         return False
 
 
+def release_until_analysed(watcher: Watcher, tasks, n: int, timeout_s: float = 60.0):
+    """Run ``watcher`` on a thread, releasing ``tasks`` one at a time until it has analysed ``n`` traces (or the
+    time is up): (the stop event, the thread, the deadline), the watcher still running."""
+    stop = threading.Event()
+    thread = threading.Thread(target=watcher.run, args=(stop,), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout_s
+    while watcher.summary.analysed < n and time.monotonic() < deadline:
+        time.sleep(0.1)
+        tasks.release_one()
+    return stop, thread, deadline
+
+
 def watch_until(watcher: Watcher, done, timeout_s: float = 60.0) -> None:
     stop = threading.Event()
     thread = threading.Thread(target=watcher.run, args=(stop,), daemon=True)
@@ -123,13 +136,7 @@ def test_work_in_flight_is_bounded(tmp_path):
     tasks = Tasks(hold=True)
     watcher = Watcher([str(src)], root, tasks.submit,
                       policy=WatchPolicy(settle_s=0, poll_s=0.01, max_poll_s=0.01, max_in_flight=2))
-    stop = threading.Event()
-    thread = threading.Thread(target=watcher.run, args=(stop,), daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while watcher.summary.analysed < 5 and time.monotonic() < deadline:
-        time.sleep(0.1)
-        tasks.release_one()
+    stop, thread, _ = release_until_analysed(watcher, tasks, 5)
     stop.set()
     thread.join(60)
     assert watcher.summary.analysed == 5 and len(tasks.calls) == 5
@@ -247,13 +254,7 @@ def test_the_watch_never_compacts_with_files_in_flight_and_a_failed_compaction_i
         return real(where, schemas)
 
     monkeypatch.setattr(watching, "compact", compact)
-    stop = threading.Event()
-    thread = threading.Thread(target=watcher.run, args=(stop,), daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while watcher.summary.analysed < 5 and time.monotonic() < deadline:
-        time.sleep(0.1)
-        tasks.release_one()
+    stop, thread, deadline = release_until_analysed(watcher, tasks, 5)
     # the first compaction failed (said, not fatal) and the work went on; its retry waits 100 s of quiet
     assert watcher.summary.analysed == 5 and thread.is_alive()
     assert (watcher.summary.compactions_failed, watcher.summary.compactions) == (1, 0)

@@ -19,6 +19,21 @@ def found(rep, id_):
     return [f for f in rep.findings if f.id == id_]
 
 
+def capture_files(path, loop=None, *, walls_ns=None, window=0, waits_ns=None):
+    """A capture's sidecars beside a built trace: rank 0's manifest with its ``loop`` object (marks version 2; none
+    when ``loop`` is None) and, given step walls, steps.json whose last ``window`` steps are the profiled ones."""
+    import json
+
+    if loop is not None:
+        (path / "rank-0.manifest.json").write_text(json.dumps({"manifest_version": 2, "rank": 0,
+                                                              "loop": {"marks": 2, **loop}}))
+    if walls_ns is not None:
+        n = len(walls_ns)
+        (path / "rank-0.steps.json").write_text(json.dumps({
+            "rank": 0, "unit": "ns", "step_wall_ns": walls_ns, "data_wait_ns": waits_ns or [0] * n,
+            "profiled": [False] * (n - window) + [True] * window}))
+
+
 # --- zero-length events are inside nothing --------------------------------------------------
 def test_a_zero_length_add_at_the_edge_of_accumulate_grad_is_no_accumulation(tmp_path):
     """Was: zero_grad_missing on a trace that clears gradients every step (TorchRec, A100): zero-length aten::add_
@@ -836,7 +851,6 @@ def test_a_recompile_is_worth_its_recompilation_not_every_compile_of_the_run(tmp
     10 ms; step 2 recompiles (frame 0's second compilation, 5 ms); the capture's manifest: 2 compiles, 1 recompile,
     50 ms of compiling over a run of 40 steps timed; with the recompilation's own run total where the capture recorded
     it (3 ms)."""
-    import json
 
     from kinetoscope.analyze.ingest.loader import load_trace
 
@@ -851,11 +865,7 @@ def test_a_recompile_is_worth_its_recompilation_not_every_compile_of_the_run(tmp
     compile_ = {"compiles": 2, "recompiles": 1, "total_ns": 50_000_000}
     if recorded_recompile_ns is not None:
         compile_["recompile_total_ns"] = recorded_recompile_ns
-    (tmp_path / "rank-0.manifest.json").write_text(json.dumps({"manifest_version": 2, "rank": 0, "loop": {
-        "marks": 2, "recorded": ["compile"], "compile": compile_}}))
-    (tmp_path / "rank-0.steps.json").write_text(json.dumps({
-        "rank": 0, "unit": "ns", "step_wall_ns": [10_000_000] * 40, "data_wait_ns": [0] * 40,
-        "profiled": [False] * 36 + [True] * 4}))
+    capture_files(tmp_path, {"recorded": ["compile"], "compile": compile_}, walls_ns=[10_000_000] * 40, window=4)
     (f,) = found(build_report(load_trace(tmp_path)), "recompile")
     if recorded_recompile_ns is None:  # the window holds the run's one recompilation and no first compile: its 5 ms
         assert f.worth.one_off_total_us == 5_000 and f.evidence["one_off_of"] == "the window's recompilations"
@@ -873,7 +883,6 @@ def test_a_worker_restart_the_capture_timed_is_worth_its_time_over_the_run(tmp_p
     measured: warning, and the estimate says 20% (1 ms per step of the run's 5 ms mean step; was "10%", against
     the window's 10 ms steps). Without the capture's record (a trace from elsewhere holding the same marks is
     not one: the marks need their manifest) nothing tells a restart: no finding."""
-    import json
 
     from kinetoscope.analyze.ingest.loader import load_trace
 
@@ -886,13 +895,9 @@ def test_a_worker_restart_the_capture_timed_is_worth_its_time_over_the_run(tmp_p
             b.op("kinetoscope::workers_start", t + 500, 2_000, cat="kinetoscope", loader=0, workers=2, restart=True)
             b.op("kinetoscope::workers_stop", t + 3_000, 400, cat="kinetoscope", loader=1, workers=2, restart=False)
     b.write(tmp_path / "rank-0.step-0-3.pt.trace.json")
-    if recorded:
-        (tmp_path / "rank-0.manifest.json").write_text(json.dumps({"manifest_version": 2, "rank": 0, "loop": {
-            "marks": 2, "recorded": ["workers"], "workers": {
-                "starts": 3, "stops": 2, "restarts": 2, "total_ns": 50_000_000, "restart_total_ns": 40_000_000}}}))
-    (tmp_path / "rank-0.steps.json").write_text(json.dumps({
-        "rank": 0, "unit": "ns", "step_wall_ns": [5_000_000] * 40, "data_wait_ns": [0] * 40,
-        "profiled": [False] * 36 + [True] * 4}))
+    workers = {"starts": 3, "stops": 2, "restarts": 2, "total_ns": 50_000_000, "restart_total_ns": 40_000_000}
+    capture_files(tmp_path, {"recorded": ["workers"], "workers": workers} if recorded else None,
+                  walls_ns=[5_000_000] * 40, window=4)
     rep = build_report(load_trace(tmp_path))
     if not recorded:
         assert not found(rep, "worker_respawn")
@@ -927,7 +932,6 @@ def test_a_recompile_before_the_window_is_known_from_the_capture(tmp_path, recom
     step, before the window; the manifest and steps.json said so, and the report said nothing (two readers:
     critical). 4 steps of 10 ms with no compilation in them; the manifest: 2 compiles, the given recompiles, 30 ms
     of recompiling; 40 steps of 10 ms timed: 7.5% of the run, a one-off: warning. No recompile recorded: nothing."""
-    import json
 
     from kinetoscope.analyze.ingest.loader import load_trace
 
@@ -935,13 +939,9 @@ def test_a_recompile_before_the_window_is_known_from_the_capture(tmp_path, recom
     for s in range(4):
         b.step(s, s * 10_000, 10_000).op("aten::linear", s * 10_000 + 10, 90)
     b.write(tmp_path / "rank-0.step-0-3.pt.trace.json")
-    (tmp_path / "rank-0.manifest.json").write_text(json.dumps({"manifest_version": 2, "rank": 0, "loop": {
-        "marks": 2, "recorded": ["compile"], "compile": {
-            "compiles": 2, "recompiles": recompiles, "total_ns": 90_000_000,
-            "recompile_total_ns": 30_000_000 if recompiles else 0}}}))
-    (tmp_path / "rank-0.steps.json").write_text(json.dumps({
-        "rank": 0, "unit": "ns", "step_wall_ns": [10_000_000] * 40, "data_wait_ns": [0] * 40,
-        "profiled": [False] * 36 + [True] * 4}))
+    compile_ = {"compiles": 2, "recompiles": recompiles, "total_ns": 90_000_000,
+                "recompile_total_ns": 30_000_000 if recompiles else 0}
+    capture_files(tmp_path, {"recorded": ["compile"], "compile": compile_}, walls_ns=[10_000_000] * 40, window=4)
     rep = build_report(load_trace(tmp_path))
     if not recompiles:
         assert not found(rep, "recompile")
@@ -990,7 +990,6 @@ def test_a_restart_stands_for_the_runs_restarts_not_for_every_window(tmp_path, c
     7 ms. The capture (before it timed workers) counted 8 worker processes started, 2 per iterator, one loader: 4
     starts, 3 restarts over the 60 steps of 20 ms it timed: 3 x 7 ms of 1.2 s, 1.75%, information. Without that
     count the window's rate stands: 7 ms every 6 steps of 20 ms, 5.8%, a warning."""
-    import json
 
     from kinetoscope.analyze.ingest.loader import load_trace
 
@@ -1003,15 +1002,11 @@ def test_a_restart_stands_for_the_runs_restarts_not_for_every_window(tmp_path, c
             b.op("aten::random_", t + 100, 20).op("aten::item", t + 125, 10)
         b.loader(t + 500, wait, multiprocess=True).op("aten::linear", t + 500 + wait + 10, 5_000)
     b.write(tmp_path / "rank-0.step-0-5.pt.trace.json")
-    if counted:
-        (tmp_path / "rank-0.manifest.json").write_text(json.dumps({"manifest_version": 2, "rank": 0, "loop": {
-            "marks": 2, "recorded": ["data_wait"],
-            "loaders": [{"loader": 0, "role": "train", "num_workers": 2}],
+    loop = {"recorded": ["data_wait"], "loaders": [{"loader": 0, "role": "train", "num_workers": 2}],
             "child_processes": {"started": 0, "targets": [], "training_in_children": False,
-                                "dataloader_workers": 8, "spawned_ranks": 0}}}))
-    (tmp_path / "rank-0.steps.json").write_text(json.dumps({
-        "rank": 0, "unit": "ns", "step_wall_ns": [20_000_000] * 60, "data_wait_ns": [1_000_000] * 60,
-        "profiled": [False] * 54 + [True] * 6}))
+                                "dataloader_workers": 8, "spawned_ranks": 0}}
+    capture_files(tmp_path, loop if counted else None, walls_ns=[20_000_000] * 60, window=6,
+                  waits_ns=[1_000_000] * 60)
     (f,) = found(build_report(load_trace(tmp_path)), "worker_respawn")
     if counted:
         assert f.evidence["run_restarts"] == 3
@@ -1079,7 +1074,6 @@ def test_a_new_iterators_first_batch_is_start_up_not_a_stall(tmp_path, workers_r
     waits 3% of the run, info). 6 steps of 10 ms with a 0.5 ms wait each; in step 3 a new iterator's first batch
     waits 4 ms (the capture's data_wait mark: batch 0 of loader 0, which has 2 workers). Training waits: 5 x 0.5 ms
     (was: 5 x 0.5 + 4); without the capture's record of the workers, the first batch is not told: 6.5 ms."""
-    import json
 
     from kinetoscope.analyze.ingest.loader import load_trace
 
@@ -1092,9 +1086,8 @@ def test_a_new_iterators_first_batch_is_start_up_not_a_stall(tmp_path, workers_r
              batch=0 if s == 3 else s + 10)
     b.write(tmp_path / "rank-0.step-0-5.pt.trace.json")
     recorded = ["data_wait", "workers"] if workers_recorded else ["data_wait"]
-    (tmp_path / "rank-0.manifest.json").write_text(json.dumps({"manifest_version": 2, "rank": 0, "loop": {
-        "marks": 2, "recorded": recorded, "loaders": [{"loader": 0, "role": "train", "num_workers": 2}],
-        "workers": {"starts": 2, "stops": 1, "restarts": 1, "total_ns": 0, "restart_total_ns": 0}
-        if workers_recorded else None}}))
+    capture_files(tmp_path, {"recorded": recorded, "loaders": [{"loader": 0, "role": "train", "num_workers": 2}],
+                             "workers": {"starts": 2, "stops": 1, "restarts": 1, "total_ns": 0, "restart_total_ns": 0}
+                             if workers_recorded else None})
     rep = build_report(load_trace(tmp_path))
     assert rep.ranks[0]["loader"]["time_us"] == (2_500 if workers_recorded else 6_500)

@@ -456,6 +456,11 @@ def _compile_worth(compile_ns: int, ids: list[str], recompiles: list[str], compi
     return None, None
 
 
+_RECOMPILE_ADVICE = ("Recompiles usually follow changing shapes or Python values: mark varying dims dynamic "
+                     "(torch._dynamo.mark_dynamic or dynamic=True), pad to a few fixed shapes, and run with "
+                     "TORCH_LOGS=recompiles to see the failing guard.")
+
+
 def _recompile_outside_window(trace: RankTrace) -> list[Finding]:
     """Recompilations the capture recorded over the run while the window holds none (a warm-up step recompiled for
     the first batch of a new shape): known from the manifest, worth their time over the run (was: nothing, where two
@@ -475,9 +480,7 @@ def _recompile_outside_window(trace: RankTrace) -> list[Finding]:
                                                                                      (int, float)) else None,
                   "run_recompile_time_us": us(total_ns), "run_recompiles": recompiles,
                   "one_off_of": "the run's recompilations (capture)"},
-        recommendation="Recompiles usually follow changing shapes or Python values: mark varying dims dynamic "
-                       "(torch._dynamo.mark_dynamic or dynamic=True), pad to a few fixed shapes, and run with "
-                       "TORCH_LOGS=recompiles to see the failing guard.",
+        recommendation=_RECOMPILE_ADVICE,
         impact_us=0.0,
         one_off_us=total_ns / 1000.0,
     )]
@@ -526,9 +529,7 @@ def _recompile(trace: RankTrace) -> list[Finding]:
                 "one_off_of": worth_of,
             },
             recommendation=(
-                "Recompiles usually follow changing shapes or Python values: mark varying dims dynamic "
-                "(torch._dynamo.mark_dynamic or dynamic=True), pad to a few fixed shapes, and run with "
-                "TORCH_LOGS=recompiles to see the failing guard."
+                _RECOMPILE_ADVICE
                 if recompiles
                 else "Profile after warm-up (a larger skip_first/wait) so compilation is not mistaken for step time."
             ),

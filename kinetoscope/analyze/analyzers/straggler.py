@@ -10,6 +10,7 @@ compute (GPU kernels), host (the launching threads' own work).
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -232,14 +233,10 @@ def chance_of_last(k: int, n: int, ranks: int) -> float:
     if k <= 0 or n <= 0:
         return 1.0
     if n > 3000:
-        import math
-
         mu, sd = n / ranks, math.sqrt(n * (1 / ranks) * (1 - 1 / ranks))
         return 0.5 * math.erfc((k - 0.5 - mu) / (sd * math.sqrt(2))) if sd > 0 else float(k <= mu)
-    from math import comb
-
     other = ranks - 1
-    tail = sum(comb(n, j) * other ** (n - j) for j in range(k, n + 1))
+    tail = sum(math.comb(n, j) * other ** (n - j) for j in range(k, n + 1))
     return tail / ranks ** n
 
 

@@ -224,16 +224,22 @@ def _first_batches(trace: RankTrace) -> pd.DataFrame:
              and isinstance(x.get("num_workers"), int) and x["num_workers"] > 0}
     if not multi:
         return trace.events.iloc[0:0]
-    first = ((marks["name"] == "kinetoscope::data_wait").to_numpy() & (marks["batch"] == 0).fillna(False)
-             .to_numpy(dtype=bool) & marks["loader"].isin(list(multi)).fillna(False).to_numpy(dtype=bool))
-    return trace.events.iloc[marks["row"].to_numpy()[first]]
+    first = ((marks["batch"] == 0).fillna(False).to_numpy(dtype=bool)
+             & marks["loader"].isin(list(multi)).fillna(False).to_numpy(dtype=bool))
+    return _mark_events(trace, "kinetoscope::data_wait", first)
 
 
 def _workers_stopping(trace: RankTrace) -> pd.DataFrame:
+    return _mark_events(trace, "kinetoscope::workers_stop")
+
+
+def _mark_events(trace: RankTrace, name: str, also: np.ndarray | None = None) -> pd.DataFrame:
+    """The events of the capture's marks named ``name`` (and, per mark, ``also``)."""
     marks = trace.marks
     if marks.empty:
         return trace.events.iloc[0:0]
-    return trace.events.iloc[marks["row"].to_numpy()[(marks["name"] == "kinetoscope::workers_stop").to_numpy()]]
+    pick = (marks["name"] == name).to_numpy()
+    return trace.events.iloc[marks["row"].to_numpy()[pick & also if also is not None else pick]]
 
 
 @trace_view

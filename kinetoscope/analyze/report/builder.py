@@ -274,26 +274,25 @@ def _exposure_less_waits(trace: Trace, findings: list[Finding], job: dict[str, A
         if (f.id == "exposed_comm" and f.rank is not None and waits.get(f.rank)
                 and any(r.rank == f.rank for r in trace.ranks)):
             g = without_waits(f, waits[f.rank], config, shared_us=shared)
-            if g is f:
-                out.append(f)
-                continue
-            est = g.estimate
-            mean = float(est.step_us_after) + float(est.saving_us_per_step) if est is not None else None
-            out.append(judge(g, _run_of(trace.rank(f.rank), mean, float(g.evidence.get("window_us") or 0)), config))
+            out.append(f if g is f else _judged_again(g, trace.rank(f.rank), float(g.evidence.get("window_us") or 0),
+                                                      config))
         elif (f.id == "host_oversubscribed" and f.rank is not None and waits.get(f.rank) and f.evidence.get("measured")
               and not (starved - {f.rank}) and any(r.rank == f.rank for r in trace.ranks)):
             # the ranks it waits for lose no time to the run queue: its own loss hides behind their lateness (where
             # they are starved too, a fix of the shared host speeds them as well: nothing is taken off)
             g = runqueue_less_waits(f, waits[f.rank], shared_us=shared)
-            if g is f:
-                out.append(f)
-                continue
-            est = g.estimate
-            mean = float(est.step_us_after) + float(est.saving_us_per_step) if est is not None else None
-            out.append(judge(g, _run_of(trace.rank(f.rank), mean, window(trace.rank(f.rank)).dur_ns / 1000.0), config))
+            r = trace.rank(f.rank)
+            out.append(f if g is f else _judged_again(g, r, window(r).dur_ns / 1000.0, config))
         else:
             out.append(f)
     return out
+
+
+def _judged_again(f: Finding, r: RankTrace, window_us: float, config: AnalysisConfig) -> Finding:
+    """A finding the job-level pass scaled, judged again against its rank's run (its estimate's mean step before)."""
+    est = f.estimate
+    mean = float(est.step_us_after) + float(est.saving_us_per_step) if est is not None else None
+    return judge(f, _run_of(r, mean, window_us), config)
 
 
 def _run_or_window_share(f: Finding) -> float:

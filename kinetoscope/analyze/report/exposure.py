@@ -1,11 +1,13 @@
-"""A rank's exposed communication once the job's matched collectives are known: what overlap could hide is the
-exposure less the rank's waiting for later ranks (the report applies it after the job-level analysis)."""
+"""A rank's costs once the job's matched collectives are known (the report applies these after the job-level
+analysis): what overlap could hide is the exposure less the rank's waiting for later ranks, and a rank's run-queue
+loss hides behind its waits for later ranks that are not starved themselves."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
 from kinetoscope.analyze.model.config import AnalysisConfig
+from kinetoscope.analyze.model.estimate import Estimate
 from kinetoscope.analyze.model.findings import Finding
 
 
@@ -25,15 +27,8 @@ def without_waits(finding: Finding, wait_us: float, config: AnalysisConfig, shar
     exposed = max(before - wait_us, 0.0)
     estimate = finding.estimate
     if estimate is not None and before > 0:
-        mean = float(estimate.step_us_after) + float(estimate.saving_us_per_step)
-        saving = float(estimate.saving_us_per_step) * exposed / before
-        by_step = estimate.saving_by_step_us
-        estimate = replace(estimate, step_us_after=round(mean - saving, 3), saving_us_per_step=round(saving, 3),
-                           saving_fraction=round(saving / mean, 4) if mean > 0 else None,
-                           saving_by_step_us=tuple(x * exposed / before for x in by_step) if by_step else None,
-                           assumptions=(*estimate.assumptions,
-                                        f"its {wait_us / 1000:,.2f} ms of waiting for other ranks in the window is "
-                                        "not exposure overlap can hide (it is the late ranks' cost)"))
+        estimate = _scaled(estimate, exposed / before, f"its {wait_us / 1000:,.2f} ms of waiting for other ranks in "
+                           "the window is not exposure overlap can hide (it is the late ranks' cost)")
     window = float(ev.get("window_us") or 0)
     if all_wait > wait_us:  # the part every rank waits (lateness moving between ranks) stays in the exposure
         ev["waiting_every_rank_does_us"] = round(all_wait - wait_us, 3)
@@ -46,9 +41,6 @@ def without_waits(finding: Finding, wait_us: float, config: AnalysisConfig, shar
                                  if all_wait > wait_us else "") + ")" if window else finding.title)
     return replace(finding, evidence=ev, title=title, impact_us=exposed, estimate=estimate, worth=None,
                    severity="info")
-
-
-
 
 
 def runqueue_less_waits(finding: Finding, wait_us: float, shared_us: float = 0.0) -> Finding:
@@ -65,15 +57,8 @@ def runqueue_less_waits(finding: Finding, wait_us: float, shared_us: float = 0.0
     keep = max(lost - beyond, 0.0) / lost
     estimate = finding.estimate
     if estimate is not None:
-        mean = float(estimate.step_us_after) + float(estimate.saving_us_per_step)
-        saving = float(estimate.saving_us_per_step) * keep
-        by_step = estimate.saving_by_step_us
-        estimate = replace(estimate, step_us_after=round(mean - saving, 3), saving_us_per_step=round(saving, 3),
-                           saving_fraction=round(saving / mean, 4) if mean > 0 else None,
-                           saving_by_step_us=tuple(x * keep for x in by_step) if by_step else None,
-                           assumptions=(*estimate.assumptions,
-                                        f"its {beyond / 1000:,.2f} ms of waiting for later ranks in the window, which "
-                                        "lose no time to the run queue themselves, hides as much of the time it lost"))
+        estimate = _scaled(estimate, keep, f"its {beyond / 1000:,.2f} ms of waiting for later ranks in the window, "
+                           "which lose no time to the run queue themselves, hides as much of the time it lost")
     ev = {**finding.evidence, "waiting_for_other_ranks_us": round(beyond, 3),
           "not_hidden_by_waits_fraction": round(keep, 4)}
     title = (f"{finding.title}; its {beyond / 1000:,.1f} ms of waiting for later ranks in the window hides "
@@ -81,3 +66,14 @@ def runqueue_less_waits(finding: Finding, wait_us: float, shared_us: float = 0.0
     run_cost = finding.run_cost_us * keep if finding.run_cost_us is not None else None
     return replace(finding, evidence=ev, title=title, impact_us=finding.impact_us * keep, estimate=estimate,
                    run_cost_us=run_cost, worth=None, severity="info")
+
+
+def _scaled(estimate: Estimate, keep: float, assumption: str) -> Estimate:
+    """``estimate`` with its saving (and where it lies) times ``keep``, the mean step before unchanged."""
+    mean = float(estimate.step_us_after) + float(estimate.saving_us_per_step)
+    saving = float(estimate.saving_us_per_step) * keep
+    by_step = estimate.saving_by_step_us
+    return replace(estimate, step_us_after=round(mean - saving, 3), saving_us_per_step=round(saving, 3),
+                   saving_fraction=round(saving / mean, 4) if mean > 0 else None,
+                   saving_by_step_us=tuple(x * keep for x in by_step) if by_step else None,
+                   assumptions=(*estimate.assumptions, assumption))
