@@ -32,7 +32,7 @@ tuned on say how it generalises:
 - a seventh held-out set: twelve more (sample_traces/heldout7/), captured and read the same way, scored once on the
   code the sixth set's rules made (caa96bf), before any change; then two rules were changed after it.
 - an eighth held-out set: twelve more (sample_traces/heldout8/), likewise, scored once on the code after the seventh
-  set's rules (1f40c90).
+  set's rules (e1beb4f).
 
 Public traces are not bundled (fetched test data of other projects): put them in one folder and name it with
 KINETOSCOPE_PUBLIC_TRACES; a reading whose trace is not here is listed as such.
