@@ -480,6 +480,77 @@ def test_a_straggler_slowed_by_untraced_work_on_its_own_thread_is_worth_the_othe
     assert f.estimate["saving_us_per_step"] == 30_000 and "bound" not in f.estimate
 
 
+def rank0_validates_job(folder):
+    """Two CPU ranks on gloo, 8 steps, two gradient buckets in flight together in each step. Rank 0 computes 6 ms to
+    rank 1's 5 (it arrives 1 ms later every step) and in step 3 runs a 99.95 ms validation first (marked by the
+    capture). Each collective completes together, but the gloo threads record its end up to 3 ms apart (rank 1's
+    first bucket, even steps): more than half the 1 ms between the two buckets' ends."""
+    import json
+
+    for rank in (0, 1):
+        b = TraceBuilder(rank=rank, world_size=2)
+        t = 0
+        for s in range(8):
+            val = 100_000 if s == 3 else 0  # both ranks' step 3 lasts 100 ms longer: rank 1 waits it out
+            b.step(s, t, 20_000 + val)
+            late = val + 1_000 if rank == 0 else 0
+            if rank == 0 and val:
+                b.op("kinetoscope::validation", t + 50, 99_950, cat="kinetoscope", module="model", batches=40)
+            b.op("aten::linear", t + 100 + val, 5_000 + (1_000 if rank == 0 else 0))
+            jitter = 3_000 if rank == 1 and s % 2 == 0 else 0
+            for bucket, (arrive, end) in enumerate(((5_200, 14_000), (5_500, 15_000))):
+                start = t + arrive + late
+                stop = t + end + val + (jitter if bucket == 0 else 0)
+                b.op("gloo:all_reduce", start, stop - start, cat="user_annotation", tid=300)
+            t += 20_000 + val
+        b.write(folder / f"rank-{rank}.step-0-7.pt.trace.json")  # a capture's window: its manifest is read
+        (folder / f"rank-{rank}.manifest.json").write_text(json.dumps(
+            {"manifest_version": 2, "rank": rank, "loop": {"marks": 2, "recorded": ["validation", "checkpoint"]}}))
+
+
+def test_collectives_whose_ends_gloo_records_apart_are_still_matched(tmp_path):
+    """Was: pairs had to complete within half the spacing of calls (0.5 ms here), so CPU collectives whose ends the
+    two ranks record milliseconds apart went unmatched - on a real job, the one in which a rank waited out the other's
+    evaluation - and that wait read as the waiting rank's own exposed communication."""
+    from kinetoscope.analyze.ingest.loader import load_trace
+
+    rank0_validates_job(tmp_path / "job")
+    coll = build_report(load_trace(tmp_path / "job")).job["collectives"]
+    ranks = {r["rank"]: r for r in coll["ranks"]}
+    assert coll["matched"] == 16 and ranks[0]["unmatched"] == 0 and ranks[1]["unmatched"] == 0
+    assert ranks[1]["clock_skew_us"] == 0
+    assert ranks[0]["waited_for_count"] == 16
+
+
+def test_a_wait_in_collectives_in_flight_together_is_counted_once(tmp_path):
+    """Was: each bucket's wait summed, so rank 1's 101 ms wait in step 3 counted twice (a wait longer than the
+    window on the real job). Its waits are the union of [own arrival, last arrival]: 1.3 ms in each ordinary step
+    (1,000 us for each bucket, 300 us apart), 101.3 ms in step 3."""
+    from kinetoscope.analyze.ingest.loader import load_trace
+
+    rank0_validates_job(tmp_path / "job")
+    rep = build_report(load_trace(tmp_path / "job"))
+    ranks = {r["rank"]: r for r in rep.job["collectives"]["ranks"]}
+    assert ranks[1]["wait_us"] == 7 * 1_300 + 101_300 and ranks[0]["wait_us"] == 0
+
+
+def test_a_straggler_that_validates_alone_is_named_for_its_validation(tmp_path):
+    """Was: the validation's operators counted as the straggler's compute, and a CPU job was told to check its
+    GPU's clocks and thermals."""
+    from kinetoscope.analyze.ingest.loader import load_trace
+
+    rank0_validates_job(tmp_path / "job")
+    (f,) = found(build_report(load_trace(tmp_path / "job")), "straggler")
+    assert f.rank == 0 and f.evidence["cause"] == "validation"
+    assert f.evidence["others_wait_us_per_step"] == (7 * 1_300 + 101_300) / 8
+    parts = f.evidence["components_us_per_step"]
+    assert parts["0"]["validation"] == 99_950 / 8 and parts["1"]["validation"] == 0
+    # its own compute, the validation's left out: 6 ms a step against rank 1's 5 ms
+    assert parts["0"]["compute"] == 6_000 and parts["1"]["compute"] == 5_000
+    assert f.evidence["cause_excess_us_per_step"] == 99_950 / 8
+    assert "shard the evaluation" in f.recommendation and "GPU" not in f.recommendation
+
+
 # --- a leak judged against the device's memory ----------------------------------------------------
 KiB, MiB, GiB = 1024, 1024 ** 2, 1024 ** 3
 

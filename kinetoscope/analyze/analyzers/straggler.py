@@ -57,18 +57,25 @@ def rank_summary(r: RankTrace) -> RankSummary:
     steps = len(r.steps)
     per = max(steps, 1)
     comm_set = intervals_of(frame, w) if len(frame) else iv.EMPTY
+    marked = {kind: iv.clip(iv.subtract(_spans_named(r, f"kinetoscope::{kind}"), comm_set), w.start_ns, w.end_ns)
+              for kind in ("validation", "checkpoint")}
+    other_work = iv.merge(*marked.values())
+    recorded = ((r.meta.capture or {}).get("loop") or {}).get("recorded") or []
     work = gpu_work(r)
     compute = work[(work["kind"] == "kernel").to_numpy() & ~work.index.isin(frame.index)]
     copies = h2d_copies(r) if r.has_gpu else work.iloc[0:0]
     components: dict[str, float | None] = {
         "input": iv.measure(intervals_of(loader_spans(r), w)) / 1000.0 / per,
         "copy": iv.measure(intervals_of(copies, w)) / 1000.0 / per if r.has_gpu else None,
-        # a CPU run computes on the host: its operators on the training thread
-        "compute": (iv.measure(intervals_of(compute, w)) if r.has_gpu else iv.measure(_cpu_compute(r, w)))
+        # a CPU run computes on the host (its operators on the training thread); what runs inside validation or
+        # checkpoint marks is theirs, not the step's own
+        "compute": iv.measure(iv.subtract(intervals_of(compute, w) if r.has_gpu else _cpu_compute(r, w), other_work))
         / 1000.0
         / per,
-        "host": iv.measure(host_busy(r)) / 1000.0 / per if r.has_gpu else None,
-        "untraced": iv.measure(iv.subtract(_untraced(r, w), comm_set)) / 1000.0 / per if steps else None,
+        "host": iv.measure(iv.subtract(host_busy(r), other_work)) / 1000.0 / per if r.has_gpu else None,
+        "untraced": iv.measure(iv.subtract(_untraced(r, w), iv.merge(comm_set, other_work))) / 1000.0 / per
+        if steps else None,
+        **{kind: iv.measure(spans) / 1000.0 / per if kind in recorded else None for kind, spans in marked.items()},
     }
 
     def ints(col: str) -> list[int | None]:
@@ -90,6 +97,12 @@ def rank_summary(r: RankTrace) -> RankSummary:
         collective_us=iv.measure(comm_set) / 1000.0,
         unknown_fraction=missing_activity(r).blind_ns() / w.dur_ns if w.dur_ns else 0.0,
     )
+
+
+def _spans_named(r: RankTrace, name: str) -> iv.Intervals:
+    ev = r.events
+    hit = ev[(ev["name"] == name).to_numpy(bool)]
+    return iv.union(hit["ts_ns"].to_numpy(), hit["end_ns"].to_numpy())
 
 
 def _cpu_compute(r: RankTrace, w: Any) -> iv.Intervals:
@@ -146,7 +159,8 @@ def straggler_finding(summaries: list[RankSummary], m: Matching, a: Arrivals, co
         if not partners.any():
             continue
         # what its lateness cost its partners: their waits where it arrived last, per partner and step
-        cost_us = float(np.nansum(a.wait_ns[last][:, partners])) / 1000.0 / partners.sum() / n_steps
+        waited_ns = [float(a.new_wait_ns(int(j), last).sum()) for j in np.flatnonzero(partners)]
+        cost_us = sum(waited_ns) / 1000.0 / len(waited_ns) / n_steps
         if share >= config.straggler_min_last_share and (best is None or cost_us > best[0]):
             best = (cost_us, i, share, int(mine.sum()))
     if best is None or best[0] < config.straggler_min_spread_fraction * mean_step_us:
@@ -161,13 +175,21 @@ def straggler_finding(summaries: list[RankSummary], m: Matching, a: Arrivals, co
         "shard sizes, storage locality) or prefetch more.",
         "copy": f"Rank {slow} spends longer copying inputs to its GPU: pinned memory and non_blocking copies, and "
         "check its PCIe/NUMA placement.",
-        "compute": f"Rank {slow}'s GPU takes longer for the same step: check uneven batch/sequence lengths across "
-        "ranks, its GPU's clocks, thermals and power limits.",
+        "compute": (f"Rank {slow}'s GPU takes longer for the same step: check uneven batch/sequence lengths across "
+                    "ranks, its GPU's clocks, thermals and power limits." if by_rank[slow].components_us.get("copy")
+                    is not None else
+                    f"Rank {slow}'s operators take longer for the same step: check uneven batch/sequence lengths "
+                    "across ranks and what else runs on its cores (CPU contention, thread counts, affinity)."),
         "host": f"Rank {slow}'s host takes longer to issue the step: check CPU contention on its node (other "
         "processes, too many DataLoader workers, CPU affinity).",
         "untraced": f"Rank {slow}'s training thread spends longer than the others' outside any traced operator "
         "(Python the profiler did not record, I/O, a sleep, logging): profile it with with_stack=True to "
         "see what it runs there, and make it run on every rank alike or off the training thread.",
+        "validation": f"Rank {slow} runs validation the other ranks do not, and they wait for it at the next "
+        "collective: shard the evaluation across the ranks (a DistributedSampler over the validation set, its "
+        "metrics reduced), or evaluate less often.",
+        "checkpoint": f"Rank {slow} saves checkpoints while the other ranks wait for it at the next collective: save "
+        "asynchronously (torch.distributed.checkpoint's async_save), less often, or sharded across the ranks.",
         "unknown": f"Rank {slow} arrives last, but none of its input, copy, compute, host or untraced time explains "
         "it: check what runs outside the profiled threads on its node.",
     }[cause]
@@ -242,14 +264,13 @@ def chance_of_last(k: int, n: int, ranks: int) -> float:
 
 def _late_arrivals(a: Arrivals, i: int, skew_ns: int | None) -> list[tuple[int, float]]:
     """(the straggler's own arrival time, ns; its partners' mean wait there, ns) for each collective it came last to."""
-    rows = np.flatnonzero(a.last == i)
-    out = []
-    for row in rows:
-        waits = np.delete(a.wait_ns[row], i)
-        waits = waits[~np.isnan(waits)]
-        if len(waits):
-            out.append((int(a.arrival_ns[row, i] + (skew_ns or 0)), float(waits.mean())))
-    return out
+    mine = a.last == i
+    partners = [j for j in range(len(a.ranks)) if j != i and not np.isnan(a.wait_ns[mine, j]).all()]
+    if not partners:
+        return []
+    # each partner's wait counted once where collectives in flight together overlap (the union)
+    waits = np.mean([a.new_wait_ns(j, mine) for j in partners], axis=0)
+    return [(int(a.arrival_ns[row, i] + (skew_ns or 0)), float(waits[row])) for row in np.flatnonzero(mine)]
 
 
 def _cause(slow: RankSummary, others: list[RankSummary], lateness_us: float) -> tuple[str, float | None]:

@@ -15,7 +15,7 @@ Collectives complete together on every rank, so the median difference of end tim
 is the clock skew between two ranks; skews from several groups are combined by least squares.
 Point-to-point calls (send, recv) complete on two peers at different times: they are never matched.
 A call missing from one rank's capture, anywhere in the sequence, is skipped: pairs are made in order
-on the aligned clock, within half the spacing of calls.
+on the aligned clock, the most calls whose completions agree within half a step, the closest among those.
 Arrival = the collective's start on the rank's aligned clock; the last to arrive is the rank the others
 waited for, and each rank's wait is the last arrival minus its own.
 """
@@ -37,7 +37,9 @@ POINT_TO_POINT = frozenset({"send", "recv", "sendrecv"})
 MAX_OFFSET = 64
 #: a matched collective's implied skew must be this consistent (median absolute deviation, as a share
 #: of the mean step) for an alignment to count
-COMPONENTS = ("input", "copy", "compute", "host", "untraced")
+#: (validation and checkpoint: the time inside the capture's marks of them, which compute and untraced leave out;
+#: None in traces without the capture's marks)
+COMPONENTS = ("input", "copy", "compute", "host", "untraced", "validation", "checkpoint")
 #: arrivals closer than this are simultaneous: nobody waited
 NO_WAIT_NS = 1000
 
@@ -142,9 +144,50 @@ def _align(ref: RankSummary, ref_idx: np.ndarray, other: RankSummary, other_idx:
 
 
 def _pair(ref: RankSummary, ref_idx: np.ndarray, other: RankSummary, other_idx: np.ndarray, skew: float,
-          tolerance: float) -> dict[int, int]:
-    """Pair the two sequences in order on the aligned clock: a call of one with no counterpart within
-    ``tolerance`` on the other (missing from its capture) is skipped, not shifted onto the next one."""
+          tolerance: float, tight: float) -> dict[int, int]:
+    """Pair the two sequences in order on the aligned clock: the order-keeping pairing of calls that agree on
+    what they are and complete within ``tolerance`` of each other that pairs the most calls, and among those the
+    one whose completions agree best (a weighted longest common subsequence). A call of one with no counterpart
+    (missing from its capture) is skipped, not shifted onto the next one; a completion that one rank records
+    milliseconds after the other (CPU collectives on busy cores) is still its pair."""
+    n, m = len(ref_idx), len(other_idx)
+    if n * m > _DP_CELLS:
+        return _pair_greedy(ref, ref_idx, other, other_idx, skew, tight)
+    ref_end = np.asarray(ref.end_ns, dtype=np.float64)[ref_idx]
+    oth_end = np.asarray(other.end_ns, dtype=np.float64)[other_idx] - skew
+    gap = np.abs(oth_end[None, :] - ref_end[:, None])
+    ref_sig = [_signature(ref, int(i)) for i in ref_idx]
+    oth_sig = [_signature(other, int(i)) for i in other_idx]
+    codes = {sig: k for k, sig in enumerate(dict.fromkeys(ref_sig + oth_sig))}
+    same = np.asarray([codes[x] for x in ref_sig])[:, None] == np.asarray([codes[x] for x in oth_sig])[None, :]
+    # a pair counts 1, plus under 1/(n+1) for how close its completions are: the count decides, closeness ties
+    score = np.where(same & (gap <= tolerance), 1.0 + (1.0 - gap / tolerance) / (n + 1), -np.inf)
+    best = np.zeros((n + 1, m + 1))
+    for i in range(1, n + 1):
+        row = np.maximum(best[i - 1, 1:], best[i - 1, :-1] + score[i - 1])
+        best[i, 1:] = np.maximum.accumulate(np.maximum(row, 0.0))
+    pairs: dict[int, int] = {}
+    i, j = n, m
+    while i > 0 and j > 0:
+        if best[i, j] == best[i - 1, j]:
+            i -= 1
+        elif best[i, j] == best[i, j - 1]:
+            j -= 1
+        else:
+            pairs[i - 1] = int(other_idx[j - 1])
+            i -= 1
+            j -= 1
+    return pairs
+
+
+#: above this many (calls x calls) the pairing walks the sequences greedily instead (same rule, in one pass)
+_DP_CELLS = 4_000_000
+
+
+def _pair_greedy(ref: RankSummary, ref_idx: np.ndarray, other: RankSummary, other_idx: np.ndarray, skew: float,
+                 tolerance: float) -> dict[int, int]:
+    """``_pair`` for very long sequences: one walk in order, pairing the first call that agrees within
+    ``tolerance``."""
     ref_end = np.asarray(ref.end_ns, dtype=np.float64)[ref_idx]
     oth_end = np.asarray(other.end_ns, dtype=np.float64)[other_idx] - skew
     pairs: dict[int, int] = {}
@@ -217,8 +260,10 @@ def _match_group(name: str, ranks: list[int], members: dict[int, np.ndarray], by
     ordered = [ref] + [r for r in ranks if r != ref]
     ref_end = np.sort(np.asarray(by_rank[ref].end_ns, dtype=np.float64)[members[ref]])
     spacing = float(np.median(np.diff(ref_end))) if len(ref_end) > 1 else step_ns or float("inf")
-    # a pair's ends agree within microseconds once aligned: half the spacing of calls leaves no ambiguity
-    tolerance = max(min(spacing / 2, step_ns / 2 if step_ns else spacing / 2), 1000.0)
+    # a pair's ends agree within microseconds on GPUs, within milliseconds for CPU collectives on busy cores:
+    # pairing keeps the most calls within half a step (half the spacing of calls in the greedy walk)
+    tolerance = max(step_ns / 2 if step_ns else spacing / 2, 1000.0)
+    tight = max(min(spacing / 2, tolerance), 1000.0)
     pairs: dict[int, dict[int, int]] = {}
     misaligned = []
     for r in ordered[1:]:
@@ -226,7 +271,7 @@ def _match_group(name: str, ranks: list[int], members: dict[int, np.ndarray], by
         if skew is None:
             misaligned.append(r)
         else:
-            pairs[r] = _pair(by_rank[ref], members[ref], by_rank[r], members[r], skew, tolerance)
+            pairs[r] = _pair(by_rank[ref], members[ref], by_rank[r], members[r], skew, tolerance, tight)
     kept = [ref] + [r for r in ordered[1:] if r in pairs]
     rows = [[int(members[ref][i])] + [pairs[r][i] for r in kept[1:]]
             for i in range(len(members[ref])) if all(i in pairs[r] for r in kept[1:])]
@@ -292,6 +337,24 @@ class Arrivals:
     last: np.ndarray  # index into ranks; -1 where every rank arrived together
     transfer_ns: np.ndarray
 
+    def new_wait_ns(self, col: int, rows: np.ndarray | None = None) -> np.ndarray:
+        """Per collective (all rows, 0 outside ``rows``), the part of rank ``col``'s wait no other of ``rows``
+        already covers: waits in collectives in flight together (DDP's buckets) are one wait, so these sum to the
+        measure of the union of the rank's wait intervals, [own arrival, last arrival]."""
+        out = np.zeros(len(self.last))
+        pick = np.ones(len(self.last), bool) if rows is None else np.asarray(rows, bool)
+        pick &= ~np.isnan(self.wait_ns[:, col]) if len(self.wait_ns) else pick
+        idx = np.flatnonzero(pick)
+        if not len(idx):
+            return out
+        start = self.arrival_ns[idx, col]
+        end = start + self.wait_ns[idx, col]
+        reach = -np.inf
+        for k in np.argsort(start, kind="stable"):
+            out[idx[k]] = max(0.0, end[k] - max(start[k], reach))
+            reach = max(reach, end[k])
+        return out
+
 
 def arrivals(summaries: list[RankSummary], m: Matching) -> Arrivals:
     by_rank = {s.rank: s for s in summaries}
@@ -347,7 +410,7 @@ def job_metrics(summaries: list[RankSummary], m: Matching, a: Arrivals) -> Colle
             matched=m.matched[r],
             unmatched=m.unmatched[r],
             point_to_point=m.point_to_point.get(r, 0),
-            wait_us=round(float(np.nansum(waits)) / 1000.0, 3) if present.any() else None,
+            wait_us=round(float(a.new_wait_ns(i).sum()) / 1000.0, 3) if present.any() else None,
             waited_for_count=int(waited_for[i]),
             waited_for_rank=int(a.ranks[int(np.bincount(others).argmax())]) if len(others) else None,
         ))
@@ -361,5 +424,6 @@ def job_metrics(summaries: list[RankSummary], m: Matching, a: Arrivals) -> Colle
         most_waited_for_rank=most,
         ranks=per_rank,
         method="collectives matched per process group (sequence numbers, else sequence alignment); clocks "
-               "aligned on collective completion; wait = last aligned arrival - own arrival",
+               "aligned on collective completion; wait = last aligned arrival - own arrival, "
+               "the union over collectives in flight together",
     )

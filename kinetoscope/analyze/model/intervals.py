@@ -38,6 +38,13 @@ def union(starts: np.ndarray, ends: np.ndarray) -> Intervals:
     return starts[new_run], running_end[last]
 
 
+def merge(*sets: Intervals) -> Intervals:
+    """The union of several interval sets."""
+    if not sets:
+        return EMPTY
+    return union(np.concatenate([x[0] for x in sets]), np.concatenate([x[1] for x in sets]))
+
+
 def measure(s: Intervals) -> int:
     return int((s[1] - s[0]).sum())
 
