@@ -336,6 +336,42 @@ def test_workers_falling_behind_are_told_to_grow(tmp_path):
     assert "cannot keep up" in f.recommendation and "raise num_workers" in f.recommendation
 
 
+def two_workers_job(tmp_path, workers_cpu_ns):
+    """The loop waits 2.5 ms of each 10 ms step for one of 2 workers, idle through 96% of the wait; each batch takes
+    a worker two steps (20 ms) in the steady state, of which it spends ``workers_cpu_ns`` on a CPU."""
+    import json
+
+    workers_trace(tmp_path, 2_500)
+    steps_json(tmp_path, wall=[10_000_000] * 6, wait=[2_500_000] * 6, wait_cpu=[100_000] * 6, cpu=[7_600_000] * 6)
+    doc = json.loads((tmp_path / "rank-0.steps.json").read_text())
+    doc["workers_cpu_ns"] = [workers_cpu_ns] * 6
+    (tmp_path / "rank-0.steps.json").write_text(json.dumps(doc))
+    (tmp_path / "rank-0.manifest.json").write_text(json.dumps({
+        "manifest_version": 2, "rank": 0, "host": {"cpus": 2},
+        "dataloader": {"num_workers": 2, "prefetch_factor": 2, "persistent_workers": True}}))
+    return build_report(__import__("kinetoscope.analyze.ingest.loader", fromlist=["load_trace"]).load_trace(tmp_path))
+
+
+def test_workers_that_wait_themselves_are_not_told_to_grow(tmp_path):
+    """Was: 'workers cannot keep up: raise num_workers' (and a replay with twice the workers worth 28%, critical)
+    where the 2 workers spent ~1 ms of CPU on each batch that took them 12 ms: they waited themselves, for a CPU on a
+    2-core host whose training thread also waited for one, or for storage - the trace cannot tell which, so more
+    workers are no advice and what they gain is a bound (both readers of an IterableDataset capture)."""
+    (f,) = found(two_workers_job(tmp_path, 1_000_000), "loader_stall")
+    assert f.evidence["wait_kind"] == "idle_workers" and f.evidence["wait_cpu_fraction"] == 0.04
+    assert "not busy either" in f.recommendation and "Find which before raising num_workers" in f.recommendation
+    assert f.worth.basis == "upper bound"
+    assert any("the workers' CPU is" in a for a in f.estimate["assumptions"])
+
+
+def test_busy_workers_that_fall_behind_are_still_told_to_grow(tmp_path):
+    """The same waits with workers on a CPU 6 of the 20 ms a batch takes them: they fall behind, busy (and the 2 CPUs
+    have room for more of them: 7.5 ms of training and 6 ms of loading a step)."""
+    (f,) = found(two_workers_job(tmp_path, 6_000_000), "loader_stall")
+    assert f.evidence["wait_kind"] == "starved"
+    assert "raise num_workers" in f.recommendation and f.worth.basis == "estimate"
+
+
 # --- a host that gives the training a fraction of a core --------------------------------------
 def busy_trace(tmp_path):
     b = TraceBuilder()

@@ -13,6 +13,7 @@ from kinetoscope.analyze.model.missing import missing_activity
 from kinetoscope.analyze.model.phases import evaluation_steps
 from kinetoscope.analyze.model.results import Loader, LoaderResult, LoaderRun
 from kinetoscope.analyze.model.timeline import (
+    WORKERS_BUSY_MIN_SHARE,
     any_gpu_busy,
     cpu_shares,
     handoff_ns,
@@ -22,6 +23,7 @@ from kinetoscope.analyze.model.timeline import (
     other_loader_spans,
     other_role_waits,
     window,
+    workers_cpu_per_step,
 )
 from kinetoscope.analyze.model.trace import RankTrace
 from kinetoscope.analyze.model.units import frac, us
@@ -52,11 +54,23 @@ HANDOVER_CPU_SHARE = 0.5
 
 def wait_kind(trace: RankTrace, waits_ns: np.ndarray) -> tuple[str, float | None]:
     """Why the loop waits for batches from worker processes: "handover" (the loop itself works through the wait:
-    taking each batch over), "starved" (it sits idle while the workers prepare batches), or "unknown"; and the
+    taking each batch over), "starved" (it sits idle while the workers prepare batches), "idle_workers" (it sits idle
+    and so, mostly, do the workers: they wait for something the trace does not show), or "unknown"; and the
     process's CPU share during the waits, from the capture's per-step CPU times (None where not recorded)."""
     load_cpu, _ = cpu_shares(trace)
     if load_cpu is not None:
-        return ("handover" if load_cpu >= HANDOVER_CPU_SHARE else "starved"), load_cpu
+        if load_cpu >= HANDOVER_CPU_SHARE:
+            return "handover", load_cpu
+        # starved: the workers fall behind - busy, or mostly waiting themselves ("idle_workers": each batch takes a
+        # worker num_workers steps in the steady state, of which its CPU is under a quarter)
+        workers = ((trace.meta.capture or {}).get("dataloader") or {}).get("num_workers")
+        wcpu = workers_cpu_per_step(trace)
+        steps = trace.steps
+        if isinstance(workers, int) and workers > 0 and wcpu is not None and len(steps):
+            per_batch = workers * float(steps["dur_ns"].mean())
+            if wcpu < WORKERS_BUSY_MIN_SHARE * per_batch:
+                return "idle_workers", load_cpu
+        return "starved", load_cpu
     handoff = handoff_ns(waits_ns)
     if handoff and float(np.mean(waits_ns > 2.0 * handoff + 500_000.0)) < 0.25:  # ready batches, few stalls
         return "handover", None
@@ -80,6 +94,15 @@ def _recommendation(names: set[str], pageable_h2d: bool, first_step_share: float
                else "the waits are alike and short, batches were ready")
             + "), so more workers will not help: make batches cheaper to hand over (a few large tensors rather than "
               "many small ones or Python objects, a smaller dtype, collate in the workers)"
+        )
+    elif multiprocess and kind == "idle_workers":
+        tips.append(
+            "the loop waits for the workers" + (f" (it sits idle through {1 - wait_cpu:.0%} of its waits)"
+                                                 if wait_cpu is not None else "")
+            + ", but they are not busy either: their CPU is under a quarter of the time each batch takes them, so "
+              "they wait themselves - for storage or the network (more workers or a larger prefetch_factor overlap "
+              "that), or for a CPU on a busy host (more workers add to it: see host_oversubscribed"
+            + (f"; this host has {cpus} CPUs" if cpus else "") + "). Find which before raising num_workers"
         )
     elif multiprocess:
         tips.append(

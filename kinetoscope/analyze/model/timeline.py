@@ -574,6 +574,23 @@ def cpu_shares(trace: RankTrace) -> tuple[float | None, float | None]:
     return load, comp
 
 
+#: DataLoader workers whose CPU per batch is under this share of the time a batch takes them mostly wait - for
+#: storage, the network or a CPU, which the trace cannot tell apart - so what more of them gain is a bound
+WORKERS_BUSY_MIN_SHARE = 0.25
+
+
+def workers_cpu_per_step(trace: RankTrace) -> float | None:
+    """The DataLoader workers' CPU time per step (ns, the mean over the run's steps after the first: CPU work adds
+    up, and the workers' batches land on alternate steps, so a median misses the expensive ones), from the
+    capture's reading of their /proc schedstat; None where not recorded."""
+    rs = trace.run_steps
+    if rs is None or "workers_cpu_ns" not in rs:
+        return None
+    values = rs["workers_cpu_ns"].to_numpy(float)[1:]
+    values = values[~np.isnan(values)]
+    return float(np.mean(values)) if len(values) else None
+
+
 def handoff_ns(waits: np.ndarray) -> float:
     """What taking a batch that is already prepared costs the loop: the median of the short waits (at most a
     quarter of the longest) where at least a quarter of the waits are short, so those batches were evidently

@@ -18,6 +18,7 @@ from kinetoscope.analyze.model.commroles import collective_roles
 from kinetoscope.analyze.model.findings import Finding
 from kinetoscope.analyze.model.phases import evaluation_steps
 from kinetoscope.analyze.model.timeline import (
+    WORKERS_BUSY_MIN_SHARE,
     _tid_mask,
     cpu_shares,
     handoff_ns,
@@ -26,6 +27,7 @@ from kinetoscope.analyze.model.timeline import (
     main_thread,
     name_mask,
     other_loader_spans,
+    workers_cpu_per_step,
 )
 from kinetoscope.analyze.model.trace import RankTrace
 from kinetoscope.analyze.whatif.graph import (
@@ -82,18 +84,6 @@ def _window_waits(g: ReplayGraph) -> np.ndarray:
 def _facts(trace: RankTrace) -> tuple[dict[str, Any], dict[str, Any]]:
     cap = trace.meta.capture or {}
     return dict(cap.get("host") or {}), dict(cap.get("dataloader") or {})
-
-
-def _workers_cpu_per_step(trace: RankTrace) -> float | None:
-    """The DataLoader workers' CPU time per step (ns, the mean over the run's steps after the first: CPU work adds
-    up, and the workers' batches land on alternate steps, so a median misses the expensive ones), from the
-    capture's reading of their /proc schedstat; None where not recorded."""
-    rs = trace.run_steps
-    if rs is None or "workers_cpu_ns" not in rs:
-        return None
-    values = rs["workers_cpu_ns"].to_numpy(float)[1:]
-    values = values[~np.isnan(values)]
-    return float(np.mean(values)) if len(values) else None
 
 
 def _cores_together(host: dict[str, Any], cpus: int) -> tuple[float, str]:
@@ -172,6 +162,7 @@ def plan_loader(trace: RankTrace, g: ReplayGraph, params: dict[str, Any]) -> Pla
         assert target is not None  # both branches above that leave a load set a target
         fix = LoaderFix(items=items, load_ns=load, workers=int(target), prefetch=prefetch, handoff_ns=handoff)
     floor = 0.0
+    waiting = False
     if single and cpus and load_cpu is not None and comp_cpu is not None:
         # the loading's CPU work moves beside the training's (which also takes each batch over): together they
         # cannot outrun the CPUs, which do fewer cores' work when all are busy. Work in cores' worth: what ran on
@@ -184,13 +175,20 @@ def plan_loader(trace: RankTrace, g: ReplayGraph, params: dict[str, Any]) -> Pla
         assumptions.append(f"{cpus} CPUs shared: loading uses {load_cpu:.2f} cores while it runs, the training "
                            f"{comp_cpu:.2f} (process CPU time per step, capture), taking a batch over is CPU work; "
                            + said)
-    elif cpus and comp_cpu is not None and (wcpu := _workers_cpu_per_step(trace)) is not None:
+    elif cpus and comp_cpu is not None and (wcpu := workers_cpu_per_step(trace)) is not None:
         # workers already: their CPU per batch (one batch per step) stays, spread over more of them. These CPU times
         # were recorded with the workers and the training side by side, sharing the cores as they will after the
         # fix, and the training's includes taking batches over: over the CPU count, with nothing added
         floor = (compute * comp_cpu + wcpu) / cpus
         assumptions.append(f"{cpus} CPUs shared: the workers use {wcpu / 1e6:.1f} ms of CPU per batch, the training "
                            f"{comp_cpu:.2f} cores while it computes (capture: process and worker CPU time)")
+        if load is not None and len(load) and wcpu < WORKERS_BUSY_MIN_SHARE * float(load.mean()):
+            # most of a batch's time in its worker is not the worker's work: waiting for storage or the network
+            # (more workers overlap it) or for a CPU on a busy host (more workers add to it); the trace cannot tell
+            waiting = True
+            assumptions.append(f"the workers' CPU is {wcpu / max(float(load.mean()), 1.0):.0%} of the time a batch "
+                               "takes them: the rest is waiting - for storage or the network, which more workers "
+                               "overlap, or for a CPU, which they add to - and the trace cannot tell which")
     elif load is not None:
         assumptions.append("the workers get CPU cores of their own, and the training's host work keeps its recorded "
                            "speed beside them (" + ("the host's cores are not recorded" if not cpus
@@ -199,7 +197,7 @@ def plan_loader(trace: RankTrace, g: ReplayGraph, params: dict[str, Any]) -> Pla
     assumptions.append("the per-batch loading cost stays what it was in the training process")
     # workers that cost the training nothing (cores, memory bandwidth) and enough of them: what the trace cannot check
     # makes the estimate only more optimistic
-    upper = floor == 0.0 and (load is None or not single or not cpus or comp_cpu is None)
+    upper = (floor == 0.0 and (load is None or not single or not cpus or comp_cpu is None)) or waiting
     return Plan(Edits(loader=fix, floor_step_ns=floor), "replay: DataLoader queue simulation", tuple(assumptions),
                 {"num_workers": int(target) if target is not None else None, "prefetch_factor": prefetch,
                  "cpus": int(cpus) if cpus else None},
