@@ -33,6 +33,8 @@ tuned on say how it generalises:
   code the sixth set's rules made (caa96bf), before any change; then two rules were changed after it.
 - an eighth held-out set: twelve more (sample_traces/heldout8/), likewise, scored once on the code after the seventh
   set's rules (e1beb4f).
+- a ninth held-out set: twelve more (sample_traces/heldout9/), likewise, scored once on the code after the eighth
+  set's rules (5257f5b).
 
 Public traces are not bundled (fetched test data of other projects): put them in one folder and name it with
 KINETOSCOPE_PUBLIC_TRACES; a reading whose trace is not here is listed as such.
@@ -74,7 +76,10 @@ SETS = (("in-sample", ROOT / "tests" / "expert"),
         ("seventh held-out set, second independent reader", ROOT / "tests" / "expert" / "heldout7_captures_b"),
         ("eighth held-out set: twelve more programs, scored on the code after the seventh",
          ROOT / "tests" / "expert" / "heldout8_captures"),
-        ("eighth held-out set, second independent reader", ROOT / "tests" / "expert" / "heldout8_captures_b"))
+        ("eighth held-out set, second independent reader", ROOT / "tests" / "expert" / "heldout8_captures_b"),
+        ("ninth held-out set: twelve more programs, scored on the code after the eighth",
+         ROOT / "tests" / "expert" / "heldout9_captures"),
+        ("ninth held-out set, second independent reader", ROOT / "tests" / "expert" / "heldout9_captures_b"))
 
 
 def _claims(items: dict[tuple[str, int], str]) -> str:
