@@ -10,6 +10,7 @@ a secret on the command line never reaches the disk.
 from __future__ import annotations
 
 import gzip
+import itertools
 import logging
 import os
 import platform
@@ -18,6 +19,7 @@ import re
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -147,16 +149,61 @@ def _splice_points(head: bytes, extra_events: list[dict[str, Any]],
     return out
 
 
+class BusyClock:
+    """When the capture's own work ran (``time.perf_counter_ns``): the trace's export on the training thread and its
+    finishing (gzip, marks) on the writer's thread. Each step records how much of its wall the capture was busy, so
+    the analysis leaves the capture's cost out of the run's measures instead of blaming the training for it."""
+
+    #: intervals kept: steps ask about recent time only
+    KEEP = 64
+
+    def __init__(self, clock: Callable[[], int] = time.perf_counter_ns) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._done: list[tuple[int, int]] = []
+        self._open: dict[int, int] = {}  # token -> start
+        self._tokens = itertools.count()
+
+    def begin(self) -> int:
+        start = self._clock()
+        with self._lock:
+            token = next(self._tokens)
+            self._open[token] = start
+        return token
+
+    def end(self, token: int) -> None:
+        end = self._clock()
+        with self._lock:
+            start = self._open.pop(token, None)
+            if start is not None:
+                self._done = (self._done + [(start, end)])[-self.KEEP:]
+
+    def overlap_ns(self, lo: int, hi: int) -> int:
+        """Nanoseconds of [lo, hi) in which the capture was busy (a union: the export and a gzip at once count
+        once); work still running counts up to ``hi``."""
+        with self._lock:
+            spans = sorted([(max(s, lo), min(e, hi)) for s, e in self._done if e > lo and s < hi]
+                           + [(max(s, lo), hi) for s in self._open.values() if s < hi])
+        total, reach = 0, lo
+        for s, e in spans:
+            s = max(s, reach)
+            if e > s:
+                total += e - s
+                reach = e
+        return total
+
+
 class TraceWriter:
     """Finishes exported traces (``finish_trace``) on a thread of its own, so the training thread only
     hands the file over: gzip of a multi-GB export takes seconds to minutes. The thread lives while there
     is work and is not a daemon: an exiting interpreter waits for the trace being written, then exits."""
 
-    def __init__(self) -> None:
+    def __init__(self, busy: BusyClock | None = None) -> None:
         self._queue: queue.Queue[tuple[Path, Path, dict[str, Any]]] = queue.Queue()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self.failures: list[str] = []
+        self._busy = busy
 
     def submit(self, raw_path: Path, final_path: Path, **kwargs: Any) -> None:
         with self._lock:
@@ -173,6 +220,7 @@ class TraceWriter:
                 except queue.Empty:
                     self._thread = None  # no more work: the next submit starts a new thread
                     return
+            token = self._busy.begin() if self._busy is not None else None
             try:
                 finish_trace(raw_path, final_path, **kwargs)
                 log.info("kinetoscope: wrote %s", final_path)
@@ -181,6 +229,9 @@ class TraceWriter:
                 log.warning("kinetoscope: could not write %s (%s: %s); training continues",
                             final_path.name, type(exc).__name__, exc)
                 Path(raw_path).unlink(missing_ok=True)
+            finally:
+                if token is not None and self._busy is not None:
+                    self._busy.end(token)
 
     def close(self, timeout: float | None = None) -> None:
         """Wait until every submitted trace is written."""

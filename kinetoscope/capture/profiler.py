@@ -38,6 +38,7 @@ from kinetoscope.capture.hangwatch import DEFAULT_FR_ENTRIES, HangWatch, arm_fli
 from kinetoscope.capture.hooks import is_data_loader_iterator
 from kinetoscope.capture.loop import MARKS_VERSION, STEP_LISTS, STEP_SOURCE_WHY, LoopRecorder, WindowMarks
 from kinetoscope.capture.output import (
+    BusyClock,
     TraceWriter,
     base_time_ns,
     tidy_output_dir,
@@ -174,7 +175,10 @@ class Profiler:
         self._ended_by: str | None = None
         #: each written window: its trace, steps, and whether the process's end cut it short
         self.windows: list[Window] = []
-        self.writer = TraceWriter()
+        #: when the capture's own trace writing ran, and how much of each step's wall it overlapped
+        self.busy = BusyClock()
+        self._step_capture_ns: list[int] = []
+        self.writer = TraceWriter(self.busy)
         self._hang_options = (hang_timeout_s, flight_recorder_entries) if hang_watch else None
         self.hang_watch: HangWatch | None = None
         #: (our sys.excepthook, the one it replaced) while the watchdog runs
@@ -483,6 +487,7 @@ class Profiler:
             self._step_cpu_ns.append(time.process_time_ns() - self._step_cpu_start_ns)
             self._step_wait_cpu_ns.append(wait_cpu_ns)
             self._step_workers_cpu_ns.append(self._workers_cpu())
+            self._step_capture_ns.append(self.busy.overlap_ns(self._step_start_ns, now))
             self._sched_step()
 
     @never_raises("loop recorder")
@@ -528,7 +533,11 @@ class Profiler:
             first = max(first, 0)
             # one raw file per window: the writer thread may still be gzipping the previous one
             raw = self.out_dir / f".rank-{self.rank.rank}.{os.getpid()}.step-{first}-{last}.raw.json"
-            prof.export_chrome_trace(str(raw))
+            token = self.busy.begin()
+            try:
+                prof.export_chrome_trace(str(raw))
+            finally:
+                self.busy.end(token)
             self._warn_if_huge(raw, first, last)
             base = base_time_ns(raw)
             start = self._step_unix_start.get(first, self._started_unix_ns)
@@ -583,6 +592,7 @@ class Profiler:
             step_cpu_ns=self._step_cpu_ns,
             data_wait_cpu_ns=self._step_wait_cpu_ns,
             workers_cpu_ns=self._step_workers_cpu_ns,
+            capture_busy_ns=self._step_capture_ns,
             **self._sched_lists(),
             profiled=[self.schedule.is_active(i) for i in range(steps)],
             **self._loop_lists(steps),

@@ -71,6 +71,9 @@ def test_wrapper_writes_named_gzipped_traces_manifest_and_step_times(tmp_path):
     times = json.loads((tmp_path / "rank-0.steps.json").read_text())
     assert len(times["step_wall_ns"]) == 10 and times["profiled"][2:4] == [True, True]
     assert all(w >= d for w, d in zip(times["step_wall_ns"], times["data_wait_ns"], strict=True))
+    # the capture's own trace writing: none before the window ended; the export at the start of the step after it
+    busy = times["capture_busy_ns"]
+    assert busy[:4] == [0, 0, 0, 0] and 0 < busy[4] <= times["step_wall_ns"][4]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary files left
 
 
@@ -79,7 +82,10 @@ def test_captured_loader_bound_run_reports_loader_stall(tmp_path):
     report = build_report(load_trace(tmp_path))
     assert "loader_stall" in {f.id for f in report.findings}
     run = report.ranks[0]["loader"]["run"]
-    assert run["steps"] == 10 and run["data_wait_fraction"] > 0.5
+    # the run's steps less those in which the capture wrote its trace (the export, and its gzip while it ran)
+    busy = json.loads((tmp_path / "rank-0.steps.json").read_text())["capture_busy_ns"]
+    assert sum(b > 0 for b in busy) >= 1 and run["steps"] == 10 - sum(b > 0 for b in busy)
+    assert run["data_wait_fraction"] > 0.5
 
 
 def test_context_manager_with_step_and_repeat_windows(tmp_path):

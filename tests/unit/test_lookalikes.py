@@ -372,6 +372,72 @@ def test_busy_workers_that_fall_behind_are_still_told_to_grow(tmp_path):
     assert "raise num_workers" in f.recommendation and f.worth.basis == "estimate"
 
 
+# --- the capture's own trace writing is not the training's ------------------------------------
+def test_the_busy_clock_counts_the_capture_s_own_work_once_per_step():
+    """The export on the training thread (100-160) and the gzip on the writer's (150-400, then 500 still running)."""
+    from kinetoscope.capture.output import BusyClock
+
+    ticks = iter([100, 150, 160, 400, 500])
+    clock = BusyClock(clock=lambda: next(ticks))
+    export = clock.begin()  # 100
+    gzip = clock.begin()  # 150
+    clock.end(export)  # 160
+    clock.end(gzip)  # 400
+    clock.begin()  # 500, still running
+    assert clock.overlap_ns(0, 100) == 0
+    assert clock.overlap_ns(0, 200) == 100  # 100-200: the export and the gzip overlapping count once
+    assert clock.overlap_ns(300, 450) == 100  # 300-400
+    assert clock.overlap_ns(450, 700) == 200  # 500-700: still running, up to the step's end
+
+
+def export_job(tmp_path, busy=None):
+    """A captured rank whose window is steps 4-5 of 12 timed 10 ms steps, and whose step 6 - where the profiler
+    exported the window - took 500 ms, 300 of them waiting for a CPU; every other step waited 0.1 ms for one."""
+    import json
+
+    b = TraceBuilder()
+    for i in (4, 5):
+        t = (i - 4) * 10_000
+        b.step(i, t, 10_000).op("aten::linear", t + 100, 9_000)
+    b.write(tmp_path / "rank-0.step-4-5.pt.trace.json")
+    n = 12
+    wall = [10_000_000] * n
+    wall[6] = 500_000_000
+    runqueue = [100_000] * n
+    runqueue[6] = 300_000_000
+    doc = {"rank": 0, "unit": "ns", "step_wall_ns": wall, "data_wait_ns": [0] * n, "step_cpu_ns": wall,
+           "data_wait_cpu_ns": [0] * n, "workers_cpu_ns": [None] * n, "profiled": [4 <= i <= 5 for i in range(n)],
+           "runqueue_wait_ns": runqueue, "oncpu_ns": [w - q for w, q in zip(wall, runqueue, strict=True)]}
+    if busy is not None:
+        doc["capture_busy_ns"] = busy
+    (tmp_path / "rank-0.steps.json").write_text(json.dumps(doc))
+    (tmp_path / "rank-0.manifest.json").write_text(json.dumps({
+        "manifest_version": 2, "rank": 0, "host": {"cpus": 2},
+        "windows": [{"trace": "rank-0.step-4-5.pt.trace.json", "first_step": 4, "last_step": 5}]}))
+    return load_dir(tmp_path)
+
+
+def test_the_step_where_the_capture_wrote_its_trace_is_not_the_run_s(tmp_path):
+    """Was: three readers of three sets took out the step where the profiler writes its trace before judging the
+    run's run-queue wait; the tool counted it (here 300 ms of 610: 49% of the run, critical). A capture that did not
+    time its own writing: the step after each window holds the export, and that is said."""
+    rep = export_job(tmp_path)
+    assert not found(rep, "host_oversubscribed")  # 11 ordinary steps: 1.1 ms of 110 ms, 1%
+    (note,) = [w for w in rep.ranks[0]["warnings"] if "capture's own trace writing" in w]
+    assert note.startswith("step 6 (0.50 s) held the capture's own trace writing") and "did not time" in note
+
+
+def test_the_steps_the_capture_timed_itself_busy_in_are_left_out(tmp_path):
+    """A capture that timed its own writing: the export in step 6 and the gzip running on into step 7."""
+    busy = [0] * 12
+    busy[6], busy[7] = 450_000_000, 2_000_000
+    rep = export_job(tmp_path, busy)
+    (note,) = [w for w in rep.ranks[0]["warnings"] if "capture's own trace writing" in w]
+    assert note == ("steps 6, 7 (0.51 s) held the capture's own trace writing: left out of the run's measures "
+                    "(steps.json keeps them)")
+    assert not found(rep, "host_oversubscribed")
+
+
 # --- a host that gives the training a fraction of a core --------------------------------------
 def busy_trace(tmp_path):
     b = TraceBuilder()

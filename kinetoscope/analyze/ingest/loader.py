@@ -198,6 +198,9 @@ def _rank_from_raw(raw: RawColumns, size: int, path: TraceFile, *, default_rank:
     run_steps, bounded = _marks_within_walls(run_steps, (capture.get("loop") or {}).get("marks"))
     if bounded:
         notes += (bounded,)
+    run_steps, own = _without_capture_steps(run_steps, manifest)
+    if own:
+        notes += (own,)
     children = training_children(capture)
     if children is not None:
         notes += (f"the window holds no training steps: the training ran in {children[0]} Python child "
@@ -329,6 +332,45 @@ LOOP_NS_COLUMNS = ("train_data_wait_ns", "eval_data_wait_ns", "validation_ns", "
 LOOP_COUNT_COLUMNS = ("backward_calls", "optimizer_steps")
 
 
+def _without_capture_steps(run_steps: pd.DataFrame | None, manifest_bytes: bytes | None) -> tuple[
+        pd.DataFrame | None, str | None]:
+    """The run's steps less those in which the capture itself wrote a trace (exporting it on the training thread,
+    compressing it on its writer's thread): the capture's cost, not the training's, left out of every measure over
+    the run (run time, run-queue wait, data wait) and said. Where the capture timed its own writing
+    (``capture_busy_ns``), the steps it overlapped; before that, the step after each completed window, whose wall
+    holds the export (the profiler exports at that step's start) - the compression after it was not timed, and the
+    note says so. Nothing is left out where it would be more than half the run."""
+    if run_steps is None or run_steps.empty:
+        return run_steps, None
+    busy = (run_steps["capture_busy_ns"].to_numpy(np.float64) if "capture_busy_ns" in run_steps
+            else np.full(len(run_steps), np.nan))
+    timed = not bool(np.isnan(busy).all())
+    own: np.ndarray
+    if timed:
+        own = np.nan_to_num(busy) > 0
+    else:
+        exports = set()
+        if manifest_bytes is not None:
+            try:
+                windows = msgspec.json.decode(manifest_bytes, type=ManifestWindows).windows
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                windows = []
+            exports = {w.last_step + 1 for w in windows if not w.cut_short and isinstance(w.last_step, int)}
+        own = run_steps["step"].isin(sorted(exports)).to_numpy()
+    n = int(own.sum())
+    if not n or n > len(run_steps) / 2:
+        return run_steps, None
+    steps = run_steps["step"].to_numpy()[own]
+    wall_s = float(run_steps["wall_ns"].to_numpy()[own].sum()) / 1e9
+    listed = ", ".join(str(int(x)) for x in steps[:8]) + (", ..." if n > 8 else "")
+    note = (f"step{'s' if n > 1 else ''} {listed} ({wall_s:.2f} s) held the capture's own trace writing: left out of "
+            "the run's measures (steps.json keeps them)")
+    if not timed:
+        note += ("; this capture did not time the compression that follows on its writer's thread, whose CPU the "
+                 "next steps may share")
+    return run_steps[~own].reset_index(drop=True), note
+
+
 def _run_steps(path: TraceFile, rank: int) -> tuple[pd.DataFrame | None, str | None]:
     """The capture's always-on step timings beside a captured trace, if present."""
     if not is_capture_window(path):
@@ -363,6 +405,8 @@ def _run_steps(path: TraceFile, rank: int) -> tuple[pd.DataFrame | None, str | N
         "cpu_ns": optional(times.step_cpu_ns),
         "data_wait_cpu_ns": optional(times.data_wait_cpu_ns),
         "workers_cpu_ns": optional(times.workers_cpu_ns),
+        # the capture's own trace writing inside the step: NaN where not recorded (captures before it)
+        "capture_busy_ns": optional(times.capture_busy_ns or []),
         # the training thread's scheduler statistics: NaN where not recorded
         "oncpu_ns": optional(times.oncpu_ns or []),
         "runqueue_wait_ns": optional(times.runqueue_wait_ns or []),
