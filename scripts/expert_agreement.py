@@ -35,6 +35,8 @@ tuned on say how it generalises:
   set's rules (e1beb4f).
 - a ninth held-out set: twelve more (sample_traces/heldout9/), likewise, scored once on the code after the eighth
   set's rules (5257f5b).
+- a tenth held-out set: twelve more (sample_traces/heldout10/), captured with the capture that times its own trace
+  writing, scored once on the code after the ninth set's rule (2366b5c).
 
 Public traces are not bundled (fetched test data of other projects): put them in one folder and name it with
 KINETOSCOPE_PUBLIC_TRACES; a reading whose trace is not here is listed as such.
@@ -79,7 +81,10 @@ SETS = (("in-sample", ROOT / "tests" / "expert"),
         ("eighth held-out set, second independent reader", ROOT / "tests" / "expert" / "heldout8_captures_b"),
         ("ninth held-out set: twelve more programs, scored on the code after the eighth",
          ROOT / "tests" / "expert" / "heldout9_captures"),
-        ("ninth held-out set, second independent reader", ROOT / "tests" / "expert" / "heldout9_captures_b"))
+        ("ninth held-out set, second independent reader", ROOT / "tests" / "expert" / "heldout9_captures_b"),
+        ("tenth held-out set: twelve more programs, scored on the code after the ninth",
+         ROOT / "tests" / "expert" / "heldout10_captures"),
+        ("tenth held-out set, second independent reader", ROOT / "tests" / "expert" / "heldout10_captures_b"))
 
 
 def _claims(items: dict[tuple[str, int], str]) -> str:
