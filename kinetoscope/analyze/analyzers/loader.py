@@ -22,6 +22,7 @@ from kinetoscope.analyze.model.timeline import (
     main_thread,
     other_loader_spans,
     other_role_waits,
+    per_item_indexing,
     window,
     workers_cpu_per_step,
 )
@@ -78,8 +79,14 @@ def wait_kind(trace: RankTrace, waits_ns: np.ndarray) -> tuple[str, float | None
 
 
 def _recommendation(names: set[str], pageable_h2d: bool, first_step_share: float, gpu: bool, kind: str,
-                    wait_cpu: float | None, cpus: int | None) -> str:
+                    wait_cpu: float | None, cpus: int | None, per_item: bool = False) -> str:
     tips = []
+    if per_item:
+        tips.append(
+            "each batch is built item by item from tensors in memory (a TensorDataset's __getitem__ per item, then "
+            "torch.stack): index the whole batch at once - pass a BatchSampler as the DataLoader's sampler with "
+            "batch_size=None, or slice the tensors yourself - which removes the per-item work rather than moving it "
+            "to workers")
     multiprocess = any("MultiProcessing" in n for n in names)
     if any("SingleProcess" in n for n in names):
         tips.append(
@@ -226,6 +233,7 @@ def analyze_loader(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
 
         pageable = bool(h2d_copies(trace)["pageable"].any()) if has_gpu else False
         kind, wait_cpu = wait_kind(trace, frame["dur_ns"].to_numpy())
+        per_item = per_item_indexing(trace, frame["ts_ns"].to_numpy(np.int64), frame["end_ns"].to_numpy(np.int64))
         cpus = (trace.meta.capture.get("host") or {}).get("cpus")
         # worker start-up shows as a long first wait; it needs several steps to tell apart
         first = (per_step["loader_us"].iloc[0] / per_step["loader_us"].sum()
@@ -249,7 +257,12 @@ def analyze_loader(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
                     "calls": int(len(frame)),
                     "iterator": metrics.iterator,
                     "wait_kind": kind if any("MultiProcessing" in n for n in names) else None,
+                    # the batch built item by item from tensors in memory (per-item select, then stack)
+                    "per_item_indexing": per_item is not None,
                     "advice_if_no_gain": (
+                        "Indexing the batch at once would not make the step faster here: replayed without the "
+                        "per-item work, the step gains less than 3%; look at the step's other findings."
+                        if per_item is not None else
                         "More DataLoader workers would not make the step faster here: replayed "
                         "with more of them, the step gains less than 3%. The loop's wait is what "
                         "taking each batch over costs, or the training itself bounds the step: "
@@ -268,7 +281,8 @@ def analyze_loader(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
                     ],
                     "window_us": us(w.dur_ns),
                 },
-                recommendation=_recommendation(names, pageable, float(first), trace.has_gpu, kind, wait_cpu, cpus),
+                recommendation=_recommendation(names, pageable, float(first), trace.has_gpu, kind, wait_cpu, cpus,
+                                               per_item is not None),
                 impact_us=float(basis_ns) / 1000.0,
             )
         )

@@ -574,6 +574,46 @@ def cpu_shares(trace: RankTrace) -> tuple[float | None, float | None]:
     return load, comp
 
 
+#: a wait is per-item indexing of in-memory tensors when its batch is built from at least this many ``aten::select``
+#: calls (one per item per tensor: a TensorDataset's ``__getitem__``) ...
+PER_ITEM_MIN_SELECTS = 16
+#: ... and the indexing and the collate's stack/cat hold at least this share of the waits (the rest is the Python
+#: around them, per item): loading that decodes, augments or reads files is something else
+PER_ITEM_MIN_SHARE = 0.3
+_INDEXING = frozenset({"aten::select", "aten::unsqueeze", "aten::as_strided", "aten::slice", "aten::stack",
+                       "aten::cat"})
+_COLLATE = frozenset({"aten::stack", "aten::cat"})
+
+
+def per_item_indexing(trace: RankTrace, starts: np.ndarray, ends: np.ndarray) -> np.ndarray | None:
+    """Where the training loop's data waits (``starts``/``ends``) are a batch built item by item from tensors in
+    memory (a ``TensorDataset``'s ``__getitem__`` per item, then ``default_collate``'s ``torch.stack``): each wait's
+    collate copy (the stack and cat inside it, ns), which indexing the whole batch at once still does; None where
+    they are not. Read from the operators the trace recorded inside the waits on the training thread."""
+    tid = main_thread(trace)
+    if tid is None or not len(starts):
+        return None
+    ev = trace.events
+    ops = ev[kind_mask(ev, ("cpu_op",)) & _tid_mask(ev, {tid}) & name_mask(ev, names=_INDEXING)]
+    if ops.empty:
+        return None
+    names = ops["name"].astype(str).to_numpy()
+    o_start, o_end = ops["ts_ns"].to_numpy(np.int64), ops["end_ns"].to_numpy(np.int64)
+    selects = np.zeros(len(starts))
+    collate = np.zeros(len(starts))
+    indexing = np.zeros(len(starts))
+    for k, (a, b) in enumerate(zip(starts, ends, strict=True)):
+        inside = (o_start >= a) & (o_end <= b)
+        selects[k] = float((inside & (names == "aten::select")).sum())
+        indexing[k] = iv.measure(iv.union(o_start[inside], o_end[inside]))
+        is_collate = inside & np.isin(names, list(_COLLATE))
+        collate[k] = iv.measure(iv.union(o_start[is_collate], o_end[is_collate]))
+    total = float((ends - starts).sum())
+    if float(selects.mean()) < PER_ITEM_MIN_SELECTS or not total or indexing.sum() / total < PER_ITEM_MIN_SHARE:
+        return None
+    return collate
+
+
 #: DataLoader workers whose CPU per batch is under this share of the time a batch takes them mostly wait - for
 #: storage, the network or a CPU, which the trace cannot tell apart - so what more of them gain is a bound
 WORKERS_BUSY_MIN_SHARE = 0.25
