@@ -597,17 +597,22 @@ def per_item_indexing(trace: RankTrace, starts: np.ndarray, ends: np.ndarray) ->
     ops = ev[kind_mask(ev, ("cpu_op",)) & _tid_mask(ev, {tid}) & name_mask(ev, names=_INDEXING)]
     if ops.empty:
         return None
+    ops = ops.sort_values("ts_ns", kind="stable")
     names = ops["name"].astype(str).to_numpy()
     o_start, o_end = ops["ts_ns"].to_numpy(np.int64), ops["end_ns"].to_numpy(np.int64)
+    is_select, is_collate = names == "aten::select", np.isin(names, list(_COLLATE))
     selects = np.zeros(len(starts))
     collate = np.zeros(len(starts))
     indexing = np.zeros(len(starts))
-    for k, (a, b) in enumerate(zip(starts, ends, strict=True)):
-        inside = (o_start >= a) & (o_end <= b)
-        selects[k] = float((inside & (names == "aten::select")).sum())
-        indexing[k] = iv.measure(iv.union(o_start[inside], o_end[inside]))
-        is_collate = inside & np.isin(names, list(_COLLATE))
-        collate[k] = iv.measure(iv.union(o_start[is_collate], o_end[is_collate]))
+    # each wait's operators by binary search on their starts: one pass over the operators, not one per wait
+    lo_at, hi_at = np.searchsorted(o_start, starts, side="left"), np.searchsorted(o_start, ends, side="right")
+    for k, (lo, hi) in enumerate(zip(lo_at, hi_at, strict=True)):
+        inside = o_end[lo:hi] <= ends[k]
+        s_, e_ = o_start[lo:hi][inside], o_end[lo:hi][inside]
+        selects[k] = float(is_select[lo:hi][inside].sum())
+        indexing[k] = iv.measure(iv.union(s_, e_))
+        c = is_collate[lo:hi][inside]
+        collate[k] = iv.measure(iv.union(s_[c], e_[c]))
     total = float((ends - starts).sum())
     if float(selects.mean()) < PER_ITEM_MIN_SELECTS or not total or indexing.sum() / total < PER_ITEM_MIN_SHARE:
         return None
