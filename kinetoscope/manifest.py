@@ -92,7 +92,7 @@ class StepTimes(msgspec.Struct, kw_only=True):
     profiled: list[bool] = []
     #: per step, the nanoseconds of its wall in which the capture itself was busy writing a trace (the export on the
     #: training thread, its gzip on the writer's thread: a union); captures before it lack the key
-    capture_busy_ns: list[int] | None | msgspec.UnsetType = msgspec.UNSET
+    capture_busy_ns: list[int | None] | None | msgspec.UnsetType = msgspec.UNSET
     # the loop marks' per-step lists (manifest_version 2); null: not recorded
     train_data_wait_ns: list[int] | None = None
     eval_data_wait_ns: list[int] | None = None

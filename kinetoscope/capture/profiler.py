@@ -177,7 +177,7 @@ class Profiler:
         self.windows: list[Window] = []
         #: when the capture's own trace writing ran, and how much of each step's wall it overlapped
         self.busy = BusyClock()
-        self._step_capture_ns: list[int] = []
+        self._step_capture_ns: list[int | None] = []
         self.writer = TraceWriter(self.busy)
         self._hang_options = (hang_timeout_s, flight_recorder_entries) if hang_watch else None
         self.hang_watch: HangWatch | None = None

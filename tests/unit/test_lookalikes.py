@@ -3,6 +3,7 @@ case in code with its answer known by construction (issue 28's cases from traces
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from conftest import load_built
 from tracebuilder import TraceBuilder
@@ -472,6 +473,16 @@ def test_a_batch_of_few_items_is_not_per_item_indexing(tmp_path):
     assert f.estimate["method"] == "replay: DataLoader queue simulation"
 
 
+def test_a_capture_busy_in_nearly_every_step_keeps_them_and_says_so(tmp_path):
+    """Writing overlapped 11 of 12 steps: one step left would measure nothing, so every step stays, and that is said."""
+    rep = export_job(tmp_path, [0] + [1_000] * 11)
+    (note,) = [w for w in rep.ranks[0]["warnings"] if "wrote its trace" in w]
+    assert note == ("the capture wrote its trace during 11 of the run's 12 steps: too many to leave out, so the run's "
+                    "measures include its cost")
+    (f,) = found(rep, "host_oversubscribed")  # step 6's 300 ms wait counts again: 301.1 ms of 610 ms
+    assert f.evidence["run_lost_fraction"] == round(301.1 / 610, 4)
+
+
 # --- a host that gives the training a fraction of a core --------------------------------------
 def busy_trace(tmp_path):
     b = TraceBuilder()
@@ -685,6 +696,24 @@ def test_a_straggler_that_validates_alone_is_named_for_its_validation(tmp_path):
     assert parts["0"]["compute"] == 6_000 and parts["1"]["compute"] == 5_000
     assert f.evidence["cause_excess_us_per_step"] == 99_950 / 8
     assert "shard the evaluation" in f.recommendation and "GPU" not in f.recommendation
+
+
+def test_a_rank_in_two_groups_is_waited_for_by_each_partner_apart():
+    """Rank 0 arrives 10 ms late in group A's collective (with rank 1) and in group B's (with rank 2). Was: the first
+    partner's union cleared the caller's mask, so rank 2's wait was lost and the late arrivals were []; then the mean
+    counted a partner outside the collective's group as 0 (5 ms where each waited 10)."""
+    from kinetoscope.analyze.analyzers.straggler import _late_arrivals
+    from kinetoscope.analyze.model.distributed import Arrivals
+
+    nan = np.nan
+    a = Arrivals(group=["A", "B"], op=["allreduce", "allreduce"], ranks=[0, 1, 2],
+                 arrival_ns=np.array([[10e6, 0.0, nan], [30e6, nan, 20e6]]),
+                 wait_ns=np.array([[0.0, 10e6, nan], [0.0, nan, 10e6]]),
+                 last=np.array([0, 0]), transfer_ns=np.array([1e5, 1e5]))
+    last = a.last == 0
+    assert a.new_wait_ns(1, last).tolist() == [10e6, 0.0] and a.new_wait_ns(2, last).tolist() == [0.0, 10e6]
+    assert last.tolist() == [True, True]  # the caller's mask is left alone
+    assert _late_arrivals(a, 0, None) == [(10_000_000, 10e6), (30_000_000, 10e6)]
 
 
 # --- a leak judged against the device's memory ----------------------------------------------------

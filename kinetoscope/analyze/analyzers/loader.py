@@ -13,6 +13,7 @@ from kinetoscope.analyze.model.missing import missing_activity
 from kinetoscope.analyze.model.phases import evaluation_steps
 from kinetoscope.analyze.model.results import Loader, LoaderResult, LoaderRun
 from kinetoscope.analyze.model.timeline import (
+    HANDOVER_CPU_SHARE,
     WORKERS_BUSY_MIN_SHARE,
     any_gpu_busy,
     cpu_shares,
@@ -24,7 +25,7 @@ from kinetoscope.analyze.model.timeline import (
     other_role_waits,
     per_item_indexing,
     window,
-    workers_cpu_per_step,
+    workers_busy_share,
 )
 from kinetoscope.analyze.model.trace import RankTrace
 from kinetoscope.analyze.model.units import frac, us
@@ -48,9 +49,6 @@ def _per_step(trace: RankTrace, spans: iv.Intervals, idle_cost: iv.Intervals | N
     return out
 
 
-#: the process's CPU works through at least this share of a wait for a worker's batch: the wait is the hand-over
-#: (unpickling the batch, copying it out of shared memory), not the workers falling behind
-HANDOVER_CPU_SHARE = 0.5
 
 
 def wait_kind(trace: RankTrace, waits_ns: np.ndarray) -> tuple[str, float | None]:
@@ -64,13 +62,9 @@ def wait_kind(trace: RankTrace, waits_ns: np.ndarray) -> tuple[str, float | None
             return "handover", load_cpu
         # starved: the workers fall behind - busy, or mostly waiting themselves ("idle_workers": each batch takes a
         # worker num_workers steps in the steady state, of which its CPU is under a quarter)
-        workers = ((trace.meta.capture or {}).get("dataloader") or {}).get("num_workers")
-        wcpu = workers_cpu_per_step(trace)
-        steps = trace.steps
-        if isinstance(workers, int) and workers > 0 and wcpu is not None and len(steps):
-            per_batch = workers * float(steps["dur_ns"].mean())
-            if wcpu < WORKERS_BUSY_MIN_SHARE * per_batch:
-                return "idle_workers", load_cpu
+        busy = workers_busy_share(trace)
+        if busy is not None and busy < WORKERS_BUSY_MIN_SHARE:
+            return "idle_workers", load_cpu
         return "starved", load_cpu
     handoff = handoff_ns(waits_ns)
     if handoff and float(np.mean(waits_ns > 2.0 * handoff + 500_000.0)) < 0.25:  # ready batches, few stalls
@@ -258,7 +252,7 @@ def analyze_loader(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
                     "iterator": metrics.iterator,
                     "wait_kind": kind if any("MultiProcessing" in n for n in names) else None,
                     # the batch built item by item from tensors in memory (per-item select, then stack)
-                    "per_item_indexing": per_item is not None,
+                    "per_item_indexing": (per_item is not None) if main_thread(trace) is not None else None,
                     "advice_if_no_gain": (
                         "Indexing the batch at once would not make the step faster here: replayed without the "
                         "per-item work, the step gains less than 3%; look at the step's other findings."

@@ -190,7 +190,8 @@ def straggler_finding(summaries: list[RankSummary], m: Matching, a: Arrivals, co
         "metrics reduced), or evaluate less often.",
         "checkpoint": f"Rank {slow} saves checkpoints while the other ranks wait for it at the next collective: save "
         "asynchronously (torch.distributed.checkpoint's async_save), less often, or sharded across the ranks.",
-        "unknown": f"Rank {slow} arrives last, but none of its input, copy, compute, host or untraced time explains "
+        "unknown": f"Rank {slow} arrives last, but none of its input, copy, compute, host, untraced, validation or "
+        "checkpoint time explains "
         "it: check what runs outside the profiled threads on its node.",
     }[cause]
     # as often last as chance would make one of its group's ranks: lateness that moves between ranks
@@ -268,9 +269,12 @@ def _late_arrivals(a: Arrivals, i: int, skew_ns: int | None) -> list[tuple[int, 
     partners = [j for j in range(len(a.ranks)) if j != i and not np.isnan(a.wait_ns[mine, j]).all()]
     if not partners:
         return []
-    # each partner's wait counted once where collectives in flight together overlap (the union)
-    waits = np.mean([a.new_wait_ns(j, mine) for j in partners], axis=0)
-    return [(int(a.arrival_ns[row, i] + (skew_ns or 0)), float(waits[row])) for row in np.flatnonzero(mine)]
+    # each partner's wait counted once where collectives in flight together overlap (the union), averaged over the
+    # partners in each collective's group (a rank in two groups waits with each apart)
+    total = np.sum([a.new_wait_ns(j, mine) for j in partners], axis=0)
+    present = (~np.isnan(a.wait_ns[:, partners])).sum(axis=1)
+    return [(int(a.arrival_ns[row, i] + (skew_ns or 0)), float(total[row]) / max(int(present[row]), 1))
+            for row in np.flatnonzero(mine)]
 
 
 def _cause(slow: RankSummary, others: list[RankSummary], lateness_us: float) -> tuple[str, float | None]:

@@ -339,7 +339,7 @@ def _without_capture_steps(run_steps: pd.DataFrame | None, manifest_bytes: bytes
     the run (run time, run-queue wait, data wait) and said. Where the capture timed its own writing
     (``capture_busy_ns``), the steps it overlapped; before that, the step after each completed window, whose wall
     holds the export (the profiler exports at that step's start) - the compression after it was not timed, and the
-    note says so. Nothing is left out where it would be more than half the run."""
+    note says so. Nothing is left out where fewer than 2 steps would remain (and that is said)."""
     if run_steps is None or run_steps.empty:
         return run_steps, None
     busy = (run_steps["capture_busy_ns"].to_numpy(np.float64) if "capture_busy_ns" in run_steps
@@ -358,9 +358,12 @@ def _without_capture_steps(run_steps: pd.DataFrame | None, manifest_bytes: bytes
             exports = {w.last_step + 1 for w in windows if not w.cut_short and isinstance(w.last_step, int)}
         own = run_steps["step"].isin(sorted(exports)).to_numpy()
     n = int(own.sum())
-    if not n or n > len(run_steps) / 2:
+    if not n:
         return run_steps, None
     steps = run_steps["step"].to_numpy()[own]
+    if len(run_steps) - n < 2:  # too few steps would be left to measure the run by: kept, and said
+        return run_steps, (f"the capture wrote its trace during {n} of the run's {len(run_steps)} steps: too many to "
+                           "leave out, so the run's measures include its cost")
     wall_s = float(run_steps["wall_ns"].to_numpy()[own].sum()) / 1e9
     listed = ", ".join(str(int(x)) for x in steps[:8]) + (", ..." if n > 8 else "")
     note = (f"step{'s' if n > 1 else ''} {listed} ({wall_s:.2f} s) held the capture's own trace writing: left out of "

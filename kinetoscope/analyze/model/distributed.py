@@ -151,7 +151,7 @@ def _pair(ref: RankSummary, ref_idx: np.ndarray, other: RankSummary, other_idx: 
     (missing from its capture) is skipped, not shifted onto the next one; a completion that one rank records
     milliseconds after the other (CPU collectives on busy cores) is still its pair."""
     n, m = len(ref_idx), len(other_idx)
-    if n * m > _DP_CELLS:
+    if n * m > _DP_CELLS or n > _DP_ROWS:  # the table's rows are a Python loop: long references walk greedily
         return _pair_greedy(ref, ref_idx, other, other_idx, skew, tight)
     ref_end = np.asarray(ref.end_ns, dtype=np.float64)[ref_idx]
     oth_end = np.asarray(other.end_ns, dtype=np.float64)[other_idx] - skew
@@ -182,6 +182,7 @@ def _pair(ref: RankSummary, ref_idx: np.ndarray, other: RankSummary, other_idx: 
 
 #: above this many (calls x calls) the pairing walks the sequences greedily instead (same rule, in one pass)
 _DP_CELLS = 4_000_000
+_DP_ROWS = 20_000
 
 
 def _pair_greedy(ref: RankSummary, ref_idx: np.ndarray, other: RankSummary, other_idx: np.ndarray, skew: float,
@@ -342,8 +343,9 @@ class Arrivals:
         already covers: waits in collectives in flight together (DDP's buckets) are one wait, so these sum to the
         measure of the union of the rank's wait intervals, [own arrival, last arrival]."""
         out = np.zeros(len(self.last))
-        pick = np.ones(len(self.last), bool) if rows is None else np.asarray(rows, bool)
-        pick &= ~np.isnan(self.wait_ns[:, col]) if len(self.wait_ns) else pick
+        pick = np.ones(len(self.last), bool) if rows is None else np.array(rows, dtype=bool, copy=True)
+        if len(self.wait_ns):
+            pick = pick & ~np.isnan(self.wait_ns[:, col])  # never the caller's mask: a new array
         idx = np.flatnonzero(pick)
         if not len(idx):
             return out

@@ -619,6 +619,10 @@ def per_item_indexing(trace: RankTrace, starts: np.ndarray, ends: np.ndarray) ->
     return collate
 
 
+#: the process's CPU works through at least this share of a wait for a worker's batch: the wait is the hand-over
+#: (unpickling the batch, copying it out of shared memory), not the workers falling behind
+HANDOVER_CPU_SHARE = 0.5
+
 #: DataLoader workers whose CPU per batch is under this share of the time a batch takes them mostly wait - for
 #: storage, the network or a CPU, which the trace cannot tell apart - so what more of them gain is a bound
 WORKERS_BUSY_MIN_SHARE = 0.25
@@ -634,6 +638,22 @@ def workers_cpu_per_step(trace: RankTrace) -> float | None:
     values = rs["workers_cpu_ns"].to_numpy(float)[1:]
     values = values[~np.isnan(values)]
     return float(np.mean(values)) if len(values) else None
+
+
+def workers_busy_share(trace: RankTrace) -> float | None:
+    """The DataLoader workers' CPU per batch over the time a batch takes them in the steady state (``num_workers``
+    of the window's complete steps: each worker makes every num_workers-th batch), from the capture's record of their
+    CPU time and the manifest's worker count; under ``WORKERS_BUSY_MIN_SHARE`` they mostly wait themselves. None
+    where not known."""
+    workers = ((trace.meta.capture or {}).get("dataloader") or {}).get("num_workers")
+    wcpu = workers_cpu_per_step(trace)
+    steps = trace.steps
+    if "partial" in steps and len(steps):
+        steps = steps[~steps["partial"].to_numpy(bool)]
+    if not isinstance(workers, int) or isinstance(workers, bool) or workers <= 0 or wcpu is None or not len(steps):
+        return None
+    per_batch = workers * float(steps["dur_ns"].mean())
+    return wcpu / per_batch if per_batch > 0 else None
 
 
 def handoff_ns(waits: np.ndarray) -> float:

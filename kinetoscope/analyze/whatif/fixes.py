@@ -18,6 +18,7 @@ from kinetoscope.analyze.model.commroles import collective_roles
 from kinetoscope.analyze.model.findings import Finding
 from kinetoscope.analyze.model.phases import evaluation_steps
 from kinetoscope.analyze.model.timeline import (
+    HANDOVER_CPU_SHARE,
     WORKERS_BUSY_MIN_SHARE,
     _tid_mask,
     cpu_shares,
@@ -28,6 +29,7 @@ from kinetoscope.analyze.model.timeline import (
     name_mask,
     other_loader_spans,
     per_item_indexing,
+    workers_busy_share,
     workers_cpu_per_step,
 )
 from kinetoscope.analyze.model.trace import RankTrace
@@ -194,13 +196,16 @@ def plan_loader(trace: RankTrace, g: ReplayGraph, params: dict[str, Any]) -> Pla
         floor = (compute * comp_cpu + wcpu) / cpus
         assumptions.append(f"{cpus} CPUs shared: the workers use {wcpu / 1e6:.1f} ms of CPU per batch, the training "
                            f"{comp_cpu:.2f} cores while it computes (capture: process and worker CPU time)")
-        if load is not None and len(load) and wcpu < WORKERS_BUSY_MIN_SHARE * float(load.mean()):
-            # most of a batch's time in its worker is not the worker's work: waiting for storage or the network
-            # (more workers overlap it) or for a CPU on a busy host (more workers add to it); the trace cannot tell
+        busy = workers_busy_share(trace)
+        if (busy is not None and busy < WORKERS_BUSY_MIN_SHARE
+                and load_cpu is not None and load_cpu < HANDOVER_CPU_SHARE):
+            # the loop idle in its waits (loader.wait_kind's "idle_workers") and most of a batch's time in its worker
+            # not the worker's work: waiting for storage or the network (more workers overlap it) or for a CPU on a
+            # busy host (more workers add to it); the trace cannot tell which
             waiting = True
-            assumptions.append(f"the workers' CPU is {wcpu / max(float(load.mean()), 1.0):.0%} of the time a batch "
-                               "takes them: the rest is waiting - for storage or the network, which more workers "
-                               "overlap, or for a CPU, which they add to - and the trace cannot tell which")
+            assumptions.append(f"the workers' CPU is {busy:.0%} of the time a batch takes them (num_workers steps): "
+                               "the rest is waiting - for storage or the network, which more workers overlap, or for "
+                               "a CPU, which they add to - and the trace cannot tell which")
     elif load is not None:
         assumptions.append("the workers get CPU cores of their own, and the training's host work keeps its recorded "
                            "speed beside them (" + ("the host's cores are not recorded" if not cpus
