@@ -9,14 +9,17 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kinetoscope.analyze.ingest.limits import DEFAULT_LIMITS, LoadLimits
 from kinetoscope.analyze.ingest.loader import Job
 from kinetoscope.analyze.model.config import DEFAULT_CONFIG, AnalysisConfig
 from kinetoscope.analyze.model.distributed import RankSummary
+from kinetoscope.analyze.model.estimate import Estimate
+from kinetoscope.analyze.model.findings import Finding
 from kinetoscope.analyze.registry import analyzer
+from kinetoscope.analyze.report.policy import RunTime, judge
 from kinetoscope.analyze.whatif.fixes import straggler_saving_us
 from kinetoscope.batch.compact import compact
 from kinetoscope.batch.discover import discover
@@ -193,6 +196,26 @@ def run_batch(
     return summary
 
 
+def _judged(finding: Finding, summaries: list[RankSummary], config: AnalysisConfig) -> Finding:
+    """The job-level finding judged by the one severity policy, as ``analyze`` judges it, from what the stored
+    summaries hold: the others' wait for the straggler per step against its rank's mean step (was: stored with the
+    finding's default, info, whatever it was worth). The run's step timings are not in the summaries: the window's
+    mean step stands for the run, and the title says nothing more than analyze's."""
+    mine = next((s for s in summaries if s.rank == finding.rank), None)
+    saving = straggler_saving_us(finding.evidence)
+    if mine is None or not mine.mean_step_us or saving is None:
+        return judge(finding, RunTime(mean_step_us=None, run_steps=None, run_wall_us=None,
+                                      window_us=mine.window_us if mine else 0.0), config)
+    known = finding.evidence.get("cause") != "unknown" and finding.evidence.get("cause_excess_us_per_step") is not None
+    mean_ns = float(mine.mean_step_us) * 1000.0
+    estimate = Estimate.of(mean_ns, mean_ns - float(saving) * 1000.0, "measured: collective waits",
+                           ("the others' waits for it at collectives, from the job's stored per-rank summaries",),
+                           bound=None if known else "upper")
+    return judge(replace(finding, estimate=estimate),
+                 RunTime(mean_step_us=float(mine.mean_step_us), run_steps=None, run_wall_us=None,
+                         window_us=mine.window_us), config)
+
+
 def _cross_rank(
     root: StoreRoot, jobs: list[Job], rows_by_job: dict[str, list[dict[str, Any]]], config: AnalysisConfig
 ) -> None:
@@ -216,6 +239,8 @@ def _cross_rank(
         reduce = analyzer("collectives").reduce
         assert reduce is not None  # the collectives analyzer has one
         coll, _, finding = reduce(summaries, config)
+        if finding is not None:
+            finding = _judged(finding, summaries, config)
         reduce_s = time.perf_counter() - reduce_started
         path_of = {int(r["rank"]): r["path"] for r in rows}
         findings = [] if finding is None else [{

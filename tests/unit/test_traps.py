@@ -160,6 +160,9 @@ def test_batch_names_the_same_straggler_as_analyze(tmp_path):
     findings = read_table(tmp_path / "store", "findings")
     strag = findings[findings["id"] == "straggler"]
     assert list(strag["rank"]) == [2]
+    # judged by the one policy, as analyze judges it (was: stored as info, the finding's default, whatever its worth)
+    (analyzed,) = found(build_report(load_trace(tmp_path / "traces" / "job")), "straggler")
+    assert list(strag["severity"]) == [analyzed.severity] and analyzed.severity != "info"
     ranks = read_table(tmp_path / "store", "job_ranks").set_index("rank")
     assert bool(ranks.loc[2, "straggler"]) and ranks.loc[2, "straggler_cause"] == "input"
     # every other rank waited for rank 2; rank 2 never waited
