@@ -57,7 +57,8 @@ def rank_summary(r: RankTrace) -> RankSummary:
     steps = len(r.steps)
     per = max(steps, 1)
     comm_set = intervals_of(frame, w) if len(frame) else iv.EMPTY
-    marked = {kind: iv.clip(iv.subtract(_spans_named(r, f"kinetoscope::{kind}"), comm_set), w.start_ns, w.end_ns)
+    ev = r.events
+    marked = {kind: iv.subtract(intervals_of(ev[name_mask(ev, names=frozenset({f"kinetoscope::{kind}"}))], w), comm_set)
               for kind in ("validation", "checkpoint")}
     other_work = iv.merge(*marked.values())
     recorded = ((r.meta.capture or {}).get("loop") or {}).get("recorded") or []
@@ -97,12 +98,6 @@ def rank_summary(r: RankTrace) -> RankSummary:
         collective_us=iv.measure(comm_set) / 1000.0,
         unknown_fraction=missing_activity(r).blind_ns() / w.dur_ns if w.dur_ns else 0.0,
     )
-
-
-def _spans_named(r: RankTrace, name: str) -> iv.Intervals:
-    ev = r.events
-    hit = ev[(ev["name"] == name).to_numpy(bool)]
-    return iv.union(hit["ts_ns"].to_numpy(), hit["end_ns"].to_numpy())
 
 
 def _cpu_compute(r: RankTrace, w: Any) -> iv.Intervals:

@@ -51,7 +51,7 @@ from kinetoscope.analyze.model.schema import LAUNCH_KERNEL_COLUMNS
 from kinetoscope.analyze.model.timeline import CAPTURE_BEGIN_RE
 from kinetoscope.analyze.model.trace import RankTrace, Trace, training_children
 from kinetoscope.errors import KinetoscopeError, TraceFormatError, TraceSourceError
-from kinetoscope.manifest import ManifestFacts, ManifestWindows, StepTimes, manifest_name, step_times_name
+from kinetoscope.manifest import ManifestFacts, ManifestWindows, StepTimes, Window, manifest_name, step_times_name
 from kinetoscope.sources import trace_path
 
 __all__ = ["SIDECAR_SUFFIXES", "TRACE_SUFFIXES", "Job", "find_jobs", "is_trace_file", "load_job", "load_job_tolerant",
@@ -188,7 +188,8 @@ def _rank_from_raw(raw: RawColumns, size: int, path: TraceFile, *, default_rank:
     graph_captures, skipped = _graph_captures(path)
     notes += skipped
     manifest = _manifest_bytes(path, rank)  # read once: the window that was cut short, and the run's facts
-    cut = _cut_short_step(path, manifest)
+    windows = _windows(manifest)  # decoded once: the window cut short, and the steps the capture exported in
+    cut = _cut_short_step(path, windows)
     steps = trace.steps
     if cut is not None and len(steps) and (steps["step"] == cut[0]).any():
         steps = steps.assign(partial=steps["partial"].to_numpy() | (steps["step"] == cut[0]).to_numpy())
@@ -198,7 +199,7 @@ def _rank_from_raw(raw: RawColumns, size: int, path: TraceFile, *, default_rank:
     run_steps, bounded = _marks_within_walls(run_steps, (capture.get("loop") or {}).get("marks"))
     if bounded:
         notes += (bounded,)
-    run_steps, own = _without_capture_steps(run_steps, manifest)
+    run_steps, own = _without_capture_steps(run_steps, windows)
     if own:
         notes += (own,)
     children = training_children(capture)
@@ -264,16 +265,20 @@ def _manifest_bytes(path: TraceFile, rank: int) -> bytes | None:
         return None
 
 
-def _cut_short_step(path: TraceFile, manifest_bytes: bytes | None) -> tuple[int, str] | None:
+def _windows(manifest_bytes: bytes | None) -> list[Window]:
+    """The capture's windows as its manifest lists them; [] without a manifest or one that does not decode."""
+    if manifest_bytes is None:
+        return []
+    try:
+        return msgspec.json.decode(manifest_bytes, type=ManifestWindows).windows
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return []
+
+
+def _cut_short_step(path: TraceFile, windows: list[Window]) -> tuple[int, str] | None:
     """(the step, why) when the capture's manifest says the process ended inside this trace's window: that
     step, open at the end, never completed (a crash, a signal, or the loop's end)."""
-    if manifest_bytes is None:
-        return None
-    try:
-        manifest = msgspec.json.decode(manifest_bytes, type=ManifestWindows)
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        return None
-    for w in manifest.windows:
+    for w in windows:
         if w.trace == path.name and w.cut_short:
             why = {"SIGTERM": "the process was stopped (SIGTERM)", None: "the run ended"}.get(
                 w.ended_by, f"the script crashed ({w.ended_by})")
@@ -332,7 +337,7 @@ LOOP_NS_COLUMNS = ("train_data_wait_ns", "eval_data_wait_ns", "validation_ns", "
 LOOP_COUNT_COLUMNS = ("backward_calls", "optimizer_steps")
 
 
-def _without_capture_steps(run_steps: pd.DataFrame | None, manifest_bytes: bytes | None) -> tuple[
+def _without_capture_steps(run_steps: pd.DataFrame | None, windows: list[Window]) -> tuple[
         pd.DataFrame | None, str | None]:
     """The run's steps less those in which the capture itself wrote a trace (exporting it on the training thread,
     compressing it on its writer's thread): the capture's cost, not the training's, left out of every measure over
@@ -349,13 +354,7 @@ def _without_capture_steps(run_steps: pd.DataFrame | None, manifest_bytes: bytes
     if timed:
         own = np.nan_to_num(busy) > 0
     else:
-        exports = set()
-        if manifest_bytes is not None:
-            try:
-                windows = msgspec.json.decode(manifest_bytes, type=ManifestWindows).windows
-            except (msgspec.DecodeError, msgspec.ValidationError):
-                windows = []
-            exports = {w.last_step + 1 for w in windows if not w.cut_short and isinstance(w.last_step, int)}
+        exports = {w.last_step + 1 for w in windows if not w.cut_short and isinstance(w.last_step, int)}
         own = run_steps["step"].isin(sorted(exports)).to_numpy()
     n = int(own.sum())
     if not n:
