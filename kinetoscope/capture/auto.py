@@ -350,11 +350,13 @@ def _on_crash_and_signals() -> None:
         signal.signal(signal.SIGINT, on_int)
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:  # the script's own handler, if any, stays
         def on_term(signum: int, frame: Any) -> None:
+            watch = _state["watch"]
+            if watch is not None and watch.defer_sigterm():  # it interrupted the rank's own dump: after it
+                return
             if _state["terminating"]:  # sent twice (to the process group, and passed on by the CLI): once is enough
                 return
             _state["terminating"] = True
             _state["crashed"] = "SIGTERM"
-            watch = _state["watch"]
             if watch is not None:
                 watch.on_sigterm()
             _finish()

@@ -106,6 +106,10 @@ class HangWatch:
         self._exception_written = False
         self.owns_sigterm = False
         self._sigterm_handler: Any = None
+        #: the threads inside ``dump`` now (before they take the lock): a signal handler that interrupted its own
+        #: thread's dump must neither wait on that lock nor end the process before the dump is on disk
+        self._dumping: set[int] = set()
+        self._sigterm_deferred = False
 
     # --- lifecycle ---------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -171,6 +175,8 @@ class HangWatch:
             return
 
         def on_term(signum: int, frame: Any) -> None:
+            if self.defer_sigterm():
+                return
             self._terminating_here = True
             self.on_sigterm()
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -180,6 +186,15 @@ class HangWatch:
         self._handlers[signal.SIGTERM] = on_term
         self._previous_handlers[signal.SIGTERM] = signal.signal(signal.SIGTERM, on_term)
         self.own_sigterm(on_term)
+
+    def defer_sigterm(self) -> bool:
+        """First in capture's SIGTERM handlers: True where the handler interrupted its own thread's dump (the launcher
+        stops the job while the rank writes why it left). The handler then returns at once; the dump, once written,
+        sends SIGTERM again, and the handler ends the process then."""
+        if threading.get_ident() in self._dumping:
+            self._sigterm_deferred = True
+            return True
+        return False
 
     def on_sigterm(self) -> None:
         """Capture's SIGTERM handler, in the main thread: the dump written (by the watchdog, which heard the
@@ -241,32 +256,49 @@ class HangWatch:
         if self._dumped_at_step == steps:
             return  # this stall is written
         self._dumped_at_step = steps
-        if self.dump("watchdog", timeout_s=timeout) is not None:
-            self._stall_written = (steps,)
+        self.dump("watchdog", timeout_s=timeout)
 
     # --- the dump ------------------------------------------------------------------------------------------
     def dump(self, reason: str, *, exc: BaseException | None = None, timeout_s: float | None = None) -> Path | None:
         """Write ``rank-<r>.hang.json`` (write and rename); never raises. Only in a process that trains: one that
         made a process group or ended a step (a launcher such as torchrun does neither)."""
-        steps = self.progress()[0]
-        if steps is None and not _in_process_group():
-            return None
-        if reason != "SIGUSR1" and (self._stall_written == (steps,) or self._exception_written
-                                    or (steps is None and self._seen_steps and self._written)):
-            # what a SIGTERM or an error finds after the watchdog wrote the stall, after the training thread raised,
-            # or while the run finishes (no step clock any more), is the job coming apart (a peer gone completes the
-            # others' collectives with an error): the dump already written stays
-            return self.out_dir / hang_dump_name(_rank())
-        self._seen_steps = self._seen_steps or steps is not None
+        me = threading.get_ident()
+        if me in self._dumping:
+            return None  # a signal handler interrupted this thread's own dump: that one is being written
+        self._dumping.add(me)
         try:
-            with self._lock:
+            return self._dump(reason, exc, timeout_s)
+        finally:
+            self._dumping.discard(me)
+            if self._sigterm_deferred and me == threading.main_thread().ident:
+                self._sigterm_deferred = False
+                os.kill(os.getpid(), signal.SIGTERM)  # the one deferred while the dump was written: now handled
+
+    def _dump(self, reason: str, exc: BaseException | None, timeout_s: float | None) -> Path | None:
+        # under the lock from the check to the flags: a SIGTERM dump waiting on an exception's dump in progress
+        # finds it written, and leaves it (checked outside, it replaced the cause with the teardown)
+        with self._lock:
+            steps = self.progress()[0]
+            if steps is None and not _in_process_group():
+                return None
+            if reason != "SIGUSR1" and (self._stall_written == (steps,) or self._exception_written
+                                        or (steps is None and self._seen_steps and self._written)):
+                # what a SIGTERM or an error finds after the watchdog wrote the stall, after the training thread
+                # raised, or while the run finishes (no step clock any more), is the job coming apart (a peer gone
+                # completes the others' collectives with an error): the dump already written stays
+                return self.out_dir / hang_dump_name(_rank())
+            self._seen_steps = self._seen_steps or steps is not None
+            try:
                 path = self._write(self._build(reason, exc, timeout_s))
+            except Exception as error:  # noqa: BLE001
+                warn_once("hang dump",
+                          f"could not write a hang dump ({type(error).__name__}: {error}); training continues")
+                return None
             self._written = True
             self._exception_written = self._exception_written or reason == "exception"
+            if reason == "watchdog":
+                self._stall_written = (steps,)
             return path
-        except Exception as error:  # noqa: BLE001
-            warn_once("hang dump", f"could not write a hang dump ({type(error).__name__}: {error}); training continues")
-            return None
 
     def _build(self, reason: str, exc: BaseException | None, timeout_s: float | None) -> HangDump:
         from kinetoscope.capture.dist import rank_info

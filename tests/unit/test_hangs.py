@@ -374,3 +374,38 @@ def test_profile_loop_left_by_an_exception_still_writes_the_ranks_dump(tmp_path)
     assert doc["reason"] == "exception" and doc["steps_ended"] == 3
     assert doc["exception"]["type"] == "ValueError" and doc["exception"]["message"] == "bad batch"
     assert (doc["exception"]["frames"][0]["function"], doc["exception"]["frames"][0]["line"]) == ("<module>", 9)
+
+
+def test_sigterm_while_the_rank_writes_why_it_left_ends_after_the_dump(tmp_path):
+    """The launcher stops the job (SIGTERM) while the rank that raised writes its dump, in the main thread: the
+    handler interrupts that dump. Before, the handler and the watchdog both waited on the dump's lock, held by the
+    interrupted main thread: the rank hung with no dump until the launcher killed it (a CI run lost rank 1's dump
+    so). Now the SIGTERM waits for the dump, then ends the process as the signal would have."""
+    script = tmp_path / "rank.py"
+    script.write_text(
+        "import os, signal, sys, time\n"
+        "from kinetoscope.capture import hangwatch\n"
+        "hangwatch._in_process_group = lambda: True\n"
+        f"watch = hangwatch.HangWatch({str(tmp_path / 'out')!r}, lambda: (4, time.perf_counter_ns(), [1]),"
+        " timeout_s=0)\n"
+        "watch.start()\n"
+        "watch.take_sigterm()\n"
+        "build = watch._build\n"
+        "def build_then_stopped(*args, **kwargs):\n"
+        "    doc = build(*args, **kwargs)\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)  # the launcher stops the job here\n"
+        "    for _ in range(50):\n"
+        "        time.sleep(0.01)  # bytecode runs: the handler runs in the middle of the dump\n"
+        "    return doc\n"
+        "watch._build = build_then_stopped\n"
+        "try:\n"
+        "    raise ValueError('bad batch')\n"
+        "except ValueError as exc:\n"
+        "    watch.dump('exception', exc=exc)\n"
+        "print('ran on after SIGTERM', flush=True)\n"
+        "time.sleep(60)\n")
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == -signal.SIGTERM, (proc.returncode, proc.stderr[-2000:])
+    assert "ran on" not in proc.stdout
+    doc = json.loads((tmp_path / "out" / "rank-0.hang.json").read_text())
+    assert doc["reason"] == "exception" and doc["exception"]["message"] == "bad batch"
