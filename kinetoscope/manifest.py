@@ -44,7 +44,8 @@ class Manifest(msgspec.Struct, kw_only=True):
 
     manifest_version: int = MANIFEST_VERSION
     rank: int
-    #: the host's facts: cpus, cores_effective (measured), torch_threads, thread_schedstat ("recorded" or null) and
+    #: the host's facts: cpus, cores_effective (measured), torch_threads, ranks_on_host (the launcher's count of the
+    #: job's ranks on this host; null: not said), thread_schedstat ("recorded" or null) and
     #: thread_schedstat_not_recorded (why not) (version 1 wrote the host's name here)
     host: Any = None
     pid: int
@@ -115,6 +116,6 @@ class ManifestWindows(msgspec.Struct):
 class ManifestFacts(msgspec.Struct):
     """What the loader reads of a manifest for the analyses: the host's numbers, the DataLoader, the loop marks."""
 
-    host: dict[str, Any] | None = None  # cpus, cores_effective (measured), torch_threads: numbers kept
+    host: dict[str, Any] | None = None  # cpus, cores_effective (measured), torch_threads, ranks_on_host: numbers kept
     dataloader: dict[str, int | bool | str | None] | None = None
     loop: Any = None  # the loop marks' run totals (manifest_version 2): checked by the reader

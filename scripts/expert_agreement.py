@@ -37,6 +37,8 @@ tuned on say how it generalises:
   set's rules (5257f5b).
 - a tenth held-out set: twelve more (sample_traces/heldout10/), captured with the capture that times its own trace
   writing, scored once on the code after the ninth set's rule (2366b5c).
+- an eleventh held-out set: twelve more (sample_traces/heldout11/), captured at 6039d9a, scored once on the code
+  after the tenth set's rules.
 
 Public traces are not bundled (fetched test data of other projects): put them in one folder and name it with
 KINETOSCOPE_PUBLIC_TRACES; a reading whose trace is not here is listed as such.
@@ -84,7 +86,10 @@ SETS = (("in-sample", ROOT / "tests" / "expert"),
         ("ninth held-out set, second independent reader", ROOT / "tests" / "expert" / "heldout9_captures_b"),
         ("tenth held-out set: twelve more programs, scored on the code after the ninth",
          ROOT / "tests" / "expert" / "heldout10_captures"),
-        ("tenth held-out set, second independent reader", ROOT / "tests" / "expert" / "heldout10_captures_b"))
+        ("tenth held-out set, second independent reader", ROOT / "tests" / "expert" / "heldout10_captures_b"),
+        ("eleventh held-out set: twelve more programs, scored on the code after the tenth",
+         ROOT / "tests" / "expert" / "heldout11_captures"),
+        ("eleventh held-out set, second independent reader", ROOT / "tests" / "expert" / "heldout11_captures_b"))
 
 
 def _claims(items: dict[tuple[str, int], str]) -> str:

@@ -30,3 +30,20 @@ def rank_info() -> RankInfo:
             int(env["RANK"]), int(env.get("WORLD_SIZE", "1") or 1), int(env.get("LOCAL_RANK", "0") or 0), "environment"
         )
     return RankInfo(0, 1, 0, "default")
+
+
+#: launchers' names for how many of the job's processes run on this host (torchrun and accelerate, Open MPI, MPICH,
+#: Slurm): the cores a rank may count on are the host's shared among them
+_RANKS_ON_HOST_ENV = ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE")
+
+
+def ranks_on_host(world_size: int) -> int | None:
+    """How many of the job's ranks run on this host: 1 for a single process, the launcher's word for a job of
+    several, None where no launcher said (never guessed from the world size: ranks may span hosts)."""
+    if world_size <= 1:
+        return 1
+    for name in _RANKS_ON_HOST_ENV:
+        value = os.environ.get(name, "").strip()
+        if value.isdigit() and int(value) > 0:  # Slurm's "2(x3)" (uneven nodes) is not one number: passed over
+            return int(value)
+    return None

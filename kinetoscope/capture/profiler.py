@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 
 from kinetoscope.capture._safety import log, never_raises, warn_once
 from kinetoscope.capture.cores import effective_cores
-from kinetoscope.capture.dist import RankInfo, rank_info
+from kinetoscope.capture.dist import RankInfo, rank_info, ranks_on_host
 from kinetoscope.capture.hangwatch import DEFAULT_FR_ENTRIES, HangWatch, arm_flight_recorder
 from kinetoscope.capture.hooks import is_data_loader_iterator
 from kinetoscope.capture.loop import MARKS_VERSION, STEP_LISTS, STEP_SOURCE_WHY, LoopRecorder, WindowMarks
@@ -600,7 +600,7 @@ class Profiler:
         loop = self._loop_manifest()
         manifest = Manifest(
             rank=r,
-            host={**_host_facts(), **self._sched_facts()},
+            host={**_host_facts(self.rank.world_size), **self._sched_facts()},
             pid=os.getpid(),
             argv=list(sys.argv),
             versions=versions(),
@@ -674,10 +674,11 @@ def _schedstat_ns(pid: int) -> int | None:
         return None
 
 
-def _host_facts() -> dict[str, Any]:
+def _host_facts(world_size: int) -> dict[str, Any]:
     """The CPUs this process may run on, how many cores' worth of work they do together (None here: measured
-    after the manifest is first written, see ``Profiler._probe_cores``) and torch's intra-op threads: what a
-    what-if needs to judge whether DataLoader workers would compete with the training for cores."""
+    after the manifest is first written, see ``Profiler._probe_cores``), torch's intra-op threads and how many of
+    the job's ranks share the host (the launcher's word; None: not said): what a what-if needs to judge whether
+    DataLoader workers would compete with the training for cores."""
     try:
         cpus: int | None = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
@@ -689,7 +690,7 @@ def _host_facts() -> dict[str, Any]:
             threads = int(torch.get_num_threads())
         except Exception:  # noqa: BLE001
             threads = None
-    return {"cpus": cpus, "cores_effective": None, "torch_threads": threads}
+    return {"cpus": cpus, "cores_effective": None, "torch_threads": threads, "ranks_on_host": ranks_on_host(world_size)}
 
 
 def profile_loop(

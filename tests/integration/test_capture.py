@@ -286,6 +286,9 @@ def test_capture_under_torchrun_writes_one_trace_per_rank(tmp_path):
     trace = load_trace(out)
     assert [r.rank for r in trace.ranks] == [0, 1]
     assert all(r.meta.rank_source == "distributedInfo" and r.meta.world_size == 2 for r in trace.ranks)
+    # torchrun said how many of the job's ranks run on this host: they share its CPUs
+    hosts = [json.loads((out / f"rank-{r}.manifest.json").read_text())["host"] for r in (0, 1)]
+    assert [h["ranks_on_host"] for h in hosts] == [2, 2]
     report = build_report(trace)
     stragglers = [f for f in report.findings if f.id == "straggler"]
     assert [f.rank for f in stragglers] == [1]

@@ -168,6 +168,28 @@ def test_loading_that_computes_competes_for_the_cpus(tmp_path):
                for a in est["assumptions"])
 
 
+@pytest.mark.parametrize("ranks_on_host, step_us, said", [
+    (2, 25_500, "2 ranks share the host's CPUs"),
+    (None, 12_750, "how many ranks share this host is not recorded"),
+    (1, 12_750, None)])
+def test_ranks_on_one_host_share_its_cpus(tmp_path, ranks_on_host, step_us, said):
+    """Rank 0 of a 2-rank job on a 4-CPU host, the run above: 30 ms of decode on one core and 10 ms of compute on
+    two per step, 1 ms to take a batch over. Where the launcher said both ranks run here, this rank's share is 2
+    CPUs: (20 + 30 + 1) / 2 = 25.5 ms a step with four workers. Where no launcher said, or it said one rank per
+    host, the rank counts all 4: (20 + 30 + 1) / 4 = 12.75 ms, above the queue's 11 ms (and the estimate says
+    when the count was not recorded)."""
+    b = TraceBuilder(rank=0, world_size=2)
+    for k in range(12):
+        b.step(k + 1, 40_000 * k, 40_000).loader(40_000 * k, 30_000)
+    out = _captured(tmp_path, b, {"num_workers": 0},
+                    {"cpus": 4, "torch_threads": 2, "ranks_on_host": ranks_on_host})
+    _step_times(out, cpu_ns=30_000_000 + 20_000_000, wait_cpu_ns=30_000_000)
+    est = whatif.estimate(load_trace(out).ranks[0], finding("loader_stall"), {"num_workers": 4})
+    assert est["step_us_after"] == pytest.approx(step_us, abs=1)
+    told = [a for a in est["assumptions"] if "4 CPUs shared" in a]
+    assert len(told) == 1 and (said in told[0] if said else "ranks" not in told[0])
+
+
 def test_cpus_that_do_less_together_make_the_cpu_floor_higher(tmp_path):
     """The same run, where the capture measured the 2 CPUs doing 1.6 cores' work when both are busy (two vCPUs
     sharing a physical core). The training's 10 ms on 2 CPUs already ran at that rate: 16 ms of work, not 20; the

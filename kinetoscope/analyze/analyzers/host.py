@@ -92,12 +92,15 @@ def _work_per_step(trace: RankTrace) -> tuple[np.ndarray, np.ndarray, np.ndarray
 def _facts(trace: RankTrace) -> tuple[dict[str, Any], str]:
     host = (trace.meta.capture or {}).get("host") or {}
     workers = ((trace.meta.capture or {}).get("dataloader") or {}).get("num_workers")
+    ranks = host.get("ranks_on_host")
     facts = ", ".join(part for part in (
         f"{host['cpus']} CPUs" if host.get("cpus") else "",
         f"torch threads {host['torch_threads']}" if host.get("torch_threads") else "",
-        f"{workers} DataLoader workers" if isinstance(workers, int) else "") if part)
+        f"{workers} DataLoader workers" if isinstance(workers, int) else "",
+        f"{ranks} of the job's ranks on this host" if isinstance(ranks, int) and ranks > 1 else "") if part)
     return {"cpus": host.get("cpus"), "torch_threads": host.get("torch_threads"),
-            "num_workers": workers if isinstance(workers, int) else None}, facts
+            "num_workers": workers if isinstance(workers, int) else None,
+            "ranks_on_host": ranks}, facts
 
 
 @register("host", "Host CPU")

@@ -399,6 +399,8 @@ class HostMeasured(Record, frozen=True, kw_only=True):
     cpus: Any
     torch_threads: Any
     num_workers: int | None
+    #: the job's ranks on this host, as the launcher said (None: not said; 1 for a job of one process)
+    ranks_on_host: int | None = None
 
 
 class HostInferred(Record, frozen=True, kw_only=True):
@@ -415,6 +417,8 @@ class HostInferred(Record, frozen=True, kw_only=True):
     cpus: Any
     torch_threads: Any
     num_workers: int | None
+    #: the job's ranks on this host, as the launcher said (None: not said; 1 for a job of one process)
+    ranks_on_host: int | None = None
 
 
 class HostResult(Record, frozen=True):

@@ -103,6 +103,19 @@ def _cores_together(host: dict[str, Any], cpus: int) -> tuple[float, str]:
     return float(measured), f"all busy, they do {measured:.2f} cores' work (measured by the capture)"
 
 
+def _ranks_on_host(host: dict[str, Any], world_size: int | None) -> tuple[int, str]:
+    """(how many of the job's ranks share the host's CPUs, what the estimate says of it): 1 for a job of one rank,
+    else the launcher's count the capture recorded; 1 where it did not (said: each rank then counts every CPU as its
+    own)."""
+    ranks = host.get("ranks_on_host")
+    if world_size is not None and world_size <= 1:
+        return 1, ""
+    if isinstance(ranks, int) and ranks >= 1:
+        return ranks, (f"{ranks} ranks share the host's CPUs (the launcher's count): each counts on its share"
+                       if ranks > 1 else "")
+    return 1, "how many ranks share this host is not recorded: this rank counts every CPU as its own"
+
+
 def plan_loader(trace: RankTrace, g: ReplayGraph, params: dict[str, Any]) -> Plan | None:
     items = _window_waits(g)
     if not len(items) or not g.steps:
@@ -122,6 +135,7 @@ def plan_loader(trace: RankTrace, g: ReplayGraph, params: dict[str, Any]) -> Pla
     single = any("SingleProcess" in n for n in names) and not any("MultiProcessing" in n for n in names)
     host, dl = _facts(trace)
     cpus, threads = host.get("cpus"), host.get("torch_threads")
+    ranks, ranks_said = _ranks_on_host(host, trace.meta.world_size)
     waits = (g.wait_end[items] - g.wait_start[items]).astype(float)
     steps_ns = (g.step_end - g.step_start).astype(float)
     n = g.steps
@@ -154,10 +168,11 @@ def plan_loader(trace: RankTrace, g: ReplayGraph, params: dict[str, Any]) -> Pla
         # loading that mostly waits (storage, network) needs no core of its own: only CPU-heavy loading is
         # capped by the cores the training leaves free (and when its CPU use is unknown, to be safe)
         cpu_bound = load_cpu is None or load_cpu >= 0.5
-        free = (cpus - (threads or 1)) if cpus and cpu_bound else None
+        free = (cpus // ranks - (threads or 1)) if cpus and cpu_bound else None
         target = max(1, min(need, free)) if free and free > 0 else need
-        assumptions.append(f"num_workers={target} after (" + (f"{cpus} CPUs, {threads or 1} for training"
-                           if free and free > 0 else "enough to hide loading") + ")")
+        assumptions.append(f"num_workers={target} after (" + (
+            f"{cpus} CPUs" + (f" shared by {ranks} ranks" if ranks > 1 else "") + f", {threads or 1} for training"
+            if free and free > 0 else "enough to hide loading") + ")")
     elif target is not None:
         assumptions.append(f"num_workers={target} after, prefetch_factor={prefetch}")
     if target is not None and int(target) == 0:
@@ -182,20 +197,22 @@ def plan_loader(trace: RankTrace, g: ReplayGraph, params: dict[str, Any]) -> Pla
         # cannot outrun the CPUs, which do fewer cores' work when all are busy. Work in cores' worth: what ran on
         # more cores than they are worth together (a multi-threaded training) already ran at that rate, so it
         # counts at most that many (its part of the floor never exceeds what was recorded)
-        cores, said = _cores_together(host, cpus)
+        together, said = _cores_together(host, cpus)
+        cores = together / ranks  # this rank's share where the job's other ranks run on the same CPUs
         work = (compute * min(comp_cpu, cores) + float(load.mean() if load is not None else 0) * min(load_cpu, cores)
                 + handoff)
         floor = work / cores
         assumptions.append(f"{cpus} CPUs shared: loading uses {load_cpu:.2f} cores while it runs, the training "
                            f"{comp_cpu:.2f} (process CPU time per step, capture), taking a batch over is CPU work; "
-                           + said)
+                           + said + (f"; {ranks_said}" if ranks_said else ""))
     elif cpus and comp_cpu is not None and (wcpu := workers_cpu_per_step(trace)) is not None:
         # workers already: their CPU per batch (one batch per step) stays, spread over more of them. These CPU times
         # were recorded with the workers and the training side by side, sharing the cores as they will after the
         # fix, and the training's includes taking batches over: over the CPU count, with nothing added
-        floor = (compute * comp_cpu + wcpu) / cpus
+        floor = (compute * comp_cpu + wcpu) / (cpus / ranks)
         assumptions.append(f"{cpus} CPUs shared: the workers use {wcpu / 1e6:.1f} ms of CPU per batch, the training "
-                           f"{comp_cpu:.2f} cores while it computes (capture: process and worker CPU time)")
+                           f"{comp_cpu:.2f} cores while it computes (capture: process and worker CPU time)"
+                           + (f"; {ranks_said}" if ranks_said else ""))
         busy = workers_busy_share(trace)
         if (busy is not None and busy < WORKERS_BUSY_MIN_SHARE
                 and load_cpu is not None and load_cpu < HANDOVER_CPU_SHARE):
