@@ -199,18 +199,17 @@ def straggler_finding(summaries: list[RankSummary], m: Matching, a: Arrivals, co
              if incomplete else "")
     return Finding(
         id="straggler",
-        # a rank late for no reason the trace shows, and not nearly always, is not told from lateness that moves
-        # between ranks (a loaded host, noise): said, not claimed
+        # a rank last in fewer than two of three collectives, or as often as chance would make any rank, is not told
+        # from lateness that moves between ranks (a loaded host, noise): said, not claimed
         ceiling="info"
-        if incomplete or (cause == "unknown" and last_share < config.straggler_unexplained_min_last_share)
-        or chance >= config.straggler_chance_max
+        if incomplete or last_share < config.straggler_claim_min_last_share or chance >= config.straggler_chance_max
         else "critical",
         ceiling_reason=(
             None
             if incomplete
-            else "no part of its step explains its lateness, and it is not nearly always "
-            "the last: it cannot be told from noise"
-            if cause == "unknown" and last_share < config.straggler_unexplained_min_last_share
+            else f"it is the last in {last_share:.0%} of them, under two in three: lateness that moves between ranks "
+            "(a loaded or noisy host), not a straggler"
+            if last_share < config.straggler_claim_min_last_share
             else f"any of its group's {max(group_size, 2)} ranks would be last this often by chance "
             f"{chance:.0%} of the time: lateness that moves between ranks, not a straggler"
         ),
