@@ -192,6 +192,9 @@ def straggler_finding(summaries: list[RankSummary], m: Matching, a: Arrivals, co
     # as often last as chance would make one of its group's ranks: lateness that moves between ranks
     group_size = int(member[member[:, i] & late].sum(axis=1).mean()) if (member[:, i] & late).any() else 2
     chance = chance_of_last(int(round(last_share * considered)), considered, max(group_size, 2))
+    # last at least ``odds`` times as often as each other rank of its group on average: 2/3 of 2 ranks, 2/5 of 4
+    odds = config.straggler_claim_min_odds
+    claim_share = odds / (odds + max(group_size, 2) - 1)
     # a collective kernel's start is the rank's arrival only when the trace shows everything queued before it
     incomplete = sorted(s.rank for s in summaries if s.unknown_fraction > config.missing_activity_max_fraction)
     doubt = (f" - but the GPU activity of rank{'s' if len(incomplete) > 1 else ''} "
@@ -199,17 +202,19 @@ def straggler_finding(summaries: list[RankSummary], m: Matching, a: Arrivals, co
              if incomplete else "")
     return Finding(
         id="straggler",
-        # a rank last in fewer than two of three collectives, or as often as chance would make any rank, is not told
-        # from lateness that moves between ranks (a loaded host, noise): said, not claimed
+        # a rank last not much more often than the others (in a 2-rank group, in fewer than two of three collectives),
+        # or as often as chance would make any rank, is not told from lateness that moves between ranks (a loaded
+        # host, noise): said, not claimed
         ceiling="info"
-        if incomplete or last_share < config.straggler_claim_min_last_share or chance >= config.straggler_chance_max
+        if incomplete or last_share < claim_share or chance >= config.straggler_chance_max
         else "critical",
         ceiling_reason=(
             None
             if incomplete
-            else f"it is the last in {last_share:.0%} of them, under two in three: lateness that moves between ranks "
-            "(a loaded or noisy host), not a straggler"
-            if last_share < config.straggler_claim_min_last_share
+            else f"it is the last in {last_share:.0%} of them, under {claim_share:.0%} (not {odds:g} times as often "
+            f"as each of the group's other {max(group_size, 2) - 1} rank{'s' if group_size > 2 else ''}): lateness "
+            "that moves between ranks (a loaded or noisy host), not a straggler"
+            if last_share < claim_share
             else f"any of its group's {max(group_size, 2)} ranks would be last this often by chance "
             f"{chance:.0%} of the time: lateness that moves between ranks, not a straggler"
         ),

@@ -120,12 +120,13 @@ class AnalysisConfig:
     #: ... and that rank is the last to arrive in at least half of the matched collectives (a straggler is
     #: consistently late; lateness that moves from rank to rank is noise).
     straggler_min_last_share: float = 0.5
-    #: ... and, to be claimed, it is the last in at least two of three of them, whatever seems to explain it: a rank
-    #: last in 60% of 80 collectives on a loaded 2-CPU host, slower in compute by 13% on the same work, is lateness
-    #: that moves between ranks (two readers: no straggler); one last in 15 of 19, or 15 of 20, is the straggler,
-    #: explained or not (readers: warning; an unexplained one is worth its whole wait as an upper bound). Was 0.8
-    #: where no part of its step explained it, and no bar where one did.
-    straggler_claim_min_last_share: float = 2 / 3
+    #: ... and, to be claimed, it is the last at least this many times as often as each other rank of its group on
+    #: average, whatever seems to explain it: in a 2-rank group, in two of three collectives. A rank last in 60% of
+    #: 80 collectives on a loaded 2-CPU host, slower in compute by 13% on the same work, is lateness that moves
+    #: between ranks (two readers: no straggler); one last in 15 of 19, or 15 of 20, is the straggler, explained or
+    #: not (readers: warning; an unexplained one is worth its whole wait as an upper bound). Was 80% where no part of
+    #: its step explained it, and no bar where one did.
+    straggler_claim_min_odds: float = 2.0
     #: ... and, whatever explains it, it is last more often than chance among its group's ranks would make it: the
     #: chance of arriving last that often in that many collectives, were every rank as likely to, is under this (a
     #: 2-rank job whose rank 0 was last in 19 of 30 collectives, late before an epoch's end and early after it, is
@@ -169,7 +170,6 @@ _FRACTIONS = frozenset(
         "reserved_growth_max_allocated_share",
         "straggler_min_spread_fraction",
         "straggler_min_last_share",
-        "straggler_claim_min_last_share",
         "straggler_chance_max",
     }
 )
