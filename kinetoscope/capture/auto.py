@@ -327,9 +327,13 @@ def _on_crash_and_signals() -> None:
     def excepthook(exc_type: Any, exc: Any, tb: Any) -> None:
         _state["crashed"] = exc_type.__name__
         watch = _state["watch"]
-        if watch is not None and exc_type is not KeyboardInterrupt:
+        if watch is None or exc_type is KeyboardInterrupt:
+            previous_hook(exc_type, exc, tb)
+            return
+        # a launcher's SIGTERM (a peer gone) waits for the dump and the traceback: both say why this rank left
+        with watch.holding_sigterm():
             watch.dump("exception", exc=exc)  # the other ranks will wait for this one: say why it left
-        previous_hook(exc_type, exc, tb)
+            previous_hook(exc_type, exc, tb)
 
     sys.excepthook = excepthook
     if threading.current_thread() is not threading.main_thread():
@@ -356,7 +360,7 @@ def _on_crash_and_signals() -> None:
             if _state["terminating"]:  # sent twice (to the process group, and passed on by the CLI): once is enough
                 return
             _state["terminating"] = True
-            _state["crashed"] = "SIGTERM"
+            _state["crashed"] = _state["crashed"] or "SIGTERM"  # a crash the SIGTERM came after stays the cause
             if watch is not None:
                 watch.on_sigterm()
             _finish()

@@ -23,7 +23,8 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -107,8 +108,11 @@ class HangWatch:
         self.owns_sigterm = False
         self._sigterm_handler: Any = None
         #: the threads inside ``dump`` now (before they take the lock): a signal handler that interrupted its own
-        #: thread's dump must neither wait on that lock nor end the process before the dump is on disk
+        #: thread's dump must not wait on that lock
         self._dumping: set[int] = set()
+        #: the threads holding SIGTERM back (inside ``dump``, or an excepthook's dump and traceback), how deep: a
+        #: SIGTERM handler that interrupted them must not end the process before they are done
+        self._holding: dict[int, int] = {}
         self._sigterm_deferred = False
 
     # --- lifecycle ---------------------------------------------------------------------------------------
@@ -175,7 +179,7 @@ class HangWatch:
             return
 
         def on_term(signum: int, frame: Any) -> None:
-            if self.defer_sigterm():
+            if self.defer_sigterm() or self._terminating_here:  # held back; or sent twice: once is enough
                 return
             self._terminating_here = True
             self.on_sigterm()
@@ -188,13 +192,34 @@ class HangWatch:
         self.own_sigterm(on_term)
 
     def defer_sigterm(self) -> bool:
-        """First in capture's SIGTERM handlers: True where the handler interrupted its own thread's dump (the launcher
-        stops the job while the rank writes why it left). The handler then returns at once; the dump, once written,
-        sends SIGTERM again, and the handler ends the process then."""
-        if threading.get_ident() in self._dumping:
+        """First in capture's SIGTERM handlers: True where the handler interrupted its own thread's dump, or an
+        excepthook's dump and traceback (the launcher stops the job while the rank writes why it left). The handler
+        then returns at once; once they are done, capture's handler runs again and ends the process."""
+        if self._holding.get(threading.get_ident()):
             self._sigterm_deferred = True
             return True
         return False
+
+    @contextmanager
+    def holding_sigterm(self) -> Iterator[None]:
+        """SIGTERM held back in this thread while the block runs (a dump, an excepthook's dump and the traceback it
+        prints), then handled: by capture's own handler, called directly (a script's handler that chains to
+        capture's has run once already, and must not run twice)."""
+        me = threading.get_ident()
+        self._holding[me] = self._holding.get(me, 0) + 1
+        try:
+            yield
+        finally:
+            depth = self._holding.pop(me) - 1
+            if depth:
+                self._holding[me] = depth
+            elif self._sigterm_deferred and me == threading.main_thread().ident:
+                self._sigterm_deferred = False
+                handler = self._sigterm_handler
+                if callable(handler):
+                    handler(signal.SIGTERM, None)
+                else:
+                    os.kill(os.getpid(), signal.SIGTERM)
 
     def on_sigterm(self) -> None:
         """Capture's SIGTERM handler, in the main thread: the dump written (by the watchdog, which heard the
@@ -265,14 +290,12 @@ class HangWatch:
         me = threading.get_ident()
         if me in self._dumping:
             return None  # a signal handler interrupted this thread's own dump: that one is being written
-        self._dumping.add(me)
-        try:
-            return self._dump(reason, exc, timeout_s)
-        finally:
-            self._dumping.discard(me)
-            if self._sigterm_deferred and me == threading.main_thread().ident:
-                self._sigterm_deferred = False
-                os.kill(os.getpid(), signal.SIGTERM)  # the one deferred while the dump was written: now handled
+        with self.holding_sigterm():
+            self._dumping.add(me)
+            try:
+                return self._dump(reason, exc, timeout_s)
+            finally:
+                self._dumping.discard(me)
 
     def _dump(self, reason: str, exc: BaseException | None, timeout_s: float | None) -> Path | None:
         # under the lock from the check to the flags: a SIGTERM dump waiting on an exception's dump in progress

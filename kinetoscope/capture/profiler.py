@@ -235,9 +235,12 @@ class Profiler:
         previous = sys.excepthook
 
         def excepthook(exc_type: Any, exc: Any, tb: Any) -> None:
-            if self._excepthook is not None and not issubclass(exc_type, KeyboardInterrupt):
+            if self._excepthook is None or issubclass(exc_type, KeyboardInterrupt):
+                previous(exc_type, exc, tb)
+                return
+            with watch.holding_sigterm():  # a launcher's SIGTERM waits for the dump and the traceback
                 watch.dump("exception", exc=exc)
-            previous(exc_type, exc, tb)
+                previous(exc_type, exc, tb)
 
         self._excepthook = (excepthook, previous)
         sys.excepthook = excepthook
@@ -600,7 +603,8 @@ class Profiler:
         loop = self._loop_manifest()
         manifest = Manifest(
             rank=r,
-            host={**_host_facts(self.rank.world_size), **self._sched_facts()},
+            host={**_host_facts(max(self.rank.world_size, rank_info().world_size)),  # a group made since start()
+                  **self._sched_facts()},
             pid=os.getpid(),
             argv=list(sys.argv),
             versions=versions(),
@@ -675,10 +679,11 @@ def _schedstat_ns(pid: int) -> int | None:
 
 
 def _host_facts(world_size: int) -> dict[str, Any]:
-    """The CPUs this process may run on, how many cores' worth of work they do together (None here: measured
-    after the manifest is first written, see ``Profiler._probe_cores``), torch's intra-op threads and how many of
-    the job's ranks share the host (the launcher's word; None: not said): what a what-if needs to judge whether
-    DataLoader workers would compete with the training for cores."""
+    """The CPUs this process may run on, the host's CPUs (more where a launcher pinned the rank to its own), how
+    many cores' worth of work they do together (None here: measured after the manifest is first written, see
+    ``Profiler._probe_cores``), torch's intra-op threads and how many of the job's ranks share the host (the
+    launcher's word; None: not said): what a what-if needs to judge whether DataLoader workers would compete with
+    the training for cores."""
     try:
         cpus: int | None = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
@@ -690,7 +695,8 @@ def _host_facts(world_size: int) -> dict[str, Any]:
             threads = int(torch.get_num_threads())
         except Exception:  # noqa: BLE001
             threads = None
-    return {"cpus": cpus, "cores_effective": None, "torch_threads": threads, "ranks_on_host": ranks_on_host(world_size)}
+    return {"cpus": cpus, "cpus_on_host": os.cpu_count(), "cores_effective": None, "torch_threads": threads,
+            "ranks_on_host": ranks_on_host(world_size)}
 
 
 def profile_loop(

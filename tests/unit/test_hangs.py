@@ -409,3 +409,43 @@ def test_sigterm_while_the_rank_writes_why_it_left_ends_after_the_dump(tmp_path)
     assert "ran on" not in proc.stdout
     doc = json.loads((tmp_path / "out" / "rank-0.hang.json").read_text())
     assert doc["reason"] == "exception" and doc["exception"]["message"] == "bad batch"
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_under_capture_a_sigterm_during_the_ranks_exception_waits_for_its_dump_and_traceback(tmp_path):
+    """The same race under ``kinetoscope capture`` (capture's own SIGTERM handler, the excepthook of auto-capture):
+    the SIGTERM sent while the rank writes why it left is held back until the dump is on disk and the traceback is
+    printed, then ends the process as SIGTERM would (capture passes on 143); the run's end names the crash, not the
+    SIGTERM (was: "SIGTERM", and no traceback)."""
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import os, signal, time, torch\n"
+        "from kinetoscope.capture import auto\n"
+        "model = torch.nn.Linear(4, 1)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for i in range(6):\n"
+        "    model(torch.randn(8, 4)).pow(2).mean().backward()\n"
+        "    opt.step()\n"
+        "    opt.zero_grad()\n"
+        "    if i == 3:\n"
+        "        watch = auto._state['watch']\n"
+        "        build = watch._build\n"
+        "        def build_then_stopped(*args, **kwargs):\n"
+        "            doc = build(*args, **kwargs)\n"
+        "            os.kill(os.getpid(), signal.SIGTERM)  # the launcher stops the job here\n"
+        "            for _ in range(50):\n"
+        "                time.sleep(0.01)\n"
+        "            return doc\n"
+        "        watch._build = build_then_stopped\n"
+        "        raise ValueError('bad batch')\n")
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "kinetoscope.cli", "capture", "--out", str(out), "--wait", "0",
+                           "--warmup", "1", "--active", "2", "--", sys.executable, str(script)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr[-3000:]
+    assert "ValueError: bad batch" in proc.stderr  # the traceback, printed before the process ended
+    doc = json.loads((out / "rank-0.hang.json").read_text())
+    assert doc["reason"] == "exception" and doc["exception"]["message"] == "bad batch"
+    manifest = json.loads((out / "rank-0.manifest.json").read_text())
+    assert manifest["ended_by"] == "ValueError"
