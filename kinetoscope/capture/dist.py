@@ -39,11 +39,13 @@ _RANKS_ON_HOST_ENV = ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOC
 
 def ranks_on_host(world_size: int) -> int | None:
     """How many of the job's ranks run on this host: 1 for a single process, the launcher's word for a job of
-    several, None where no launcher said (never guessed from the world size: ranks may span hosts)."""
+    several (at most the world size: Slurm's count is inherited by every process of an allocation), None where no
+    launcher said (never guessed from the world size: ranks may span hosts)."""
     if world_size <= 1:
         return 1
     for name in _RANKS_ON_HOST_ENV:
         value = os.environ.get(name, "").strip()
-        if value.isdigit() and int(value) > 0:  # Slurm's "2(x3)" (uneven nodes) is not one number: passed over
-            return int(value)
+        # Slurm's "2(x3)" (uneven nodes) is not one number: passed over; isdecimal, not isdigit ("²" is a digit)
+        if value.isdecimal() and int(value) > 0:
+            return min(int(value), world_size)
     return None

@@ -190,6 +190,30 @@ def test_ranks_on_one_host_share_its_cpus(tmp_path, ranks_on_host, step_us, said
     assert len(told) == 1 and (said in told[0] if said else "ranks" not in told[0])
 
 
+@pytest.mark.parametrize("ranks_on_host, cpus, cpus_on_host, step_us, workers, said", [
+    (1, 4, 4, 15_000, 2, "num_workers=2 after (4 CPUs, 2 for training)"),
+    (2, 4, 4, 25_500, 4, "num_workers=4 after (enough to hide loading; 4 CPUs shared by 2 ranks, 2 for training: "
+                         "the workers share the training's, which the CPU floor counts)"),
+    (2, 2, 4, 25_500, 4, "this rank may run on 2 of the host's 4 CPUs (pinned by its launcher)")])
+def test_the_workers_a_rank_can_have_are_its_share_of_the_cpus(tmp_path, ranks_on_host, cpus, cpus_on_host, step_us,
+                                                              workers, said):
+    """The same run with no worker count asked for: 4 workers would hide the 30 ms loads behind 10 ms of compute
+    (30 / 10 + 1). Alone on 4 CPUs with 2 training threads, 2 are free: 2 workers, a batch every 15 ms, above the
+    CPU floor ((20 + 30 + 1) / 4 = 12.75 ms): 15 ms. Two ranks on those 4 CPUs: this rank's 2 are the training's, so
+    the workers share them: the 4 the queue needs, held to the floor over 2 CPUs, 25.5 ms, and said. A rank its
+    launcher pinned to 2 of the host's 4 CPUs counts those 2 as its own (not halved again): 25.5 ms."""
+    b = TraceBuilder(rank=0, world_size=2)
+    for k in range(12):
+        b.step(k + 1, 40_000 * k, 40_000).loader(40_000 * k, 30_000)
+    out = _captured(tmp_path, b, {"num_workers": 0}, {"cpus": cpus, "cpus_on_host": cpus_on_host,
+                                                      "torch_threads": 2, "ranks_on_host": ranks_on_host})
+    _step_times(out, cpu_ns=30_000_000 + 20_000_000, wait_cpu_ns=30_000_000)
+    est = whatif.estimate(load_trace(out).ranks[0], finding("loader_stall"))
+    assert est["step_us_after"] == pytest.approx(step_us, abs=1)
+    assert any(a.startswith(f"num_workers={workers} after") for a in est["assumptions"])
+    assert any(said in a for a in est["assumptions"])
+
+
 def test_cpus_that_do_less_together_make_the_cpu_floor_higher(tmp_path):
     """The same run, where the capture measured the 2 CPUs doing 1.6 cores' work when both are busy (two vCPUs
     sharing a physical core). The training's 10 ms on 2 CPUs already ran at that rate: 16 ms of work, not 20; the

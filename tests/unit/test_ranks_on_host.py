@@ -32,8 +32,16 @@ def test_one_process_is_alone_on_its_host_whatever_the_environment(monkeypatch):
     assert ranks_on_host(1) == 1
 
 
-@pytest.mark.parametrize("value", ["2(x3)", "", "0", "-2", "two"])
+@pytest.mark.parametrize("value", ["2(x3)", "", "0", "-2", "two", "\u00b2"])
 def test_a_count_that_is_not_one_positive_number_is_not_said(monkeypatch, value):
-    """Slurm writes "2(x3)" for uneven nodes: no one number; nothing else said: unknown, never the world size."""
+    """Slurm writes "2(x3)" for uneven nodes: no one number ("²" is a digit to Python, not a count); nothing else
+    said: unknown, never the world size."""
     monkeypatch.setenv("SLURM_NTASKS_PER_NODE", value)
     assert ranks_on_host(6) is None
+
+
+def test_a_count_inherited_from_a_larger_allocation_is_at_most_the_world_size(monkeypatch):
+    """Every process of a Slurm allocation of 8 tasks a node inherits its count: a 2-process job in it shares the
+    host with no more than its own 2 ranks."""
+    monkeypatch.setenv("SLURM_NTASKS_PER_NODE", "8")
+    assert ranks_on_host(2) == 2

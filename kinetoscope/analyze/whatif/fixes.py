@@ -104,12 +104,16 @@ def _cores_together(host: dict[str, Any], cpus: int) -> tuple[float, str]:
 
 
 def _ranks_on_host(host: dict[str, Any], world_size: int | None) -> tuple[int, str]:
-    """(how many of the job's ranks share the host's CPUs, what the estimate says of it): 1 for a job of one rank,
-    else the launcher's count the capture recorded; 1 where it did not (said: each rank then counts every CPU as its
-    own)."""
-    ranks = host.get("ranks_on_host")
-    if world_size is not None and world_size <= 1:
+    """(how many ranks share this rank's CPUs, what the estimate says of it): 1 for a job of one process (a trace
+    without the job's size is one: several ranks write it), or for a rank pinned to CPUs of its own (fewer than the
+    host's: the launcher gave each rank its share), else the launcher's count the capture recorded; 1 where it did
+    not, said (each rank then counts every CPU as its own)."""
+    ranks, cpus, on_host = host.get("ranks_on_host"), host.get("cpus"), host.get("cpus_on_host")
+    if world_size is None or world_size <= 1:
         return 1, ""
+    if isinstance(ranks, int) and ranks > 1 and isinstance(cpus, int) and isinstance(on_host, int) and cpus < on_host:
+        return 1, (f"this rank may run on {cpus} of the host's {on_host} CPUs (pinned by its launcher): they are "
+                   "taken as its own")
     if isinstance(ranks, int) and ranks >= 1:
         return ranks, (f"{ranks} ranks share the host's CPUs (the launcher's count): each counts on its share"
                        if ranks > 1 else "")
@@ -168,11 +172,15 @@ def plan_loader(trace: RankTrace, g: ReplayGraph, params: dict[str, Any]) -> Pla
         # loading that mostly waits (storage, network) needs no core of its own: only CPU-heavy loading is
         # capped by the cores the training leaves free (and when its CPU use is unknown, to be safe)
         cpu_bound = load_cpu is None or load_cpu >= 0.5
-        free = (cpus // ranks - (threads or 1)) if cpus and cpu_bound else None
-        target = max(1, min(need, free)) if free and free > 0 else need
+        share = cpus / ranks if cpus else None  # this rank's CPUs, the same share the CPU floor below counts
+        free = int(share) - (threads or 1) if share and cpu_bound else None
+        target = max(1, min(need, free)) if free is not None and free > 0 else need
+        said = f"{cpus} CPUs" + (f" shared by {ranks} ranks" if ranks > 1 else "")
         assumptions.append(f"num_workers={target} after (" + (
-            f"{cpus} CPUs" + (f" shared by {ranks} ranks" if ranks > 1 else "") + f", {threads or 1} for training"
-            if free and free > 0 else "enough to hide loading") + ")")
+            f"{said}, {threads or 1} for training" if free is not None and free > 0
+            else f"enough to hide loading; {said}, {threads or 1} for training: the workers share the training's, "
+                 "which the CPU floor counts" if free is not None
+            else "enough to hide loading") + ")")
     elif target is not None:
         assumptions.append(f"num_workers={target} after, prefetch_factor={prefetch}")
     if target is not None and int(target) == 0:
