@@ -418,6 +418,24 @@ def export_job(tmp_path, busy=None):
     return load_dir(tmp_path)
 
 
+def test_a_starved_rank_names_the_ranks_on_its_host(tmp_path):
+    """The launcher's count of the job's ranks on the host is part of what the host finding says of it: six 10 ms
+    steps, each 2 ms waiting for a CPU (20%), 2 CPUs, 1 torch thread, 2 ranks on the host."""
+    import json
+
+    b = TraceBuilder()
+    for i in range(6):
+        b.step(i, i * 10_000, 10_000).op("aten::linear", i * 10_000 + 100, 9_000)
+    b.write(tmp_path / "rank-0.step-0-5.pt.trace.json")
+    steps_json(tmp_path, wall=[10_000_000] * 6, wait=[0] * 6, wait_cpu=[0] * 6, cpu=[8_000_000] * 6,
+               runqueue=[2_000_000] * 6, oncpu=[8_000_000] * 6)
+    (tmp_path / "rank-0.manifest.json").write_text(json.dumps({
+        "manifest_version": 2, "rank": 0, "host": {"cpus": 2, "torch_threads": 1, "ranks_on_host": 2}}))
+    (f,) = found(load_dir(tmp_path), "host_oversubscribed")
+    assert f.title.endswith("(2 CPUs, torch threads 1, 2 of the job's ranks on this host)")
+    assert f.evidence["ranks_on_host"] == 2 and f.evidence["runqueue_wait_fraction_of_steps"] == 0.2
+
+
 def test_the_step_where_the_capture_wrote_its_trace_is_not_the_run_s(tmp_path):
     """Was: three readers of three sets took out the step where the profiler writes its trace before judging the
     run's run-queue wait; the tool counted it (here 300 ms of 610: 49% of the run, critical). A capture that did not
@@ -1212,13 +1230,15 @@ def test_lateness_no_more_often_than_chance_is_no_straggler(tmp_path, late_steps
     assert f.severity == severity
 
 
-@pytest.mark.parametrize("late_steps, severity", [(38, "info"), (41, "warning")])
-def test_a_rank_last_in_under_two_of_three_collectives_is_no_straggler(tmp_path, late_steps, severity):
+@pytest.mark.parametrize("late_steps, severity, chance", [(38, "info", 0.0259), (39, "info", 0.0137),
+                                                    (40, "warning", 0.0067), (41, "warning", 0.0031)])
+def test_a_rank_last_in_under_two_of_three_collectives_is_no_straggler(tmp_path, late_steps, severity, chance):
     """Was: a 2-rank CLIP-style job on a loaded 2-CPU host whose rank 0 was last in 60% of 80 collectives (its
-    compute 13% slower on the same work; chance 4.7%) was claimed a straggler (two readers: lateness that moves).
-    60 steps of 40 ms, the late rank running 10 ms of untraced Python before the all-reduce. Rank 0 last in 38 of
-    60 (63.3%) is unlikely by chance (2.59%) but under two in three: information, and it says why; 41 of 60
-    (68.3%, chance 0.31%): the straggler, warning."""
+    compute 13% slower on the same work; chance 4.6%) was claimed a straggler (two readers: lateness that moves).
+    60 steps of 40 ms, the late rank running 10 ms of untraced Python before the all-reduce. Of 2 ranks a straggler
+    is last twice as often as the other: in 40 of 60. Rank 0 last in 38 or 39 of 60 is unlikely by chance (2.59%,
+    1.37%) but fewer: information, and it says why, and its title no straggler; 40 (0.67%) or 41 (0.31%) of 60: the
+    straggler, warning."""
     from kinetoscope.analyze.ingest.loader import load_trace
 
     for rank in (0, 1):
@@ -1233,17 +1253,25 @@ def test_a_rank_last_in_under_two_of_three_collectives_is_no_straggler(tmp_path,
     rep = build_report(load_trace(tmp_path / "job"))
     (f,) = found(rep, "straggler")
     assert f.rank == 0 and f.evidence["last_to_arrive_share"] == round(late_steps / 60, 4)
-    assert round(f.evidence["last_this_often_by_chance"], 4) == {38: 0.0259, 41: 0.0031}[late_steps]
+    assert round(f.evidence["last_this_often_by_chance"], 4) == chance
     assert f.severity == severity
-    assert ("under 67% (not 2 times as often as each of the group's other 1 rank)" in (f.ceiling_reason or "")) \
-        == (severity == "info")
+    if severity == "info":
+        assert f.ceiling_reason == (f"it is the last in {late_steps} of 60 of them, fewer than 40 (67%: 2 times as "
+                                    "often as each of its group's other 1 rank): lateness that moves between ranks "
+                                    "(a loaded or noisy host), not a straggler")
+        assert f.title.startswith("Rank 0 arrives last most often: ")
+    else:
+        assert f.ceiling_reason is None and f.title.startswith("Rank 0 is the straggler: ")
 
 
-def test_in_a_group_of_four_last_twice_as_often_as_each_other_rank_is_the_straggler(tmp_path):
-    """The bar scales with the group: of 4 ranks, a straggler is last at least twice as often as each of the other
-    three on average, 2 / (2 + 3) = 40% of the collectives. 20 steps of 40 ms; rank 0 runs 10 ms of untraced Python
-    before the all-reduce in the first 10 steps, ranks 1, 2, 3 in turn in the others: rank 0 last in 10 of 20 (50%;
-    by chance 1.39% among 4 ranks) is claimed: warning (a 2-rank bar of two in three would hold it to info)."""
+@pytest.mark.parametrize("late_steps, severity", [(9, None), (10, "warning")])
+def test_in_a_group_of_four_at_least_half_and_twice_as_often_as_each_other_rank_is_the_straggler(tmp_path, late_steps,
+                                                                                               severity):
+    """The bar scales with the group: of 4 ranks, twice as often as each of the other three on average is
+    2 / (2 + 3) = 40% of the collectives, under the 50% floor a rank must reach to be found at all: the bar is half.
+    20 steps of 40 ms; rank 0 runs 10 ms of untraced Python before the all-reduce in its first ``late_steps`` steps,
+    ranks 1, 2, 3 in turn in the others. Rank 0 last in 9 of 20 (45%): no straggler; in 10 of 20 (50%; by chance
+    1.39% among 4 ranks): the straggler, warning (a 2-rank bar of two in three would hold it to info)."""
     from kinetoscope.analyze.ingest.loader import load_trace
 
     for rank in range(4):
@@ -1251,15 +1279,18 @@ def test_in_a_group_of_four_last_twice_as_often_as_each_other_rank_is_the_stragg
         for s in range(20):
             t = s * 40_000
             b.step(s, t, 40_000).op("aten::linear", t + 100, 5_000)
-            late = rank == (0 if s < 10 else 1 + s % 3)
+            late = rank == (0 if s < late_steps else 1 + s % 3)
             arrive = t + 5_200 + (10_000 if late else 0)
             b.op("gloo:all_reduce", arrive, t + 37_000 - arrive, cat="user_annotation", tid=300)
         b.write(tmp_path / "job" / f"rank-{rank}.json")
     rep = build_report(load_trace(tmp_path / "job"))
+    if severity is None:
+        assert not found(rep, "straggler")
+        return
     (f,) = found(rep, "straggler")
     assert f.rank == 0 and f.evidence["last_to_arrive_share"] == 0.5
     assert round(f.evidence["last_this_often_by_chance"], 4) == 0.0139
-    assert f.severity == "warning"
+    assert f.severity == severity
 
 
 def test_the_chance_of_being_last_is_the_binomial_tail():

@@ -190,37 +190,44 @@ def straggler_finding(summaries: list[RankSummary], m: Matching, a: Arrivals, co
         "it: check what runs outside the profiled threads on its node.",
     }[cause]
     # as often last as chance would make one of its group's ranks: lateness that moves between ranks
-    group_size = int(member[member[:, i] & late].sum(axis=1).mean()) if (member[:, i] & late).any() else 2
-    chance = chance_of_last(int(round(last_share * considered)), considered, max(group_size, 2))
-    # last at least ``odds`` times as often as each other rank of its group on average: 2/3 of 2 ranks, 2/5 of 4
+    group_size = max(int(round(float(member[member[:, i] & late].sum(axis=1).mean())))
+                     if (member[:, i] & late).any() else 2, 2)
+    last_k = int(round(last_share * considered))
+    chance = chance_of_last(last_k, considered, group_size)
+    # last at least ``odds`` times as often as each other rank of its group on average (in a 2-rank group, in two of
+    # three collectives), and in at least half of them, the floor that found it (so of 3 ranks or more, half)
     odds = config.straggler_claim_min_odds
-    claim_share = odds / (odds + max(group_size, 2) - 1)
+    floor = max(config.straggler_min_last_share, odds / (odds + group_size - 1))
+    often = last_k * (odds + group_size - 1) >= odds * considered and last_share >= config.straggler_min_last_share
+    needed = max(math.ceil(odds * considered / (odds + group_size - 1)),
+                 math.ceil(config.straggler_min_last_share * considered))
+    by_chance = chance >= config.straggler_chance_max
     # a collective kernel's start is the rank's arrival only when the trace shows everything queued before it
     incomplete = sorted(s.rank for s in summaries if s.unknown_fraction > config.missing_activity_max_fraction)
     doubt = (f" - but the GPU activity of rank{'s' if len(incomplete) > 1 else ''} "
              f"{', '.join(map(str, incomplete))} is incomplete in the trace, so arrivals are not reliable"
              if incomplete else "")
+    held = bool(incomplete) or not often or by_chance
     return Finding(
         id="straggler",
-        # a rank last not much more often than the others (in a 2-rank group, in fewer than two of three collectives),
-        # or as often as chance would make any rank, is not told from lateness that moves between ranks (a loaded
-        # host, noise): said, not claimed
-        ceiling="info"
-        if incomplete or last_share < claim_share or chance >= config.straggler_chance_max
-        else "critical",
+        # a rank last not much more often than the others, or as often as chance would make any rank, is not told
+        # from lateness that moves between ranks (a loaded host, noise): said, not claimed
+        ceiling="info" if held else "critical",
         ceiling_reason=(
             None
-            if incomplete
-            else f"it is the last in {last_share:.0%} of them, under {claim_share:.0%} (not {odds:g} times as often "
-            f"as each of the group's other {max(group_size, 2) - 1} rank{'s' if group_size > 2 else ''}): lateness "
-            "that moves between ranks (a loaded or noisy host), not a straggler"
-            if last_share < claim_share
-            else f"any of its group's {max(group_size, 2)} ranks would be last this often by chance "
-            f"{chance:.0%} of the time: lateness that moves between ranks, not a straggler"
+            if incomplete or not held
+            else f"it is the last in {last_k} of {considered} of them, fewer than {needed} ({floor:.0%}: "
+            f"{odds:g} times as often as each of its group's other {group_size - 1} "
+            f"rank{'s' if group_size > 2 else ''}): lateness that moves between ranks (a loaded or noisy host), "
+            "not a straggler"
+            if not often
+            else f"any of its group's {group_size} ranks would be last this often by chance "
+            f"{chance:.1%} of the time: lateness that moves between ranks, not a straggler"
         ),
         rank=int(slow),
         title=(
-            f"Rank {slow} is the straggler: it arrives last at {last_share:.0%} of the {considered} collectives of its "
+            (f"Rank {slow} arrives last most often" if held and not incomplete else f"Rank {slow} is the straggler")
+            + f": it arrives last at {last_share:.0%} of the {considered} collectives of its "
             f"groups in which a rank waited, "
             f"and the others wait {cost_per_step_us / 1000:.2f} ms per step for it"
             + (f" (cause: {cause})" if cause != "unknown" else "")

@@ -121,7 +121,8 @@ class AnalysisConfig:
     #: consistently late; lateness that moves from rank to rank is noise).
     straggler_min_last_share: float = 0.5
     #: ... and, to be claimed, it is the last at least this many times as often as each other rank of its group on
-    #: average, whatever seems to explain it: in a 2-rank group, in two of three collectives. A rank last in 60% of
+    #: average (and in half the collectives, the floor above: of 3 ranks or more that floor is the bar), whatever
+    #: seems to explain it: in a 2-rank group, in two of three collectives. A rank last in 60% of
     #: 80 collectives on a loaded 2-CPU host, slower in compute by 13% on the same work, is lateness that moves
     #: between ranks (two readers: no straggler); one last in 15 of 19, or 15 of 20, is the straggler, explained or
     #: not (readers: warning; an unexplained one is worth its whole wait as an upper bound). Was 80% where no part of
