@@ -44,9 +44,9 @@ class Manifest(msgspec.Struct, kw_only=True):
 
     manifest_version: int = MANIFEST_VERSION
     rank: int
-    #: the host's facts: cpus, cores_effective (measured), torch_threads, ranks_on_host (the launcher's count of the
-    #: job's ranks on this host; null: not said), thread_schedstat ("recorded" or null) and
-    #: thread_schedstat_not_recorded (why not) (version 1 wrote the host's name here)
+    #: the host's facts: cpus (the process's), cpus_on_host, cores_effective (measured), torch_threads, ranks_on_host
+    #: (the launcher's count of the job's ranks on this host; null: not said), thread_schedstat ("recorded" or null)
+    #: and thread_schedstat_not_recorded (why not) (version 1 wrote the host's name here)
     host: Any = None
     pid: int
     argv: list[str]
