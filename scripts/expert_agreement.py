@@ -38,7 +38,9 @@ tuned on say how it generalises:
 - a tenth held-out set: twelve more (sample_traces/heldout10/), captured with the capture that times its own trace
   writing, scored once on the code after the ninth set's rule (2366b5c).
 - an eleventh held-out set: twelve more (sample_traces/heldout11/), captured at 6039d9a, scored once on the code
-  after the tenth set's rules.
+  after the tenth set's rules (fdfd587).
+- a twelfth held-out set: twelve more (sample_traces/heldout12/), captured at cac6ac8 (with the launcher's count of
+  ranks per host), scored once on the code after the eleventh set's straggler bar.
 
 Public traces are not bundled (fetched test data of other projects): put them in one folder and name it with
 KINETOSCOPE_PUBLIC_TRACES; a reading whose trace is not here is listed as such.
@@ -89,7 +91,10 @@ SETS = (("in-sample", ROOT / "tests" / "expert"),
         ("tenth held-out set, second independent reader", ROOT / "tests" / "expert" / "heldout10_captures_b"),
         ("eleventh held-out set: twelve more programs, scored on the code after the tenth",
          ROOT / "tests" / "expert" / "heldout11_captures"),
-        ("eleventh held-out set, second independent reader", ROOT / "tests" / "expert" / "heldout11_captures_b"))
+        ("eleventh held-out set, second independent reader", ROOT / "tests" / "expert" / "heldout11_captures_b"),
+        ("twelfth held-out set: twelve more programs, scored on the code after the eleventh",
+         ROOT / "tests" / "expert" / "heldout12_captures"),
+        ("twelfth held-out set, second independent reader", ROOT / "tests" / "expert" / "heldout12_captures_b"))
 
 
 def _claims(items: dict[tuple[str, int], str]) -> str:
