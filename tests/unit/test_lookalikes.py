@@ -973,6 +973,28 @@ def test_a_ranks_wait_for_a_straggler_is_not_exposure_overlap_can_hide(tmp_path)
     assert rep.worst_rank == 2  # among findings as severe, the straggler's rank
 
 
+def test_an_op_that_waits_for_a_collective_inside_it_is_not_compute(tmp_path):
+    """Was: a tensor-parallel forward on gloo (DTensor) read 99% overlapped: its ``aten::sum`` holds the
+    ``_c10d_functional::wait_tensor`` of its Partial output's all-reduce, and the sum counted as compute the whole
+    time (two readers: 30% and 41% of the window exposed, warning). 10 steps of 10 ms on one CPU rank: 4 ms of
+    ``aten::linear``, then ``aten::sum`` over 4-8 ms holding a wait over 4.1-7.9 ms, while gloo's thread runs the
+    all-reduce over 4-8 ms. Compute is 0-4.1 and 7.9-8 ms: 3.8 ms of each step's all-reduce is exposed, 38% of the
+    100 ms window."""
+    b = TraceBuilder()
+    for s in range(10):
+        t = s * 10_000
+        b.step(s, t, 10_000).op("aten::linear", t, 4_000)
+        b.op("aten::sum", t + 4_000, 4_000)
+        b.op("_c10d_functional::all_reduce", t + 3_950, 40)
+        b.op("_c10d_functional::wait_tensor", t + 4_100, 3_800)
+        b.op("gloo:all_reduce", t + 4_000, 4_000, cat="user_annotation", tid=300)
+    rep = report_of(tmp_path, b)
+    comm = rep.ranks[0]["comm"]
+    assert comm["time_us"] == 40_000 and comm["exposed_us"] == 38_000
+    (f,) = found(rep, "exposed_comm")
+    assert f.evidence["exposed_fraction_of_window"] == 0.38
+
+
 def test_lateness_that_moves_between_ranks_stays_exposure(tmp_path):
     """Was: FSDP2 on 2 ranks of a loaded host, each rank late in turn: each rank's exposed communication less all its
     waits for the other read 2% and 0% of the window (info), though neither rank is a straggler to fix - the time was
