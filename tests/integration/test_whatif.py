@@ -139,6 +139,24 @@ def test_more_workers_for_a_steadily_stalled_loader(tmp_path):
     assert est3["step_us_after"] == pytest.approx(40_000 / 3, abs=1)
 
 
+def test_the_hand_over_the_loop_works_through_stays_with_more_workers(tmp_path):
+    """Was: a loop whose waits were alike (2 ms a step) and whose CPU was busy 65% of them was told "the workers keep
+    up: more workers will not help", yet the replay with twice the workers removed the whole wait (alike waits read
+    as no ready batch, a hand-over of 0): a warning at 5% of the run (two readers: under 3%, info). 2 workers, 12
+    steps of 10 ms, each opening with a 2.5 ms wait through which the process's CPU is busy 60%: taking a batch over
+    costs 1.5 ms, and stays. With 64 workers batches are always ready: the step is its 7.5 ms of compute plus 1.5 ms."""
+    b = waiting_steps(10_000, 2_500, multiprocess=True)
+    out = _captured(tmp_path, b, {"num_workers": 2, "prefetch_factor": 2})
+    n = 14
+    (out / "rank-0.steps.json").write_text(json.dumps({
+        "step_wall_ns": [10_000_000] * n, "data_wait_ns": [2_500_000] * n, "profiled": [False] * n,
+        "step_cpu_ns": [9_000_000] * n, "data_wait_cpu_ns": [1_500_000] * n}))
+    est = whatif.estimate(load_trace(out).ranks[0], finding("loader_stall"), {"num_workers": 64})
+    assert est["step_us_after"] == pytest.approx(9_000, abs=1)
+    assert any("taking a batch over costs the loop 1.50 ms: the process's CPU is busy 60% of its waits" in a
+               for a in est["assumptions"])
+
+
 def test_num_workers_zero_each_wait_is_a_batch(tmp_path):
     """num_workers=0: each 30 ms wait is one batch loaded inline; compute 10 ms; taking a batch from a worker
     costs the loop 1 ms (the hand-over a trace without workers cannot show). Two workers give a batch every

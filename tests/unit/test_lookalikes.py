@@ -325,7 +325,10 @@ def test_the_hand_over_is_not_workers_falling_behind(tmp_path):
     rep = build_report(__import__("kinetoscope.analyze.ingest.loader", fromlist=["load_trace"]).load_trace(tmp_path))
     (f,) = found(rep, "loader_stall")
     assert f.evidence["wait_kind"] == "handover" and f.evidence["wait_cpu_fraction"] == 0.96
-    assert "more workers will not help" in f.recommendation and "raise num_workers" not in f.recommendation
+    # and the replay agrees: the hand-over (96% of each 2.5 ms wait) stays with more workers, so the step gains
+    # under 3%, and the advice says that rather than a fix the estimate does not back
+    assert f.severity == "info" and "raise num_workers" not in f.recommendation
+    assert f.recommendation.startswith("More DataLoader workers would not make the step faster here")
 
 
 def test_workers_falling_behind_are_told_to_grow(tmp_path):
