@@ -322,6 +322,9 @@ class MemoryDevice(Record, frozen=True):
     steady_reserved_growth: bool
     fragmentation_bytes_max: int | None
     steps_fitted: int
+    #: blocks allocated again at an address the trace still held live: their frees ran on a thread the profiler does
+    #: not record (the CPU allocator's total the trace reports then never comes down for them); None: no addresses
+    unrecorded_frees: int | None = None
 
 
 class Memory(Record, frozen=True):
