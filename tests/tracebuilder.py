@@ -84,7 +84,11 @@ class TraceBuilder:
         return self
 
     def memory(self, ts: float, nbytes: int, *, allocated: int | None, reserved: int | None = None,
-               device_type: int = 1, device_id: int = 0, addr: int = 1234) -> TraceBuilder:
+               device_type: int = 1, device_id: int = 0, addr: int | None = None) -> TraceBuilder:
+        """A ``[memory]`` event; ``addr`` None: an address no other event of this builder has (one address shared by
+        every allocation would read as frees the trace did not record)."""
+        if addr is None:
+            addr = 1 << 40 | sum(e.get("name") == "[memory]" for e in self.events) << 12
         args: dict[str, Any] = {"Bytes": nbytes, "Device Type": device_type, "Device Id": device_id, "Addr": addr}
         if allocated is not None:
             args["Total Allocated"] = allocated

@@ -153,8 +153,32 @@ def test_the_hand_over_the_loop_works_through_stays_with_more_workers(tmp_path):
         "step_cpu_ns": [9_000_000] * n, "data_wait_cpu_ns": [1_500_000] * n}))
     est = whatif.estimate(load_trace(out).ranks[0], finding("loader_stall"), {"num_workers": 64})
     assert est["step_us_after"] == pytest.approx(9_000, abs=1)
-    assert any("taking a batch over costs the loop 1.50 ms: the process's CPU is busy 60% of its waits" in a
-               for a in est["assumptions"])
+    assert any("taking a batch over costs the loop 1.50 ms: the process's CPU (all its threads) is busy 60% of its "
+               "waits" in a for a in est["assumptions"])
+    # a hand-over given by hand is the one used, and the only one said
+    given = whatif.estimate(load_trace(out).ranks[0], finding("loader_stall"), {"num_workers": 64, "handoff_ms": 0.2})
+    assert given["step_us_after"] == pytest.approx(7_700, abs=1)
+    assert not any("taking a batch over costs the loop 1.50" in a for a in given["assumptions"])
+
+
+def test_a_ready_batch_measures_the_hand_over_whatever_the_cpu_says(tmp_path):
+    """Short waits (0.3 ms: batches that were ready) measure taking a batch over; the process's CPU share through
+    the waits (60%, all threads) does not replace that. 2 workers, 12 steps of 10 ms: a 9 ms stall every 4th step,
+    0.3 ms waits between. With 64 workers every batch is ready: each step is its compute plus the 0.3 ms hand-over
+    (the median of the short waits), 10 - 0.3 + 0.3 = 10 ms for the short steps and 10 - 9 + 0.3 = 1.3 ms for the
+    stalled ones: (9 x 10 + 3 x 1.3) / 12 = 7.825 ms."""
+    b = TraceBuilder()
+    for k in range(12):
+        wait = 9_000 if k % 4 == 3 else 300
+        b.step(k + 1, 10_000 * k, 10_000).loader(10_000 * k, wait, multiprocess=True)
+    out = _captured(tmp_path, b, {"num_workers": 2, "prefetch_factor": 2})
+    n = 14
+    (out / "rank-0.steps.json").write_text(json.dumps({
+        "step_wall_ns": [10_000_000] * n, "data_wait_ns": [2_475_000] * n, "profiled": [False] * n,
+        "step_cpu_ns": [9_000_000] * n, "data_wait_cpu_ns": [1_485_000] * n}))
+    est = whatif.estimate(load_trace(out).ranks[0], finding("loader_stall"), {"num_workers": 64})
+    assert est["step_us_after"] == pytest.approx(7_825, abs=1)
+    assert not any("taking a batch over costs the loop" in a for a in est["assumptions"])
 
 
 def test_num_workers_zero_each_wait_is_a_batch(tmp_path):

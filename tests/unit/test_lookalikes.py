@@ -1000,26 +1000,60 @@ def test_an_op_that_waits_for_a_collective_inside_it_is_not_compute(tmp_path):
     assert f.evidence["exposed_fraction_of_window"] == 0.38
 
 
-@pytest.mark.parametrize("reused", [True, False])
-def test_cpu_growth_from_frees_the_profiler_did_not_record_cannot_be_told(tmp_path, reused):
+@pytest.mark.parametrize("case", ["reused", "fresh", "leak_beside_one_reuse"])
+def test_cpu_growth_from_frees_the_profiler_did_not_record_cannot_be_told(tmp_path, case):
     """Was: DDP's fp16 compression hook on gloo read as a CPU leak of 1.27 MiB a step, warning: each step's
     compressed buckets are allocated on the training thread and freed on gloo's, which the profiler does not record,
     and the CPU allocator's total in the trace never comes down for them (one reader: no leak, the addresses are
     handed out again; the other: warning, "the trace can't tell"). 8 steps of 1 ms, each allocating a 1 MiB block
-    with no free recorded, the total rising 1 MiB a step. At addresses handed out again (two alternating): 6 blocks
-    allocated where the trace still held one live, so the growth is said and held to info; at a new address each
-    step (a leak the trace shows whole): a warning."""
+    with no free recorded, the total rising 1 MiB a step:
+    - at two addresses handed out in turn: 6 blocks allocated where the trace still held one live, 6 MiB freed
+      unseen over the 8 steps fitted (0.75 MiB a step, over half the growth): said, and held to info;
+    - at a new address each step (a leak the trace shows whole): a warning;
+    - a 16 MiB-a-step leak at new addresses beside one 4 KiB block allocated twice at one address (4 KiB freed
+      unseen): still the leak, a warning."""
     b = TraceBuilder()
     base = 64 * MiB
     for i in range(8):
         b.step(i, i * 1000, 1000)
+        if case == "leak_beside_one_reuse":
+            b.memory(i * 1000 + 500, 16 * MiB, allocated=base + (i + 1) * 16 * MiB, device_type=0, device_id=-1,
+                     addr=10 * 2**30 + i * 16 * MiB)
+            if i in (2, 3):
+                b.memory(i * 1000 + 600, 4096, allocated=base + (i + 1) * 16 * MiB + (i - 1) * 4096, device_type=0,
+                         device_id=-1, addr=4096)
+            continue
         b.memory(i * 1000 + 500, MiB, allocated=base + (i + 1) * MiB, device_type=0, device_id=-1,
-                 addr=(4096 + (i % 2) * MiB) if reused else 4096 + i * MiB)
+                 addr=(4096 + (i % 2) * MiB) if case == "reused" else 4096 + i * MiB)
     (f,) = found(report_of(tmp_path, b), "memory_growth")
-    assert f.evidence["growth_bytes_per_step"] == MiB
-    assert f.evidence["unrecorded_frees"] == (6 if reused else 0)
-    assert f.severity == ("info" if reused else "warning")
-    assert ("6 blocks were allocated again at addresses the trace still held live" in f.title) == reused
+    expected = {"reused": (MiB, 6, 6 * MiB, "info"), "fresh": (MiB, 0, 0, "warning"),
+                "leak_beside_one_reuse": (16 * MiB, 1, 4096, "warning")}[case]
+    assert (f.evidence["growth_bytes_per_step"], f.evidence["unrecorded_frees"], f.evidence["unrecorded_free_bytes"],
+            f.severity) == expected
+    assert ("6 blocks were allocated again at addresses the trace still held live (0.8 MiB a step"
+            in f.title) == (case == "reused")
+
+
+@pytest.mark.parametrize("case, exposed_us", [("functional_launch_spans_it", 40_000), ("wait_on_another_thread", 0)])
+def test_functional_collectives_are_communication_and_a_wait_stops_only_its_thread(tmp_path, case, exposed_us):
+    """10 steps of 10 ms on one CPU rank, gloo's thread running a 4 ms all-reduce over 4-8 ms each step, and
+    ``aten::linear`` over 0-4 ms. A ``_c10d_functional::all_reduce`` op over the same 4 ms on the training thread is
+    communication, not compute: all 4 ms exposed, 40 ms in all. A ``wait_tensor`` over 4-8 ms on a helper thread
+    (tid 200) while the training thread runs ``aten::mm`` over 4-8 ms stops the helper only: the mm hides the
+    all-reduce, nothing exposed."""
+    b = TraceBuilder()
+    for s in range(10):
+        t = s * 10_000
+        b.step(s, t, 10_000).op("aten::linear", t, 4_000)
+        if case == "functional_launch_spans_it":
+            b.op("_c10d_functional::all_reduce", t + 4_000, 4_000)
+        else:
+            b.op("aten::mm", t + 4_000, 4_000)
+            b.op("aten::sum", t + 4_000, 4_000, tid=200)
+            b.op("_c10d_functional::wait_tensor", t + 4_000, 4_000, tid=200)
+        b.op("gloo:all_reduce", t + 4_000, 4_000, cat="user_annotation", tid=300)
+    comm = report_of(tmp_path, b).ranks[0]["comm"]
+    assert comm["time_us"] == 40_000 and comm["exposed_us"] == exposed_us
 
 
 def test_lateness_that_moves_between_ranks_stays_exposure(tmp_path):

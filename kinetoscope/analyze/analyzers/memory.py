@@ -29,17 +29,20 @@ def _series(group: pd.DataFrame) -> tuple[np.ndarray, str]:
     return np.cumsum(group["bytes"].to_numpy(np.int64)), "cumulative_bytes"
 
 
-def unrecorded_frees(group: pd.DataFrame) -> int | None:
-    """How many blocks were allocated at an address the trace still held live (no free recorded since its last
-    allocation there): the earlier block's free ran on a thread the profiler does not record (gloo's, a pin-memory
-    thread). None where the trace records no addresses."""
-    g = group[["addr", "bytes"]].dropna()
+def unrecorded_frees(group: pd.DataFrame, start_ns: int, end_ns: int) -> tuple[int, int] | None:
+    """(how many blocks, how many bytes) were allocated in ``[start_ns, end_ns]`` at an address the trace still held
+    live (no free recorded since the last allocation there), and the bytes of those earlier blocks: their frees ran
+    on a thread the profiler does not record (gloo's, a pin-memory thread). None where the trace records no
+    addresses."""
+    g = group[["addr", "bytes", "ts_ns"]].dropna()
     if g.empty:
         return None
-    order = np.lexsort((group.loc[g.index, "ts_ns"].to_numpy(np.int64), g["addr"].to_numpy(np.int64)))
+    order = np.lexsort((g["ts_ns"].to_numpy(np.int64), g["addr"].to_numpy(np.int64)))
     addr = g["addr"].to_numpy(np.int64)[order]
-    alloc = g["bytes"].to_numpy(np.int64)[order] > 0
-    return int((alloc[1:] & alloc[:-1] & (addr[1:] == addr[:-1])).sum())
+    size = g["bytes"].to_numpy(np.int64)[order]
+    ts = g["ts_ns"].to_numpy(np.int64)[order]
+    again = (size[1:] > 0) & (size[:-1] > 0) & (addr[1:] == addr[:-1]) & (ts[1:] >= start_ns) & (ts[1:] <= end_ns)
+    return int(again.sum()), int(size[:-1][again].sum())
 
 
 def _asof(ts: np.ndarray, values: np.ndarray, at: np.ndarray) -> np.ndarray:
@@ -241,8 +244,13 @@ def _device_metrics(
         if per_step["fragmentation_bytes"].notna().any()
         else None,
         "steps_fitted": int(len(fit)),
-        "unrecorded_frees": unrecorded_frees(group),
     }
+    # the CPU allocator's total in the trace comes down only for frees on threads the profiler records (a caching
+    # GPU allocator reports its own totals, whatever thread frees): on the CPU, blocks allocated again at an address
+    # still held live show frees it never took off
+    missed = unrecorded_frees(group, w.start_ns, w.end_ns) if device_type == 0 else None
+    metrics["unrecorded_frees"] = missed[0] if missed is not None else None
+    metrics["unrecorded_free_bytes"] = missed[1] if missed is not None else None
     if slope is not None:
         intercept = float(np.median(fit["allocated_bytes"].to_numpy(np.float64) - slope * x))
         per_step["growth_fit_bytes"] = intercept + slope * per_step["step"].to_numpy(np.float64)
@@ -338,21 +346,23 @@ def _growth_finding(
     roomy = steps_to_oom is not None and steps_to_oom > config.memory_leak_horizon_steps
     oom = (f"; out of memory in ~{steps_to_oom:,} steps" if steps_to_oom is not None
            else "; the device's memory is not recorded")
-    # the CPU allocator's total the trace reports comes down only for frees on threads the profiler records: blocks
-    # freed on another thread (DDP's buckets on gloo's) leave it growing; a block allocated again at an address the
-    # trace still held live shows such frees, and then growth cannot be told from them (a caching GPU allocator
-    # reports its own totals, whatever thread frees)
-    missed = m.get("unrecorded_frees") or 0 if device_type == 0 else 0
-    blind = (f"; but {missed} block{'s were' if missed != 1 else ' was'} allocated again at addresses the trace "
-             "still held live: frees ran on threads the profiler does not record (a gloo or pin-memory thread), and "
-             "the CPU allocator's total in the trace never comes down for them, so this growth cannot be told from "
-             "those frees" if missed else "")
+    # blocks freed on a thread the profiler does not record (DDP's buckets on gloo's) leave the CPU allocator's total
+    # in the trace growing; those the trace shows (allocated again at an address still held live) are a lower bound
+    # on them: where they come to half the growth or more, growth cannot be told from such frees (one such block
+    # beside a leak of its own is still the leak)
+    missed = m.get("unrecorded_frees") or 0
+    unseen_per_step = (m.get("unrecorded_free_bytes") or 0) / max(n, 1)
+    blind = bool(missed) and unseen_per_step >= config.memory_unrecorded_free_share * slope
+    said = (f"; but {missed} block{'s were' if missed != 1 else ' was'} allocated again at addresses the trace "
+            f"still held live ({_size(unseen_per_step)} a step freed where the profiler does not record it, on a gloo "
+            "or pin-memory thread, and never taken off the CPU allocator's total in the trace): this growth cannot "
+            "be told from such frees" if blind else "")
     return Finding(
         id="memory_growth",
-        severity="info" if missed or roomy else "critical" if critical else "warning",
+        severity="info" if blind or roomy else "critical" if critical else "warning",
         rank=trace.rank,
         title=(f"{m['device']} memory grows {_size(slope)} every step (judged over {n} steps){oom}"
-               + (f", longer than a run of {config.memory_leak_horizon_steps:,} steps" if roomy else "") + blind),
+               + (f", longer than a run of {config.memory_leak_horizon_steps:,} steps" if roomy else "") + said),
         evidence={
             "device": m["device"],
             "growth_bytes_per_step": slope,
@@ -369,6 +379,7 @@ def _growth_finding(
             "device_total_bytes": total,
             "steps_to_out_of_memory": steps_to_oom,
             "unrecorded_frees": m.get("unrecorded_frees"),
+            "unrecorded_free_bytes": m.get("unrecorded_free_bytes"),
         },
         recommendation=(
             "Something keeps a reference every step. Usual causes: accumulating a loss or output tensor that "

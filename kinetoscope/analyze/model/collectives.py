@@ -127,9 +127,11 @@ def host_collectives(trace: RankTrace) -> pd.DataFrame:
 #: collectives, ``_c10d_functional::``, are DTensor's, tensor parallelism's and compiled code's)
 _NOT_HOST_COMPUTE_RE = re.compile(r"^(?:c10d::|_?c10d_functional(?:_autograd)?::|record_param_comms|nccl:|gloo:|rccl:|"
                                   r"aten::wait|ProfilerStep#|enumerate\(|Optimizer\.|## |DistributedDataParallel\.)")
-#: host ops in which their thread waits for a collective to finish: whatever op holds one (DTensor's ``aten::sum``
-#: around the ``wait_tensor`` of its Partial output) computes nothing meanwhile
-_HOST_COLLECTIVE_WAIT_RE = re.compile(r"^(?:_?c10d_functional::wait_tensor|aten::wait|c10d::wait)")
+#: host ops in which their thread waits: for a functional collective (``wait_tensor``: whatever op holds one,
+#: DTensor's ``aten::sum`` around the wait for its Partial output's all-reduce, computes nothing meanwhile), or for
+#: a TorchScript fork (``aten::wait``: the forked work counts on its own thread). ``Work.wait()`` after
+#: ``async_op=True`` records no op of its own: its wait is not seen here
+_HOST_COLLECTIVE_WAIT_RE = re.compile(r"^(?:_?c10d_functional::wait_tensor|aten::wait)$")
 
 
 def host_compute(trace: RankTrace, comm_threads: set[str], w: Window) -> iv.Intervals:
@@ -138,16 +140,20 @@ def host_compute(trace: RankTrace, comm_threads: set[str], w: Window) -> iv.Inte
     (was: a tensor-parallel forward's ``aten::sum`` holding the wait for its all-reduce read as compute, and 30% of
     a window spent waiting as 99% overlapped)."""
     ev = trace.events
-    ops = ev[kind_mask(ev, ("cpu_op",)) & ~name_mask(ev, _NOT_HOST_COMPUTE_RE)]
-    ops = ops[~ops["tid"].astype(str).isin(comm_threads).to_numpy()]
-    waits = ev[kind_mask(ev, ("cpu_op",)) & name_mask(ev, _HOST_COLLECTIVE_WAIT_RE)]
-    if not len(waits):
+    cpu = kind_mask(ev, ("cpu_op",))
+    tids = ev["tid"].astype(str).to_numpy()
+    keep = cpu & ~name_mask(ev, _NOT_HOST_COMPUTE_RE) & ~np.isin(tids, list(comm_threads))
+    ops, op_tids = ev[keep], tids[keep]
+    held = cpu & name_mask(ev, _HOST_COLLECTIVE_WAIT_RE)
+    if not held.any():
         return iv.clip(iv.union(ops["ts_ns"].to_numpy(), ops["end_ns"].to_numpy()), w.start_ns, w.end_ns)
+    waits, wait_tids = ev[held], tids[held]
     busy = []
-    for tid, mine in ops.groupby(ops["tid"].astype(str), sort=False):  # a wait stops only its own thread
-        held = waits[waits["tid"].astype(str).to_numpy() == tid]
+    for tid in np.unique(op_tids):  # a wait stops only its own thread
+        mine = ops[op_tids == tid]
         own = iv.union(mine["ts_ns"].to_numpy(), mine["end_ns"].to_numpy())
-        busy.append(iv.subtract(own, iv.union(held["ts_ns"].to_numpy(), held["end_ns"].to_numpy())) if len(held)
+        its = waits[wait_tids == tid]
+        busy.append(iv.subtract(own, iv.union(its["ts_ns"].to_numpy(), its["end_ns"].to_numpy())) if len(its)
                     else own)
     starts = np.concatenate([b[0] for b in busy]) if busy else np.zeros(0, np.int64)
     ends = np.concatenate([b[1] for b in busy]) if busy else np.zeros(0, np.int64)

@@ -322,9 +322,11 @@ class MemoryDevice(Record, frozen=True):
     steady_reserved_growth: bool
     fragmentation_bytes_max: int | None
     steps_fitted: int
-    #: blocks allocated again at an address the trace still held live: their frees ran on a thread the profiler does
-    #: not record (the CPU allocator's total the trace reports then never comes down for them); None: no addresses
+    #: CPU only: blocks allocated again in the window at an address the trace still held live, and the bytes of the
+    #: blocks so freed unseen: their frees ran on a thread the profiler does not record (the CPU allocator's total
+    #: the trace reports never comes down for them); None: a GPU device, or no addresses
     unrecorded_frees: int | None = None
+    unrecorded_free_bytes: int | None = None
 
 
 class Memory(Record, frozen=True):

@@ -187,15 +187,18 @@ def plan_loader(trace: RankTrace, g: ReplayGraph, params: dict[str, Any]) -> Pla
         return None
     # a batch prepared in a worker still has to reach the training process (collate + shared memory)
     handoff = int(handoff_ns(waits)) if not single else HANDOFF_PRIOR_NS
-    if not single and load_cpu is not None and load_cpu >= HANDOVER_CPU_SHARE:
-        # the loop works through its waits (loader.wait_kind's "handover"): that CPU work is taking each batch over
-        # (unpickling, collating, pinning), which more workers keep (was: waits alike read as no ready batch, a
-        # hand-over of 0, and a loop told "more workers will not help" was worth its whole wait with more of them)
+    if (not single and not handoff and params.get("handoff_ms") is None and load_cpu is not None
+            and load_cpu >= HANDOVER_CPU_SHARE):
+        # no ready batch to measure the hand-over by (waits alike), but the loop works through its waits
+        # (loader.wait_kind's "handover"): that CPU work is taking each batch over (unpickling, collating, pinning),
+        # which more workers keep (was: a hand-over of 0, and a loop told "more workers will not help" was worth its
+        # whole wait with more of them). The process's CPU counts all its threads (a pin-memory thread's too): an
+        # upper bound on the hand-over, said
         taking = float(waits.mean()) * min(load_cpu, 1.0)
-        if taking > handoff:
-            handoff = int(taking)
-            assumptions.append(f"taking a batch over costs the loop {taking / 1e6:.2f} ms: the process's CPU is busy "
-                               f"{load_cpu:.0%} of its waits, the hand-over's work, which more workers keep")
+        handoff = int(taking)
+        assumptions.append(f"taking a batch over costs the loop {taking / 1e6:.2f} ms: the process's CPU (all its "
+                           f"threads) is busy {load_cpu:.0%} of its waits, the hand-over's work, which more workers "
+                           "keep; no ready batch in the window measures it")
     if params.get("handoff_ms") is not None:
         handoff = int(float(params["handoff_ms"]) * 1e6)
         assumptions.append(f"a batch from a worker costs the loop {handoff / 1e6:.2f} ms to take (given)")
