@@ -329,11 +329,8 @@ def _on_crash_and_signals() -> None:
         watch = _state["watch"]
         if watch is None or exc_type is KeyboardInterrupt:
             previous_hook(exc_type, exc, tb)
-            return
-        # a launcher's SIGTERM (a peer gone) waits for the dump and the traceback: both say why this rank left
-        with watch.holding_sigterm():
-            watch.dump("exception", exc=exc)  # the other ranks will wait for this one: say why it left
-            previous_hook(exc_type, exc, tb)
+        else:
+            watch.on_uncaught(exc, lambda: previous_hook(exc_type, exc, tb))
 
     sys.excepthook = excepthook
     if threading.current_thread() is not threading.main_thread():

@@ -200,6 +200,14 @@ class HangWatch:
             return True
         return False
 
+    def on_uncaught(self, exc: BaseException, then: Callable[[], None]) -> None:
+        """An excepthook's part: the rank's dump for the exception that ends it (the other ranks will wait for this
+        one: say why it left), then ``then`` (the hook before capture's, which prints the traceback), a launcher's
+        SIGTERM (a peer gone) held back over both."""
+        with self.holding_sigterm():
+            self.dump("exception", exc=exc)
+            then()
+
     @contextmanager
     def holding_sigterm(self) -> Iterator[None]:
         """SIGTERM held back in this thread while the block runs (a dump, an excepthook's dump and the traceback it

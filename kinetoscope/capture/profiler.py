@@ -237,10 +237,8 @@ class Profiler:
         def excepthook(exc_type: Any, exc: Any, tb: Any) -> None:
             if self._excepthook is None or issubclass(exc_type, KeyboardInterrupt):
                 previous(exc_type, exc, tb)
-                return
-            with watch.holding_sigterm():  # a launcher's SIGTERM waits for the dump and the traceback
-                watch.dump("exception", exc=exc)
-                previous(exc_type, exc, tb)
+            else:
+                watch.on_uncaught(exc, lambda: previous(exc_type, exc, tb))
 
         self._excepthook = (excepthook, previous)
         sys.excepthook = excepthook

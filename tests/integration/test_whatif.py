@@ -109,9 +109,11 @@ def _captured(tmp_path: Path, b: TraceBuilder, dataloader: dict, host: dict | No
     return out
 
 
-def waiting_steps(step_us: int, wait_us: int, *, multiprocess: bool = False, steps: int = 12) -> TraceBuilder:
-    """``steps`` steps of ``step_us``, each opening with a ``wait_us`` wait for data."""
-    b = TraceBuilder()
+def waiting_steps(step_us: int, wait_us: int, *, multiprocess: bool = False, steps: int = 12,
+                  world_size: int | None = None) -> TraceBuilder:
+    """``steps`` steps of ``step_us``, each opening with a ``wait_us`` wait for data; rank 0 of a job of
+    ``world_size`` ranks where given."""
+    b = TraceBuilder(rank=0, world_size=world_size) if world_size else TraceBuilder()
     for k in range(steps):
         t = step_us * k
         b.step(k + 1, t, step_us).loader(t, wait_us, multiprocess=multiprocess)
@@ -220,9 +222,7 @@ def test_ranks_on_one_host_share_its_cpus(tmp_path, ranks_on_host, step_us, said
     CPUs: (20 + 30 + 1) / 2 = 25.5 ms a step with four workers. Where no launcher said, or it said one rank per
     host, the rank counts all 4: (20 + 30 + 1) / 4 = 12.75 ms, above the queue's 11 ms (and the estimate says
     when the count was not recorded)."""
-    b = TraceBuilder(rank=0, world_size=2)
-    for k in range(12):
-        b.step(k + 1, 40_000 * k, 40_000).loader(40_000 * k, 30_000)
+    b = waiting_steps(40_000, 30_000, world_size=2)
     out = _captured(tmp_path, b, {"num_workers": 0},
                     {"cpus": 4, "torch_threads": 2, "ranks_on_host": ranks_on_host})
     _step_times(out, cpu_ns=30_000_000 + 20_000_000, wait_cpu_ns=30_000_000)
@@ -244,9 +244,7 @@ def test_the_workers_a_rank_can_have_are_its_share_of_the_cpus(tmp_path, ranks_o
     CPU floor ((20 + 30 + 1) / 4 = 12.75 ms): 15 ms. Two ranks on those 4 CPUs: this rank's 2 are the training's, so
     the workers share them: the 4 the queue needs, held to the floor over 2 CPUs, 25.5 ms, and said. A rank its
     launcher pinned to 2 of the host's 4 CPUs counts those 2 as its own (not halved again): 25.5 ms."""
-    b = TraceBuilder(rank=0, world_size=2)
-    for k in range(12):
-        b.step(k + 1, 40_000 * k, 40_000).loader(40_000 * k, 30_000)
+    b = waiting_steps(40_000, 30_000, world_size=2)
     out = _captured(tmp_path, b, {"num_workers": 0}, {"cpus": cpus, "cpus_on_host": cpus_on_host,
                                                       "torch_threads": 2, "ranks_on_host": ranks_on_host})
     _step_times(out, cpu_ns=30_000_000 + 20_000_000, wait_cpu_ns=30_000_000)

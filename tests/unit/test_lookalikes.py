@@ -1288,6 +1288,23 @@ def test_a_recompile_before_the_window_is_known_from_the_capture(tmp_path, recom
     assert f.evidence["run_recompiles"] == 1 and "outside the profiled window" in f.title
 
 
+def late_rank_job(tmp_path, ranks, steps, late_rank):
+    """The report of a ``ranks``-rank job of ``steps`` steps of 40 ms: 5 ms of ``aten::linear``, then an all-reduce
+    on gloo's thread ending at 37 ms, which the rank ``late_rank(step)`` reaches 10 ms after the others (10 ms of
+    untraced Python before it)."""
+    from kinetoscope.analyze.ingest.loader import load_trace
+
+    for rank in range(ranks):
+        b = TraceBuilder(rank=rank, world_size=ranks)
+        for s in range(steps):
+            t = s * 40_000
+            b.step(s, t, 40_000).op("aten::linear", t + 100, 5_000)
+            arrive = t + 5_200 + (10_000 if rank == late_rank(s) else 0)
+            b.op("gloo:all_reduce", arrive, t + 37_000 - arrive, cat="user_annotation", tid=300)
+        b.write(tmp_path / "job" / f"rank-{rank}.json")
+    return build_report(load_trace(tmp_path / "job"))
+
+
 @pytest.mark.parametrize("late_steps, severity, chance", [(12, "info", 0.2517), (18, "warning", 0.0002)])
 def test_lateness_no_more_often_than_chance_is_no_straggler(tmp_path, late_steps, severity, chance):
     """Was: a 2-rank minGPT job whose rank 0 was last in 19 of 30 collectives (late before the epoch's end, early
@@ -1295,18 +1312,8 @@ def test_lateness_no_more_often_than_chance_is_no_straggler(tmp_path, late_steps
     runs 10 ms of untraced Python before the all-reduce: rank 0 in the first ``late_steps`` steps, rank 1 in the
     others. Rank 0 last in 12 of 20 is as likely as 25.17% by chance between 2 ranks: information; 18 of 20 (0.02%)
     is a straggler: warning."""
-    from kinetoscope.analyze.ingest.loader import load_trace
 
-    for rank in (0, 1):
-        b = TraceBuilder(rank=rank, world_size=2)
-        for s in range(20):
-            t = s * 40_000
-            b.step(s, t, 40_000).op("aten::linear", t + 100, 5_000)
-            late = (rank == 0) == (s < late_steps)
-            arrive = t + 5_200 + (10_000 if late else 0)
-            b.op("gloo:all_reduce", arrive, t + 37_000 - arrive, cat="user_annotation", tid=300)
-        b.write(tmp_path / "job" / f"rank-{rank}.json")
-    rep = build_report(load_trace(tmp_path / "job"))
+    rep = late_rank_job(tmp_path, 2, 20, lambda s: 0 if s < late_steps else 1)
     (f,) = found(rep, "straggler")
     assert f.rank == 0 and f.evidence["last_to_arrive_share"] == late_steps / 20
     assert round(f.evidence["last_this_often_by_chance"], 4) == chance
@@ -1322,18 +1329,8 @@ def test_a_rank_last_in_under_two_of_three_collectives_is_no_straggler(tmp_path,
     is last twice as often as the other: in 40 of 60. Rank 0 last in 38 or 39 of 60 is unlikely by chance (2.59%,
     1.37%) but fewer: information, and it says why, and its title no straggler; 40 (0.67%) or 41 (0.31%) of 60: the
     straggler, warning."""
-    from kinetoscope.analyze.ingest.loader import load_trace
 
-    for rank in (0, 1):
-        b = TraceBuilder(rank=rank, world_size=2)
-        for s in range(60):
-            t = s * 40_000
-            b.step(s, t, 40_000).op("aten::linear", t + 100, 5_000)
-            late = (rank == 0) == (s < late_steps)
-            arrive = t + 5_200 + (10_000 if late else 0)
-            b.op("gloo:all_reduce", arrive, t + 37_000 - arrive, cat="user_annotation", tid=300)
-        b.write(tmp_path / "job" / f"rank-{rank}.json")
-    rep = build_report(load_trace(tmp_path / "job"))
+    rep = late_rank_job(tmp_path, 2, 60, lambda s: 0 if s < late_steps else 1)
     (f,) = found(rep, "straggler")
     assert f.rank == 0 and f.evidence["last_to_arrive_share"] == round(late_steps / 60, 4)
     assert round(f.evidence["last_this_often_by_chance"], 4) == chance
@@ -1355,18 +1352,8 @@ def test_in_a_group_of_four_at_least_half_and_twice_as_often_as_each_other_rank_
     20 steps of 40 ms; rank 0 runs 10 ms of untraced Python before the all-reduce in its first ``late_steps`` steps,
     ranks 1, 2, 3 in turn in the others. Rank 0 last in 9 of 20 (45%): no straggler; in 10 of 20 (50%; by chance
     1.39% among 4 ranks): the straggler, warning (a 2-rank bar of two in three would hold it to info)."""
-    from kinetoscope.analyze.ingest.loader import load_trace
 
-    for rank in range(4):
-        b = TraceBuilder(rank=rank, world_size=4)
-        for s in range(20):
-            t = s * 40_000
-            b.step(s, t, 40_000).op("aten::linear", t + 100, 5_000)
-            late = rank == (0 if s < late_steps else 1 + s % 3)
-            arrive = t + 5_200 + (10_000 if late else 0)
-            b.op("gloo:all_reduce", arrive, t + 37_000 - arrive, cat="user_annotation", tid=300)
-        b.write(tmp_path / "job" / f"rank-{rank}.json")
-    rep = build_report(load_trace(tmp_path / "job"))
+    rep = late_rank_job(tmp_path, 4, 20, lambda s: 0 if s < late_steps else 1 + s % 3)
     if severity is None:
         assert not found(rep, "straggler")
         return
