@@ -2,13 +2,15 @@
 
 Run under capture: kinetoscope capture --out DIR -- python benchmarks/whatif_train.py [knobs]
 Knobs: --workers N, --prefetch P, --persistent, --epoch-batches B (short epochs), --io-ms (a sleep per batch in
-__getitem__: storage or network), --cpu-ms (CPU work per batch in __getitem__: decode/augment), --item (a per-step
+__getitem__: storage or network), --cpu-ms (CPU work per batch in __getitem__: decode/augment), --helper-cpu-ms (CPU
+work per batch on another thread of the process, which __getitem__ waits for: a decode or pin-memory thread), --item (a per-step
 loss.item()), --slow-op-ms (CPU work in a custom op inside the forward).
 """
 
 from __future__ import annotations
 
 import argparse
+import threading
 import time
 
 import torch
@@ -22,6 +24,7 @@ ap.add_argument("--epoch-batches", type=int, default=10_000)
 ap.add_argument("--io-ms", type=float, default=0.0)
 ap.add_argument("--io-every", type=int, default=1, help="only every Nth batch pays --io-ms (bursty loading)")
 ap.add_argument("--cpu-ms", type=float, default=0.0)
+ap.add_argument("--helper-cpu-ms", type=float, default=0.0)
 ap.add_argument("--item", action="store_true")
 ap.add_argument("--slow-op-ms", type=float, default=0.0)
 ap.add_argument("--width", type=int, default=512)
@@ -51,6 +54,10 @@ class Batches(torch.utils.data.Dataset):
             time.sleep(args.io_ms / 1000)
         if args.cpu_ms:
             spin(args.cpu_ms)
+        if args.helper_cpu_ms:
+            helper = threading.Thread(target=spin, args=(args.helper_cpu_ms,))
+            helper.start()
+            helper.join()
         g = torch.Generator().manual_seed(i)
         return torch.randn(args.batch, args.width, generator=g), torch.randn(args.batch, 1, generator=g)
 

@@ -83,6 +83,10 @@ class StepTimes(msgspec.Struct, kw_only=True):
     step_cpu_ns: list[int] = []
     data_wait_cpu_ns: list[int] = []
     workers_cpu_ns: list[int | None] = []
+    #: the training thread's own CPU time inside each step's data waits (taking batches over: unpickling, collating,
+    #: copying out of shared memory), apart from the process's (which counts a pin-memory thread's too); captures
+    #: before it lack the key
+    data_wait_thread_cpu_ns: list[int] | None | msgspec.UnsetType = msgspec.UNSET
     #: the training thread's scheduler statistics per step (Linux ``/proc/thread-self/schedstat``): its time on a
     #: CPU, and its time runnable on a run queue with no CPU; the process's involuntary context switches per step
     #: (every thread). null: not recorded (not Linux, no scheduler statistics); an entry is null where that step's

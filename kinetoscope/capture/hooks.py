@@ -173,7 +173,7 @@ class _Hooks:
             def __next__(self: Any) -> Any:
                 if not hooks.live:
                     return original(self)
-                p0, c0 = time.perf_counter_ns(), time.process_time_ns()
+                p0, c0, q0 = time.perf_counter_ns(), time.process_time_ns(), time.thread_time_ns()
                 exhausted = False
                 try:
                     return original(self)
@@ -182,7 +182,8 @@ class _Hooks:
                     raise
                 finally:
                     p1, t1 = time.perf_counter_ns(), time.time_ns()
-                    hooks.data_wait(self, t1, p1 - p0, time.process_time_ns() - c0, exhausted)
+                    hooks.data_wait(self, t1, p1 - p0, time.process_time_ns() - c0, time.thread_time_ns() - q0,
+                                    exhausted)
 
             return __next__
 
@@ -276,10 +277,10 @@ class _Hooks:
             return None
         return before[1]
 
-    def data_wait(self, it: Any, t1: int, wait_ns: int, cpu_ns: int, exhausted: bool) -> None:
+    def data_wait(self, it: Any, t1: int, wait_ns: int, cpu_ns: int, thread_cpu_ns: int, exhausted: bool) -> None:
         try:
             self.training_again(t1 - wait_ns)
-            event = ("W", t1, wait_ns, cpu_ns, threading.get_native_id(), it,
+            event = ("W", t1, wait_ns, cpu_ns, thread_cpu_ns, threading.get_native_id(), it,
                      getattr(it, "_num_yielded", 0) - (0 if exhausted else 1), self.grad_enabled(), exhausted)
             for r in self.recorders:
                 r.pending.append(event)

@@ -85,10 +85,11 @@ class _Stretch:
 @dataclass
 class StepLoop:
     """What the loop hooks saw in one step on the training thread: its DataLoader waits (the process's CPU time
-    then) and the last DataLoader iterator it took a batch from."""
+    then, and the training thread's own) and the last DataLoader iterator it took a batch from."""
 
     data_wait_ns: int = 0
     data_wait_cpu_ns: int = 0
+    data_wait_thread_cpu_ns: int = 0
     iterator: Any = None
 
 
@@ -214,7 +215,7 @@ class LoopRecorder:
 
     # --- one event each -----------------------------------------------------------------------------
     def _on_W(self, e: tuple[Any, ...], out: StepLoop, keep: bool) -> None:
-        _, t1, wait, cpu, tid, it, batch, grad, exhausted = e
+        _, t1, wait, cpu, thread_cpu, tid, it, batch, grad, exhausted = e
         lid = hooks.iterator_loader(it)
         loader = self._loaders.setdefault(lid, _Loader())
         if not exhausted:
@@ -230,10 +231,12 @@ class LoopRecorder:
             stopping = min(self._stopping.pop(lid, 0), wait)
             if stopping:
                 cpu = cpu * (wait - stopping) // wait
+                thread_cpu = thread_cpu * (wait - stopping) // wait
                 wait -= stopping
         if tid == self.training_thread:
             out.data_wait_ns += wait
             out.data_wait_cpu_ns += cpu
+            out.data_wait_thread_cpu_ns += thread_cpu
             out.iterator = it
             i = self._step_of(t1)
             if i >= 0:

@@ -147,6 +147,7 @@ class Profiler:
         self._closed = False
         self._data_wait_ns = 0
         self._data_wait_cpu_ns = 0
+        self._data_wait_thread_cpu_ns = 0
         self._step_cpu_start_ns = 0
         self._step_wall_ns: list[int] = []
         self._step_wait_ns: list[int] = []
@@ -154,6 +155,7 @@ class Profiler:
         #: loading that computes (competes for cores) from loading that waits (storage, network)
         self._step_cpu_ns: list[int] = []
         self._step_wait_cpu_ns: list[int] = []
+        self._step_wait_thread_cpu_ns: list[int] = []
         self._dataloader: dict[str, Any] | None = None
         #: the DataLoader's worker processes (Linux: their CPU time from /proc/<pid>/schedstat), each one's CPU
         #: time at the last step's end, and the workers' CPU time per step (None where it cannot be read)
@@ -409,11 +411,12 @@ class Profiler:
         self.sampler.stop()
 
     # --- per step --------------------------------------------------------------------
-    def add_data_wait(self, ns: int, cpu_ns: int = 0) -> None:
-        """Time the loop spent waiting for the next batch during this step (and the process's CPU time then), for
-        an iterable that is not a DataLoader (the loop recorder times those)."""
+    def add_data_wait(self, ns: int, cpu_ns: int = 0, thread_cpu_ns: int = 0) -> None:
+        """Time the loop spent waiting for the next batch during this step (and the process's and the training
+        thread's CPU time then), for an iterable that is not a DataLoader (the loop recorder times those)."""
         self._data_wait_ns += ns
         self._data_wait_cpu_ns += cpu_ns
+        self._data_wait_thread_cpu_ns += thread_cpu_ns
 
     def note_workers(self, it: Any) -> None:
         """The worker processes of the DataLoader iterator the loop takes batches from (none: num_workers=0)."""
@@ -474,11 +477,12 @@ class Profiler:
         unix_now = time.time_ns() if unix_now is None else unix_now
         record = (not self._step_abandoned and now > self._step_start_ns
                   and self.step_num > len(self._step_wall_ns) - 1)
-        wait_ns, wait_cpu_ns = self._data_wait_ns, self._data_wait_cpu_ns
+        wait_ns, wait_cpu_ns, wait_thread_ns = self._data_wait_ns, self._data_wait_cpu_ns, self._data_wait_thread_cpu_ns
         seen = self._loop_step(unix_now, record)
         if seen is not None:
             wait_ns += seen.data_wait_ns
             wait_cpu_ns += seen.data_wait_cpu_ns
+            wait_thread_ns += seen.data_wait_thread_cpu_ns
             if seen.iterator is not None:
                 self.note_dataloader(seen.iterator)
                 self.note_workers(seen.iterator)
@@ -487,6 +491,7 @@ class Profiler:
             self._step_wait_ns.append(wait_ns)
             self._step_cpu_ns.append(time.process_time_ns() - self._step_cpu_start_ns)
             self._step_wait_cpu_ns.append(wait_cpu_ns)
+            self._step_wait_thread_cpu_ns.append(wait_thread_ns)
             self._step_workers_cpu_ns.append(self._workers_cpu())
             self._step_capture_ns.append(self.busy.overlap_ns(self._step_start_ns, now))
             self._sched_step()
@@ -504,6 +509,7 @@ class Profiler:
         self.step_num += 1
         self._data_wait_ns = 0
         self._data_wait_cpu_ns = 0
+        self._data_wait_thread_cpu_ns = 0
         self._step_cpu_start_ns = time.process_time_ns()
         self._sched_begin()
         self._step_start_ns = time.perf_counter_ns()
@@ -592,6 +598,7 @@ class Profiler:
             data_wait_ns=self._step_wait_ns,
             step_cpu_ns=self._step_cpu_ns,
             data_wait_cpu_ns=self._step_wait_cpu_ns,
+            data_wait_thread_cpu_ns=self._step_wait_thread_cpu_ns,
             workers_cpu_ns=self._step_workers_cpu_ns,
             capture_busy_ns=self._step_capture_ns,
             **self._sched_lists(),
@@ -712,14 +719,15 @@ def profile_loop(
         while True:
             if not first:
                 prof.step()
-            t0, c0 = time.perf_counter_ns(), time.process_time_ns()
+            t0, c0, q0 = time.perf_counter_ns(), time.process_time_ns(), time.thread_time_ns()
             try:
                 item = next(it)
             except StopIteration:
                 prof.abandon_step()
                 return
             if not timed_by_loop:
-                prof.add_data_wait(time.perf_counter_ns() - t0, time.process_time_ns() - c0)
+                prof.add_data_wait(time.perf_counter_ns() - t0, time.process_time_ns() - c0,
+                                   time.thread_time_ns() - q0)
                 if hasattr(iterable, "num_workers"):
                     prof.note_dataloader(iterable)
                     prof.note_workers(it)

@@ -529,8 +529,8 @@ def test_the_next_that_stops_the_workers_waits_for_no_data():
         rec.pending[:] = [("L", 0, 100, tid, "start", 0, 2, None)]
         it = iter(torch.utils.data.DataLoader([1, 2]))  # any iterator: a tag for loader 0
         it._kinetoscope_loader = 0
-        rec.pending += [("L", 1100, 1500, tid, "stop", 0, 2, None), ("W", 1600, 600, 0, tid, it, 2, True, True),
-                        ("L", 1700, 1900, tid, "start", 0, 2, None), ("W", 2050, 50, 0, tid, it, 0, True, False)]
+        rec.pending += [("L", 1100, 1500, tid, "stop", 0, 2, None), ("W", 1600, 600, 0, 0, tid, it, 2, True, True),
+                        ("L", 1700, 1900, tid, "start", 0, 2, None), ("W", 2050, 50, 0, 0, tid, it, 0, True, False)]
         out = rec.close_step(10_000, record=True, keep=False)
         assert out.data_wait_ns == 250
     finally:

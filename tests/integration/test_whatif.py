@@ -406,20 +406,28 @@ def _capture_train(out: Path, *knobs: str) -> dict:
 @pytest.mark.torch
 def test_capture_records_what_the_whatif_needs(tmp_path):
     """Process CPU time per step and during the data wait tell loading that computes (a decode: the wait
-    burns a core) from loading that waits (storage: it burns none); the manifest names the host's CPUs,
-    torch's threads and the DataLoader's configuration."""
+    burns a core) from loading that waits (storage: it burns none); the training thread's own CPU in the wait is
+    recorded apart from another thread's; the manifest names the host's CPUs, torch's threads and the DataLoader's
+    configuration."""
     import os
 
     spin = _capture_train(tmp_path / "spin", "--cpu-ms", "20")
     sleep = _capture_train(tmp_path / "sleep", "--io-ms", "20")
-    for doc in (spin, sleep):
-        assert len(doc["step_cpu_ns"]) == len(doc["data_wait_cpu_ns"]) == len(doc["step_wall_ns"]) == 12
+    helper = _capture_train(tmp_path / "helper", "--helper-cpu-ms", "20")
+    for doc in (spin, sleep, helper):
+        assert (len(doc["step_cpu_ns"]) == len(doc["data_wait_cpu_ns"]) == len(doc["data_wait_thread_cpu_ns"])
+                == len(doc["step_wall_ns"]) == 12)
     # by construction, whatever the machine's load: each batch of the spinning Dataset costs at least 20 ms of its
     # thread's CPU time (it spins until thread_time has advanced 20 ms), all of it inside the wait; each batch of the
     # sleeping one waits at least 20 ms (a sleep) and burns no more CPU than making a 64x512 tensor (well under 10 ms)
     assert min(spin["data_wait_cpu_ns"][1:]) >= 20_000_000, spin["data_wait_cpu_ns"]
     assert min(sleep["data_wait_ns"][1:]) >= 20_000_000, sleep["data_wait_ns"]
     assert max(sleep["data_wait_cpu_ns"][1:]) < 10_000_000, sleep["data_wait_cpu_ns"]
+    # the spin runs on the training thread: its own CPU holds it; a helper thread's 20 ms (which the training thread
+    # waits for, blocked in a join) is the process's CPU, not the training thread's
+    assert min(spin["data_wait_thread_cpu_ns"][1:]) >= 20_000_000, spin["data_wait_thread_cpu_ns"]
+    assert min(helper["data_wait_cpu_ns"][1:]) >= 20_000_000, helper["data_wait_cpu_ns"]
+    assert max(helper["data_wait_thread_cpu_ns"][1:]) < 10_000_000, helper["data_wait_thread_cpu_ns"]
     manifest = json.loads((tmp_path / "spin" / "rank-0.manifest.json").read_text())
     cpus = len(os.sched_getaffinity(0))
     host = manifest["host"]

@@ -16,7 +16,6 @@ from kinetoscope.analyze.model.timeline import (
     HANDOVER_CPU_SHARE,
     WORKERS_BUSY_MIN_SHARE,
     any_gpu_busy,
-    cpu_shares,
     handoff_ns,
     intervals_of,
     loader_spans,
@@ -24,6 +23,7 @@ from kinetoscope.analyze.model.timeline import (
     other_loader_spans,
     other_role_waits,
     per_item_indexing,
+    wait_cpu_share,
     window,
     workers_busy_share,
 )
@@ -51,29 +51,30 @@ def _per_step(trace: RankTrace, spans: iv.Intervals, idle_cost: iv.Intervals | N
 
 
 
-def wait_kind(trace: RankTrace, waits_ns: np.ndarray) -> tuple[str, float | None]:
+def wait_kind(trace: RankTrace, waits_ns: np.ndarray) -> tuple[str, float | None, bool]:
     """Why the loop waits for batches from worker processes: "handover" (the loop itself works through the wait:
     taking each batch over), "starved" (it sits idle while the workers prepare batches), "idle_workers" (it sits idle
-    and so, mostly, do the workers: they wait for something the trace does not show), or "unknown"; and the
-    process's CPU share during the waits, from the capture's per-step CPU times (None where not recorded)."""
-    load_cpu, _ = cpu_shares(trace)
+    and so, mostly, do the workers: they wait for something the trace does not show), or "unknown"; the loop's CPU
+    share during the waits, from the capture's per-step CPU times (None where not recorded); and whether that share
+    is the training thread's own (else the process's, every thread's)."""
+    load_cpu, own = wait_cpu_share(trace)
     if load_cpu is not None:
         if load_cpu >= HANDOVER_CPU_SHARE:
-            return "handover", load_cpu
+            return "handover", load_cpu, own
         # starved: the workers fall behind - busy, or mostly waiting themselves ("idle_workers": each batch takes a
         # worker num_workers steps in the steady state, of which its CPU is under a quarter)
         busy = workers_busy_share(trace)
         if busy is not None and busy < WORKERS_BUSY_MIN_SHARE:
-            return "idle_workers", load_cpu
-        return "starved", load_cpu
+            return "idle_workers", load_cpu, own
+        return "starved", load_cpu, own
     handoff = handoff_ns(waits_ns)
     if handoff and float(np.mean(waits_ns > 2.0 * handoff + 500_000.0)) < 0.25:  # ready batches, few stalls
-        return "handover", None
-    return "unknown", None
+        return "handover", None, False
+    return "unknown", None, False
 
 
 def _recommendation(names: set[str], pageable_h2d: bool, first_step_share: float, gpu: bool, kind: str,
-                    wait_cpu: float | None, cpus: int | None, per_item: bool = False) -> str:
+                    wait_cpu: float | None, cpus: int | None, per_item: bool = False, own_cpu: bool = False) -> str:
     tips = []
     if per_item:
         tips.append(
@@ -91,7 +92,8 @@ def _recommendation(names: set[str], pageable_h2d: bool, first_step_share: float
     elif multiprocess and kind == "handover":
         tips.append(
             "the workers keep up: the loop's wait is taking each batch over from them ("
-            + (f"the process's CPU is busy {wait_cpu:.0%} of the wait" if wait_cpu is not None
+            + (f"the {'training thread' if own_cpu else 'process'}'s CPU is busy {wait_cpu:.0%} of the wait"
+               if wait_cpu is not None
                else "the waits are alike and short, batches were ready")
             + "), so more workers will not help: make batches cheaper to hand over (a few large tensors rather than "
               "many small ones or Python objects, a smaller dtype, collate in the workers)"
@@ -226,7 +228,7 @@ def analyze_loader(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
         from kinetoscope.analyze.model.copies import h2d_copies
 
         pageable = bool(h2d_copies(trace)["pageable"].any()) if has_gpu else False
-        kind, wait_cpu = wait_kind(trace, frame["dur_ns"].to_numpy())
+        kind, wait_cpu, own_cpu = wait_kind(trace, frame["dur_ns"].to_numpy())
         per_item = per_item_indexing(trace, frame["ts_ns"].to_numpy(np.int64), frame["end_ns"].to_numpy(np.int64))
         cpus = (trace.meta.capture.get("host") or {}).get("cpus")
         # worker start-up shows as a long first wait; it needs several steps to tell apart
@@ -265,6 +267,8 @@ def analyze_loader(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
                         else None
                     ),
                     "wait_cpu_fraction": round(wait_cpu, 4) if wait_cpu is not None else None,
+                    # whose CPU that is: the training thread's own (recorded apart), or the process's (all threads)
+                    "wait_cpu_of": (("training thread" if own_cpu else "process") if wait_cpu is not None else None),
                     "worst_steps": [
                         {
                             "step": int(r.step),
@@ -276,7 +280,7 @@ def analyze_loader(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
                     "window_us": us(w.dur_ns),
                 },
                 recommendation=_recommendation(names, pageable, float(first), trace.has_gpu, kind, wait_cpu, cpus,
-                                               per_item is not None),
+                                               per_item is not None, own_cpu),
                 impact_us=float(basis_ns) / 1000.0,
             )
         )

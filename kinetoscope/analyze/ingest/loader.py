@@ -406,6 +406,7 @@ def _run_steps(path: TraceFile, rank: int) -> tuple[pd.DataFrame | None, str | N
         "profiled": np.asarray(profiled, dtype=bool),
         "cpu_ns": optional(times.step_cpu_ns),
         "data_wait_cpu_ns": optional(times.data_wait_cpu_ns),
+        "data_wait_thread_cpu_ns": optional(times.data_wait_thread_cpu_ns or []),
         "workers_cpu_ns": optional(times.workers_cpu_ns),
         # the capture's own trace writing inside the step: NaN where not recorded (captures before it)
         "capture_busy_ns": optional(times.capture_busy_ns or []),

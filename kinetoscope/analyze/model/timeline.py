@@ -574,6 +574,21 @@ def cpu_shares(trace: RankTrace) -> tuple[float | None, float | None]:
     return load, comp
 
 
+def wait_cpu_share(trace: RankTrace) -> tuple[float | None, bool]:
+    """The CPU the loop itself spent per ns of its data waits, over the run's steps after the first, and whether it
+    is the training thread's own (the capture records it apart: its work taking each batch over) rather than the
+    process's (every thread, a pin-memory thread's too: captures before the thread's was recorded); None where
+    neither is recorded."""
+    rs = trace.run_steps
+    if rs is not None and "data_wait_thread_cpu_ns" in rs and not rs["data_wait_thread_cpu_ns"].isna().all():
+        rs = rs.iloc[1:] if len(rs) > 2 else rs
+        wait, cpu = rs["data_wait_ns"].to_numpy(float), rs["data_wait_thread_cpu_ns"].to_numpy(float)
+        known = ~np.isnan(cpu)
+        total = float(wait[known].sum())
+        return (float(cpu[known].sum()) / total if total > 0 else None), True
+    return cpu_shares(trace)[0], False
+
+
 #: a wait is per-item indexing of in-memory tensors when its batch is built from at least this many ``aten::select``
 #: calls (one per item per tensor: a TensorDataset's ``__getitem__``) ...
 PER_ITEM_MIN_SELECTS = 16

@@ -79,7 +79,8 @@ class RankTrace:
     #: ``ProfilerStep#N`` spans: step, start_ns, end_ns, dur_ns, tid (the training thread); sorted by start
     steps: pd.DataFrame
     #: every step of the run timed by the capture's host clocks (step, wall_ns, data_wait_ns, profiled, cpu_ns,
-    #: data_wait_cpu_ns, workers_cpu_ns, the training thread's oncpu_ns and runqueue_wait_ns and the process's
+    #: data_wait_cpu_ns, the training thread's data_wait_thread_cpu_ns, workers_cpu_ns, oncpu_ns and runqueue_wait_ns
+    #: and the process's
     #: involuntary_switches (NaN: not recorded), and the loop marks' train_data_wait_ns, eval_data_wait_ns,
     #: validation_ns, compile_ns, checkpoint_ns (float, NaN: not recorded), backward_calls, optimizer_steps (Int64,
     #: <NA>: not recorded)), from ``rank-<r>.steps.json`` beside the trace; None when absent

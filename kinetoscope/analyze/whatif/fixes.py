@@ -29,6 +29,7 @@ from kinetoscope.analyze.model.timeline import (
     name_mask,
     other_loader_spans,
     per_item_indexing,
+    wait_cpu_share,
     workers_busy_share,
     workers_cpu_per_step,
 )
@@ -149,6 +150,8 @@ def plan_loader(trace: RankTrace, g: ReplayGraph, params: dict[str, Any]) -> Pla
     before = 0 if single else dl.get("num_workers")
     prefetch = int(params.get("prefetch_factor") or dl.get("prefetch_factor") or 2)
     load_cpu, comp_cpu = cpu_shares(trace)
+    # the loop's own CPU through its waits (the training thread's, where recorded apart): taking batches over
+    taking_cpu, own_cpu = wait_cpu_share(trace)
     if single:
         load = waits  # loading runs inline: each wait is one batch's loading
         assumptions.append("num_workers=0 before: each recorded wait is one batch's full loading time")
@@ -187,18 +190,19 @@ def plan_loader(trace: RankTrace, g: ReplayGraph, params: dict[str, Any]) -> Pla
         return None
     # a batch prepared in a worker still has to reach the training process (collate + shared memory)
     handoff = int(handoff_ns(waits)) if not single else HANDOFF_PRIOR_NS
-    if (not single and not handoff and params.get("handoff_ms") is None and load_cpu is not None
-            and load_cpu >= HANDOVER_CPU_SHARE):
+    if (not single and not handoff and params.get("handoff_ms") is None and taking_cpu is not None
+            and taking_cpu >= HANDOVER_CPU_SHARE):
         # no ready batch to measure the hand-over by (waits alike), but the loop works through its waits
         # (loader.wait_kind's "handover"): that CPU work is taking each batch over (unpickling, collating, pinning),
         # which more workers keep (was: a hand-over of 0, and a loop told "more workers will not help" was worth its
-        # whole wait with more of them). The process's CPU counts all its threads (a pin-memory thread's too): an
-        # upper bound on the hand-over, said
-        taking = float(waits.mean()) * min(load_cpu, 1.0)
+        # whole wait with more of them). The training thread's own CPU where the capture recorded it apart; else the
+        # process's, which counts all its threads (a pin-memory thread's too): an upper bound on the hand-over, said
+        taking = float(waits.mean()) * min(taking_cpu, 1.0)
         handoff = int(taking)
-        assumptions.append(f"taking a batch over costs the loop {taking / 1e6:.2f} ms: the process's CPU (all its "
-                           f"threads) is busy {load_cpu:.0%} of its waits, the hand-over's work, which more workers "
-                           "keep; no ready batch in the window measures it")
+        whose = "the training thread's own CPU" if own_cpu else "the process's CPU (all its threads)"
+        assumptions.append(f"taking a batch over costs the loop {taking / 1e6:.2f} ms: {whose} is busy "
+                           f"{taking_cpu:.0%} of its waits, the hand-over's work, which more workers keep; no ready "
+                           "batch in the window measures it")
     if params.get("handoff_ms") is not None:
         handoff = int(float(params["handoff_ms"]) * 1e6)
         assumptions.append(f"a batch from a worker costs the loop {handoff / 1e6:.2f} ms to take (given)")
@@ -235,7 +239,7 @@ def plan_loader(trace: RankTrace, g: ReplayGraph, params: dict[str, Any]) -> Pla
                            + (f"; {ranks_said}" if ranks_said else ""))
         busy = workers_busy_share(trace)
         if (busy is not None and busy < WORKERS_BUSY_MIN_SHARE
-                and load_cpu is not None and load_cpu < HANDOVER_CPU_SHARE):
+                and taking_cpu is not None and taking_cpu < HANDOVER_CPU_SHARE):
             # the loop idle in its waits (loader.wait_kind's "idle_workers") and most of a batch's time in its worker
             # not the worker's work: waiting for storage or the network (more workers overlap it) or for a CPU on a
             # busy host (more workers add to it); the trace cannot tell which
