@@ -343,19 +343,24 @@ def test_workers_falling_behind_are_told_to_grow(tmp_path):
     assert "cannot keep up" in f.recommendation and "raise num_workers" in f.recommendation
 
 
-def test_a_pin_memory_threads_cpu_is_not_the_loops_hand_over(tmp_path):
-    """The process's CPU is busy 96% of each wait (a pin-memory thread copying batches) while the training thread
-    itself spent 0.1 ms of its 2.5 ms waits on a CPU: the capture records the thread's own CPU apart, and that decides
-    - the workers fall behind, the loop does not work through a hand-over (was: 'more workers will not help')."""
+def busy_process_job(tmp_path, thread_cpu_ns):
+    """The loop waits 2.5 ms of each 10 ms step for a worker's batch while the process's CPU is busy 2.4 ms of each
+    wait, the training thread's own ``thread_cpu_ns`` of it (recorded apart)."""
     import json
 
     workers_trace(tmp_path, 2_500)
     steps_json(tmp_path, wall=[10_000_000] * 6, wait=[2_500_000] * 6, wait_cpu=[2_400_000] * 6, cpu=[9_900_000] * 6)
     doc = json.loads((tmp_path / "rank-0.steps.json").read_text())
-    doc["data_wait_thread_cpu_ns"] = [100_000] * 6
+    doc["data_wait_thread_cpu_ns"] = [thread_cpu_ns] * 6
     (tmp_path / "rank-0.steps.json").write_text(json.dumps(doc))
-    rep = build_report(__import__("kinetoscope.analyze.ingest.loader", fromlist=["load_trace"]).load_trace(tmp_path))
-    (f,) = found(rep, "loader_stall")
+    return build_report(__import__("kinetoscope.analyze.ingest.loader", fromlist=["load_trace"]).load_trace(tmp_path))
+
+
+def test_a_pin_memory_threads_cpu_is_not_the_loops_hand_over(tmp_path):
+    """The process's CPU is busy 96% of each wait (a pin-memory thread copying batches) while the training thread
+    itself spent 0.1 ms of its 2.5 ms waits on a CPU: the capture records the thread's own CPU apart, and that decides
+    - the workers fall behind, the loop does not work through a hand-over (was: 'more workers will not help')."""
+    (f,) = found(busy_process_job(tmp_path, thread_cpu_ns=100_000), "loader_stall")
     assert f.evidence["wait_kind"] == "starved" and f.evidence["wait_cpu_fraction"] == 0.04
     assert f.evidence["wait_cpu_of"] == "training thread"
     assert "raise num_workers" in f.recommendation
@@ -364,15 +369,7 @@ def test_a_pin_memory_threads_cpu_is_not_the_loops_hand_over(tmp_path):
 def test_the_training_threads_own_cpu_names_the_hand_over(tmp_path):
     """The same waits where the training thread itself is on a CPU 2.2 of each 2.5 ms: the hand-over, said as the
     thread's own CPU (88%), not the process's (96%)."""
-    import json
-
-    workers_trace(tmp_path, 2_500)
-    steps_json(tmp_path, wall=[10_000_000] * 6, wait=[2_500_000] * 6, wait_cpu=[2_400_000] * 6, cpu=[9_900_000] * 6)
-    doc = json.loads((tmp_path / "rank-0.steps.json").read_text())
-    doc["data_wait_thread_cpu_ns"] = [2_200_000] * 6
-    (tmp_path / "rank-0.steps.json").write_text(json.dumps(doc))
-    rep = build_report(__import__("kinetoscope.analyze.ingest.loader", fromlist=["load_trace"]).load_trace(tmp_path))
-    (f,) = found(rep, "loader_stall")
+    (f,) = found(busy_process_job(tmp_path, thread_cpu_ns=2_200_000), "loader_stall")
     assert f.evidence["wait_kind"] == "handover" and f.evidence["wait_cpu_fraction"] == 0.88
     assert f.evidence["wait_cpu_of"] == "training thread"
 
