@@ -3,8 +3,8 @@
 Run under capture: kinetoscope capture --out DIR -- python benchmarks/whatif_train.py [knobs]
 Knobs: --workers N, --prefetch P, --persistent, --epoch-batches B (short epochs), --io-ms (a sleep per batch in
 __getitem__: storage or network), --cpu-ms (CPU work per batch in __getitem__: decode/augment), --helper-cpu-ms (CPU
-work per batch on another thread of the process, which __getitem__ waits for: a decode or pin-memory thread), --item (a per-step
-loss.item()), --slow-op-ms (CPU work in a custom op inside the forward).
+work per batch on another thread of the process, which __getitem__ waits for: a decode or pin-memory thread), --item
+(a per-step loss.item()), --slow-op-ms (CPU work in a custom op inside the forward).
 """
 
 from __future__ import annotations
