@@ -105,6 +105,38 @@ def test_optimizer_without_backward(tmp_path):
     assert findings(tmp_path, b)["no_backward"].evidence["steps"] == [0, 1, 2]
 
 
+def two_optimizer_iterations(b, iterations, *, second_after_backward=True):
+    """Iterations of 2,000 us: forward, backward, then Muon's step, which ends a step (as a capture ends one at every
+    optimizer step without a DataLoader), then AdamW's step alone in the next step of 100 us."""
+    for i in range(iterations):
+        t0 = i * 2_100
+        b.step(2 * i, t0, 2_000)
+        b.op("aten::linear", t0 + 10, 200)
+        if second_after_backward or i == 0:
+            b.op("autograd::engine::evaluate_function: MmBackward0", t0 + 300, 900, tid=200)
+        b.op("Optimizer.step#Muon.step", t0 + 1_300, 600, cat="user_annotation")
+        b.step(2 * i + 1, t0 + 2_000, 100)
+        b.op("Optimizer.step#AdamW.step", t0 + 2_010, 80, cat="user_annotation")
+        b.op("aten::add_", t0 + 2_020, 50)
+    return b
+
+
+def test_an_iteration_split_by_its_two_optimizers_runs_backward(tmp_path):
+    """Was: 'no_backward' (a correctness warning) on a Muon + AdamW loop whose capture ended a step at each
+    optimizer's step: AdamW's step, alone in its step, follows the same backward as Muon's. An optimizer step runs
+    without backward only where no backward ran since that optimizer's previous step."""
+    b = two_optimizer_iterations(TraceBuilder(), 4)
+    assert "no_backward" not in findings(tmp_path, b)
+
+
+def test_an_optimizer_with_no_backward_since_its_last_step_is_still_found(tmp_path):
+    """The same loop where only the first iteration runs backward: every later step of both optimizers has no
+    backward since that optimizer's previous one (steps 2-7); the first ones follow the first backward."""
+    b = two_optimizer_iterations(TraceBuilder(), 4, second_after_backward=False)
+    f = findings(tmp_path, b)["no_backward"]
+    assert f.evidence["steps"] == [2, 3, 4, 5, 6, 7] and f.severity == "warning"
+
+
 def test_sync_every_step_on_a_gpu_run_with_the_time_lost(tmp_path):
     b = TraceBuilder()
     for i in range(3):

@@ -143,6 +143,34 @@ def _sync_ops(trace: RankTrace) -> pd.DataFrame:
     return top_level(sync[~inside & ~after_seed])
 
 
+def _without_backward(trace: RankTrace, raw: dict[str, pd.DataFrame]) -> set[int]:
+    """The steps holding an optimizer step that no backward pass preceded since the same optimizer's previous step
+    (optimizers told apart by the trace's name, ``Optimizer.step#AdamW.step``; a backward inside the step counts: a
+    closure's). Was: a step with an optimizer step and no backward pass,
+    so an iteration whose two optimizers' steps fell into two steps (the second optimizer's step alone in the
+    next, after the first one's ended a step) read as a loop that never runs backward. An optimizer's first step in
+    the window counts only where none of its later ones follows a backward pass either: the backward before it may
+    lie before the window."""
+    opt, bwd = raw["optimizer"], raw["backward"]
+    if opt.empty:
+        return set()
+    b_starts = np.sort(bwd["ts_ns"].to_numpy(np.int64))
+    start = window(trace).start_ns
+    flagged: list[int] = []
+    for _, g in opt.sort_values("ts_ns", kind="stable").groupby(opt["name"].astype(str), sort=True):
+        ts, end = g["ts_ns"].to_numpy(np.int64), g["end_ns"].to_numpy(np.int64)
+        since = np.concatenate([[start], end[:-1]])  # each step's previous one of the same optimizer
+        had = np.searchsorted(b_starts, end, side="left") - np.searchsorted(b_starts, since, side="left") > 0
+        without = ~had
+        if len(without) > 1 and without[0] and not without[1:].all():
+            without[0] = False  # its backward may lie before the window: the later ones show the loop runs one
+        flagged += ts[without].tolist()
+    if not flagged:
+        return set()
+    steps = step_at(trace, np.asarray(flagged, dtype=np.int64))
+    return set(np.unique(steps[steps >= 0]).tolist())
+
+
 def _step_list(steps: set[int]) -> list[int]:
     return sorted(steps)[:20]
 
@@ -168,11 +196,12 @@ def analyze_hygiene(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
     # batches for steps) is no training step: was "100 optimizer steps for 105 training steps", a warning
     evaluation = set(steps.loc[evaluation_steps(trace), "step"].astype(int)) & all_steps
     findings += _optimizer_mismatch(trace, all_steps - evaluation, bwd, opt, evaluation)
-    no_bwd = (opt - bwd) & all_steps
+    no_bwd = _without_backward(trace, raw) & all_steps
     if no_bwd:
         findings.append(Finding(
             id="no_backward", severity="warning", rank=trace.rank,
-            title=f"{len(no_bwd)} of {len(all_steps)} steps run an optimizer step without any backward pass",
+            title=f"{len(no_bwd)} of {len(all_steps)} steps run an optimizer step with no backward pass since that "
+                  "optimizer's previous step",
             evidence={"steps": _step_list(no_bwd), "optimizer_steps": len(opt), "backward_steps": len(bwd)},
             recommendation="Call loss.backward() before optimizer.step(); without it the parameters do not change "
                            "(or change only by weight decay/momentum).",
