@@ -8,7 +8,9 @@ DataLoader iteration, a ``backward()`` call (manual SGD loops). The first kind s
 over. When two optimizers each step once within one DataLoader iteration on the training thread (a GAN's D then
 G; not one optimizer stepping again and again on one batch, then the next: layers trained in turn), a
 step is that iteration, as users count them: the steps so far are discarded and the profiler starts over at
-the next iteration; the manifest says so (``loop.step_source_why``). The profiler starts at the first step
+the next iteration; the manifest says so (``loop.step_source_why``). Without a DataLoader, several optimizers that
+each step once after one ``backward()`` (Muon for the matrices, AdamW for the rest) are one iteration too: a step
+ends at the first optimizer step after each ``backward()``. The profiler starts at the first step
 boundary, so a launcher process (``torchrun``) that never trains is never profiled.
 
 Capture stands aside, with one line on stderr, when the script runs ``torch.profiler`` itself (two
@@ -40,6 +42,7 @@ from kinetoscope.capture.profiler import Profiler, Schedule
 SOURCES = ("marker", "optimizer", "dataloader", "backward")
 
 _state: dict[str, Any] = {"profiler": None, "optimizers": [], "stepped": None, "per_iteration": None,
+                          "stepped_since_backward": None, "per_backward": None, "backward_since_step": False,
                           "source": None, "config": None,
                           "disabled": False, "crashed": None, "pid": None, "loop": None,
                           "profiled": False, "terminating": False, "atexit": False, "watch": None}
@@ -110,6 +113,9 @@ class _StepBoundaries:
     def on_backward(self, in_optimizer_step: int) -> None:
         # a backward() outside an optimizer step (a manual SGD loop) ends a step; inside one (a closure) it does not
         if in_optimizer_step == 0 and threading.current_thread() is threading.main_thread():
+            if _state["stepped_since_backward"] is not False:
+                _state["stepped_since_backward"] = {}  # the optimizers that stepped since this backward()
+            _state["backward_since_step"] = True
             _boundary("backward")
 
     def on_optimizer_step(self, optimizer: Any) -> None:
@@ -120,8 +126,15 @@ class _StepBoundaries:
             _state["optimizers"].append(oid)
         if _state["per_iteration"] is not None:
             return
+        main = threading.current_thread() is threading.main_thread()
+        if _state["per_backward"] is not None:
+            # several optimizers step after one backward(): the first of them after each backward() ends the step
+            if main and _state["backward_since_step"]:
+                _state["backward_since_step"] = False
+                _boundary("optimizer")
+            return
         stepped = _state["stepped"]
-        if stepped is not None and threading.current_thread() is threading.main_thread():
+        if stepped is not None and main:
             if oid in stepped:  # one optimizer stepping again in the iteration (layers trained in turn on one batch)
                 _state["stepped"] = None  # its steps are the steps: this iteration is no GAN-like one
             else:
@@ -129,6 +142,17 @@ class _StepBoundaries:
                 if len(stepped) > 1:  # each of several optimizers once per iteration so far: D then G
                     _per_iteration(len(stepped))
                     return
+        since = _state["stepped_since_backward"]
+        if stepped is None and isinstance(since, dict) and main:  # no DataLoader iteration: backward() tells them
+            if oid in since:  # one optimizer stepping again after one backward(): its steps are the steps
+                _state["stepped_since_backward"] = False
+            else:
+                since[oid] = 1
+                if len(since) > 1:  # Muon then AdamW after each backward(): one iteration, two optimizers
+                    _per_backward(len(since))
+                    return
+        if main:
+            _state["backward_since_step"] = False
         _boundary("optimizer")
 
 
@@ -142,6 +166,26 @@ def _per_iteration(optimizers: int) -> None:
         _state["per_iteration"] = (f"{optimizers} optimizers step in one DataLoader iteration: a step ends at each "
                                    "DataLoader iteration (one step = one iteration, every optimizer's step in it)")
         _state["source"] = "dataloader"
+        prof, _state["profiler"] = _state["profiler"], None
+        if prof is not None:
+            prof.discard()
+    except Exception as exc:  # noqa: BLE001
+        warn_once("capture hook", f"capture hook failed ({type(exc).__name__}: {exc}); training continues")
+
+
+def _per_backward(optimizers: int) -> None:
+    """Several optimizers stepped after one backward(), with no DataLoader iteration to mark the iterations: a step
+    ends at the first optimizer step after each backward() from here on (the others' steps after the same backward()
+    fall in the next step, beside its forward and backward). The steps so far ended at every optimizer's step (part of
+    an iteration): they are no steps of this run; the profiler starts over at the next iteration's first optimizer
+    step."""
+    try:
+        if _state["disabled"] or os.getpid() != _state["pid"]:
+            return
+        _state["per_backward"] = (f"{optimizers} optimizers step after one backward(): a step ends at the first "
+                                  "optimizer step after each backward() (one step = one iteration, every optimizer's "
+                                  "step in it)")
+        _state["backward_since_step"] = False
         prof, _state["profiler"] = _state["profiler"], None
         if prof is not None:
             prof.discard()
@@ -214,7 +258,8 @@ def _boundary(kind: str) -> None:
             os.environ[PARENT_ENV] = "0"  # a training process: its subprocesses (an eval script) are not profiled
             prof = Profiler(config["out_dir"], schedule=Schedule(**config.get("schedule", {})),
                             loop=_state["loop"], step_source=kind, hang_watch=False, **config.get("options", {}))
-            prof.step_source_why = _state["per_iteration"] if kind == "dataloader" else None
+            prof.step_source_why = (_state["per_iteration"] if kind == "dataloader"
+                                    else _state["per_backward"] if kind == "optimizer" else None)
             prof.start()
             _state["profiler"] = prof
             _state["profiled"] = True

@@ -77,6 +77,29 @@ def test_per_layer_optimizers_trained_in_turn_each_step_ends_a_step(tmp_path):
     assert steps["optimizer_steps"] == [1] * 10 and steps["backward_calls"] == [1] * 10
 
 
+def test_two_optimizers_after_one_backward_make_one_step_without_a_dataloader(tmp_path):
+    """12 iterations, no DataLoader: one backward(), then SGD's and Adam's steps. Was: a step ended at each
+    optimizer's step, so every iteration was a long step and a step holding Adam's step alone (read as an optimizer
+    step without backward). Now: Adam's step after the first backward() shows two optimizers per iteration, the
+    profiler starts over at the second iteration's SGD step, and each later SGD step (iterations 3-12) ends a step:
+    10 steps, each one backward() and two optimizer steps (the previous iteration's Adam, this one's SGD)."""
+    out = tmp_path / "out"
+    manifest, steps = capture(out, "multi_optimizer.py", "two_after_backward", "--batches", "12")
+    loop = manifest["loop"]
+    assert (loop["step_source"], loop["step_source_why"]) == (
+        "optimizer", "2 optimizers step after one backward(): a step ends at the first optimizer step after each "
+        "backward() (one step = one iteration, every optimizer's step in it)")
+    assert (loop["optimizers"], loop["optimizer_steps"], loop["backward_calls"]) == (2, 24, 12)
+    assert manifest["steps_run"] == 10
+    assert steps["optimizer_steps"] == [2] * 10 and steps["backward_calls"] == [1] * 10
+
+    from kinetoscope.analyze.ingest.loader import load_trace
+    from kinetoscope.analyze.report.builder import build_report
+
+    ids = {f.id for f in build_report(load_trace(out)).findings}
+    assert not ids & {"no_backward", "optimizer_step_mismatch"}
+
+
 def test_a_single_optimizer_loop_keeps_its_steps_and_names_their_boundary(tmp_path):
     """loop_marks.py, 8 optimizer steps of 1 micro-step: the first next() starts the profiler and each optimizer step
     ends a step (8 steps), as before. Was: the manifest named the boundary "dataloader" (the kind that started the

@@ -9,6 +9,8 @@ MODE:
   "per_layer": forward-forward-like: one batch taken with next(iter(loader)), then L layers trained in turn, each
          by its own Adam for E epochs (one backward() and one step() per epoch): L * E optimizer steps, one after
          another, no DataLoader iteration between them.
+  "two_after_backward": N iterations without a DataLoader: a forward, one backward(), then two optimizers
+         (SGD for the first layer, Adam for the second, in that order) each step once.
   "hogwild": a shared model trained by 2 processes started with the "spawn" method (target ``train``: N batches
          each, backward() and SGD step per batch); the parent joins them, then evaluates it over a DataLoader of M
          batches with model.eval() and torch.no_grad(): the parent itself runs no backward() and no step().
@@ -56,6 +58,19 @@ def per_layer(args: argparse.Namespace) -> None:
         x = layer(x).detach()
 
 
+def two_after_backward(args: argparse.Namespace) -> None:
+    first, second = torch.nn.Linear(16, 16), torch.nn.Linear(16, 1)
+    opt_a = torch.optim.SGD(first.parameters(), lr=1e-3)
+    opt_b = torch.optim.Adam(second.parameters(), lr=1e-3)
+    x, y = torch.randn(BATCH, 16), torch.randn(BATCH, 1)
+    for _ in range(args.batches):
+        opt_a.zero_grad()
+        opt_b.zero_grad()
+        torch.nn.functional.mse_loss(second(torch.relu(first(x))), y).backward()
+        opt_a.step()
+        opt_b.step()
+
+
 def train(model: torch.nn.Module, batches: int, seed: int) -> None:
     torch.manual_seed(seed)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.5)
@@ -82,7 +97,7 @@ def hogwild(args: argparse.Namespace) -> None:
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=("gan", "per_layer", "hogwild"))
+    ap.add_argument("mode", choices=("gan", "per_layer", "two_after_backward", "hogwild"))
     ap.add_argument("--batches", type=int, default=12)
     ap.add_argument("--epochs", type=int, default=5)
     ap.add_argument("--layers", type=int, default=2)
@@ -91,4 +106,5 @@ if __name__ == "__main__":
     args = ap.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    {"gan": gan, "per_layer": per_layer, "hogwild": hogwild}[args.mode](args)
+    {"gan": gan, "per_layer": per_layer, "two_after_backward": two_after_backward,
+     "hogwild": hogwild}[args.mode](args)
