@@ -69,8 +69,22 @@ def missing_ranks_text(job: dict[str, Any]) -> str | None:
             "nothing is claimed about the whole job (its straggler); what the ranks given show is shown")
 
 
-def worth(estimate: Mapping[str, Any] | None) -> str | None:
-    """What fixing a finding is worth, as one line: 'fix this: ~12.30 ms per step faster (34%)'."""
+def worth(estimate: Mapping[str, Any] | None, judged: Any = None) -> str | None:
+    """What fixing a finding is worth, as one line: 'fix this: ~12.30 ms per step faster (34%)'. ``judged``: the
+    finding's ``Worth``, what its severity was judged by; where that is the run's time (a cost the capture measured
+    over every step of the run, or the window's events standing for the run's), it is said too - the window's
+    estimate alone could read 0% beside a critical measured over the run."""
+    line = _estimate_line(estimate)
+    of = getattr(judged, "of", None)
+    fraction = getattr(judged, "fraction", None)
+    if (isinstance(of, str) and of.startswith("the run's time") and fraction is not None
+            and getattr(judged, "basis", None) != "one-off total"):
+        over = f"over the run: {fraction:.1%} of {of}"
+        return f"{line}; {over}" if line else f"fix this: not estimated from the window (none of it there); {over}"
+    return line
+
+
+def _estimate_line(estimate: Mapping[str, Any] | None) -> str | None:
     if not estimate:
         return None
     if estimate.get("method") == "none":

@@ -34,7 +34,7 @@ def render_text(report: Report) -> str:
         for f in report.findings:
             out.append(f"  [{_MARK[f.severity]}] {'job' if f.rank is None else f'rank {f.rank}'}: {f.title}  ({f.id})")
             out.append(f"      fix: {f.recommendation}")
-            line = worth(f.estimate)
+            line = worth(f.estimate, f.worth)
             if line:
                 out.append(f"      {line}")
     else:

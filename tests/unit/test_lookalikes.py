@@ -625,6 +625,29 @@ def test_a_wait_measured_over_every_step_is_judged_over_the_run(tmp_path):
     assert "(30% of the step, measured by the kernel over 6 steps; 8% over the run's 60 steps)" in f.title
 
 
+def test_a_wait_the_window_missed_is_said_over_the_run_beside_the_window_estimate(tmp_path):
+    """The window's 6 steps never wait for a CPU; the run's other 54 steps wait 5 ms of 10 ms: 270 / 600 ms = 45% of
+    the run. Was: worth nothing (the window's replay has no saving to estimate), information, and in a capture whose
+    window waited a little, a critical beside 'fix this: ~0.00 ms per step faster'. Now the run's measured cost,
+    a bound without an estimate of what a fix removes (counted half: 22.5%, a warning), and the report's line says
+    what the severity was judged by."""
+    from kinetoscope.render.format import worth
+    from kinetoscope.render.text import render_text
+
+    busy_trace(tmp_path)
+    n = 60
+    steps_json(tmp_path, wall=[10_000_000] * n, wait=[1_000_000] * n, wait_cpu=[1_000_000] * n,
+               cpu=[7_000_000] * n, runqueue=[0] * 6 + [5_000_000] * (n - 6), oncpu=[6_000_000] * n)
+    rep = load_dir(tmp_path)
+    (f,) = found(rep, "host_oversubscribed")
+    assert f.evidence["lost_us"] == 0 and f.evidence["run_lost_us"] == 270_000
+    assert (f.worth.fraction, f.worth.basis, f.severity) == (0.45, "measured cost", "warning")
+    line = ("fix this: not estimated from the window (none of it there); over the run: 45.0% of the run's time "
+            "(60 steps timed by the capture, measured over each)")
+    assert worth(f.estimate, f.worth) == line
+    assert line in render_text(rep)
+
+
 def test_a_measured_small_wait_outranks_an_inferred_shortfall(tmp_path):
     """CPU time says 0.3 of a core; the kernel says the thread waited 0.2 ms of each 10 ms step for a CPU (2%, under
     the policy's warning bar): the rest of the shortfall was waits the trace did not show. Nothing is raised."""

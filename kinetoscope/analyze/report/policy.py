@@ -83,11 +83,14 @@ def worth(finding: Finding, run: RunTime, config: AnalysisConfig | None = None) 
                      "one-off total", one_off)
     est = finding.estimate
     saving = est.get("saving_us_per_step") if est is not None else None
-    if finding.run_cost_us is not None and run.run_wall_us and est is not None and saving is not None:
-        # measured over every step of the run: what the window's steps happened to hold is not the run's rate
+    if finding.run_cost_us is not None and run.run_wall_us:
+        # measured over every step of the run: what the window's steps happened to hold is not the run's rate (was:
+        # only with the window's estimate, so a cost the window's steps did not hold was worth nothing however much
+        # of the run it took). Without an estimate to say what a fix removes, the cost is a bound
+        basis = ("measured cost" if est is None or saving is None
+                 else "upper bound" if est.get("bound") == "upper" else "estimate")
         return Worth(finding.run_cost_us / run.run_wall_us,
-                     f"the run's time ({run.run_steps} steps timed by the capture, measured over each)",
-                     "upper bound" if est.get("bound") == "upper" else "estimate")
+                     f"the run's time ({run.run_steps} steps timed by the capture, measured over each)", basis)
     events = finding.run_events
     if events is not None and events[0] > 0 and est is not None and saving is not None and run.run_wall_us \
             and run.window_steps_us:

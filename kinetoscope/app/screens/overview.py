@@ -95,7 +95,7 @@ def render() -> None:
         with st.container(border=True):
             st.markdown(md("{} · rank {} · {}", _severity(f.severity), f.rank, f.title))
             st.markdown(md("**What to do:** {}", f.recommendation))
-            line = worth(f.estimate)
+            line = worth(f.estimate, f.worth)
             if line:
                 st.markdown(md("**{}**", line[0].upper() + line[1:]))
                 if i in groups:
