@@ -28,7 +28,8 @@ def add_capture_command(sub: argparse._SubParsersAction) -> None:
         help="profile an unmodified training script (one profiler step per optimizer step)",
         description=(
             "Run COMMAND with torch.profiler attached: every training step (an optimizer.step() of any optimizer, "
-            "or the DataLoader iteration when several optimizers step in one (a GAN), else a DataLoader "
+            "or the DataLoader iteration when several optimizers step in one (a GAN), or the first optimizer "
+            "step after each backward() when several step after one and no DataLoader runs, else a DataLoader "
             "iteration, else a backward(), or kinetoscope.capture.mark_step()) ends a profiler step, the schedule "
             "picks which steps are recorded, and each rank writes rank-<r>.step-<a>-<b>.pt.trace.json.gz plus a "
             "manifest into --out (an earlier run's files there are moved aside). Works under torchrun. Signals "

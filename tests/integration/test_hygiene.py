@@ -137,6 +137,21 @@ def test_an_optimizer_with_no_backward_since_its_last_step_is_still_found(tmp_pa
     assert f.evidence["steps"] == [2, 3, 4, 5, 6, 7] and f.severity == "warning"
 
 
+def test_a_closure_step_cut_by_the_windows_end_is_not_judged(tmp_path):
+    """Lightning steps its optimizer with a closure: each Optimizer.step span holds the closure's backward, and runs
+    past its ProfilerStep. The last one runs past the window's end, where the profiler stopped recording, so the
+    backward inside it is not in the trace (a public Lightning trace: was 'no_backward' on its last step)."""
+    b = TraceBuilder()
+    for i in range(3):
+        t0 = i * 1_000
+        b.step(i, t0, 1_000)
+        b.op("aten::linear", t0 + 10, 100)
+        b.op("Optimizer.step#AdamW.step", t0 + 600, 900, cat="user_annotation")
+        if i < 2:
+            b.op("autograd::engine::evaluate_function: AddmmBackward0", t0 + 700, 300)
+    assert "no_backward" not in findings(tmp_path, b)
+
+
 def test_sync_every_step_on_a_gpu_run_with_the_time_lost(tmp_path):
     b = TraceBuilder()
     for i in range(3):

@@ -150,18 +150,19 @@ def _without_backward(trace: RankTrace, raw: dict[str, pd.DataFrame]) -> set[int
     so an iteration whose two optimizers' steps fell into two steps (the second optimizer's step alone in the
     next, after the first one's ended a step) read as a loop that never runs backward. An optimizer's first step in
     the window counts only where none of its later ones follows a backward pass either: the backward before it may
-    lie before the window."""
+    lie before the window. One still running as the window ends is not judged: a closure's backward inside it
+    (Lightning's) may have run after the profiler stopped recording."""
     opt, bwd = raw["optimizer"], raw["backward"]
     if opt.empty:
         return set()
     b_starts = np.sort(bwd["ts_ns"].to_numpy(np.int64))
-    start = window(trace).start_ns
+    w = window(trace)
     flagged: list[int] = []
     for _, g in opt.sort_values("ts_ns", kind="stable").groupby(opt["name"].astype(str), sort=True):
         ts, end = g["ts_ns"].to_numpy(np.int64), g["end_ns"].to_numpy(np.int64)
-        since = np.concatenate([[start], end[:-1]])  # each step's previous one of the same optimizer
+        since = np.concatenate([[w.start_ns], end[:-1]])  # each step's previous one of the same optimizer
         had = np.searchsorted(b_starts, end, side="left") - np.searchsorted(b_starts, since, side="left") > 0
-        without = ~had
+        without = ~had & (end <= w.end_ns)
         if len(without) > 1 and without[0] and not without[1:].all():
             without[0] = False  # its backward may lie before the window: the later ones show the loop runs one
         flagged += ts[without].tolist()
