@@ -41,6 +41,9 @@ tuned on say how it generalises:
   after the tenth set's rules (fdfd587).
 - a twelfth held-out set: twelve more (sample_traces/heldout12/), captured at cac6ac8 (with the launcher's count of
   ranks per host), scored once on the code after the eleventh set's straggler bar.
+- a thirteenth held-out set: twelve more (sample_traces/heldout13/), captured at acff3d2 (with the training thread's
+  own CPU in its data waits), scored once on the code after the twelfth set's rules (9aec366), against two readers
+  and their consensus, reconciled blind to the tool by a third.
 
 Public traces are not bundled (fetched test data of other projects): put them in one folder and name it with
 KINETOSCOPE_PUBLIC_TRACES; a reading whose trace is not here is listed as such.
@@ -94,7 +97,11 @@ SETS = (("in-sample", ROOT / "tests" / "expert"),
         ("eleventh held-out set, second independent reader", ROOT / "tests" / "expert" / "heldout11_captures_b"),
         ("twelfth held-out set: twelve more programs, scored on the code after the eleventh",
          ROOT / "tests" / "expert" / "heldout12_captures"),
-        ("twelfth held-out set, second independent reader", ROOT / "tests" / "expert" / "heldout12_captures_b"))
+        ("twelfth held-out set, second independent reader", ROOT / "tests" / "expert" / "heldout12_captures_b"),
+        ("thirteenth held-out set: twelve more programs, scored on the code after the twelfth",
+         ROOT / "tests" / "expert" / "heldout13_captures"),
+        ("thirteenth held-out set, second independent reader", ROOT / "tests" / "expert" / "heldout13_captures_b"),
+        ("thirteenth held-out set, the two readers' consensus", ROOT / "tests" / "expert" / "heldout13_captures_c"))
 
 
 def _claims(items: dict[tuple[str, int], str]) -> str:
