@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kinetoscope.analyze.model.findings import Worth
 
 
 def ms(us: Any) -> str:
@@ -69,18 +72,15 @@ def missing_ranks_text(job: dict[str, Any]) -> str | None:
             "nothing is claimed about the whole job (its straggler); what the ranks given show is shown")
 
 
-def worth(estimate: Mapping[str, Any] | None, judged: Any = None) -> str | None:
+def worth(estimate: Mapping[str, Any] | None, judged: Worth | None = None) -> str | None:
     """What fixing a finding is worth, as one line: 'fix this: ~12.30 ms per step faster (34%)'. ``judged``: the
-    finding's ``Worth``, what its severity was judged by; where that is the run's time (a cost the capture measured
-    over every step of the run, or the window's events standing for the run's), it is said too - the window's
-    estimate alone could read 0% beside a critical measured over the run."""
+    finding's ``Worth``, what its severity was judged by; where that is a cost the capture measured over every step
+    of the run (``scope`` "run"), it is said too - the window's estimate alone could read 0% beside a critical
+    measured over the run."""
     line = _estimate_line(estimate)
-    of = getattr(judged, "of", None)
-    fraction = getattr(judged, "fraction", None)
-    if (isinstance(of, str) and of.startswith("the run's time") and fraction is not None
-            and getattr(judged, "basis", None) != "one-off total"):
-        over = f"over the run: {fraction:.1%} of {of}"
-        return f"{line}; {over}" if line else f"fix this: not estimated from the window (none of it there); {over}"
+    if judged is not None and judged.scope == "run" and judged.fraction is not None:
+        over = f"over the run: {judged.fraction:.1%} of {judged.of}"
+        return f"{line}; {over}" if line else f"fix this: measured over the run, not estimated from the window; {over}"
     return line
 
 

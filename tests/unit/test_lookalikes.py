@@ -629,8 +629,8 @@ def test_a_wait_the_window_missed_is_said_over_the_run_beside_the_window_estimat
     """The window's 6 steps never wait for a CPU; the run's other 54 steps wait 5 ms of 10 ms: 270 / 600 ms = 45% of
     the run. Was: worth nothing (the window's replay has no saving to estimate), information, and in a capture whose
     window waited a little, a critical beside 'fix this: ~0.00 ms per step faster'. Now the run's measured cost,
-    a bound without an estimate of what a fix removes (counted half: 22.5%, a warning), and the report's line says
-    what the severity was judged by."""
+    judged as it would be were the window to hold some of it (a CPU-only rank: an estimate, critical), and the
+    report's line says what the severity was judged by."""
     from kinetoscope.render.format import worth
     from kinetoscope.render.text import render_text
 
@@ -641,11 +641,23 @@ def test_a_wait_the_window_missed_is_said_over_the_run_beside_the_window_estimat
     rep = load_dir(tmp_path)
     (f,) = found(rep, "host_oversubscribed")
     assert f.evidence["lost_us"] == 0 and f.evidence["run_lost_us"] == 270_000
-    assert (f.worth.fraction, f.worth.basis, f.severity) == (0.45, "measured cost", "warning")
-    line = ("fix this: not estimated from the window (none of it there); over the run: 45.0% of the run's time "
+    assert (f.worth.fraction, f.worth.basis, f.worth.scope, f.severity) == (0.45, "estimate", "run", "critical")
+    line = ("fix this: measured over the run, not estimated from the window; over the run: 45.0% of the run's time "
             "(60 steps timed by the capture, measured over each)")
     assert worth(f.estimate, f.worth) == line
     assert line in render_text(rep)
+
+
+def test_a_run_measured_wait_is_judged_alike_whether_the_window_holds_a_little_of_it_or_none(tmp_path):
+    """The same run with its window's 6 steps waiting 10 us each (60 us in the window, 270.06 ms over the run): was
+    critical here and a warning where the window held none; now both critical, an estimate of the run's 45%."""
+    busy_trace(tmp_path)
+    n = 60
+    steps_json(tmp_path, wall=[10_000_000] * n, wait=[1_000_000] * n, wait_cpu=[1_000_000] * n,
+               cpu=[7_000_000] * n, runqueue=[10_000] * 6 + [5_000_000] * (n - 6), oncpu=[6_000_000] * n)
+    (f,) = found(load_dir(tmp_path), "host_oversubscribed")
+    assert f.evidence["lost_us"] == 60 and f.evidence["run_lost_us"] == 270_060
+    assert (f.worth.fraction, f.worth.basis, f.worth.scope, f.severity) == (0.4501, "estimate", "run", "critical")
 
 
 def test_a_measured_small_wait_outranks_an_inferred_shortfall(tmp_path):

@@ -181,6 +181,7 @@ def _measured(trace: RankTrace, config: AnalysisConfig, steps: Any, rows: Any) -
             recommendation=_ADVICE,
             impact_us=lost / 1000.0,
             run_cost_us=us(run_lost),
+            run_cost_bound="upper" if device else None,
         ))
     return AnalysisResult(key="host", metrics=HostResult(host=metrics), findings=tuple(findings))
 

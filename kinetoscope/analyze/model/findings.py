@@ -67,12 +67,17 @@ class Worth:
     basis: str
     #: a one-off cost's total, us; None for a recurring cost
     one_off_total_us: float | None = None
+    #: "run" where ``fraction`` is a cost the capture measured over every step of the run (not the window's estimate
+    #: scaled: the window may hold little or none of it, and the estimate then says less); None otherwise
+    scope: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"fraction": None if self.fraction is None else round(self.fraction, 4),
                                "of": self.of, "basis": self.basis}
         if self.one_off_total_us is not None:
             out["one_off_total_us"] = round(self.one_off_total_us, 3)
+        if self.scope is not None:
+            out["scope"] = self.scope
         return out
 
 
@@ -103,6 +108,9 @@ class Finding:
     #: a recurring cost the capture measured over every step of the run (``steps.json``), in total, us: its worth is
     #: that over the run's time rather than the window's rate (``policy.worth``); None where only the window shows it
     run_cost_us: float | None = None
+    #: whether removing ``run_cost_us`` is only a bound on what a fix gives ("upper": host time lost on a rank with
+    #: device work may have hidden behind the device's) - the same whether or not the window held any of it to estimate
+    run_cost_bound: str | None = None
     #: a cost paid per event (a DataLoader iterator restarting its workers), as (events in the window, events over
     #: the run as the capture counted them): the window's saving stands for the run's events, over the run's time
     #: (``policy.worth``); None where the run's count is not known

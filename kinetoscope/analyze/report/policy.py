@@ -86,11 +86,11 @@ def worth(finding: Finding, run: RunTime, config: AnalysisConfig | None = None) 
     if finding.run_cost_us is not None and run.run_wall_us:
         # measured over every step of the run: what the window's steps happened to hold is not the run's rate (was:
         # only with the window's estimate, so a cost the window's steps did not hold was worth nothing however much
-        # of the run it took). Without an estimate to say what a fix removes, the cost is a bound
-        basis = ("measured cost" if est is None or saving is None
-                 else "upper bound" if est.get("bound") == "upper" else "estimate")
+        # of the run it took). Whether removing it is a bound is the finding's own, window or not (was: half credit
+        # where the window held none of it, full where it held 10 us a step)
         return Worth(finding.run_cost_us / run.run_wall_us,
-                     f"the run's time ({run.run_steps} steps timed by the capture, measured over each)", basis)
+                     f"the run's time ({run.run_steps} steps timed by the capture, measured over each)",
+                     "upper bound" if finding.run_cost_bound == "upper" else "estimate", scope="run")
     events = finding.run_events
     if events is not None and events[0] > 0 and est is not None and saving is not None and run.run_wall_us \
             and run.window_steps_us:
