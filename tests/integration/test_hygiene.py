@@ -137,6 +137,33 @@ def test_an_optimizer_with_no_backward_since_its_last_step_is_still_found(tmp_pa
     assert f.evidence["steps"] == [2, 3, 4, 5, 6, 7] and f.severity == "warning"
 
 
+def test_two_optimizers_of_one_class_after_one_backward_run_backward(tmp_path):
+    """Two AdamW (a generator's and a discriminator's, or matrices and the rest) step one after the other after each
+    backward, one step an iteration: the trace names both alike, so the second's step follows the first's with no
+    backward between (review: was 'no_backward' on every step)."""
+    b = TraceBuilder()
+    for i in range(3):
+        t0 = i * 1_000
+        b.step(i, t0, 1_000)
+        b.op("aten::linear", t0 + 10, 100)
+        b.op("autograd::engine::evaluate_function: AddmmBackward0", t0 + 200, 300)
+        b.op("Optimizer.step#AdamW.step", t0 + 600, 100, cat="user_annotation")
+        b.op("Optimizer.step#AdamW.step", t0 + 750, 100, cat="user_annotation")
+    assert "no_backward" not in findings(tmp_path, b)
+
+
+def test_an_optimizer_step_alone_at_the_windows_start_in_a_step_with_backward_is_not_judged(tmp_path):
+    """A window of one step as the capture makes it for Muon + AdamW: AdamW's step (after the previous iteration's
+    backward, before the window) opens the step, then forward, backward and Muon's step (review: was 'no_backward',
+    1 of 1 steps)."""
+    b = TraceBuilder().step(0, 0, 1_000)
+    b.op("Optimizer.step#AdamW.step", 10, 80, cat="user_annotation")
+    b.op("aten::linear", 100, 100)
+    b.op("autograd::engine::evaluate_function: MmBackward0", 250, 400)
+    b.op("Optimizer.step#Muon.step", 700, 250, cat="user_annotation")
+    assert "no_backward" not in findings(tmp_path, b)
+
+
 def test_a_closure_step_cut_by_the_windows_end_is_not_judged(tmp_path):
     """Lightning steps its optimizer with a closure: each Optimizer.step span holds the closure's backward, and runs
     past its ProfilerStep. The last one runs past the window's end, where the profiler stopped recording, so the

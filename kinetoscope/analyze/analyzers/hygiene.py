@@ -143,15 +143,17 @@ def _sync_ops(trace: RankTrace) -> pd.DataFrame:
     return top_level(sync[~inside & ~after_seed])
 
 
-def _without_backward(trace: RankTrace, raw: dict[str, pd.DataFrame]) -> set[int]:
-    """The steps holding an optimizer step that no backward pass preceded since the same optimizer's previous step
-    (optimizers told apart by the trace's name, ``Optimizer.step#AdamW.step``; a backward inside the step counts: a
-    closure's). Was: a step with an optimizer step and no backward pass,
-    so an iteration whose two optimizers' steps fell into two steps (the second optimizer's step alone in the
-    next, after the first one's ended a step) read as a loop that never runs backward. An optimizer's first step in
-    the window counts only where none of its later ones follows a backward pass either: the backward before it may
-    lie before the window. One still running as the window ends is not judged: a closure's backward inside it
-    (Lightning's) may have run after the profiler stopped recording."""
+def _without_backward(trace: RankTrace, raw: dict[str, pd.DataFrame], backward_steps: set[int]) -> set[int]:
+    """The steps that hold an optimizer step and no backward pass, where no backward pass ran before that optimizer
+    step since its optimizer stepped last either (optimizers told apart by the trace's name,
+    ``Optimizer.step#AdamW.step``; a backward inside the optimizer step counts: a closure's). Was: any step with an
+    optimizer step and no backward pass, so an iteration whose two optimizers' steps fell into two steps (Muon's ends
+    one, AdamW's sits alone in the next, after the same backward) read as a loop that never runs backward. An
+    optimizer's first step in the window is judged only where its later ones are without a backward too (its own may
+    lie before the window), or, alone, where the window holds no backward at all; one still running as the window
+    ends is not judged (a closure's backward inside it, Lightning's, may have run after the profiler stopped).
+    Two optimizers of one class (two AdamW) stepping in turn after one backward are told apart only by their step:
+    the capture makes one step of such an iteration."""
     opt, bwd = raw["optimizer"], raw["backward"]
     if opt.empty:
         return set()
@@ -160,16 +162,18 @@ def _without_backward(trace: RankTrace, raw: dict[str, pd.DataFrame]) -> set[int
     flagged: list[int] = []
     for _, g in opt.sort_values("ts_ns", kind="stable").groupby(opt["name"].astype(str), sort=True):
         ts, end = g["ts_ns"].to_numpy(np.int64), g["end_ns"].to_numpy(np.int64)
-        since = np.concatenate([[w.start_ns], end[:-1]])  # each step's previous one of the same optimizer
-        had = np.searchsorted(b_starts, end, side="left") - np.searchsorted(b_starts, since, side="left") > 0
-        without = ~had & (end <= w.end_ns)
-        if len(without) > 1 and without[0] and not without[1:].all():
-            without[0] = False  # its backward may lie before the window: the later ones show the loop runs one
+        ts, end = ts[end <= w.end_ns], end[end <= w.end_ns]
+        if not len(ts):
+            continue
+        since = np.concatenate([[w.start_ns], end[:-1]])  # each step's previous one of the same name
+        without = np.searchsorted(b_starts, end, side="left") - np.searchsorted(b_starts, since, side="left") == 0
+        if without[0] and (without[1:].any() if len(ts) > 1 else len(b_starts) > 0) and not without[1:].all():
+            without[0] = False
         flagged += ts[without].tolist()
     if not flagged:
         return set()
     steps = step_at(trace, np.asarray(flagged, dtype=np.int64))
-    return set(np.unique(steps[steps >= 0]).tolist())
+    return set(np.unique(steps[steps >= 0]).tolist()) - backward_steps
 
 
 def _step_list(steps: set[int]) -> list[int]:
@@ -197,12 +201,11 @@ def analyze_hygiene(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
     # batches for steps) is no training step: was "100 optimizer steps for 105 training steps", a warning
     evaluation = set(steps.loc[evaluation_steps(trace), "step"].astype(int)) & all_steps
     findings += _optimizer_mismatch(trace, all_steps - evaluation, bwd, opt, evaluation)
-    no_bwd = _without_backward(trace, raw) & all_steps
+    no_bwd = _without_backward(trace, raw, bwd) & all_steps
     if no_bwd:
         findings.append(Finding(
             id="no_backward", severity="warning", rank=trace.rank,
-            title=f"{len(no_bwd)} of {len(all_steps)} steps run an optimizer step with no backward pass since that "
-                  "optimizer's previous step",
+            title=f"{len(no_bwd)} of {len(all_steps)} steps run an optimizer step without any backward pass before it",
             evidence={"steps": _step_list(no_bwd), "optimizer_steps": len(opt), "backward_steps": len(bwd)},
             recommendation="Call loss.backward() before optimizer.step(); without it the parameters do not change "
                            "(or change only by weight decay/momentum).",
