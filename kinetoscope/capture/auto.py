@@ -43,6 +43,7 @@ SOURCES = ("marker", "optimizer", "dataloader", "backward")
 
 _state: dict[str, Any] = {"profiler": None, "optimizers": [], "stepped": None, "per_iteration": None,
                           "stepped_since_backward": None, "per_backward": None, "backward_since_step": False,
+                          "stepped_in_step": set(), "closure_backward": False,
                           "source": None, "config": None,
                           "disabled": False, "crashed": None, "pid": None, "loop": None,
                           "profiled": False, "terminating": False, "atexit": False, "watch": None}
@@ -107,16 +108,23 @@ class _StepBoundaries:
 
     def on_data_wait(self, iterator: Any) -> None:
         if threading.current_thread() is threading.main_thread():
-            _state["stepped"] = {}  # the optimizers that stepped since this batch: how often
+            # the optimizers that stepped since this batch: how often; a batch taken without gradients (a validation
+            # pass) starts no training iteration (was: a validation loader's last batch, then a loop of two optimizers
+            # without a DataLoader, read as a GAN's iteration that never came again: no trace)
+            _state["stepped"] = {} if _grad_enabled() else None
             _boundary("dataloader")
 
     def on_backward(self, in_optimizer_step: int) -> None:
         # a backward() outside an optimizer step (a manual SGD loop) ends a step; inside one (a closure) it does not
-        if in_optimizer_step == 0 and threading.current_thread() is threading.main_thread():
-            if _state["stepped_since_backward"] is not False:
-                _state["stepped_since_backward"] = {}  # the optimizers that stepped since this backward()
-            _state["backward_since_step"] = True
-            _boundary("backward")
+        if threading.current_thread() is not threading.main_thread():
+            return
+        _state["backward_since_step"] = True
+        if in_optimizer_step:
+            _state["closure_backward"] = True  # the optimizer stepping runs its own backward (LBFGS, Lightning)
+            return
+        if _state["stepped_since_backward"] is not False:
+            _state["stepped_since_backward"] = {}  # the optimizers that stepped since this backward()
+        _boundary("backward")
 
     def on_optimizer_step(self, optimizer: Any) -> None:
         # every optimizer's step ends a step (was: only the first optimizer seen, so a GAN's generator steps and all
@@ -127,11 +135,18 @@ class _StepBoundaries:
         if _state["per_iteration"] is not None:
             return
         main = threading.current_thread() is threading.main_thread()
+        own_backward, _state["closure_backward"] = _state["closure_backward"] and main, False
         if _state["per_backward"] is not None:
-            # several optimizers step after one backward(): the first of them after each backward() ends the step
-            if main and _state["backward_since_step"]:
-                _state["backward_since_step"] = False
-                _boundary("optimizer")
+            # several optimizers step after one backward(): the first of them after each backward() ends the step;
+            # one stepping again with no backward() seen between (a closure, torch.autograd.grad) ends one too, so a
+            # later phase of the loop still has steps
+            if main:
+                if _state["backward_since_step"] or oid in _state["stepped_in_step"]:
+                    _state["backward_since_step"] = False
+                    _state["stepped_in_step"] = {oid}
+                    _boundary("optimizer")
+                else:
+                    _state["stepped_in_step"].add(oid)
             return
         stepped = _state["stepped"]
         if stepped is not None and main:
@@ -143,6 +158,8 @@ class _StepBoundaries:
                     _per_iteration(len(stepped))
                     return
         since = _state["stepped_since_backward"]
+        if own_backward and isinstance(since, dict):
+            since.clear()  # its closure's backward() came after the others' steps: it steps after its own
         if stepped is None and isinstance(since, dict) and main:  # no DataLoader iteration: backward() tells them
             if oid in since:  # one optimizer stepping again after one backward(): its steps are the steps
                 _state["stepped_since_backward"] = False
@@ -168,7 +185,7 @@ def _per_iteration(optimizers: int) -> None:
         _state["source"] = "dataloader"
         prof, _state["profiler"] = _state["profiler"], None
         if prof is not None:
-            prof.discard()
+            prof.discard(drop_written=True)
     except Exception as exc:  # noqa: BLE001
         warn_once("capture hook", f"capture hook failed ({type(exc).__name__}: {exc}); training continues")
 
@@ -186,11 +203,20 @@ def _per_backward(optimizers: int) -> None:
                                   "optimizer step after each backward() (one step = one iteration, every optimizer's "
                                   "step in it)")
         _state["backward_since_step"] = False
+        _state["stepped_in_step"] = set(_state["stepped_since_backward"] or ())
         prof, _state["profiler"] = _state["profiler"], None
         if prof is not None:
-            prof.discard()
+            prof.discard(drop_written=True)
     except Exception as exc:  # noqa: BLE001
         warn_once("capture hook", f"capture hook failed ({type(exc).__name__}: {exc}); training continues")
+
+
+def _grad_enabled() -> bool:
+    torch = sys.modules.get("torch")
+    try:
+        return bool(torch.is_grad_enabled()) if torch is not None else True
+    except Exception:  # noqa: BLE001
+        return True
 
 
 _LISTENER = _StepBoundaries()
@@ -244,7 +270,7 @@ def _boundary(kind: str) -> None:
                 # no steps of this run; start over here. (A loop's first next() alone started the step this
                 # boundary ends: that one is kept.)
                 _state["profiler"] = None
-                prof.discard()
+                prof.discard(drop_written=True)
             elif prof is not None:  # the step a loop's first next() started ends here: it is of the new kind
                 prof.step_source = kind
         elif kind != current:

@@ -390,8 +390,10 @@ class Profiler:
     def _stop_profiler(self, prof: Any) -> None:
         prof.stop()
 
-    def discard(self) -> None:
-        """Stop without writing anything (capture stands aside for the script's own profiler)."""
+    def discard(self, drop_written: bool = False) -> None:
+        """Stop without writing anything more (capture stands aside for the script's own profiler). ``drop_written``:
+        the windows already written are removed too - their steps were no steps of this run (``kinetoscope
+        capture`` learnt later what ends a step), and no manifest will name them."""
         self._discarding = True
         self._closed = True
         try:
@@ -399,12 +401,22 @@ class Profiler:
                 prof, self._prof = self._prof, None
                 self._stop_profiler(prof)
             self._stop_telemetry()
+            if drop_written and self.traces:
+                self._drop_written()
         finally:
             if self.loop is not None and not self._own_loop:
                 self.loop.drop_marks()
             self._stop_hang_watch()
             self._detach_loop()
             self._close_sched()
+
+    @never_raises("trace removal")
+    def _drop_written(self) -> None:
+        self.writer.close()  # a window still being gzipped is on disk before it is removed
+        for path in self.traces:
+            path.unlink(missing_ok=True)
+        self.traces.clear()
+        self.windows.clear()
 
     @never_raises("telemetry stop")
     def _stop_telemetry(self) -> None:

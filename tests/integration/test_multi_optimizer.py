@@ -100,6 +100,39 @@ def test_two_optimizers_after_one_backward_make_one_step_without_a_dataloader(tm
     assert not ids & {"no_backward", "optimizer_step_mismatch"}
 
 
+def test_a_validation_pass_first_does_not_make_the_loop_a_dataloader_one(tmp_path):
+    """3 validation batches under no_grad, then the 12 iterations above. Was: the validation loader's last next() and
+    the two optimizer steps read as one DataLoader iteration of a GAN: steps at each next(), which never came again
+    (no trace). A batch taken without gradients starts no training iteration: the same 10 steps as above."""
+    manifest, steps = capture(tmp_path / "out", "multi_optimizer.py", "val_then_two", "--batches", "12")
+    assert manifest["loop"]["step_source"] == "optimizer" and manifest["steps_run"] == 10
+    assert steps["optimizer_steps"] == [2] * 10 and steps["backward_calls"] == [1] * 10
+    assert manifest["traces"] == ["rank-0.step-2-4.pt.trace.json.gz"]
+
+
+def test_a_closure_optimizer_after_two_optimizers_still_ends_steps(tmp_path):
+    """3 iterations of SGD then Adam after one backward(), then 6 LBFGS steps whose closure runs backward() twice
+    inside each (max_iter 2). Was: once the first phase set the step to the first optimizer after a backward(), a
+    closure's backward (inside the step) was never seen and no LBFGS step ended a step: 1 step, no trace. The
+    profiler starts at iteration 2's SGD step: iteration 3's SGD step ends the first step (Adam's, then iteration 3's
+    forward, backward, SGD), then each LBFGS step one: 7 steps."""
+    manifest, steps = capture(tmp_path / "out", "multi_optimizer.py", "two_then_lbfgs", "--epochs", "6")
+    loop = manifest["loop"]
+    assert (loop["optimizers"], loop["optimizer_steps"], loop["backward_calls"]) == (3, 12, 15)
+    assert manifest["steps_run"] == 7
+    assert steps["optimizer_steps"] == [2, 2, 1, 1, 1, 1, 1] and steps["backward_calls"] == [1] + [2] * 6
+
+
+def test_windows_of_steps_found_to_be_parts_of_iterations_are_removed(tmp_path):
+    """9 iterations of one optimizer (a step each: window 2-4 written), then 3 where a second one steps after the
+    same backward(): the steps so far were parts of iterations, the profiler starts over and its 1 step records no
+    window. Was: the first window stayed on disk, named by no manifest, and analysed against the new run's 1 step."""
+    out = tmp_path / "out"
+    manifest, steps = capture(out, "multi_optimizer.py", "late_second", "--batches", "12")
+    assert manifest["steps_run"] == 1 and manifest["traces"] == [] and steps["optimizer_steps"] == [2]
+    assert not list(out.glob("*.pt.trace.json*"))
+
+
 def test_a_single_optimizer_loop_keeps_its_steps_and_names_their_boundary(tmp_path):
     """loop_marks.py, 8 optimizer steps of 1 micro-step: the first next() starts the profiler and each optimizer step
     ends a step (8 steps), as before. Was: the manifest named the boundary "dataloader" (the kind that started the

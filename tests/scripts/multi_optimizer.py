@@ -11,6 +11,10 @@ MODE:
          another, no DataLoader iteration between them.
   "two_after_backward": N iterations without a DataLoader: a forward, one backward(), then two optimizers
          (SGD for the first layer, Adam for the second, in that order) each step once.
+  "val_then_two": a validation pass over a DataLoader of 3 batches under torch.no_grad(), then "two_after_backward".
+  "two_then_lbfgs": 3 iterations of "two_after_backward", then E LBFGS steps (max_iter 2) whose closure runs the
+         forward and backward() inside the optimizer step.
+  "late_second": N iterations of one backward() then SGD's step; from iteration N - 2 on Adam steps after SGD too.
   "hogwild": a shared model trained by 2 processes started with the "spawn" method (target ``train``: N batches
          each, backward() and SGD step per batch); the parent joins them, then evaluates it over a DataLoader of M
          batches with model.eval() and torch.no_grad(): the parent itself runs no backward() and no step().
@@ -58,17 +62,46 @@ def per_layer(args: argparse.Namespace) -> None:
         x = layer(x).detach()
 
 
-def two_after_backward(args: argparse.Namespace) -> None:
+def two_after_backward(args: argparse.Namespace, iterations: int | None = None, second_from: int = 0) -> None:
     first, second = torch.nn.Linear(16, 16), torch.nn.Linear(16, 1)
     opt_a = torch.optim.SGD(first.parameters(), lr=1e-3)
     opt_b = torch.optim.Adam(second.parameters(), lr=1e-3)
     x, y = torch.randn(BATCH, 16), torch.randn(BATCH, 1)
-    for _ in range(args.batches):
+    for i in range(args.batches if iterations is None else iterations):
         opt_a.zero_grad()
         opt_b.zero_grad()
         torch.nn.functional.mse_loss(second(torch.relu(first(x))), y).backward()
         opt_a.step()
-        opt_b.step()
+        if i >= second_from:
+            opt_b.step()
+
+
+def val_then_two(args: argparse.Namespace) -> None:
+    model = torch.nn.Linear(16, 1)
+    with torch.no_grad():
+        for x, y in make_loader(3, 16):
+            torch.nn.functional.mse_loss(model(x), y)
+    two_after_backward(args)
+
+
+def two_then_lbfgs(args: argparse.Namespace) -> None:
+    two_after_backward(args, iterations=3)
+    model = torch.nn.Linear(16, 1)
+    opt = torch.optim.LBFGS(model.parameters(), lr=0.1, max_iter=2)
+    x, y = torch.randn(BATCH, 16), torch.randn(BATCH, 1)
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        return loss
+
+    for _ in range(args.epochs):
+        opt.step(closure)
+
+
+def late_second(args: argparse.Namespace) -> None:
+    two_after_backward(args, second_from=args.batches - 3)
 
 
 def train(model: torch.nn.Module, batches: int, seed: int) -> None:
@@ -97,7 +130,8 @@ def hogwild(args: argparse.Namespace) -> None:
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=("gan", "per_layer", "two_after_backward", "hogwild"))
+    ap.add_argument("mode", choices=("gan", "per_layer", "two_after_backward", "val_then_two", "two_then_lbfgs",
+                                     "late_second", "hogwild"))
     ap.add_argument("--batches", type=int, default=12)
     ap.add_argument("--epochs", type=int, default=5)
     ap.add_argument("--layers", type=int, default=2)
@@ -106,5 +140,5 @@ if __name__ == "__main__":
     args = ap.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    {"gan": gan, "per_layer": per_layer, "two_after_backward": two_after_backward,
-     "hogwild": hogwild}[args.mode](args)
+    {"gan": gan, "per_layer": per_layer, "two_after_backward": two_after_backward, "val_then_two": val_then_two,
+     "two_then_lbfgs": two_then_lbfgs, "late_second": late_second, "hogwild": hogwild}[args.mode](args)
