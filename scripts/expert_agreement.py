@@ -44,6 +44,8 @@ tuned on say how it generalises:
 - a thirteenth held-out set: twelve more (sample_traces/heldout13/), captured at acff3d2 (with the training thread's
   own CPU in its data waits), scored once on the code after the twelfth set's rules (9aec366), against two readers
   and their consensus, reconciled blind to the tool by a third.
+- a fourteenth held-out set: twelve more (sample_traces/heldout14/), captured at e8ce625 (after the thirteenth set's
+  rules), scored once on that code, against two readers and their blind consensus.
 
 Public traces are not bundled (fetched test data of other projects): put them in one folder and name it with
 KINETOSCOPE_PUBLIC_TRACES; a reading whose trace is not here is listed as such.
@@ -101,7 +103,11 @@ SETS = (("in-sample", ROOT / "tests" / "expert"),
         ("thirteenth held-out set: twelve more programs, scored on the code after the twelfth",
          ROOT / "tests" / "expert" / "heldout13_captures"),
         ("thirteenth held-out set, second independent reader", ROOT / "tests" / "expert" / "heldout13_captures_b"),
-        ("thirteenth held-out set, the two readers' consensus", ROOT / "tests" / "expert" / "heldout13_captures_c"))
+        ("thirteenth held-out set, the two readers' consensus", ROOT / "tests" / "expert" / "heldout13_captures_c"),
+        ("fourteenth held-out set: twelve more programs, scored on the code after the thirteenth",
+         ROOT / "tests" / "expert" / "heldout14_captures"),
+        ("fourteenth held-out set, second independent reader", ROOT / "tests" / "expert" / "heldout14_captures_b"),
+        ("fourteenth held-out set, the two readers' consensus", ROOT / "tests" / "expert" / "heldout14_captures_c"))
 
 
 def _claims(items: dict[tuple[str, int], str]) -> str:
