@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from kinetoscope.analyze.ingest.limits import LoadLimits
@@ -50,6 +50,8 @@ def test_truncated(tmp_path, source, cut):
 @SETTINGS
 @given(source=st.sampled_from(sorted(SOURCES)),
        flips=st.lists(st.tuples(st.floats(0, 1), st.integers(0, 255)), min_size=1, max_size=8), gz=st.booleans())
+# found in CI: a byte 0x80 inside an op's "Input type" (kept raw, not checked as UTF-8) was an internal error
+@example(source="amd", flips=[(0.16986813551566285, 128)], gz=False)
 def test_flipped_bytes(tmp_path, source, flips, gz):
     data = bytearray(gzip.compress(SOURCES[source]) if gz else SOURCES[source])
     for where, value in flips:

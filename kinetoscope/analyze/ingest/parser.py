@@ -99,13 +99,14 @@ def _text(raw: msgspec.Raw) -> str | None:
 
 def op_shapes_of(args: bytes | msgspec.Raw) -> OpShapes | None:
     """The shape fields of one op's args object (validated JSON), or None when it holds no Input Dims (or the
-    fields are not what record_shapes writes: an object is expected)."""
+    fields are not what record_shapes writes: an object is expected, and text in UTF-8 - a raw field is kept as the
+    file's bytes, which the JSON decoder does not check: a corrupted byte there was an internal error)."""
     try:
         a = _shape_args_decoder.decode(args)
-    except (msgspec.DecodeError, RecursionError):
+        dims = _text(a.dims)
+        return None if dims is None else (dims, _text(a.types), _text(a.concrete))
+    except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):
         return None
-    dims = _text(a.dims)
-    return None if dims is None else (dims, _text(a.types), _text(a.concrete))
 
 
 class CounterEvent(msgspec.Struct, gc=False):
