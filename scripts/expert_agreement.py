@@ -46,6 +46,8 @@ tuned on say how it generalises:
   and their consensus, reconciled blind to the tool by a third.
 - a fourteenth held-out set: twelve more (sample_traces/heldout14/), captured at e8ce625 (after the thirteenth set's
   rules), scored once on that code, against two readers and their blind consensus.
+- a fifteenth held-out set: twelve more (sample_traces/heldout15/), captured at c900596 (after the review of the
+  thirteenth set's rules) while a test run shared the machine, scored once on that code, likewise.
 
 Public traces are not bundled (fetched test data of other projects): put them in one folder and name it with
 KINETOSCOPE_PUBLIC_TRACES; a reading whose trace is not here is listed as such.
@@ -107,7 +109,11 @@ SETS = (("in-sample", ROOT / "tests" / "expert"),
         ("fourteenth held-out set: twelve more programs, scored on the code after the thirteenth",
          ROOT / "tests" / "expert" / "heldout14_captures"),
         ("fourteenth held-out set, second independent reader", ROOT / "tests" / "expert" / "heldout14_captures_b"),
-        ("fourteenth held-out set, the two readers' consensus", ROOT / "tests" / "expert" / "heldout14_captures_c"))
+        ("fourteenth held-out set, the two readers' consensus", ROOT / "tests" / "expert" / "heldout14_captures_c"),
+        ("fifteenth held-out set: twelve more programs, scored on the code after the review",
+         ROOT / "tests" / "expert" / "heldout15_captures"),
+        ("fifteenth held-out set, second independent reader", ROOT / "tests" / "expert" / "heldout15_captures_b"),
+        ("fifteenth held-out set, the two readers' consensus", ROOT / "tests" / "expert" / "heldout15_captures_c"))
 
 
 def _claims(items: dict[tuple[str, int], str]) -> str:
