@@ -164,6 +164,27 @@ def test_an_optimizer_step_alone_at_the_windows_start_in_a_step_with_backward_is
     assert "no_backward" not in findings(tmp_path, b)
 
 
+def test_a_window_opening_on_an_optimizers_lone_step_does_not_judge_it_from_the_windows_start(tmp_path):
+    """Muon + AdamW, a step ending at each optimizer's step, and a window that opens on AdamW's lone step (its
+    backward ran before the window): every later AdamW step follows a backward, so the first is not judged (last
+    read: the documented rule, a first step judged only where its later ones lack a backward too, was coded as its
+    opposite when every later one had one)."""
+    b = TraceBuilder()
+    b.step(0, 0, 100)
+    b.op("Optimizer.step#AdamW.step", 10, 80, cat="user_annotation")
+    b.op("aten::add_", 20, 50)
+    for i in range(3):
+        t0 = 100 + i * 2_100
+        b.step(1 + 2 * i, t0, 2_000)
+        b.op("aten::linear", t0 + 10, 200)
+        b.op("autograd::engine::evaluate_function: MmBackward0", t0 + 300, 900, tid=200)
+        b.op("Optimizer.step#Muon.step", t0 + 1_300, 600, cat="user_annotation")
+        b.step(2 + 2 * i, t0 + 2_000, 100)
+        b.op("Optimizer.step#AdamW.step", t0 + 2_010, 80, cat="user_annotation")
+        b.op("aten::add_", t0 + 2_020, 50)
+    assert "no_backward" not in findings(tmp_path, b)
+
+
 def test_a_closure_step_cut_by_the_windows_end_is_not_judged(tmp_path):
     """Lightning steps its optimizer with a closure: each Optimizer.step span holds the closure's backward, and runs
     past its ProfilerStep. The last one runs past the window's end, where the profiler stopped recording, so the

@@ -167,8 +167,8 @@ def _without_backward(trace: RankTrace, raw: dict[str, pd.DataFrame], backward_s
             continue
         since = np.concatenate([[w.start_ns], end[:-1]])  # each step's previous one of the same name
         without = np.searchsorted(b_starts, end, side="left") - np.searchsorted(b_starts, since, side="left") == 0
-        if without[0] and (without[1:].any() if len(ts) > 1 else len(b_starts) > 0) and not without[1:].all():
-            without[0] = False
+        if without[0] and (not without[1:].all() if len(ts) > 1 else len(b_starts) > 0):
+            without[0] = False  # its backward may lie before the window
         flagged += ts[without].tolist()
     if not flagged:
         return set()
