@@ -177,17 +177,9 @@ def _per_iteration(optimizers: int) -> None:
     """Several optimizers stepped within one DataLoader iteration: a step is the iteration from here on. The steps
     so far ended at one optimizer's step (part of an iteration): they are no steps of this run; the profiler starts
     over at the next iteration."""
-    try:
-        if _state["disabled"] or os.getpid() != _state["pid"]:
-            return
-        _state["per_iteration"] = (f"{optimizers} optimizers step in one DataLoader iteration: a step ends at each "
-                                   "DataLoader iteration (one step = one iteration, every optimizer's step in it)")
-        _state["source"] = "dataloader"
-        prof, _state["profiler"] = _state["profiler"], None
-        if prof is not None:
-            prof.discard(drop_written=True)
-    except Exception as exc:  # noqa: BLE001
-        warn_once("capture hook", f"capture hook failed ({type(exc).__name__}: {exc}); training continues")
+    _start_over(per_iteration=(f"{optimizers} optimizers step in one DataLoader iteration: a step ends at each "
+                               "DataLoader iteration (one step = one iteration, every optimizer's step in it)"),
+                source="dataloader")
 
 
 def _per_backward(optimizers: int) -> None:
@@ -196,14 +188,19 @@ def _per_backward(optimizers: int) -> None:
     fall in the next step, beside its forward and backward). The steps so far ended at every optimizer's step (part of
     an iteration): they are no steps of this run; the profiler starts over at the next iteration's first optimizer
     step."""
+    _start_over(per_backward=(f"{optimizers} optimizers step after one backward(): a step ends at the first "
+                              "optimizer step after each backward() (one step = one iteration, every optimizer's "
+                              "step in it)"),
+                backward_since_step=False, stepped_in_step=set(_state["stepped_since_backward"] or ()))
+
+
+def _start_over(**state: Any) -> None:
+    """What ends a step was learnt late: ``state`` set, and the profiler's steps so far (and their windows) dropped;
+    the next boundary starts a new one."""
     try:
         if _state["disabled"] or os.getpid() != _state["pid"]:
             return
-        _state["per_backward"] = (f"{optimizers} optimizers step after one backward(): a step ends at the first "
-                                  "optimizer step after each backward() (one step = one iteration, every optimizer's "
-                                  "step in it)")
-        _state["backward_since_step"] = False
-        _state["stepped_in_step"] = set(_state["stepped_since_backward"] or ())
+        _state.update(state)
         prof, _state["profiler"] = _state["profiler"], None
         if prof is not None:
             prof.discard(drop_written=True)
