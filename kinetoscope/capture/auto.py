@@ -126,10 +126,10 @@ class _StepBoundaries:
             _state["stepped_since_backward"] = {}  # the optimizers that stepped since this backward()
         _boundary("backward")
 
-    def on_optimizer_step(self, optimizer: Any) -> None:
+    def on_optimizer_step(self, optimizer: int) -> None:
         # every optimizer's step ends a step (was: only the first optimizer seen, so a GAN's generator steps and all
         # but the first layer's of a per-layer loop fell inside other steps), unless several step per iteration
-        oid = id(optimizer)
+        oid = optimizer
         if oid not in _state["optimizers"]:
             _state["optimizers"].append(oid)
         if _state["per_iteration"] is not None:

@@ -51,7 +51,8 @@ class LoopListener(Protocol):
 
     def on_backward(self, in_optimizer_step: int) -> None: ...
 
-    def on_optimizer_step(self, optimizer: Any) -> None: ...
+    def on_optimizer_step(self, optimizer: int) -> None:
+        """``optimizer``: its number in this process (``_Hooks.optimizer_id``)."""
 
 
 class _Hooks:
@@ -84,6 +85,11 @@ class _Hooks:
         self.dataset_loaders: weakref.WeakKeyDictionary[Any, tuple[weakref.ref[Any], int]] = \
             weakref.WeakKeyDictionary()
         self.next_loader = 0
+        #: optimizer -> its number in this process (from 0), assigned at its first step: not ``id()``, which a new
+        #: optimizer may reuse once an old one is freed (was: SGD and Adam freed, then LBFGS counted as one of them)
+        self.optimizer_ids: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+        self.optimizer_raw_ids: dict[int, int] = {}  # one that cannot be weakly referenced: by id(), as before
+        self.next_optimizer = 0
         #: root modules put in eval mode by an outermost .eval()/.train(False), until seen training again: a trainer
         #: may restore training mode by setting ``module.training`` itself (Lightning does), with no call to see
         self.in_eval: dict[int, weakref.ref[Any]] = {}
@@ -302,6 +308,21 @@ class _Hooks:
                 pass
         return n
 
+    def optimizer_id(self, optimizer: Any) -> int:
+        """The optimizer's number in this process (from 0), assigned at its first step."""
+        try:
+            n = self.optimizer_ids.get(optimizer)
+        except TypeError:  # cannot be weakly referenced (or hashed)
+            n = self.optimizer_raw_ids.get(id(optimizer))
+            if n is None:
+                n = self.optimizer_raw_ids[id(optimizer)] = self.next_optimizer
+                self.next_optimizer += 1
+            return n
+        if n is None:
+            n = self.optimizer_ids[optimizer] = self.next_optimizer
+            self.next_optimizer += 1
+        return n
+
     def iterator_loader(self, it: Any) -> int:
         """The number of the loader ``it`` iterates: its tag, else its loader's sampler, else a new number."""
         n = getattr(it, "_kinetoscope_loader", None)
@@ -433,11 +454,12 @@ class _Hooks:
                 t1 = time.time_ns()
                 self.in_optimizer_step = max(0, self.in_optimizer_step - 1)
                 t0 = self.opt_started.pop() if self.opt_started else t1
-                event = ("O", t0, t1, threading.get_native_id(), id(optimizer))
+                oid = self.optimizer_id(optimizer)
+                event = ("O", t0, t1, threading.get_native_id(), oid)
                 for r in self.recorders:
                     r.pending.append(event)
                 for listener in self.listeners:
-                    listener.on_optimizer_step(optimizer)
+                    listener.on_optimizer_step(oid)
             except Exception as exc:  # noqa: BLE001
                 warn_once("loop optimizer", f"optimizer step not recorded ({type(exc).__name__}: {exc})")
 

@@ -106,7 +106,7 @@ class LoopRecorder:
         self._loaders: dict[int, _Loader] = {}
         self._awaiting: set[int] = set()
         self._stretches: dict[int, _Stretch] = {}
-        #: the optimizers seen stepping (their ids), in the order first seen
+        #: the optimizers seen stepping (their numbers in the process, ``hooks.optimizer_id``), in the order first seen
         self._optimizers: list[int] = []
         self._micro = 0
         self.backward_calls = 0

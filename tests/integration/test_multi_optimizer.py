@@ -123,6 +123,39 @@ def test_a_closure_optimizer_after_two_optimizers_still_ends_steps(tmp_path):
     assert steps["optimizer_steps"] == [2, 2, 1, 1, 1, 1, 1] and steps["backward_calls"] == [1] + [2] * 6
 
 
+def test_an_optimizer_made_where_a_freed_one_lived_is_another_optimizer():
+    """20 SGD optimizers, each made, stepped once and freed in turn: Python hands some of them a freed one's address
+    (its ``id()``). 20 optimizers, numbered 0 to 19. Was: optimizers were told apart by ``id()``, so a new one at a
+    freed one's address counted as it (CI: SGD and Adam freed, LBFGS made after them, 2 optimizers where the script
+    has 3)."""
+    import gc
+
+    import torch
+
+    from kinetoscope.capture import loop
+
+    rec = loop.LoopRecorder()
+    rec.attach()
+    try:
+        param = torch.nn.Parameter(torch.ones(1))
+        param.grad = torch.ones(1)
+        rec.begin_steps(0)
+        addresses = []
+        for _ in range(20):
+            opt = torch.optim.SGD([param], lr=0.1)
+            opt.step()
+            addresses.append(id(opt))
+            del opt
+            gc.collect()
+        assert len(set(addresses)) < 20, "Python never reused a freed optimizer's address: the test shows nothing"
+        stepped = [e[4] for e in rec.pending if e[0] == "O"]
+        rec.close_step(2**62, record=True, keep=True)
+        assert stepped == list(range(20))
+        assert rec.manifest("optimizer")["optimizers"] == 20
+    finally:
+        rec.detach()
+
+
 def test_windows_of_steps_found_to_be_parts_of_iterations_are_removed(tmp_path):
     """9 iterations of one optimizer (a step each: window 2-4 written), then 3 where a second one steps after the
     same backward(): the steps so far were parts of iterations, the profiler starts over and its 1 step records no
