@@ -521,6 +521,45 @@ def test_a_batch_indexed_item_by_item_is_told_to_index_it_at_once(tmp_path):
     assert f.severity == "warning"  # 18% of the step
 
 
+def test_a_loaders_worth_is_what_the_fix_removes_of_the_runs_waits(tmp_path):
+    """Was: the window's saving per step, spread by its steps, so a test pass's loader waits in one window step,
+    counted for each of the run's test passes, made a loader worth 31% of a run it waited 22% of (two readers:
+    warning). The window: six 10 ms steps, each waiting 2 ms for a batch indexed item by item, of which indexing it at
+    once removes 1.8 ms (90%). The run: 60 steps of 10 ms that waited 1 ms each for data (10%): worth 90% of that,
+    9% of the run, a warning (the window's rate alone: 18%)."""
+    from kinetoscope.analyze.ingest.loader import load_trace
+
+    per_item_loader(32).write(tmp_path / "rank-0.step-54-59.pt.trace.json")
+    capture_files(tmp_path, walls_ns=[10_000_000] * 60, waits_ns=[1_000_000] * 60, window=6)
+    (f,) = found(build_report(load_trace(tmp_path)), "loader_stall")
+    assert f.estimate["saving_us_per_step"] == 1_800
+    assert (f.worth.fraction, f.worth.basis, f.worth.scope) == (0.09, "estimate", "run")
+    assert f.severity == "warning"
+
+
+@pytest.mark.parametrize("run_wait_ns, claimed", [(600_000, True), (400_000, False)])
+def test_a_loader_under_the_bar_in_the_window_is_judged_by_the_run(tmp_path, run_wait_ns, claimed):
+    """Was: makemore's transformer waited 10.8% of its run for data but 4.9% of its window, whose steps the profiler
+    slowed, under the 5% bar: no finding (two readers: warning). The window: six 10 ms steps of one 0.4 ms wait (4%)
+    for a batch indexed item by item (10 selects, then a 200 us stack). The run: 60 steps of 10 ms that waited
+    ``run_wait_ns`` each: 6% of the run is a stall; 4% is not."""
+    from kinetoscope.analyze.ingest.loader import load_trace
+
+    b = TraceBuilder()
+    for i in range(6):
+        t = i * 10_000
+        b.step(i, t, 10_000).loader(t, 400)
+        for k in range(10):
+            b.op("aten::select", t + 10 + k * 15, 10)
+        b.op("aten::stack", t + 180, 200)
+        b.op("aten::linear", t + 500, 9_000)
+    b.write(tmp_path / "rank-0.step-54-59.pt.trace.json")
+    capture_files(tmp_path, walls_ns=[10_000_000] * 60, waits_ns=[run_wait_ns] * 60, window=6)
+    rep = build_report(load_trace(tmp_path))
+    assert rep.ranks[0]["loader"]["fraction"] == 0.04
+    assert bool(found(rep, "loader_stall")) is claimed
+
+
 def test_a_batch_of_few_items_is_not_per_item_indexing(tmp_path):
     """Four selects a batch: the wait is something else (the Python around them), judged by the workers replay."""
     (f,) = found(report_of(tmp_path, per_item_loader(4)), "loader_stall")
@@ -1428,6 +1467,73 @@ def test_in_a_group_of_four_at_least_half_and_twice_as_often_as_each_other_rank_
     assert f.rank == 0 and f.evidence["last_to_arrive_share"] == 0.5
     assert round(f.evidence["last_this_often_by_chance"], 4) == 0.0139
     assert f.severity == severity
+
+
+def collectives_job(tmp_path, steps, plan):
+    """The report of a 2-rank job of ``steps`` steps of 40 ms: 5 ms of ``aten::linear``, then, one after the other on
+    gloo's thread, the collectives ``plan(step)`` lists as (name, late rank, delay us): every rank but the late one
+    arrives at once, the late one ``delay`` us later (untraced Python before it), and all end 100 us after it."""
+    from kinetoscope.analyze.ingest.loader import load_trace
+
+    for rank in range(2):
+        b = TraceBuilder(rank=rank, world_size=2)
+        for s in range(steps):
+            t = s * 40_000
+            b.step(s, t, 40_000).op("aten::linear", t + 100, 5_000)
+            at = t + 5_200
+            for name, late, delay in plan(s):
+                arrive = at + (delay if rank == late else 0)
+                b.op(name, arrive, at + delay + 100 - arrive, cat="user_annotation", tid=300)
+                at += delay + 200
+        b.write(tmp_path / "job" / f"rank-{rank}.json")
+    return build_report(load_trace(tmp_path / "job"))
+
+
+@pytest.mark.parametrize("barrier_wait_us, rank, considered, share", [(200, 0, 20, 0.8), (12_000, 1, 20, 1.0)])
+def test_who_is_last_is_counted_over_the_kind_that_carries_the_waits(tmp_path, barrier_wait_us, rank, considered,
+                                                                    share):
+    """Was: a Fabric job's rank 0 was last in 16 of its 20 gradient all-reduces (two readers and their consensus:
+    the straggler, warning), but in 21 of 33 collectives counting its test pass's all-gathers and barriers: under
+    the two-in-three bar. 20 steps of 40 ms; each an all-reduce rank 0 reaches 10 ms late in its first 16 steps
+    (rank 1 in the others: 200 ms of waits), then a barrier rank 1 reaches ``barrier_wait_us`` late. Barriers of
+    200 us (4 ms of waits): the all-reduces decide, rank 0 last in 16 of 20 (0.59% by chance), the straggler. All of
+    them counted it would be last in 16 of 40: none. Barriers of 12 ms (240 ms of waits): they decide, rank 1 last
+    in 20 of 20. Either is worth at most its excess of untraced Python over the other rank's: 160 - 44 ms or
+    280 - 160 ms over 20 steps of 40 ms (14.5%, 15%), a warning."""
+    rep = collectives_job(tmp_path, 20, lambda s: [("gloo:all_reduce", 0 if s < 16 else 1, 10_000),
+                                                   ("gloo:barrier", 1, barrier_wait_us)])
+    (f,) = found(rep, "straggler")
+    assert f.rank == rank
+    assert (f.evidence["collectives_considered"], f.evidence["collectives_with_a_wait"]) == (considered, 40)
+    assert f.evidence["last_to_arrive_share"] == share
+    assert f.evidence["collectives_kind"] == ("allreduce" if rank == 0 else "barrier")
+    assert f.severity == "warning" and f.worth.fraction == (0.145 if rank == 0 else 0.15)
+
+
+def test_exposed_communication_counts_where_it_lies(tmp_path):
+    """Was: a Fabric job's window held one test pass of the run's two, whose all-gathers and barriers were 40% of
+    its exposed communication, and the saving was spread over the window's steps alike: 6.7% of the run where the
+    consensus read 4.9% (info). The window: nine 10 ms steps, each with 8 ms of compute then a 1 ms all-reduce on
+    gloo's thread, and a 40 ms step (4x the median) whose 20 ms all-gather runs after its 8 ms of compute. The run:
+    58 steps of 10 ms and 2 of 40 ms. Exposed: 9 x 1 + 20 = 29 ms; over the run 58 x 1 + 2 x 20 = 98 ms of 660 ms
+    (spread alike: 2.9 ms x 60 = 174 ms)."""
+    from kinetoscope.analyze.ingest.loader import load_trace
+
+    b = TraceBuilder()
+    t = 0
+    for i in range(10):
+        dur = 40_000 if i == 9 else 10_000
+        b.step(i, t, dur).op("aten::linear", t + 100, 8_000)
+        if i == 9:
+            b.op("gloo:all_gather", t + 8_500, 20_000, cat="user_annotation", tid=300)
+        else:
+            b.op("gloo:all_reduce", t + 8_500, 1_000, cat="user_annotation", tid=300)
+        t += dur
+    b.write(tmp_path / "rank-0.step-50-59.pt.trace.json")
+    capture_files(tmp_path, walls_ns=[10_000_000] * 29 + [40_000_000] + [10_000_000] * 29 + [40_000_000], window=10)
+    (f,) = found(build_report(load_trace(tmp_path)), "exposed_comm")
+    assert f.evidence["exposed_us"] == 29_000
+    assert f.worth.basis == "upper bound" and f.worth.fraction == pytest.approx(98 / 660, rel=1e-9)
 
 
 def test_the_chance_of_being_last_is_the_binomial_tail():

@@ -44,10 +44,18 @@ _OVERLAP_ADVICE = {
 }
 
 
-def _exposed_finding(trace: RankTrace, config: AnalysisConfig, w: Any, exposed_ns: int, comm_ns: int,
+def _exposed_finding(trace: RankTrace, config: AnalysisConfig, w: Any, exposed: iv.Intervals, comm_ns: int,
                      by_op: dict[str, int], where: str, unknown_ns: int = 0) -> Finding | None:
+    exposed_ns = iv.measure(exposed)
     if not w.dur_ns or exposed_ns < config.exposed_comm_min_fraction * w.dur_ns:
         return None
+    steps = trace.steps
+    # where in the window it lies, per step: an epoch's end (a test pass's all-gathers and barriers) counts as often
+    # as the run has such steps, not as often as the window (was: spread evenly, so a 10-step window holding one
+    # test pass of a 60-step run with two counted it six times over)
+    starts = steps["start_ns"].to_numpy()
+    by_step = [(int(t0), int(x)) for t0, x in zip(starts, iv.overlap_each(starts, steps["end_ns"].to_numpy(), exposed),
+                                                  strict=True)]
     parts = ", ".join(f"{op} {ns / w.dur_ns:.1%}" for op, ns in by_op.items() if ns)
     advice = [_OVERLAP_ADVICE[op] for op in by_op if by_op[op] and op in _OVERLAP_ADVICE]
     return Finding(
@@ -82,6 +90,7 @@ def _exposed_finding(trace: RankTrace, config: AnalysisConfig, w: Any, exposed_n
             "job's directory) before tuning overlap."
         ),
         impact_us=exposed_ns / 1000.0,
+        extra={"exposed_ns_by_step": by_step},
     )
 
 
@@ -154,7 +163,7 @@ def _overlap(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
     exposed_ns = iv.measure(exposed)
     overlap_ns = comm_ns - unknown_ns - exposed_ns  # known collective time is overlapped or exposed
     exposed_by_op = _exposed_by_op(coll, exposed, w) if judged else {}
-    found = _exposed_finding(trace, config, w, exposed_ns, comm_ns, exposed_by_op, "gpu", unknown_ns) \
+    found = _exposed_finding(trace, config, w, exposed, comm_ns, exposed_by_op, "gpu", unknown_ns) \
         if judged else None
     by_op = coll.groupby("op")["dur_ns"].agg(["count", "sum"])
     metrics = Comm(
@@ -195,7 +204,7 @@ def _host_collectives(trace: RankTrace, config: AnalysisConfig) -> AnalysisResul
             exposed = iv.subtract(comm_set, compute)
             exposed_ns = iv.measure(exposed)
             exposed_by_op = _exposed_by_op(coll, exposed, w)
-            found = _exposed_finding(trace, config, w, exposed_ns, comm_ns, exposed_by_op, "host")
+            found = _exposed_finding(trace, config, w, exposed, comm_ns, exposed_by_op, "host")
     return AnalysisResult(key="comm", metrics=CommResult(comm=Comm(
         collectives=int(len(coll)),
         time_us=us(comm_ns),

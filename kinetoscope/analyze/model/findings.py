@@ -111,6 +111,9 @@ class Finding:
     #: whether removing ``run_cost_us`` is only a bound on what a fix gives ("upper": host time lost on a rank with
     #: device work may have hidden behind the device's) - the same whether or not the window held any of it to estimate
     run_cost_bound: str | None = None
+    #: whether a fix removes only part of ``run_cost_us``: the share its estimate removes of the window's measured
+    #: cost (``impact_us``; a loader's waits, of which a batch indexed at once leaves the collate's copy)
+    run_cost_scaled: bool = False
     #: a cost paid per event (a DataLoader iterator restarting its workers), as (events in the window, events over
     #: the run as the capture counted them): the window's saving stands for the run's events, over the run's time
     #: (``policy.worth``); None where the run's count is not known

@@ -81,6 +81,11 @@ class LoaderRun(Record, frozen=True):
     eval_data_wait_us: float | None
     fraction_of: str
     mean_step_us: float | None
+    #: the waits of every batch but the first after each worker start (those wait for the workers to come up:
+    #: worker start-up, judged by worker_respawn), what a loader fix acts on; None where not recorded
+    recurring_wait_us: float | None = None
+    recurring_wait_fraction: float | None = None
+    recurring_wait_of: str | None = None
 
 
 class Loader(Record, frozen=True):

@@ -88,9 +88,21 @@ def worth(finding: Finding, run: RunTime, config: AnalysisConfig | None = None) 
         # only with the window's estimate, so a cost the window's steps did not hold was worth nothing however much
         # of the run it took). Whether removing it is a bound is the finding's own, window or not (was: half credit
         # where the window held none of it, full where it held 10 us a step)
-        return Worth(finding.run_cost_us / run.run_wall_us,
-                     f"the run's time ({run.run_steps} steps timed by the capture, measured over each)",
-                     "upper bound" if finding.run_cost_bound == "upper" else "estimate", scope="run")
+        cost, bound = finding.run_cost_us, finding.run_cost_bound == "upper"
+        of = f"the run's time ({run.run_steps} steps timed by the capture, measured over each)"
+        if finding.run_cost_scaled:
+            # the fix removes of the run's cost what its estimate removes of the window's (was: the window's saving
+            # per step, spread by the window's steps: a test pass's loader waits in one window step, counted for
+            # each of the run's, made a loader worth 31% of a run it waited 22% of)
+            steps = len(run.window_steps_us) if run.window_steps_us else None
+            if est is not None and saving is not None and steps and finding.impact_us > 0:
+                removed = min(1.0, float(saving) * steps / finding.impact_us)
+                cost, bound = cost * removed, est.get("bound") == "upper"
+                of = (f"the run's time ({run.run_steps} steps timed by the capture, its cost measured over each; "
+                      f"the fix removes {removed:.0%} of it, as of the window's)")
+            else:
+                bound = True  # no estimate: removing all of it is the most a fix gives
+        return Worth(cost / run.run_wall_us, of, "upper bound" if bound else "estimate", scope="run")
     events = finding.run_events
     if events is not None and events[0] > 0 and est is not None and saving is not None and run.run_wall_us \
             and run.window_steps_us:

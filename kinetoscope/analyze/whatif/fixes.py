@@ -475,11 +475,22 @@ def _plan_exposed_comm(trace: RankTrace, g: ReplayGraph, finding: Finding, p: di
     exposed = finding.evidence.get("exposed_us")
     if exposed is None:
         return None
-    return plan_from_measure("comm", float(exposed) * 1000 / max(g.steps, 1), "measured: exposed communication",
+    plan = plan_from_measure("comm", float(exposed) * 1000 / max(g.steps, 1), "measured: exposed communication",
                              ("the collectives' exposed time overlaps compute (bucketing, prefetching, pipelining "
                               "the step); what they spend waiting for other ranks, and what the next work needs "
                               "from them before it can start, would stay: not something one rank's trace shows",),
                              bound="upper")
+    # the saving lies in the steps that hold the exposure (an epoch's end with a test pass's collectives)
+    by_step = finding.extra.get("exposed_ns_by_step")
+    if by_step and g.steps:
+        at = np.asarray([t for t, _ in by_step], dtype=np.int64)
+        ns = np.asarray([x for _, x in by_step], dtype=np.float64)
+        k = np.searchsorted(g.step_start, at, side="right") - 1
+        inside = (k >= 0) & (at < g.step_end[np.clip(k, 0, g.steps - 1)])
+        weights = np.bincount(k[inside], weights=ns[inside], minlength=g.steps)[:g.steps]
+        if weights.sum() > 0:
+            plan = replace(plan, analytic_weights=tuple(float(x) for x in weights))
+    return plan
 
 
 def _plan_pipeline_bubble(trace: RankTrace, g: ReplayGraph, finding: Finding, p: dict[str, Any]) -> Plan | None:
