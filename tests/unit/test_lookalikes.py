@@ -1106,6 +1106,29 @@ def test_an_op_that_waits_for_a_collective_inside_it_is_not_compute(tmp_path):
     assert f.evidence["exposed_fraction_of_window"] == 0.38
 
 
+@pytest.mark.parametrize("holder", ["torch::autograd::AccumulateGrad", None])
+def test_an_op_that_holds_a_collective_call_is_not_compute(tmp_path, holder):
+    """Was: FSDP1 on gloo read 6% of its window exposed where its collectives were 17% of it and nothing computed
+    meanwhile (consensus: warning): its all-gathers and reduce-scatters are issued inside the ops around its hooks
+    (``AccumulateGrad``'s post-backward hook) and waited for by ``Work.wait()``, which records no op, so the
+    holder's whole span read as compute. 10 steps of 10 ms on one CPU rank: ``holder`` over 0.5-6 ms holding a
+    ``c10d::allgather_`` call (0.9-1 ms) and an ``aten::mul`` (5.5-5.8 ms), then ``aten::linear`` over 6-9 ms;
+    gloo's thread runs the all-gather over 1-5 ms. Compute is the mul and the linear: the all-gather's 4 ms of each
+    step are exposed, 40 ms of the 100 ms window. Without the holder, the same: the call is not compute either."""
+    b = TraceBuilder()
+    for s in range(10):
+        t = s * 10_000
+        b.step(s, t, 10_000)
+        if holder:
+            b.op(holder, t + 500, 5_500)
+        b.op("c10d::allgather_", t + 900, 100)
+        b.op("aten::mul", t + 5_500, 300)
+        b.op("aten::linear", t + 6_000, 3_000)
+        b.op("gloo:all_gather", t + 1_000, 4_000, cat="user_annotation", tid=300)
+    rep = report_of(tmp_path, b)
+    assert rep.ranks[0]["comm"]["exposed_us"] == 40_000
+
+
 @pytest.mark.parametrize("case", ["reused", "fresh", "leak_beside_one_reuse"])
 def test_cpu_growth_from_frees_the_profiler_did_not_record_cannot_be_told(tmp_path, case):
     """Was: DDP's fp16 compression hook on gloo read as a CPU leak of 1.27 MiB a step, warning: each step's

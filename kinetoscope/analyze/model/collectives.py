@@ -134,15 +134,45 @@ _NOT_HOST_COMPUTE_RE = re.compile(r"^(?:c10d::|_?c10d_functional(?:_autograd)?::
 _HOST_COLLECTIVE_WAIT_RE = re.compile(r"^(?:_?c10d_functional::wait_tensor|aten::wait)$")
 
 
+#: host ops of a process group's collective call (their thread inside one: enqueueing it, or waiting for it); a
+#: functional collective's wait (``wait_tensor``) is its own op, whose time alone is taken off its holder
+_HOST_COLLECTIVE_CALL_RE = re.compile(r"^(?:c10d::|record_param_comms)")
+
+
+def _holding_a_collective(starts: np.ndarray, ends: np.ndarray, calls: np.ndarray) -> np.ndarray:
+    """Of one thread's ops (nested: each inside the one before it or after its end), those that hold a collective
+    call (``calls``: which ops are one) inside them."""
+    order = np.lexsort((-ends, starts))
+    out = np.zeros(len(starts), bool)
+    stack: list[int] = []
+    for k in order:
+        while stack and ends[stack[-1]] <= starts[k]:
+            stack.pop()
+        if calls[k]:
+            for j in stack:
+                if ends[j] >= ends[k]:
+                    out[j] = True
+        stack.append(int(k))
+    return out
+
+
 def host_compute(trace: RankTrace, comm_threads: set[str], w: Window) -> iv.Intervals:
     """CPU compute of a run without GPU work: the ops on threads other than the collectives' own, less
     communication, its bookkeeping and containers, and less the time each thread waits inside an op for a collective
     (was: a tensor-parallel forward's ``aten::sum`` holding the wait for its all-reduce read as compute, and 30% of
-    a window spent waiting as 99% overlapped)."""
+    a window spent waiting as 99% overlapped). An op that holds a collective call is a container of it, not compute:
+    its other ops inside it count (was: FSDP's all-gathers, waited for by ``Work.wait()``, which records no op, inside
+    the ops around its pre-forward and post-backward hooks, ``AccumulateGrad``'s, read as compute: 6% of a window
+    exposed where the collectives were 17% of it and nothing computed meanwhile)."""
     ev = trace.events
     cpu = kind_mask(ev, ("cpu_op",))
     tids = ev["tid"].astype(str).to_numpy()
     keep = cpu & ~name_mask(ev, _NOT_HOST_COMPUTE_RE) & ~np.isin(tids, list(comm_threads))
+    calls = cpu & name_mask(ev, _HOST_COLLECTIVE_CALL_RE) & ~np.isin(tids, list(comm_threads))
+    for tid in np.unique(tids[calls]):
+        mine = np.flatnonzero(cpu & (tids == tid))
+        holding = _holding_a_collective(ev["ts_ns"].to_numpy()[mine], ev["end_ns"].to_numpy()[mine], calls[mine])
+        keep[mine[holding]] = False
     ops, op_tids = ev[keep], tids[keep]
     held = cpu & name_mask(ev, _HOST_COLLECTIVE_WAIT_RE)
     if not held.any():
