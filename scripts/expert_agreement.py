@@ -48,6 +48,8 @@ tuned on say how it generalises:
   rules), scored once on that code, against two readers and their blind consensus.
 - a fifteenth held-out set: twelve more (sample_traces/heldout15/), captured at c900596 (after the review of the
   thirteenth set's rules) while a test run shared the machine, scored once on that code, likewise.
+- a sixteenth held-out set: twelve more (sample_traces/heldout16/), captured at 9f38f1f on a quiet machine, scored
+  once on the code after the fifteenth set's rules (56de25d), likewise.
 
 Public traces are not bundled (fetched test data of other projects): put them in one folder and name it with
 KINETOSCOPE_PUBLIC_TRACES; a reading whose trace is not here is listed as such.
@@ -113,7 +115,11 @@ SETS = (("in-sample", ROOT / "tests" / "expert"),
         ("fifteenth held-out set: twelve more programs, scored on the code after the review",
          ROOT / "tests" / "expert" / "heldout15_captures"),
         ("fifteenth held-out set, second independent reader", ROOT / "tests" / "expert" / "heldout15_captures_b"),
-        ("fifteenth held-out set, the two readers' consensus", ROOT / "tests" / "expert" / "heldout15_captures_c"))
+        ("fifteenth held-out set, the two readers' consensus", ROOT / "tests" / "expert" / "heldout15_captures_c"),
+        ("sixteenth held-out set: twelve more programs, scored on the code after the fifteenth's rules",
+         ROOT / "tests" / "expert" / "heldout16_captures"),
+        ("sixteenth held-out set, second independent reader", ROOT / "tests" / "expert" / "heldout16_captures_b"),
+        ("sixteenth held-out set, the two readers' consensus", ROOT / "tests" / "expert" / "heldout16_captures_c"))
 
 
 def _claims(items: dict[tuple[str, int], str]) -> str:
