@@ -63,7 +63,8 @@ def test_an_all_reduce_issued_in_the_forward_serves_tensor_parallelism(tmp_path)
 def fsdp_on_gloo(steps: int = 2) -> TraceBuilder:
     """Each 1000 us step on the CPU: FSDP issues two all-gathers at once (+10, +20, prefetching), which a gloo worker
     runs one after the other (+30..+130, +130..+230); compute +150..+200; in backward, a reduce-scatter issued at +610
-    that gloo runs as an all-reduce (+620..+700) beside compute (+600..+650)."""
+    that gloo runs as an all-reduce (+620..+700) beside compute (+600..+650: the backward node's ``aten::mm`` around
+    the call; the node itself holds the call, a container, not compute)."""
     b = TraceBuilder()
     b.raw({"ph": "M", "name": "thread_name", "pid": MAIN_PID, "tid": WORKER, "args": {"name": "gloo"}})
     for k in range(steps):
@@ -76,8 +77,10 @@ def fsdp_on_gloo(steps: int = 2) -> TraceBuilder:
         b.op("gloo:all_gather", t + 130, 100, tid=WORKER)
         b.op("aten::mm", t + 150, 50)
         b.op("autograd::engine::evaluate_function: MmBackward0", t + 600, 50)
+        b.op("aten::mm", t + 600, 5)
         b.op("FSDP::post_backward_reduce", t + 605, 10, cat="user_annotation")
         b.op("c10d::_reduce_scatter_base_", t + 610, 5)
+        b.op("aten::mm", t + 615, 35)
         b.op("gloo:all_reduce", t + 620, 80, tid=WORKER)
     return b
 
