@@ -50,6 +50,8 @@ tuned on say how it generalises:
   thirteenth set's rules) while a test run shared the machine, scored once on that code, likewise.
 - a sixteenth held-out set: twelve more (sample_traces/heldout16/), captured at 9f38f1f on a quiet machine, scored
   once on the code after the fifteenth set's rules (56de25d), likewise.
+- a seventeenth held-out set: twelve more (sample_traces/heldout17/), captured at 48d84e8 alone on the machine, scored
+  once on the code after the sixteenth set's rule (3120c9e; tests only since), likewise.
 
 Public traces are not bundled (fetched test data of other projects): put them in one folder and name it with
 KINETOSCOPE_PUBLIC_TRACES; a reading whose trace is not here is listed as such.
@@ -119,7 +121,11 @@ SETS = (("in-sample", ROOT / "tests" / "expert"),
         ("sixteenth held-out set: twelve more programs, scored on the code after the fifteenth's rules",
          ROOT / "tests" / "expert" / "heldout16_captures"),
         ("sixteenth held-out set, second independent reader", ROOT / "tests" / "expert" / "heldout16_captures_b"),
-        ("sixteenth held-out set, the two readers' consensus", ROOT / "tests" / "expert" / "heldout16_captures_c"))
+        ("sixteenth held-out set, the two readers' consensus", ROOT / "tests" / "expert" / "heldout16_captures_c"),
+        ("seventeenth held-out set: twelve more programs, scored on the code after the sixteenth's rule",
+         ROOT / "tests" / "expert" / "heldout17_captures"),
+        ("seventeenth held-out set, second independent reader", ROOT / "tests" / "expert" / "heldout17_captures_b"),
+        ("seventeenth held-out set, the two readers' consensus", ROOT / "tests" / "expert" / "heldout17_captures_c"))
 
 
 def _claims(items: dict[tuple[str, int], str]) -> str:
