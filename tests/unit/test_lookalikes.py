@@ -1674,3 +1674,80 @@ def test_a_new_iterators_first_batch_is_start_up_not_a_stall(tmp_path, workers_r
                              if workers_recorded else None})
     rep = build_report(load_trace(tmp_path))
     assert rep.ranks[0]["loader"]["time_us"] == (2_500 if workers_recorded else 6_500)
+
+
+def validation_job(folder, both):
+    """Two CPU ranks on gloo, 10 steps of 40 ms (5 ms of ``aten::linear``). In steps 0-5 a validation pass (marked by
+    the capture) runs before the step's all-reduce: rank 1's takes 20 ms, rank 0's 10 ms where ``both`` (else rank 0
+    runs none), so rank 0 reaches the all-reduce 10 ms (20 ms) early and waits; in steps 6-9 both arrive together.
+    Each all-reduce ends 100 us after rank 1 arrives."""
+    import json
+
+    for rank in (0, 1):
+        b = TraceBuilder(rank=rank, world_size=2)
+        for s in range(10):
+            t = s * 40_000
+            b.step(s, t, 40_000).op("aten::linear", t + 100, 5_000)
+            val = (20_000 if rank == 1 else 10_000 if both else 0) if s < 6 else 0
+            if val:
+                b.op("kinetoscope::validation", t + 5_200, val, cat="kinetoscope", module="model", batches=4)
+            arrive = t + 5_300 + val
+            late = t + 5_300 + (20_000 if s < 6 else 0)
+            b.op("gloo:all_reduce", arrive, late + 100 - arrive, cat="user_annotation", tid=300)
+        b.write(folder / f"rank-{rank}.step-0-9.pt.trace.json")
+        (folder / f"rank-{rank}.manifest.json").write_text(json.dumps(
+            {"manifest_version": 2, "rank": rank, "loop": {"marks": 2, "recorded": ["validation", "checkpoint"]}}))
+
+
+@pytest.mark.parametrize("both", [True, False])
+def test_a_sharded_evaluations_imbalance_is_not_a_straggler(tmp_path, both):
+    """Was: a Trainer job whose two ranks both evaluate once in the window had rank 1 "the straggler (cause:
+    validation)", told to shard an evaluation already sharded: its partner's waits at the evaluation's own collectives
+    and the first after it counted as a training rank's lateness (16% of the mean step; 9.4% without). Both ranks
+    validate before six of the ten all-reduces, rank 1 10 ms longer: every wait follows validation on both ranks, the
+    evaluation's imbalance - no straggler. Only rank 1 validates (the eighth set's rank that evaluates alone): the
+    others wait for work they do not share, rank 1 last at all 6 collectives with a wait (1/64 by chance), 20 ms each:
+    12 ms per 40 ms step, the straggler, cause validation."""
+    from kinetoscope.analyze.ingest.loader import load_trace
+
+    validation_job(tmp_path / "job", both)
+    rep = build_report(load_trace(tmp_path / "job"))
+    stragglers = found(rep, "straggler")
+    if both:
+        assert not stragglers
+        return
+    (f,) = stragglers
+    assert f.rank == 1 and f.evidence["cause"] == "validation"
+    assert (f.evidence["collectives_considered"], f.evidence["last_to_arrive_share"]) == (6, 1.0)
+    assert f.evidence["collectives_after_shared_validation_or_checkpoint"] == 0
+    assert f.evidence["others_wait_us_per_step"] == 12_000
+
+
+def test_a_loader_fix_made_on_every_rank_is_worth_the_jobs_saving():
+    """Was: a DDP job whose ranks both wait ~13% of the run in a per-item collate had rank 1's loader a warning (its
+    replay: 4.7% of the run) and rank 0's information (0.8%: its replay alone keeps rank 1 as it was, so the time
+    freed goes to waiting for rank 1 at the next all-reduce). The change is one script's, made on every rank: rank 0's
+    finding is worth rank 1's, says so, and keeps its own estimate's share; another kind of finding, and a rank alone,
+    keep theirs."""
+    from dataclasses import replace
+
+    from kinetoscope.analyze.model.config import DEFAULT_CONFIG
+    from kinetoscope.analyze.model.findings import Worth
+    from kinetoscope.analyze.report.policy import judge_as_job
+
+    def f(id_, rank, fraction, severity):
+        return replace(Finding(id=id_, rank=rank, title=id_, evidence={"advice_if_no_gain": "no gain"},
+                               recommendation="no gain" if fraction < 0.03 else "more workers", severity=severity,
+                               extra={"advice": "more workers"}),
+                       worth=Worth(fraction, "the run's time", "estimate", scope="run"))
+
+    out = judge_as_job([f("loader_stall", 0, 0.008, "info"), f("loader_stall", 1, 0.047, "warning"),
+                        f("sync_in_loop", 0, 0.001, "info"), f("sync_in_loop", 1, 0.2, "info")], DEFAULT_CONFIG)
+    r0 = out[0]
+    assert (r0.severity, r0.worth.fraction, r0.recommendation) == ("warning", 0.047, "more workers")
+    assert r0.evidence["worth_as_rank"] == 1 and r0.evidence["own_worth_fraction"] == 0.008
+    assert "as rank 1's" in r0.worth.of
+    assert out[1:] == [f("loader_stall", 1, 0.047, "warning"), f("sync_in_loop", 0, 0.001, "info"),
+                       f("sync_in_loop", 1, 0.2, "info")]
+    alone = [f("loader_stall", 0, 0.008, "info")]
+    assert judge_as_job(alone, DEFAULT_CONFIG) == alone

@@ -66,6 +66,9 @@ class RankSummary:
     collective_us: float = 0.0
     #: share of the window whose GPU activity the trace misses (arrivals there are not evidence)
     unknown_fraction: float = 0.0
+    #: per collective: whether the rank ran validation or saved a checkpoint (its capture's marks) since its previous
+    #: collective ended, or during this one - the arrival follows that work, not a training step's
+    after_marked: list[bool] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -337,6 +340,8 @@ class Arrivals:
     wait_ns: np.ndarray
     last: np.ndarray  # index into ranks; -1 where every rank arrived together
     transfer_ns: np.ndarray
+    #: collectives x ranks: the rank's arrival follows its validation or checkpoint work (``RankSummary.after_marked``)
+    after_marked: np.ndarray | None = None
 
     def new_wait_ns(self, col: int, rows: np.ndarray | None = None) -> np.ndarray:
         """Per collective (all rows, 0 outside ``rows``), the part of rank ``col``'s wait no other of ``rows``
@@ -362,7 +367,7 @@ def arrivals(summaries: list[RankSummary], m: Matching) -> Arrivals:
     by_rank = {s.rank: s for s in summaries}
     all_ranks = sorted(by_rank)
     col = {r: i for i, r in enumerate(all_ranks)}
-    groups, ops, arr_rows, wait_rows, last, transfer = [], [], [], [], [], []
+    groups, ops, arr_rows, wait_rows, last, transfer, marked_rows = [], [], [], [], [], [], []
     for gm in m.groups:
         if len(gm.ranks) < 2 or not len(gm.index):
             continue
@@ -371,6 +376,7 @@ def arrivals(summaries: list[RankSummary], m: Matching) -> Arrivals:
             continue
         for row in gm.index:
             arrival = np.full(len(all_ranks), np.nan)
+            marked = np.zeros(len(all_ranks), bool)
             ends = []
             durs = []
             for j in usable:
@@ -378,10 +384,12 @@ def arrivals(summaries: list[RankSummary], m: Matching) -> Arrivals:
                 s = by_rank[r]
                 skew = m.skew_ns[r] or 0
                 arrival[col[r]] = s.start_ns[row[j]] - skew
+                marked[col[r]] = bool(s.after_marked[row[j]]) if len(s.after_marked) > row[j] else False
                 ends.append(s.end_ns[row[j]] - skew)
                 durs.append(s.end_ns[row[j]] - s.start_ns[row[j]])
             latest = np.nanmax(arrival)
             arr_rows.append(arrival)
+            marked_rows.append(marked)
             wait_rows.append(latest - arrival)
             # nobody waited when every rank arrived within a microsecond: no one to blame
             spread = latest - np.nanmin(arrival)
@@ -393,7 +401,8 @@ def arrivals(summaries: list[RankSummary], m: Matching) -> Arrivals:
     return Arrivals(group=groups, op=ops, ranks=all_ranks,
                     arrival_ns=np.vstack(arr_rows) if arr_rows else np.zeros((0, n)),
                     wait_ns=np.vstack(wait_rows) if wait_rows else np.zeros((0, n)),
-                    last=np.asarray(last, dtype=np.int64), transfer_ns=np.asarray(transfer, dtype=np.float64))
+                    last=np.asarray(last, dtype=np.int64), transfer_ns=np.asarray(transfer, dtype=np.float64),
+                    after_marked=np.vstack(marked_rows) if marked_rows else np.zeros((0, n), bool))
 
 
 def job_metrics(summaries: list[RankSummary], m: Matching, a: Arrivals) -> Collectives:

@@ -23,7 +23,7 @@ from kinetoscope.analyze.model.record import Record, json_ready
 from kinetoscope.analyze.model.timeline import window
 from kinetoscope.analyze.model.trace import RankTrace, Trace
 from kinetoscope.analyze.registry import AnalysisResult, analyzers
-from kinetoscope.analyze.report.policy import RunTime, judge, limit
+from kinetoscope.analyze.report.policy import RunTime, judge, judge_as_job, limit
 from kinetoscope.errors import ConfigError
 
 SCHEMA_VERSION = 1
@@ -473,6 +473,8 @@ def build_report(trace: Trace, config: AnalysisConfig = DEFAULT_CONFIG, *, threa
             findings.extend(found)
             failures.extend(lost)
     findings = _exposure_less_waits(trace, findings, job, config)
+    if len(trace.ranks) > 1:
+        findings = judge_as_job(findings, config)
     entries = [rr.to_dict() for rr in rank_reports]  # the JSON report's rank entries, from the typed ones
     violations = [f"rank {e['rank']}: {v}" for e in entries for v in fraction_violations(e)]
     violations += [f"rank {e['rank']}: {v}" for e in entries for v in above_peak_violations(e)]

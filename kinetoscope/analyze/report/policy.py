@@ -30,7 +30,7 @@ import numpy as np
 from kinetoscope.analyze.model.config import AnalysisConfig
 from kinetoscope.analyze.model.findings import SEVERITY_ORDER, Finding, Severity, Worth, nature
 
-__all__ = ["RunTime", "Worth", "judge", "limit", "severity_for", "worth"]
+__all__ = ["SAME_FIX_ON_EVERY_RANK", "RunTime", "Worth", "judge", "judge_as_job", "limit", "severity_for", "worth"]
 
 
 @dataclass(frozen=True)
@@ -166,12 +166,51 @@ def judge(finding: Finding, run: RunTime, config: AnalysisConfig) -> Finding:
     title = finding.title
     if severity != wanted and finding.ceiling_reason:
         title = f"{title} ({finding.ceiling_reason})"
-    advice = finding.recommendation
-    # a fix the estimate finds worth nothing is not advised: the analyzer's advice for that case replaces it (no
-    # loop of 'raise num_workers' after more workers gained nothing)
+    return replace(finding, severity=severity, title=title, recommendation=_advice(finding, value, config),
+                   worth=value, extra={**finding.extra, "advice": finding.recommendation})
+
+
+def _advice(finding: Finding, value: Worth | None, config: AnalysisConfig) -> str:
+    """The finding's advice - but a fix the estimate finds worth nothing is not advised: the analyzer's advice for
+    that case replaces it (no loop of 'raise num_workers' after more workers gained nothing)."""
+    advice = str(finding.extra.get("advice", finding.recommendation))
     no_gain = finding.evidence.get("advice_if_no_gain")
     if (no_gain and value is not None and value.basis in ("estimate", "upper bound")
             and (value.fraction or 0) < config.severity_warning_min_worth):
-        advice = str(no_gain)
-    return replace(finding, severity=severity, title=title, recommendation=advice,
-                   worth=value)
+        return str(no_gain)
+    return advice
+
+
+#: cost findings whose fix is the training script's own, the same on every rank of a data-parallel job: the input
+#: pipeline (its workers, its collate) runs alike on each rank
+SAME_FIX_ON_EVERY_RANK = frozenset({"loader_stall"})
+
+
+def judge_as_job(findings: list[Finding], config: AnalysisConfig) -> list[Finding]:
+    """Findings of a multi-rank job whose fix is the same change on every rank (``SAME_FIX_ON_EVERY_RANK``), where
+    more than one rank holds one, worth what the change is worth to the job: the most any of those ranks' own
+    estimates finds. A rank's replay alone keeps its partners as they were, so the time its fix frees goes to waiting
+    for them at the next collective; made on every rank, the change frees the rank that holds the job back as well
+    (was: each rank alone, so a DDP job whose ranks both wait 13% of the run in a per-item collate had rank 1's loader
+    a warning, rank 0's - absorbed by its waits for rank 1 - information)."""
+    out = list(findings)
+    for fid in SAME_FIX_ON_EVERY_RANK:
+        held = [k for k, f in enumerate(out) if f.id == fid and f.rank is not None and f.worth is not None
+                and f.worth.fraction is not None]
+        if len({out[k].rank for k in held}) < 2:
+            continue
+        best = max(held, key=lambda k: out[k].worth.fraction or 0.0)  # type: ignore[union-attr]
+        top = out[best]
+        assert top.worth is not None
+        for k in held:
+            f = out[k]
+            assert f.worth is not None
+            if k == best or (f.worth.fraction or 0.0) >= (top.worth.fraction or 0.0):
+                continue
+            value = replace(top.worth, of=f"{top.worth.of}, as rank {top.rank}'s: the same change on every rank "
+                                          "frees the job's steps as it frees that rank's")
+            out[k] = replace(f, severity=_weaker(severity_for(value, config), f.ceiling), worth=value,
+                             recommendation=_advice(f, value, config),
+                             evidence={**f.evidence, "worth_as_rank": top.rank,
+                                       "own_worth_fraction": round(float(f.worth.fraction or 0.0), 4)})
+    return out
