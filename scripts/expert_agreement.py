@@ -52,6 +52,8 @@ tuned on say how it generalises:
   once on the code after the fifteenth set's rules (56de25d), likewise.
 - a seventeenth held-out set: twelve more (sample_traces/heldout17/), captured at 48d84e8 alone on the machine, scored
   once on the code after the sixteenth set's rule (3120c9e; tests only since), likewise.
+- an eighteenth held-out set: twelve more (sample_traces/heldout18/), captured at b61a8bc alone on the machine,
+  scored once on the code after the seventeenth set's rules, likewise.
 
 Public traces are not bundled (fetched test data of other projects): put them in one folder and name it with
 KINETOSCOPE_PUBLIC_TRACES; a reading whose trace is not here is listed as such.
@@ -125,7 +127,11 @@ SETS = (("in-sample", ROOT / "tests" / "expert"),
         ("seventeenth held-out set: twelve more programs, scored on the code after the sixteenth's rule",
          ROOT / "tests" / "expert" / "heldout17_captures"),
         ("seventeenth held-out set, second independent reader", ROOT / "tests" / "expert" / "heldout17_captures_b"),
-        ("seventeenth held-out set, the two readers' consensus", ROOT / "tests" / "expert" / "heldout17_captures_c"))
+        ("seventeenth held-out set, the two readers' consensus", ROOT / "tests" / "expert" / "heldout17_captures_c"),
+        ("eighteenth held-out set: twelve more programs, scored on the code after the seventeenth's rules",
+         ROOT / "tests" / "expert" / "heldout18_captures"),
+        ("eighteenth held-out set, second independent reader", ROOT / "tests" / "expert" / "heldout18_captures_b"),
+        ("eighteenth held-out set, the two readers' consensus", ROOT / "tests" / "expert" / "heldout18_captures_c"))
 
 
 def _claims(items: dict[tuple[str, int], str]) -> str:
