@@ -145,3 +145,52 @@ def test_a_cost_per_event_stands_for_the_runs_events():
     judged = judge(f, SPLIT_RUN, CONFIG)
     assert judged.worth.fraction == pytest.approx(75_000 / 280_000)
     assert judged.worth.of.endswith("the window's 1 event(s) stand for the run's 3)") and judged.severity == "critical"
+
+
+def by_step_finding(savings_us: list[float]) -> Finding:
+    from kinetoscope.analyze.model.estimate import Estimate
+
+    mean = 20_000.0
+    saving = sum(savings_us) / len(savings_us)
+    est = Estimate(step_us_after=mean - saving, saving_us_per_step=saving, saving_fraction=saving / mean,
+                   method="replay", assumptions=(), saving_by_step_us=tuple(savings_us))
+    return Finding(id="exposed_comm", rank=0, title="t", evidence={}, recommendation="", estimate=est)
+
+
+def test_a_recurring_saving_counts_for_nothing_in_a_compilation_the_window_does_not_show():
+    """Was: a DDP job under torch.compile, exposed 32% of its window's mean step, was a warning; its 14.5 s run spent
+    12.3 s compiling, and the consensus read under 3% of the run (a bound at half). Window: ten 20 ms steps, each
+    saving 5 ms (a quarter of its time). Run: a 10 s step that compiles (3x its median or more) and 99 of 16 ms: the
+    quarter of the 1,584 ms of ordinary steps, 396 ms of 11,584 ms (was: 5 of 20 ms, 25%, critical)."""
+    run = RunTime(mean_step_us=20_000.0, run_steps=100, run_wall_us=11_584_000.0, window_us=200_000.0,
+                  window_steps_us=(20_000.0,) * 10, run_steps_us=(10_000_000.0,) + (16_000.0,) * 99)
+    value = worth(by_step_finding([5_000.0] * 10), run, CONFIG)
+    assert value.fraction == pytest.approx(396_000 / 11_584_000, rel=1e-12)
+    assert "its 99 ordinary ones" in value.of and "1 step(s)" in value.of
+
+
+def test_a_window_slowed_by_the_profiler_saves_its_share_of_the_runs_steps_not_its_own_milliseconds():
+    """Was: the window's saving per step, so a profiled window slower than the run saved its own milliseconds from
+    the run's shorter steps (the fifth set's rank 0 of a DDP job: exposure 53% of the run, critical; both readers: a
+    warning). Window: nine ordinary 15 ms steps saving 3 ms (a fifth) and a 60 ms epoch's end saving 30 ms (half).
+    Run: 90 ordinary 10 ms steps and 2 of 50 ms: a fifth of 900 ms and half of 100 ms, 230 of 1,000 ms (was: 3 ms x
+    90 + 30 ms x 2, 33%)."""
+    run = RunTime(mean_step_us=19_500.0, run_steps=92, run_wall_us=1_000_000.0, window_us=195_000.0,
+                  window_steps_us=(15_000.0,) * 9 + (60_000.0,), run_steps_us=(10_000.0,) * 90 + (50_000.0,) * 2)
+    value = worth(by_step_finding([3_000.0] * 9 + [30_000.0]), run, CONFIG)
+    assert value.fraction == pytest.approx(0.23, rel=1e-12)
+
+
+def test_a_finding_judged_again_keeps_the_window_steps_it_was_first_judged_on():
+    """Was: a rank's exposure judged again once its waits for later ranks were known lost the window's steps, and its
+    saving spread over the run alike (the other rank's, never re-judged, kept them): of the compiling job's ranks, one
+    was information and the other a warning on the same numbers."""
+    from dataclasses import replace
+
+    from kinetoscope.analyze.report.builder import _judged_again
+
+    run = RunTime(mean_step_us=20_000.0, run_steps=100, run_wall_us=11_584_000.0, window_us=200_000.0,
+                  window_steps_us=(20_000.0,) * 10, run_steps_us=(10_000_000.0,) + (16_000.0,) * 99)
+    first = judge(by_step_finding([5_000.0] * 10), run, CONFIG)
+    again = _judged_again(replace(first, worth=None), None, 200_000.0, CONFIG)
+    assert again.worth.fraction == pytest.approx(396_000 / 11_584_000, rel=1e-12)

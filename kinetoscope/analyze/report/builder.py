@@ -292,7 +292,12 @@ def _judged_again(f: Finding, r: RankTrace, window_us: float, config: AnalysisCo
     """A finding the job-level pass scaled, judged again against its rank's run (its estimate's mean step before)."""
     est = f.estimate
     mean = float(est.step_us_after) + float(est.saving_us_per_step) if est is not None else None
-    return judge(f, _run_of(r, mean, window_us), config)
+    first = f.extra.get("run_time")
+    # the run it was first judged against, where its window's steps are known (was: the run without them, so a
+    # saving the estimate placed in the window's steps was spread over the run's alike, for the re-judged rank only)
+    run = replace(first, mean_step_us=mean, window_us=window_us) if isinstance(first, RunTime) \
+        else _run_of(r, mean, window_us)
+    return judge(f, run, config)
 
 
 def _run_or_window_share(f: Finding) -> float:

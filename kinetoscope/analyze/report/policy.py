@@ -52,23 +52,38 @@ class RunTime:
 
 def _over_the_run(by_step: tuple[float, ...] | None, run: RunTime, ratio: float,
                   min_steps: int) -> tuple[float, str] | None:
-    """The saving over the run (us) where the window's steps are not alike: the window's outlier steps (``ratio``
-    times its median step or more: an epoch's end with validation, a checkpoint, workers restarting) stand for as
-    many of the run's steps as are outliers by the same rule, its ordinary steps for the run's ordinary ones (was:
-    the window's mean rate, so an epoch boundary caught in a 10-step window of a 154-step run counted 15 times).
-    None where the window's steps are alike, or the run or the saving's place is not known."""
+    """The saving over the run (us) where the window's or the run's steps are not alike. Steps of ``ratio`` times the
+    median or more are outliers (an epoch's end with validation, a checkpoint, workers restarting, a compilation): the
+    window's outlier steps stand for the run's, its ordinary steps for the run's ordinary ones, each saving the share
+    of those steps' time it saves in the window's (was: the window's saving per step, so an epoch boundary caught in a
+    10-step window of a 154-step run counted 15 times, and a window slowed by the profiler saved its own milliseconds
+    from the run's shorter steps). Where the window holds no outlier, the run's outliers hold what it does not show
+    and count for nothing (was: the window's mean step, so a recurring cost in a 14.5 s run that compilation took
+    12.3 s of counted as if the run were all training steps). None where the steps are alike, or the run or the
+    saving's place is not known."""
     w, r = run.window_steps_us, run.run_steps_us
     if by_step is None or w is None or r is None or len(w) != len(by_step) or len(w) < min_steps or not r:
         return None
     wa, ra, sa = np.asarray(w, dtype=float), np.asarray(r, dtype=float), np.asarray(by_step, dtype=float)
     out_w = wa >= ratio * float(np.median(wa))
-    if not out_w.any() or out_w.all():
+    out_r = ra >= ratio * float(np.median(ra)) if len(ra) >= min_steps else np.zeros(len(ra), bool)
+    if out_w.all() or not (out_w.any() or out_r.any()):
         return None
-    out_r = ra >= ratio * float(np.median(ra))
-    total = float(sa[~out_w].mean()) * int((~out_r).sum()) + float(sa[out_w].mean()) * int(out_r.sum())
+
+    def share(pick: np.ndarray) -> float:
+        time = float(wa[pick].sum())
+        return float(sa[pick].sum()) / time if pick.any() and time > 0 else 0.0
+
+    total = share(~out_w) * float(ra[~out_r].sum()) + share(out_w) * float(ra[out_r].sum())
+    if not out_w.any():
+        return total, (f"the run's time ({len(ra)} steps timed by the capture; the window's steps stand for its "
+                       f"{int((~out_r).sum())} ordinary ones, each saving the share of its time the window's save: "
+                       f"its {int(out_r.sum())} step(s) of {ratio:g}x its median or more hold what the window does not "
+                       "show - a compilation, an evaluation, a start - and count for nothing)")
     return total, (f"the run's time ({len(ra)} steps timed by the capture; the window's {int(out_w.sum())} step(s) of "
                    f"{ratio:g}x its median or more stand for the run's {int(out_r.sum())}, its other "
-                   f"{int((~out_w).sum())} for the run's {int((~out_r).sum())})")
+                   f"{int((~out_w).sum())} for the run's {int((~out_r).sum())}, each saving the share of their time "
+                   "the window's save)")
 
 
 def worth(finding: Finding, run: RunTime, config: AnalysisConfig | None = None) -> Worth:
@@ -167,7 +182,7 @@ def judge(finding: Finding, run: RunTime, config: AnalysisConfig) -> Finding:
     if severity != wanted and finding.ceiling_reason:
         title = f"{title} ({finding.ceiling_reason})"
     return replace(finding, severity=severity, title=title, recommendation=_advice(finding, value, config),
-                   worth=value, extra={**finding.extra, "advice": finding.recommendation})
+                   worth=value, extra={**finding.extra, "advice": finding.recommendation, "run_time": run})
 
 
 def _advice(finding: Finding, value: Worth | None, config: AnalysisConfig) -> str:
