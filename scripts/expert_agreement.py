@@ -54,6 +54,8 @@ tuned on say how it generalises:
   once on the code after the sixteenth set's rule (3120c9e; tests only since), likewise.
 - an eighteenth held-out set: twelve more (sample_traces/heldout18/), captured at b61a8bc alone on the machine,
   scored once on the code after the seventeenth set's rules, likewise.
+- a nineteenth held-out set: twelve more (sample_traces/heldout19/), captured at 1a3cdb5 alone on the machine, scored
+  once on the code after the eighteenth set's rule (1a3cdb5, the final analysis code), likewise.
 
 Public traces are not bundled (fetched test data of other projects): put them in one folder and name it with
 KINETOSCOPE_PUBLIC_TRACES; a reading whose trace is not here is listed as such.
@@ -131,7 +133,11 @@ SETS = (("in-sample", ROOT / "tests" / "expert"),
         ("eighteenth held-out set: twelve more programs, scored on the code after the seventeenth's rules",
          ROOT / "tests" / "expert" / "heldout18_captures"),
         ("eighteenth held-out set, second independent reader", ROOT / "tests" / "expert" / "heldout18_captures_b"),
-        ("eighteenth held-out set, the two readers' consensus", ROOT / "tests" / "expert" / "heldout18_captures_c"))
+        ("eighteenth held-out set, the two readers' consensus", ROOT / "tests" / "expert" / "heldout18_captures_c"),
+        ("nineteenth held-out set: twelve more programs, scored on the code after the eighteenth's rule",
+         ROOT / "tests" / "expert" / "heldout19_captures"),
+        ("nineteenth held-out set, second independent reader", ROOT / "tests" / "expert" / "heldout19_captures_b"),
+        ("nineteenth held-out set, the two readers' consensus", ROOT / "tests" / "expert" / "heldout19_captures_c"))
 
 
 def _claims(items: dict[tuple[str, int], str]) -> str:
