@@ -56,6 +56,8 @@ tuned on say how it generalises:
   scored once on the code after the seventeenth set's rules, likewise.
 - a nineteenth held-out set: twelve more (sample_traces/heldout19/), captured at 1a3cdb5 alone on the machine, scored
   once on the code after the eighteenth set's rule (1a3cdb5, the final analysis code), likewise.
+- a twentieth held-out set: twelve more (sample_traces/heldout20/), captured at e4441f6 alone on the machine, scored
+  once on the same final analysis code, likewise.
 
 Public traces are not bundled (fetched test data of other projects): put them in one folder and name it with
 KINETOSCOPE_PUBLIC_TRACES; a reading whose trace is not here is listed as such.
@@ -137,7 +139,11 @@ SETS = (("in-sample", ROOT / "tests" / "expert"),
         ("nineteenth held-out set: twelve more programs, scored on the code after the eighteenth's rule",
          ROOT / "tests" / "expert" / "heldout19_captures"),
         ("nineteenth held-out set, second independent reader", ROOT / "tests" / "expert" / "heldout19_captures_b"),
-        ("nineteenth held-out set, the two readers' consensus", ROOT / "tests" / "expert" / "heldout19_captures_c"))
+        ("nineteenth held-out set, the two readers' consensus", ROOT / "tests" / "expert" / "heldout19_captures_c"),
+        ("twentieth held-out set: twelve more programs, scored on the final analysis code",
+         ROOT / "tests" / "expert" / "heldout20_captures"),
+        ("twentieth held-out set, second independent reader", ROOT / "tests" / "expert" / "heldout20_captures_b"),
+        ("twentieth held-out set, the two readers' consensus", ROOT / "tests" / "expert" / "heldout20_captures_c"))
 
 
 def _claims(items: dict[tuple[str, int], str]) -> str:
