@@ -78,72 +78,47 @@ from expertlib import compare, read_expert  # noqa: E402
 from kinetoscope.analyze.ingest.loader import find_jobs, load_job  # noqa: E402
 from kinetoscope.analyze.report.builder import build_report  # noqa: E402
 
-SETS = (("in-sample", ROOT / "tests" / "expert"),
-        ("public traces, dev (used to find errors)", ROOT / "tests" / "expert" / "public_dev"),
-        ("public traces, held out", ROOT / "tests" / "expert" / "public_heldout"),
-        ("captures of public training code, held out", ROOT / "tests" / "expert" / "captures"),
-        ("second held-out set: public traces", ROOT / "tests" / "expert" / "heldout2_public"),
-        ("second held-out set: captures of public training code", ROOT / "tests" / "expert" / "heldout2_captures"),
-        ("third held-out set: captures of public training code", ROOT / "tests" / "expert" / "heldout3_captures"),
-        ("third held-out set, second independent reader", ROOT / "tests" / "expert" / "heldout3_captures_b"),
-        ("fourth held-out set: the same programs recaptured with scheduler statistics",
-         ROOT / "tests" / "expert" / "heldout4_captures"),
-        ("fourth held-out set, second independent reader", ROOT / "tests" / "expert" / "heldout4_captures_b"),
-        ("fifth held-out set: twelve programs never captured before", ROOT / "tests" / "expert" / "heldout5_captures"),
-        ("fifth held-out set, second independent reader", ROOT / "tests" / "expert" / "heldout5_captures_b"),
-        ("sixth held-out set: twelve more programs, captured on a quiet machine",
-         ROOT / "tests" / "expert" / "heldout6_captures"),
-        ("sixth held-out set, second independent reader", ROOT / "tests" / "expert" / "heldout6_captures_b"),
-        ("seventh held-out set: twelve more programs, scored on the code after the sixth",
-         ROOT / "tests" / "expert" / "heldout7_captures"),
-        ("seventh held-out set, second independent reader", ROOT / "tests" / "expert" / "heldout7_captures_b"),
-        ("eighth held-out set: twelve more programs, scored on the code after the seventh",
-         ROOT / "tests" / "expert" / "heldout8_captures"),
-        ("eighth held-out set, second independent reader", ROOT / "tests" / "expert" / "heldout8_captures_b"),
-        ("ninth held-out set: twelve more programs, scored on the code after the eighth",
-         ROOT / "tests" / "expert" / "heldout9_captures"),
-        ("ninth held-out set, second independent reader", ROOT / "tests" / "expert" / "heldout9_captures_b"),
-        ("tenth held-out set: twelve more programs, scored on the code after the ninth",
-         ROOT / "tests" / "expert" / "heldout10_captures"),
-        ("tenth held-out set, second independent reader", ROOT / "tests" / "expert" / "heldout10_captures_b"),
-        ("eleventh held-out set: twelve more programs, scored on the code after the tenth",
-         ROOT / "tests" / "expert" / "heldout11_captures"),
-        ("eleventh held-out set, second independent reader", ROOT / "tests" / "expert" / "heldout11_captures_b"),
-        ("twelfth held-out set: twelve more programs, scored on the code after the eleventh",
-         ROOT / "tests" / "expert" / "heldout12_captures"),
-        ("twelfth held-out set, second independent reader", ROOT / "tests" / "expert" / "heldout12_captures_b"),
-        ("thirteenth held-out set: twelve more programs, scored on the code after the twelfth",
-         ROOT / "tests" / "expert" / "heldout13_captures"),
-        ("thirteenth held-out set, second independent reader", ROOT / "tests" / "expert" / "heldout13_captures_b"),
-        ("thirteenth held-out set, the two readers' consensus", ROOT / "tests" / "expert" / "heldout13_captures_c"),
-        ("fourteenth held-out set: twelve more programs, scored on the code after the thirteenth",
-         ROOT / "tests" / "expert" / "heldout14_captures"),
-        ("fourteenth held-out set, second independent reader", ROOT / "tests" / "expert" / "heldout14_captures_b"),
-        ("fourteenth held-out set, the two readers' consensus", ROOT / "tests" / "expert" / "heldout14_captures_c"),
-        ("fifteenth held-out set: twelve more programs, scored on the code after the review",
-         ROOT / "tests" / "expert" / "heldout15_captures"),
-        ("fifteenth held-out set, second independent reader", ROOT / "tests" / "expert" / "heldout15_captures_b"),
-        ("fifteenth held-out set, the two readers' consensus", ROOT / "tests" / "expert" / "heldout15_captures_c"),
-        ("sixteenth held-out set: twelve more programs, scored on the code after the fifteenth's rules",
-         ROOT / "tests" / "expert" / "heldout16_captures"),
-        ("sixteenth held-out set, second independent reader", ROOT / "tests" / "expert" / "heldout16_captures_b"),
-        ("sixteenth held-out set, the two readers' consensus", ROOT / "tests" / "expert" / "heldout16_captures_c"),
-        ("seventeenth held-out set: twelve more programs, scored on the code after the sixteenth's rule",
-         ROOT / "tests" / "expert" / "heldout17_captures"),
-        ("seventeenth held-out set, second independent reader", ROOT / "tests" / "expert" / "heldout17_captures_b"),
-        ("seventeenth held-out set, the two readers' consensus", ROOT / "tests" / "expert" / "heldout17_captures_c"),
-        ("eighteenth held-out set: twelve more programs, scored on the code after the seventeenth's rules",
-         ROOT / "tests" / "expert" / "heldout18_captures"),
-        ("eighteenth held-out set, second independent reader", ROOT / "tests" / "expert" / "heldout18_captures_b"),
-        ("eighteenth held-out set, the two readers' consensus", ROOT / "tests" / "expert" / "heldout18_captures_c"),
-        ("nineteenth held-out set: twelve more programs, scored on the code after the eighteenth's rule",
-         ROOT / "tests" / "expert" / "heldout19_captures"),
-        ("nineteenth held-out set, second independent reader", ROOT / "tests" / "expert" / "heldout19_captures_b"),
-        ("nineteenth held-out set, the two readers' consensus", ROOT / "tests" / "expert" / "heldout19_captures_c"),
-        ("twentieth held-out set: twelve more programs, scored on the final analysis code",
-         ROOT / "tests" / "expert" / "heldout20_captures"),
-        ("twentieth held-out set, second independent reader", ROOT / "tests" / "expert" / "heldout20_captures_b"),
-        ("twentieth held-out set, the two readers' consensus", ROOT / "tests" / "expert" / "heldout20_captures_c"))
+EXPERT = ROOT / "tests" / "expert"
+
+#: the held-out sets read by two independent readers (from the thirteenth on, also their blind consensus): their
+#: number, ordinal and what the first reader's table is titled
+HELD_OUT = ((3, "third", "captures of public training code"),
+            (4, "fourth", "the same programs recaptured with scheduler statistics"),
+            (5, "fifth", "twelve programs never captured before"),
+            (6, "sixth", "twelve more programs, captured on a quiet machine"),
+            (7, "seventh", "twelve more programs, scored on the code after the sixth"),
+            (8, "eighth", "twelve more programs, scored on the code after the seventh"),
+            (9, "ninth", "twelve more programs, scored on the code after the eighth"),
+            (10, "tenth", "twelve more programs, scored on the code after the ninth"),
+            (11, "eleventh", "twelve more programs, scored on the code after the tenth"),
+            (12, "twelfth", "twelve more programs, scored on the code after the eleventh"),
+            (13, "thirteenth", "twelve more programs, scored on the code after the twelfth"),
+            (14, "fourteenth", "twelve more programs, scored on the code after the thirteenth"),
+            (15, "fifteenth", "twelve more programs, scored on the code after the review"),
+            (16, "sixteenth", "twelve more programs, scored on the code after the fifteenth's rules"),
+            (17, "seventeenth", "twelve more programs, scored on the code after the sixteenth's rule"),
+            (18, "eighteenth", "twelve more programs, scored on the code after the seventeenth's rules"),
+            (19, "nineteenth", "twelve more programs, scored on the code after the eighteenth's rule"),
+            (20, "twentieth", "twelve more programs, scored on the final analysis code"))
+#: the first set read by a third expert reconciling the two readings
+FIRST_CONSENSUS = 13
+
+
+def _held_out(n: int, ordinal: str, title: str) -> tuple[tuple[str, Path], ...]:
+    """A held-out set's readings: the first reader's, the second's and, where made, their consensus."""
+    readers = ((f"{ordinal} held-out set: {title}", ""), (f"{ordinal} held-out set, second independent reader", "_b"))
+    if n >= FIRST_CONSENSUS:
+        readers += ((f"{ordinal} held-out set, the two readers' consensus", "_c"),)
+    return tuple((name, EXPERT / f"heldout{n}_captures{suffix}") for name, suffix in readers)
+
+
+SETS = (("in-sample", EXPERT),
+        ("public traces, dev (used to find errors)", EXPERT / "public_dev"),
+        ("public traces, held out", EXPERT / "public_heldout"),
+        ("captures of public training code, held out", EXPERT / "captures"),
+        ("second held-out set: public traces", EXPERT / "heldout2_public"),
+        ("second held-out set: captures of public training code", EXPERT / "heldout2_captures"),
+        *(entry for n, ordinal, title in HELD_OUT for entry in _held_out(n, ordinal, title)))
 
 
 def _claims(items: dict[tuple[str, int], str]) -> str:
