@@ -164,7 +164,7 @@ def straggler_finding(summaries: list[RankSummary], m: Matching, a: Arrivals, co
     # so a Trainer job whose ranks both evaluate once in the window had rank 1 "the straggler, cause validation", told
     # to shard an evaluation already sharded, its partner's wait 16% of the mean step with that step, 9% without).
     # Where only the late rank ran it, the others wait on work they do not share: counted
-    marked = a.after_marked if a.after_marked is not None and a.after_marked.shape == member.shape else None
+    marked = a.after_marked
     shared_marked = ((marked | ~member).all(axis=1) & member.any(axis=1) if marked is not None
                      else np.zeros(len(a.last), bool))
     waited = (a.last >= 0) & ~shared_marked

@@ -177,12 +177,20 @@ def judge(finding: Finding, run: RunTime, config: AnalysisConfig) -> Finding:
     else:
         value = worth(finding, run, config)
         wanted = severity_for(value, config)
+    settled = _settled(finding, wanted, value, config)
+    # the run it was judged against, for a pass that judges it again (``report.builder``)
+    return replace(settled, extra={**settled.extra, "run_time": run})
+
+
+def _settled(finding: Finding, wanted: Severity, value: Worth | None, config: AnalysisConfig) -> Finding:
+    """The finding at the severity its worth wants, held to its ceiling (the title says why, once), with that worth
+    and the advice it calls for; the analyzer's own advice is kept (``extra["advice"]``) for a later judgement."""
     severity = _weaker(wanted, finding.ceiling)
     title = finding.title
-    if severity != wanted and finding.ceiling_reason:
+    if severity != wanted and finding.ceiling_reason and f"({finding.ceiling_reason})" not in title:
         title = f"{title} ({finding.ceiling_reason})"
     return replace(finding, severity=severity, title=title, recommendation=_advice(finding, value, config),
-                   worth=value, extra={**finding.extra, "advice": finding.recommendation, "run_time": run})
+                   worth=value, extra={**finding.extra, "advice": finding.extra.get("advice", finding.recommendation)})
 
 
 def _advice(finding: Finding, value: Worth | None, config: AnalysisConfig) -> str:
@@ -220,12 +228,11 @@ def judge_as_job(findings: list[Finding], config: AnalysisConfig) -> list[Findin
         for k in held:
             f = out[k]
             assert f.worth is not None
-            if k == best or (f.worth.fraction or 0.0) >= (top.worth.fraction or 0.0):
+            if (f.worth.fraction or 0.0) >= (top.worth.fraction or 0.0):  # the best, and any as good
                 continue
             value = replace(top.worth, of=f"{top.worth.of}, as rank {top.rank}'s: the same change on every rank "
                                           "frees the job's steps as it frees that rank's")
-            out[k] = replace(f, severity=_weaker(severity_for(value, config), f.ceiling), worth=value,
-                             recommendation=_advice(f, value, config),
+            out[k] = replace(_settled(f, severity_for(value, config), value, config),
                              evidence={**f.evidence, "worth_as_rank": top.rank,
                                        "own_worth_fraction": round(float(f.worth.fraction or 0.0), 4)})
     return out
