@@ -343,6 +343,43 @@ def test_the_redacted_gzip_is_the_redacted_trace_gzipped():
     assert gzip.decompress(redacted_gzip(b'{"traceEvents": []}')) == b'{"traceEvents": []}'
 
 
+def test_redaction_is_the_same_when_threads_redact_at_once(monkeypatch):
+    """detect-secrets keeps which detectors run in one process-wide object, swapped in for a scan and back out after
+    it: a second thread redacting while the first scans (the app's sessions, a threaded Dask worker) must wait, not
+    scan with what the first one's exit put back (no detector at all). Here the second redaction starts inside the
+    first one's scan and scans only once the first has returned: it must still find the token."""
+    import threading
+
+    from detect_secrets.core import scan
+
+    from kinetoscope.analyze.ingest.redact import _detect_secrets_values
+
+    jwt = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.c2lnbmF0dXJlMTIzNDU2"
+    text = f"auth {jwt}"
+    alone = _detect_secrets_values(text)
+    assert len(alone) == 1 and jwt.startswith(alone[0])  # detect-secrets' JWT detector found it (or a prefix)
+    assert [s.secret_value for s in scan.scan_line(text)] == []  # outside a redaction no detector runs
+    original = scan.scan_line
+    first_done = threading.Event()
+    got: list[list[str]] = []
+    second = threading.Thread(target=lambda: got.append(_detect_secrets_values(text)))
+
+    def scan_line(line):
+        if threading.current_thread() is second:
+            first_done.wait(timeout=30)
+        elif not second.is_alive() and second.ident is None:
+            second.start()
+            second.join(timeout=0.5)  # let it reach its own scan, or wait for the first one
+        yield from original(line)
+
+    monkeypatch.setattr(scan, "scan_line", scan_line)
+    first = _detect_secrets_values(text)
+    first_done.set()
+    second.join(timeout=30)
+    assert first == alone
+    assert got == [alone]
+
+
 def test_redact_refuses_what_is_not_a_trace(tmp_path):
     """Was: a truncated or non-JSON file was 'redacted' with exit 0."""
     from kinetoscope.cli import main

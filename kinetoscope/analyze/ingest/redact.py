@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from collections.abc import Generator, Iterable, Iterator
 from types import ModuleType
 from typing import Any
@@ -80,6 +81,11 @@ _TOKEN_CHAR = np.zeros(256, dtype=bool)
 for _c in b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-.+/=":
     _TOKEN_CHAR[_c] = True
 _RUN_CHUNK = 16 * 2**20
+#: detect-secrets keeps its settings (which detectors run) in one process-wide object, and ``transient_settings``
+#: swaps them in and back out: two threads scanning at once (the app's sessions, a threaded Dask worker) would run
+#: with each other's - or the default - detectors and redact differently. Its use is serialised here; this lock
+#: is the library's only process state, and it guards a third party's.
+_DETECT_SECRETS = threading.Lock()
 
 
 def is_secret_key(key: str) -> bool:
@@ -105,7 +111,7 @@ def _detect_secrets_values(text: str) -> list[str]:
     available = {cls.__name__ for cls in detectors.values()}
     plugins = [{"name": name} for name in _DETECTORS if name in available]
     values: list[str] = []
-    with transient_settings({"plugins_used": plugins}):
+    with _DETECT_SECRETS, transient_settings({"plugins_used": plugins}):
         for line in text.splitlines() or [text]:
             values.extend(s.secret_value for s in scan_line(line) if s.secret_value and len(s.secret_value) >= 4)
     return values
