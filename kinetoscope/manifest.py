@@ -121,5 +121,5 @@ class ManifestFacts(msgspec.Struct):
     """What the loader reads of a manifest for the analyses: the host's numbers, the DataLoader, the loop marks."""
 
     host: dict[str, Any] | None = None  # cpus, cores_effective (measured), torch_threads, ranks_on_host: numbers kept
-    dataloader: dict[str, int | bool | str | None] | None = None
+    dataloader: dict[str, Any] | None = None  # scalars, and the hand-over probe's object: checked by the reader
     loop: Any = None  # the loop marks' run totals (manifest_version 2): checked by the reader

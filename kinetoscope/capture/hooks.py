@@ -20,13 +20,14 @@ worker, a hogwild trainer) records nothing of its parent's.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from kinetoscope.capture._safety import warn_once
@@ -81,6 +82,8 @@ class _Hooks:
         self.loader_ids: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         self.sampler_ids: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         self.loader_config: dict[int, dict[str, Any]] = {}
+        #: a single-process loader's batch, as shapes and dtypes (its first batch): what a hand-over probe sends
+        self.loader_batch: dict[int, Any] = {}
         #: dataset -> (its last multi-process loader, that loader's number): a loader built anew over it
         self.dataset_loaders: weakref.WeakKeyDictionary[Any, tuple[weakref.ref[Any], int]] = \
             weakref.WeakKeyDictionary()
@@ -177,12 +180,15 @@ class _Hooks:
         def make_next(original: Any) -> Any:
             @functools.wraps(original)
             def __next__(self: Any) -> Any:
-                if not hooks.live:
+                if not hooks.live or getattr(hooks.local, "quiet", False):
                     return original(self)
                 p0, c0, q0 = time.perf_counter_ns(), time.process_time_ns(), time.thread_time_ns()
                 exhausted = False
                 try:
-                    return original(self)
+                    batch = original(self)
+                    if not self.__dict__.get("_kinetoscope_batch_noted", False):
+                        hooks.note_batch(self, batch)
+                    return batch
                 except StopIteration:
                     exhausted = True
                     raise
@@ -197,7 +203,7 @@ class _Hooks:
             @functools.wraps(original)
             def __iter__(self: Any) -> Any:
                 it = original(self)
-                if hooks.live:
+                if hooks.live and not getattr(hooks.local, "quiet", False):
                     try:
                         it._kinetoscope_loader = hooks.loader_id(self, it)
                     except Exception:  # noqa: BLE001 - an iterator of another shape: found by its sampler later
@@ -222,7 +228,7 @@ class _Hooks:
         def make_init(original: Any) -> Any:
             @functools.wraps(original)
             def __init__(self: Any, loader: Any, *args: Any, **kwargs: Any) -> None:
-                if not hooks.live:
+                if not hooks.live or getattr(hooks.local, "quiet", False):
                     return original(self, loader, *args, **kwargs)
                 t0 = time.time_ns()
                 try:
@@ -236,7 +242,7 @@ class _Hooks:
             @functools.wraps(original)
             def _shutdown_workers(self: Any) -> None:
                 # workers never started, or stopped before: nothing to time
-                if not hooks.live or self.__dict__.get("_shutdown", True):
+                if not hooks.live or getattr(hooks.local, "quiet", False) or self.__dict__.get("_shutdown", True):
                     return original(self)
                 t0 = time.time_ns()
                 try:
@@ -294,6 +300,19 @@ class _Hooks:
                 listener.on_data_wait(it)
         except Exception as exc:  # noqa: BLE001
             warn_once("loop data wait", f"data wait not recorded ({type(exc).__name__}: {exc}); training continues")
+
+    def note_batch(self, it: Any, batch: Any) -> None:
+        """A single-process iterator's first batch, as shapes and dtypes, for its loader (once per iterator): what
+        taking such a batch from a worker would cost is measured with it at the capture's end."""
+        try:
+            it._kinetoscope_batch_noted = True
+            if getattr(it, "_num_workers", None) != 0:
+                return
+            lid = self.iterator_loader(it)
+            if lid not in self.loader_batch:
+                self.loader_batch[lid] = batch_skeleton(batch)
+        except Exception:  # noqa: BLE001 - an iterator or batch of another shape: no probe for it
+            pass
 
     def loader_id(self, loader: Any, it: Any = None) -> int:
         """The loader's number in this process (from 0), assigned when it is first iterated."""
@@ -485,7 +504,7 @@ class _Hooks:
             def start(self: Any) -> Any:
                 target = getattr(self, "_target", None)  # start() deletes it once the child runs
                 out = original(self)
-                if hooks.live:
+                if hooks.live and not getattr(hooks.local, "quiet", False):
                     hooks.child_started(self, target)
                 return out
 
@@ -657,6 +676,61 @@ def _loader_config(obj: Any, cls: str | None) -> dict[str, Any]:
         out = {k: None for k in ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory", "batch_size")}
     out["class"] = cls
     return out
+
+
+#: a batch skeleton holds at most this many tensors, nested at most this deep (else: none, and no probe)
+SKELETON_MAX_TENSORS = 256
+SKELETON_MAX_DEPTH = 8
+
+
+def batch_skeleton(batch: Any) -> Any:
+    """A batch's structure with each CPU tensor as ``{"shape": [...], "dtype": "float32"}`` (lists, tuples as
+    ``{"tuple": [...]}``, dicts with string keys as ``{"dict": {...}}``, any other leaf as None): JSON data, no
+    value of the user's. None for a batch holding a tensor off the CPU, or too many or too deeply nested."""
+    count = [0]
+
+    class _Unfit(Exception):
+        pass
+
+    def walk(x: Any, depth: int) -> Any:
+        if depth > SKELETON_MAX_DEPTH:
+            raise _Unfit
+        shape, dtype, device = getattr(x, "shape", None), getattr(x, "dtype", None), getattr(x, "device", None)
+        if shape is not None and dtype is not None and device is not None and hasattr(x, "element_size"):
+            if getattr(device, "type", None) != "cpu":
+                raise _Unfit
+            count[0] += 1
+            if count[0] > SKELETON_MAX_TENSORS:
+                raise _Unfit
+            return {"shape": [int(n) for n in shape], "dtype": str(dtype).removeprefix("torch.")}
+        if isinstance(x, list):
+            return [walk(v, depth + 1) for v in x]
+        if isinstance(x, tuple):
+            return {"tuple": [walk(v, depth + 1) for v in x]}
+        if isinstance(x, dict) and all(isinstance(k, str) for k in x):
+            return {"dict": {k: walk(v, depth + 1) for k, v in x.items()}}
+        return None
+
+    try:
+        return walk(batch, 0)
+    except _Unfit:
+        return None
+
+
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """Nothing this thread does with DataLoaders or processes is recorded meanwhile (the capture's own probes)."""
+    before = getattr(_HOOKS.local, "quiet", False)
+    _HOOKS.local.quiet = True
+    try:
+        yield
+    finally:
+        _HOOKS.local.quiet = before
+
+
+def loader_batch(loader: int) -> Any:
+    """Loader ``loader``'s first batch as shapes and dtypes (``batch_skeleton``), where noted."""
+    return _HOOKS.loader_batch.get(loader)
 
 
 def attach(recorder: LoopRecorder | None = None, listener: LoopListener | None = None) -> None:

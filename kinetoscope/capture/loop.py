@@ -402,16 +402,28 @@ class LoopRecorder:
     def drop_marks(self) -> None:
         self._marks = []
 
-    def training_loader_config(self) -> dict[str, Any] | None:
-        """The configuration of the loader the training loop takes batches from (role "train", most batches)."""
+    def _training_loader(self) -> int | None:
+        """The loader the training loop takes batches from (role "train", most batches)."""
         roles = self.roles()
         train = [lid for lid, role in roles.items() if role == "train"]
         if not train:
             return None
-        best = max(train, key=lambda lid: (self._loaders[lid].batches, -lid))
+        return max(train, key=lambda lid: (self._loaders[lid].batches, -lid))
+
+    def training_loader_config(self) -> dict[str, Any] | None:
+        """The configuration of the loader the training loop takes batches from (role "train", most batches)."""
+        best = self._training_loader()
+        if best is None:
+            return None
         config = hooks.loader_config(best)
         config.pop("class", None)
         return config
+
+    def training_loader_batch(self) -> Any:
+        """The training loader's first batch as shapes and dtypes (``hooks.batch_skeleton``), where it ran in the
+        training process (num_workers=0) and could be described."""
+        best = self._training_loader()
+        return hooks.loader_batch(best) if best is not None else None
 
     def manifest(self, step_source: str, why: str | None = None) -> dict[str, Any]:
         """The manifest's ``loop`` object: null where a kind was not recorded, never 0. ``why``: what chose the step

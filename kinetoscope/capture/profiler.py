@@ -31,9 +31,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from kinetoscope.capture import hooks
 from kinetoscope.capture._safety import log, never_raises, warn_once
 from kinetoscope.capture.cores import effective_cores
 from kinetoscope.capture.dist import RankInfo, rank_info, ranks_on_host
+from kinetoscope.capture.handover import not_measured, probe_handover
 from kinetoscope.capture.hangwatch import DEFAULT_FR_ENTRIES, HangWatch, arm_flight_recorder
 from kinetoscope.capture.hooks import is_data_loader_iterator
 from kinetoscope.capture.loop import MARKS_VERSION, STEP_LISTS, STEP_SOURCE_WHY, LoopRecorder, WindowMarks
@@ -645,6 +647,8 @@ class Profiler:
         # not when the run ends early (a signal, a crash: the process should go at once)
         if self.rank.world_size == 1 and self._ended_by is None:
             self._probe_cores(manifest)
+        if self._ended_by is None:
+            self._probe_handover(manifest)
 
     def _loop_lists(self, steps: int) -> dict[str, Any]:
         lists = self._loop_step_lists(steps)
@@ -677,6 +681,23 @@ class Profiler:
         """The DataLoader configuration the manifest gives: the training loader's (role "train"), else the first
         one the loop took a batch from."""
         return self._training_loop_config() or self._dataloader
+
+    @never_raises("hand-over probe")
+    def _probe_handover(self, manifest: Manifest) -> None:
+        """Where the training loader loaded in this process (num_workers=0): what taking its batch from a worker
+        would cost the loop, measured (``handover.probe_handover``), in the manifest's ``dataloader``. Every rank
+        probes (a job's ranks would all take batches from workers at once after such a fix)."""
+        dl = manifest.dataloader
+        if not isinstance(dl, dict) or dl.get("num_workers") != 0:
+            return
+        batch = self.loop.training_loader_batch() if self.loop is not None else None
+        if batch is None:
+            dl["handover_probe"] = not_measured("no training batch was recorded (no loop recorder, or a batch the "
+                                                "capture could not describe: a tensor off the CPU, too many)")
+        else:
+            with hooks.quiet():
+                dl["handover_probe"] = probe_handover(batch)
+        write_manifest(self.out_dir, manifest)
 
     @never_raises("cores probe")
     def _probe_cores(self, manifest: Manifest) -> None:

@@ -103,6 +103,9 @@ def _estimate_line(estimate: Mapping[str, Any] | None) -> str | None:
     bound = " at most" if estimate.get("bound") == "upper" else ""
     if not saving:
         return f"fix this{assumed}: no measurable step-time change expected"
+    if saving < 0:  # the fix as estimated costs more than it saves (a hand-over dearer than the wait it removes)
+        return (f"fix this{assumed}: ~{-saving / 1000:,.2f} ms per step slower ({-(share or 0):.0%}; "
+                f"{estimate['step_us_after'] / 1000:,.2f} ms per step after)")
     return (f"fix this{assumed}:{bound} ~{saving / 1000:,.2f} ms per step faster ({share:.0%}; "
             f"{estimate['step_us_after'] / 1000:,.2f} ms per step after)")
 

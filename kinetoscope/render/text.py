@@ -298,7 +298,9 @@ def render_whatif(source: str, wanted: list[str], ranks: list[dict[str, Any]]) -
         if together:
             out.append(
                 f"  together ({', '.join(r.get('applied') or wanted)}): {_ms(together['step_us_after'])} per step, "
-                f"{_ms(together['saving_us_per_step'])} faster ({_pct(together['saving_fraction'])})"
+                + (f"{_ms(together['saving_us_per_step'])} faster ({_pct(together['saving_fraction'])})"
+                   if together["saving_us_per_step"] >= 0 else
+                   f"{_ms(-together['saving_us_per_step'])} slower ({_pct(-together['saving_fraction'])})")
             )
             for a in dict.fromkeys(together["assumptions"]):
                 out.append(f"    assuming {a}")

@@ -447,3 +447,35 @@ def test_the_cores_probe_runs_only_in_a_job_of_one_process_that_ends_normally(mo
 
     with pytest.raises(KeyboardInterrupt):  # not swallowed: the script's own Ctrl-C handling still sees it
         host(1, None, interrupted)
+
+
+def test_a_loop_loading_in_process_gets_the_hand_over_measured(tmp_path):
+    """num_workers=0: at the end the capture times one forked worker handing over batches shaped like the loop's
+    (4 x 16 and 4 x 1 float32: 272 bytes), 20 of them; the probe's loader and worker are not the training's (the
+    loop recorded one loader, no worker started). With workers the trace measures the hand-over: no probe."""
+    train(profile_loop(DataLoader(SlowData(delay_s=0.0005), batch_size=4), tmp_path / "inline",
+                       schedule=SCHEDULE, telemetry=False))
+    manifest = json.loads((tmp_path / "inline" / "rank-0.manifest.json").read_text())
+    probe = manifest["dataloader"]["handover_probe"]
+    assert probe["samples"] == 20 and probe["batch_bytes"] == 272 and probe["workers"] == 1 and probe["why"] is None
+    assert probe["median_ns"] > 0
+    assert [loader["role"] for loader in manifest["loop"]["loaders"]] == ["train"]
+    assert manifest["loop"]["child_processes"]["dataloader_workers"] == 0
+    facts = load_trace(tmp_path / "inline").ranks[0].meta.capture["dataloader"]
+    assert facts["handover_probe"] == probe and facts["num_workers"] == 0
+
+    train(profile_loop(DataLoader(SlowData(delay_s=0.0005), batch_size=4, num_workers=1), tmp_path / "workers",
+                       schedule=SCHEDULE, telemetry=False))
+    manifest = json.loads((tmp_path / "workers" / "rank-0.manifest.json").read_text())
+    assert manifest["dataloader"]["num_workers"] == 1 and "handover_probe" not in manifest["dataloader"]
+
+
+def test_a_probe_with_odd_numbers_is_dropped_and_the_loader_kept(tmp_path):
+    from kinetoscope.analyze.ingest.loader import _dataloader_facts
+
+    dl = {"num_workers": 0, "batch_size": 4, "handover_probe": {"median_ns": "1e6", "samples": 20}}
+    assert _dataloader_facts(dl) == {"num_workers": 0, "batch_size": 4}
+    dl["handover_probe"] = {"median_ns": 900_000, "samples": 20, "why": 3}
+    assert _dataloader_facts(dl)["handover_probe"] == {"median_ns": 900_000, "p10_ns": None, "p90_ns": None,
+                                                       "samples": 20, "batch_bytes": None, "workers": None,
+                                                       "why": None}

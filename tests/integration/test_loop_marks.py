@@ -129,6 +129,9 @@ def test_capture_writes_the_loop_into_the_manifest(auto):
     assert validation["stretches"] == 2 and validation["batches"] == 6 and validation["total_ns"] > 0
     assert checkpoint["saves"] == 1 and checkpoint["total_ns"] > 0
     # the training loader's configuration is the manifest's DataLoader (was: the first one iterated)
+    # with the hand-over of a batch like its own measured (num_workers=0): a 16x32 and a 16x1 float32 tensor
+    probe = manifest["dataloader"].pop("handover_probe")
+    assert probe["batch_bytes"] == 16 * 33 * 4 and probe["samples"] == 20 and probe["why"] is None
     assert manifest["dataloader"] == {k: v for k, v in LOADER.items() if k != "class"}
 
 

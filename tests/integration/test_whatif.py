@@ -266,6 +266,33 @@ def test_cpus_that_do_less_together_make_the_cpu_floor_higher(tmp_path):
     assert any("they do 1.60 cores' work (measured by the capture)" in a for a in est["assumptions"])
 
 
+def test_a_hand_over_the_capture_measured_replaces_the_typical_one(tmp_path):
+    """The same run, where the capture measured a batch shaped like the loop's taking 0.3 ms from a worker: 16 ms
+    of training, 30 ms of decode and 0.3 ms of hand-over per step at 1.6 cores: 28.9375 ms (29.375 ms with the
+    typical 1 ms). A probe that could not measure leaves the typical 1 ms, and says why."""
+    b = waiting_steps(40_000, 30_000)
+    probe = {"median_ns": 300_000, "p10_ns": 250_000, "p90_ns": 420_000, "samples": 20, "batch_bytes": 1024,
+             "workers": 1, "why": None}
+    out = _captured(tmp_path, b, {"num_workers": 0, "handover_probe": probe},
+                    {"cpus": 2, "cores_effective": 1.6, "torch_threads": 2})
+    _step_times(out, cpu_ns=30_000_000 + 20_000_000, wait_cpu_ns=30_000_000)
+    est = whatif.estimate(load_trace(out).ranks[0], finding("loader_stall"), {"num_workers": 4})
+    assert est["step_us_after"] == pytest.approx(28_937.5, abs=1)
+    assert ("a batch from a worker costs the loop 0.30 ms to take: measured by the capture on this host, one worker "
+            "handing over 20 batches shaped like the loop's (median, 0.25-0.42 ms from the 10th to the 90th "
+            "percentile)") in est["assumptions"]
+
+    unmeasured = {**probe, "median_ns": None, "p10_ns": None, "p90_ns": None, "samples": 0,
+                  "why": "the batch is 1024 MiB, over the probe's 512 MiB"}
+    out = _captured(tmp_path / "b", b, {"num_workers": 0, "handover_probe": unmeasured},
+                    {"cpus": 2, "cores_effective": 1.6, "torch_threads": 2})
+    _step_times(out, cpu_ns=30_000_000 + 20_000_000, wait_cpu_ns=30_000_000)
+    est = whatif.estimate(load_trace(out).ranks[0], finding("loader_stall"), {"num_workers": 4})
+    assert est["step_us_after"] == pytest.approx(29_375, abs=1)
+    assert any(a.endswith("the capture did not measure it (the batch is 1024 MiB, over the probe's 512 MiB))")
+               for a in est["assumptions"])
+
+
 @pytest.mark.parametrize("measured, why", [(True, "not measured"), ("1.6", "not measured"), (0.5, "was ignored"),
                                            (2.5, "was ignored")])
 def test_a_cores_measure_that_cannot_be_right_is_not_used(tmp_path, measured, why):
@@ -434,6 +461,8 @@ def test_capture_records_what_the_whatif_needs(tmp_path):
     assert host["cpus"] == cpus and host["torch_threads"] == 1
     # measured as the capture ended (test_capture.py checks the probe's arithmetic): none for one CPU
     assert (host["cores_effective"] is None) if cpus < 2 else isinstance(host["cores_effective"], float)
+    probe = manifest["dataloader"].pop("handover_probe")  # one 64x512 float32 tensor (test_capture.py: the rest)
+    assert probe["batch_bytes"] == 64 * 512 * 4 + 256 and probe["samples"] == 20
     assert manifest["dataloader"] == {"num_workers": 0, "prefetch_factor": None, "persistent_workers": False,
                                       "pin_memory": False, "batch_size": None}
     workers = _capture_train(tmp_path / "workers", "--workers", "2", "--prefetch", "3", "--cpu-ms", "20")

@@ -164,3 +164,15 @@ def test_a_chart_without_a_text_alternative_is_refused():
 
     with pytest.raises(TypeError, match="text alternative"):
         ui.st.altair_chart(alt.Chart(pd.DataFrame({"a": [1]})).mark_bar().encode(x="a"))
+
+
+def test_a_fix_estimated_to_cost_more_than_it_saves_reads_slower():
+    """A replay where the fix makes the step longer (a hand-over dearer than the wait it removes): 'slower' with
+    the cost as a positive number, never '~-0.33 ms per step faster (-9%)'."""
+    from kinetoscope.render.format import worth
+
+    est = {"method": "replay", "saving_us_per_step": -330.0, "saving_fraction": -0.09, "step_us_after": 3920.0,
+           "num_workers": 3, "cpus": 2}
+    assert worth(est) == "fix this with num_workers=3 on 2 CPUs: ~0.33 ms per step slower (9%; 3.92 ms per step after)"
+    est.update(saving_us_per_step=330.0, saving_fraction=0.09, step_us_after=3260.0)
+    assert worth(est) == "fix this with num_workers=3 on 2 CPUs: ~0.33 ms per step faster (9%; 3.26 ms per step after)"

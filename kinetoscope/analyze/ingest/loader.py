@@ -298,7 +298,28 @@ def _capture_facts(manifest_bytes: bytes | None) -> dict[str, Any]:
     # one odd host field (a string, a bool, a list) is dropped, not the others with it
     host = {k: v for k, v in (facts.host or {}).items()
             if v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))}
-    return {k: v for k, v in (("host", host), ("dataloader", facts.dataloader), ("loop", _loop_facts(facts.loop))) if v}
+    return {k: v for k, v in (("host", host), ("dataloader", _dataloader_facts(facts.dataloader)),
+                              ("loop", _loop_facts(facts.loop))) if v}
+
+
+#: the hand-over probe's numbers (capture/handover.py): kept when each is a non-negative int or null
+_PROBE_NUMBERS = ("median_ns", "p10_ns", "p90_ns", "samples", "batch_bytes", "workers")
+
+
+def _dataloader_facts(dl: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The manifest's DataLoader configuration: its scalar settings, and the hand-over probe where its numbers are
+    numbers (an odd field is dropped, not the others with it)."""
+    if not dl:
+        return None
+    out: dict[str, Any] = {k: v for k, v in dl.items()
+                           if k != "handover_probe" and (v is None or isinstance(v, (int, bool, str)))}
+    probe = dl.get("handover_probe")
+    if isinstance(probe, dict):
+        numbers = {k: probe.get(k) for k in _PROBE_NUMBERS}
+        if all(v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 0) for v in numbers.values()):
+            why = probe.get("why")
+            out["handover_probe"] = {**numbers, "why": why if isinstance(why, str) else None}
+    return out
 
 
 def _loop_facts(loop: Any) -> dict[str, Any] | None:

@@ -189,7 +189,9 @@ def plan_loader(trace: RankTrace, g: ReplayGraph, params: dict[str, Any]) -> Pla
     if target is not None and int(target) == 0:
         return None
     # a batch prepared in a worker still has to reach the training process (collate + shared memory)
-    handoff = int(handoff_ns(waits)) if not single else HANDOFF_PRIOR_NS
+    probe = dl.get("handover_probe") if isinstance(dl.get("handover_probe"), dict) else None
+    probed = probe.get("median_ns") if probe is not None else None
+    handoff = int(handoff_ns(waits)) if not single else (int(probed) if probed else HANDOFF_PRIOR_NS)
     if (not single and not handoff and params.get("handoff_ms") is None and taking_cpu is not None
             and taking_cpu >= HANDOVER_CPU_SHARE):
         # no ready batch to measure the hand-over by (waits alike), but the loop works through its waits
@@ -206,9 +208,17 @@ def plan_loader(trace: RankTrace, g: ReplayGraph, params: dict[str, Any]) -> Pla
     if params.get("handoff_ms") is not None:
         handoff = int(float(params["handoff_ms"]) * 1e6)
         assumptions.append(f"a batch from a worker costs the loop {handoff / 1e6:.2f} ms to take (given)")
+    elif single and probed and probe is not None:
+        spread = (f", {probe['p10_ns'] / 1e6:.2f}-{probe['p90_ns'] / 1e6:.2f} ms from the 10th to the 90th percentile"
+                  if probe.get("p10_ns") is not None and probe.get("p90_ns") is not None else "")
+        assumptions.append(f"a batch from a worker costs the loop {probed / 1e6:.2f} ms to take: measured by the "
+                           f"capture on this host, one worker handing over {probe.get('samples')} batches shaped like "
+                           f"the loop's (median{spread})")
     elif single:
+        why = f" ({probe['why']})" if probe is not None and probe.get("why") else ""
         assumptions.append(f"a batch from a worker costs the loop {HANDOFF_PRIOR_NS / 1e6:.1f} ms to take (typical "
-                           "DataLoader hand-over; this trace had no workers to measure it)")
+                           f"DataLoader hand-over; this trace had no workers to measure it, and the capture did not "
+                           f"measure it{why})")
     if load is None:
         fix = LoaderFix(items=items, load_ns=np.zeros(len(items)), workers=1, prefetch=prefetch, handoff_ns=handoff)
     else:
