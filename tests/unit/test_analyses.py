@@ -66,6 +66,8 @@ def test_loader_stall_finding_with_evidence(tmp_path):
     assert f.estimate["saving_us_per_step"] == 0 and f.severity == "info" and f.rank == 0
     assert f.evidence["gpu_idle_cost_us"] == 400 and f.evidence["worst_steps"][0]["step"] == 1
     assert "More DataLoader workers would not make the step faster" in f.recommendation  # worth nothing: not advised
+    # loading in the training process (a single-process iterator): the batch's own cost is what is left to cut
+    assert "make each batch cheaper to build" in f.recommendation and "hand over" not in f.recommendation
     assert f.impact_us == 400
 
 

@@ -194,3 +194,17 @@ def test_a_finding_judged_again_keeps_the_window_steps_it_was_first_judged_on():
     first = judge(by_step_finding([5_000.0] * 10), run, CONFIG)
     again = _judged_again(replace(first, worth=None), None, 200_000.0, CONFIG)
     assert again.worth.fraction == pytest.approx(396_000 / 11_584_000, rel=1e-12)
+
+
+def test_a_fix_that_costs_more_than_it_saves_removes_none_of_the_runs_cost():
+    """A loader's waits measured over the run (10 s of the 100 s run), scaled by what the window's estimate removes of
+    the window's cost: a replay whose fix makes the step 300 us longer removes none of it (0.0), never '-18%'."""
+    steps = tuple([100_000.0] * 5)
+    run = RunTime(100_000.0, 1000, 100_000_000.0, 500_000.0, window_steps_us=steps)
+    judged = judge(finding(saving_us=-300.0, impact_us=50_000.0, run_cost_us=10_000_000.0, run_cost_scaled=True),
+                   run, CONFIG)
+    assert judged.worth.fraction == 0.0 and judged.severity == "info"
+    assert "the fix removes 0% of it" in judged.worth.of
+    judged = judge(finding(saving_us=5_000.0, impact_us=50_000.0, run_cost_us=10_000_000.0, run_cost_scaled=True),
+                   run, CONFIG)  # 5 ms a step over 5 steps of a 50 ms cost: half of the run's 10%
+    assert judged.worth.fraction == 0.05 and judged.severity == "warning"

@@ -286,7 +286,13 @@ def analyze_loader(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
                         "with more of them, the step gains less than 3%. The loop's wait is what "
                         "taking each batch over costs, or the training itself bounds the step: "
                         "make batches cheaper to hand over, or look at the step's other findings."
-                        if any("MultiProcessing" in n or "SingleProcess" in n for n in names)
+                        if any("MultiProcessing" in n for n in names) else
+                        "More DataLoader workers would not make the step faster here: replayed "
+                        "with more of them, the step gains less than 3%. Taking each batch from a worker "
+                        "would cost the loop about what loading it costs now, or the workers would take "
+                        "the CPUs the training uses: make each batch cheaper to build (index or transform "
+                        "the batch at once, keep decoded data in memory), or look at the step's other findings."
+                        if any("SingleProcess" in n for n in names)
                         else None
                     ),
                     "wait_cpu_fraction": round(wait_cpu, 4) if wait_cpu is not None else None,

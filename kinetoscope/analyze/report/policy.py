@@ -111,7 +111,8 @@ def worth(finding: Finding, run: RunTime, config: AnalysisConfig | None = None) 
             # each of the run's, made a loader worth 31% of a run it waited 22% of)
             steps = len(run.window_steps_us) if run.window_steps_us else None
             if est is not None and saving is not None and steps and finding.impact_us > 0:
-                removed = min(1.0, float(saving) * steps / finding.impact_us)
+                # a fix the replay finds costing more than it saves removes none of it (was: "-18% of it")
+                removed = max(0.0, min(1.0, float(saving) * steps / finding.impact_us))
                 cost, bound = cost * removed, est.get("bound") == "upper"
                 of = (f"the run's time ({run.run_steps} steps timed by the capture, its cost measured over each; "
                       f"the fix removes {removed:.0%} of it, as of the window's)")
