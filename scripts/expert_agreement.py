@@ -60,6 +60,8 @@ tuned on say how it generalises:
   once on the same final analysis code, likewise.
 - a twenty-first held-out set: twelve more (sample_traces/heldout21/), captured at 9788481 (with the capture's measure
   of a worker's hand-over) on a quiet machine, scored once on that code, likewise.
+- a twenty-second held-out set: twelve more (sample_traces/heldout22/), captured at 6cd32df (the same capture and
+  analysis code) on a quiet machine, scored once on that code, likewise.
 
 Public traces are not bundled (fetched test data of other projects): put them in one folder and name it with
 KINETOSCOPE_PUBLIC_TRACES; a reading whose trace is not here is listed as such.
@@ -102,7 +104,8 @@ HELD_OUT = ((3, "third", "captures of public training code"),
             (18, "eighteenth", "twelve more programs, scored on the code after the seventeenth's rules"),
             (19, "nineteenth", "twelve more programs, scored on the code after the eighteenth's rule"),
             (20, "twentieth", "twelve more programs, scored on the final analysis code"),
-            (21, "twenty-first", "twelve more programs, captured with the measured hand-over"))
+            (21, "twenty-first", "twelve more programs, captured with the measured hand-over"),
+            (22, "twenty-second", "twelve more programs, four loading in the training process"))
 #: the first set read by a third expert reconciling the two readings
 FIRST_CONSENSUS = 13
 
