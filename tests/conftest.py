@@ -4,6 +4,7 @@ builder fixture; and the browser fixtures, which import Playwright only when a b
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 
@@ -16,6 +17,14 @@ from tracebuilder import TraceBuilder  # noqa: E402  (tests/ must be on sys.path
 
 SAMPLES = ROOT / "sample_traces"
 SHARED = ROOT.parent / "shared" / "traces"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A test run started in the background by a non-interactive shell (``cmd &``, ``nohup``) inherits SIGINT
+    ignored, and so would every script the tests start: the Ctrl-C tests' scripts would never see it and run on
+    (100,000 steps). Ctrl-C's own meaning is put back for the run and, through exec, for what it starts."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture
