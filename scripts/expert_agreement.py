@@ -62,6 +62,8 @@ tuned on say how it generalises:
   of a worker's hand-over) on a quiet machine, scored once on that code, likewise.
 - a twenty-second held-out set: twelve more (sample_traces/heldout22/), captured at 6cd32df (the same capture and
   analysis code) on a quiet machine, scored once on that code, likewise.
+- a twenty-third held-out set: twelve more (sample_traces/heldout23/), captured at d1fe2bc (the same capture and
+  analysis code; a test-harness change since) on a quiet machine, scored once on that code, likewise.
 
 Public traces are not bundled (fetched test data of other projects): put them in one folder and name it with
 KINETOSCOPE_PUBLIC_TRACES; a reading whose trace is not here is listed as such.
@@ -105,7 +107,8 @@ HELD_OUT = ((3, "third", "captures of public training code"),
             (19, "nineteenth", "twelve more programs, scored on the code after the eighteenth's rule"),
             (20, "twentieth", "twelve more programs, scored on the final analysis code"),
             (21, "twenty-first", "twelve more programs, captured with the measured hand-over"),
-            (22, "twenty-second", "twelve more programs, four loading in the training process"))
+            (22, "twenty-second", "twelve more programs, four loading in the training process"),
+            (23, "twenty-third", "twelve more programs, on the same code"))
 #: the first set read by a third expert reconciling the two readings
 FIRST_CONSENSUS = 13
 
