@@ -97,6 +97,10 @@ class _Hooks:
         #: may restore training mode by setting ``module.training`` itself (Lightning does), with no call to see
         self.in_eval: dict[int, weakref.ref[Any]] = {}
 
+    def recording(self) -> bool:
+        """Whether the patches record now: installed, and this thread not in a ``quiet()`` stretch (a probe's)."""
+        return self.live and not getattr(self.local, "quiet", False)
+
     # --- lifecycle ---------------------------------------------------------------------------
     def acquire(self, recorder: LoopRecorder | None, listener: LoopListener | None) -> None:
         with self.lock:
@@ -180,7 +184,7 @@ class _Hooks:
         def make_next(original: Any) -> Any:
             @functools.wraps(original)
             def __next__(self: Any) -> Any:
-                if not hooks.live or getattr(hooks.local, "quiet", False):
+                if not hooks.recording():
                     return original(self)
                 p0, c0, q0 = time.perf_counter_ns(), time.process_time_ns(), time.thread_time_ns()
                 exhausted = False
@@ -203,7 +207,7 @@ class _Hooks:
             @functools.wraps(original)
             def __iter__(self: Any) -> Any:
                 it = original(self)
-                if hooks.live and not getattr(hooks.local, "quiet", False):
+                if hooks.recording():
                     try:
                         it._kinetoscope_loader = hooks.loader_id(self, it)
                     except Exception:  # noqa: BLE001 - an iterator of another shape: found by its sampler later
@@ -228,7 +232,7 @@ class _Hooks:
         def make_init(original: Any) -> Any:
             @functools.wraps(original)
             def __init__(self: Any, loader: Any, *args: Any, **kwargs: Any) -> None:
-                if not hooks.live or getattr(hooks.local, "quiet", False):
+                if not hooks.recording():
                     return original(self, loader, *args, **kwargs)
                 t0 = time.time_ns()
                 try:
@@ -242,7 +246,7 @@ class _Hooks:
             @functools.wraps(original)
             def _shutdown_workers(self: Any) -> None:
                 # workers never started, or stopped before: nothing to time
-                if not hooks.live or getattr(hooks.local, "quiet", False) or self.__dict__.get("_shutdown", True):
+                if not hooks.recording() or self.__dict__.get("_shutdown", True):
                     return original(self)
                 t0 = time.time_ns()
                 try:
@@ -504,7 +508,7 @@ class _Hooks:
             def start(self: Any) -> Any:
                 target = getattr(self, "_target", None)  # start() deletes it once the child runs
                 out = original(self)
-                if hooks.live and not getattr(hooks.local, "quiet", False):
+                if hooks.recording():
                     hooks.child_started(self, target)
                 return out
 
