@@ -62,7 +62,7 @@ tuned on say how it generalises:
   of a worker's hand-over) on a quiet machine, scored once on that code, likewise.
 - a twenty-second held-out set: twelve more (sample_traces/heldout22/), captured at 6cd32df (the same capture and
   analysis code) on a quiet machine, scored once on that code, likewise.
-- a twenty-third held-out set: twelve more (sample_traces/heldout23/), captured at d1fe2bc (the same capture and
+- a twenty-third held-out set: twelve more (sample_traces/heldout23/), captured at 1491170 (the same capture and
   analysis code; a test-harness change since) on a quiet machine, scored once on that code, likewise.
 
 Public traces are not bundled (fetched test data of other projects): put them in one folder and name it with
