@@ -108,11 +108,12 @@ def _dumps_ready(out: Path, ranks: list[int]) -> bool:
 
 
 def run_hang(tmp_path: Path, kind: str, n: int, bad: int, *, hangs: bool,
-             pickles: Path | None = None) -> tuple[int, Path, str]:
+             pickles: Path | None = None, monitor_s: float | None = None) -> tuple[int, Path, str]:
     """Run the job under capture; a job that hangs is stopped (SIGTERM to capture, passed on) once every rank's dump
     is there; a job that ends by itself is waited for. Gives capture's exit status, the out dir and its stderr.
     ``pickles``: also have each rank write torch's own pickled flight recorder dump there (``rank_<r>``), once the
-    hang dumps are in, before the job is stopped."""
+    hang dumps are in, before the job is stopped. ``monitor_s``: how often torchrun looks at its workers (it
+    SIGTERMs the others once one has failed)."""
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
     out = tmp_path / "out"
@@ -120,7 +121,8 @@ def run_hang(tmp_path: Path, kind: str, n: int, bad: int, *, hangs: bool,
     if pickles is not None:
         pickles.mkdir(parents=True, exist_ok=True)
         env["TEST_FR_PICKLES"] = str(pickles)
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n)]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n),
+                *(["--monitor-interval", str(monitor_s)] if monitor_s is not None else [])]
     proc = subprocess.Popen([sys.executable, "-m", "kinetoscope.cli", "capture", "--hang-timeout", "5", "--out",
                              str(out), "--", *torchrun, str(script), kind, str(bad)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
@@ -234,8 +236,11 @@ def test_mismatched_sizes_on_four_ranks(tmp_path):
 
 def test_mismatched_sizes_on_two_ranks_aborts_one_rank_without_a_dump(tmp_path):
     """On two ranks gloo aborts the rank that receives the larger message (C++ terminate: no Python runs, no dump);
-    the other raises. What can be known is said: rank 0 has no dump, rank 1 raised in its all_reduce of [5]."""
-    code, out, err = run_hang(tmp_path, "sizes", 2, 1, hangs=False)
+    the other raises. What can be known is said: rank 0 has no dump, rank 1 raised in its all_reduce of [5].
+    torchrun looks at its workers every 10 s here, not every 0.1 s: otherwise its SIGTERM, sent once rank 0 has
+    died, can reach rank 1 before its all_reduce raises (a dump with no exception, the case
+    ``test_where_the_only_other_rank_left_no_dump_and_none_raised_no_rank_is_named_stuck`` builds)."""
+    code, out, err = run_hang(tmp_path, "sizes", 2, 1, hangs=False, monitor_s=10)
     assert code == 1, err[-2000:]
     ev, metrics = diagnosis(out)
     assert metrics["ranks_with_dump"] == [1] and ev["ranks_without_dump"] == [0]

@@ -350,6 +350,17 @@ def test_where_the_only_other_rank_left_no_dump_the_rank_that_raised_is_named():
     assert "rank 0 left no record of it" in f.title and f.recommendation.startswith("the ranks without a dump")
 
 
+def test_where_the_only_other_rank_left_no_dump_and_none_raised_no_rank_is_named_stuck():
+    """The same job where the launcher's SIGTERM reaches rank 1 before its all_reduce raises: rank 1 waits in #3
+    and nothing says who parted (rank 0 left no record), so no rank is named stuck and rank 0 is named unknown."""
+    f = diagnose((dump(1, history(2, sizes=((5,),)), world=2, reason="SIGTERM"),))[1]
+    ev = f.evidence
+    assert (ev["seq"], ev["unknown_ranks"], ev["waiting_ranks"], ev["raised_ranks"]) == (3, [0], [1], [])
+    assert ev["stuck_ranks"] == [] and ev["stuck"] == []
+    assert f.title == ("Hang at collective #3 (all_reduce[[5]]) of process group 0: rank 0 left no record of it "
+                       "(no dump: ended without one, e.g. aborted)")
+
+
 @pytest.mark.torch
 @pytest.mark.slow
 def test_profile_loop_left_by_an_exception_still_writes_the_ranks_dump(tmp_path):
