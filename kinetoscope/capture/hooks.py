@@ -306,12 +306,11 @@ class _Hooks:
             warn_once("loop data wait", f"data wait not recorded ({type(exc).__name__}: {exc}); training continues")
 
     def note_batch(self, it: Any, batch: Any) -> None:
-        """A single-process iterator's first batch, as shapes and dtypes, for its loader (once per iterator): what
-        taking such a batch from a worker would cost is measured with it at the capture's end."""
+        """An iterator's first batch, as shapes and dtypes, for its loader (once per iterator): what taking such a
+        batch from a worker costs (would cost, where it loads in this process) is measured with it at the capture's
+        end."""
         try:
             it._kinetoscope_batch_noted = True
-            if getattr(it, "_num_workers", None) != 0:
-                return
             lid = self.iterator_loader(it)
             if lid not in self.loader_batch:
                 self.loader_batch[lid] = batch_skeleton(batch)

@@ -420,8 +420,8 @@ class LoopRecorder:
         return config
 
     def training_loader_batch(self) -> Any:
-        """The training loader's first batch as shapes and dtypes (``hooks.batch_skeleton``), where it ran in the
-        training process (num_workers=0) and could be described."""
+        """The training loader's first batch as shapes and dtypes (``hooks.batch_skeleton``), where it could be
+        described."""
         best = self._training_loader()
         return hooks.loader_batch(best) if best is not None else None
 

@@ -684,11 +684,13 @@ class Profiler:
 
     @never_raises("hand-over probe")
     def _probe_handover(self, manifest: Manifest) -> None:
-        """Where the training loader loaded in this process (num_workers=0): what taking its batch from a worker
-        would cost the loop, measured (``handover.probe_handover``), in the manifest's ``dataloader``. Every rank
-        probes (a job's ranks would all take batches from workers at once after such a fix)."""
+        """What taking the training loader's batch from a worker costs the loop (would cost, where it loaded in this
+        process), measured (``handover.probe_handover``), in the manifest's ``dataloader``: with workers, the
+        trace's waits hold the hand-over and the workers' lateness together, and only a ready batch tells them
+        apart. Every rank probes (a job's ranks take batches from workers at once)."""
         dl = manifest.dataloader
-        if not isinstance(dl, dict) or dl.get("num_workers") != 0:
+        workers = dl.get("num_workers") if isinstance(dl, dict) else None
+        if not isinstance(dl, dict) or not isinstance(workers, int) or isinstance(workers, bool) or workers < 0:
             return
         batch = self.loop.training_loader_batch() if self.loop is not None else None
         if batch is None:

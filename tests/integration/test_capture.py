@@ -452,7 +452,9 @@ def test_the_cores_probe_runs_only_in_a_job_of_one_process_that_ends_normally(mo
 def test_a_loop_loading_in_process_gets_the_hand_over_measured(tmp_path):
     """num_workers=0: at the end the capture times one forked worker handing over batches shaped like the loop's
     (4 x 16 and 4 x 1 float32: 272 bytes), 20 of them; the probe's loader and worker are not the training's (the
-    loop recorded one loader, no worker started). With workers the trace measures the hand-over: no probe."""
+    loop recorded one loader, no worker started). With workers too: the trace's waits hold the hand-over and the
+    workers' lateness together, and only a ready batch tells them apart; the probe's worker is not counted as the
+    training's (one worker started, the loader's own)."""
     train(profile_loop(DataLoader(SlowData(delay_s=0.0005), batch_size=4), tmp_path / "inline",
                        schedule=SCHEDULE, telemetry=False))
     manifest = json.loads((tmp_path / "inline" / "rank-0.manifest.json").read_text())
@@ -467,7 +469,11 @@ def test_a_loop_loading_in_process_gets_the_hand_over_measured(tmp_path):
     train(profile_loop(DataLoader(SlowData(delay_s=0.0005), batch_size=4, num_workers=1), tmp_path / "workers",
                        schedule=SCHEDULE, telemetry=False))
     manifest = json.loads((tmp_path / "workers" / "rank-0.manifest.json").read_text())
-    assert manifest["dataloader"]["num_workers"] == 1 and "handover_probe" not in manifest["dataloader"]
+    probe = manifest["dataloader"]["handover_probe"]
+    assert manifest["dataloader"]["num_workers"] == 1
+    assert probe["samples"] == 20 and probe["batch_bytes"] == 272 and probe["workers"] == 1 and probe["why"] is None
+    assert [loader["role"] for loader in manifest["loop"]["loaders"]] == ["train"]
+    assert manifest["loop"]["child_processes"]["dataloader_workers"] == 1
 
 
 def test_a_probe_with_odd_numbers_is_dropped_and_the_loader_kept(tmp_path):

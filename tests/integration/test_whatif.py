@@ -163,6 +163,39 @@ def test_the_hand_over_the_loop_works_through_stays_with_more_workers(tmp_path):
     assert not any("taking a batch over costs the loop 1.50" in a for a in given["assumptions"])
 
 
+def test_workers_whose_hand_over_the_capture_measured_keep_it_idle_parts_included(tmp_path):
+    """Was: where waits were alike and the loop's CPU busy 60% of them, the hand-over was that CPU alone (1.5 ms of
+    a 2.5 ms wait) and the idle rest was read as workers falling behind, which more workers remove (a compiled job
+    with 2 workers 28% busy was told 4 workers were worth 4% of its run; rerun, they gained nothing). Where the
+    capture measured a worker's hand-over on the host (2.2 ms, round trips with the worker included), that is what
+    stays: with 64 workers each step is its 7.5 ms of compute plus 2.2 ms, 9.7 ms (9 ms with the CPU's 1.5 ms). A
+    probe slower than the loop's own waits (3 ms) is bounded by them: 2.5 ms a batch stays, the step is 10 ms."""
+    b = waiting_steps(10_000, 2_500, multiprocess=True)
+    probe = {"median_ns": 2_200_000, "p10_ns": 2_000_000, "p90_ns": 2_600_000, "samples": 20, "batch_bytes": 4096,
+             "workers": 1, "why": None}
+    n = 14
+    timings = json.dumps({
+        "step_wall_ns": [10_000_000] * n, "data_wait_ns": [2_500_000] * n, "profiled": [False] * n,
+        "step_cpu_ns": [9_000_000] * n, "data_wait_cpu_ns": [1_500_000] * n})
+    out = _captured(tmp_path, b, {"num_workers": 2, "prefetch_factor": 2, "handover_probe": probe})
+    (out / "rank-0.steps.json").write_text(timings)
+    est = whatif.estimate(load_trace(out).ranks[0], finding("loader_stall"), {"num_workers": 64})
+    assert est["step_us_after"] == pytest.approx(9_700, abs=1)
+    assert ("a batch from a worker costs the loop 2.20 ms to take: measured by the capture on this host, one worker "
+            "handing over 20 batches shaped like the loop's (median 2.20 ms, 2.00-2.60 ms from the 10th to the 90th "
+            "percentile)") in est["assumptions"]
+    assert not any("is busy 60% of its waits" in a for a in est["assumptions"])
+
+    slow = {**probe, "median_ns": 3_000_000, "p10_ns": 2_800_000, "p90_ns": 3_400_000}
+    out = _captured(tmp_path / "slow", b, {"num_workers": 2, "prefetch_factor": 2, "handover_probe": slow})
+    (out / "rank-0.steps.json").write_text(timings)
+    est = whatif.estimate(load_trace(out).ranks[0], finding("loader_stall"), {"num_workers": 64})
+    assert est["step_us_after"] == pytest.approx(10_000, abs=1)
+    assert any(a.startswith("a batch from a worker costs the loop 2.50 ms to take") and
+               a.endswith("(median 3.00 ms, 2.80-3.40 ms from the 10th to the 90th percentile; the loop's mean wait, "
+                          "2.50 ms, bounds it here)") for a in est["assumptions"])
+
+
 def test_a_ready_batch_measures_the_hand_over_whatever_the_cpu_says(tmp_path):
     """Short waits (0.3 ms: batches that were ready) measure taking a batch over; the process's CPU share through
     the waits (60%, all threads) does not replace that. 2 workers, 12 steps of 10 ms: a 9 ms stall every 4th step,
@@ -279,7 +312,7 @@ def test_a_hand_over_the_capture_measured_replaces_the_typical_one(tmp_path):
     est = whatif.estimate(load_trace(out).ranks[0], finding("loader_stall"), {"num_workers": 4})
     assert est["step_us_after"] == pytest.approx(28_937.5, abs=1)
     assert ("a batch from a worker costs the loop 0.30 ms to take: measured by the capture on this host, one worker "
-            "handing over 20 batches shaped like the loop's (median, 0.25-0.42 ms from the 10th to the 90th "
+            "handing over 20 batches shaped like the loop's (median 0.30 ms, 0.25-0.42 ms from the 10th to the 90th "
             "percentile)") in est["assumptions"]
 
     unmeasured = {**probe, "median_ns": None, "p10_ns": None, "p90_ns": None, "samples": 0,

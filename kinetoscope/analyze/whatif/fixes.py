@@ -192,7 +192,16 @@ def plan_loader(trace: RankTrace, g: ReplayGraph, params: dict[str, Any]) -> Pla
     probe = dl.get("handover_probe") if isinstance(dl.get("handover_probe"), dict) else None
     probed = probe.get("median_ns") if probe is not None else None
     handoff = int(handoff_ns(waits)) if not single else (int(probed) if probed else HANDOFF_PRIOR_NS)
-    if (not single and not handoff and params.get("handoff_ms") is None and taking_cpu is not None
+    probe_used = single and bool(probed)
+    if not single and not handoff and params.get("handoff_ms") is None and probed and probe is not None:
+        # no ready batch in the window measures the hand-over, but the capture measured it on this host with a batch
+        # shaped like the loop's: its whole wall time, the round trips with the worker included, which more workers
+        # keep (was: only the loop's CPU through its waits, and the idle rest read as workers falling behind - a
+        # compiled job with 2 workers 28% busy was told 4 workers were worth 4% of its run, and rerun gained
+        # nothing). The loop's own waits bound it: they already hold one hand-over each
+        handoff = int(min(float(probed), float(waits.mean())))
+        probe_used = True
+    elif (not single and not handoff and params.get("handoff_ms") is None and taking_cpu is not None
             and taking_cpu >= HANDOVER_CPU_SHARE):
         # no ready batch to measure the hand-over by (waits alike), but the loop works through its waits
         # (loader.wait_kind's "handover"): that CPU work is taking each batch over (unpickling, collating, pinning),
@@ -208,12 +217,13 @@ def plan_loader(trace: RankTrace, g: ReplayGraph, params: dict[str, Any]) -> Pla
     if params.get("handoff_ms") is not None:
         handoff = int(float(params["handoff_ms"]) * 1e6)
         assumptions.append(f"a batch from a worker costs the loop {handoff / 1e6:.2f} ms to take (given)")
-    elif single and probed and probe is not None:
+    elif probe_used and probed and probe is not None:
         spread = (f", {probe['p10_ns'] / 1e6:.2f}-{probe['p90_ns'] / 1e6:.2f} ms from the 10th to the 90th percentile"
                   if probe.get("p10_ns") is not None and probe.get("p90_ns") is not None else "")
-        assumptions.append(f"a batch from a worker costs the loop {probed / 1e6:.2f} ms to take: measured by the "
+        bounded = (f"; the loop's mean wait, {handoff / 1e6:.2f} ms, bounds it here" if handoff < probed else "")
+        assumptions.append(f"a batch from a worker costs the loop {handoff / 1e6:.2f} ms to take: measured by the "
                            f"capture on this host, one worker handing over {probe.get('samples')} batches shaped like "
-                           f"the loop's (median{spread})")
+                           f"the loop's (median {probed / 1e6:.2f} ms{spread}{bounded})")
     elif single:
         why = f" ({probe['why']})" if probe is not None and probe.get("why") else ""
         assumptions.append(f"a batch from a worker costs the loop {HANDOFF_PRIOR_NS / 1e6:.1f} ms to take (typical "
