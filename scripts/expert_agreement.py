@@ -64,6 +64,9 @@ tuned on say how it generalises:
   analysis code) on a quiet machine, scored once on that code, likewise.
 - a twenty-third held-out set: twelve more (sample_traces/heldout23/), captured at 1491170 (the same capture and
   analysis code; a test-harness change since) on a quiet machine, scored once on that code, likewise.
+- a twenty-fourth held-out set: twelve more (sample_traces/heldout24/), captured at 056b010 (the same capture and
+  analysis code) on a quiet machine, scored once at 0597f7a (a hang test's fix and the hand-over probe for loaders
+  with workers since, neither of which its captures reach), likewise.
 
 Public traces are not bundled (fetched test data of other projects): put them in one folder and name it with
 KINETOSCOPE_PUBLIC_TRACES; a reading whose trace is not here is listed as such.
@@ -108,7 +111,8 @@ HELD_OUT = ((3, "third", "captures of public training code"),
             (20, "twentieth", "twelve more programs, scored on the final analysis code"),
             (21, "twenty-first", "twelve more programs, captured with the measured hand-over"),
             (22, "twenty-second", "twelve more programs, four loading in the training process"),
-            (23, "twenty-third", "twelve more programs, on the same code"))
+            (23, "twenty-third", "twelve more programs, on the same code"),
+            (24, "twenty-fourth", "twelve more programs, on the same code"))
 #: the first set read by a third expert reconciling the two readings
 FIRST_CONSENSUS = 13
 
