@@ -8,6 +8,7 @@ import pytest
 from conftest import load_built
 from tracebuilder import TraceBuilder
 
+from kinetoscope.analyze.ingest.loader import load_trace
 from kinetoscope.analyze.model.findings import Finding
 from kinetoscope.analyze.report.builder import build_report
 
@@ -237,6 +238,42 @@ def test_a_cpu_gloo_job_waiting_on_its_all_reduce_is_found(tmp_path):
     # 1,300..1,500 overlaps the backward op: 8,400 of 8,600 exposed per step
     assert f.evidence["exposed_us"] == 4 * 8_400 and f.evidence["where"] == "host"
     assert f.severity == "critical"  # 84% of the step, credited at half: 42%
+
+
+@pytest.mark.parametrize("cpu_ms, saving_us, severity", [(9.0, 1_000.0, "warning"), (9.8, 200.0, "info")])
+def test_overlap_on_a_cpu_run_gives_no_more_than_the_cpus_have_free(tmp_path, cpu_ms, saving_us, severity):
+    """The same gloo job, captured: the process on its one CPU 9 ms of each 10 ms step over the run. Overlapped, the
+    all-reduce's CPU work (gloo reduces and copies on the same core) and the compute's stay: a step can lose 1 ms at
+    most, not the 8.4 ms exposed (an upper bound: warning at half credit, 5%). On a CPU 9.8 ms of 10: 0.2 ms (info).
+    Was: the whole exposure, critical, where the CPU had no room for it."""
+    import json
+
+    b = TraceBuilder()
+    for i in range(4):
+        t = i * 10_000
+        b.step(i, t, 10_000).op("aten::linear", t + 100, 1_000)
+        b.op("autograd::engine::evaluate_function: AddmmBackward0", t + 1_200, 300, tid=200)
+        b.op("gloo:all_reduce", t + 1_300, 8_600, cat="user_annotation", tid=300)
+    out = tmp_path / "run"
+    b.write(out / "rank-0.step-0-3.pt.trace.json")
+    (out / "rank-0.manifest.json").write_text(json.dumps({"windows": [], "host": {"cpus": 1, "torch_threads": 1}}))
+    n = 14
+    (out / "rank-0.steps.json").write_text(json.dumps({
+        "rank": 0, "unit": "ns", "step_wall_ns": [10_000_000] * n, "data_wait_ns": [0] * n,
+        "profiled": [False] * (n - 4) + [True] * 4, "step_cpu_ns": [int(cpu_ms * 1e6)] * n,
+        "data_wait_cpu_ns": [0] * n}))
+    rep = build_report(load_trace(out))
+    (f,) = found(rep, "exposed_comm")
+    assert f.evidence["exposed_us"] == 4 * 8_400
+    est = f.estimate
+    assert est.saving_us_per_step == pytest.approx(saving_us, abs=0.01)
+    assert (est.details["exposed_us_per_step"], est.details["cpu_room_us_per_step"]) == (8_400.0, saving_us)
+    assert est.bound == "upper" and f.severity == severity
+    assert est.assumptions[-1] == (f"overlapped, the collectives' CPU work and the compute's stay: the process uses "
+                                   f"{cpu_ms / 10:.0%} of its 1 CPUs through a step over the run (capture: process "
+                                   f"CPU time; all busy, they do as much as their count (not measured: cores that "
+                                   f"share a physical core do less)), so a step can be {1 - cpu_ms / 10:.0%} shorter "
+                                   f"at most")
 
 
 def test_a_trimmed_gloo_trace_with_no_compute_cannot_judge_overlap(tmp_path):
@@ -1648,6 +1685,26 @@ def test_a_ranks_run_queue_wait_is_hidden_while_it_waits_for_later_ranks():
     assert g.evidence["waiting_for_other_ranks_us"] == 4_000.0
     assert runqueue_less_waits(f, 40_000.0, shared_us=10_000.0).run_cost_us == 0.0
     assert runqueue_less_waits(f, 10_000.0, shared_us=10_000.0) is f
+
+
+@pytest.mark.parametrize("wait_us, saving_us", [(20_000.0, 1_000.0), (27_000.0, 300.0)])
+def test_exposure_less_waits_is_still_bounded_by_the_cpus_free_share(wait_us, saving_us):
+    """A gloo rank exposed 30 ms over a 10-step window (3 ms a step) whose CPUs have 1 ms a step free: worth 1 ms.
+    Waiting 20 ms for later ranks, 10 ms is left to overlap (1 ms a step): still 1 ms (was scaled as if the exposure
+    were the estimate: 0.33 ms); waiting 27 ms, 3 ms is left (0.3 ms a step), under the free share: 0.3 ms."""
+    from kinetoscope.analyze.model.config import AnalysisConfig
+    from kinetoscope.analyze.model.estimate import Estimate
+    from kinetoscope.analyze.report.exposure import without_waits
+
+    est = Estimate(step_us_after=9_000.0, saving_us_per_step=1_000.0, saving_fraction=0.1,
+                   method="measured: exposed communication", assumptions=(), bound="upper",
+                   details={"exposed_us_per_step": 3_000.0, "cpu_room_us_per_step": 1_000.0})
+    f = Finding(id="exposed_comm", rank=1, title="exposed", evidence={"exposed_us": 30_000.0, "window_us": 100_000.0},
+                recommendation="", impact_us=30_000.0, estimate=est)
+    g = without_waits(f, wait_us, AnalysisConfig())
+    assert g.estimate.saving_us_per_step == pytest.approx(saving_us)
+    assert g.estimate.step_us_after == pytest.approx(10_000.0 - saving_us)
+    assert g.evidence["exposed_us"] == 30_000.0 - wait_us
 
 
 @pytest.mark.parametrize("workers_recorded", [True, False])
