@@ -532,7 +532,7 @@ def _plan_exposed_comm(trace: RankTrace, g: ReplayGraph, finding: Finding, p: di
     room = cpu_room(trace)
     if room is not None and g.steps:
         # a CPU run (gloo): overlap cannot give more than the CPUs have free (was: the whole exposure, so a rank busy
-        # on its CPU 92% of its step was told overlap would take 10% off it)
+        # on its CPU 95% of its step was told overlap would take 7% of its window off)
         cap_ns = room[0] * float((g.step_end - g.step_start).mean())
         details = {"exposed_us_per_step": round(per_step_ns / 1000, 3), "cpu_room_us_per_step": round(cap_ns / 1000, 3)}
         if cap_ns < per_step_ns:
