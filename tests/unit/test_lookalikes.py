@@ -1778,6 +1778,9 @@ def test_a_sharded_evaluations_imbalance_is_not_a_straggler(tmp_path, both):
     assert (f.evidence["collectives_considered"], f.evidence["last_to_arrive_share"]) == (6, 1.0)
     assert f.evidence["collectives_after_shared_validation_or_checkpoint"] == 0
     assert f.evidence["others_wait_us_per_step"] == 12_000
+    # sharded across the 2 ranks (the advice), rank 0 stops waiting and both run half of it: 6 ms a step, not 12
+    assert f.evidence["group_size"] == 2 and f.estimate.saving_us_per_step == 6_000
+    assert f.estimate.assumptions[0].startswith("rank 1's validation sharded across its group's 2 ranks")
 
 
 def test_a_loader_fix_made_on_every_rank_is_worth_the_jobs_saving():

@@ -291,6 +291,7 @@ def straggler_finding(summaries: list[RankSummary], m: Matching, a: Arrivals, co
             "collectives_kind": kind,
             "collectives_with_a_wait": with_wait,
             "last_this_often_by_chance": round(chance, 4),
+            "group_size": group_size,
             "collectives_considered": considered,
             "matched_collectives": int(len(a.last)),
             "collectives_after_shared_validation_or_checkpoint": int((shared_marked & (a.last >= 0)).sum()),
