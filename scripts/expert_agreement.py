@@ -67,6 +67,9 @@ tuned on say how it generalises:
 - a twenty-fourth held-out set: twelve more (sample_traces/heldout24/), captured at 056b010 (the same capture and
   analysis code) on a quiet machine, scored once at 0597f7a (a hang test's fix and the hand-over probe for loaders
   with workers since, neither of which its captures reach), likewise.
+- a twenty-fifth held-out set: twelve more (sample_traces/heldout25/), captured at 7887f63 (the hand-over probe for
+  loaders with workers, the CPU bound on gloo overlap) on a machine one of the session's test runs loaded, scored
+  once at 9b29edb, likewise.
 
 Public traces are not bundled (fetched test data of other projects): put them in one folder and name it with
 KINETOSCOPE_PUBLIC_TRACES; a reading whose trace is not here is listed as such.
@@ -112,7 +115,8 @@ HELD_OUT = ((3, "third", "captures of public training code"),
             (21, "twenty-first", "twelve more programs, captured with the measured hand-over"),
             (22, "twenty-second", "twelve more programs, four loading in the training process"),
             (23, "twenty-third", "twelve more programs, on the same code"),
-            (24, "twenty-fourth", "twelve more programs, on the same code"))
+            (24, "twenty-fourth", "twelve more programs, on the same code"),
+            (25, "twenty-fifth", "twelve more programs, with the probe for loaders with workers"))
 #: the first set read by a third expert reconciling the two readings
 FIRST_CONSENSUS = 13
 
