@@ -209,7 +209,9 @@ def _judged(finding: Finding, summaries: list[RankSummary], config: AnalysisConf
     known = finding.evidence.get("cause") != "unknown" and finding.evidence.get("cause_excess_us_per_step") is not None
     mean_ns = float(mine.mean_step_us) * 1000.0
     estimate = Estimate.of(mean_ns, mean_ns - float(saving) * 1000.0, "measured: collective waits",
-                           ("the others' waits for it at collectives, from the job's stored per-rank summaries",),
+                           ("the others' waits for it at collectives, from the job's stored per-rank summaries"
+                            + ("; its validation sharded across the group, each rank keeping its share"
+                               if finding.evidence.get("cause") == "validation" else ""),),
                            bound=None if known else "upper")
     return judge(replace(finding, estimate=estimate),
                  RunTime(mean_step_us=float(mine.mean_step_us), run_steps=None, run_wall_us=None,

@@ -3,7 +3,9 @@
 A loop that loads its batches in the training process (``num_workers=0``) is told what workers would be worth,
 and that hinges on one number the trace cannot show: what each batch costs the loop to take from a worker (the
 queue, unpickling, receiving and mapping each tensor's shared memory). It is not small: ~1-1.5 ms a batch on a
-2-vCPU VM whatever the batch's size, where readers of traces often assume a tenth of that.
+2-vCPU VM whatever the batch's size, where readers of traces often assume a tenth of that. A loop with workers is
+told what more of them would be worth, and its waits hold the hand-over and the workers' lateness together: where no
+ready batch tells them apart, this measure does.
 
 The probe, at the end of a capture when the training has stopped: one forked worker sends batches shaped like the
 training loader's first one (its tensors' shapes and dtypes, new zero-filled tensors each time, as a worker's

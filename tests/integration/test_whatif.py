@@ -169,7 +169,8 @@ def test_workers_whose_hand_over_the_capture_measured_keep_it_idle_parts_include
     with 2 workers 28% busy was told 4 workers were worth 4% of its run; rerun, they gained nothing). Where the
     capture measured a worker's hand-over on the host (2.2 ms, round trips with the worker included), that is what
     stays: with 64 workers each step is its 7.5 ms of compute plus 2.2 ms, 9.7 ms (9 ms with the CPU's 1.5 ms). A
-    probe slower than the loop's own waits (3 ms) is bounded by them: 2.5 ms a batch stays, the step is 10 ms."""
+    probe slower than the loop's own waits (3 ms) is bounded by them (their median): 2.5 ms a batch stays, the step is
+    10 ms. A probe quicker than the loop's CPU through its waits gives way to it."""
     b = waiting_steps(10_000, 2_500, multiprocess=True)
     probe = {"median_ns": 2_200_000, "p10_ns": 2_000_000, "p90_ns": 2_600_000, "samples": 20, "batch_bytes": 4096,
              "workers": 1, "why": None}
@@ -192,8 +193,19 @@ def test_workers_whose_hand_over_the_capture_measured_keep_it_idle_parts_include
     est = whatif.estimate(load_trace(out).ranks[0], finding("loader_stall"), {"num_workers": 64})
     assert est["step_us_after"] == pytest.approx(10_000, abs=1)
     assert any(a.startswith("a batch from a worker costs the loop 2.50 ms to take") and
-               a.endswith("(median 3.00 ms, 2.80-3.40 ms from the 10th to the 90th percentile; the loop's mean wait, "
-                          "2.50 ms, bounds it here)") for a in est["assumptions"])
+               a.endswith("(median 3.00 ms, 2.80-3.40 ms from the 10th to the 90th percentile; the loop's median "
+                          "wait, 2.50 ms, bounds it here)") for a in est["assumptions"])
+
+    # a probe that measures less than the loop's own CPU through its waits (1.5 ms: the probe's batches hold tensors
+    # only and are never pinned) gives way to it: 7.5 + 1.5 = 9 ms, and both are said
+    quick = {**probe, "median_ns": 500_000, "p10_ns": 400_000, "p90_ns": 700_000}
+    out = _captured(tmp_path / "quick", b, {"num_workers": 2, "prefetch_factor": 2, "handover_probe": quick})
+    (out / "rank-0.steps.json").write_text(timings)
+    est = whatif.estimate(load_trace(out).ranks[0], finding("loader_stall"), {"num_workers": 64})
+    assert est["step_us_after"] == pytest.approx(9_000, abs=1)
+    assert any(a.startswith("taking a batch over costs the loop 1.50 ms") and
+               a.endswith("(the capture's probe of a worker's hand-over measured less, 0.50 ms: its batches hold "
+                          "tensors only and are never pinned)") for a in est["assumptions"])
 
 
 def test_a_ready_batch_measures_the_hand_over_whatever_the_cpu_says(tmp_path):

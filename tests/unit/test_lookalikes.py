@@ -1705,6 +1705,7 @@ def test_exposure_less_waits_is_still_bounded_by_the_cpus_free_share(wait_us, sa
     assert g.estimate.saving_us_per_step == pytest.approx(saving_us)
     assert g.estimate.step_us_after == pytest.approx(10_000.0 - saving_us)
     assert g.evidence["exposed_us"] == 30_000.0 - wait_us
+    assert g.estimate.details == {"exposed_us_per_step": (30_000.0 - wait_us) / 10, "cpu_room_us_per_step": 1_000.0}
 
 
 @pytest.mark.parametrize("workers_recorded", [True, False])
@@ -1781,6 +1782,23 @@ def test_a_sharded_evaluations_imbalance_is_not_a_straggler(tmp_path, both):
     # sharded across the 2 ranks (the advice), rank 0 stops waiting and both run half of it: 6 ms a step, not 12
     assert f.evidence["group_size"] == 2 and f.estimate.saving_us_per_step == 6_000
     assert f.estimate.assumptions[0].startswith("rank 1's validation sharded across its group's 2 ranks")
+
+
+@pytest.mark.parametrize("wait, excess, n, cause, saving", [
+    (8_000, 12_000, 2, "validation", 2_000),   # the others wait 8 ms of its 12: 8 - 12 / 2
+    (8_000, 12_000, 4, "validation", 5_000),   # over 4 ranks: 8 - 3
+    (20_000, 12_000, 2, "validation", 6_000),  # they wait longer than it validates: 12 - 6
+    (5_000, 12_000, 2, "validation", 0.0),     # sharded, each rank's half is longer than the wait: nothing
+    (8_000, 12_000, None, "validation", 8_000),  # the group's size unknown: removed, as before
+    (8_000, 12_000, 2, "compute", 8_000),      # another cause is removed, not sharded
+])
+def test_a_stragglers_validation_sharded_keeps_each_ranks_share_in_the_step(wait, excess, n, cause, saving):
+    """Sharded across n ranks, the straggler's validation V becomes V/n on every rank: the others' wait W (at most V)
+    goes and V/n is added to the step, so the saving is min(W, V) - V/n, never below 0."""
+    from kinetoscope.analyze.whatif.fixes import straggler_saving_us
+
+    ev = {"others_wait_us_per_step": wait, "cause_excess_us_per_step": excess, "cause": cause, "group_size": n}
+    assert straggler_saving_us(ev) == pytest.approx(saving)
 
 
 def test_a_loader_fix_made_on_every_rank_is_worth_the_jobs_saving():

@@ -31,10 +31,15 @@ def without_waits(finding: Finding, wait_us: float, config: AnalysisConfig, shar
         # on a CPU run the estimate may be the CPUs' free share (``fixes.cpu_room``) rather than the exposure: the
         # exposure less the waits is what is left to overlap, and the free share still bounds it
         per_step, room = estimate.details.get("exposed_us_per_step"), estimate.details.get("cpu_room_us_per_step")
+        details = None
         if isinstance(per_step, (int, float)) and isinstance(room, (int, float)) and estimate.saving_us_per_step > 0:
-            keep = min(float(per_step) * keep, float(room)) / float(estimate.saving_us_per_step)
+            left = float(per_step) * keep
+            details = {**estimate.details, "exposed_us_per_step": round(left, 3)}
+            keep = min(min(left, float(room)) / float(estimate.saving_us_per_step), 1.0)
         estimate = _scaled(estimate, keep, f"its {wait_us / 1000:,.2f} ms of waiting for other ranks in "
                            "the window is not exposure overlap can hide (it is the late ranks' cost)")
+        if details is not None:
+            estimate = replace(estimate, details=details)
     window = float(ev.get("window_us") or 0)
     if all_wait > wait_us:  # the part every rank waits (lateness moving between ranks) stays in the exposure
         ev["waiting_every_rank_does_us"] = round(all_wait - wait_us, 3)

@@ -193,13 +193,17 @@ def plan_loader(trace: RankTrace, g: ReplayGraph, params: dict[str, Any]) -> Pla
     probed = probe.get("median_ns") if probe is not None else None
     handoff = int(handoff_ns(waits)) if not single else (int(probed) if probed else HANDOFF_PRIOR_NS)
     probe_used = single and bool(probed)
-    if not single and not handoff and params.get("handoff_ms") is None and probed and probe is not None:
+    taking_cpu_ns = (float(waits.mean()) * min(taking_cpu, 1.0)
+                     if taking_cpu is not None and taking_cpu >= HANDOVER_CPU_SHARE else 0.0)
+    if (not single and not handoff and params.get("handoff_ms") is None and probed and probe is not None
+            and float(probed) >= taking_cpu_ns):
         # no ready batch in the window measures the hand-over, but the capture measured it on this host with a batch
         # shaped like the loop's: its whole wall time, the round trips with the worker included, which more workers
         # keep (was: only the loop's CPU through its waits, and the idle rest read as workers falling behind - a
         # compiled job with 2 workers 28% busy was told 4 workers were worth 4% of its run, and rerun gained
-        # nothing). The loop's own waits bound it: they already hold one hand-over each
-        handoff = int(min(float(probed), float(waits.mean())))
+        # nothing). Where the loop's own CPU through its waits is more (the probe's batches hold tensors only and are
+        # never pinned), that is taken (below). The waits bound it: each holds one hand-over (the median wait)
+        handoff = int(min(float(probed), float(np.median(waits))))
         probe_used = True
     elif (not single and not handoff and params.get("handoff_ms") is None and taking_cpu is not None
             and taking_cpu >= HANDOVER_CPU_SHARE):
@@ -211,19 +215,23 @@ def plan_loader(trace: RankTrace, g: ReplayGraph, params: dict[str, Any]) -> Pla
         taking = float(waits.mean()) * min(taking_cpu, 1.0)
         handoff = int(taking)
         whose = "the training thread's own CPU" if own_cpu else "the process's CPU (all its threads)"
+        less = (f" (the capture's probe of a worker's hand-over measured less, {float(probed) / 1e6:.2f} ms: its "
+                "batches hold tensors only and are never pinned)" if probed else "")
         assumptions.append(f"taking a batch over costs the loop {taking / 1e6:.2f} ms: {whose} is busy "
                            f"{taking_cpu:.0%} of its waits, the hand-over's work, which more workers keep; no ready "
-                           "batch in the window measures it")
+                           "batch in the window measures it" + less)
     if params.get("handoff_ms") is not None:
         handoff = int(float(params["handoff_ms"]) * 1e6)
         assumptions.append(f"a batch from a worker costs the loop {handoff / 1e6:.2f} ms to take (given)")
     elif probe_used and probed and probe is not None:
         spread = (f", {probe['p10_ns'] / 1e6:.2f}-{probe['p90_ns'] / 1e6:.2f} ms from the 10th to the 90th percentile"
                   if probe.get("p10_ns") is not None and probe.get("p90_ns") is not None else "")
-        bounded = (f"; the loop's mean wait, {handoff / 1e6:.2f} ms, bounds it here" if handoff < probed else "")
+        bounded = (f"; the loop's median wait, {handoff / 1e6:.2f} ms, bounds it here" if handoff < probed else "")
+        pinned = ("; the loader pins memory, which the probe does not: its pin-memory thread then takes the batch "
+                  "over, and the loop may pay less" if not single and dl.get("pin_memory") is True else "")
         assumptions.append(f"a batch from a worker costs the loop {handoff / 1e6:.2f} ms to take: measured by the "
                            f"capture on this host, one worker handing over {probe.get('samples')} batches shaped like "
-                           f"the loop's (median {probed / 1e6:.2f} ms{spread}{bounded})")
+                           f"the loop's (median {probed / 1e6:.2f} ms{spread}{bounded}{pinned})")
     elif single:
         why = f" ({probe['why']})" if probe is not None and probe.get("why") else ""
         assumptions.append(f"a batch from a worker costs the loop {HANDOFF_PRIOR_NS / 1e6:.1f} ms to take (typical "
@@ -589,8 +597,8 @@ def _plan_straggler(trace: RankTrace, g: ReplayGraph, finding: Finding, p: dict[
     known = ev.get("cause") != "unknown" and excess is not None
     n = _sharded_over(ev)
     cause = (f"rank {ev.get('rank')}'s validation sharded across its group's {n} ranks: the others' waits for it at "
-             f"collectives shrink by its lateness, at most its measured excess, and each rank runs its 1/{n} share of "
-             f"it: {1 - 1 / n:.0%} of that excess" if n else
+             f"collectives shrink by its lateness, at most its measured excess, and every rank then runs its 1/{n} "
+             "share of it, which stays in the step" if n else
              f"rank {ev.get('rank')}'s cause ({ev.get('cause')}) removed: the others' waits for it at collectives "
              "shrink by its lateness" + (", at most its measured excess" if known else
                                          " (its cause is not in the trace: the others' whole wait, at most)"))
@@ -684,18 +692,19 @@ def edited_by(finding: Finding, plan: Plan) -> str:
 
 
 def straggler_saving_us(evidence: dict[str, Any]) -> float:
-    """What removing the straggler's cause gives the others per step (us): their wait for it, at most the
-    straggler's measured excess in that cause."""
+    """What fixing the straggler's cause gives the others per step (us): their wait for it, at most the straggler's
+    measured excess in that cause; a validation only it runs is sharded across its group (``group_size`` ranks,
+    the advice), which keeps each rank's 1/n share of it in the step."""
     wait = float(evidence.get("others_wait_us_per_step") or 0)
     excess = evidence.get("cause_excess_us_per_step")
     if evidence.get("cause") == "unknown" or excess is None:  # what explains it is not in the trace: its whole wait
         return wait
     saving = min(wait, float(excess))
     n = _sharded_over(evidence)
-    # validation sharded across the group (the advice): the others stop waiting for it, and each runs its 1/n share
-    # of it (was: all of it removed, so a 2-rank job was told twice what sharding gives - critical at 31% of the run
-    # where it gives about half)
-    return saving * (1 - 1 / n) if n else saving
+    # validation sharded across the group (the advice): the straggler runs 1/n of it and so does every other rank,
+    # so the others' wait shrinks by its lateness and the step keeps 1/n of it (was: all of it removed, so a 2-rank
+    # job was told twice what sharding gives - critical at 31% of the run where it gives about half)
+    return max(saving - float(excess) / n, 0.0) if n else saving
 
 
 def _sharded_over(evidence: dict[str, Any]) -> int | None:
