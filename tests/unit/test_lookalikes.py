@@ -1346,6 +1346,68 @@ def test_evaluation_iterations_taken_for_steps_are_neither_training_steps_nor_tr
     assert loader["time_us"] == 8 * 1_000
 
 
+@pytest.mark.parametrize("step_first", [True, False])
+def test_a_validation_pass_inside_a_training_step_takes_no_training_waits(tmp_path, step_first):
+    """Was: a plain torch.profiler trace whose loop validates inside a training step (after its optimizer step, every
+    10 steps) had the 71.6 ms of validation waits counted as the training loop's: 80% of the window, critical (both
+    readers: 27%, a warning). 6 steps of 20 ms, each a 2 ms wait, a forward, a backward, an optimizer step; step 3
+    (60 ms) then validates 4 batches (a 5 ms wait and a forward each): no backward follows those waits. Where the loop
+    calls ``prof.step()`` first, each training wait ends the step before the one that trains on it: a backward still
+    follows it, so it trains."""
+    b = TraceBuilder()
+    t = 0
+    waits = []
+    for k in range(6):
+        dur = 60_000 if k == 3 else 20_000
+        b.step(k, t, dur)
+        w0 = t if step_first else t - 2_000  # the wait opens the step, or ends the one before (none before step 0)
+        if w0 >= 0:
+            b.loader(w0, 2_000)
+            waits.append(2_000)
+        c = t + 2_000 if step_first else t
+        b.op("aten::linear", c + 100, 3_000)
+        b.op("autograd::engine::evaluate_function: AddmmBackward0", c + 3_200, 4_000, tid=200)
+        b.op("Optimizer.step#SGD.step", c + 7_400, 1_000)
+        if k == 3:
+            for j in range(4):
+                v = c + 9_000 + j * 7_000
+                b.loader(v, 5_000)
+                b.op("aten::linear", v + 5_100, 1_500)
+        t += dur
+    rep = build_report(load_built(tmp_path, b))
+    loader = rep.ranks[0]["loader"]
+    assert loader["eval_loader_wait_us"] == 4 * 5_000 and loader["eval_loader_wait_basis"] == "inferred"
+    assert loader["time_us"] == len(waits) * 2_000 and loader["calls"] == len(waits)
+
+
+def test_two_loaders_per_step_train_and_a_collected_validation_at_the_end_does_not(tmp_path):
+    """Each of 5 steps (20 ms) takes a batch from each of two loaders (a 1 ms and a 2 ms wait, nothing between them:
+    one iteration, as domain adaptation does) and then trains on both. After step 4's optimizer step the loop
+    validates by collecting its loader's 4 batches first (5 ms waits back to back, then a 0.1 ms call that ends the
+    iterator) and computing on them after, with no backward: the window ends there. The two loaders' waits train (the
+    second was: the first of each pair read as evaluation); the validation's 5 do not, though nothing follows them
+    but its forward."""
+    b = TraceBuilder()
+    for k in range(5):
+        t = 20_000 * k
+        b.step(k, t, 20_000 if k < 4 else 60_000)
+        b.loader(t, 1_000)
+        b.loader(t + 1_000, 2_000)
+        b.op("aten::linear", t + 3_100, 3_000)
+        b.op("autograd::engine::evaluate_function: AddmmBackward0", t + 6_200, 4_000, tid=200)
+        b.op("Optimizer.step#SGD.step", t + 10_400, 1_000)
+    t = 80_000 + 12_000
+    for j in range(4):
+        b.loader(t + 5_000 * j, 5_000)
+    b.loader(t + 20_000, 100)
+    for j in range(4):
+        b.op("aten::linear", t + 20_200 + 2_000 * j, 1_500)
+    rep = build_report(load_built(tmp_path, b))
+    loader = rep.ranks[0]["loader"]
+    assert loader["time_us"] == 5 * 3_000 and loader["calls"] == 10
+    assert loader["eval_loader_wait_us"] == 4 * 5_000 + 100 and loader["eval_loader_wait_basis"] == "inferred"
+
+
 @pytest.mark.parametrize("recorded_recompile_ns", [None, 3_000_000])
 def test_a_recompile_is_worth_its_recompilation_not_every_compile_of_the_run(tmp_path, recorded_recompile_ns):
     """Was: a compiled MLP whose last batch is smaller recompiled once (11.7 s) in the window, and the finding was

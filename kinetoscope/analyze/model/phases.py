@@ -98,6 +98,69 @@ def evaluation_steps(trace: RankTrace) -> np.ndarray:
     return ~backward & ~optimizer
 
 
+def waits_before_no_backward(trace: RankTrace, begin: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Per DataLoader wait on the training thread (``begin``/``end``, ns): a wait after which no backward pass starts
+    before the next wait, in a trace that trains (at least half of its steps, and two, run a backward pass) - a batch
+    the loop evaluates, not one it trains on: a validation pass run inside a training step (after its optimizer
+    step), which ``evaluation_steps`` cannot tell apart by whole steps. Waits with no operator of the training thread
+    between them are one iteration's (a step that takes a batch from each of two loaders, as domain adaptation does)
+    and are judged together, by what follows the last. The last wait is judged by what follows it in the trace: where
+    nothing does, it counts as training, as does every wait where the trace does not train. An evaluation takes
+    several batches in a row: a lone wait no backward follows (an epoch's iterator ending before the next epoch's
+    first batch) counts as training."""
+    out = np.zeros(len(begin), dtype=bool)
+    steps = trace.steps
+    if len(begin) < 2 or steps.empty:
+        return out
+    backward = phase_events(trace)["backward"]
+    starts, ends = steps["start_ns"].to_numpy(), steps["end_ns"].to_numpy()
+    spans = iv.union(backward["ts_ns"].to_numpy(), backward["end_ns"].to_numpy())
+    if (iv.overlap_each(starts, ends, spans) > 0).sum() < max(2, len(steps) // 2):
+        return out
+    order = np.argsort(begin, kind="stable")
+    b, e = np.asarray(begin)[order], np.asarray(end)[order]
+    nxt = np.append(b[1:], np.iinfo(np.int64).max)
+    first = np.sort(backward["ts_ns"].to_numpy())
+    k = np.searchsorted(first, e, side="left")  # the first backward starting once the wait is over
+    followed = (k < len(first)) & (first[np.minimum(k, len(first) - 1)] < nxt)
+    # an operator of the training thread between a wait and the next: the loop did something with the batch;
+    # none: the next wait is the same iteration's, and what follows it decides for both
+    main = phase_events(trace)["main"]
+    ops = np.sort(main.loc[(main["kind"] == "cpu_op").to_numpy(bool), "ts_ns"].to_numpy())
+    j = np.searchsorted(ops, e, side="left")
+    worked = (j < len(ops)) & (ops[np.minimum(j, len(ops) - 1)] < nxt)
+    if not followed[-1] and not worked[-1]:  # nothing after the last wait to judge it by: training
+        followed[-1] = True
+    for i in range(len(b) - 2, -1, -1):
+        if not worked[i]:
+            followed[i] = followed[i + 1]
+    # an evaluation takes batches one after another: a lone wait no backward follows is an iterator ending (an
+    # epoch's StopIteration before the next epoch's first batch), not a validation pass
+    alone = ~followed
+    neighbour = np.zeros(len(b), dtype=bool)
+    neighbour[1:] |= alone[:-1]
+    neighbour[:-1] |= alone[1:]
+    out[order] = alone & neighbour
+    return out
+
+
+def evaluation_waits(trace: RankTrace, begin: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Per DataLoader wait on the training thread: one an evaluation took, inferred where the capture did not mark
+    which loader each wait was for (with its marks: none here, the marks say) - a wait in an evaluation step
+    (``evaluation_steps``) or one no backward pass follows (``waits_before_no_backward``)."""
+    begin, end = np.asarray(begin, dtype=np.int64), np.asarray(end, dtype=np.int64)
+    if len(trace.marks) or not len(begin):
+        return np.zeros(len(begin), dtype=bool)
+    out = waits_before_no_backward(trace, begin, end)
+    evaluation = evaluation_steps(trace)
+    if evaluation.any():
+        steps = trace.steps
+        starts, ends = steps["start_ns"].to_numpy(), steps["end_ns"].to_numpy()
+        i = np.clip(np.searchsorted(starts, begin, side="right") - 1, 0, len(steps) - 1)
+        out = out | (evaluation[i] & (begin >= starts[i]) & (begin < ends[i]))
+    return out
+
+
 def _step_envelopes(steps: pd.DataFrame, frame: pd.DataFrame) -> iv.Intervals:
     """Per step: [first start, last end] of the frame's events starting inside the step."""
     if frame.empty or steps.empty:

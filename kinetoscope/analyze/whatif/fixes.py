@@ -16,7 +16,7 @@ import pandas as pd
 from kinetoscope.analyze.model import intervals as iv
 from kinetoscope.analyze.model.commroles import collective_roles
 from kinetoscope.analyze.model.findings import Finding
-from kinetoscope.analyze.model.phases import evaluation_steps
+from kinetoscope.analyze.model.phases import evaluation_steps, evaluation_waits
 from kinetoscope.analyze.model.timeline import (
     HANDOVER_CPU_SHARE,
     WORKERS_BUSY_MIN_SHARE,
@@ -76,11 +76,16 @@ def _window_items(g: ReplayGraph, kind: str) -> np.ndarray:
     return np.flatnonzero(m)
 
 
-def _window_waits(g: ReplayGraph) -> np.ndarray:
-    """The training thread's data waits that start inside the window (indices into ``wait_start``)."""
+def _window_waits(g: ReplayGraph, trace: RankTrace | None = None) -> np.ndarray:
+    """The training thread's data waits that start inside the window (indices into ``wait_start``); given the trace,
+    less those an evaluation took where the capture did not mark them (``phases.evaluation_waits``, as the loader
+    analysis leaves them out)."""
     if not g.steps:
         return np.zeros(0, dtype=np.int64)
-    return np.flatnonzero((g.wait_start >= g.step_start[0]) & (g.wait_start < g.step_end[-1]))
+    inside = (g.wait_start >= g.step_start[0]) & (g.wait_start < g.step_end[-1])
+    if trace is not None:
+        inside &= ~evaluation_waits(trace, g.wait_start, g.wait_end)
+    return np.flatnonzero(inside)
 
 
 
@@ -122,7 +127,7 @@ def _ranks_on_host(host: dict[str, Any], world_size: int | None) -> tuple[int, s
 
 
 def plan_loader(trace: RankTrace, g: ReplayGraph, params: dict[str, Any]) -> Plan | None:
-    items = _window_waits(g)
+    items = _window_waits(g, trace)
     if not len(items) or not g.steps:
         return None
     if not params:
