@@ -70,6 +70,8 @@ tuned on say how it generalises:
 - a twenty-fifth held-out set: twelve more (sample_traces/heldout25/), captured at 7887f63 (the hand-over probe for
   loaders with workers, the CPU bound on gloo overlap) on a machine one of the session's test runs loaded, scored
   once at 9b29edb, likewise.
+- a twenty-sixth held-out set: twelve more (sample_traces/heldout26/), captured at a7e6d7e (the same, with the
+  review's fixes) on a quiet machine, scored once at 302880f (the same analysis code), likewise.
 
 Public traces are not bundled (fetched test data of other projects): put them in one folder and name it with
 KINETOSCOPE_PUBLIC_TRACES; a reading whose trace is not here is listed as such.
@@ -116,7 +118,8 @@ HELD_OUT = ((3, "third", "captures of public training code"),
             (22, "twenty-second", "twelve more programs, four loading in the training process"),
             (23, "twenty-third", "twelve more programs, on the same code"),
             (24, "twenty-fourth", "twelve more programs, on the same code"),
-            (25, "twenty-fifth", "twelve more programs, with the probe for loaders with workers"))
+            (25, "twenty-fifth", "twelve more programs, with the probe for loaders with workers"),
+            (26, "twenty-sixth", "twelve more programs, after the review's fixes"))
 #: the first set read by a third expert reconciling the two readings
 FIRST_CONSENSUS = 13
 
