@@ -20,7 +20,7 @@ from kinetoscope.analyze.model.estimate import Estimate
 from kinetoscope.analyze.model.findings import Finding
 from kinetoscope.analyze.registry import analyzer
 from kinetoscope.analyze.report.policy import RunTime, judge
-from kinetoscope.analyze.whatif.fixes import straggler_saving_us
+from kinetoscope.analyze.whatif.fixes import straggler_saving_us, straggler_shards
 from kinetoscope.batch.compact import compact
 from kinetoscope.batch.discover import discover
 from kinetoscope.batch.store import SCHEMAS, StoreRoot, open_store, read_rows, write_rows
@@ -211,7 +211,7 @@ def _judged(finding: Finding, summaries: list[RankSummary], config: AnalysisConf
     estimate = Estimate.of(mean_ns, mean_ns - float(saving) * 1000.0, "measured: collective waits",
                            ("the others' waits for it at collectives, from the job's stored per-rank summaries"
                             + ("; its validation sharded across the group, each rank keeping its share"
-                               if finding.evidence.get("cause") == "validation" else ""),),
+                               if straggler_shards(finding.evidence) else ""),),
                            bound=None if known else "upper")
     return judge(replace(finding, estimate=estimate),
                  RunTime(mean_step_us=float(mine.mean_step_us), run_steps=None, run_wall_us=None,

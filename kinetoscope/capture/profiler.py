@@ -690,7 +690,7 @@ class Profiler:
         apart. Every rank probes (a job's ranks take batches from workers at once)."""
         dl = manifest.dataloader
         workers = dl.get("num_workers") if isinstance(dl, dict) else None
-        if not isinstance(dl, dict) or not isinstance(workers, int) or isinstance(workers, bool) or workers < 0:
+        if not isinstance(workers, int) or isinstance(workers, bool) or workers < 0:
             return
         batch = self.loop.training_loader_batch() if self.loop is not None else None
         if batch is None:

@@ -178,19 +178,21 @@ def test_workers_whose_hand_over_the_capture_measured_keep_it_idle_parts_include
     timings = json.dumps({
         "step_wall_ns": [10_000_000] * n, "data_wait_ns": [2_500_000] * n, "profiled": [False] * n,
         "step_cpu_ns": [9_000_000] * n, "data_wait_cpu_ns": [1_500_000] * n})
-    out = _captured(tmp_path, b, {"num_workers": 2, "prefetch_factor": 2, "handover_probe": probe})
-    (out / "rank-0.steps.json").write_text(timings)
-    est = whatif.estimate(load_trace(out).ranks[0], finding("loader_stall"), {"num_workers": 64})
+
+    def with_probe(folder: Path, measured: dict) -> dict:
+        """The estimate with 64 workers for this run, where the capture's probe measured ``measured``."""
+        out = _captured(folder, b, {"num_workers": 2, "prefetch_factor": 2, "handover_probe": measured})
+        (out / "rank-0.steps.json").write_text(timings)
+        return whatif.estimate(load_trace(out).ranks[0], finding("loader_stall"), {"num_workers": 64})
+
+    est = with_probe(tmp_path, probe)
     assert est["step_us_after"] == pytest.approx(9_700, abs=1)
     assert ("a batch from a worker costs the loop 2.20 ms to take: measured by the capture on this host, one worker "
             "handing over 20 batches shaped like the loop's (median 2.20 ms, 2.00-2.60 ms from the 10th to the 90th "
             "percentile)") in est["assumptions"]
     assert not any("is busy 60% of its waits" in a for a in est["assumptions"])
 
-    slow = {**probe, "median_ns": 3_000_000, "p10_ns": 2_800_000, "p90_ns": 3_400_000}
-    out = _captured(tmp_path / "slow", b, {"num_workers": 2, "prefetch_factor": 2, "handover_probe": slow})
-    (out / "rank-0.steps.json").write_text(timings)
-    est = whatif.estimate(load_trace(out).ranks[0], finding("loader_stall"), {"num_workers": 64})
+    est = with_probe(tmp_path / "slow", {**probe, "median_ns": 3_000_000, "p10_ns": 2_800_000, "p90_ns": 3_400_000})
     assert est["step_us_after"] == pytest.approx(10_000, abs=1)
     assert any(a.startswith("a batch from a worker costs the loop 2.50 ms to take") and
                a.endswith("(median 3.00 ms, 2.80-3.40 ms from the 10th to the 90th percentile; the loop's median "
@@ -198,10 +200,7 @@ def test_workers_whose_hand_over_the_capture_measured_keep_it_idle_parts_include
 
     # a probe that measures less than the loop's own CPU through its waits (1.5 ms: the probe's batches hold tensors
     # only and are never pinned) gives way to it: 7.5 + 1.5 = 9 ms, and both are said
-    quick = {**probe, "median_ns": 500_000, "p10_ns": 400_000, "p90_ns": 700_000}
-    out = _captured(tmp_path / "quick", b, {"num_workers": 2, "prefetch_factor": 2, "handover_probe": quick})
-    (out / "rank-0.steps.json").write_text(timings)
-    est = whatif.estimate(load_trace(out).ranks[0], finding("loader_stall"), {"num_workers": 64})
+    est = with_probe(tmp_path / "quick", {**probe, "median_ns": 500_000, "p10_ns": 400_000, "p90_ns": 700_000})
     assert est["step_us_after"] == pytest.approx(9_000, abs=1)
     assert any(a.startswith("taking a batch over costs the loop 1.50 ms") and
                a.endswith("(the capture's probe of a worker's hand-over measured less, 0.50 ms: its batches hold "

@@ -85,17 +85,22 @@ def evaluation_steps(trace: RankTrace) -> np.ndarray:
     if steps.empty:
         return np.zeros(0, dtype=bool)
     ev = phase_events(trace)
-    starts, ends = steps["start_ns"].to_numpy(), steps["end_ns"].to_numpy()
-
-    def held(frame: pd.DataFrame) -> np.ndarray:
-        spans = iv.union(frame["ts_ns"].to_numpy(), frame["end_ns"].to_numpy())
-        return iv.overlap_each(starts, ends, spans) > 0
-
-    backward = held(ev["backward"])
-    optimizer = held(ev["optimizer"]) if "optimizer" in ev else np.zeros(len(steps), dtype=bool)
-    if backward.sum() < max(2, len(steps) // 2):
+    backward = _steps_holding(steps, ev["backward"])
+    optimizer = _steps_holding(steps, ev["optimizer"]) if "optimizer" in ev else np.zeros(len(steps), dtype=bool)
+    if not _trains(backward):
         return np.zeros(len(steps), dtype=bool)
     return ~backward & ~optimizer
+
+
+def _steps_holding(steps: pd.DataFrame, frame: pd.DataFrame) -> np.ndarray:
+    """Per step: whether any of ``frame``'s events overlaps it."""
+    spans = iv.union(frame["ts_ns"].to_numpy(), frame["end_ns"].to_numpy())
+    return iv.overlap_each(steps["start_ns"].to_numpy(), steps["end_ns"].to_numpy(), spans) > 0
+
+
+def _trains(backward: np.ndarray) -> bool:
+    """Whether a trace trains, from which of its steps hold a backward pass: at least half of them, and two."""
+    return int(backward.sum()) >= max(2, len(backward) // 2)
 
 
 def waits_before_no_backward(trace: RankTrace, begin: np.ndarray, end: np.ndarray) -> np.ndarray:
@@ -112,10 +117,9 @@ def waits_before_no_backward(trace: RankTrace, begin: np.ndarray, end: np.ndarra
     steps = trace.steps
     if len(begin) < 2 or steps.empty:
         return out
-    backward = phase_events(trace)["backward"]
-    starts, ends = steps["start_ns"].to_numpy(), steps["end_ns"].to_numpy()
-    spans = iv.union(backward["ts_ns"].to_numpy(), backward["end_ns"].to_numpy())
-    if (iv.overlap_each(starts, ends, spans) > 0).sum() < max(2, len(steps) // 2):
+    ev = phase_events(trace)
+    backward = ev["backward"]
+    if not _trains(_steps_holding(steps, backward)):
         return out
     order = np.argsort(begin, kind="stable")
     b, e = np.asarray(begin)[order], np.asarray(end)[order]
@@ -125,7 +129,7 @@ def waits_before_no_backward(trace: RankTrace, begin: np.ndarray, end: np.ndarra
     followed = (k < len(first)) & (first[np.minimum(k, len(first) - 1)] < nxt)
     # an operator of the training thread between a wait and the next: the loop did something with the batch;
     # none: the next wait is the same iteration's, and what follows it decides for both
-    main = phase_events(trace)["main"]
+    main = ev["main"]
     ops = np.sort(main.loc[(main["kind"] == "cpu_op").to_numpy(bool), "ts_ns"].to_numpy())
     j = np.searchsorted(ops, e, side="left")
     worked = (j < len(ops)) & (ops[np.minimum(j, len(ops) - 1)] < nxt)

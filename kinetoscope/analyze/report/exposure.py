@@ -35,7 +35,8 @@ def without_waits(finding: Finding, wait_us: float, config: AnalysisConfig, shar
         if isinstance(per_step, (int, float)) and isinstance(room, (int, float)) and estimate.saving_us_per_step > 0:
             left = float(per_step) * keep
             details = {**estimate.details, "exposed_us_per_step": round(left, 3)}
-            keep = min(min(left, float(room)) / float(estimate.saving_us_per_step), 1.0)
+            saving = float(estimate.saving_us_per_step)
+            keep = min(left, float(room), saving) / saving
         estimate = _scaled(estimate, keep, f"its {wait_us / 1000:,.2f} ms of waiting for other ranks in "
                            "the window is not exposure overlap can hide (it is the late ranks' cost)")
         if details is not None:

@@ -198,10 +198,11 @@ def plan_loader(trace: RankTrace, g: ReplayGraph, params: dict[str, Any]) -> Pla
     probed = probe.get("median_ns") if probe is not None else None
     handoff = int(handoff_ns(waits)) if not single else (int(probed) if probed else HANDOFF_PRIOR_NS)
     probe_used = single and bool(probed)
+    # with workers, no ready batch in the window measuring the hand-over, and none given
+    unmeasured = not single and not handoff and params.get("handoff_ms") is None
     taking_cpu_ns = (float(waits.mean()) * min(taking_cpu, 1.0)
-                     if taking_cpu is not None and taking_cpu >= HANDOVER_CPU_SHARE else 0.0)
-    if (not single and not handoff and params.get("handoff_ms") is None and probed and probe is not None
-            and float(probed) >= taking_cpu_ns):
+                     if taking_cpu is not None and taking_cpu >= HANDOVER_CPU_SHARE else None)
+    if unmeasured and probed and probe is not None and float(probed) >= (taking_cpu_ns or 0.0):
         # no ready batch in the window measures the hand-over, but the capture measured it on this host with a batch
         # shaped like the loop's: its whole wall time, the round trips with the worker included, which more workers
         # keep (was: only the loop's CPU through its waits, and the idle rest read as workers falling behind - a
@@ -210,14 +211,13 @@ def plan_loader(trace: RankTrace, g: ReplayGraph, params: dict[str, Any]) -> Pla
         # never pinned), that is taken (below). The waits bound it: each holds one hand-over (the median wait)
         handoff = int(min(float(probed), float(np.median(waits))))
         probe_used = True
-    elif (not single and not handoff and params.get("handoff_ms") is None and taking_cpu is not None
-            and taking_cpu >= HANDOVER_CPU_SHARE):
+    elif unmeasured and taking_cpu_ns is not None and taking_cpu is not None:
         # no ready batch to measure the hand-over by (waits alike), but the loop works through its waits
         # (loader.wait_kind's "handover"): that CPU work is taking each batch over (unpickling, collating, pinning),
         # which more workers keep (was: a hand-over of 0, and a loop told "more workers will not help" was worth its
         # whole wait with more of them). The training thread's own CPU where the capture recorded it apart; else the
         # process's, which counts all its threads (a pin-memory thread's too): an upper bound on the hand-over, said
-        taking = float(waits.mean()) * min(taking_cpu, 1.0)
+        taking = taking_cpu_ns
         handoff = int(taking)
         whose = "the training thread's own CPU" if own_cpu else "the process's CPU (all its threads)"
         less = (f" (the capture's probe of a worker's hand-over measured less, {float(probed) / 1e6:.2f} ms: its "
@@ -600,7 +600,7 @@ def _plan_straggler(trace: RankTrace, g: ReplayGraph, finding: Finding, p: dict[
     ev = finding.evidence
     excess = ev.get("cause_excess_us_per_step")
     known = ev.get("cause") != "unknown" and excess is not None
-    n = _sharded_over(ev)
+    n = straggler_shards(ev)
     cause = (f"rank {ev.get('rank')}'s validation sharded across its group's {n} ranks: the others' waits for it at "
              f"collectives shrink by its lateness, at most its measured excess, and every rank then runs its 1/{n} "
              "share of it, which stays in the step" if n else
@@ -705,14 +705,14 @@ def straggler_saving_us(evidence: dict[str, Any]) -> float:
     if evidence.get("cause") == "unknown" or excess is None:  # what explains it is not in the trace: its whole wait
         return wait
     saving = min(wait, float(excess))
-    n = _sharded_over(evidence)
+    n = straggler_shards(evidence)
     # validation sharded across the group (the advice): the straggler runs 1/n of it and so does every other rank,
     # so the others' wait shrinks by its lateness and the step keeps 1/n of it (was: all of it removed, so a 2-rank
     # job was told twice what sharding gives - critical at 31% of the run where it gives about half)
     return max(saving - float(excess) / n, 0.0) if n else saving
 
 
-def _sharded_over(evidence: dict[str, Any]) -> int | None:
+def straggler_shards(evidence: dict[str, Any]) -> int | None:
     """The ranks a straggler's validation would be sharded across (its group's size); None where the cause is not
     validation or the size is not known."""
     n = evidence.get("group_size")
