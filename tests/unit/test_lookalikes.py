@@ -1222,27 +1222,89 @@ def test_functional_collectives_are_communication_and_a_wait_stops_only_its_thre
     assert comm["time_us"] == 40_000 and comm["exposed_us"] == exposed_us
 
 
-def test_lateness_that_moves_between_ranks_stays_exposure(tmp_path):
-    """Was: FSDP2 on 2 ranks of a loaded host, each rank late in turn: each rank's exposed communication less all its
-    waits for the other read 2% and 0% of the window (info), though neither rank is a straggler to fix - the time was
-    nobody's cost. Ranks 0 and 1 alternate 300 us late at each step's all-reduce: each waits 900 us for the other over
-    6 steps, as much as the other waits for it, so nothing is left out: 3 x 1,000 + 3 x 700 us exposed each."""
-    from kinetoscope.analyze.ingest.loader import load_trace
-
+def _two_rank_job(path, kernels):
+    """A 2-rank GPU job of 6 steps of 2 ms: ``kernels(rank, step)`` gives (start, duration, name, stream) offsets."""
     for r in range(2):
         b = TraceBuilder(rank=r, world_size=2)
         for s in range(6):
             t = s * 2000
-            load = 100 + (300 if s % 2 == r else 0)
-            b.step(s, t, 2000).loader(t, load, multiprocess=True)
-            b.kernel(t + load, 800, name="gemm", launch_at=t + load, launch_dur=5)
-            b.kernel(t + load + 800, 1900 - load - 800, stream=20, name="ncclDevKernel_AllReduce_Sum_f32_RING_LL")
-        b.write(tmp_path / "job" / f"rank-{r}.json")
+            b.step(s, t, 2000)
+            for start, dur, name, stream in kernels(r, s):
+                b.kernel(t + start, dur, stream=stream, name=name, launch_at=t + start, launch_dur=5)
+        b.write(path / f"rank-{r}.json")
+
+
+AR = "ncclDevKernel_AllReduce_Sum_f32_RING_LL"
+
+
+def test_lateness_that_moves_between_ranks_from_step_to_step_is_not_exposure_overlap_can_hide(tmp_path):
+    """Was: the least total wait of any rank stayed in the exposure, as if lateness taking turns between the ranks
+    were overlap to be had; but each step ends in a barrier its slowest rank sets (a one-bucket DDP job on gloo whose
+    ranks took turns being 10-30 ms late was told overlap would win 5% of its run; its all-reduce takes under a
+    millisecond with both ranks there). Ranks 0 and 1 take turns being 300 us late at each step's all-reduce: each
+    exposes 3 x 1,000 + 3 x 700 us and waits 3 x 300 us for the other, which is left out: 4,200 us each."""
+    from kinetoscope.analyze.ingest.loader import load_trace
+
+    def kernels(r, s):
+        load = 100 + (300 if s % 2 == r else 0)
+        return [(load, 800, "gemm", 7), (load + 800, 1900 - load - 800, AR, 20)]
+
+    _two_rank_job(tmp_path / "job", kernels)
     rep = build_report(load_trace(tmp_path / "job"))
+    coll = rep.job["collectives"]
+    assert coll["shared_wait_us"] == 0 and coll["shared_exposed_wait_us"] == 0
+    assert [(r["wait_us"], r["exposed_wait_us"]) for r in coll["ranks"]] == [(900, 900), (900, 900)]
     exposed = {f.rank: f for f in found(rep, "exposed_comm")}
     for r in (0, 1):
-        assert exposed[r].evidence["exposed_us"] == 5_100
+        assert exposed[r].evidence["exposed_including_waits_us"] == 5_100
+        assert exposed[r].evidence["waiting_for_other_ranks_us"] == 900
+        assert exposed[r].evidence["exposed_us"] == 4_200
+
+
+def test_lateness_that_moves_between_ranks_inside_a_step_stays_exposure(tmp_path):
+    """Two all-reduces a step: rank 0 is 300 us late at the first, rank 1 at the second, every step. Overlapped (the
+    second half's compute not waiting for the first all-reduce), neither would wait: each rank computes 1,000 us a
+    step either way. So the 300 us each waits in every step is exposure overlap can hide: nothing is left out.
+    Rank 0: compute 100-800, all-reduce 800-900, compute 900-1200, all-reduce 1200-1600 (waiting 1200-1500); rank
+    1: compute 100-500, all-reduce 500-900 (waiting 500-800), compute 900-1500, all-reduce 1500-1600. Each exposes
+    500 us a step, 3,000 in all."""
+    from kinetoscope.analyze.ingest.loader import load_trace
+
+    def kernels(r, s):
+        if r == 0:
+            return [(100, 700, "gemm", 7), (800, 100, AR, 20), (900, 300, "gemm", 7), (1200, 400, AR, 20)]
+        return [(100, 400, "gemm", 7), (500, 400, AR, 20), (900, 600, "gemm", 7), (1500, 100, AR, 20)]
+
+    _two_rank_job(tmp_path / "job", kernels)
+    rep = build_report(load_trace(tmp_path / "job"))
+    coll = rep.job["collectives"]
+    assert coll["shared_wait_us"] == 1_800 and coll["shared_exposed_wait_us"] == 1_800
+    exposed = {f.rank: f for f in found(rep, "exposed_comm")}
+    for r in (0, 1):
+        assert exposed[r].evidence["exposed_us"] == 3_000
         assert "waiting_for_other_ranks_us" not in exposed[r].evidence
+
+
+def test_a_wait_the_rank_spends_computing_is_not_taken_off_its_exposure(tmp_path):
+    """Was: a rank's whole wait for later ranks was taken off its exposed communication, though an overlapped
+    collective's wait (a DDP bucket's, issued during backward) passes while the rank computes and was never exposed:
+    the rest of its exposure read as nothing. Rank 0 issues its all-reduce at 500 us and computes until 1,000; rank 1
+    arrives at 800; the all-reduce ends at 1,100 on both. Rank 0 waits 300 us a step, none of it exposed: its 100 us
+    a step exposed after its compute stays, 600 us in all (was: 0)."""
+    from kinetoscope.analyze.ingest.loader import load_trace
+
+    def kernels(r, s):
+        if r == 0:
+            return [(100, 900, "gemm", 7), (500, 600, AR, 20)]
+        return [(100, 700, "gemm", 7), (800, 300, AR, 20)]
+
+    _two_rank_job(tmp_path / "job", kernels)
+    rep = build_report(load_trace(tmp_path / "job"))
+    coll = rep.job["collectives"]
+    assert [(r["rank"], r["wait_us"], r["exposed_wait_us"]) for r in coll["ranks"]] == [(0, 1_800, 0), (1, 0, 0)]
+    assert rep.ranks[0]["comm"]["exposed_us"] == 600 and rep.ranks[1]["comm"]["exposed_us"] == 1_800
+    exposed = {f.rank: f for f in found(rep, "exposed_comm")}
+    assert exposed[0].evidence["exposed_us"] == 600 and "waiting_for_other_ranks_us" not in exposed[0].evidence
 
 
 # --- a worker restart counted once, its untraced share a bound ----------------------------------------------------

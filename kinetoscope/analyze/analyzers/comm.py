@@ -11,10 +11,9 @@ import pandas as pd
 
 from kinetoscope.analyze.model import intervals as iv
 from kinetoscope.analyze.model.analysis import AnalysisResult, register
-from kinetoscope.analyze.model.collectives import collectives, comm_compute_sets, host_collectives, host_compute
+from kinetoscope.analyze.model.collectives import Exposure, exposure
 from kinetoscope.analyze.model.config import AnalysisConfig
 from kinetoscope.analyze.model.findings import Finding
-from kinetoscope.analyze.model.missing import missing_activity
 from kinetoscope.analyze.model.pipeline import pipeline_stage
 from kinetoscope.analyze.model.results import Comm, CommResult, OpTime
 from kinetoscope.analyze.model.timeline import window
@@ -146,24 +145,20 @@ def analyze_comm(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
 
 
 def _overlap(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
-    coll = collectives(trace)
-    if coll.empty:
-        return _host_collectives(trace, config)
+    exp = exposure(trace)
+    if exp is None:
+        return AnalysisResult(key="comm", metrics=CommResult(comm=None))
+    if exp.where == "host":
+        return _host_collectives(trace, config, exp)
+    coll = exp.collectives
     w = window(trace)
-    comm_set, compute_set = comm_compute_sets(trace)
-    comm_ns = iv.measure(comm_set)
-    # where the trace misses GPU work (queued before recording, unrecorded graph replays) the compute a collective
-    # overlapped may be what is missing: exposure is counted only where the GPU's activity is known; a file with
-    # events cut out of it (sampled, trimmed) may lack compute anywhere: there exposure is not judged at all
-    missing = missing_activity(trace)
-    blind = missing.blind
-    exposed = iv.subtract(iv.subtract(comm_set, compute_set), blind)
-    unknown_ns = iv.measure(iv.intersect(comm_set, blind))
-    judged = unknown_ns < comm_ns and missing.holes_ns <= config.missing_activity_max_fraction * w.dur_ns
-    exposed_ns = iv.measure(exposed)
+    comm_ns = iv.measure(exp.comm_set)
+    unknown_ns = exp.unknown_ns
+    judged = exp.judged(config.missing_activity_max_fraction, w.dur_ns)
+    exposed_ns = iv.measure(exp.exposed)
     overlap_ns = comm_ns - unknown_ns - exposed_ns  # known collective time is overlapped or exposed
-    exposed_by_op = _exposed_by_op(coll, exposed, w) if judged else {}
-    found = _exposed_finding(trace, config, w, exposed, comm_ns, exposed_by_op, "gpu", unknown_ns) \
+    exposed_by_op = _exposed_by_op(coll, exp.exposed, w) if judged else {}
+    found = _exposed_finding(trace, config, w, exp.exposed, comm_ns, exposed_by_op, "gpu", unknown_ns) \
         if judged else None
     by_op = coll.groupby("op")["dur_ns"].agg(["count", "sum"])
     metrics = Comm(
@@ -183,28 +178,20 @@ def _overlap(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
                           findings=(found,) if found else ())
 
 
-
-
-
-
-def _host_collectives(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
-    coll = host_collectives(trace)
-    if coll.empty:
-        return AnalysisResult(key="comm", metrics=CommResult(comm=None))
+def _host_collectives(trace: RankTrace, config: AnalysisConfig, exp: Exposure) -> AnalysisResult:
+    """A CPU run's collectives (its host annotations) against the CPU compute of its other threads; on a GPU run
+    whose trace has no collective kernels, their time only (overlap cannot be told from the host)."""
+    coll = exp.collectives
     w = window(trace)
-    comm_set = iv.clip(iv.union(coll["ts_ns"].to_numpy(), coll["end_ns"].to_numpy()), w.start_ns, w.end_ns)
-    comm_ns = iv.measure(comm_set)
+    comm_ns = iv.measure(exp.comm_set)
     by_op = coll.groupby("op")["dur_ns"].agg(["count", "sum"])
     found = None
     exposed_ns: int | None = None
     exposed_by_op: dict[str, int] = {}
-    if not trace.has_gpu:  # a CPU run: the collectives' time against the CPU compute of the other threads
-        compute = host_compute(trace, {str(t) for t in coll["tid"].unique()}, w)
-        if iv.measure(compute):  # no compute traced at all (a trimmed trace): overlap cannot be told
-            exposed = iv.subtract(comm_set, compute)
-            exposed_ns = iv.measure(exposed)
-            exposed_by_op = _exposed_by_op(coll, exposed, w)
-            found = _exposed_finding(trace, config, w, exposed, comm_ns, exposed_by_op, "host")
+    if exp.compute_known:
+        exposed_ns = iv.measure(exp.exposed)
+        exposed_by_op = _exposed_by_op(coll, exp.exposed, w)
+        found = _exposed_finding(trace, config, w, exp.exposed, comm_ns, exposed_by_op, "host")
     return AnalysisResult(key="comm", metrics=CommResult(comm=Comm(
         collectives=int(len(coll)),
         time_us=us(comm_ns),
@@ -218,7 +205,3 @@ def _host_collectives(trace: RankTrace, config: AnalysisConfig) -> AnalysisResul
         where=("host (a CPU run: gloo)" if not trace.has_gpu
                else "host (no collective kernels recorded: GPU activity not recorded)"),
     )), tables={"collectives": coll}, findings=(found,) if found else ())
-
-
-
-

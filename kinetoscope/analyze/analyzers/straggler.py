@@ -19,7 +19,7 @@ import pandas as pd
 
 from kinetoscope.analyze.model import intervals as iv
 from kinetoscope.analyze.model.analysis import AnalysisResult, register
-from kinetoscope.analyze.model.collectives import collectives, host_collectives
+from kinetoscope.analyze.model.collectives import collectives, exposure, host_collectives
 from kinetoscope.analyze.model.config import AnalysisConfig
 from kinetoscope.analyze.model.copies import h2d_copies
 from kinetoscope.analyze.model.distributed import (
@@ -42,6 +42,7 @@ from kinetoscope.analyze.model.timeline import (
     loader_spans,
     main_thread,
     name_mask,
+    step_at,
     window,
 )
 from kinetoscope.analyze.model.trace import RankTrace, Trace, trace_view
@@ -57,6 +58,9 @@ def rank_summary(r: RankTrace) -> RankSummary:
     steps = len(r.steps)
     per = max(steps, 1)
     comm_set = intervals_of(frame, w) if len(frame) else iv.EMPTY
+    exp = exposure(r)
+    exposed = exp.exposed if exp is not None and exp.judged(AnalysisConfig.missing_activity_max_fraction, w.dur_ns) \
+        else None
     ev = r.events
     marks = {kind: intervals_of(ev[name_mask(ev, names=frozenset({f"kinetoscope::{kind}"}))], w)
              for kind in ("validation", "checkpoint")}
@@ -99,6 +103,9 @@ def rank_summary(r: RankTrace) -> RankSummary:
         collective_us=iv.measure(comm_set) / 1000.0,
         unknown_fraction=missing_activity(r).blind_ns() / w.dur_ns if w.dur_ns else 0.0,
         after_marked=_after_marked(frame, iv.merge(*marks.values()), w.start_ns),
+        step=[int(v) for v in step_at(r, frame["ts_ns"].to_numpy(np.int64))] if len(frame) else [],
+        exposed_start_ns=[int(v) for v in exposed[0]] if exposed is not None else None,
+        exposed_end_ns=[int(v) for v in exposed[1]] if exposed is not None else None,
     )
 
 

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import hashlib
 import re
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
 from kinetoscope.analyze.model import intervals as iv
 from kinetoscope.analyze.model.distributed import normalise_op
+from kinetoscope.analyze.model.missing import missing_activity
 from kinetoscope.analyze.model.timeline import Window, gpu_work, kernels, kind_mask, name_mask, window
 from kinetoscope.analyze.model.trace import RankTrace, trace_view
 
@@ -97,6 +99,58 @@ def comm_compute_sets(trace: RankTrace) -> tuple[iv.Intervals, iv.Intervals]:
     comm_set = iv.clip(iv.union(coll["ts_ns"].to_numpy(), coll["end_ns"].to_numpy()), w.start_ns, w.end_ns)
     compute_set = iv.clip(iv.union(compute["ts_ns"].to_numpy(), compute["end_ns"].to_numpy()), w.start_ns, w.end_ns)
     return comm_set, compute_set
+
+
+@dataclass(frozen=True)
+class Exposure:
+    """A rank's collective time in the window against its compute: ``exposed`` (a union) is collective time during
+    which no compute runs, counted only where the trace shows it (``judged``). ``where``: "gpu" (kernels) or "host"
+    (a CPU run's annotations)."""
+
+    collectives: pd.DataFrame
+    comm_set: iv.Intervals
+    exposed: iv.Intervals
+    #: collective time where the trace misses the GPU's activity (neither exposed nor overlapped: unknown)
+    unknown_ns: int
+    #: the window's time the trace misses GPU work in (``missing_activity``); 0 on the host
+    holes_ns: int
+    #: compute is traced at all (a CPU run's operators; on a GPU, known collective time)
+    compute_known: bool
+    where: str
+
+    def judged(self, max_missing_fraction: float, window_ns: int) -> bool:
+        """Whether the trace can tell exposure: compute traced, and (GPU) no more than ``max_missing_fraction`` of
+        the window missing its activity (a file with events cut out of it, sampled or trimmed, may lack compute
+        anywhere)."""
+        return self.compute_known and (self.where == "host" or self.holes_ns <= max_missing_fraction * window_ns)
+
+
+@trace_view
+def exposure(trace: RankTrace) -> Exposure | None:
+    """Collective time not overlapped with compute (``Exposure``); None where the trace records no collective. On a
+    GPU: collective kernels against the other kernels, counted only where the GPU's activity is known (where the
+    trace misses GPU work - queued before recording, unrecorded graph replays - the compute a collective overlapped
+    may be what is missing). On a CPU run: the host's collective annotations against the CPU compute of the other
+    threads (``host_compute``). A GPU run whose trace has host annotations but no collective kernels: its overlap
+    cannot be told from the host (``compute_known`` False)."""
+    w = window(trace)
+    coll = collectives(trace)
+    if not coll.empty:
+        comm_set, compute_set = comm_compute_sets(trace)
+        missing = missing_activity(trace)
+        unknown_ns = iv.measure(iv.intersect(comm_set, missing.blind))
+        exposed = iv.subtract(iv.subtract(comm_set, compute_set), missing.blind)
+        return Exposure(coll, comm_set, exposed, unknown_ns, missing.holes_ns, unknown_ns < iv.measure(comm_set),
+                        "gpu")
+    coll = host_collectives(trace)
+    if coll.empty:
+        return None
+    comm_set = iv.clip(iv.union(coll["ts_ns"].to_numpy(), coll["end_ns"].to_numpy()), w.start_ns, w.end_ns)
+    if trace.has_gpu:
+        return Exposure(coll, comm_set, iv.EMPTY, 0, 0, False, "host")
+    compute = host_compute(trace, {str(t) for t in coll["tid"].unique()}, w)
+    known = bool(iv.measure(compute))
+    return Exposure(coll, comm_set, iv.subtract(comm_set, compute) if known else iv.EMPTY, 0, 0, known, "host")
 
 
 #: host-side collective annotations ("gloo:all_reduce", "nccl:all_reduce"): CPU-only runs have only these

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from kinetoscope.analyze.model import intervals as iv
 from kinetoscope.analyze.model.results import CollectiveGroup, CollectiveRank, Collectives
 
 #: ops whose message sizes are the same on every rank (alltoall and send/recv sizes are per rank)
@@ -69,6 +70,13 @@ class RankSummary:
     #: per collective: whether the rank ran validation or saved a checkpoint (its capture's marks) since its previous
     #: collective ended, or during this one - the arrival follows that work, not a training step's
     after_marked: list[bool] = field(default_factory=list)
+    #: per collective: the ProfilerStep number its start falls in (-1 outside every step); empty where a summary
+    #: predates it (then no wait is known to move between the ranks inside a step)
+    step: list[int] = field(default_factory=list)
+    #: the rank's exposed collective time in the window (``collectives.exposure``: no compute beside it), as parallel
+    #: lists of interval starts and ends; None where the trace cannot tell it
+    exposed_start_ns: list[int] | None = None
+    exposed_end_ns: list[int] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -342,32 +350,83 @@ class Arrivals:
     transfer_ns: np.ndarray
     #: collectives x ranks: the rank's arrival follows its validation or checkpoint work (``RankSummary.after_marked``)
     after_marked: np.ndarray | None = None
+    #: collectives x ranks: the rank's ProfilerStep the collective starts in (-1 outside every step or unknown)
+    step: np.ndarray | None = None
+
+    #: per rank (columns' order): its exposed collective time (``RankSummary.exposed_start_ns``) on the aligned clock,
+    #: None where its trace cannot tell it
+    exposed: list[iv.Intervals | None] | None = None
+
+    def _wait_pieces(self, col: int, rows: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Rank ``col``'s wait intervals, [own arrival, last arrival], per collective of ``rows`` (all rows where
+        None), less what an earlier-starting one already covers: (row index, piece starts, piece ends)."""
+        pick = np.ones(len(self.last), bool) if rows is None else np.array(rows, dtype=bool, copy=True)
+        if len(self.wait_ns):
+            pick = pick & ~np.isnan(self.wait_ns[:, col])  # never the caller's mask: a new array
+        idx = np.flatnonzero(pick)
+        start = self.arrival_ns[idx, col]
+        end = start + self.wait_ns[idx, col]
+        lo, hi = np.zeros(len(idx)), np.zeros(len(idx))
+        reach = -np.inf
+        for k in np.argsort(start, kind="stable"):
+            lo[k] = max(start[k], reach)
+            hi[k] = max(lo[k], end[k])
+            reach = max(reach, end[k])
+        return idx, lo, hi
 
     def new_wait_ns(self, col: int, rows: np.ndarray | None = None) -> np.ndarray:
         """Per collective (all rows, 0 outside ``rows``), the part of rank ``col``'s wait no other of ``rows``
         already covers: waits in collectives in flight together (DDP's buckets) are one wait, so these sum to the
         measure of the union of the rank's wait intervals, [own arrival, last arrival]."""
         out = np.zeros(len(self.last))
-        pick = np.ones(len(self.last), bool) if rows is None else np.array(rows, dtype=bool, copy=True)
-        if len(self.wait_ns):
-            pick = pick & ~np.isnan(self.wait_ns[:, col])  # never the caller's mask: a new array
-        idx = np.flatnonzero(pick)
-        if not len(idx):
-            return out
-        start = self.arrival_ns[idx, col]
-        end = start + self.wait_ns[idx, col]
-        reach = -np.inf
-        for k in np.argsort(start, kind="stable"):
-            out[idx[k]] = max(0.0, end[k] - max(start[k], reach))
-            reach = max(reach, end[k])
+        idx, lo, hi = self._wait_pieces(col, rows)
+        out[idx] = hi - lo
         return out
+
+    def exposed_wait_ns(self, col: int) -> np.ndarray | None:
+        """Per collective, the part of ``new_wait_ns`` in which rank ``col`` computes nothing (its exposed collective
+        time): a wait the rank spends computing (an overlapped bucket's, during backward) costs it nothing. None
+        where its exposure is not known."""
+        exposed = self.exposed[col] if self.exposed is not None else None
+        if exposed is None:
+            return None
+        out = np.zeros(len(self.last))
+        idx, lo, hi = self._wait_pieces(col, None)
+        if len(idx):
+            out[idx] = iv.overlap_each(np.floor(lo).astype(np.int64), np.ceil(hi).astype(np.int64), exposed)
+        return out
+
+    def shared_wait_ns(self, exposed: bool = False) -> float | None:
+        """Waiting every rank does inside one step: per step, the least wait any rank has in its collectives of that
+        step (``new_wait_ns``; with ``exposed``, ``exposed_wait_ns``), summed over steps. Lateness that moves between
+        the ranks inside a step (rank 0 late at one bucket, rank 1 at the next) is time collectives overlapped with
+        compute would hide like their transfer; lateness that moves from one step to the next is not (the step ends
+        in a barrier: its slowest rank sets it) and, like a collective outside every step, shares nothing. None where
+        fewer than two ranks' waits (or exposures) are known."""
+        present = [i for i in range(len(self.ranks)) if len(self.wait_ns) and (~np.isnan(self.wait_ns[:, i])).any()]
+        waits = [self.exposed_wait_ns(i) if exposed else self.new_wait_ns(i) for i in present]
+        if len(present) < 2 or any(w is None for w in waits):
+            return None
+        if self.step is None:
+            return 0.0
+        per_rank = []
+        for i, w in zip(present, waits, strict=True):
+            assert w is not None
+            s = self.step[:, i]
+            ok = (s >= 0) & ~np.isnan(self.wait_ns[:, i])
+            sums: dict[int, float] = {}
+            for k, v in zip(s[ok].tolist(), w[ok].tolist(), strict=True):
+                sums[k] = sums.get(k, 0.0) + v
+            per_rank.append(sums)
+        common = set(per_rank[0]).intersection(*per_rank[1:])
+        return float(sum(min(d[k] for d in per_rank) for k in common))
 
 
 def arrivals(summaries: list[RankSummary], m: Matching) -> Arrivals:
     by_rank = {s.rank: s for s in summaries}
     all_ranks = sorted(by_rank)
     col = {r: i for i, r in enumerate(all_ranks)}
-    groups, ops, arr_rows, wait_rows, last, transfer, marked_rows = [], [], [], [], [], [], []
+    groups, ops, arr_rows, wait_rows, last, transfer, marked_rows, step_rows = [], [], [], [], [], [], [], []
     for gm in m.groups:
         if len(gm.ranks) < 2 or not len(gm.index):
             continue
@@ -377,6 +436,7 @@ def arrivals(summaries: list[RankSummary], m: Matching) -> Arrivals:
         for row in gm.index:
             arrival = np.full(len(all_ranks), np.nan)
             marked = np.zeros(len(all_ranks), bool)
+            step = np.full(len(all_ranks), -1, np.int64)
             ends = []
             durs = []
             for j in usable:
@@ -385,11 +445,13 @@ def arrivals(summaries: list[RankSummary], m: Matching) -> Arrivals:
                 skew = m.skew_ns[r] or 0
                 arrival[col[r]] = s.start_ns[row[j]] - skew
                 marked[col[r]] = bool(s.after_marked[row[j]]) if len(s.after_marked) > row[j] else False
+                step[col[r]] = int(s.step[row[j]]) if len(s.step) > row[j] else -1
                 ends.append(s.end_ns[row[j]] - skew)
                 durs.append(s.end_ns[row[j]] - s.start_ns[row[j]])
             latest = np.nanmax(arrival)
             arr_rows.append(arrival)
             marked_rows.append(marked)
+            step_rows.append(step)
             wait_rows.append(latest - arrival)
             # nobody waited when every rank arrived within a microsecond: no one to blame
             spread = latest - np.nanmin(arrival)
@@ -398,11 +460,21 @@ def arrivals(summaries: list[RankSummary], m: Matching) -> Arrivals:
             groups.append(gm.group)
             ops.append(by_rank[gm.ranks[usable[0]]].op[row[usable[0]]])
     n = len(all_ranks)
+    exposed: list[iv.Intervals | None] = []
+    for r in all_ranks:
+        s = by_rank[r]
+        offset = m.skew_ns.get(r)
+        if s.exposed_start_ns is None or s.exposed_end_ns is None or offset is None:
+            exposed.append(None)
+        else:  # on the aligned clock, as the arrivals
+            exposed.append((np.asarray(s.exposed_start_ns, np.int64) - int(offset),
+                            np.asarray(s.exposed_end_ns, np.int64) - int(offset)))
     return Arrivals(group=groups, op=ops, ranks=all_ranks,
                     arrival_ns=np.vstack(arr_rows) if arr_rows else np.zeros((0, n)),
                     wait_ns=np.vstack(wait_rows) if wait_rows else np.zeros((0, n)),
                     last=np.asarray(last, dtype=np.int64), transfer_ns=np.asarray(transfer, dtype=np.float64),
-                    after_marked=np.vstack(marked_rows) if marked_rows else np.zeros((0, n), bool))
+                    after_marked=np.vstack(marked_rows) if marked_rows else np.zeros((0, n), bool),
+                    step=np.vstack(step_rows) if step_rows else np.zeros((0, n), np.int64), exposed=exposed)
 
 
 def job_metrics(summaries: list[RankSummary], m: Matching, a: Arrivals) -> Collectives:
@@ -422,6 +494,8 @@ def job_metrics(summaries: list[RankSummary], m: Matching, a: Arrivals) -> Colle
             unmatched=m.unmatched[r],
             point_to_point=m.point_to_point.get(r, 0),
             wait_us=round(float(a.new_wait_ns(i).sum()) / 1000.0, 3) if present.any() else None,
+            exposed_wait_us=round(float(ew.sum()) / 1000.0, 3)
+            if present.any() and (ew := a.exposed_wait_ns(i)) is not None else None,
             waited_for_count=int(waited_for[i]),
             waited_for_rank=int(a.ranks[int(np.bincount(others).argmax())]) if len(others) else None,
         ))
@@ -434,7 +508,10 @@ def job_metrics(summaries: list[RankSummary], m: Matching, a: Arrivals) -> Colle
         reference_rank=min(a.ranks) if a.ranks else None,
         most_waited_for_rank=most,
         ranks=per_rank,
+        shared_wait_us=round(shared / 1000.0, 3) if (shared := a.shared_wait_ns()) is not None else None,
+        shared_exposed_wait_us=round(sx / 1000.0, 3) if (sx := a.shared_wait_ns(exposed=True)) is not None else None,
         method="collectives matched per process group (sequence numbers, else sequence alignment); clocks "
                "aligned on collective completion; wait = last aligned arrival - own arrival, "
-               "the union over collectives in flight together",
+               "the union over collectives in flight together; exposed wait = the part of it with no compute "
+               "beside it; shared wait = per step, the least any rank waits in it, summed",
     )

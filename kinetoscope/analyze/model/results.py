@@ -764,6 +764,9 @@ class CollectiveRank(Record, frozen=True):
     wait_us: float | None
     waited_for_count: int
     waited_for_rank: int | None
+    #: the part of ``wait_us`` in which the rank computes nothing (its exposed collective time); None where the trace
+    #: cannot tell its exposure
+    exposed_wait_us: float | None = None
 
 
 class CollectiveGroup(Record, frozen=True):
@@ -785,6 +788,11 @@ class Collectives(Record, frozen=True):
     most_waited_for_rank: int | None
     ranks: list[CollectiveRank]
     method: str
+    #: waiting every rank does inside a step, summed over steps (``Arrivals.shared_wait_ns``): lateness moving between
+    #: the ranks within a step, which overlap would hide; None where no two ranks' waits are known
+    shared_wait_us: float | None = None
+    #: the same of the ranks' ``exposed_wait_us``: exposed time that is lateness moving between ranks within a step
+    shared_exposed_wait_us: float | None = None
 
 
 # --- job: hang -------------------------------------------------------------------------------------------------

@@ -257,23 +257,33 @@ def _exposure_less_waits(trace: Trace, findings: list[Finding], job: dict[str, A
                          config: AnalysisConfig) -> list[Finding]:
     """Each rank's exposed communication less its waits for later ranks beyond what every rank waits, where the job's
     collectives were matched across ranks (that part is a straggler's cost, not overlap to be had), judged again.
-    What every rank waits - the least any rank waits: lateness that moves between ranks, each waiting for the others
-    in turn - is no rank's cost to fix, and an overlapped collective hides it like its transfer: it stays exposure."""
+    What every rank waits inside a step - per step, the least any rank waits: lateness that moves between ranks
+    within a step, each waiting for the others in turn - is no rank's cost to fix, and overlapped collectives hide it
+    like their transfer: it stays exposure. Lateness that moves from step to step does not (each step ends in a
+    barrier its slowest rank sets; was: the least total wait of any rank stayed, so a one-bucket DDP job whose ranks
+    took turns being late by 10-30 ms was told overlap would win 5% of its run, where its all-reduce takes under a
+    millisecond with both ranks there)."""
     from kinetoscope.analyze.report.exposure import runqueue_less_waits, without_waits
 
     ranks = [r for r in (job.get("collectives") or {}).get("ranks", []) if r.get("wait_us") is not None]
     if not ranks or not any(r["wait_us"] for r in ranks):
         return findings
-    shared = min(float(r["wait_us"]) for r in ranks)
+    coll = job.get("collectives") or {}
+    shared = float(coll.get("shared_wait_us") or 0.0)
     waits = {r["rank"]: float(r["wait_us"]) for r in ranks}
+    # exposure less the waits in it: a wait the rank spends computing (an overlapped bucket's) was never exposed
+    exposed_known = all(r.get("exposed_wait_us") is not None for r in ranks) \
+        and coll.get("shared_exposed_wait_us") is not None
+    exposed_waits = {r["rank"]: float(r["exposed_wait_us"]) for r in ranks} if exposed_known else waits
+    exposed_shared = float(coll["shared_exposed_wait_us"]) if exposed_known else shared
     # ranks losing time to the run queue over the run (measured): a host whose CPUs every rank lacks
     starved = {f.rank for f in findings if f.id == "host_oversubscribed" and f.evidence.get("measured")
                and _run_or_window_share(f) >= config.host_runqueue_min_fraction}
     out = []
     for f in findings:
-        if (f.id == "exposed_comm" and f.rank is not None and waits.get(f.rank)
+        if (f.id == "exposed_comm" and f.rank is not None and exposed_waits.get(f.rank)
                 and any(r.rank == f.rank for r in trace.ranks)):
-            g = without_waits(f, waits[f.rank], config, shared_us=shared)
+            g = without_waits(f, exposed_waits[f.rank], config, shared_us=exposed_shared)
             out.append(f if g is f else _judged_again(g, trace.rank(f.rank), float(g.evidence.get("window_us") or 0),
                                                       config))
         elif (f.id == "host_oversubscribed" and f.rank is not None and waits.get(f.rank) and f.evidence.get("measured")
