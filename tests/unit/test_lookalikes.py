@@ -240,6 +240,47 @@ def test_a_cpu_gloo_job_waiting_on_its_all_reduce_is_found(tmp_path):
     assert f.severity == "critical"  # 84% of the step, credited at half: 42%
 
 
+@pytest.mark.parametrize("cpus, threads, saving_us, severity", [(2, 1, 0.0, "info"), (8, 3, 2_500.0, "warning")])
+def test_overlap_on_a_host_all_ranks_share_gives_no_more_than_the_cores_compute_leaves(tmp_path, cpus, threads,
+                                                                                         saving_us, severity):
+    """Was: 2 gloo ranks of 1 torch thread each on 2 CPUs told overlap would take 5-10% off their steps, from the
+    CPUs' idle share over a step - which lies in the collectives' own waits and latency; smaller DDP buckets made six
+    such jobs no faster (most 5-8% slower). Both ranks of a job on one host, 4 steps of 10 ms, the all-reduce 8.4 ms
+    a step exposed, each process on the CPU 5 ms a step. On 2 CPUs with 1 thread per rank no core is free while a
+    rank computes: overlap is worth nothing. On 8 CPUs with 3 threads per rank, 1 of each rank's 4 cores is:
+    2.5 ms a step at most (25%, an upper bound: a warning at half credit)."""
+    import json
+
+    for rank in (0, 1):
+        b = TraceBuilder(rank=rank, world_size=2)
+        for i in range(4):
+            t = i * 10_000
+            b.step(i, t, 10_000).op("aten::linear", t + 100, 1_000)
+            b.op("autograd::engine::evaluate_function: AddmmBackward0", t + 1_200, 300, tid=200)
+            b.op("gloo:all_reduce", t + 1_300, 8_600, cat="user_annotation", tid=300)
+        out = tmp_path / "job"
+        b.write(out / f"rank-{rank}.step-0-3.pt.trace.json")
+        (out / f"rank-{rank}.manifest.json").write_text(json.dumps({"windows": [], "host": {
+            "cpus": cpus, "cpus_on_host": cpus, "torch_threads": threads, "ranks_on_host": 2}}))
+        n = 14
+        (out / f"rank-{rank}.steps.json").write_text(json.dumps({
+            "rank": rank, "unit": "ns", "step_wall_ns": [10_000_000] * n, "data_wait_ns": [0] * n,
+            "profiled": [False] * (n - 4) + [True] * 4, "step_cpu_ns": [5_000_000] * n, "data_wait_cpu_ns": [0] * n}))
+    rep = build_report(load_trace(tmp_path / "job"))
+    for f in found(rep, "exposed_comm"):
+        assert f.evidence["exposed_us"] == 4 * 8_400
+        assert f.estimate.saving_us_per_step == pytest.approx(saving_us, abs=0.01) and f.severity == severity
+        assert f.estimate.details["cpu_room_us_per_step"] == saving_us
+        free = "no core is" if threads == 1 else "25% of its cores are"
+        assert f.estimate.assumptions[-1] == (
+            "overlapped, the collectives' CPU work runs beside the compute's: the job's ranks all run on this host, "
+            f"each computing on {threads} torch thread(s) of {cpus / 2:.2f} of the host's {cpus} CPUs (all busy, "
+            "they do as much as their count (not measured: cores that share a physical core do less); 2 ranks share "
+            f"the host's CPUs (the launcher's count): each counts on its share), so {free} free while it computes: "
+            f"a step can be {saving_us / 10_000:.0%} shorter at most")
+    assert len(found(rep, "exposed_comm")) == 2
+
+
 @pytest.mark.parametrize("cpu_ms, saving_us, severity", [(9.0, 1_000.0, "warning"), (9.8, 200.0, "info")])
 def test_overlap_on_a_cpu_run_gives_no_more_than_the_cpus_have_free(tmp_path, cpu_ms, saving_us, severity):
     """The same gloo job, captured: the process on its one CPU 9 ms of each 10 ms step over the run. Overlapped, the

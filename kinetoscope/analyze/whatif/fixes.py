@@ -508,8 +508,9 @@ def cpu_room(trace: RankTrace) -> tuple[float, str] | None:
     """On a run without a GPU (collectives on the host: gloo): the share of a step its process's CPUs are idle, which
     is the most that overlapping its collectives with compute can take off a step - their CPU work (gloo's threads
     reduce and copy on the same cores) and the compute's stay, and cannot run faster than the rank's share of the
-    host's cores allows. From the capture's process CPU time per step over the run (after the first step); None
-    where it is not recorded or the run has a GPU."""
+    host's cores allows. From the capture's process CPU time per step over the run (after the first step). Where
+    every rank of the job runs on this host, at most the share of its cores its torch threads leave free while it
+    computes. None where it is not recorded or the run has a GPU."""
     if trace.has_gpu:
         return None
     rs = trace.run_steps
@@ -528,9 +529,26 @@ def cpu_room(trace: RankTrace) -> tuple[float, str] | None:
     busy = float(cpu[known].sum()) / cores / float(wall[known].sum())
     room = max(0.0, 1.0 - busy)
     share = f"{cores:.2f} of the host's {cpus} CPUs" if ranks > 1 else f"its {cpus} CPUs"
+    said_all = said + (f"; {ranks_said}" if ranks_said else "")
+    threads = host.get("torch_threads")
+    world, here = trace.meta.world_size, host.get("ranks_on_host")
+    all_here = isinstance(world, int) and world > 1 and isinstance(here, int) and not isinstance(here, bool) \
+        and here >= world
+    if isinstance(threads, int) and not isinstance(threads, bool) and threads >= 1 and all_here:
+        # every rank of the job on this host: its collectives move data through these CPUs (gloo's copies and
+        # reductions, the kernel's loopback), so overlapped they run beside the compute only on cores the compute
+        # leaves free - the idle time over a step sits in the collectives' own waits and latency, not beside the
+        # compute (was: a step's idle share, so 2 ranks of 1 thread on 2 CPUs were told overlap would take 5-10%
+        # off; smaller DDP buckets made such jobs no faster, most a few % slower)
+        spare = max(0.0, cores - threads) / cores
+        if spare < room:
+            return spare, (f"overlapped, the collectives' CPU work runs beside the compute's: the job's ranks all "
+                           f"run on this host, each computing on {threads} torch thread(s) of {share} ({said_all}), "
+                           "so " + ("no core is" if spare == 0 else f"{spare:.0%} of its cores are")
+                           + f" free while it computes: a step can be {spare:.0%} shorter at most")
     return room, (f"overlapped, the collectives' CPU work and the compute's stay: the process uses {busy:.0%} of "
-                  f"{share} through a step over the run (capture: process CPU time; {said}"
-                  + (f"; {ranks_said}" if ranks_said else "") + f"), so a step can be {room:.0%} shorter at most")
+                  f"{share} through a step over the run (capture: process CPU time; {said_all}"
+                  f"), so a step can be {room:.0%} shorter at most")
 
 
 def _plan_exposed_comm(trace: RankTrace, g: ReplayGraph, finding: Finding, p: dict[str, Any]) -> Plan | None:
