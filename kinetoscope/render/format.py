@@ -102,7 +102,8 @@ def _estimate_line(estimate: Mapping[str, Any] | None) -> str | None:
                f" with num_workers={workers}" + (f" on {cpus} CPUs" if cpus else " (the host's CPUs are not recorded)"))
     bound = " at most" if estimate.get("bound") == "upper" else ""
     if not saving:
-        return f"fix this{assumed}: no measurable step-time change expected"
+        limit = estimate.get("limited_by")
+        return f"fix this{assumed}: no measurable step-time change expected" + (f" ({limit})" if limit else "")
     if saving < 0:  # the fix as estimated costs more than it saves (a hand-over dearer than the wait it removes)
         return (f"fix this{assumed}: ~{-saving / 1000:,.2f} ms per step slower ({-(share or 0):.0%}; "
                 f"{estimate['step_us_after'] / 1000:,.2f} ms per step after)")

@@ -278,6 +278,11 @@ def test_overlap_on_a_host_all_ranks_share_gives_no_more_than_the_cores_compute_
             "they do as much as their count (not measured: cores that share a physical core do less); 2 ranks share "
             f"the host's CPUs (the launcher's count): each counts on its share), so {free} free while it computes: "
             f"a step can be {saving_us / 10_000:.0%} shorter at most")
+        assert f.estimate.details["limited_by"] == f.estimate.assumptions[-1]
+        if not saving_us:  # the text report says why nothing is expected
+            from kinetoscope.render.format import worth
+            assert worth(f.estimate) == ("fix this: no measurable step-time change expected ("
+                                         f"{f.estimate.assumptions[-1]})")
     assert len(found(rep, "exposed_comm")) == 2
 
 

@@ -569,6 +569,7 @@ def _plan_exposed_comm(trace: RankTrace, g: ReplayGraph, finding: Finding, p: di
         if cap_ns < per_step_ns:
             per_step_ns = cap_ns
             assumptions.append(room[1])
+            details["limited_by"] = room[1]
     plan = plan_from_measure("comm", per_step_ns, "measured: exposed communication", tuple(assumptions),
                              bound="upper")
     if details:
