@@ -72,6 +72,8 @@ tuned on say how it generalises:
   once at 9b29edb, likewise.
 - a twenty-sixth held-out set: twelve more (sample_traces/heldout26/), captured at a7e6d7e (the same, with the
   review's fixes) on a quiet machine, scored once at 302880f (the same analysis code), likewise.
+- a twenty-seventh held-out set: twelve more (sample_traces/heldout27/), captured at 5734a13 (the lateness shared
+  inside a step, the cores the compute leaves free) on a quiet machine, scored once at 2df168a, likewise.
 
 Public traces are not bundled (fetched test data of other projects): put them in one folder and name it with
 KINETOSCOPE_PUBLIC_TRACES; a reading whose trace is not here is listed as such.
@@ -119,7 +121,8 @@ HELD_OUT = ((3, "third", "captures of public training code"),
             (23, "twenty-third", "twelve more programs, on the same code"),
             (24, "twenty-fourth", "twelve more programs, on the same code"),
             (25, "twenty-fifth", "twelve more programs, with the probe for loaders with workers"),
-            (26, "twenty-sixth", "twelve more programs, after the review's fixes"))
+            (26, "twenty-sixth", "twelve more programs, after the review's fixes"),
+            (27, "twenty-seventh", "twelve more programs, after the gloo overlap was measured"))
 #: the first set read by a third expert reconciling the two readings
 FIRST_CONSENSUS = 13
 
