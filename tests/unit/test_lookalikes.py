@@ -1268,15 +1268,17 @@ def test_functional_collectives_are_communication_and_a_wait_stops_only_its_thre
     assert comm["time_us"] == 40_000 and comm["exposed_us"] == exposed_us
 
 
-def _two_rank_job(path, kernels):
-    """A 2-rank GPU job of 6 steps of 2 ms: ``kernels(rank, step)`` gives (start, duration, name, stream) offsets."""
+def _two_rank_job(path, kernels, lead=(0, 0), steps=True):
+    """A 2-rank GPU job of 6 steps of 2 ms: ``kernels(rank, step)`` gives (start, duration, name, stream) offsets;
+    ``lead``: how far each rank's host (its ProfilerStep spans and launch calls) runs ahead of its GPU."""
     for r in range(2):
         b = TraceBuilder(rank=r, world_size=2)
         for s in range(6):
             t = s * 2000
-            b.step(s, t, 2000)
+            if steps:
+                b.step(s, t - lead[r], 2000)
             for start, dur, name, stream in kernels(r, s):
-                b.kernel(t + start, dur, stream=stream, name=name, launch_at=t + start, launch_dur=5)
+                b.kernel(t + start, dur, stream=stream, name=name, launch_at=t + start - lead[r], launch_dur=5)
         b.write(path / f"rank-{r}.json")
 
 
@@ -1307,7 +1309,49 @@ def test_lateness_that_moves_between_ranks_from_step_to_step_is_not_exposure_ove
         assert exposed[r].evidence["exposed_us"] == 4_200
 
 
-def test_lateness_that_moves_between_ranks_inside_a_step_stays_exposure(tmp_path):
+def test_a_collectives_step_is_where_its_host_launched_it(tmp_path):
+    """The job above with rank 0's host running 1,200 us (60% of a step) ahead of its GPU: its collectives' kernels
+    start in the next ProfilerStep span but were launched in their own. Placed by the kernels' starts, the ranks' steps
+    paired apart and the lateness read as shared inside a step (600 us kept, nothing left out); placed by the launch
+    calls, as with no lead: nothing shared, each rank's waiting left out - rank 1's 900 us, rank 0's 600 (its window
+    ends with its host's last step, 1,200 us before its GPU's: the last step's 300 us wait lies outside it)."""
+    from kinetoscope.analyze.ingest.loader import load_trace
+
+    def kernels(r, s):
+        load = 100 + (300 if s % 2 == r else 0)
+        return [(load, 800, "gemm", 7), (load + 800, 1900 - load - 800, AR, 20)]
+
+    _two_rank_job(tmp_path / "job", kernels, lead=(1_200, 0))
+    rep = build_report(load_trace(tmp_path / "job"))
+    assert rep.job["collectives"]["shared_wait_us"] == 0
+    exposed = {f.rank: f for f in found(rep, "exposed_comm")}
+    assert [exposed[r].evidence["waiting_for_other_ranks_us"] for r in (0, 1)] == [600, 900]
+
+
+def test_waits_shared_in_part_leave_out_only_the_rest(tmp_path):
+    """Two all-reduces a step: rank 1 waits 200 us for rank 0 at the first, rank 0 waits 300 us for rank 1 at the
+    second, every step. 200 us a step is every rank's (1,200 over the 6 steps) and stays; rank 0's other 100 us a
+    step (600) is rank 1's lateness and is left out: rank 0 exposes 500 us a step, 2,400 once its 600 are left out;
+    rank 1 (400 us a step) has nothing beyond the shared wait: 2,400 as measured."""
+    from kinetoscope.analyze.ingest.loader import load_trace
+
+    def kernels(r, s):
+        if r == 0:
+            return [(100, 600, "gemm", 7), (700, 100, AR, 20), (800, 200, "gemm", 7), (1000, 400, AR, 20)]
+        return [(100, 400, "gemm", 7), (500, 300, AR, 20), (800, 500, "gemm", 7), (1300, 100, AR, 20)]
+
+    _two_rank_job(tmp_path / "job", kernels)
+    rep = build_report(load_trace(tmp_path / "job"))
+    assert rep.job["collectives"]["shared_exposed_wait_us"] == 1_200
+    exposed = {f.rank: f for f in found(rep, "exposed_comm")}
+    ev = exposed[0].evidence
+    assert (ev["exposed_including_waits_us"], ev["waiting_for_other_ranks_us"], ev["waiting_every_rank_does_us"],
+            ev["exposed_us"]) == (3_000, 600, 1_200, 2_400)
+    assert exposed[1].evidence["exposed_us"] == 2_400 and "waiting_for_other_ranks_us" not in exposed[1].evidence
+
+
+@pytest.mark.parametrize("steps", [True, False])
+def test_lateness_that_moves_between_ranks_inside_a_step_stays_exposure(tmp_path, steps):
     """Two all-reduces a step: rank 0 is 300 us late at the first, rank 1 at the second, every step. Overlapped (the
     second half's compute not waiting for the first all-reduce), neither would wait: each rank computes 1,000 us a
     step either way. So the 300 us each waits in every step is exposure overlap can hide: nothing is left out.
@@ -1321,9 +1365,10 @@ def test_lateness_that_moves_between_ranks_inside_a_step_stays_exposure(tmp_path
             return [(100, 700, "gemm", 7), (800, 100, AR, 20), (900, 300, "gemm", 7), (1200, 400, AR, 20)]
         return [(100, 400, "gemm", 7), (500, 400, AR, 20), (900, 600, "gemm", 7), (1500, 100, AR, 20)]
 
-    _two_rank_job(tmp_path / "job", kernels)
+    _two_rank_job(tmp_path / "job", kernels, steps=steps)
     rep = build_report(load_trace(tmp_path / "job"))
     coll = rep.job["collectives"]
+    # without ProfilerSteps the window is one step: the least total wait of any rank, 1,800 us, all the same
     assert coll["shared_wait_us"] == 1_800 and coll["shared_exposed_wait_us"] == 1_800
     exposed = {f.rank: f for f in found(rep, "exposed_comm")}
     for r in (0, 1):
@@ -1868,14 +1913,42 @@ def test_exposure_less_waits_is_still_bounded_by_the_cpus_free_share(wait_us, sa
 
     est = Estimate(step_us_after=9_000.0, saving_us_per_step=1_000.0, saving_fraction=0.1,
                    method="measured: exposed communication", assumptions=(), bound="upper",
-                   details={"exposed_us_per_step": 3_000.0, "cpu_room_us_per_step": 1_000.0})
+                   details={"exposed_us_per_step": 3_000.0, "cpu_room_us_per_step": 1_000.0, "limited_by": "cores"})
     f = Finding(id="exposed_comm", rank=1, title="exposed", evidence={"exposed_us": 30_000.0, "window_us": 100_000.0},
                 recommendation="", impact_us=30_000.0, estimate=est)
     g = without_waits(f, wait_us, AnalysisConfig())
     assert g.estimate.saving_us_per_step == pytest.approx(saving_us)
     assert g.estimate.step_us_after == pytest.approx(10_000.0 - saving_us)
     assert g.evidence["exposed_us"] == 30_000.0 - wait_us
-    assert g.estimate.details == {"exposed_us_per_step": (30_000.0 - wait_us) / 10, "cpu_room_us_per_step": 1_000.0}
+    # the bound that decides it is said only while it still does (was: kept where the waits decided it, so the text
+    # report gave the cores as the reason for a saving they no longer bound)
+    assert g.estimate.details == {"exposed_us_per_step": (30_000.0 - wait_us) / 10, "cpu_room_us_per_step": 1_000.0,
+                                  **({"limited_by": "cores"} if saving_us == 1_000.0 else {})}
+
+
+def test_the_wait_every_rank_has_in_a_step_is_hidden_on_the_core_it_waited_on():
+    """A gloo rank on a host its job's ranks fill (no core free while it computes: the estimate bounded at 0)
+    exposes 3 ms a step over 10 steps and waits 20 ms for other ranks, 10 ms of it the wait every rank has inside its
+    steps. Overlapped, a rank that waited computes on the core it waited on: that 1 ms a step can be hidden beyond
+    the cores' bound; the other 10 ms are the late ranks' (left out). 2 ms a step are left to overlap, the bound
+    gives 1 ms: the saving, an upper bound, and the cores still decide it."""
+    from kinetoscope.analyze.model.config import AnalysisConfig
+    from kinetoscope.analyze.model.estimate import Estimate
+    from kinetoscope.analyze.report.exposure import without_waits
+
+    est = Estimate(step_us_after=10_000.0, saving_us_per_step=0.0, saving_fraction=0.0,
+                   method="measured: exposed communication", assumptions=(), bound="upper",
+                   details={"exposed_us_per_step": 3_000.0, "cpu_room_us_per_step": 0.0, "limited_by": "cores"},
+                   saving_by_step_us=(0.0,) * 10)
+    f = Finding(id="exposed_comm", rank=1, title="exposed",
+                evidence={"exposed_us": 30_000.0, "window_us": 100_000.0, "steps": 10},
+                recommendation="", impact_us=30_000.0, estimate=est)
+    g = without_waits(f, 20_000.0, AnalysisConfig(), shared_us=10_000.0)
+    assert g.evidence["exposed_us"] == 20_000.0 and g.evidence["waiting_every_rank_does_us"] == 10_000.0
+    assert g.estimate.saving_us_per_step == 1_000.0 and g.estimate.step_us_after == 9_000.0
+    assert g.estimate.saving_by_step_us == (1_000.0,) * 10
+    assert g.estimate.details == {"exposed_us_per_step": 2_000.0, "cpu_room_us_per_step": 0.0, "limited_by": "cores",
+                                  "shared_wait_us_per_step": 1_000.0}
 
 
 @pytest.mark.parametrize("workers_recorded", [True, False])

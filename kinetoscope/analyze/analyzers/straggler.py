@@ -19,7 +19,7 @@ import pandas as pd
 
 from kinetoscope.analyze.model import intervals as iv
 from kinetoscope.analyze.model.analysis import AnalysisResult, register
-from kinetoscope.analyze.model.collectives import collectives, exposure, host_collectives
+from kinetoscope.analyze.model.collectives import exposure, host_collectives
 from kinetoscope.analyze.model.config import AnalysisConfig
 from kinetoscope.analyze.model.copies import h2d_copies
 from kinetoscope.analyze.model.distributed import (
@@ -42,6 +42,7 @@ from kinetoscope.analyze.model.timeline import (
     loader_spans,
     main_thread,
     name_mask,
+    runtime_calls,
     step_at,
     window,
 )
@@ -52,13 +53,13 @@ from kinetoscope.analyze.model.trace import RankTrace, Trace, trace_view
 def rank_summary(r: RankTrace) -> RankSummary:
     """What the job-level analysis needs from one rank (batch computes it where the rank was loaded)."""
     w = window(r)
-    frame = collectives(r)
-    if frame.empty:
-        frame = host_collectives(r)
+    exp = exposure(r)
+    frame = exp.collectives if exp is not None else host_collectives(r)
     steps = len(r.steps)
     per = max(steps, 1)
     comm_set = intervals_of(frame, w) if len(frame) else iv.EMPTY
-    exp = exposure(r)
+    # the threshold of the default config: a summary is the same whatever config the report is judged by (batch
+    # computes it once per rank); where exposure cannot be told the job falls back to the rank's whole wait
     exposed = exp.exposed if exp is not None and exp.judged(AnalysisConfig.missing_activity_max_fraction, w.dur_ns) \
         else None
     ev = r.events
@@ -103,10 +104,29 @@ def rank_summary(r: RankTrace) -> RankSummary:
         collective_us=iv.measure(comm_set) / 1000.0,
         unknown_fraction=missing_activity(r).blind_ns() / w.dur_ns if w.dur_ns else 0.0,
         after_marked=_after_marked(frame, iv.merge(*marks.values()), w.start_ns),
-        step=[int(v) for v in step_at(r, frame["ts_ns"].to_numpy(np.int64))] if len(frame) else [],
+        step=_issued_in_step(r, frame),
         exposed_start_ns=[int(v) for v in exposed[0]] if exposed is not None else None,
         exposed_end_ns=[int(v) for v in exposed[1]] if exposed is not None else None,
     )
+
+
+def _issued_in_step(r: RankTrace, frame: pd.DataFrame) -> list[int]:
+    """Per collective (the frame's order): the ProfilerStep its host issued it in (-1 outside every step). A kernel's
+    GPU start can lag its launch by more than a step and by a different amount on each rank, so a GPU collective is
+    placed by the runtime call that launched it (its correlation id), by its own start where no call is on record."""
+    if frame.empty:
+        return []
+    ts = frame["ts_ns"].to_numpy(np.int64).copy()
+    if "correlation" in frame and r.has_gpu:
+        calls = runtime_calls(r)
+        calls = calls[calls["correlation"].notna().to_numpy()].drop_duplicates("correlation")
+        at = pd.Series(calls["ts_ns"].to_numpy(np.int64), index=calls["correlation"].to_numpy(np.int64))
+        corr = frame["correlation"]
+        known = corr.notna().to_numpy()
+        launched = at.reindex(corr[known].to_numpy(np.int64)).to_numpy()
+        found = ~np.isnan(launched)
+        ts[np.flatnonzero(known)[found]] = launched[found].astype(np.int64)
+    return [int(v) for v in step_at(r, ts)]
 
 
 def _after_marked(frame: pd.DataFrame, marks: iv.Intervals, start_ns: int) -> list[bool]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import pandas as pd
@@ -116,7 +117,7 @@ class Exposure:
     holes_ns: int
     #: compute is traced at all (a CPU run's operators; on a GPU, known collective time)
     compute_known: bool
-    where: str
+    where: Literal["gpu", "host"]
 
     def judged(self, max_missing_fraction: float, window_ns: int) -> bool:
         """Whether the trace can tell exposure: compute traced, and (GPU) no more than ``max_missing_fraction`` of

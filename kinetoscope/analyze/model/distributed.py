@@ -350,7 +350,9 @@ class Arrivals:
     transfer_ns: np.ndarray
     #: collectives x ranks: the rank's arrival follows its validation or checkpoint work (``RankSummary.after_marked``)
     after_marked: np.ndarray | None = None
-    #: collectives x ranks: the rank's ProfilerStep the collective starts in (-1 outside every step or unknown)
+    #: per collective: the ProfilerStep it belongs to, as the first of its ranks (in the group's order) that issued it
+    #: inside a step numbers it (-1 where none did): one label per collective, so ranks that number their steps
+    #: apart, or whose steps the trace places apart, still share it
     step: np.ndarray | None = None
 
     #: per rank (columns' order): its exposed collective time (``RankSummary.exposed_start_ns``) on the aligned clock,
@@ -393,7 +395,7 @@ class Arrivals:
         out = np.zeros(len(self.last))
         idx, lo, hi = self._wait_pieces(col, None)
         if len(idx):
-            out[idx] = iv.overlap_each(np.floor(lo).astype(np.int64), np.ceil(hi).astype(np.int64), exposed)
+            out[idx] = iv.overlap_each(np.rint(lo).astype(np.int64), np.rint(hi).astype(np.int64), exposed)
         return out
 
     def shared_wait_ns(self, exposed: bool = False) -> float | None:
@@ -401,25 +403,25 @@ class Arrivals:
         step (``new_wait_ns``; with ``exposed``, ``exposed_wait_ns``), summed over steps. Lateness that moves between
         the ranks inside a step (rank 0 late at one bucket, rank 1 at the next) is time collectives overlapped with
         compute would hide like their transfer; lateness that moves from one step to the next is not (the step ends
-        in a barrier: its slowest rank sets it) and, like a collective outside every step, shares nothing. None where
-        fewer than two ranks' waits (or exposures) are known."""
+        in a barrier: its slowest rank sets it). Collectives outside every step count as one step together, so a trace
+        whose steps are unknown (no ProfilerStep, a summary from before steps were kept) counts its window as one
+        step: the least total wait of any rank. None where fewer than two ranks' waits (or exposures) are known."""
         present = [i for i in range(len(self.ranks)) if len(self.wait_ns) and (~np.isnan(self.wait_ns[:, i])).any()]
         waits = [self.exposed_wait_ns(i) if exposed else self.new_wait_ns(i) for i in present]
         if len(present) < 2 or any(w is None for w in waits):
             return None
-        if self.step is None:
-            return 0.0
+        steps = self.step if self.step is not None and len(self.step) == len(self.last) \
+            else np.full(len(self.last), -1, np.int64)
         per_rank = []
         for i, w in zip(present, waits, strict=True):
             assert w is not None
-            s = self.step[:, i]
-            ok = (s >= 0) & ~np.isnan(self.wait_ns[:, i])
+            ok = ~np.isnan(self.wait_ns[:, i])
             sums: dict[int, float] = {}
-            for k, v in zip(s[ok].tolist(), w[ok].tolist(), strict=True):
+            for k, v in zip(steps[ok].tolist(), w[ok].tolist(), strict=True):
                 sums[k] = sums.get(k, 0.0) + v
             per_rank.append(sums)
-        common = set(per_rank[0]).intersection(*per_rank[1:])
-        return float(sum(min(d[k] for d in per_rank) for k in common))
+        keys = set().union(*per_rank)
+        return float(sum(min(d.get(k, 0.0) for d in per_rank) for k in keys))
 
 
 def arrivals(summaries: list[RankSummary], m: Matching) -> Arrivals:
@@ -436,7 +438,7 @@ def arrivals(summaries: list[RankSummary], m: Matching) -> Arrivals:
         for row in gm.index:
             arrival = np.full(len(all_ranks), np.nan)
             marked = np.zeros(len(all_ranks), bool)
-            step = np.full(len(all_ranks), -1, np.int64)
+            step = -1
             ends = []
             durs = []
             for j in usable:
@@ -445,7 +447,8 @@ def arrivals(summaries: list[RankSummary], m: Matching) -> Arrivals:
                 skew = m.skew_ns[r] or 0
                 arrival[col[r]] = s.start_ns[row[j]] - skew
                 marked[col[r]] = bool(s.after_marked[row[j]]) if len(s.after_marked) > row[j] else False
-                step[col[r]] = int(s.step[row[j]]) if len(s.step) > row[j] else -1
+                if step < 0 and len(s.step) > row[j]:
+                    step = int(s.step[row[j]])
                 ends.append(s.end_ns[row[j]] - skew)
                 durs.append(s.end_ns[row[j]] - s.start_ns[row[j]])
             latest = np.nanmax(arrival)
@@ -474,7 +477,7 @@ def arrivals(summaries: list[RankSummary], m: Matching) -> Arrivals:
                     wait_ns=np.vstack(wait_rows) if wait_rows else np.zeros((0, n)),
                     last=np.asarray(last, dtype=np.int64), transfer_ns=np.asarray(transfer, dtype=np.float64),
                     after_marked=np.vstack(marked_rows) if marked_rows else np.zeros((0, n), bool),
-                    step=np.vstack(step_rows) if step_rows else np.zeros((0, n), np.int64), exposed=exposed)
+                    step=np.asarray(step_rows, dtype=np.int64), exposed=exposed)
 
 
 def job_metrics(summaries: list[RankSummary], m: Matching, a: Arrivals) -> Collectives:

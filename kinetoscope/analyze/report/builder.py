@@ -271,11 +271,12 @@ def _exposure_less_waits(trace: Trace, findings: list[Finding], job: dict[str, A
     coll = job.get("collectives") or {}
     shared = float(coll.get("shared_wait_us") or 0.0)
     waits = {r["rank"]: float(r["wait_us"]) for r in ranks}
-    # exposure less the waits in it: a wait the rank spends computing (an overlapped bucket's) was never exposed
-    exposed_known = all(r.get("exposed_wait_us") is not None for r in ranks) \
-        and coll.get("shared_exposed_wait_us") is not None
-    exposed_waits = {r["rank"]: float(r["exposed_wait_us"]) for r in ranks} if exposed_known else waits
-    exposed_shared = float(coll["shared_exposed_wait_us"]) if exposed_known else shared
+    # exposure less the waits in it: a wait the rank spends computing (an overlapped bucket's) was never exposed; a
+    # rank whose exposure its trace cannot tell counts its whole wait
+    exposed_waits = {r["rank"]: float(r["exposed_wait_us"] if r.get("exposed_wait_us") is not None else r["wait_us"])
+                     for r in ranks}
+    known = coll.get("shared_exposed_wait_us")
+    exposed_shared = float(known) if known is not None else shared
     # ranks losing time to the run queue over the run (measured): a host whose CPUs every rank lacks
     starved = {f.rank for f in findings if f.id == "host_oversubscribed" and f.evidence.get("measured")
                and _run_or_window_share(f) >= config.host_runqueue_min_fraction}

@@ -13,36 +13,46 @@ from kinetoscope.analyze.model.findings import Finding
 
 def without_waits(finding: Finding, wait_us: float, config: AnalysisConfig, shared_us: float = 0.0) -> Finding:
     """A rank's exposed communication less what the job's matched collectives show it spent waiting for later ranks
-    beyond ``shared_us``, the wait every rank of the job has (one rank's trace cannot tell a collective's wait from
-    its transfer; the matching across ranks can): what overlap could hide is the rest. Its estimate (the exposed
-    time per step, measured) scales with it: no view of the rank is needed again, so a job whose ranks' views were
-    dropped keeps them dropped. With no wait beyond the shared one, the finding is returned as it was (the same
-    object)."""
+    beyond ``shared_us``, the wait every rank of the job has inside a step (one rank's trace cannot tell a
+    collective's wait from its transfer; the matching across ranks can): what overlap could hide is the rest. Its
+    estimate (the exposed time per step, measured) scales with it: no view of the rank is needed again, so a job whose
+    ranks' views were dropped keeps them dropped. On a CPU run whose estimate the cores' free share bounds
+    (``fixes.cpu_room``), the shared wait is added to that bound: overlapped, a rank that waited computes instead, on
+    the core it waited on. With nothing to change, the finding is returned as it was (the same object)."""
     ev = dict(finding.evidence)
     before = float(ev.get("exposed_us") or 0)
     all_wait = float(wait_us)
     wait_us = max(all_wait - float(shared_us), 0.0)
-    if wait_us <= 0:
+    estimate = finding.estimate
+    details = dict(estimate.details) if estimate is not None else {}
+    per_step, room = details.get("exposed_us_per_step"), details.get("cpu_room_us_per_step")
+    bounded = estimate is not None and isinstance(per_step, (int, float)) and isinstance(room, (int, float))
+    steps = int(ev.get("steps") or 0)
+    shared_per_step = min(float(shared_us), all_wait) / steps if steps else 0.0
+    if wait_us <= 0 and not (bounded and shared_per_step > 0):
         return finding
     exposed = max(before - wait_us, 0.0)
-    estimate = finding.estimate
-    if estimate is not None and before > 0:
-        keep = exposed / before
-        # on a CPU run the estimate may be the CPUs' free share (``fixes.cpu_room``) rather than the exposure: the
-        # exposure less the waits is what is left to overlap, and the free share still bounds it
-        per_step, room = estimate.details.get("exposed_us_per_step"), estimate.details.get("cpu_room_us_per_step")
-        details = None
-        if isinstance(per_step, (int, float)) and isinstance(room, (int, float)) and estimate.saving_us_per_step > 0:
-            left = float(per_step) * keep
-            details = {**estimate.details, "exposed_us_per_step": round(left, 3)}
-            saving = float(estimate.saving_us_per_step)
-            keep = min(left, float(room), saving) / saving
+    keep = exposed / before if before > 0 else 0.0
+    if estimate is not None and isinstance(per_step, (int, float)) and isinstance(room, (int, float)):
+        left = float(per_step) * keep
+        cap = float(room) + min(shared_per_step, left)
+        saving = min(left, cap)
+        details["exposed_us_per_step"] = round(left, 3)
+        if shared_per_step > 0:
+            details["shared_wait_us_per_step"] = round(shared_per_step, 3)
+        if left < cap:
+            details.pop("limited_by", None)  # the exposure left, not the cores, decides it now
+        note = (f"its {wait_us / 1000:,.2f} ms of waiting for other ranks in the window is not exposure overlap can "
+                "hide (it is the late ranks' cost)" if wait_us > 0 else
+                "the wait every rank has inside a step is hidden by overlap on the core the rank waited on")
+        estimate = replace(_with_saving(estimate, saving, note), details=details)
+    elif estimate is not None and before > 0:
         estimate = _scaled(estimate, keep, f"its {wait_us / 1000:,.2f} ms of waiting for other ranks in "
                            "the window is not exposure overlap can hide (it is the late ranks' cost)")
-        if details is not None:
-            estimate = replace(estimate, details=details)
+    if wait_us <= 0:  # only the bound moved: the exposure is as it was
+        return replace(finding, estimate=estimate, worth=None, severity="info")
     window = float(ev.get("window_us") or 0)
-    if all_wait > wait_us:  # the part every rank waits (lateness moving between ranks) stays in the exposure
+    if all_wait > wait_us:  # the part every rank waits (lateness moving between ranks in a step) stays in the exposure
         ev["waiting_every_rank_does_us"] = round(all_wait - wait_us, 3)
     ev.update({"exposed_including_waits_us": ev.get("exposed_us"), "waiting_for_other_ranks_us": round(wait_us, 3),
                "exposed_us": round(exposed, 3),
@@ -88,4 +98,18 @@ def _scaled(estimate: Estimate, keep: float, assumption: str) -> Estimate:
     return replace(estimate, step_us_after=round(mean - saving, 3), saving_us_per_step=round(saving, 3),
                    saving_fraction=round(saving / mean, 4) if mean > 0 else None,
                    saving_by_step_us=tuple(x * keep for x in by_step) if by_step else None,
+                   assumptions=(*estimate.assumptions, assumption))
+
+
+def _with_saving(estimate: Estimate, saving: float, assumption: str) -> Estimate:
+    """``estimate`` saving ``saving`` us a step, the mean step before unchanged; where it lies, as before (evenly where
+    it saved nothing before)."""
+    old = float(estimate.saving_us_per_step)
+    if old > 0:
+        return _scaled(estimate, saving / old, assumption)
+    mean = float(estimate.step_us_after) + old
+    by_step = estimate.saving_by_step_us
+    return replace(estimate, step_us_after=round(mean - saving, 3), saving_us_per_step=round(saving, 3),
+                   saving_fraction=round(saving / mean, 4) if mean > 0 else None,
+                   saving_by_step_us=tuple(saving for _ in by_step) if by_step else None,
                    assumptions=(*estimate.assumptions, assumption))
