@@ -761,8 +761,8 @@ def profile_loop(
                 prof.abandon_step()
                 return
             if not timed_by_loop:
-                prof.add_data_wait(time.perf_counter_ns() - t0, time.process_time_ns() - c0,
-                                   time.thread_time_ns() - q0)
+                q1, c1 = time.thread_time_ns(), time.process_time_ns()  # inside the wall clock's interval
+                prof.add_data_wait(time.perf_counter_ns() - t0, c1 - c0, q1 - q0)
                 if hasattr(iterable, "num_workers"):
                     prof.note_dataloader(iterable)
                     prof.note_workers(it)

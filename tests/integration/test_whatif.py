@@ -497,6 +497,10 @@ def test_capture_records_what_the_whatif_needs(tmp_path):
     # the spin runs on the training thread: its own CPU holds it; a helper thread's 20 ms (which the training thread
     # waits for, blocked in a join) is the process's CPU, not the training thread's
     assert min(spin["data_wait_thread_cpu_ns"][1:]) >= 20_000_000, spin["data_wait_thread_cpu_ns"]
+    # a thread's CPU time inside a wait is never more than the wait: the CPU clocks are read inside the wall clock's
+    # interval (was: after its end, so a wait spent on the CPU read up to 1.0016 of itself, "a bug in Kinetoscope")
+    for doc in (spin, sleep, helper):
+        assert all(c <= w for c, w in zip(doc["data_wait_thread_cpu_ns"], doc["data_wait_ns"], strict=True)), doc
     assert min(helper["data_wait_cpu_ns"][1:]) >= 20_000_000, helper["data_wait_cpu_ns"]
     assert max(helper["data_wait_thread_cpu_ns"][1:]) < 10_000_000, helper["data_wait_thread_cpu_ns"]
     manifest = json.loads((tmp_path / "spin" / "rank-0.manifest.json").read_text())
