@@ -74,6 +74,8 @@ tuned on say how it generalises:
   review's fixes) on a quiet machine, scored once at 302880f (the same analysis code), likewise.
 - a twenty-seventh held-out set: twelve more (sample_traces/heldout27/), captured at 5734a13 (the lateness shared
   inside a step, the cores the compute leaves free) on a quiet machine, scored once at 2df168a, likewise.
+- a twenty-eighth held-out set: twelve more (sample_traces/heldout28/), captured at 4a94c67 (the review's fixes to
+  both) on a quiet machine, scored once at 9364f52, likewise.
 
 Public traces are not bundled (fetched test data of other projects): put them in one folder and name it with
 KINETOSCOPE_PUBLIC_TRACES; a reading whose trace is not here is listed as such.
@@ -122,7 +124,8 @@ HELD_OUT = ((3, "third", "captures of public training code"),
             (24, "twenty-fourth", "twelve more programs, on the same code"),
             (25, "twenty-fifth", "twelve more programs, with the probe for loaders with workers"),
             (26, "twenty-sixth", "twelve more programs, after the review's fixes"),
-            (27, "twenty-seventh", "twelve more programs, after the gloo overlap was measured"))
+            (27, "twenty-seventh", "twelve more programs, after the gloo overlap was measured"),
+            (28, "twenty-eighth", "twelve more programs, after the review of the gloo rules"))
 #: the first set read by a third expert reconciling the two readings
 FIRST_CONSENSUS = 13
 
