@@ -76,6 +76,8 @@ tuned on say how it generalises:
   inside a step, the cores the compute leaves free) on a quiet machine, scored once at 2df168a, likewise.
 - a twenty-eighth held-out set: twelve more (sample_traces/heldout28/), captured at 4a94c67 (the review's fixes to
   both) on a quiet machine, scored once at 9364f52, likewise.
+- a twenty-ninth held-out set: twelve more (sample_traces/heldout29/), captured at 875478f (the final analysis code)
+  on a quiet machine, scored once at 6a5b3af, likewise.
 
 Public traces are not bundled (fetched test data of other projects): put them in one folder and name it with
 KINETOSCOPE_PUBLIC_TRACES; a reading whose trace is not here is listed as such.
@@ -125,7 +127,8 @@ HELD_OUT = ((3, "third", "captures of public training code"),
             (25, "twenty-fifth", "twelve more programs, with the probe for loaders with workers"),
             (26, "twenty-sixth", "twelve more programs, after the review's fixes"),
             (27, "twenty-seventh", "twelve more programs, after the gloo overlap was measured"),
-            (28, "twenty-eighth", "twelve more programs, after the review of the gloo rules"))
+            (28, "twenty-eighth", "twelve more programs, after the review of the gloo rules"),
+            (29, "twenty-ninth", "twelve more programs, on the final code"))
 #: the first set read by a third expert reconciling the two readings
 FIRST_CONSENSUS = 13
 
