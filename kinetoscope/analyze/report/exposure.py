@@ -26,16 +26,18 @@ def without_waits(finding: Finding, wait_us: float, config: AnalysisConfig, shar
     estimate = finding.estimate
     details = dict(estimate.details) if estimate is not None else {}
     per_step, room = details.get("exposed_us_per_step"), details.get("cpu_room_us_per_step")
-    bounded = estimate is not None and isinstance(per_step, (int, float)) and isinstance(room, (int, float))
+    # the estimate the CPUs' free share bounds (a CPU run's): (exposed time per step, free share per step)
+    bound = (float(per_step), float(room)) if estimate is not None and isinstance(per_step, (int, float)) \
+        and isinstance(room, (int, float)) else None
     steps = int(ev.get("steps") or 0)
     shared_per_step = min(float(shared_us), all_wait) / steps if steps else 0.0
-    if wait_us <= 0 and not (bounded and shared_per_step > 0):
+    if wait_us <= 0 and not (bound is not None and shared_per_step > 0):
         return finding
     exposed = max(before - wait_us, 0.0)
     keep = exposed / before if before > 0 else 0.0
-    if estimate is not None and isinstance(per_step, (int, float)) and isinstance(room, (int, float)):
-        left = float(per_step) * keep
-        cap = float(room) + min(shared_per_step, left)
+    if estimate is not None and bound is not None:
+        left = bound[0] * keep
+        cap = bound[1] + min(shared_per_step, left)
         saving = min(left, cap)
         details["exposed_us_per_step"] = round(left, 3)
         if shared_per_step > 0:
@@ -92,13 +94,9 @@ def runqueue_less_waits(finding: Finding, wait_us: float, shared_us: float = 0.0
 
 def _scaled(estimate: Estimate, keep: float, assumption: str) -> Estimate:
     """``estimate`` with its saving (and where it lies) times ``keep``, the mean step before unchanged."""
-    mean = float(estimate.step_us_after) + float(estimate.saving_us_per_step)
-    saving = float(estimate.saving_us_per_step) * keep
     by_step = estimate.saving_by_step_us
-    return replace(estimate, step_us_after=round(mean - saving, 3), saving_us_per_step=round(saving, 3),
-                   saving_fraction=round(saving / mean, 4) if mean > 0 else None,
-                   saving_by_step_us=tuple(x * keep for x in by_step) if by_step else None,
-                   assumptions=(*estimate.assumptions, assumption))
+    return _saving_of(estimate, float(estimate.saving_us_per_step) * keep,
+                      tuple(x * keep for x in by_step) if by_step else None, assumption)
 
 
 def _with_saving(estimate: Estimate, saving: float, assumption: str) -> Estimate:
@@ -107,9 +105,13 @@ def _with_saving(estimate: Estimate, saving: float, assumption: str) -> Estimate
     old = float(estimate.saving_us_per_step)
     if old > 0:
         return _scaled(estimate, saving / old, assumption)
-    mean = float(estimate.step_us_after) + old
     by_step = estimate.saving_by_step_us
+    return _saving_of(estimate, saving, tuple(saving for _ in by_step) if by_step else None, assumption)
+
+
+def _saving_of(estimate: Estimate, saving: float, by_step: tuple[float, ...] | None, assumption: str) -> Estimate:
+    """``estimate`` saving ``saving`` us a step, placed by step as ``by_step``, the mean step before unchanged."""
+    mean = float(estimate.step_us_after) + float(estimate.saving_us_per_step)
     return replace(estimate, step_us_after=round(mean - saving, 3), saving_us_per_step=round(saving, 3),
-                   saving_fraction=round(saving / mean, 4) if mean > 0 else None,
-                   saving_by_step_us=tuple(saving for _ in by_step) if by_step else None,
+                   saving_fraction=round(saving / mean, 4) if mean > 0 else None, saving_by_step_us=by_step,
                    assumptions=(*estimate.assumptions, assumption))
