@@ -385,35 +385,35 @@ class Arrivals:
         out[idx] = hi - lo
         return out
 
-    def exposed_wait_ns(self, col: int) -> np.ndarray | None:
-        """Per collective, the part of ``new_wait_ns`` in which rank ``col`` computes nothing (its exposed collective
-        time): a wait the rank spends computing (an overlapped bucket's, during backward) costs it nothing. None
-        where its exposure is not known."""
-        exposed = self.exposed[col] if self.exposed is not None else None
-        if exposed is None:
-            return None
-        out = np.zeros(len(self.last))
+    def waits_ns(self, col: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """Per collective, rank ``col``'s ``new_wait_ns`` over every row, and the part of it in which the rank computes
+        nothing (its exposed collective time; None where its exposure is not known): a wait the rank spends computing
+        (an overlapped bucket's, during backward) costs it nothing."""
+        new, exposed = np.zeros(len(self.last)), self.exposed[col] if self.exposed is not None else None
         idx, lo, hi = self._wait_pieces(col, None)
+        new[idx] = hi - lo
+        if exposed is None:
+            return new, None
+        out = np.zeros(len(self.last))
         if len(idx):
             out[idx] = iv.overlap_each(np.rint(lo).astype(np.int64), np.rint(hi).astype(np.int64), exposed)
-        return out
+        return new, out
 
-    def shared_wait_ns(self, exposed: bool = False) -> float | None:
+    def shared_wait_ns(self, waits: dict[int, np.ndarray | None]) -> float | None:
         """Waiting every rank does inside one step: per step, the least wait any rank has in its collectives of that
-        step (``new_wait_ns``; with ``exposed``, ``exposed_wait_ns``), summed over steps. Lateness that moves between
-        the ranks inside a step (rank 0 late at one bucket, rank 1 at the next) is time collectives overlapped with
-        compute would hide like their transfer; lateness that moves from one step to the next is not (the step ends
-        in a barrier: its slowest rank sets it). Collectives outside every step count as one step together, so a trace
-        whose steps are unknown (no ProfilerStep, a summary from before steps were kept) counts its window as one
-        step: the least total wait of any rank. None where fewer than two ranks' waits (or exposures) are known."""
-        present = [i for i in range(len(self.ranks)) if len(self.wait_ns) and (~np.isnan(self.wait_ns[:, i])).any()]
-        waits = [self.exposed_wait_ns(i) if exposed else self.new_wait_ns(i) for i in present]
-        if len(present) < 2 or any(w is None for w in waits):
+        step, summed over steps; ``waits``: per rank column with any wait known, its wait per collective
+        (``waits_ns``'s either part; None where not known). Lateness that moves between the ranks inside a step
+        (rank 0 late at one bucket, rank 1 at the next) is time collectives overlapped with compute would hide like
+        their transfer; lateness that moves from one step to the next is not (the step ends in a barrier: its slowest
+        rank sets it). Collectives outside every step count as one step together, so a trace whose steps are unknown
+        (no ProfilerStep, a summary from before steps were kept) counts its window as one step: the least total wait
+        of any rank. None where fewer than two ranks' waits are known."""
+        if len(waits) < 2 or any(w is None for w in waits.values()):
             return None
         steps = self.step if self.step is not None and len(self.step) == len(self.last) \
             else np.full(len(self.last), -1, np.int64)
         per_rank = []
-        for i, w in zip(present, waits, strict=True):
+        for i, w in waits.items():
             assert w is not None
             ok = ~np.isnan(self.wait_ns[:, i])
             sums: dict[int, float] = {}
@@ -485,9 +485,13 @@ def job_metrics(summaries: list[RankSummary], m: Matching, a: Arrivals) -> Colle
     per_rank = []
     late = a.last[a.last >= 0]
     waited_for = np.bincount(late, minlength=len(a.ranks)) if len(late) else np.zeros(len(a.ranks), np.int64)
+    new_waits: dict[int, np.ndarray | None] = {}
+    exposed_waits: dict[int, np.ndarray | None] = {}
     for i, r in enumerate(a.ranks):
         waits = a.wait_ns[:, i] if len(a.wait_ns) else np.zeros(0)
         present = ~np.isnan(waits)
+        if present.any():
+            new_waits[i], exposed_waits[i] = a.waits_ns(i)
         # the rank this one waited for most often: the last to arrive at the collectives where it was not
         others = a.last[(a.last >= 0) & (a.last != i) & ~np.isnan(a.wait_ns[:, i])] if len(a.last) else a.last
         per_rank.append(CollectiveRank(
@@ -496,9 +500,8 @@ def job_metrics(summaries: list[RankSummary], m: Matching, a: Arrivals) -> Colle
             matched=m.matched[r],
             unmatched=m.unmatched[r],
             point_to_point=m.point_to_point.get(r, 0),
-            wait_us=round(float(a.new_wait_ns(i).sum()) / 1000.0, 3) if present.any() else None,
-            exposed_wait_us=round(float(ew.sum()) / 1000.0, 3)
-            if present.any() and (ew := a.exposed_wait_ns(i)) is not None else None,
+            wait_us=round(float(nw.sum()) / 1000.0, 3) if (nw := new_waits.get(i)) is not None else None,
+            exposed_wait_us=round(float(ew.sum()) / 1000.0, 3) if (ew := exposed_waits.get(i)) is not None else None,
             waited_for_count=int(waited_for[i]),
             waited_for_rank=int(a.ranks[int(np.bincount(others).argmax())]) if len(others) else None,
         ))
@@ -511,8 +514,8 @@ def job_metrics(summaries: list[RankSummary], m: Matching, a: Arrivals) -> Colle
         reference_rank=min(a.ranks) if a.ranks else None,
         most_waited_for_rank=most,
         ranks=per_rank,
-        shared_wait_us=round(shared / 1000.0, 3) if (shared := a.shared_wait_ns()) is not None else None,
-        shared_exposed_wait_us=round(sx / 1000.0, 3) if (sx := a.shared_wait_ns(exposed=True)) is not None else None,
+        shared_wait_us=round(shared / 1000.0, 3) if (shared := a.shared_wait_ns(new_waits)) is not None else None,
+        shared_exposed_wait_us=round(sx / 1000.0, 3) if (sx := a.shared_wait_ns(exposed_waits)) is not None else None,
         method="collectives matched per process group (sequence numbers, else sequence alignment); clocks "
                "aligned on collective completion; wait = last aligned arrival - own arrival, "
                "the union over collectives in flight together; exposed wait = the part of it with no compute "
