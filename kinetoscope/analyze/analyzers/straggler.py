@@ -20,6 +20,7 @@ import pandas as pd
 from kinetoscope.analyze.model import intervals as iv
 from kinetoscope.analyze.model.analysis import AnalysisResult, register
 from kinetoscope.analyze.model.collectives import exposure, host_collectives
+from kinetoscope.analyze.model.commroles import issued_gpu
 from kinetoscope.analyze.model.config import AnalysisConfig
 from kinetoscope.analyze.model.copies import h2d_copies
 from kinetoscope.analyze.model.distributed import (
@@ -42,7 +43,6 @@ from kinetoscope.analyze.model.timeline import (
     loader_spans,
     main_thread,
     name_mask,
-    runtime_calls,
     step_at,
     window,
 )
@@ -113,19 +113,14 @@ def rank_summary(r: RankTrace) -> RankSummary:
 def _issued_in_step(r: RankTrace, frame: pd.DataFrame) -> list[int]:
     """Per collective (the frame's order): the ProfilerStep its host issued it in (-1 outside every step). A kernel's
     GPU start can lag its launch by more than a step and by a different amount on each rank, so a GPU collective is
-    placed by the runtime call that launched it (its correlation id), by its own start where no call is on record."""
+    placed by the runtime call that launched it (``commroles.issued_gpu``), by its own start where no call is on
+    record."""
     if frame.empty:
         return []
-    ts = frame["ts_ns"].to_numpy(np.int64).copy()
+    ts = frame["ts_ns"].to_numpy(np.int64)
     if "correlation" in frame and r.has_gpu:
-        calls = runtime_calls(r)
-        calls = calls[calls["correlation"].notna().to_numpy()].drop_duplicates("correlation")
-        at = pd.Series(calls["ts_ns"].to_numpy(np.int64), index=calls["correlation"].to_numpy(np.int64))
-        corr = frame["correlation"]
-        known = corr.notna().to_numpy()
-        launched = at.reindex(corr[known].to_numpy(np.int64)).to_numpy()
-        found = ~np.isnan(launched)
-        ts[np.flatnonzero(known)[found]] = launched[found].astype(np.int64)
+        launched, _ = issued_gpu(r, frame)
+        ts = np.where(launched >= 0, launched, ts)
     return [int(v) for v in step_at(r, ts)]
 
 

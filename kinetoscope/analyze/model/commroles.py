@@ -88,8 +88,9 @@ def _phase_at(trace: RankTrace, t: np.ndarray) -> np.ndarray:
     return np.asarray(PHASES, dtype=object)[np.where(ok, labels[np.maximum(idx, 0)], PHASES.index("other"))]
 
 
-def _issued_gpu(trace: RankTrace, coll: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    """Each collective kernel's launch call: its start (-1: not recorded) and thread."""
+def issued_gpu(trace: RankTrace, coll: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Each collective kernel's launch call (matched on its correlation id): its start (-1: not recorded) and
+    thread."""
     rt = runtime_calls(trace)
     rt = rt[rt["correlation"].notna().to_numpy()].drop_duplicates("correlation")
     by_corr = pd.Series(np.arange(len(rt)), index=rt["correlation"].to_numpy(np.int64))
@@ -165,7 +166,7 @@ def collective_roles(trace: RankTrace) -> pd.DataFrame:
         return coll.assign(role=pd.Series(dtype=object), issued_ns=pd.Series(dtype=np.int64),
                            phase=pd.Series(dtype=object), in_fsdp=pd.Series(dtype=bool), where=where)
     if where == "gpu":
-        ts, tid = _issued_gpu(trace, coll)
+        ts, tid = issued_gpu(trace, coll)
         op = _host_ops(trace, coll["op"].astype(str).to_numpy(object), ts, tid)
     else:
         ts, tid, op = _issued_host(trace, coll)
