@@ -225,15 +225,33 @@ def test_communication_hidden_behind_compute_is_not_found(tmp_path):
     assert not found(rep, "exposed_comm") and rep.ranks[0]["comm"]["exposed_us"] == 0
 
 
-def test_a_cpu_gloo_job_waiting_on_its_all_reduce_is_found(tmp_path):
-    """Was: a CPU gloo job whose all-reduce takes 86% of the window given only information."""
-    b = TraceBuilder()
+def _gloo_steps(b):
+    """4 steps of 10 ms on a CPU rank: ``aten::linear`` over 0.1-1.1 ms on the training thread, a backward op over
+    1.2-1.5 ms on autograd's, and gloo's all-reduce over 1.3-9.9 ms on its own: 8.4 ms of each step exposed."""
     for i in range(4):
         t = i * 10_000
         b.step(i, t, 10_000).op("aten::linear", t + 100, 1_000)  # compute on the training thread
         b.op("autograd::engine::evaluate_function: AddmmBackward0", t + 1_200, 300, tid=200)
         b.op("gloo:all_reduce", t + 1_300, 8_600, cat="user_annotation", tid=300)  # on gloo's thread
-    rep = report_of(tmp_path, b)
+    return b
+
+
+def _captured(out, b, rank, host, cpu_ns):
+    """``b``'s 4 steps written as a capture of rank ``rank``: its manifest's ``host``, and 14 timed steps of 10 ms
+    (the last 4 profiled), each with ``cpu_ns`` of process CPU time."""
+    import json
+
+    n = 14
+    b.write(out / f"rank-{rank}.step-0-3.pt.trace.json")
+    (out / f"rank-{rank}.manifest.json").write_text(json.dumps({"windows": [], "host": host}))
+    (out / f"rank-{rank}.steps.json").write_text(json.dumps({
+        "rank": rank, "unit": "ns", "step_wall_ns": [10_000_000] * n, "data_wait_ns": [0] * n,
+        "profiled": [False] * (n - 4) + [True] * 4, "step_cpu_ns": [cpu_ns] * n, "data_wait_cpu_ns": [0] * n}))
+
+
+def test_a_cpu_gloo_job_waiting_on_its_all_reduce_is_found(tmp_path):
+    """Was: a CPU gloo job whose all-reduce takes 86% of the window given only information."""
+    rep = report_of(tmp_path, _gloo_steps(TraceBuilder()))
     (f,) = found(rep, "exposed_comm")
     # 1,300..1,500 overlaps the backward op: 8,400 of 8,600 exposed per step
     assert f.evidence["exposed_us"] == 4 * 8_400 and f.evidence["where"] == "host"
@@ -244,28 +262,14 @@ def test_a_cpu_gloo_job_waiting_on_its_all_reduce_is_found(tmp_path):
 def test_overlap_on_a_host_all_ranks_share_gives_no_more_than_the_cores_compute_leaves(tmp_path, cpus, threads,
                                                                                          saving_us, severity):
     """Was: 2 gloo ranks of 1 torch thread each on 2 CPUs told overlap would take 5-10% off their steps, from the
-    CPUs' idle share over a step - which lies in the collectives' own waits and latency; smaller DDP buckets made six
-    such jobs no faster (most 5-8% slower). Both ranks of a job on one host, 4 steps of 10 ms, the all-reduce 8.4 ms
-    a step exposed, each process on the CPU 5 ms a step. On 2 CPUs with 1 thread per rank no core is free while a
-    rank computes: overlap is worth nothing. On 8 CPUs with 3 threads per rank, 1 of each rank's 4 cores is:
-    2.5 ms a step at most (25%, an upper bound: a warning at half credit)."""
-    import json
-
+    CPUs' idle share over a step - which lies in the collectives' own waits and latency; smaller DDP buckets made five
+    such jobs and a constructed one none measurably faster (most 5-8% slower). Both ranks of a job on one host, 4
+    steps of 10 ms, the all-reduce 8.4 ms a step exposed, each process on the CPU 5 ms a step. On 2 CPUs with 1
+    thread per rank no core is free while a rank computes: overlap is worth nothing. On 8 CPUs with 3 threads per
+    rank, 1 of each rank's 4 cores is: 2.5 ms a step at most (25%, an upper bound: a warning at half credit)."""
     for rank in (0, 1):
-        b = TraceBuilder(rank=rank, world_size=2)
-        for i in range(4):
-            t = i * 10_000
-            b.step(i, t, 10_000).op("aten::linear", t + 100, 1_000)
-            b.op("autograd::engine::evaluate_function: AddmmBackward0", t + 1_200, 300, tid=200)
-            b.op("gloo:all_reduce", t + 1_300, 8_600, cat="user_annotation", tid=300)
-        out = tmp_path / "job"
-        b.write(out / f"rank-{rank}.step-0-3.pt.trace.json")
-        (out / f"rank-{rank}.manifest.json").write_text(json.dumps({"windows": [], "host": {
-            "cpus": cpus, "cpus_on_host": cpus, "torch_threads": threads, "ranks_on_host": 2}}))
-        n = 14
-        (out / f"rank-{rank}.steps.json").write_text(json.dumps({
-            "rank": rank, "unit": "ns", "step_wall_ns": [10_000_000] * n, "data_wait_ns": [0] * n,
-            "profiled": [False] * (n - 4) + [True] * 4, "step_cpu_ns": [5_000_000] * n, "data_wait_cpu_ns": [0] * n}))
+        _captured(tmp_path / "job", _gloo_steps(TraceBuilder(rank=rank, world_size=2)), rank,
+                  {"cpus": cpus, "cpus_on_host": cpus, "torch_threads": threads, "ranks_on_host": 2}, 5_000_000)
     rep = build_report(load_trace(tmp_path / "job"))
     for f in found(rep, "exposed_comm"):
         assert f.evidence["exposed_us"] == 4 * 8_400
@@ -292,22 +296,8 @@ def test_overlap_on_a_cpu_run_gives_no_more_than_the_cpus_have_free(tmp_path, cp
     all-reduce's CPU work (gloo reduces and copies on the same core) and the compute's stay: a step can lose 1 ms at
     most, not the 8.4 ms exposed (an upper bound: warning at half credit, 5%). On a CPU 9.8 ms of 10: 0.2 ms (info).
     Was: the whole exposure, critical, where the CPU had no room for it."""
-    import json
-
-    b = TraceBuilder()
-    for i in range(4):
-        t = i * 10_000
-        b.step(i, t, 10_000).op("aten::linear", t + 100, 1_000)
-        b.op("autograd::engine::evaluate_function: AddmmBackward0", t + 1_200, 300, tid=200)
-        b.op("gloo:all_reduce", t + 1_300, 8_600, cat="user_annotation", tid=300)
     out = tmp_path / "run"
-    b.write(out / "rank-0.step-0-3.pt.trace.json")
-    (out / "rank-0.manifest.json").write_text(json.dumps({"windows": [], "host": {"cpus": 1, "torch_threads": 1}}))
-    n = 14
-    (out / "rank-0.steps.json").write_text(json.dumps({
-        "rank": 0, "unit": "ns", "step_wall_ns": [10_000_000] * n, "data_wait_ns": [0] * n,
-        "profiled": [False] * (n - 4) + [True] * 4, "step_cpu_ns": [int(cpu_ms * 1e6)] * n,
-        "data_wait_cpu_ns": [0] * n}))
+    _captured(out, _gloo_steps(TraceBuilder()), 0, {"cpus": 1, "torch_threads": 1}, int(cpu_ms * 1e6))
     rep = build_report(load_trace(out))
     (f,) = found(rep, "exposed_comm")
     assert f.evidence["exposed_us"] == 4 * 8_400
