@@ -95,6 +95,11 @@ def _facts(trace: RankTrace) -> tuple[dict[str, Any], dict[str, Any]]:
     return dict(cap.get("host") or {}), dict(cap.get("dataloader") or {})
 
 
+def _count(value: Any, least: int = 1) -> int | None:
+    """``value`` where it is a whole number of at least ``least`` (a manifest's count: not a bool), else None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= least else None
+
+
 def _cores_together(host: dict[str, Any], cpus: int) -> tuple[float, str]:
     """(how many cores' worth of compute the host's CPUs do when all are busy, what the estimate says of it): the
     capture's probe (``cores_effective``; the loader keeps only numbers) where it ran and gave 1 to ``cpus``, else
@@ -515,8 +520,8 @@ def cpu_room(trace: RankTrace) -> tuple[float, str] | None:
         return None
     rs = trace.run_steps
     host, _ = _facts(trace)
-    cpus = host.get("cpus")
-    if rs is None or "cpu_ns" not in rs or not isinstance(cpus, int) or isinstance(cpus, bool) or cpus < 1:
+    cpus = _count(host.get("cpus"))
+    if rs is None or "cpu_ns" not in rs or cpus is None:
         return None
     rs = rs.iloc[1:] if len(rs) > 2 else rs
     wall, cpu = rs["wall_ns"].to_numpy(float), rs["cpu_ns"].to_numpy(float)
@@ -530,11 +535,9 @@ def cpu_room(trace: RankTrace) -> tuple[float, str] | None:
     room = max(0.0, 1.0 - busy)
     share = f"{cores:.2f} of the host's {cpus} CPUs" if ranks > 1 else f"its {cpus} CPUs"
     said_all = said + (f"; {ranks_said}" if ranks_said else "")
-    threads = host.get("torch_threads")
-    world, here = trace.meta.world_size, host.get("ranks_on_host")
-    all_here = isinstance(world, int) and world > 1 and isinstance(here, int) and not isinstance(here, bool) \
-        and here >= world
-    if isinstance(threads, int) and not isinstance(threads, bool) and threads >= 1 and all_here:
+    threads, world, here = _count(host.get("torch_threads")), _count(trace.meta.world_size, 2), \
+        _count(host.get("ranks_on_host"))
+    if threads is not None and world is not None and here is not None and here >= world:
         # every rank of the job on this host: its collectives move data through these CPUs (gloo's copies and
         # reductions, the kernel's loopback), so overlapped they run beside the compute only on cores the compute
         # leaves free - the idle time over a step sits in the collectives' own waits and latency, not beside the
@@ -734,10 +737,8 @@ def straggler_saving_us(evidence: dict[str, Any]) -> float:
 def straggler_shards(evidence: dict[str, Any]) -> int | None:
     """The ranks a straggler's validation would be sharded across (its group's size); None where the cause is not
     validation or the size is not known."""
-    n = evidence.get("group_size")
-    if evidence.get("cause") != "validation" or not isinstance(n, int) or isinstance(n, bool) or n < 2:
-        return None
-    return n
+    n = _count(evidence.get("group_size"), 2)
+    return n if evidence.get("cause") == "validation" else None
 
 
 def params_for(fid: str, params: dict[str, dict[str, Any]] | None) -> dict[str, Any]:
