@@ -680,7 +680,64 @@ def _loader_config(obj: Any, cls: str | None) -> dict[str, Any]:
     except Exception:  # noqa: BLE001 - a loader of an unexpected shape is described by what is known
         out = {k: None for k in ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory", "batch_size")}
     out["class"] = cls
+    out.update(dataset_facts(getattr(obj, "dataset", None) if hasattr(obj, "dataset")
+                             else getattr(obj, "_dataset", None)))
     return out
+
+
+#: the wrappers a dataset is looked through for where its items come from (``torch.utils.data``'s ``Subset``)
+_WRAPPERS = ("Subset",)
+#: at most this many of a dataset's attributes are looked at
+_DATASET_MAX_ATTRS = 64
+
+
+def dataset_facts(dataset: Any) -> dict[str, Any]:
+    """Where a map-style dataset's items come from, read from the object without calling any of its code but
+    ``len()``: ``dataset_class`` (the class's name; a ``Subset`` is looked through, ``dataset_via`` says so),
+    ``dataset_items`` (its length), ``dataset_tensors`` and ``dataset_tensor_bytes`` (the tensors and NumPy arrays it
+    holds, directly or in a list or tuple attribute, with one row per item: its samples are in memory, and a batch
+    can be taken at once by indexing them), ``dataset_getitem`` ("tensor_rows" for a ``TensorDataset``, whose items
+    are those rows and nothing else; "custom" for a class with its own ``__getitem__``, whose per-item work is not
+    known). Each null where not known."""
+    out: dict[str, Any] = {"dataset_class": None, "dataset_via": None, "dataset_items": None, "dataset_tensors": None,
+                           "dataset_tensor_bytes": None, "dataset_getitem": None}
+    try:
+        if dataset is None:
+            return out
+        if type(dataset).__name__ in _WRAPPERS and hasattr(dataset, "dataset"):
+            out["dataset_via"] = type(dataset).__name__
+            dataset = dataset.dataset
+        cls = type(dataset)
+        out["dataset_class"] = cls.__name__
+        if not hasattr(cls, "__getitem__"):
+            return out  # an iterable-style dataset: no items by index
+        out["dataset_items"] = n = len(dataset)
+        attrs = vars(dataset) if hasattr(dataset, "__dict__") else {}
+        values: list[Any] = []
+        for value in list(attrs.values())[:_DATASET_MAX_ATTRS]:
+            values.extend(value[:_DATASET_MAX_ATTRS] if isinstance(value, (list, tuple)) else [value])
+        rows = [v for v in values if _rows_of(v) == n]
+        out["dataset_tensors"] = len(rows)
+        out["dataset_tensor_bytes"] = int(sum(int(v.nbytes) for v in rows))
+        torch = sys.modules.get("torch")
+        tensor_dataset = getattr(getattr(getattr(torch, "utils", None), "data", None), "TensorDataset", None)
+        out["dataset_getitem"] = ("tensor_rows" if tensor_dataset is not None and cls is tensor_dataset
+                                  else "custom")
+    except Exception:  # noqa: BLE001 - a dataset of an unexpected shape: what was read so far
+        pass
+    return out
+
+
+def _rows_of(value: Any) -> int | None:
+    """The rows of an in-memory CPU tensor or NumPy array (its first dimension), None for anything else."""
+    kind = type(value)
+    if kind.__name__ == "Tensor" and kind.__module__.startswith("torch"):
+        if getattr(value, "is_cpu", False) and value.dim() >= 1:
+            return int(value.shape[0])
+        return None
+    if kind.__name__ == "ndarray" and kind.__module__ == "numpy" and value.ndim >= 1:
+        return int(value.shape[0])
+    return None
 
 
 #: a batch skeleton holds at most this many tensors, nested at most this deep (else: none, and no probe)

@@ -31,6 +31,12 @@ SECRET_ARGS = ("--api-key", SECRET, f"HF_TOKEN={HF}")
 #: a DataLoader's description in the manifest, for the script's loaders (TensorDataset, batch_size 16, no workers)
 LOADER = {"num_workers": 0, "prefetch_factor": None, "persistent_workers": False, "pin_memory": False,
           "batch_size": 16, "class": "DataLoader"}
+#: the loaders' datasets as the capture reads them (``hooks.dataset_facts``): TensorDatasets of a 32-float and a
+#: 1-float row per item, 16 x 8 steps x 4 micro-steps = 512 items to train on (512 x 33 float32: 67,584 bytes) and
+#: 16 x 3 = 48 to validate on (6,336 bytes)
+TRAIN_DATASET = {"dataset_class": "TensorDataset", "dataset_via": None, "dataset_items": 512, "dataset_tensors": 2,
+                 "dataset_tensor_bytes": 67_584, "dataset_getitem": "tensor_rows"}
+VAL_DATASET = {**TRAIN_DATASET, "dataset_items": 48, "dataset_tensor_bytes": 6_336}
 ALL_KINDS = ["data_wait", "validation", "backward", "optimizer_step", "compile", "checkpoint", "workers"]
 #: the trace's clock and time.time_ns() are two clocks: the marks are placed through each step's ProfilerStep span,
 #: whose start is known only to lie between two host clock reads around prof.step() (a few us apart, more when
@@ -117,8 +123,10 @@ def test_capture_writes_the_loop_into_the_manifest(auto):
         "step_source_why": "a step ends at each optimizer.step(), any optimizer's",
         # every one of the 32 train batches is followed by its backward(); the validation loader's 6 (two passes
         # of 3) by none, all taken in eval mode with grad disabled
-        "loaders": [{"loader": 0, "role": "train", "batches": 32, "batches_followed_by_backward": 32, **LOADER},
-                    {"loader": 1, "role": "eval", "batches": 6, "batches_followed_by_backward": 0, **LOADER}],
+        "loaders": [{"loader": 0, "role": "train", "batches": 32, "batches_followed_by_backward": 32, **LOADER,
+                     **TRAIN_DATASET},
+                    {"loader": 1, "role": "eval", "batches": 6, "batches_followed_by_backward": 0, **LOADER,
+                     **VAL_DATASET}],
         "backward_calls": 32, "optimizer_steps": 8, "optimizers": 1,  # accumulation 4
         # no Python child process started (no DataLoader workers): 0, not null
         "child_processes": {"started": 0, "targets": [], "training_in_children": False, "dataloader_workers": 0,
@@ -132,7 +140,7 @@ def test_capture_writes_the_loop_into_the_manifest(auto):
     # with the hand-over of a batch like its own measured (num_workers=0): a 16x32 and a 16x1 float32 tensor
     probe = manifest["dataloader"].pop("handover_probe")
     assert probe["batch_bytes"] == 16 * 33 * 4 and probe["samples"] == 20 and probe["why"] is None
-    assert manifest["dataloader"] == {k: v for k, v in LOADER.items() if k != "class"}
+    assert manifest["dataloader"] == {**{k: v for k, v in LOADER.items() if k != "class"}, **TRAIN_DATASET}
 
 
 def test_capture_writes_per_step_lists(auto):
