@@ -332,6 +332,10 @@ class MemoryDevice(Record, frozen=True):
     #: the trace reports never comes down for them); None: a GPU device, or no addresses
     unrecorded_frees: int | None = None
     unrecorded_free_bytes: int | None = None
+    #: CPU only: blocks of those blocks' thread and size allocated in the window with no free recorded by the trace's
+    #: end, and their bytes (most likely freed unseen too); None as above
+    unrecorded_like_live_blocks: int | None = None
+    unrecorded_like_live_bytes: int | None = None
 
 
 class Memory(Record, frozen=True):
