@@ -141,6 +141,45 @@ def test_more_workers_for_a_steadily_stalled_loader(tmp_path):
     assert est3["step_us_after"] == pytest.approx(40_000 / 3, abs=1)
 
 
+@pytest.mark.parametrize("getitem", ["tensor_rows", "custom"])
+def test_workers_serving_a_tensor_dataset_are_priced_as_the_batch_indexed_at_once(tmp_path, getitem):
+    """Was: workers handing over batches of a dataset already in memory as tensors were only replayed with more of
+    them (nothing to gain where the wait is taking each batch over) and said so, information; two readers: drop the
+    workers and index the batch in the training process, a warning. 2 workers, 12 steps of 10 ms, each opening with
+    a 2.5 ms wait through which the process's CPU is busy 60%; the capture read the dataset as a TensorDataset of 2
+    tensors, 2400 bytes. Indexing the batch at once in the training process removes each wait: 7.5 ms steps, an upper
+    bound (the indexing copy is not measured); over the run the waits are 25% of it (14 steps timed, one wait each),
+    counted half: a warning. A dataset class of its own holding such tensors does per-item work the capture does not
+    know: the same advice is given, not priced, and the replay is the workers' (their hand-over, 1.5 ms of the
+    loop's CPU, stays)."""
+    b = waiting_steps(10_000, 2_500, multiprocess=True)
+    out = _captured(tmp_path, b, {"num_workers": 2, "prefetch_factor": 2, "dataset_class": "Rows",
+                                  "dataset_items": 100, "dataset_tensors": 2, "dataset_tensor_bytes": 2400,
+                                  "dataset_getitem": getitem, "dataset_via": None})
+    n = 14
+    (out / "rank-0.steps.json").write_text(json.dumps({
+        "step_wall_ns": [10_000_000] * n, "data_wait_ns": [2_500_000] * n, "profiled": [False] * n,
+        "step_cpu_ns": [9_000_000] * n, "data_wait_cpu_ns": [1_500_000] * n}))
+    r = load_trace(out).ranks[0]
+    est = whatif.estimate(r, finding("loader_stall"), {})
+    (f,) = [f for f in build_report(load_trace(out)).findings if f.id == "loader_stall"]
+    if getitem == "tensor_rows":
+        assert (est["step_us_after"], est["bound"], est["method"]) == (
+            7_500, "upper", "replay: the batch indexed at once in the training process")
+        assert ("the training loader's 2 workers serve a TensorDataset (2 tensors in memory, 0.0 MiB, read by the "
+                "capture)") in est["assumptions"][0]
+        assert (f.evidence["dataset_in_memory"], f.severity, round(f.worth.fraction, 4), f.worth.basis) == (
+            "tensor_rows", "warning", 0.25, "upper bound")
+        assert f.recommendation.startswith("the workers serve a TensorDataset, whose items are rows of tensors "
+                                           "already in memory: index the whole batch at once in the training process")
+        assert "raise num_workers" not in f.recommendation and "more workers" not in f.recommendation
+    else:
+        assert est["method"] != "replay: the batch indexed at once in the training process"
+        assert f.evidence["dataset_in_memory"] == "custom"
+        assert ("the dataset (Rows) holds its items as tensors in memory: if its __getitem__'s per-item work can be "
+                "done on a whole batch at once") in f.recommendation
+
+
 def test_the_hand_over_the_loop_works_through_stays_with_more_workers(tmp_path):
     """Was: a loop whose waits were alike (2 ms a step) and whose CPU was busy 65% of them was told "the workers keep
     up: more workers will not help", yet the replay with twice the workers removed the whole wait (alike waits read
@@ -511,8 +550,11 @@ def test_capture_records_what_the_whatif_needs(tmp_path):
     assert (host["cores_effective"] is None) if cpus < 2 else isinstance(host["cores_effective"], float)
     probe = manifest["dataloader"].pop("handover_probe")  # one 64x512 float32 tensor (test_capture.py: the rest)
     assert probe["batch_bytes"] == 64 * 512 * 4 + 256 and probe["samples"] == 20
+    # its dataset builds each item in __getitem__ (nothing held in memory per item): custom, no tensors
     assert manifest["dataloader"] == {"num_workers": 0, "prefetch_factor": None, "persistent_workers": False,
-                                      "pin_memory": False, "batch_size": None}
+                                      "pin_memory": False, "batch_size": None, "dataset_class": "Batches",
+                                      "dataset_via": None, "dataset_items": 10_000, "dataset_tensors": 0,
+                                      "dataset_tensor_bytes": 0, "dataset_getitem": "custom"}
     workers = _capture_train(tmp_path / "workers", "--workers", "2", "--prefetch", "3", "--cpu-ms", "20")
     assert workers["step_cpu_ns"] and len(workers["workers_cpu_ns"]) == 12
     # the workers' own CPU time (they spin 20 ms per batch); none without workers

@@ -17,6 +17,7 @@ from kinetoscope.analyze.model.timeline import (
     WORKERS_BUSY_MIN_SHARE,
     any_gpu_busy,
     handoff_ns,
+    in_memory_dataset,
     intervals_of,
     loader_spans,
     main_thread,
@@ -74,8 +75,20 @@ def wait_kind(trace: RankTrace, waits_ns: np.ndarray) -> tuple[str, float | None
 
 
 def _recommendation(names: set[str], pageable_h2d: bool, first_step_share: float, gpu: bool, kind: str,
-                    wait_cpu: float | None, cpus: int | None, per_item: bool = False, own_cpu: bool = False) -> str:
+                    wait_cpu: float | None, cpus: int | None, per_item: bool = False, own_cpu: bool = False,
+                    in_memory: str | None = None, dataset: str | None = None) -> str:
     tips = []
+    if in_memory == "tensor_rows":
+        tips.append(
+            "the workers serve a TensorDataset, whose items are rows of tensors already in memory: index the whole "
+            "batch at once in the training process (num_workers=0, and a BatchSampler as the DataLoader's sampler "
+            "with batch_size=None, or slice the tensors yourself) - no per-item work, no worker, no hand-over")
+    elif in_memory == "custom" and kind == "handover":
+        tips.append(
+            f"the dataset ({dataset or 'its class'}) holds its items as tensors in memory: if its __getitem__'s "
+            "per-item work can be done on a whole batch at once, index and transform the batch in the training "
+            "process (num_workers=0) and the hand-over goes with the workers (what that work costs is not in the "
+            "trace: not priced)")
     if per_item:
         tips.append(
             "each batch is built item by item from tensors in memory (a TensorDataset's __getitem__ per item, then "
@@ -83,7 +96,9 @@ def _recommendation(names: set[str], pageable_h2d: bool, first_step_share: float
             "batch_size=None, or slice the tensors yourself - which removes the per-item work rather than moving it "
             "to workers")
     multiprocess = any("MultiProcessing" in n for n in names)
-    if any("SingleProcess" in n for n in names):
+    if in_memory == "tensor_rows":
+        pass  # no workers after the fix: nothing of theirs to tune
+    elif any("SingleProcess" in n for n in names):
         tips.append(
             "the DataLoader runs in the training process (num_workers=0): set num_workers to the "
             + ("number of free CPU cores (e.g. 4-8 per GPU)" if gpu else "number of CPU cores the training leaves free")
@@ -120,7 +135,7 @@ def _recommendation(names: set[str], pageable_h2d: bool, first_step_share: float
         )
     else:
         tips.append("the input pipeline cannot keep up: parallelise it and prefetch batches ahead of the step")
-    if multiprocess and first_step_share > 0.5:
+    if multiprocess and first_step_share > 0.5 and in_memory != "tensor_rows":
         tips.append("most of the wait is in the first step: set persistent_workers=True so workers survive epochs")
     if pageable_h2d:
         tips.append("set pin_memory=True and copy with .to(device, non_blocking=True)")
@@ -249,6 +264,8 @@ def analyze_loader(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
         pageable = bool(h2d_copies(trace)["pageable"].any()) if has_gpu else False
         kind, wait_cpu, own_cpu = wait_kind(trace, frame["dur_ns"].to_numpy())
         per_item = per_item_indexing(trace, frame["ts_ns"].to_numpy(np.int64), frame["end_ns"].to_numpy(np.int64))
+        in_memory = in_memory_dataset(trace) if any("MultiProcessing" in n for n in names) else None
+        dataset = ((trace.meta.capture or {}).get("dataloader") or {}).get("dataset_class")
         cpus = (trace.meta.capture.get("host") or {}).get("cpus")
         # worker start-up shows as a long first wait; it needs several steps to tell apart
         first = (per_step["loader_us"].iloc[0] / per_step["loader_us"].sum()
@@ -274,10 +291,15 @@ def analyze_loader(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
                     "wait_kind": kind if any("MultiProcessing" in n for n in names) else None,
                     # the batch built item by item from tensors in memory (per-item select, then stack)
                     "per_item_indexing": (per_item is not None) if main_thread(trace) is not None else None,
+                    # the workers' dataset as the capture read it: its items rows of tensors in memory
+                    "dataset_in_memory": in_memory,
                     "advice_if_no_gain": (
                         "Indexing the batch at once would not make the step faster here: replayed without the "
                         "per-item work, the step gains less than 3%; look at the step's other findings."
                         if per_item is not None else
+                        "Indexing the batch at once in the training process would not make the step faster here: "
+                        "replayed without the waits, the step gains less than 3%; look at the step's other findings."
+                        if in_memory == "tensor_rows" else
                         "More DataLoader workers would not make the step faster here: replayed "
                         "with more of them, the step gains less than 3%. The loop's wait is what "
                         "taking each batch over costs, or the training itself bounds the step: "
@@ -305,7 +327,8 @@ def analyze_loader(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
                     "window_us": us(w.dur_ns),
                 },
                 recommendation=_recommendation(names, pageable, float(first), trace.has_gpu, kind, wait_cpu, cpus,
-                                               per_item is not None, own_cpu),
+                                               per_item is not None, own_cpu, in_memory,
+                                               dataset if isinstance(dataset, str) else None),
                 impact_us=float(basis_ns) / 1000.0,
                 # on a CPU run the training loader's waits over the run, where the capture timed them: of those a fix
                 # removes what it removes of the window's

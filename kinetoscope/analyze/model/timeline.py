@@ -589,6 +589,20 @@ def wait_cpu_share(trace: RankTrace) -> tuple[float | None, bool]:
     return cpu_shares(trace)[0], False
 
 
+def in_memory_dataset(trace: RankTrace) -> str | None:
+    """Where a training loader with workers serves a dataset whose items are rows of tensors (or NumPy arrays) it
+    holds in memory, as the capture read the dataset object: "tensor_rows" (a ``TensorDataset``: an item is its rows
+    and nothing else, so the whole batch can be indexed at once in the training process, with no worker to hand it
+    over) or "custom" (a class of its own holding such tensors, whose ``__getitem__``'s per-item work the capture does
+    not know); None where not, or not recorded (a trace from elsewhere: its workers are not in it)."""
+    dl = (trace.meta.capture or {}).get("dataloader") or {}
+    workers, tensors, getitem = dl.get("num_workers"), dl.get("dataset_tensors"), dl.get("dataset_getitem")
+    if (not isinstance(workers, int) or isinstance(workers, bool) or workers <= 0
+            or not isinstance(tensors, int) or isinstance(tensors, bool) or tensors < 1):
+        return None
+    return getitem if getitem in ("tensor_rows", "custom") else None
+
+
 #: a wait is per-item indexing of in-memory tensors when its batch is built from at least this many ``aten::select``
 #: calls (one per item per tensor: a TensorDataset's ``__getitem__``) ...
 PER_ITEM_MIN_SELECTS = 16

@@ -23,6 +23,7 @@ from kinetoscope.analyze.model.timeline import (
     _tid_mask,
     cpu_shares,
     handoff_ns,
+    in_memory_dataset,
     kind_mask,
     loader_spans,
     main_thread,
@@ -146,6 +147,21 @@ def plan_loader(trace: RankTrace, g: ReplayGraph, params: dict[str, Any]) -> Pla
                         (f"each wait builds its batch item by item from tensors in memory (a TensorDataset's "
                          f"__getitem__, then torch.stack): indexing the batch at once leaves the collate's copy "
                          f"({per_batch:.2f} ms a batch, measured inside the waits) and removes the rest",))
+        if in_memory_dataset(trace) == "tensor_rows":
+            # workers serving a TensorDataset: its items are rows of tensors in memory and nothing else, so the batch
+            # indexed at once in the training process needs no worker, and no hand-over (was: more workers replayed,
+            # worth nothing where the wait is taking each batch over, and said so at information)
+            dl = (trace.meta.capture or {}).get("dataloader") or {}
+            held = dl.get("dataset_tensor_bytes")
+            size = f", {held / 2**20:.1f} MiB" if isinstance(held, int) and not isinstance(held, bool) else ""
+            return Plan(Edits(item_dur=wait_edits(g, items, np.zeros(len(items)))),
+                        "replay: the batch indexed at once in the training process",
+                        (f"the training loader's {dl.get('num_workers')} workers serve a TensorDataset "
+                         f"({dl.get('dataset_tensors')} tensors in memory{size}, read by the capture): indexing the "
+                         "batch at once in the training process (num_workers=0) removes each wait, the workers' "
+                         "hand-over with it; the one indexing copy it still makes is not measured, so this is a "
+                         "bound",),
+                        bound="upper")
     names = set(loader_spans(trace)["name"].astype(str))
     single = any("SingleProcess" in n for n in names) and not any("MultiProcessing" in n for n in names)
     host, dl = _facts(trace)
