@@ -17,6 +17,7 @@ from kinetoscope.analyze.model.timeline import (
     WORKERS_BUSY_MIN_SHARE,
     any_gpu_busy,
     handoff_ns,
+    handover_waits,
     in_memory_dataset,
     intervals_of,
     loader_spans,
@@ -53,14 +54,15 @@ def _per_step(trace: RankTrace, spans: iv.Intervals, idle_cost: iv.Intervals | N
 
 
 def wait_kind(trace: RankTrace, waits_ns: np.ndarray) -> tuple[str, float | None, bool]:
-    """Why the loop waits for batches from worker processes: "handover" (the loop itself works through the wait:
-    taking each batch over), "starved" (it sits idle while the workers prepare batches), "idle_workers" (it sits idle
-    and so, mostly, do the workers: they wait for something the trace does not show), or "unknown"; the loop's CPU
-    share during the waits, from the capture's per-step CPU times (None where not recorded); and whether that share
-    is the training thread's own (else the process's, every thread's)."""
+    """Why the loop waits for batches from worker processes: "handover" (taking each batch over: the loop itself works
+    through the wait, or the waits are what the capture's probe measured a ready batch's hand-over to cost on this
+    host - ``timeline.handover_waits``), "starved" (it sits idle while the workers prepare batches), "idle_workers"
+    (it sits idle and so, mostly, do the workers: they wait for something the trace does not show), or "unknown"; the
+    loop's CPU share during the waits, from the capture's per-step CPU times (None where not recorded); and whether
+    that share is the training thread's own (else the process's, every thread's)."""
     load_cpu, own = wait_cpu_share(trace)
     if load_cpu is not None:
-        if load_cpu >= HANDOVER_CPU_SHARE:
+        if handover_waits(trace, waits_ns):
             return "handover", load_cpu, own
         # starved: the workers fall behind - busy, or mostly waiting themselves ("idle_workers": each batch takes a
         # worker num_workers steps in the steady state, of which its CPU is under a quarter)
@@ -76,7 +78,7 @@ def wait_kind(trace: RankTrace, waits_ns: np.ndarray) -> tuple[str, float | None
 
 def _recommendation(names: set[str], pageable_h2d: bool, first_step_share: float, gpu: bool, kind: str,
                     wait_cpu: float | None, cpus: int | None, per_item: bool = False, own_cpu: bool = False,
-                    in_memory: str | None = None, dataset: str | None = None) -> str:
+                    in_memory: str | None = None, dataset: str | None = None, probed: str | None = None) -> str:
     tips = []
     if in_memory == "tensor_rows":
         tips.append(
@@ -87,8 +89,8 @@ def _recommendation(names: set[str], pageable_h2d: bool, first_step_share: float
         tips.append(
             f"the dataset ({dataset or 'its class'}) holds its items as tensors in memory: if its __getitem__'s "
             "per-item work can be done on a whole batch at once, index and transform the batch in the training "
-            "process (num_workers=0) and the hand-over goes with the workers (what that work costs is not in the "
-            "trace: not priced)")
+            "process (num_workers=0) and the hand-over goes with the workers (what that work costs there is not "
+            "known: the estimate, every wait removed, is a bound)")
     if per_item:
         tips.append(
             "each batch is built item by item from tensors in memory (a TensorDataset's __getitem__ per item, then "
@@ -108,7 +110,8 @@ def _recommendation(names: set[str], pageable_h2d: bool, first_step_share: float
         tips.append(
             "the workers keep up: the loop's wait is taking each batch over from them ("
             + (f"the {'training thread' if own_cpu else 'process'}'s CPU is busy {wait_cpu:.0%} of the wait"
-               if wait_cpu is not None
+               if wait_cpu is not None and wait_cpu >= HANDOVER_CPU_SHARE
+               else probed if probed
                else "the waits are alike and short, batches were ready")
             + "), so more workers will not help: make batches cheaper to hand over (a few large tensors rather than "
               "many small ones or Python objects, a smaller dtype, collate in the workers)"
@@ -265,6 +268,10 @@ def analyze_loader(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
         kind, wait_cpu, own_cpu = wait_kind(trace, frame["dur_ns"].to_numpy())
         per_item = per_item_indexing(trace, frame["ts_ns"].to_numpy(np.int64), frame["end_ns"].to_numpy(np.int64))
         in_memory = in_memory_dataset(trace) if any("MultiProcessing" in n for n in names) else None
+        probe = ((trace.meta.capture or {}).get("dataloader") or {}).get("handover_probe")
+        probe_ns = probe.get("median_ns") if isinstance(probe, dict) else None
+        probed = (f"its waits, median {float(np.median(frame['dur_ns'])) / 1e6:.2f} ms, are what the capture measured "
+                  f"a ready batch's hand-over to cost on this host, {probe_ns / 1e6:.2f} ms" if probe_ns else None)
         dataset = ((trace.meta.capture or {}).get("dataloader") or {}).get("dataset_class")
         cpus = (trace.meta.capture.get("host") or {}).get("cpus")
         # worker start-up shows as a long first wait; it needs several steps to tell apart
@@ -328,7 +335,7 @@ def analyze_loader(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
                 },
                 recommendation=_recommendation(names, pageable, float(first), trace.has_gpu, kind, wait_cpu, cpus,
                                                per_item is not None, own_cpu, in_memory,
-                                               dataset if isinstance(dataset, str) else None),
+                                               dataset if isinstance(dataset, str) else None, probed),
                 impact_us=float(basis_ns) / 1000.0,
                 # on a CPU run the training loader's waits over the run, where the capture timed them: of those a fix
                 # removes what it removes of the window's

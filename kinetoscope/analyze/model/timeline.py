@@ -652,6 +652,27 @@ def per_item_indexing(trace: RankTrace, starts: np.ndarray, ends: np.ndarray) ->
 #: (unpickling the batch, copying it out of shared memory), not the workers falling behind
 HANDOVER_CPU_SHARE = 0.5
 
+#: ... or the loop's median wait is at most this many times the capture's probe of a ready batch's hand-over on this
+#: host (``dataloader.handover_probe``): the batches were ready, and what the loop waits is taking them over, round
+#: trips with the worker included, through which the loop sits idle part of the time (was: the loop's CPU alone, so
+#: a loop idle through 54% of 1.2 ms waits, against a probe of 1.17 ms, read as workers waiting themselves)
+HANDOVER_PROBE_RATIO = 1.25
+
+
+def handover_waits(trace: RankTrace, waits_ns: np.ndarray) -> bool | None:
+    """Whether the loop's waits for batches from worker processes are the hand-over of ready batches: the loop's own
+    CPU works through ``HANDOVER_CPU_SHARE`` of them or more, or their median is within ``HANDOVER_PROBE_RATIO`` of the
+    capture's probe of a ready batch's hand-over; None where neither the CPU nor a probe is recorded."""
+    share, _ = wait_cpu_share(trace)
+    probe = ((trace.meta.capture or {}).get("dataloader") or {}).get("handover_probe")
+    probed = probe.get("median_ns") if isinstance(probe, dict) else None
+    if share is not None and share >= HANDOVER_CPU_SHARE:
+        return True
+    if probed and len(waits_ns) and float(np.median(waits_ns)) <= HANDOVER_PROBE_RATIO * float(probed):
+        return True
+    return None if share is None and not probed else False
+
+
 #: DataLoader workers whose CPU per batch is under this share of the time a batch takes them mostly wait - for
 #: storage, the network or a CPU, which the trace cannot tell apart - so what more of them gain is a bound
 WORKERS_BUSY_MIN_SHARE = 0.25

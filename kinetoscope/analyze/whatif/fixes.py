@@ -23,6 +23,7 @@ from kinetoscope.analyze.model.timeline import (
     _tid_mask,
     cpu_shares,
     handoff_ns,
+    handover_waits,
     in_memory_dataset,
     kind_mask,
     loader_spans,
@@ -147,20 +148,26 @@ def plan_loader(trace: RankTrace, g: ReplayGraph, params: dict[str, Any]) -> Pla
                         (f"each wait builds its batch item by item from tensors in memory (a TensorDataset's "
                          f"__getitem__, then torch.stack): indexing the batch at once leaves the collate's copy "
                          f"({per_batch:.2f} ms a batch, measured inside the waits) and removes the rest",))
-        if in_memory_dataset(trace) == "tensor_rows":
+        in_memory = in_memory_dataset(trace)
+        handover = in_memory == "custom" and handover_waits(trace, (g.wait_end[items] - g.wait_start[items]))
+        if in_memory == "tensor_rows" or handover:
             # workers serving a TensorDataset: its items are rows of tensors in memory and nothing else, so the batch
             # indexed at once in the training process needs no worker, and no hand-over (was: more workers replayed,
             # worth nothing where the wait is taking each batch over, and said so at information)
             dl = (trace.meta.capture or {}).get("dataloader") or {}
             held = dl.get("dataset_tensor_bytes")
             size = f", {held / 2**20:.1f} MiB" if isinstance(held, int) and not isinstance(held, bool) else ""
+            what = ("a TensorDataset" if in_memory == "tensor_rows" else
+                    f"a dataset ({dl.get('dataset_class')}) whose waits are the hand-over of ready batches")
+            rest = ("the one indexing copy it still makes is not measured" if in_memory == "tensor_rows" else
+                    "its __getitem__'s per-item work, done on the whole batch at once in the training process, is not "
+                    "known")
             return Plan(Edits(item_dur=wait_edits(g, items, np.zeros(len(items)))),
                         "replay: the batch indexed at once in the training process",
-                        (f"the training loader's {dl.get('num_workers')} workers serve a TensorDataset "
+                        (f"the training loader's {dl.get('num_workers')} workers serve {what} "
                          f"({dl.get('dataset_tensors')} tensors in memory{size}, read by the capture): indexing the "
                          "batch at once in the training process (num_workers=0) removes each wait, the workers' "
-                         "hand-over with it; the one indexing copy it still makes is not measured, so this is a "
-                         "bound",),
+                         f"hand-over with it; {rest}, so this is a bound",),
                         bound="upper")
     names = set(loader_spans(trace)["name"].astype(str))
     single = any("SingleProcess" in n for n in names) and not any("MultiProcessing" in n for n in names)
@@ -293,7 +300,7 @@ def plan_loader(trace: RankTrace, g: ReplayGraph, params: dict[str, Any]) -> Pla
                            + (f"; {ranks_said}" if ranks_said else ""))
         busy = workers_busy_share(trace)
         if (busy is not None and busy < WORKERS_BUSY_MIN_SHARE
-                and taking_cpu is not None and taking_cpu < HANDOVER_CPU_SHARE):
+                and taking_cpu is not None and taking_cpu < HANDOVER_CPU_SHARE and not handover_waits(trace, waits)):
             # the loop idle in its waits (loader.wait_kind's "idle_workers") and most of a batch's time in its worker
             # not the worker's work: waiting for storage or the network (more workers overlap it) or for a CPU on a
             # busy host (more workers add to it); the trace cannot tell which
