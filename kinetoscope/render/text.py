@@ -52,10 +52,12 @@ def render_text(report: Report) -> str:
         for cr in coll.ranks:
             out.append(
                 f"  rank {cr.rank}: clock skew {_ms(cr.clock_skew_us)}, waiting {_ms(cr.wait_us)}, "
-                f"last to arrive {cr.waited_for_count} times ({cr.matched} matched, {cr.unmatched} unmatched)"
+                f"last to arrive {cr.waited_for_count} times"
+                + (f", the others waiting {_ms(cr.waited_for_us)} there" if cr.waited_for_us is not None else "")
+                + f" ({cr.matched} matched, {cr.unmatched} unmatched)"
             )
         if coll.most_waited_for_rank is not None:
-            out.append(f"  most waited-for rank: {coll.most_waited_for_rank}")
+            out.append(f"  most waited-for rank: {coll.most_waited_for_rank} (the others' waits for it the longest)")
     missing = missing_ranks_text(report.job)
     if missing:
         out.append("")

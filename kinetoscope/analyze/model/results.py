@@ -771,6 +771,8 @@ class CollectiveRank(Record, frozen=True):
     #: the part of ``wait_us`` in which the rank computes nothing (its exposed collective time); None where the trace
     #: cannot tell its exposure
     exposed_wait_us: float | None = None
+    #: the other ranks' waits, summed, at the collectives this rank arrived last at
+    waited_for_us: float | None = None
 
 
 class CollectiveGroup(Record, frozen=True):
@@ -789,6 +791,8 @@ class Collectives(Record, frozen=True):
     unmatched: int
     groups: list[CollectiveGroup]
     reference_rank: int | None
+    #: the rank the others waited for the longest (``CollectiveRank.waited_for_us``; where nobody waited any time, the
+    #: one last most often)
     most_waited_for_rank: int | None
     ranks: list[CollectiveRank]
     method: str
