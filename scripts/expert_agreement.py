@@ -78,6 +78,8 @@ tuned on say how it generalises:
   both) on a quiet machine, scored once at 9364f52, likewise.
 - a twenty-ninth held-out set: twelve more (sample_traces/heldout29/), captured at 875478f (the final analysis code)
   on a quiet machine, scored once at 6a5b3af, likewise.
+- a thirtieth held-out set: twelve more (sample_traces/heldout30/), captured at 05e55c5 (the capture that describes
+  each loader's dataset) on a quiet machine, scored once at bd4d4bb, likewise.
 
 Public traces are not bundled (fetched test data of other projects): put them in one folder and name it with
 KINETOSCOPE_PUBLIC_TRACES; a reading whose trace is not here is listed as such.
@@ -128,7 +130,8 @@ HELD_OUT = ((3, "third", "captures of public training code"),
             (26, "twenty-sixth", "twelve more programs, after the review's fixes"),
             (27, "twenty-seventh", "twelve more programs, after the gloo overlap was measured"),
             (28, "twenty-eighth", "twelve more programs, after the review of the gloo rules"),
-            (29, "twenty-ninth", "twelve more programs, on the final code"))
+            (29, "twenty-ninth", "twelve more programs, on the final code"),
+            (30, "thirtieth", "twelve more programs, with the loaders' datasets described"))
 #: the first set read by a third expert reconciling the two readings
 FIRST_CONSENSUS = 13
 
