@@ -265,6 +265,7 @@ def _cross_rank(
                     "clock_skew_us": pr.clock_skew_us,
                     "wait_us": pr.wait_us,
                     "waited_for_count": pr.waited_for_count,
+                    "waited_for_us": pr.waited_for_us,
                     "matched": pr.matched,
                     "unmatched": pr.unmatched,
                     "straggler": finding is not None and finding.rank == pr.rank,

@@ -73,6 +73,8 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("unmatched", pa.int64()), ("straggler", pa.bool_()), ("straggler_cause", pa.string()),
         # the rank this one waited for most often (null when it never waited; older stores: null)
         ("waited_for_rank", pa.int64()),
+        # the other ranks' waits, summed, at the collectives this one arrived last at (older stores: null)
+        ("waited_for_us", pa.float64()),
     ]),
     # one row per multi-rank job: what the reduce over its ranks' summaries found
     "jobs": pa.schema([

@@ -682,7 +682,23 @@ def _loader_config(obj: Any, cls: str | None) -> dict[str, Any]:
     out["class"] = cls
     out.update(dataset_facts(getattr(obj, "dataset", None) if hasattr(obj, "dataset")
                              else getattr(obj, "_dataset", None)))
+    out["collate"] = _collate_kind(getattr(obj, "collate_fn", None) if hasattr(obj, "collate_fn")
+                                   else getattr(obj, "_collate_fn", None))
     return out
+
+
+def _collate_kind(fn: Any) -> str | None:
+    """"default" for PyTorch's own collate (``default_collate``, or ``default_convert`` without automatic batching),
+    "custom" for any other function (per-batch work of its own: tokenising, padding, augmenting), None where not
+    known. An identity check: nothing of the user's is called."""
+    try:
+        collate = sys.modules.get("torch.utils.data._utils.collate")
+        if fn is None or collate is None:
+            return None
+        return "default" if fn in (getattr(collate, "default_collate", None),
+                                   getattr(collate, "default_convert", None)) else "custom"
+    except Exception:  # noqa: BLE001 - an object that cannot be compared
+        return None
 
 
 #: the wrappers a dataset is looked through for where its items come from (``torch.utils.data``'s ``Subset``)
@@ -693,9 +709,10 @@ _DATASET_MAX_ATTRS = 64
 
 def dataset_facts(dataset: Any) -> dict[str, Any]:
     """Where a map-style dataset's items come from, read from the object without calling any of its code but
-    ``len()``: ``dataset_class`` (the class's name; a ``Subset`` is looked through, ``dataset_via`` says so),
-    ``dataset_items`` (its length), ``dataset_tensors`` and ``dataset_tensor_bytes`` (the tensors and NumPy arrays it
-    holds, directly or in a list or tuple attribute, with one row per item: its samples are in memory, and a batch
+    ``len()``: ``dataset_class`` (the class's name; a ``Subset`` is looked through, ``dataset_via`` says so; an
+    ``IterableDataset`` is named and nothing more), ``dataset_items`` (the loader's items: a Subset's length),
+    ``dataset_tensors`` and ``dataset_tensor_bytes`` (the tensors and NumPy arrays the wrapped dataset holds, directly
+    or in a list or tuple attribute, with one row per item, each counted once: its samples are in memory, and a batch
     can be taken at once by indexing them), ``dataset_getitem`` ("tensor_rows" for a ``TensorDataset``, whose items
     are those rows and nothing else; "custom" for a class with its own ``__getitem__``, whose per-item work is not
     known). Each null where not known."""
@@ -704,23 +721,31 @@ def dataset_facts(dataset: Any) -> dict[str, Any]:
     try:
         if dataset is None:
             return out
-        if type(dataset).__name__ in _WRAPPERS and hasattr(dataset, "dataset"):
+        torch = sys.modules.get("torch")
+        data = getattr(getattr(torch, "utils", None), "data", None)
+        iterable = getattr(data, "IterableDataset", None)
+        if iterable is not None and isinstance(dataset, iterable):
+            out["dataset_class"] = type(dataset).__name__
+            return out  # an iterable-style dataset: no items by index
+        # the loader's items: the wrapper's length; where they come from: the wrapped dataset (Subsets of Subsets)
+        out["dataset_items"] = len(dataset)
+        depth = 0
+        while type(dataset).__name__ in _WRAPPERS and hasattr(dataset, "dataset") and depth < 4:
             out["dataset_via"] = type(dataset).__name__
-            dataset = dataset.dataset
+            dataset, depth = dataset.dataset, depth + 1
         cls = type(dataset)
         out["dataset_class"] = cls.__name__
         if not hasattr(cls, "__getitem__"):
-            return out  # an iterable-style dataset: no items by index
-        out["dataset_items"] = n = len(dataset)
+            return out
+        n = len(dataset)
         attrs = vars(dataset) if hasattr(dataset, "__dict__") else {}
         values: list[Any] = []
         for value in list(attrs.values())[:_DATASET_MAX_ATTRS]:
             values.extend(value[:_DATASET_MAX_ATTRS] if isinstance(value, (list, tuple)) else [value])
-        rows = [v for v in values if _rows_of(v) == n]
+        rows = list({id(v): v for v in values if _rows_of(v) == n}.values())  # one tensor held twice counts once
         out["dataset_tensors"] = len(rows)
         out["dataset_tensor_bytes"] = int(sum(int(v.nbytes) for v in rows))
-        torch = sys.modules.get("torch")
-        tensor_dataset = getattr(getattr(getattr(torch, "utils", None), "data", None), "TensorDataset", None)
+        tensor_dataset = getattr(data, "TensorDataset", None)
         out["dataset_getitem"] = ("tensor_rows" if tensor_dataset is not None and cls is tensor_dataset
                                   else "custom")
     except Exception:  # noqa: BLE001 - a dataset of an unexpected shape: what was read so far

@@ -30,7 +30,7 @@ HF = "hf_Qm3Xv8Lt2Rb9Wn5Kp7Jd4Hs6Fc1Gz0Ay"
 SECRET_ARGS = ("--api-key", SECRET, f"HF_TOKEN={HF}")
 #: a DataLoader's description in the manifest, for the script's loaders (TensorDataset, batch_size 16, no workers)
 LOADER = {"num_workers": 0, "prefetch_factor": None, "persistent_workers": False, "pin_memory": False,
-          "batch_size": 16, "class": "DataLoader"}
+          "batch_size": 16, "class": "DataLoader", "collate": "default"}
 #: the loaders' datasets as the capture reads them (``hooks.dataset_facts``): TensorDatasets of a 32-float and a
 #: 1-float row per item, 16 x 8 steps x 4 micro-steps = 512 items to train on (512 x 33 float32: 67,584 bytes) and
 #: 16 x 3 = 48 to validate on (6,336 bytes)

@@ -54,3 +54,61 @@ def test_a_probe_out_of_time_says_how_many_batches_it_got():
     skeleton = {"shape": [4], "dtype": "float32"}
     got = probe_handover(skeleton, samples=20, deadline_s=0.0)
     assert got["median_ns"] is None and got["why"] == "only 0 batches in the probe's 0 s"
+
+
+# --- the loader's dataset, as the capture reads it -----------------------------------------------
+def test_a_loaders_dataset_is_described_without_calling_its_code():
+    """Where a dataset's items come from, read from the object (its class, its rows in memory, its collate), never by
+    calling its ``__getitem__``: a TensorDataset of a 100 x 4 float32 and a 100 int64 tensor is 2 tensors, 2,400
+    bytes, rows and nothing else; a Subset of a Subset of it has the outer Subset's 3 items, its rows the base's; a
+    class of its own holding one 50 x 3 float32 array twice (an attribute and a list) counts it once, 600 bytes; an
+    IterableDataset is named and nothing more, whatever it holds or says its length is; a dataset whose len() raises
+    keeps what was read before it."""
+    from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset, TensorDataset
+
+    from kinetoscope.capture.hooks import _loader_config, dataset_facts
+
+    rows = TensorDataset(torch.zeros(100, 4), torch.arange(100))
+    assert dataset_facts(rows) == {"dataset_class": "TensorDataset", "dataset_via": None, "dataset_items": 100,
+                                   "dataset_tensors": 2, "dataset_tensor_bytes": 2_400,
+                                   "dataset_getitem": "tensor_rows"}
+    nested = dataset_facts(Subset(Subset(rows, list(range(50))), [1, 2, 3]))
+    assert (nested["dataset_via"], nested["dataset_items"], nested["dataset_tensors"]) == ("Subset", 3, 2)
+
+    class Held(Dataset):
+        def __init__(self):
+            import numpy as np
+
+            self.x = np.zeros((50, 3), dtype=np.float32)
+            self.views = [self.x]
+
+        def __len__(self):
+            return 50
+
+        def __getitem__(self, i):
+            raise AssertionError("the capture called __getitem__")
+
+    held = dataset_facts(Held())
+    assert (held["dataset_tensors"], held["dataset_tensor_bytes"], held["dataset_getitem"]) == (1, 600, "custom")
+
+    class Stream(IterableDataset):
+        def __init__(self):
+            self.t = torch.zeros(3)
+
+        def __len__(self):
+            return 3
+
+        def __iter__(self):
+            yield from range(3)
+
+    assert dataset_facts(Stream()) == {"dataset_class": "Stream", "dataset_via": None, "dataset_items": None,
+                                       "dataset_tensors": None, "dataset_tensor_bytes": None, "dataset_getitem": None}
+
+    class NoLength(Dataset):
+        def __len__(self):
+            raise RuntimeError("no length")
+
+    assert dataset_facts(NoLength())["dataset_items"] is None
+    collates = [_loader_config(DataLoader(rows, **kw), "DataLoader")["collate"]
+                for kw in ({"batch_size": 4}, {"batch_size": None}, {"batch_size": 4, "collate_fn": lambda b: b})]
+    assert collates == ["default", "default", "custom"]

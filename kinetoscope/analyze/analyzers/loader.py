@@ -25,7 +25,9 @@ from kinetoscope.analyze.model.timeline import (
     other_loader_spans,
     other_role_waits,
     per_item_indexing,
+    probed_handover_ns,
     wait_cpu_share,
+    waits_as_probed,
     window,
     workers_busy_share,
 )
@@ -61,9 +63,9 @@ def wait_kind(trace: RankTrace, waits_ns: np.ndarray) -> tuple[str, float | None
     loop's CPU share during the waits, from the capture's per-step CPU times (None where not recorded); and whether
     that share is the training thread's own (else the process's, every thread's)."""
     load_cpu, own = wait_cpu_share(trace)
+    if handover_waits(trace, waits_ns):  # the one test the replay uses too
+        return "handover", load_cpu, own
     if load_cpu is not None:
-        if handover_waits(trace, waits_ns):
-            return "handover", load_cpu, own
         # starved: the workers fall behind - busy, or mostly waiting themselves ("idle_workers": each batch takes a
         # worker num_workers steps in the steady state, of which its CPU is under a quarter)
         busy = workers_busy_share(trace)
@@ -138,7 +140,8 @@ def _recommendation(names: set[str], pageable_h2d: bool, first_step_share: float
         )
     else:
         tips.append("the input pipeline cannot keep up: parallelise it and prefetch batches ahead of the step")
-    if multiprocess and first_step_share > 0.5 and in_memory != "tensor_rows":
+    if (multiprocess and first_step_share > 0.5 and in_memory != "tensor_rows"
+            and not (in_memory == "custom" and kind == "handover")):
         tips.append("most of the wait is in the first step: set persistent_workers=True so workers survive epochs")
     if pageable_h2d:
         tips.append("set pin_memory=True and copy with .to(device, non_blocking=True)")
@@ -268,10 +271,12 @@ def analyze_loader(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
         kind, wait_cpu, own_cpu = wait_kind(trace, frame["dur_ns"].to_numpy())
         per_item = per_item_indexing(trace, frame["ts_ns"].to_numpy(np.int64), frame["end_ns"].to_numpy(np.int64))
         in_memory = in_memory_dataset(trace) if any("MultiProcessing" in n for n in names) else None
-        probe = ((trace.meta.capture or {}).get("dataloader") or {}).get("handover_probe")
-        probe_ns = probe.get("median_ns") if isinstance(probe, dict) else None
+        probe_ns = probed_handover_ns(trace)
         probed = (f"its waits, median {float(np.median(frame['dur_ns'])) / 1e6:.2f} ms, are what the capture measured "
-                  f"a ready batch's hand-over to cost on this host, {probe_ns / 1e6:.2f} ms" if probe_ns else None)
+                  f"a ready batch's hand-over to cost on this host, {probe_ns / 1e6:.2f} ms"
+                  if probe_ns and waits_as_probed(trace, frame["dur_ns"].to_numpy()) else None)
+        # the workers' dataset priced as the batch indexed at once (whatif.fixes.plan_loader: the same test)
+        at_once = in_memory == "tensor_rows" or (in_memory == "custom" and kind == "handover")
         dataset = ((trace.meta.capture or {}).get("dataloader") or {}).get("dataset_class")
         cpus = (trace.meta.capture.get("host") or {}).get("cpus")
         # worker start-up shows as a long first wait; it needs several steps to tell apart
@@ -306,7 +311,7 @@ def analyze_loader(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
                         if per_item is not None else
                         "Indexing the batch at once in the training process would not make the step faster here: "
                         "replayed without the waits, the step gains less than 3%; look at the step's other findings."
-                        if in_memory == "tensor_rows" else
+                        if at_once else
                         "More DataLoader workers would not make the step faster here: replayed "
                         "with more of them, the step gains less than 3%. The loop's wait is what "
                         "taking each batch over costs, or the training itself bounds the step: "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -36,9 +37,9 @@ class UnrecordedFrees(NamedTuple):
     #: there: freed where the profiler does not record it
     blocks: int
     bytes: int
-    #: blocks allocated in the window on the same thread and of the same size as one of those, with no free recorded
-    #: by the trace's end, and their bytes: the same kind of buffer, most likely freed unseen too (nothing handed
-    #: their addresses out again before the trace ended)
+    #: blocks allocated in the window on the same thread and of the same size as two or more of those, with no free
+    #: recorded by the trace's end, and their bytes: the same kind of buffer, most likely freed unseen too (nothing
+    #: handed their addresses out again before the trace ended)
     like_live_blocks: int
     like_live_bytes: int
 
@@ -58,15 +59,17 @@ def unrecorded_frees(group: pd.DataFrame, start_ns: int, end_ns: int) -> Unrecor
     ts = g["ts_ns"].to_numpy(np.int64)[order]
     tid = (g["tid"].astype(str).to_numpy()[order] if "tid" in g else np.full(len(g), ""))
     again = (size[1:] > 0) & (size[:-1] > 0) & (addr[1:] == addr[:-1]) & (ts[1:] >= start_ns) & (ts[1:] <= end_ns)
-    kinds = set(zip(tid[:-1][again].tolist(), size[:-1][again].tolist(), strict=True))
+    # a kind of block (thread, size) shown freed unseen more than once: a buffer handed out over and over (one such
+    # block beside a leak of the same size is still the leak)
+    seen = Counter(zip(tid[:-1][again].tolist(), size[:-1][again].tolist(), strict=True))
+    kinds = {k for k, n in seen.items() if n >= 2}
     # an allocation is live at the end where it is its address's last event
     last = np.ones(len(addr), dtype=bool)
     last[:-1] = addr[1:] != addr[:-1]
-    live = last & (size > 0) & (ts >= start_ns) & (ts <= end_ns)
-    like = np.array([(t, b) in kinds for t, b in zip(tid.tolist(), size.tolist(), strict=True)], dtype=bool) \
-        if kinds else np.zeros(len(addr), dtype=bool)
-    like &= live
-    return UnrecordedFrees(int(again.sum()), int(size[:-1][again].sum()), int(like.sum()), int(size[like].sum()))
+    live = np.flatnonzero(last & (size > 0) & (ts >= start_ns) & (ts <= end_ns))
+    like = live[[(t, b) in kinds for t, b in zip(tid[live].tolist(), size[live].tolist(), strict=True)]] \
+        if kinds and len(live) else live[:0]
+    return UnrecordedFrees(int(again.sum()), int(size[:-1][again].sum()), int(len(like)), int(size[like].sum()))
 
 
 def _asof(ts: np.ndarray, values: np.ndarray, at: np.ndarray) -> np.ndarray:

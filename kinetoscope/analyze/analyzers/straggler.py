@@ -203,7 +203,10 @@ def straggler_finding(summaries: list[RankSummary], m: Matching, a: Arrivals, co
     best: tuple[float, int, float, int] | None = None  # (cost per step, rank index, share, collectives)
     kinds: dict[int, tuple[np.ndarray, str | None, float]] = {}
     bar_us = config.straggler_min_spread_fraction * mean_step_us
-    explained: dict[int, tuple[int, float]] = {}  # rank index: (collectives, the others' wait per step, us)
+    # rank index: (collectives, the others' wait there per step (us), those collectives)
+    explained: dict[int, tuple[int, float, np.ndarray]] = {}
+    # collectives where only one rank arrives from validation or a checkpoint: work the others do not share
+    alone = ((marked & member).sum(axis=1) == 1) if marked is not None else np.zeros(len(a.last), bool)
     for i in range(len(a.ranks)):
         # the collectives of its groups in which someone waited, of the kind among them whose waits are the most
         mine, kind, kind_share = heaviest_kind(a, member[:, i] & waited)
@@ -225,12 +228,12 @@ def straggler_finding(summaries: list[RankSummary], m: Matching, a: Arrivals, co
         # lateness that moves (was: counted like any lateness, so a rank that alone evaluated every 3rd step, its
         # partner waiting 115 ms of a 398 ms window for it, was last in only 4 of 10 all-reduces and not told; two
         # readers: a warning)
-        own = cost_rows & marked[:, i] if marked is not None else np.zeros(len(a.last), bool)
+        own = cost_rows & marked[:, i] & alone if marked is not None else np.zeros(len(a.last), bool)
         if int(own.sum()) >= 2:
             own_us = sum(float(a.new_wait_ns(int(j), own).sum()) for j in np.flatnonzero(partners)) / 1000.0 \
                 / int(partners.sum()) / n_steps
             if own_us >= bar_us:
-                explained[i] = (int(own.sum()), own_us)
+                explained[i] = (int(own.sum()), own_us, own)
         if ((share >= config.straggler_min_last_share or i in explained)
                 and (best is None or cost_us > best[0])):
             best = (cost_us, i, share, int(mine.sum()))
@@ -242,6 +245,23 @@ def straggler_finding(summaries: list[RankSummary], m: Matching, a: Arrivals, co
     of_kind = f"{kind} " if considered < with_wait else ""
     slow = a.ranks[i]
     others = [j for j in range(len(a.ranks)) if j != i and member[member[:, i]].any(axis=0)[j]]
+    # as often last as chance would make one of its group's ranks: lateness that moves between ranks
+    group_size = max(int(round(float(member[counted].sum(axis=1).mean()))) if counted.any() else 2, 2)
+    last_k = int(round(last_share * considered))
+    chance = chance_of_last(last_k, considered, group_size)
+    # last at least ``odds`` times as often as each other rank of its group on average (in a 2-rank group, in two of
+    # three collectives), and in at least half of them, the floor that found it (so of 3 ranks or more, half)
+    odds = config.straggler_claim_min_odds
+    floor = max(config.straggler_min_last_share, odds / (odds + group_size - 1))
+    often = last_k * (odds + group_size - 1) >= odds * considered and last_share >= config.straggler_min_last_share
+    needed = max(math.ceil(odds * considered / (odds + group_size - 1)),
+                 math.ceil(config.straggler_min_last_share * considered))
+    by_chance = chance >= config.straggler_chance_max
+    own_work = explained.get(i)
+    if own_work is not None and (not often or by_chance):
+        # told for its own work alone: the rest of its lateness moves between ranks, and sharding that work does not
+        # remove it - what the claim rests on is what it costs, explains and a fix places (was: all of its lateness)
+        cost_per_step_us, counted = own_work[1], own_work[2]
     # validation or a checkpoint explains lateness only where the straggler arrives from its own such work at a
     # collective the others do not (a sharded evaluation both ran is left out above): else its time there is not why
     # the others wait
@@ -273,24 +293,11 @@ def straggler_finding(summaries: list[RankSummary], m: Matching, a: Arrivals, co
         "checkpoint time explains "
         "it: check what runs outside the profiled threads on its node.",
     }[cause]
-    # as often last as chance would make one of its group's ranks: lateness that moves between ranks
-    group_size = max(int(round(float(member[counted].sum(axis=1).mean()))) if counted.any() else 2, 2)
-    last_k = int(round(last_share * considered))
-    chance = chance_of_last(last_k, considered, group_size)
-    # last at least ``odds`` times as often as each other rank of its group on average (in a 2-rank group, in two of
-    # three collectives), and in at least half of them, the floor that found it (so of 3 ranks or more, half)
-    odds = config.straggler_claim_min_odds
-    floor = max(config.straggler_min_last_share, odds / (odds + group_size - 1))
-    often = last_k * (odds + group_size - 1) >= odds * considered and last_share >= config.straggler_min_last_share
-    needed = max(math.ceil(odds * considered / (odds + group_size - 1)),
-                 math.ceil(config.straggler_min_last_share * considered))
-    by_chance = chance >= config.straggler_chance_max
     # a collective kernel's start is the rank's arrival only when the trace shows everything queued before it
     incomplete = sorted(s.rank for s in summaries if s.unknown_fraction > config.missing_activity_max_fraction)
     doubt = (f" - but the GPU activity of rank{'s' if len(incomplete) > 1 else ''} "
              f"{', '.join(map(str, incomplete))} is incomplete in the trace, so arrivals are not reliable"
              if incomplete else "")
-    own_work = explained.get(i)
     held = bool(incomplete) or ((not often or by_chance) and own_work is None)
     return Finding(
         id="straggler",

@@ -594,11 +594,14 @@ def in_memory_dataset(trace: RankTrace) -> str | None:
     holds in memory, as the capture read the dataset object: "tensor_rows" (a ``TensorDataset``: an item is its rows
     and nothing else, so the whole batch can be indexed at once in the training process, with no worker to hand it
     over) or "custom" (a class of its own holding such tensors, whose ``__getitem__``'s per-item work the capture does
-    not know); None where not, or not recorded (a trace from elsewhere: its workers are not in it)."""
+    not know); None where not, or not recorded (a trace from elsewhere: its workers are not in it), or where the
+    loader's ``collate_fn`` is its own (per-batch work of its own the workers do: tokenising, padding; captures before
+    the collate was recorded leave it unknown, and are read as PyTorch's)."""
     dl = (trace.meta.capture or {}).get("dataloader") or {}
     workers, tensors, getitem = dl.get("num_workers"), dl.get("dataset_tensors"), dl.get("dataset_getitem")
     if (not isinstance(workers, int) or isinstance(workers, bool) or workers <= 0
-            or not isinstance(tensors, int) or isinstance(tensors, bool) or tensors < 1):
+            or not isinstance(tensors, int) or isinstance(tensors, bool) or tensors < 1
+            or dl.get("collate") == "custom"):
         return None
     return getitem if getitem in ("tensor_rows", "custom") else None
 
@@ -659,18 +662,38 @@ HANDOVER_CPU_SHARE = 0.5
 HANDOVER_PROBE_RATIO = 1.25
 
 
-def handover_waits(trace: RankTrace, waits_ns: np.ndarray) -> bool | None:
-    """Whether the loop's waits for batches from worker processes are the hand-over of ready batches: the loop's own
-    CPU works through ``HANDOVER_CPU_SHARE`` of them or more, or their median is within ``HANDOVER_PROBE_RATIO`` of the
-    capture's probe of a ready batch's hand-over; None where neither the CPU nor a probe is recorded."""
-    share, _ = wait_cpu_share(trace)
+def probed_handover_ns(trace: RankTrace) -> int | None:
+    """The capture's probe of a ready batch's hand-over on this host (its median, ns; ``dataloader.handover_probe``),
+    None where it did not measure one."""
     probe = ((trace.meta.capture or {}).get("dataloader") or {}).get("handover_probe")
     probed = probe.get("median_ns") if isinstance(probe, dict) else None
+    return int(probed) if isinstance(probed, int) and not isinstance(probed, bool) and probed > 0 else None
+
+
+def waits_as_probed(trace: RankTrace, waits_ns: np.ndarray) -> bool:
+    """Whether the loop's waits are the probed hand-over: their median within ``HANDOVER_PROBE_RATIO`` of the probe,
+    and, as for ready batches read from the waits alone (``handoff_ns``), under a quarter of them stalls longer than
+    twice the probe and half a millisecond (was: the median alone, so waits of 1.2, 1.2 and 30 ms over and over - 10 ms
+    a step of stalls - read as the hand-over)."""
+    probed = probed_handover_ns(trace)
+    waits = np.asarray(waits_ns, dtype=float)
+    if probed is None or not len(waits):
+        return False
+    stalls = float(np.mean(waits > 2.0 * probed + 500_000.0))
+    return float(np.median(waits)) <= HANDOVER_PROBE_RATIO * probed and stalls < 0.25
+
+
+def handover_waits(trace: RankTrace, waits_ns: np.ndarray) -> bool | None:
+    """Whether the loop's waits for batches from worker processes are the hand-over of ready batches: the loop's own
+    CPU works through ``HANDOVER_CPU_SHARE`` of them or more, or they are what the capture's probe measured
+    (``waits_as_probed``); None where neither the CPU nor a probe is recorded. The one test of it: the loader's
+    analysis and its replay both ask here."""
+    share, _ = wait_cpu_share(trace)
     if share is not None and share >= HANDOVER_CPU_SHARE:
         return True
-    if probed and len(waits_ns) and float(np.median(waits_ns)) <= HANDOVER_PROBE_RATIO * float(probed):
+    if waits_as_probed(trace, waits_ns):
         return True
-    return None if share is None and not probed else False
+    return None if share is None and probed_handover_ns(trace) is None else False
 
 
 #: DataLoader workers whose CPU per batch is under this share of the time a batch takes them mostly wait - for

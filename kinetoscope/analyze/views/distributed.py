@@ -22,7 +22,8 @@ from kinetoscope.analyze.report.builder import Report
 
 #: the per-rank table's columns: ms per step unless named otherwise
 RANK_COLUMNS = ("rank", "steps", "step_ms", "compute_only_ms", "overlap_ms", "communication_only_ms", "other_ms",
-                "collective_wait_ms", "waited_for_rank", "last_to_arrive", "clock_skew_ms", "straggler")
+                "collective_wait_ms", "waited_for_rank", "last_to_arrive", "others_wait_ms", "clock_skew_ms",
+                "straggler")
 
 
 #: the communication-by-role table's columns (ms per complete step, as the ranks table)
@@ -174,6 +175,9 @@ def distributed_view(trace: Trace, report: Report) -> DistributedView:
             "collective_wait_ms": None if wait_us is None else round(wait_us / per_step / 1000, 4),
             "waited_for_rank": c.get("waited_for_rank"),
             "last_to_arrive": c.get("waited_for_count"),
+            # the others' waits at the collectives it arrived last at, per step: what the most waited-for rank is by
+            "others_wait_ms": (None if c.get("waited_for_us") is None
+                               else round(c["waited_for_us"] / per_step / 1000, 4)),
             "clock_skew_ms": None if skew_us is None else round(skew_us / 1000, 4),
             "straggler": rank in stragglers,
         })

@@ -156,7 +156,9 @@ def plan_loader(trace: RankTrace, g: ReplayGraph, params: dict[str, Any]) -> Pla
             # worth nothing where the wait is taking each batch over, and said so at information)
             dl = (trace.meta.capture or {}).get("dataloader") or {}
             held = dl.get("dataset_tensor_bytes")
-            size = f", {held / 2**20:.1f} MiB" if isinstance(held, int) and not isinstance(held, bool) else ""
+            size = (("" if not isinstance(held, int) or isinstance(held, bool)
+                     else f", {held / 2**20:.1f} MiB" if held >= 2**20 / 10 else f", {held / 1024:.1f} KiB")
+                    + ("" if dl.get("collate") is not None else "; its collate_fn not recorded, read as PyTorch's"))
             what = ("a TensorDataset" if in_memory == "tensor_rows" else
                     f"a dataset ({dl.get('dataset_class')}) whose waits are the hand-over of ready batches")
             rest = ("the one indexing copy it still makes is not measured" if in_memory == "tensor_rows" else

@@ -27,6 +27,7 @@ LABELS = {
     "collective_wait_ms": "collective wait (ms/step)",
     "waited_for_rank": "waited for rank",
     "last_to_arrive": "last to arrive (collectives)",
+    "others_wait_ms": "others' wait for it (ms/step)",
     "clock_skew_ms": "clock skew (ms)",
     "straggler": "straggler",
 }
@@ -177,4 +178,4 @@ def _matched(coll: pd.DataFrame) -> None:
 
 
 RANK_COLUMNS_MS = ("step_ms", "compute_only_ms", "overlap_ms", "communication_only_ms", "other_ms",
-                   "collective_wait_ms", "clock_skew_ms")
+                   "collective_wait_ms", "others_wait_ms", "clock_skew_ms")
