@@ -80,6 +80,8 @@ tuned on say how it generalises:
   on a quiet machine, scored once at 6a5b3af, likewise.
 - a thirtieth held-out set: twelve more (sample_traces/heldout30/), captured at 05e55c5 (the capture that describes
   each loader's dataset) on a quiet machine, scored once at bd4d4bb, likewise.
+- a thirty-first held-out set: twelve more (sample_traces/heldout31/), captured at d5375ae on a quiet machine, scored
+  once at 9bd36fc on the code of b1637cc, likewise.
 
 Public traces are not bundled (fetched test data of other projects): put them in one folder and name it with
 KINETOSCOPE_PUBLIC_TRACES; a reading whose trace is not here is listed as such.
@@ -131,7 +133,8 @@ HELD_OUT = ((3, "third", "captures of public training code"),
             (27, "twenty-seventh", "twelve more programs, after the gloo overlap was measured"),
             (28, "twenty-eighth", "twelve more programs, after the review of the gloo rules"),
             (29, "twenty-ninth", "twelve more programs, on the final code"),
-            (30, "thirtieth", "twelve more programs, with the loaders' datasets described"))
+            (30, "thirtieth", "twelve more programs, with the loaders' datasets described"),
+            (31, "thirty-first", "twelve more programs, on this stop's final code"))
 #: the first set read by a third expert reconciling the two readings
 FIRST_CONSENSUS = 13
 
