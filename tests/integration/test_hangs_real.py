@@ -86,6 +86,17 @@ dist.destroy_process_group()
 DEADLINE_S = 900
 #: torchrun's own exit status when SIGTERM stops it (the same without capture, checked by hand): capture keeps it
 STOPPED = 1
+#: ... or, now and then on a loaded machine, SIGABRT's (128 + 6): torchrun's agent raises on our SIGTERM inside its
+#: monitor's sleep and then aborts in its own shutdown ("terminate called without an active exception"; seen once in
+#: a full CI run, exit 134, the dumps and the diagnosis as in every other run). Capture keeps that status too
+ABORTED = 134
+
+
+def stopped(code: int, err: str) -> bool:
+    """Whether torchrun ended on the SIGTERM the test sent: its status 1, or its abort in its own shutdown after
+    the signal (told by what it wrote: the signal's exception, then the C++ runtime's terminate)."""
+    return code == STOPPED or (code == ABORTED and "got signal: 15" in err
+                               and "terminate called without an active exception" in err)
 #: the seq of the collective where the bad rank parts from the others: steps 0-3 made #1-#4
 SEQ = 5
 STEPS_ENDED = 4
@@ -182,7 +193,7 @@ CASES = [(2, 1), (4, 2)]
 @pytest.mark.parametrize("n,bad", CASES)
 def test_a_rank_entering_a_barrier_where_the_others_all_reduce(tmp_path, n, bad):
     code, out, err = run_hang(tmp_path, "barrier", n, bad, hangs=True)
-    assert code == STOPPED, err[-2000:]
+    assert stopped(code, err), err[-2000:]
     ev, _ = diagnosis(out)
     _check_parted(ev, n, bad, missing=False, frame=("<module>", _line("barrier")))
     assert ev["waiting_ranks"] == [r for r in range(n) if r != bad]
@@ -194,7 +205,7 @@ def test_a_rank_entering_a_barrier_where_the_others_all_reduce(tmp_path, n, bad)
 @pytest.mark.parametrize("n,bad", CASES)
 def test_a_rank_skipping_a_collective_and_blocking(tmp_path, n, bad):
     code, out, err = run_hang(tmp_path, "skip", n, bad, hangs=True)
-    assert code == STOPPED, err[-2000:]
+    assert stopped(code, err), err[-2000:]
     ev, _ = diagnosis(out)
     _check_parted(ev, n, bad, missing=True, frame=("<module>", _line("skip")))
     assert ev["waiting_ranks"] == [r for r in range(n) if r != bad]
@@ -204,7 +215,7 @@ def test_a_rank_skipping_a_collective_and_blocking(tmp_path, n, bad):
 @pytest.mark.parametrize("n,bad", CASES)
 def test_a_ranks_dataset_blocking_in_getitem(tmp_path, n, bad):
     code, out, err = run_hang(tmp_path, "dataset", n, bad, hangs=True)
-    assert code == STOPPED, err[-2000:]
+    assert stopped(code, err), err[-2000:]
     ev, _ = diagnosis(out)
     _check_parted(ev, n, bad, missing=True, frame=("__getitem__", _line("dataset")))
     assert ev["waiting_ranks"] == [r for r in range(n) if r != bad]
@@ -226,7 +237,7 @@ def test_mismatched_sizes_on_four_ranks(tmp_path):
     """gloo's ring completes the others' all_reduce #5 (they go on to #6 and wait); rank 2's never completes."""
     n, bad = 4, 2
     code, out, err = run_hang(tmp_path, "sizes", n, bad, hangs=True)
-    assert code == STOPPED, err[-2000:]
+    assert stopped(code, err), err[-2000:]
     ev, _ = diagnosis(out)
     _check_parted(ev, n, bad, missing=False, frame=("<module>", _line("sizes")))
     per = {e["rank"]: e for e in ev["per_rank"]}
@@ -255,7 +266,7 @@ def test_mismatched_sizes_on_two_ranks_aborts_one_rank_without_a_dump(tmp_path):
 def test_eight_ranks(tmp_path, kind, missing):
     n, bad = 8, 5
     code, out, err = run_hang(tmp_path, kind, n, bad, hangs=True)
-    assert code == STOPPED, err[-2000:]
+    assert stopped(code, err), err[-2000:]
     ev, _ = diagnosis(out)
     frame = ("__getitem__" if kind == "dataset" else "<module>", _line(kind))
     _check_parted(ev, n, bad, missing=missing, frame=frame)
@@ -302,7 +313,7 @@ def test_fr_trace_names_the_same_collective_and_ranks(tmp_path, kind, n, bad, mi
     torch records it (a KeyError on the empty group config); with the config filled in, it names the same process
     group, sequence number and ranks as the ``hang`` finding."""
     code, out, err = run_hang(tmp_path, kind, n, bad, hangs=True, pickles=tmp_path / "fr")
-    assert code == STOPPED, err[-2000:]
+    assert stopped(code, err), err[-2000:]
     ev, _ = diagnosis(out)
     raw = fr_trace(tmp_path / "fr", tmp_path / "raw.db")
     assert raw.returncode != 0 and re.search(r"KeyError: \('0', \d\)", raw.stderr), raw.stderr[-2000:]
