@@ -16,6 +16,7 @@ from kinetoscope.analyze.model.timeline import (
     HANDOVER_CPU_SHARE,
     WORKERS_BUSY_MIN_SHARE,
     any_gpu_busy,
+    batch_at_once,
     handoff_ns,
     handover_waits,
     in_memory_dataset,
@@ -80,14 +81,14 @@ def wait_kind(trace: RankTrace, waits_ns: np.ndarray) -> tuple[str, float | None
 
 def _recommendation(names: set[str], pageable_h2d: bool, first_step_share: float, gpu: bool, kind: str,
                     wait_cpu: float | None, cpus: int | None, per_item: bool = False, own_cpu: bool = False,
-                    in_memory: str | None = None, dataset: str | None = None, probed: str | None = None) -> str:
+                    at_once: str | None = None, dataset: str | None = None, probed: str | None = None) -> str:
     tips = []
-    if in_memory == "tensor_rows":
+    if at_once == "tensor_rows":
         tips.append(
             "the workers serve a TensorDataset, whose items are rows of tensors already in memory: index the whole "
             "batch at once in the training process (num_workers=0, and a BatchSampler as the DataLoader's sampler "
             "with batch_size=None, or slice the tensors yourself) - no per-item work, no worker, no hand-over")
-    elif in_memory == "custom" and kind == "handover":
+    elif at_once == "custom":
         tips.append(
             f"the dataset ({dataset or 'its class'}) holds its items as tensors in memory: if its __getitem__'s "
             "per-item work can be done on a whole batch at once, index and transform the batch in the training "
@@ -100,7 +101,7 @@ def _recommendation(names: set[str], pageable_h2d: bool, first_step_share: float
             "batch_size=None, or slice the tensors yourself - which removes the per-item work rather than moving it "
             "to workers")
     multiprocess = any("MultiProcessing" in n for n in names)
-    if in_memory == "tensor_rows":
+    if at_once == "tensor_rows":
         pass  # no workers after the fix: nothing of theirs to tune
     elif any("SingleProcess" in n for n in names):
         tips.append(
@@ -140,8 +141,7 @@ def _recommendation(names: set[str], pageable_h2d: bool, first_step_share: float
         )
     else:
         tips.append("the input pipeline cannot keep up: parallelise it and prefetch batches ahead of the step")
-    if (multiprocess and first_step_share > 0.5 and in_memory != "tensor_rows"
-            and not (in_memory == "custom" and kind == "handover")):
+    if multiprocess and first_step_share > 0.5 and at_once is None:
         tips.append("most of the wait is in the first step: set persistent_workers=True so workers survive epochs")
     if pageable_h2d:
         tips.append("set pin_memory=True and copy with .to(device, non_blocking=True)")
@@ -276,7 +276,7 @@ def analyze_loader(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
                   f"a ready batch's hand-over to cost on this host, {probe_ns / 1e6:.2f} ms"
                   if probe_ns and waits_as_probed(trace, frame["dur_ns"].to_numpy()) else None)
         # the workers' dataset priced as the batch indexed at once (whatif.fixes.plan_loader: the same test)
-        at_once = in_memory == "tensor_rows" or (in_memory == "custom" and kind == "handover")
+        at_once = batch_at_once(trace, frame["dur_ns"].to_numpy()) if in_memory is not None else None
         dataset = ((trace.meta.capture or {}).get("dataloader") or {}).get("dataset_class")
         cpus = (trace.meta.capture.get("host") or {}).get("cpus")
         # worker start-up shows as a long first wait; it needs several steps to tell apart
@@ -311,7 +311,7 @@ def analyze_loader(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
                         if per_item is not None else
                         "Indexing the batch at once in the training process would not make the step faster here: "
                         "replayed without the waits, the step gains less than 3%; look at the step's other findings."
-                        if at_once else
+                        if at_once is not None else
                         "More DataLoader workers would not make the step faster here: replayed "
                         "with more of them, the step gains less than 3%. The loop's wait is what "
                         "taking each batch over costs, or the training itself bounds the step: "
@@ -339,7 +339,7 @@ def analyze_loader(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
                     "window_us": us(w.dur_ns),
                 },
                 recommendation=_recommendation(names, pageable, float(first), trace.has_gpu, kind, wait_cpu, cpus,
-                                               per_item is not None, own_cpu, in_memory,
+                                               per_item is not None, own_cpu, at_once,
                                                dataset if isinstance(dataset, str) else None, probed),
                 impact_us=float(basis_ns) / 1000.0,
                 # on a CPU run the training loader's waits over the run, where the capture timed them: of those a fix

@@ -606,6 +606,17 @@ def in_memory_dataset(trace: RankTrace) -> str | None:
     return getitem if getitem in ("tensor_rows", "custom") else None
 
 
+def batch_at_once(trace: RankTrace, waits_ns: np.ndarray) -> str | None:
+    """Where the training loop's batches from workers can be indexed at once in the training process instead: the
+    workers serve a ``TensorDataset`` ("tensor_rows"), or a dataset class of its own holding its rows in memory whose
+    waits are the hand-over of ready batches ("custom"; ``handover_waits``); None otherwise. The one test the loader's
+    advice and its replay (``whatif.fixes.plan_loader``) both ask."""
+    kind = in_memory_dataset(trace)
+    if kind == "tensor_rows" or (kind == "custom" and handover_waits(trace, waits_ns)):
+        return kind
+    return None
+
+
 #: a wait is per-item indexing of in-memory tensors when its batch is built from at least this many ``aten::select``
 #: calls (one per item per tensor: a TensorDataset's ``__getitem__``) ...
 PER_ITEM_MIN_SELECTS = 16

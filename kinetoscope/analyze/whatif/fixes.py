@@ -21,10 +21,10 @@ from kinetoscope.analyze.model.timeline import (
     HANDOVER_CPU_SHARE,
     WORKERS_BUSY_MIN_SHARE,
     _tid_mask,
+    batch_at_once,
     cpu_shares,
     handoff_ns,
     handover_waits,
-    in_memory_dataset,
     kind_mask,
     loader_spans,
     main_thread,
@@ -148,9 +148,8 @@ def plan_loader(trace: RankTrace, g: ReplayGraph, params: dict[str, Any]) -> Pla
                         (f"each wait builds its batch item by item from tensors in memory (a TensorDataset's "
                          f"__getitem__, then torch.stack): indexing the batch at once leaves the collate's copy "
                          f"({per_batch:.2f} ms a batch, measured inside the waits) and removes the rest",))
-        in_memory = in_memory_dataset(trace)
-        handover = in_memory == "custom" and handover_waits(trace, (g.wait_end[items] - g.wait_start[items]))
-        if in_memory == "tensor_rows" or handover:
+        in_memory = batch_at_once(trace, g.wait_end[items] - g.wait_start[items])
+        if in_memory is not None:
             # workers serving a TensorDataset: its items are rows of tensors in memory and nothing else, so the batch
             # indexed at once in the training process needs no worker, and no hand-over (was: more workers replayed,
             # worth nothing where the wait is taking each batch over, and said so at information)
