@@ -203,8 +203,8 @@ def straggler_finding(summaries: list[RankSummary], m: Matching, a: Arrivals, co
     best: tuple[float, int, float, int] | None = None  # (cost per step, rank index, share, collectives)
     kinds: dict[int, tuple[np.ndarray, str | None, float]] = {}
     bar_us = config.straggler_min_spread_fraction * mean_step_us
-    # rank index: (collectives, the others' wait there per step (us), those collectives)
-    explained: dict[int, tuple[int, float, np.ndarray]] = {}
+    # rank index: (the others' wait per step (us) at those collectives, those collectives)
+    explained: dict[int, tuple[float, np.ndarray]] = {}
     # collectives where only one rank arrives from validation or a checkpoint: work the others do not share
     alone = ((marked & member).sum(axis=1) == 1) if marked is not None else np.zeros(len(a.last), bool)
     for i in range(len(a.ranks)):
@@ -221,19 +221,15 @@ def straggler_finding(summaries: list[RankSummary], m: Matching, a: Arrivals, co
             continue
         # what its lateness cost its partners: their waits where it arrived last, per partner and step
         cost_rows = mine & (a.last == i)
-        waited_ns = [float(a.new_wait_ns(int(j), cost_rows).sum()) for j in np.flatnonzero(partners)]
-        cost_us = sum(waited_ns) / 1000.0 / len(waited_ns) / n_steps
+        cost_us = _partners_wait_us(a, partners, cost_rows, n_steps)
         # where it arrives last from validation or a checkpoint only it ran, at least twice, and the others' waits
         # there alone pass the bar, its lateness has a cause the capture recorded: recurring work of its own, not
         # lateness that moves (was: counted like any lateness, so a rank that alone evaluated every 3rd step, its
         # partner waiting 115 ms of a 398 ms window for it, was last in only 4 of 10 all-reduces and not told; two
         # readers: a warning)
         own = cost_rows & marked[:, i] & alone if marked is not None else np.zeros(len(a.last), bool)
-        if int(own.sum()) >= 2:
-            own_us = sum(float(a.new_wait_ns(int(j), own).sum()) for j in np.flatnonzero(partners)) / 1000.0 \
-                / int(partners.sum()) / n_steps
-            if own_us >= bar_us:
-                explained[i] = (int(own.sum()), own_us, own)
+        if int(own.sum()) >= 2 and (own_us := _partners_wait_us(a, partners, own, n_steps)) >= bar_us:
+            explained[i] = (own_us, own)
         if ((share >= config.straggler_min_last_share or i in explained)
                 and (best is None or cost_us > best[0])):
             best = (cost_us, i, share, int(mine.sum()))
@@ -261,7 +257,7 @@ def straggler_finding(summaries: list[RankSummary], m: Matching, a: Arrivals, co
     if own_work is not None and (not often or by_chance):
         # told for its own work alone: the rest of its lateness moves between ranks, and sharding that work does not
         # remove it - what the claim rests on is what it costs, explains and a fix places (was: all of its lateness)
-        cost_per_step_us, counted = own_work[1], own_work[2]
+        cost_per_step_us, counted = own_work
     # validation or a checkpoint explains lateness only where the straggler arrives from its own such work at a
     # collective the others do not (a sharded evaluation both ran is left out above): else its time there is not why
     # the others wait
@@ -320,7 +316,7 @@ def straggler_finding(summaries: list[RankSummary], m: Matching, a: Arrivals, co
             (f"Rank {slow} arrives last most often" if held and not incomplete else f"Rank {slow} is the straggler")
             + f": it arrives last at {last_share:.0%} of the {considered} {of_kind}collectives of its "
             f"groups in which a rank waited"
-            + (f" ({own_work[0]} of them from validation or a checkpoint only it runs)" if own_work else "")
+            + (f" ({int(own_work[1].sum())} of them from validation or a checkpoint only it runs)" if own_work else "")
             + ", "
             f"and the others wait {cost_per_step_us / 1000:.2f} ms per step for it"
             + (f" (cause: {cause})" if cause != "unknown" else "")
@@ -338,8 +334,8 @@ def straggler_finding(summaries: list[RankSummary], m: Matching, a: Arrivals, co
             "collectives_with_a_wait": with_wait,
             "last_this_often_by_chance": round(chance, 4),
             # collectives it reached last from validation or a checkpoint only it ran, and the others' wait there
-            "last_after_its_own_marked_work": own_work[0] if own_work else 0,
-            "others_wait_after_its_own_marked_work_us_per_step": round(own_work[1], 3) if own_work else None,
+            "last_after_its_own_marked_work": int(own_work[1].sum()) if own_work else 0,
+            "others_wait_after_its_own_marked_work_us_per_step": round(own_work[0], 3) if own_work else None,
             "group_size": group_size,
             "collectives_considered": considered,
             "matched_collectives": int(len(a.last)),
@@ -354,6 +350,12 @@ def straggler_finding(summaries: list[RankSummary], m: Matching, a: Arrivals, co
         # where the others waited, on the straggler's own clock: the estimate places its saving in those steps
         extra={"late_arrivals_ns": _late_arrivals(a, i, m.skew_ns.get(int(slow)), counted)},
     )
+
+
+def _partners_wait_us(a: Arrivals, partners: np.ndarray, rows: np.ndarray, n_steps: int) -> float:
+    """What a rank's partners waited at ``rows`` (the collectives it arrived last at), per partner and step (us)."""
+    waited_ns = [float(a.new_wait_ns(int(j), rows).sum()) for j in np.flatnonzero(partners)]
+    return sum(waited_ns) / 1000.0 / len(waited_ns) / n_steps
 
 
 def heaviest_kind(a: Arrivals, rows: np.ndarray) -> tuple[np.ndarray, str | None, float]:
