@@ -89,6 +89,21 @@ def _work_per_step(trace: RankTrace) -> tuple[np.ndarray, np.ndarray, np.ndarray
             iv.overlap_each(starts, ends, lower))
 
 
+def _advice(facts: dict[str, Any]) -> str:
+    """What to do about the wait: where the job's own threads on the host (its ranks' torch threads and DataLoader
+    workers) already fit its CPUs, sizing them is no fix, and the advice says what competes instead (was: the same
+    advice to keep threads and workers within the CPUs where they already were)."""
+    if not facts.get("job_threads_fit_cpus"):
+        return _ADVICE
+    ranks, threads, workers = facts.get("ranks_on_host") or 1, facts["torch_threads"], facts["num_workers"]
+    return (f"This job's own threads already fit the host's CPUs ({ranks} rank{'s' if ranks > 1 else ''} x "
+            f"{threads} torch thread{'s' if threads > 1 else ''} and {workers} DataLoader "
+            f"worker{'' if workers == 1 else 's'} each, on {facts['cpus']} CPUs): what competes is threads it "
+            "does not size - a collective library's (gloo's) threads moving data beside the compute, the profiler's, "
+            "other processes. Move other work off the node, pin each rank to cores of its own (taskset, numactl) "
+            "with a spare core for its communication threads, or run fewer ranks per host.")
+
+
 def _facts(trace: RankTrace) -> tuple[dict[str, Any], str]:
     host = (trace.meta.capture or {}).get("host") or {}
     workers = ((trace.meta.capture or {}).get("dataloader") or {}).get("num_workers")
@@ -96,11 +111,17 @@ def _facts(trace: RankTrace) -> tuple[dict[str, Any], str]:
     facts = ", ".join(part for part in (
         f"{host['cpus']} CPUs" if host.get("cpus") else "",
         f"torch threads {host['torch_threads']}" if host.get("torch_threads") else "",
-        f"{workers} DataLoader workers" if isinstance(workers, int) else "",
+        f"{workers} DataLoader worker{'' if workers == 1 else 's'}" if isinstance(workers, int) else "",
         f"{ranks} of the job's ranks on this host" if isinstance(ranks, int) and ranks > 1 else "") if part)
-    return {"cpus": host.get("cpus"), "torch_threads": host.get("torch_threads"),
+    # the threads the job sizes itself, on this host: each rank's torch threads and its loader's workers (None where
+    # any of them is not recorded)
+    cpus, threads = host.get("cpus"), host.get("torch_threads")
+    sized = (((ranks if isinstance(ranks, int) and ranks > 0 else 1) * (threads + workers))
+             if isinstance(threads, int) and isinstance(workers, int) else None)
+    return {"cpus": cpus, "torch_threads": threads,
             "num_workers": workers if isinstance(workers, int) else None,
-            "ranks_on_host": ranks}, facts
+            "ranks_on_host": ranks, "job_threads_on_host": sized,
+            "job_threads_fit_cpus": (sized <= cpus) if sized is not None and isinstance(cpus, int) else None}, facts
 
 
 @register("host", "Host CPU")
@@ -178,7 +199,7 @@ def _measured(trace: RankTrace, config: AnalysisConfig, steps: Any, rows: Any) -
                 "saving_bound": "upper" if device else None,
                 **facts,
             },
-            recommendation=_ADVICE,
+            recommendation=_advice(facts),
             impact_us=lost / 1000.0,
             run_cost_us=us(run_lost),
             run_cost_bound="upper" if device else None,
@@ -249,7 +270,7 @@ def _inferred(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
                 "saving_bound": None if sure else "upper",
                 **facts,
             },
-            recommendation=_ADVICE,
+            recommendation=_advice(facts),
             impact_us=float(lost.sum()) / 1000.0,
             ceiling="warning" if sure else "info",
             ceiling_reason=("no stronger on an inference: the capture did not record the thread's run-queue wait"

@@ -415,6 +415,10 @@ class HostMeasured(Record, frozen=True, kw_only=True):
     num_workers: int | None
     #: the job's ranks on this host, as the launcher said (None: not said; 1 for a job of one process)
     ranks_on_host: int | None = None
+    #: the threads the job sizes on this host: its ranks' torch threads and DataLoader workers (None: one not
+    #: recorded), and whether they fit its CPUs (then what competes is threads the job does not size)
+    job_threads_on_host: int | None = None
+    job_threads_fit_cpus: bool | None = None
 
 
 class HostInferred(Record, frozen=True, kw_only=True):
@@ -433,6 +437,10 @@ class HostInferred(Record, frozen=True, kw_only=True):
     num_workers: int | None
     #: the job's ranks on this host, as the launcher said (None: not said; 1 for a job of one process)
     ranks_on_host: int | None = None
+    #: the threads the job sizes on this host: its ranks' torch threads and DataLoader workers (None: one not
+    #: recorded), and whether they fit its CPUs (then what competes is threads the job does not size)
+    job_threads_on_host: int | None = None
+    job_threads_fit_cpus: bool | None = None
 
 
 class HostResult(Record, frozen=True):
