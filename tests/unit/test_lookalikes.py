@@ -546,11 +546,12 @@ def test_a_starved_rank_names_the_ranks_on_its_host(tmp_path):
     assert f.evidence["ranks_on_host"] == 2 and f.evidence["runqueue_wait_fraction_of_steps"] == 0.2
 
 
-@pytest.mark.parametrize(("workers", "sized", "fits"), [(0, 2, True), (1, 4, False)])
+@pytest.mark.parametrize(("workers", "sized", "fits"), [(0, 2, True), (1, 4, False), (None, 2, True)])
 def test_a_starved_rank_whose_job_threads_fit_the_cpus_is_not_told_to_size_them(tmp_path, workers, sized, fits):
     """2 ranks x (1 torch thread + ``workers`` DataLoader workers) on 2 CPUs: with no workers the job's own threads
     fit (2 of 2), so keeping threads and workers within the CPUs is no fix and the advice names what competes
-    instead; with one worker each (4 on 2 CPUs) it is the fix. Six 10 ms steps, 2 ms each waiting for a CPU."""
+    instead; with one worker each (4 on 2 CPUs) it is the fix. A loop that iterated no DataLoader (None: the
+    capture's loop recorded no worker start) has none. Six 10 ms steps, 2 ms each waiting for a CPU."""
     import json
 
     b = TraceBuilder()
@@ -561,7 +562,9 @@ def test_a_starved_rank_whose_job_threads_fit_the_cpus_is_not_told_to_size_them(
                runqueue=[2_000_000] * 6, oncpu=[8_000_000] * 6)
     (tmp_path / "rank-0.manifest.json").write_text(json.dumps({
         "manifest_version": 2, "rank": 0, "host": {"cpus": 2, "torch_threads": 1, "ranks_on_host": 2},
-        "dataloader": {"num_workers": workers}}))
+        **({"dataloader": {"num_workers": workers}} if workers is not None else {}),
+        "loop": {"marks": 2, "recorded": ["data_wait", "workers"],
+                 "child_processes": {"dataloader_workers": 2 * (workers or 0)}}}))
     rep = load_dir(tmp_path)
     (f,) = found(rep, "host_oversubscribed")
     assert f.evidence["job_threads_on_host"] == sized and f.evidence["job_threads_fit_cpus"] is fits
@@ -569,8 +572,8 @@ def test_a_starved_rank_whose_job_threads_fit_the_cpus_is_not_told_to_size_them(
     assert f.recommendation.startswith("This job's own threads already fit the host's CPUs (2 ranks x 1 torch "
                                        "thread and 0 DataLoader workers each, on 2 CPUs)") is fits
     assert ("keep torch's threads" in f.recommendation) is not fits
-    assert f.title.endswith(f"(2 CPUs, torch threads 1, {workers} DataLoader worker{'' if workers == 1 else 's'}, "
-                            "2 of the job's ranks on this host)")
+    shown = f"{workers} DataLoader worker{'' if workers == 1 else 's'}, " if workers is not None else ""
+    assert f.title.endswith(f"(2 CPUs, torch threads 1, {shown}2 of the job's ranks on this host)")
 
 
 def test_the_step_where_the_capture_wrote_its_trace_is_not_the_run_s(tmp_path):

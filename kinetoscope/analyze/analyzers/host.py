@@ -95,7 +95,7 @@ def _advice(facts: dict[str, Any]) -> str:
     advice to keep threads and workers within the CPUs where they already were)."""
     if not facts.get("job_threads_fit_cpus"):
         return _ADVICE
-    ranks, threads, workers = facts.get("ranks_on_host") or 1, facts["torch_threads"], facts["num_workers"]
+    ranks, threads, workers = facts.get("ranks_on_host") or 1, facts["torch_threads"], facts["num_workers"] or 0
     return (f"This job's own threads already fit the host's CPUs ({ranks} rank{'s' if ranks > 1 else ''} x "
             f"{threads} torch thread{'s' if threads > 1 else ''} and {workers} DataLoader "
             f"worker{'' if workers == 1 else 's'} each, on {facts['cpus']} CPUs): what competes is threads it "
@@ -113,11 +113,15 @@ def _facts(trace: RankTrace) -> tuple[dict[str, Any], str]:
         f"torch threads {host['torch_threads']}" if host.get("torch_threads") else "",
         f"{workers} DataLoader worker{'' if workers == 1 else 's'}" if isinstance(workers, int) else "",
         f"{ranks} of the job's ranks on this host" if isinstance(ranks, int) and ranks > 1 else "") if part)
-    # the threads the job sizes itself, on this host: each rank's torch threads and its loader's workers (None where
-    # any of them is not recorded)
+    # the threads the job sizes itself, on this host: each rank's torch threads and its training loader's workers
+    # (none where the capture's loop saw no DataLoader worker start; None where any of them is not recorded)
     cpus, threads = host.get("cpus"), host.get("torch_threads")
-    sized = (((ranks if isinstance(ranks, int) and ranks > 0 else 1) * (threads + workers))
-             if isinstance(threads, int) and isinstance(workers, int) else None)
+    loop = (trace.meta.capture or {}).get("loop") or {}
+    started = (loop.get("child_processes") or {}).get("dataloader_workers")
+    own = workers if isinstance(workers, int) else 0 if started == 0 and "workers" in (loop.get("recorded") or ()) \
+        else None
+    sized = (((ranks if isinstance(ranks, int) and ranks > 0 else 1) * (threads + own))
+             if isinstance(threads, int) and isinstance(own, int) else None)
     return {"cpus": cpus, "torch_threads": threads,
             "num_workers": workers if isinstance(workers, int) else None,
             "ranks_on_host": ranks, "job_threads_on_host": sized,
