@@ -134,7 +134,9 @@ HELD_OUT = ((3, "third", "captures of public training code"),
             (28, "twenty-eighth", "twelve more programs, after the review of the gloo rules"),
             (29, "twenty-ninth", "twelve more programs, on the final code"),
             (30, "thirtieth", "twelve more programs, with the loaders' datasets described"),
-            (31, "thirty-first", "twelve more programs, on this stop's final code"))
+            (31, "thirty-first", "twelve more programs, on this stop's final code"),
+            (32, "thirty-second", "twelve more programs, on the previous stop's final code"),
+            (33, "thirty-third", "twelve more programs, with the host advice of 646cd43"))
 #: the first set read by a third expert reconciling the two readings
 FIRST_CONSENSUS = 13
 
