@@ -663,6 +663,58 @@ def test_a_loader_under_the_bar_in_the_window_is_judged_by_the_run(tmp_path, run
     assert bool(found(rep, "loader_stall")) is claimed
 
 
+def per_item_tensor_loader(tensor_op_us):
+    """Six 10 ms steps; each starts with a 2 ms wait in a single-process DataLoader that, for 32 items, indexes a row
+    (a 5 us select) and then adds noise to it with torch (``tensor_op_us`` of aten::randn and aten::add), then stacks
+    them (200 us), then 7.5 ms of compute."""
+    b = TraceBuilder()
+    for i in range(6):
+        t = i * 10_000
+        b.step(i, t, 10_000).loader(t, 2_000)
+        for k in range(32):
+            b.op("aten::select", t + 100 + k * 50, 5)
+            if tensor_op_us:
+                b.op("aten::randn", t + 106 + k * 50, tensor_op_us // 2)
+                b.op("aten::add", t + 107 + k * 50 + tensor_op_us // 2, tensor_op_us // 2)
+        b.op("aten::stack", t + 1_700, 200)
+        b.op("aten::linear", t + 2_100, 7_500)
+    return b
+
+
+@pytest.mark.parametrize(("tensor_op_us", "cpus", "at_once"), [(30, 1, True), (30, 2, False), (10, 1, False)])
+def test_a_batch_built_item_by_item_with_tensor_operators_is_told_to_build_it_at_once(tmp_path, tensor_op_us, cpus,
+                                                                                      at_once):
+    """Was: a dataset of its own indexing a row and adding noise to it with torch, per item, in the training process
+    (the thirty-fourth set's DDP job: 64 selects and 59% of each 1.2 ms wait in torch's operators, 2 ranks on 2 CPUs)
+    was priced only as moving the work to workers, worth nothing on a host its ranks fill (info), where two readers
+    and their consensus would build the batch at once (warning). Here 32 items a batch, each a 5 us select and
+    ``tensor_op_us`` of torch operators, one torch thread on ``cpus`` CPUs. With 30 us, the selects (8%) and the stack
+    (10%) are under the 30% indexing bar but torch's operators hold 66% of the 2 ms wait (1,320 us): on 1 CPU no core
+    is left for a worker, so the batch built at once keeps the stack's 200 us and removes 1.8 ms of each 10 ms step -
+    the operators' cost on the whole batch is not measured, so an upper bound, at half credit 9% (a warning); on 2 CPUs
+    a worker on the free core is replayed, as before. With 10 us the operators hold 34%: the wait is something else
+    (Python around them), judged by the workers."""
+    import json
+
+    per_item_tensor_loader(tensor_op_us).write(tmp_path / "rank-0.step-0-5.pt.trace.json")
+    (tmp_path / "rank-0.manifest.json").write_text(json.dumps({
+        "manifest_version": 2, "rank": 0, "host": {"cpus": cpus, "torch_threads": 1},
+        "dataloader": {"num_workers": 0, "dataset_getitem": "custom", "dataset_tensors": 2}}))
+    (f,) = found(load_dir(tmp_path), "loader_stall")
+    assert f.evidence["per_item_indexing"] is False
+    assert f.evidence["per_item_tensor_ops"] is (tensor_op_us == 30)
+    assert f.recommendation.startswith("each batch is built item by item: rows of tensors in memory indexed, then "
+                                       "worked on by torch's operators") is (tensor_op_us == 30)
+    if at_once:
+        assert f.estimate["method"] == "replay: the batch built at once"
+        assert f.estimate["saving_us_per_step"] == 1_800
+        assert f.estimate["bound"] == "upper"
+        assert (f.worth.fraction, f.worth.basis) == (0.18, "upper bound")
+        assert f.severity == "warning"
+    else:
+        assert f.estimate["method"] == "replay: DataLoader queue simulation"
+
+
 def test_a_batch_of_few_items_is_not_per_item_indexing(tmp_path):
     """Four selects a batch: the wait is something else (the Python around them), judged by the workers replay."""
     (f,) = found(report_of(tmp_path, per_item_loader(4)), "loader_stall")

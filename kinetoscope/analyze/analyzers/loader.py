@@ -25,7 +25,7 @@ from kinetoscope.analyze.model.timeline import (
     main_thread,
     other_loader_spans,
     other_role_waits,
-    per_item_indexing,
+    per_item_batch,
     probed_handover_ns,
     wait_cpu_share,
     waits_as_probed,
@@ -80,7 +80,7 @@ def wait_kind(trace: RankTrace, waits_ns: np.ndarray) -> tuple[str, float | None
 
 
 def _recommendation(names: set[str], pageable_h2d: bool, first_step_share: float, gpu: bool, kind: str,
-                    wait_cpu: float | None, cpus: int | None, per_item: bool = False, own_cpu: bool = False,
+                    wait_cpu: float | None, cpus: int | None, per_item: str | None = None, own_cpu: bool = False,
                     at_once: str | None = None, dataset: str | None = None, probed: str | None = None) -> str:
     tips = []
     if at_once == "tensor_rows":
@@ -94,12 +94,19 @@ def _recommendation(names: set[str], pageable_h2d: bool, first_step_share: float
             "per-item work can be done on a whole batch at once, index and transform the batch in the training "
             "process (num_workers=0) and the hand-over goes with the workers (what that work costs there is not "
             "known: the estimate, every wait removed, is a bound)")
-    if per_item:
+    if per_item == "indexing":
         tips.append(
             "each batch is built item by item from tensors in memory (a TensorDataset's __getitem__ per item, then "
             "torch.stack): index the whole batch at once - pass a BatchSampler as the DataLoader's sampler with "
             "batch_size=None, or slice the tensors yourself - which removes the per-item work rather than moving it "
             "to workers")
+    elif per_item == "tensor_ops":
+        tips.append(
+            "each batch is built item by item: rows of tensors in memory indexed, then worked on by torch's operators "
+            "one item at a time (what the trace shows inside the waits): do it on the whole batch at once - index the "
+            "rows with the batch's indices (a BatchSampler as the DataLoader's sampler with batch_size=None, or a "
+            "__getitems__ on the dataset) and apply the same operators to the batch - which removes the per-item "
+            "calls rather than moving them to workers")
     multiprocess = any("MultiProcessing" in n for n in names)
     if at_once == "tensor_rows":
         pass  # no workers after the fix: nothing of theirs to tune
@@ -269,7 +276,8 @@ def analyze_loader(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
 
         pageable = bool(h2d_copies(trace)["pageable"].any()) if has_gpu else False
         kind, wait_cpu, own_cpu = wait_kind(trace, frame["dur_ns"].to_numpy())
-        per_item = per_item_indexing(trace, frame["ts_ns"].to_numpy(np.int64), frame["end_ns"].to_numpy(np.int64))
+        built = per_item_batch(trace, frame["ts_ns"].to_numpy(np.int64), frame["end_ns"].to_numpy(np.int64))
+        per_item = built[0] if built is not None else None
         in_memory = in_memory_dataset(trace) if any("MultiProcessing" in n for n in names) else None
         probe_ns = probed_handover_ns(trace)
         probed = (f"its waits, median {float(np.median(frame['dur_ns'])) / 1e6:.2f} ms, are what the capture measured "
@@ -302,11 +310,13 @@ def analyze_loader(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
                     "iterator": metrics.iterator,
                     "wait_kind": kind if any("MultiProcessing" in n for n in names) else None,
                     # the batch built item by item from tensors in memory (per-item select, then stack)
-                    "per_item_indexing": (per_item is not None) if main_thread(trace) is not None else None,
+                    "per_item_indexing": (per_item == "indexing") if main_thread(trace) is not None else None,
+                    # ... or indexed, then worked on by torch's operators per item (noise added to each row)
+                    "per_item_tensor_ops": (per_item == "tensor_ops") if main_thread(trace) is not None else None,
                     # the workers' dataset as the capture read it: its items rows of tensors in memory
                     "dataset_in_memory": in_memory,
                     "advice_if_no_gain": (
-                        "Indexing the batch at once would not make the step faster here: replayed without the "
+                        "Building the batch at once would not make the step faster here: replayed without the "
                         "per-item work, the step gains less than 3%; look at the step's other findings."
                         if per_item is not None else
                         "Indexing the batch at once in the training process would not make the step faster here: "
@@ -339,7 +349,7 @@ def analyze_loader(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
                     "window_us": us(w.dur_ns),
                 },
                 recommendation=_recommendation(names, pageable, float(first), trace.has_gpu, kind, wait_cpu, cpus,
-                                               per_item is not None, own_cpu, at_once,
+                                               per_item, own_cpu, at_once,
                                                dataset if isinstance(dataset, str) else None, probed),
                 impact_us=float(basis_ns) / 1000.0,
                 # on a CPU run the training loader's waits over the run, where the capture timed them: of those a fix

@@ -628,38 +628,74 @@ _INDEXING = frozenset({"aten::select", "aten::unsqueeze", "aten::as_strided", "a
 _COLLATE = frozenset({"aten::stack", "aten::cat"})
 
 
-def per_item_indexing(trace: RankTrace, starts: np.ndarray, ends: np.ndarray) -> np.ndarray | None:
-    """Where the training loop's data waits (``starts``/``ends``) are a batch built item by item from tensors in
-    memory (a ``TensorDataset``'s ``__getitem__`` per item, then ``default_collate``'s ``torch.stack``): each wait's
-    collate copy (the stack and cat inside it, ns), which indexing the whole batch at once still does; None where
-    they are not. Read from the operators the trace recorded inside the waits on the training thread."""
+#: ... or, where the indexing alone is less, torch's operators (``aten::``) hold at least this share of the waits: each
+#: item's rows indexed and then worked on by tensor operators (noise added, scaled, cast), work that runs on the whole
+#: batch as well as on one item, with the Python around each item gone
+PER_ITEM_TENSOR_MIN_SHARE = 0.5
+_ATEN_RE = re.compile(r"^aten::")
+
+
+def _per_item_ops(trace: RankTrace, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, ...] | None:
+    """Per wait (``starts``/``ends``) on the training thread: its ``aten::select`` count, the time its indexing
+    operators cover, its collate copy (stack and cat) and all its torch operators cover (ns); None where the thread
+    or its operators are not known."""
     tid = main_thread(trace)
     if tid is None or not len(starts):
         return None
     ev = trace.events
-    ops = ev[kind_mask(ev, ("cpu_op",)) & _tid_mask(ev, {tid}) & name_mask(ev, names=_INDEXING)]
+    ops = ev[kind_mask(ev, ("cpu_op",)) & _tid_mask(ev, {tid}) & name_mask(ev, _ATEN_RE)]
     if ops.empty:
         return None
     ops = ops.sort_values("ts_ns", kind="stable")
     names = ops["name"].astype(str).to_numpy()
     o_start, o_end = ops["ts_ns"].to_numpy(np.int64), ops["end_ns"].to_numpy(np.int64)
     is_select, is_collate = names == "aten::select", np.isin(names, list(_COLLATE))
-    selects = np.zeros(len(starts))
-    collate = np.zeros(len(starts))
-    indexing = np.zeros(len(starts))
+    is_indexing = np.isin(names, list(_INDEXING))
+    selects, collate, indexing, aten = (np.zeros(len(starts)) for _ in range(4))
     # each wait's operators by binary search on their starts: one pass over the operators, not one per wait
     lo_at, hi_at = np.searchsorted(o_start, starts, side="left"), np.searchsorted(o_start, ends, side="right")
     for k, (lo, hi) in enumerate(zip(lo_at, hi_at, strict=True)):
         inside = o_end[lo:hi] <= ends[k]
         s_, e_ = o_start[lo:hi][inside], o_end[lo:hi][inside]
         selects[k] = float(is_select[lo:hi][inside].sum())
-        indexing[k] = iv.measure(iv.union(s_, e_))
+        i = is_indexing[lo:hi][inside]
+        indexing[k] = iv.measure(iv.union(s_[i], e_[i]))
         c = is_collate[lo:hi][inside]
         collate[k] = iv.measure(iv.union(s_[c], e_[c]))
+        aten[k] = iv.measure(iv.union(s_, e_))
+    return selects, indexing, collate, aten
+
+
+def per_item_batch(trace: RankTrace, starts: np.ndarray, ends: np.ndarray) -> tuple[str, np.ndarray] | None:
+    """Where the training loop's data waits (``starts``/``ends``) build each batch item by item from rows of tensors
+    in memory: ("indexing", ...) where the per-item work is the indexing (a ``TensorDataset``'s ``__getitem__`` per
+    item, then ``default_collate``'s ``torch.stack``), ("tensor_ops", ...) where it is the indexing and then torch's
+    operators on each item (a dataset of its own adding noise to its rows: ``PER_ITEM_TENSOR_MIN_SHARE``), with each
+    wait's collate copy (the stack and cat inside it, ns), which building the batch at once still makes; None where
+    neither (decoding, Python, NumPy: work the trace does not show as torch's). Read from the operators the trace
+    recorded inside the waits on the training thread. Not where the capture read the dataset and it holds no tensors
+    (indexing then is of something the loader built: a tokenizer's output)."""
+    found = _per_item_ops(trace, starts, ends)
     total = float((ends - starts).sum())
-    if float(selects.mean()) < PER_ITEM_MIN_SELECTS or not total or indexing.sum() / total < PER_ITEM_MIN_SHARE:
+    if found is None or not total:
         return None
-    return collate
+    selects, indexing, collate, aten = found
+    if float(selects.mean()) < PER_ITEM_MIN_SELECTS:
+        return None
+    if indexing.sum() / total >= PER_ITEM_MIN_SHARE:
+        return "indexing", collate
+    tensors = ((trace.meta.capture or {}).get("dataloader") or {}).get("dataset_tensors")
+    if aten.sum() / total >= PER_ITEM_TENSOR_MIN_SHARE and not (isinstance(tensors, int) and tensors < 1):
+        return "tensor_ops", collate
+    return None
+
+
+def per_item_indexing(trace: RankTrace, starts: np.ndarray, ends: np.ndarray) -> np.ndarray | None:
+    """Where the training loop's data waits are a batch built item by item from tensors in memory by indexing alone
+    (``per_item_batch``'s "indexing"): each wait's collate copy (ns), which indexing the whole batch at once still
+    does; None where they are not."""
+    found = per_item_batch(trace, starts, ends)
+    return found[1] if found is not None and found[0] == "indexing" else None
 
 
 #: the process's CPU works through at least this share of a wait for a worker's batch: the wait is the hand-over

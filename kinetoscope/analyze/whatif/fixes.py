@@ -30,7 +30,7 @@ from kinetoscope.analyze.model.timeline import (
     main_thread,
     name_mask,
     other_loader_spans,
-    per_item_indexing,
+    per_item_batch,
     wait_cpu_share,
     workers_busy_share,
     workers_cpu_per_step,
@@ -133,6 +133,18 @@ def _ranks_on_host(host: dict[str, Any], world_size: int | None) -> tuple[int, s
     return 1, "how many ranks share this host is not recorded: this rank counts every CPU as its own"
 
 
+def _no_core_for_a_worker(trace: RankTrace) -> bool:
+    """Whether the capture recorded that this rank's share of the host's CPUs leaves none beside its torch threads
+    (the job's ranks on the host, each with its threads, fill them): a DataLoader worker would take a core the
+    training uses. False where the CPUs or threads are not recorded."""
+    host, _ = _facts(trace)
+    cpus, threads = _count(host.get("cpus")), _count(host.get("torch_threads"))
+    if cpus is None or threads is None:
+        return False
+    ranks, _ = _ranks_on_host(host, trace.meta.world_size)
+    return cpus / ranks - threads < 1
+
+
 def plan_loader(trace: RankTrace, g: ReplayGraph, params: dict[str, Any]) -> Plan | None:
     items = _window_waits(g, trace)
     if not len(items) or not g.steps:
@@ -140,14 +152,31 @@ def plan_loader(trace: RankTrace, g: ReplayGraph, params: dict[str, Any]) -> Pla
     if not params:
         # a batch built item by item from tensors in memory: indexing it at once removes the per-item work and
         # keeps the copy, in the training process, with no worker to hand it over
-        collate = per_item_indexing(trace, g.wait_start[items], g.wait_end[items])
-        if collate is not None:
+        built = per_item_batch(trace, g.wait_start[items], g.wait_end[items])
+        if built is not None and built[0] == "indexing":
+            collate = built[1]
             per_batch = float(np.mean([int(x) for x in collate])) / 1e6
             return Plan(Edits(item_dur=wait_edits(g, items, collate)),
                         "replay: the batch indexed at once",
                         (f"each wait builds its batch item by item from tensors in memory (a TensorDataset's "
                          f"__getitem__, then torch.stack): indexing the batch at once leaves the collate's copy "
                          f"({per_batch:.2f} ms a batch, measured inside the waits) and removes the rest",))
+        if built is not None and _no_core_for_a_worker(trace):
+            # the rows indexed, then worked on by torch's operators item by item, on a host whose CPUs the training
+            # fills (a worker would take a core the training uses): on the whole batch the same operators run once,
+            # on more data - what that costs is not in the trace, so removing every wait but the collate's copy is
+            # the most it gives (was: only more workers replayed, worth nothing there, where two readers and their
+            # consensus priced the batch built at once). With a core free, a worker's replay prices it, as before
+            collate = built[1]
+            per_batch = float(np.mean([int(x) for x in collate])) / 1e6
+            return Plan(Edits(item_dur=wait_edits(g, items, collate)),
+                        "replay: the batch built at once",
+                        (f"each wait builds its batch item by item: rows of tensors in memory indexed, then torch's "
+                         f"operators on each item; building the batch at once leaves the collate's copy "
+                         f"({per_batch:.2f} ms a batch, measured inside the waits) and removes the rest",
+                         "the same operators on the whole batch cost less than one call per item, by how much is not "
+                         "measured: this is a bound"),
+                        bound="upper")
         in_memory = batch_at_once(trace, g.wait_end[items] - g.wait_start[items])
         if in_memory is not None:
             # workers serving a TensorDataset: its items are rows of tensors in memory and nothing else, so the batch
