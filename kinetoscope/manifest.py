@@ -123,3 +123,4 @@ class ManifestFacts(msgspec.Struct):
     host: dict[str, Any] | None = None  # cpus, cores_effective (measured), torch_threads, ranks_on_host: numbers kept
     dataloader: dict[str, Any] | None = None  # scalars, and the hand-over probe's object: checked by the reader
     loop: Any = None  # the loop marks' run totals (manifest_version 2): checked by the reader
+    world_size: Any = None  # the job's ranks, as the launcher said: checked by the reader

@@ -27,6 +27,7 @@ from kinetoscope.analyze.model.analysis import AnalysisResult, register
 from kinetoscope.analyze.model.collectives import collectives, host_collectives
 from kinetoscope.analyze.model.config import AnalysisConfig
 from kinetoscope.analyze.model.findings import Finding
+from kinetoscope.analyze.model.hostfacts import count, job_threads
 from kinetoscope.analyze.model.results import HostInferred, HostMeasured, HostResult
 from kinetoscope.analyze.model.timeline import (
     COMPILE_RE,
@@ -95,10 +96,8 @@ def _advice(facts: dict[str, Any]) -> str:
     advice to keep threads and workers within the CPUs where they already were)."""
     if not facts.get("job_threads_fit_cpus"):
         return _ADVICE
-    ranks, threads, workers = facts.get("ranks_on_host") or 1, facts["torch_threads"], facts["num_workers"] or 0
-    return (f"This job's own threads already fit the host's CPUs ({ranks} rank{'s' if ranks > 1 else ''} x "
-            f"{threads} torch thread{'s' if threads > 1 else ''} and {workers} DataLoader "
-            f"worker{'' if workers == 1 else 's'} each, on {facts['cpus']} CPUs): what competes is threads it "
+    return (f"This job's own threads already fit the CPUs it runs on ({facts['job_threads_on_host']} of "
+            f"{facts['cpus']}: its ranks' torch threads and DataLoader workers): what competes is threads it "
             "does not size - a collective library's (gloo's) threads moving data beside the compute, the profiler's, "
             "other processes. Move other work off the node, pin each rank to cores of its own (taskset, numactl) "
             "with a spare core for its communication threads, or run fewer ranks per host.")
@@ -111,21 +110,15 @@ def _facts(trace: RankTrace) -> tuple[dict[str, Any], str]:
     facts = ", ".join(part for part in (
         f"{host['cpus']} CPUs" if host.get("cpus") else "",
         f"torch threads {host['torch_threads']}" if host.get("torch_threads") else "",
-        f"{workers} DataLoader worker{'' if workers == 1 else 's'}" if isinstance(workers, int) else "",
+        f"{workers} DataLoader worker{'' if workers == 1 else 's'}" if count(workers, 0) is not None else "",
         f"{ranks} of the job's ranks on this host" if isinstance(ranks, int) and ranks > 1 else "") if part)
-    # the threads the job sizes itself, on this host: each rank's torch threads and its training loader's workers
-    # (none where the capture's loop saw no DataLoader worker start; None where any of them is not recorded)
+    # the threads the job sizes itself on this rank's CPUs (``hostfacts.job_threads``: the same reading the loader's
+    # replay makes of the host)
     cpus, threads = host.get("cpus"), host.get("torch_threads")
-    loop = (trace.meta.capture or {}).get("loop") or {}
-    started = (loop.get("child_processes") or {}).get("dataloader_workers")
-    own = workers if isinstance(workers, int) else 0 if started == 0 and "workers" in (loop.get("recorded") or ()) \
-        else None
-    sized = (((ranks if isinstance(ranks, int) and ranks > 0 else 1) * (threads + own))
-             if isinstance(threads, int) and isinstance(own, int) else None)
+    sized, fits = job_threads(trace)
     return {"cpus": cpus, "torch_threads": threads,
-            "num_workers": workers if isinstance(workers, int) else None,
-            "ranks_on_host": ranks, "job_threads_on_host": sized,
-            "job_threads_fit_cpus": (sized <= cpus) if sized is not None and isinstance(cpus, int) else None}, facts
+            "num_workers": count(workers, 0),
+            "ranks_on_host": ranks, "job_threads_on_host": sized, "job_threads_fit_cpus": fits}, facts
 
 
 @register("host", "Host CPU")

@@ -9,6 +9,7 @@ from kinetoscope.analyze.model import intervals as iv
 from kinetoscope.analyze.model.analysis import AnalysisResult, register
 from kinetoscope.analyze.model.config import AnalysisConfig
 from kinetoscope.analyze.model.findings import Finding
+from kinetoscope.analyze.model.hostfacts import no_core_for_a_worker
 from kinetoscope.analyze.model.missing import missing_activity
 from kinetoscope.analyze.model.phases import evaluation_waits
 from kinetoscope.analyze.model.results import Loader, LoaderResult, LoaderRun
@@ -81,7 +82,8 @@ def wait_kind(trace: RankTrace, waits_ns: np.ndarray) -> tuple[str, float | None
 
 def _recommendation(names: set[str], pageable_h2d: bool, first_step_share: float, gpu: bool, kind: str,
                     wait_cpu: float | None, cpus: int | None, per_item: str | None = None, own_cpu: bool = False,
-                    at_once: str | None = None, dataset: str | None = None, probed: str | None = None) -> str:
+                    at_once: str | None = None, dataset: str | None = None, probed: str | None = None,
+                    no_core: bool = False) -> str:
     tips = []
     if at_once == "tensor_rows":
         tips.append(
@@ -110,6 +112,8 @@ def _recommendation(names: set[str], pageable_h2d: bool, first_step_share: float
     multiprocess = any("MultiProcessing" in n for n in names)
     if at_once == "tensor_rows":
         pass  # no workers after the fix: nothing of theirs to tune
+    elif per_item is not None and no_core:
+        pass  # no core is left for a worker (the capture's host facts): the batch built at once is the fix
     elif any("SingleProcess" in n for n in names):
         tips.append(
             "the DataLoader runs in the training process (num_workers=0): set num_workers to the "
@@ -278,6 +282,7 @@ def analyze_loader(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
         kind, wait_cpu, own_cpu = wait_kind(trace, frame["dur_ns"].to_numpy())
         built = per_item_batch(trace, frame["ts_ns"].to_numpy(np.int64), frame["end_ns"].to_numpy(np.int64))
         per_item = built[0] if built is not None else None
+        no_core = no_core_for_a_worker(trace)
         in_memory = in_memory_dataset(trace) if any("MultiProcessing" in n for n in names) else None
         probe_ns = probed_handover_ns(trace)
         probed = (f"its waits, median {float(np.median(frame['dur_ns'])) / 1e6:.2f} ms, are what the capture measured "
@@ -316,9 +321,13 @@ def analyze_loader(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
                     # the workers' dataset as the capture read it: its items rows of tensors in memory
                     "dataset_in_memory": in_memory,
                     "advice_if_no_gain": (
-                        "Building the batch at once would not make the step faster here: replayed without the "
+                        "Indexing the batch at once would not make the step faster here: replayed without the "
                         "per-item work, the step gains less than 3%; look at the step's other findings."
-                        if per_item is not None else
+                        if per_item == "indexing" else
+                        "Building the batch at once would not make the step faster here"
+                        + ("" if no_core else ", nor would a DataLoader worker on a free core")
+                        + ": replayed, the step gains less than 3%; look at the step's other findings."
+                        if per_item == "tensor_ops" else
                         "Indexing the batch at once in the training process would not make the step faster here: "
                         "replayed without the waits, the step gains less than 3%; look at the step's other findings."
                         if at_once is not None else
@@ -350,7 +359,7 @@ def analyze_loader(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
                 },
                 recommendation=_recommendation(names, pageable, float(first), trace.has_gpu, kind, wait_cpu, cpus,
                                                per_item, own_cpu, at_once,
-                                               dataset if isinstance(dataset, str) else None, probed),
+                                               dataset if isinstance(dataset, str) else None, probed, no_core),
                 impact_us=float(basis_ns) / 1000.0,
                 # on a CPU run the training loader's waits over the run, where the capture timed them: of those a fix
                 # removes what it removes of the window's

@@ -636,9 +636,11 @@ _ATEN_RE = re.compile(r"^aten::")
 
 
 def _per_item_ops(trace: RankTrace, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, ...] | None:
-    """Per wait (``starts``/``ends``) on the training thread: its ``aten::select`` count, the time its indexing
-    operators cover, its collate copy (stack and cat) and all its torch operators cover (ns); None where the thread
-    or its operators are not known."""
+    """Per wait (``starts``/``ends``) on the training thread, from its torch operators that no other operator holds
+    (a collate's ``pad_sequence`` holds its own selects): its ``aten::select`` count, the time its indexing operators
+    cover, the time those called once a batch cover (fewer than ``PER_ITEM_MIN_SELECTS`` times in the wait: the
+    collate's stack, a ``pin_memory``, a cast - what building the batch at once still does) and the time those called
+    per item cover (ns); None where the thread or its operators are not known."""
     tid = main_thread(trace)
     if tid is None or not len(starts):
         return None
@@ -646,47 +648,53 @@ def _per_item_ops(trace: RankTrace, starts: np.ndarray, ends: np.ndarray) -> tup
     ops = ev[kind_mask(ev, ("cpu_op",)) & _tid_mask(ev, {tid}) & name_mask(ev, _ATEN_RE)]
     if ops.empty:
         return None
-    ops = ops.sort_values("ts_ns", kind="stable")
+    # outer operators first where two start together, so that the inner one reads as held
+    ops = ops.assign(_neg=-ops["dur_ns"].to_numpy(np.int64)).sort_values(["ts_ns", "_neg"], kind="stable")
     names = ops["name"].astype(str).to_numpy()
     o_start, o_end = ops["ts_ns"].to_numpy(np.int64), ops["end_ns"].to_numpy(np.int64)
-    is_select, is_collate = names == "aten::select", np.isin(names, list(_COLLATE))
-    is_indexing = np.isin(names, list(_INDEXING))
-    selects, collate, indexing, aten = (np.zeros(len(starts)) for _ in range(4))
+    # held: inside an operator that started before it (ends by the latest end so far)
+    reach = np.maximum.accumulate(o_end)
+    held = np.zeros(len(o_end), bool)
+    held[1:] = o_end[1:] <= reach[:-1]
+    is_select, is_indexing = names == "aten::select", np.isin(names, list(_INDEXING))
+    selects, indexing, per_batch, per_item = (np.zeros(len(starts)) for _ in range(4))
     # each wait's operators by binary search on their starts: one pass over the operators, not one per wait
     lo_at, hi_at = np.searchsorted(o_start, starts, side="left"), np.searchsorted(o_start, ends, side="right")
     for k, (lo, hi) in enumerate(zip(lo_at, hi_at, strict=True)):
-        inside = o_end[lo:hi] <= ends[k]
-        s_, e_ = o_start[lo:hi][inside], o_end[lo:hi][inside]
+        inside = (o_end[lo:hi] <= ends[k]) & ~held[lo:hi]
+        s_, e_, n_ = o_start[lo:hi][inside], o_end[lo:hi][inside], names[lo:hi][inside]
         selects[k] = float(is_select[lo:hi][inside].sum())
         i = is_indexing[lo:hi][inside]
         indexing[k] = iv.measure(iv.union(s_[i], e_[i]))
-        c = is_collate[lo:hi][inside]
-        collate[k] = iv.measure(iv.union(s_[c], e_[c]))
-        aten[k] = iv.measure(iv.union(s_, e_))
-    return selects, indexing, collate, aten
+        kinds, counts = np.unique(n_, return_counts=True)
+        many = np.isin(n_, kinds[counts >= PER_ITEM_MIN_SELECTS])
+        per_batch[k] = iv.measure(iv.union(s_[~many], e_[~many]))
+        per_item[k] = iv.measure(iv.union(s_[many], e_[many]))
+    return selects, indexing, per_batch, per_item
 
 
 def per_item_batch(trace: RankTrace, starts: np.ndarray, ends: np.ndarray) -> tuple[str, np.ndarray] | None:
     """Where the training loop's data waits (``starts``/``ends``) build each batch item by item from rows of tensors
     in memory: ("indexing", ...) where the per-item work is the indexing (a ``TensorDataset``'s ``__getitem__`` per
     item, then ``default_collate``'s ``torch.stack``), ("tensor_ops", ...) where it is the indexing and then torch's
-    operators on each item (a dataset of its own adding noise to its rows: ``PER_ITEM_TENSOR_MIN_SHARE``), with each
-    wait's collate copy (the stack and cat inside it, ns), which building the batch at once still makes; None where
-    neither (decoding, Python, NumPy: work the trace does not show as torch's). Read from the operators the trace
-    recorded inside the waits on the training thread. Not where the capture read the dataset and it holds no tensors
-    (indexing then is of something the loader built: a tokenizer's output)."""
+    operators on each item (a dataset of its own adding noise to its rows: ``PER_ITEM_TENSOR_MIN_SHARE`` of the waits
+    in operators called per item), with each wait's once-a-batch operators' time (ns: the collate's stack, a
+    ``pin_memory``), which building the batch at once still spends; None where neither (decoding, Python, NumPy: work
+    the trace does not show as torch's). Read from the operators the trace recorded inside the waits on the training
+    thread, those no other operator holds. Not where the capture read the dataset and it holds no tensors (indexing
+    then is of something the loader built: a tokenizer's output)."""
     found = _per_item_ops(trace, starts, ends)
     total = float((ends - starts).sum())
     if found is None or not total:
         return None
-    selects, indexing, collate, aten = found
+    selects, indexing, per_batch, per_item = found
     if float(selects.mean()) < PER_ITEM_MIN_SELECTS:
         return None
     if indexing.sum() / total >= PER_ITEM_MIN_SHARE:
-        return "indexing", collate
+        return "indexing", per_batch
     tensors = ((trace.meta.capture or {}).get("dataloader") or {}).get("dataset_tensors")
-    if aten.sum() / total >= PER_ITEM_TENSOR_MIN_SHARE and not (isinstance(tensors, int) and tensors < 1):
-        return "tensor_ops", collate
+    if per_item.sum() / total >= PER_ITEM_TENSOR_MIN_SHARE and not (isinstance(tensors, int) and tensors < 1):
+        return "tensor_ops", per_batch
     return None
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from kinetoscope.analyze.model.config import DEFAULT_CONFIG
 from kinetoscope.analyze.model.estimate import Estimate
 from kinetoscope.analyze.model.findings import Finding
 from kinetoscope.analyze.model.trace import RankTrace
@@ -31,10 +32,25 @@ def estimate(trace: RankTrace, finding: Finding, params: dict[str, Any] | None =
     plan = plan_for(trace, g, finding, params)
     if plan is None:
         return None
-    after = apply(trace, g, plan.edits)
+    plan, after = _worth_more(trace, g, base, plan)
     return Estimate.of(base.mean_step_ns, after.mean_step_ns, plan.method, plan.assumptions,
                        details={k: v for k, v in plan.extra.items() if v is not None}, bound=plan.bound,
                        saving_by_step_us=_by_step(base, after, plan))
+
+
+def _worth_more(trace: RankTrace, g: Any, base: Replayed, plan: Plan) -> tuple[Plan, Replayed]:
+    """Of a plan and its alternative (two fixes of one finding: a batch built at once, or a worker on a free core),
+    the one worth more as the severity policy credits it (a bound at ``upper_bound_credit`` of itself), with its
+    replay."""
+    after = apply(trace, g, plan.edits)
+    if plan.alternative is None:
+        return plan, after
+    other = apply(trace, g, plan.alternative.edits)
+
+    def credited(p: Plan, r: Replayed) -> float:
+        return (base.mean_step_ns - r.mean_step_ns) * (DEFAULT_CONFIG.upper_bound_credit if p.bound == "upper" else 1.0)
+
+    return (plan.alternative, other) if credited(plan.alternative, other) > credited(plan, after) else (plan, after)
 
 
 def _by_step(base: Replayed, after: Replayed, plan: Plan) -> tuple[float, ...] | None:
@@ -100,11 +116,14 @@ def combined(
     if not g.steps:
         return None
     edits, methods, assumptions, seen = Edits(), [], [], set()
+    base = baseline(trace)
     # named fixes before those that stand for one of them (gpu_idle)
     for f in sorted(findings, key=lambda f: bool(f.id in FIXES and FIXES[f.id].stands_for)):
         plan = plan_for(trace, g, f, params_for(f.id, params))
         if plan is None:
             continue
+        if plan.alternative is not None:
+            plan, _ = _worth_more(trace, g, base, plan)
         what = edited_by(f, plan)
         if what in seen:
             continue
@@ -113,5 +132,5 @@ def combined(
         methods.append(f"{f.id}: {plan.method}")
         assumptions += list(plan.assumptions)
     after = apply(trace, g, edits)
-    return Estimate.of(baseline(trace).mean_step_ns, after.mean_step_ns, "; ".join(methods) or "none",
+    return Estimate.of(base.mean_step_ns, after.mean_step_ns, "; ".join(methods) or "none",
                        tuple(assumptions))

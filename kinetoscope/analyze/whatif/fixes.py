@@ -16,6 +16,7 @@ import pandas as pd
 from kinetoscope.analyze.model import intervals as iv
 from kinetoscope.analyze.model.commroles import collective_roles
 from kinetoscope.analyze.model.findings import Finding
+from kinetoscope.analyze.model.hostfacts import count, no_core_for_a_worker, ranks_sharing
 from kinetoscope.analyze.model.phases import evaluation_steps, evaluation_waits
 from kinetoscope.analyze.model.timeline import (
     HANDOVER_CPU_SHARE,
@@ -64,6 +65,9 @@ class Plan:
     #: how its analytic savings (``Edits.analytic_ns``) are spread over the window's steps (relative weights, one
     #: per step); None: evenly
     analytic_weights: tuple[float, ...] | None = None
+    #: another fix of the same finding: the estimate replays both and keeps the one worth more as the severity policy
+    #: credits it (a bound at ``upper_bound_credit``)
+    alternative: Plan | None = None
 
     @property
     def what(self) -> str | None:
@@ -97,9 +101,7 @@ def _facts(trace: RankTrace) -> tuple[dict[str, Any], dict[str, Any]]:
     return dict(cap.get("host") or {}), dict(cap.get("dataloader") or {})
 
 
-def _count(value: Any, least: int = 1) -> int | None:
-    """``value`` where it is a whole number of at least ``least`` (a manifest's count: not a bool), else None."""
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= least else None
+_count = count
 
 
 def _cores_together(host: dict[str, Any], cpus: int) -> tuple[float, str]:
@@ -117,32 +119,12 @@ def _cores_together(host: dict[str, Any], cpus: int) -> tuple[float, str]:
 
 
 def _ranks_on_host(host: dict[str, Any], world_size: int | None) -> tuple[int, str]:
-    """(how many ranks share this rank's CPUs, what the estimate says of it): 1 for a job of one process (a trace
-    without the job's size is one: several ranks write it), or for a rank pinned to CPUs of its own (fewer than the
-    host's: the launcher gave each rank its share), else the launcher's count the capture recorded; 1 where it did
-    not, said (each rank then counts every CPU as its own)."""
-    ranks, cpus, on_host = host.get("ranks_on_host"), host.get("cpus"), host.get("cpus_on_host")
-    if world_size is None or world_size <= 1:
-        return 1, ""
-    if isinstance(ranks, int) and ranks > 1 and isinstance(cpus, int) and isinstance(on_host, int) and cpus < on_host:
-        return 1, (f"this rank may run on {cpus} of the host's {on_host} CPUs (pinned by its launcher): they are "
-                   "taken as its own")
-    if isinstance(ranks, int) and ranks >= 1:
-        return ranks, (f"{ranks} ranks share the host's CPUs (the launcher's count): each counts on its share"
-                       if ranks > 1 else "")
-    return 1, "how many ranks share this host is not recorded: this rank counts every CPU as its own"
-
-
-def _no_core_for_a_worker(trace: RankTrace) -> bool:
-    """Whether the capture recorded that this rank's share of the host's CPUs leaves none beside its torch threads
-    (the job's ranks on the host, each with its threads, fill them): a DataLoader worker would take a core the
-    training uses. False where the CPUs or threads are not recorded."""
-    host, _ = _facts(trace)
-    cpus, threads = _count(host.get("cpus")), _count(host.get("torch_threads"))
-    if cpus is None or threads is None:
-        return False
-    ranks, _ = _ranks_on_host(host, trace.meta.world_size)
-    return cpus / ranks - threads < 1
+    """(how many ranks share this rank's CPUs, what the estimate says of it): ``hostfacts.ranks_sharing``, with 1
+    where the launcher's count is not recorded, said (each rank then counts every CPU as its own)."""
+    ranks, said = ranks_sharing(host, world_size)
+    if ranks is None:
+        return 1, "how many ranks share this host is not recorded: this rank counts every CPU as its own"
+    return ranks, said
 
 
 def plan_loader(trace: RankTrace, g: ReplayGraph, params: dict[str, Any]) -> Plan | None:
@@ -161,15 +143,15 @@ def plan_loader(trace: RankTrace, g: ReplayGraph, params: dict[str, Any]) -> Pla
                         (f"each wait builds its batch item by item from tensors in memory (a TensorDataset's "
                          f"__getitem__, then torch.stack): indexing the batch at once leaves the collate's copy "
                          f"({per_batch:.2f} ms a batch, measured inside the waits) and removes the rest",))
-        if built is not None and _no_core_for_a_worker(trace):
-            # the rows indexed, then worked on by torch's operators item by item, on a host whose CPUs the training
-            # fills (a worker would take a core the training uses): on the whole batch the same operators run once,
-            # on more data - what that costs is not in the trace, so removing every wait but the collate's copy is
-            # the most it gives (was: only more workers replayed, worth nothing there, where two readers and their
-            # consensus priced the batch built at once). With a core free, a worker's replay prices it, as before
+        if built is not None:
+            # the rows indexed, then worked on by torch's operators item by item: on the whole batch the same
+            # operators run once, on more data - what that costs is not in the trace, so removing every wait but the
+            # collate's copy is the most it gives (was: only more workers replayed, worth nothing on a host whose
+            # ranks fill its CPUs, where two readers and their consensus priced the batch built at once). With a core
+            # free for a worker, both are replayed and the estimate keeps the one worth more
             collate = built[1]
             per_batch = float(np.mean([int(x) for x in collate])) / 1e6
-            return Plan(Edits(item_dur=wait_edits(g, items, collate)),
+            at_once = Plan(Edits(item_dur=wait_edits(g, items, collate)),
                         "replay: the batch built at once",
                         (f"each wait builds its batch item by item: rows of tensors in memory indexed, then torch's "
                          f"operators on each item; building the batch at once leaves the collate's copy "
@@ -177,6 +159,10 @@ def plan_loader(trace: RankTrace, g: ReplayGraph, params: dict[str, Any]) -> Pla
                          "the same operators on the whole batch cost less than one call per item, by how much is not "
                          "measured: this is a bound"),
                         bound="upper")
+            if no_core_for_a_worker(trace):
+                return at_once
+            workers = _plan_workers(trace, g, params, items)
+            return replace(workers, alternative=at_once) if workers is not None else at_once
         in_memory = batch_at_once(trace, g.wait_end[items] - g.wait_start[items])
         if in_memory is not None:
             # workers serving a TensorDataset: its items are rows of tensors in memory and nothing else, so the batch
@@ -199,6 +185,11 @@ def plan_loader(trace: RankTrace, g: ReplayGraph, params: dict[str, Any]) -> Pla
                          "batch at once in the training process (num_workers=0) removes each wait, the workers' "
                          f"hand-over with it; {rest}, so this is a bound",),
                         bound="upper")
+    return _plan_workers(trace, g, params, items)
+
+
+def _plan_workers(trace: RankTrace, g: ReplayGraph, params: dict[str, Any], items: np.ndarray) -> Plan | None:
+    """The loader replayed with (more) DataLoader workers: a queue simulation of the window's waits."""
     names = set(loader_spans(trace)["name"].astype(str))
     single = any("SingleProcess" in n for n in names) and not any("MultiProcessing" in n for n in names)
     host, dl = _facts(trace)

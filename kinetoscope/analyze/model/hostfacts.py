@@ -1,0 +1,76 @@
+"""What the capture recorded of the host a rank ran on, read once for every analysis that sizes work to its CPUs.
+
+The manifest is JSON data written by a training job's capture: every count here is checked to be a whole number in
+its range (never a bool, a float or a string), and what was not recorded is ``None``, never a default that reads as
+an answer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kinetoscope.analyze.model.trace import RankTrace
+
+
+def count(value: Any, least: int = 1) -> int | None:
+    """``value`` where it is a whole number of at least ``least`` (a manifest's count: not a bool), else None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= least else None
+
+
+def ranks_sharing(host: dict[str, Any], world_size: int | None) -> tuple[int | None, str]:
+    """(how many of the job's ranks share this rank's CPUs, what is said of it): 1 for a job of one process (a trace
+    without the job's size is one: several ranks write it), or for a rank pinned to CPUs of its own (fewer than the
+    host's: the launcher gave each rank its share), else the launcher's count the capture recorded; None where it did
+    not."""
+    ranks, cpus, on_host = count(host.get("ranks_on_host")), count(host.get("cpus")), count(host.get("cpus_on_host"))
+    if world_size is None or world_size <= 1:
+        return 1, ""
+    if ranks is not None and ranks > 1 and cpus is not None and on_host is not None and cpus < on_host:
+        return 1, (f"this rank may run on {cpus} of the host's {on_host} CPUs (pinned by its launcher): they are "
+                   "taken as its own")
+    if ranks is not None:
+        return ranks, (f"{ranks} ranks share the host's CPUs (the launcher's count): each counts on its share"
+                       if ranks > 1 else "")
+    return None, "how many ranks share this host is not recorded"
+
+
+def world_size(trace: RankTrace) -> int | None:
+    """The job's number of ranks: the trace's own record (``distributedInfo``), else the capture's manifest."""
+    return trace.meta.world_size or count((trace.meta.capture or {}).get("world_size"))
+
+
+def no_core_for_a_worker(trace: RankTrace) -> bool:
+    """Whether the capture recorded that this rank's share of the host's CPUs leaves none beside its torch threads
+    (the job's ranks on the host, each with its threads, fill them): a DataLoader worker would take a core the
+    training uses. False where the CPUs, threads or ranks sharing them are not recorded."""
+    host = (trace.meta.capture or {}).get("host") or {}
+    cpus, threads = count(host.get("cpus")), count(host.get("torch_threads"))
+    ranks, _ = ranks_sharing(host, world_size(trace))
+    if cpus is None or threads is None or ranks is None:
+        return False
+    return cpus / ranks - threads < 1
+
+
+def job_threads(trace: RankTrace) -> tuple[int | None, bool | None]:
+    """(the threads the job sizes on this rank's CPUs - each rank sharing them, its torch threads and its training
+    loader's workers - and whether they fit those CPUs); (None, None) where any of them is not recorded. A loop the
+    capture saw start no DataLoader worker has none; one that started workers its training loader does not account
+    for (an evaluation loader's) is not known."""
+    cap = trace.meta.capture or {}
+    host = cap.get("host") or {}
+    dl = cap.get("dataloader") or {}
+    loop = cap.get("loop") or {}
+    cpus, threads = count(host.get("cpus")), count(host.get("torch_threads"))
+    ranks, _ = ranks_sharing(host, world_size(trace))
+    workers = count(dl.get("num_workers"), 0)
+    children = loop.get("child_processes") if isinstance(loop, dict) else None
+    started = count(children.get("dataloader_workers"), 0) if isinstance(children, dict) else None
+    recorded = loop.get("recorded") if isinstance(loop, dict) else None
+    if workers is None and started == 0 and isinstance(recorded, list) and "workers" in recorded:
+        workers = 0  # the loop iterated no DataLoader with workers
+    if workers == 0 and started:
+        workers = None  # workers of a loader other than the training one ran: how many at once is not known
+    if cpus is None or threads is None or ranks is None or workers is None:
+        return None, None
+    sized = ranks * (threads + workers)
+    return sized, sized <= cpus
