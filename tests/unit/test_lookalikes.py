@@ -528,19 +528,25 @@ def export_job(tmp_path, busy=None):
     return load_dir(tmp_path)
 
 
-def test_a_starved_rank_names_the_ranks_on_its_host(tmp_path):
-    """The launcher's count of the job's ranks on the host is part of what the host finding says of it: six 10 ms
-    steps, each 2 ms waiting for a CPU (20%), 2 CPUs, 1 torch thread, 2 ranks on the host."""
+def starved_rank(path, manifest):
+    """Six 10 ms steps of one rank, each 2 ms waiting for a CPU (the kernel's run-queue count, 20%), beside a
+    manifest holding ``manifest`` (rank 0, version 2)."""
     import json
 
     b = TraceBuilder()
     for i in range(6):
         b.step(i, i * 10_000, 10_000).op("aten::linear", i * 10_000 + 100, 9_000)
-    b.write(tmp_path / "rank-0.step-0-5.pt.trace.json")
-    steps_json(tmp_path, wall=[10_000_000] * 6, wait=[0] * 6, wait_cpu=[0] * 6, cpu=[8_000_000] * 6,
+    b.write(path / "rank-0.step-0-5.pt.trace.json")
+    steps_json(path, wall=[10_000_000] * 6, wait=[0] * 6, wait_cpu=[0] * 6, cpu=[8_000_000] * 6,
                runqueue=[2_000_000] * 6, oncpu=[8_000_000] * 6)
-    (tmp_path / "rank-0.manifest.json").write_text(json.dumps({
-        "manifest_version": 2, "rank": 0, "host": {"cpus": 2, "torch_threads": 1, "ranks_on_host": 2}}))
+    (path / "rank-0.manifest.json").write_text(json.dumps(manifest))
+
+
+def test_a_starved_rank_names_the_ranks_on_its_host(tmp_path):
+    """The launcher's count of the job's ranks on the host is part of what the host finding says of it: six 10 ms
+    steps, each 2 ms waiting for a CPU (20%), 2 CPUs, 1 torch thread, 2 ranks on the host."""
+    starved_rank(tmp_path, {
+        "manifest_version": 2, "rank": 0, "host": {"cpus": 2, "torch_threads": 1, "ranks_on_host": 2}})
     (f,) = found(load_dir(tmp_path), "host_oversubscribed")
     assert f.title.endswith("(2 CPUs, torch threads 1, 2 of the job's ranks on this host)")
     assert f.evidence["ranks_on_host"] == 2 and f.evidence["runqueue_wait_fraction_of_steps"] == 0.2
@@ -552,19 +558,11 @@ def test_a_starved_rank_whose_job_threads_fit_the_cpus_is_not_told_to_size_them(
     fit (2 of 2), so keeping threads and workers within the CPUs is no fix and the advice names what competes
     instead; with one worker each (4 on 2 CPUs) it is the fix. A loop that iterated no DataLoader (None: the
     capture's loop recorded no worker start) has none. Six 10 ms steps, 2 ms each waiting for a CPU."""
-    import json
-
-    b = TraceBuilder()
-    for i in range(6):
-        b.step(i, i * 10_000, 10_000).op("aten::linear", i * 10_000 + 100, 9_000)
-    b.write(tmp_path / "rank-0.step-0-5.pt.trace.json")
-    steps_json(tmp_path, wall=[10_000_000] * 6, wait=[0] * 6, wait_cpu=[0] * 6, cpu=[8_000_000] * 6,
-               runqueue=[2_000_000] * 6, oncpu=[8_000_000] * 6)
-    (tmp_path / "rank-0.manifest.json").write_text(json.dumps({
+    starved_rank(tmp_path, {
         "manifest_version": 2, "rank": 0, "world_size": 2, "host": {"cpus": 2, "torch_threads": 1, "ranks_on_host": 2},
         **({"dataloader": {"num_workers": workers}} if workers is not None else {}),
         "loop": {"marks": 2, "recorded": ["data_wait", "workers"],
-                 "child_processes": {"dataloader_workers": 2 * (workers or 0)}}}))
+                 "child_processes": {"dataloader_workers": 2 * (workers or 0)}}})
     rep = load_dir(tmp_path)
     (f,) = found(rep, "host_oversubscribed")
     assert f.evidence["job_threads_on_host"] == sized and f.evidence["job_threads_fit_cpus"] is fits
@@ -592,17 +590,9 @@ def test_the_threads_a_job_sizes_are_read_only_from_what_was_recorded(tmp_path, 
     training loader has none); a loop's record that is not an object (read, never a traceback: the host finding
     stays); a bool. A rank pinned to 4 CPUs of its own sizes its own 4 threads. Six 10 ms steps, 2 ms each waiting for
     a CPU."""
-    import json
-
-    b = TraceBuilder()
-    for i in range(6):
-        b.step(i, i * 10_000, 10_000).op("aten::linear", i * 10_000 + 100, 9_000)
-    b.write(tmp_path / "rank-0.step-0-5.pt.trace.json")
-    steps_json(tmp_path, wall=[10_000_000] * 6, wait=[0] * 6, wait_cpu=[0] * 6, cpu=[8_000_000] * 6,
-               runqueue=[2_000_000] * 6, oncpu=[8_000_000] * 6)
-    (tmp_path / "rank-0.manifest.json").write_text(json.dumps({
+    starved_rank(tmp_path, {
         "manifest_version": 2, "rank": 0, "world_size": world, "host": host, "dataloader": dataloader,
-        **({"loop": {"marks": 2, "recorded": ["data_wait", "workers"], **loop}} if loop is not None else {})}))
+        **({"loop": {"marks": 2, "recorded": ["data_wait", "workers"], **loop}} if loop is not None else {})})
     (f,) = found(load_dir(tmp_path), "host_oversubscribed")
     assert f.evidence["job_threads_on_host"] == sized
     assert f.evidence["job_threads_fit_cpus"] is (None if sized is None else True)

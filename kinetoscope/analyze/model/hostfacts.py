@@ -39,13 +39,18 @@ def world_size(trace: RankTrace) -> int | None:
     return trace.meta.world_size or count((trace.meta.capture or {}).get("world_size"))
 
 
+def _share(trace: RankTrace) -> tuple[int | None, int | None, int | None]:
+    """(this rank's CPUs, its torch threads, the job's ranks sharing those CPUs), each None where not recorded."""
+    host = (trace.meta.capture or {}).get("host") or {}
+    ranks, _ = ranks_sharing(host, world_size(trace))
+    return count(host.get("cpus")), count(host.get("torch_threads")), ranks
+
+
 def no_core_for_a_worker(trace: RankTrace) -> bool:
     """Whether the capture recorded that this rank's share of the host's CPUs leaves none beside its torch threads
     (the job's ranks on the host, each with its threads, fill them): a DataLoader worker would take a core the
     training uses. False where the CPUs, threads or ranks sharing them are not recorded."""
-    host = (trace.meta.capture or {}).get("host") or {}
-    cpus, threads = count(host.get("cpus")), count(host.get("torch_threads"))
-    ranks, _ = ranks_sharing(host, world_size(trace))
+    cpus, threads, ranks = _share(trace)
     if cpus is None or threads is None or ranks is None:
         return False
     return cpus / ranks - threads < 1
@@ -57,16 +62,12 @@ def job_threads(trace: RankTrace) -> tuple[int | None, bool | None]:
     capture saw start no DataLoader worker has none; one that started workers its training loader does not account
     for (an evaluation loader's) is not known."""
     cap = trace.meta.capture or {}
-    host = cap.get("host") or {}
-    dl = cap.get("dataloader") or {}
-    loop = cap.get("loop") or {}
-    cpus, threads = count(host.get("cpus")), count(host.get("torch_threads"))
-    ranks, _ = ranks_sharing(host, world_size(trace))
-    workers = count(dl.get("num_workers"), 0)
-    children = loop.get("child_processes") if isinstance(loop, dict) else None
+    cpus, threads, ranks = _share(trace)
+    workers = count((cap.get("dataloader") or {}).get("num_workers"), 0)
+    loop = cap.get("loop") or {}  # the loader keeps it only as an object (``_loop_facts``)
+    children = loop.get("child_processes")
     started = count(children.get("dataloader_workers"), 0) if isinstance(children, dict) else None
-    recorded = loop.get("recorded") if isinstance(loop, dict) else None
-    if workers is None and started == 0 and isinstance(recorded, list) and "workers" in recorded:
+    if workers is None and started == 0 and "workers" in loop.get("recorded", ()):
         workers = 0  # the loop iterated no DataLoader with workers
     if workers == 0 and started:
         workers = None  # workers of a loader other than the training one ran: how many at once is not known

@@ -698,14 +698,6 @@ def per_item_batch(trace: RankTrace, starts: np.ndarray, ends: np.ndarray) -> tu
     return None
 
 
-def per_item_indexing(trace: RankTrace, starts: np.ndarray, ends: np.ndarray) -> np.ndarray | None:
-    """Where the training loop's data waits are a batch built item by item from tensors in memory by indexing alone
-    (``per_item_batch``'s "indexing"): each wait's collate copy (ns), which indexing the whole batch at once still
-    does; None where they are not."""
-    found = per_item_batch(trace, starts, ends)
-    return found[1] if found is not None and found[0] == "indexing" else None
-
-
 #: the process's CPU works through at least this share of a wait for a worker's batch: the wait is the hand-over
 #: (unpickling the batch, copying it out of shared memory), not the workers falling behind
 HANDOVER_CPU_SHARE = 0.5

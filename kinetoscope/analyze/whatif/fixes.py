@@ -101,8 +101,6 @@ def _facts(trace: RankTrace) -> tuple[dict[str, Any], dict[str, Any]]:
     return dict(cap.get("host") or {}), dict(cap.get("dataloader") or {})
 
 
-_count = count
-
 
 def _cores_together(host: dict[str, Any], cpus: int) -> tuple[float, str]:
     """(how many cores' worth of compute the host's CPUs do when all are busy, what the estimate says of it): the
@@ -135,30 +133,27 @@ def plan_loader(trace: RankTrace, g: ReplayGraph, params: dict[str, Any]) -> Pla
         # a batch built item by item from tensors in memory: indexing it at once removes the per-item work and
         # keeps the copy, in the training process, with no worker to hand it over
         built = per_item_batch(trace, g.wait_start[items], g.wait_end[items])
-        if built is not None and built[0] == "indexing":
-            collate = built[1]
-            per_batch = float(np.mean([int(x) for x in collate])) / 1e6
-            return Plan(Edits(item_dur=wait_edits(g, items, collate)),
-                        "replay: the batch indexed at once",
-                        (f"each wait builds its batch item by item from tensors in memory (a TensorDataset's "
-                         f"__getitem__, then torch.stack): indexing the batch at once leaves the collate's copy "
-                         f"({per_batch:.2f} ms a batch, measured inside the waits) and removes the rest",))
         if built is not None:
+            kind, kept = built
+            edits = Edits(item_dur=wait_edits(g, items, kept))
+            per_batch = float(np.mean([int(x) for x in kept])) / 1e6
+            if kind == "indexing":
+                return Plan(edits, "replay: the batch indexed at once",
+                            (f"each wait builds its batch item by item from tensors in memory (a TensorDataset's "
+                             f"__getitem__, then torch.stack): indexing the batch at once leaves the collate's copy "
+                             f"({per_batch:.2f} ms a batch, measured inside the waits) and removes the rest",))
             # the rows indexed, then worked on by torch's operators item by item: on the whole batch the same
             # operators run once, on more data - what that costs is not in the trace, so removing every wait but the
             # collate's copy is the most it gives (was: only more workers replayed, worth nothing on a host whose
             # ranks fill its CPUs, where two readers and their consensus priced the batch built at once). With a core
             # free for a worker, both are replayed and the estimate keeps the one worth more
-            collate = built[1]
-            per_batch = float(np.mean([int(x) for x in collate])) / 1e6
-            at_once = Plan(Edits(item_dur=wait_edits(g, items, collate)),
-                        "replay: the batch built at once",
-                        (f"each wait builds its batch item by item: rows of tensors in memory indexed, then torch's "
-                         f"operators on each item; building the batch at once leaves the collate's copy "
-                         f"({per_batch:.2f} ms a batch, measured inside the waits) and removes the rest",
-                         "the same operators on the whole batch cost less than one call per item, by how much is not "
-                         "measured: this is a bound"),
-                        bound="upper")
+            at_once = Plan(edits, "replay: the batch built at once",
+                           (f"each wait builds its batch item by item: rows of tensors in memory indexed, then torch's "
+                            f"operators on each item; building the batch at once leaves the collate's copy "
+                            f"({per_batch:.2f} ms a batch, measured inside the waits) and removes the rest",
+                            "the same operators on the whole batch cost less than one call per item, by how much is "
+                            "not measured: this is a bound"),
+                           bound="upper")
             if no_core_for_a_worker(trace):
                 return at_once
             workers = _plan_workers(trace, g, params, items)
@@ -564,7 +559,7 @@ def cpu_room(trace: RankTrace) -> tuple[float, str] | None:
         return None
     rs = trace.run_steps
     host, _ = _facts(trace)
-    cpus = _count(host.get("cpus"))
+    cpus = count(host.get("cpus"))
     if rs is None or "cpu_ns" not in rs or cpus is None:
         return None
     rs = rs.iloc[1:] if len(rs) > 2 else rs
@@ -579,8 +574,8 @@ def cpu_room(trace: RankTrace) -> tuple[float, str] | None:
     room = max(0.0, 1.0 - busy)
     share = f"{cores:.2f} of the host's {cpus} CPUs" if ranks > 1 else f"its {cpus} CPUs"
     said_all = said + (f"; {ranks_said}" if ranks_said else "")
-    threads, world, here = _count(host.get("torch_threads")), _count(trace.meta.world_size, 2), \
-        _count(host.get("ranks_on_host"))
+    threads, world, here = count(host.get("torch_threads")), count(trace.meta.world_size, 2), \
+        count(host.get("ranks_on_host"))
     if threads is not None and world is not None and here is not None and here >= world:
         # every rank of the job on this host: its collectives move data through these CPUs (gloo's copies and
         # reductions, the kernel's loopback), so overlapped they run beside the compute only on cores the compute
@@ -781,7 +776,7 @@ def straggler_saving_us(evidence: dict[str, Any]) -> float:
 def straggler_shards(evidence: dict[str, Any]) -> int | None:
     """The ranks a straggler's validation would be sharded across (its group's size); None where the cause is not
     validation or the size is not known."""
-    n = _count(evidence.get("group_size"), 2)
+    n = count(evidence.get("group_size"), 2)
     return n if evidence.get("cause") == "validation" else None
 
 
