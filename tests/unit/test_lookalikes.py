@@ -778,6 +778,65 @@ def test_a_batch_of_few_items_is_not_per_item_indexing(tmp_path):
     assert f.estimate["method"] == "replay: DataLoader queue simulation"
 
 
+def per_item_transform_loader(per_item_op_us):
+    """Six 10 ms steps; each starts with a 2 ms wait in a single-process DataLoader that converts 4 items one at a
+    time (per item ``aten::to``, ``aten::div`` and ``aten::sub``, ``per_item_op_us`` each, the Python around them
+    untraced) and stacks them (200 us), then 7.5 ms of compute. No item is indexed out of a tensor (no select)."""
+    b = TraceBuilder()
+    for i in range(6):
+        t = i * 10_000
+        b.step(i, t, 10_000).loader(t, 2_000)
+        for k in range(4):
+            for j, name in enumerate(("aten::to", "aten::div", "aten::sub")):
+                b.op(name, t + 100 + k * 400 + j * (per_item_op_us + 10), per_item_op_us)
+        b.op("aten::stack", t + 1_700, 200)
+        b.op("aten::linear", t + 2_100, 7_500)
+    return b
+
+
+@pytest.mark.parametrize(("per_item_op_us", "bytes_per_item", "transforms"),
+                         [(50, 3_072, True), (50, 8, False), (30, 3_072, False)])
+def test_items_converted_one_at_a_time_from_memory_are_told_to_convert_once(tmp_path, per_item_op_us, bytes_per_item,
+                                                                            transforms):
+    """Was: a LeNet loop of batch 4 (the thirty-sixth set's pl_cnn_cifar_b4) whose main-process loader made each image,
+    held in memory as uint8 bytes, a PIL image, then ToTensor and Normalize - 23% of its run - was priced only as a
+    worker, which the capture's probe of a 1.37 ms hand-over against 0.7 ms waits made worth nothing (info), and told
+    to set num_workers; both readers and their consensus would convert the dataset once (warning). Here 4 items a
+    batch, each three torch operators of ``per_item_op_us``; the capture's probe hands a batch of 12,296 bytes an item
+    over in 3 ms on a 2-CPU host. With 50 us the per-item operators hold 30% of each 2 ms wait (600 us) and the dataset
+    holds 3,072 bytes an item (a quarter of the batch's, at least a fifth): each item is converted from memory, and
+    converting once keeps the stack's 200 us and removes 1.8 ms of each 10 ms step (an upper bound: 18%, a warning
+    at half credit). A worker is not advised: its hand-over (3 ms) is more than the wait (2 ms). With 8 bytes an item
+    (a labels tensor) the content is not in memory, and with 30 us the operators hold 18% (under the 20% bar): both
+    are judged by the workers' replay."""
+    import json
+
+    per_item_transform_loader(per_item_op_us).write(tmp_path / "rank-0.step-0-5.pt.trace.json")
+    (tmp_path / "rank-0.manifest.json").write_text(json.dumps({
+        "manifest_version": 2, "rank": 0, "host": {"cpus": 2, "torch_threads": 1},
+        "dataloader": {"num_workers": 0, "batch_size": 4, "dataset_getitem": "custom", "dataset_tensors": 1,
+                       "dataset_items": 600, "dataset_tensor_bytes": 600 * bytes_per_item,
+                       "handover_probe": {"median_ns": 3_000_000, "batch_bytes": 4 * 12_296}}}))
+    (f,) = found(load_dir(tmp_path), "loader_stall")
+    assert f.evidence["per_item_transforms"] is transforms
+    assert f.evidence["per_item_indexing"] is False and f.evidence["per_item_tensor_ops"] is False
+    assert "set num_workers" not in f.recommendation
+    if transforms:
+        assert f.recommendation.endswith("DataLoader workers would not help: taking a batch from one costs 3.00 ms on "
+                                         "this host (the capture's probe), more than building it in the training "
+                                         "process, 2.00 ms (the waits' median).")
+        assert f.recommendation.startswith("each batch is built item by item: every item converted from what the "
+                                           "dataset holds in memory")
+        assert f.estimate["method"] == "replay: the batch built at once"
+        assert f.estimate["saving_us_per_step"] == 1_800 and f.estimate["bound"] == "upper"
+        assert (f.worth.fraction, f.worth.basis) == (0.18, "upper bound")
+        assert f.severity == "warning"
+    else:
+        assert f.estimate["method"] == "replay: DataLoader queue simulation"
+        assert f.estimate["saving_us_per_step"] == 0 and f.severity == "info"
+        assert f.recommendation.startswith("More DataLoader workers would not make the step faster here")
+
+
 def test_a_capture_busy_in_nearly_every_step_keeps_them_and_says_so(tmp_path):
     """Writing overlapped 11 of 12 steps: one step left would measure nothing, so every step stays, and that is said."""
     rep = export_job(tmp_path, [0] + [1_000] * 11)
@@ -965,6 +1024,50 @@ def test_a_straggler_slowed_by_untraced_work_on_its_own_thread_is_worth_the_othe
     assert f.evidence["components_us_per_step"]["0"]["untraced"] == 3_200
     assert f.evidence["cause_excess_us_per_step"] == 30_000
     assert f.estimate["saving_us_per_step"] == 30_000 and "bound" not in f.estimate
+
+
+@pytest.mark.parametrize(("unprofiled_cpu_ms", "profiler_only"), [(6, True), (36, False), (22, False)])
+def test_a_straggler_the_runs_unprofiled_steps_do_not_show_is_the_profilers_cost(tmp_path, unprofiled_cpu_ms,
+                                                                                   profiler_only):
+    """Was: a DDP job whose rank 0 ran 62 ms of CPU per profiled step against 35 ms outside the window, where its
+    partner's steps were alike in both, was "the straggler, cause compute", worth 22% (the thirty-sixth set's
+    ddp_rank1_editdist_2rank; both readers and their consensus: the profiler's cost, information). Two CPU ranks,
+    20 timed steps of 40 ms, the last 6 profiled: rank 1 computes 35 ms a step in the window to rank 0's 5, and rank 0
+    waits 30 ms a step for it at the all-reduce. The capture timed each rank's training thread on the CPU: rank 0 6 ms
+    a step throughout, rank 1 36 ms in the profiled steps and ``unprofiled_cpu_ms`` in the 13 others after the first.
+    At 6 ms its excess is the profiler's (under a quarter of its 30 ms lateness outside the window): information,
+    worth nothing. At 36 ms or 22 ms (16 ms excess, over a quarter) the run shows it too: the straggler, worth the
+    30 ms its partner waits."""
+    import json
+
+    n, window = 20, 6
+    for rank in (0, 1):
+        b = TraceBuilder(rank=rank, world_size=2)
+        for s in range(window):
+            t = s * 40_000
+            b.step(n - window + s, t, 40_000).op("aten::linear", t + 100, 35_000 if rank == 1 else 5_000)
+            arrive = t + 35_200 if rank == 1 else t + 5_200
+            b.op("gloo:all_reduce", arrive, t + 37_000 - arrive, cat="user_annotation", tid=300)
+        b.write(tmp_path / f"rank-{rank}.step-{n - window}-{n - 1}.pt.trace.json")
+        (tmp_path / f"rank-{rank}.manifest.json").write_text(json.dumps({"manifest_version": 2, "rank": rank}))
+        profiled = [False] * (n - window) + [True] * window
+        oncpu = [(36 if p else unprofiled_cpu_ms) * 1_000_000 if rank == 1 else 6_000_000 for p in profiled]
+        (tmp_path / f"rank-{rank}.steps.json").write_text(json.dumps({
+            "rank": rank, "unit": "ns", "step_wall_ns": [40_000_000] * n, "data_wait_ns": [0] * n,
+            "profiled": profiled, "step_cpu_ns": oncpu, "data_wait_cpu_ns": [0] * n, "oncpu_ns": oncpu,
+            "runqueue_wait_ns": [0] * n}))
+    (f,) = found(load_dir(tmp_path), "straggler")
+    assert f.rank == 1 and f.evidence["cause"] == "compute"
+    assert f.evidence["others_wait_us_per_step"] == 30_000
+    assert f.evidence["cpu_us_per_profiled_step"] == {"0": 6_000, "1": 36_000}
+    assert f.evidence["cpu_us_per_unprofiled_step"] == {"0": 6_000, "1": unprofiled_cpu_ms * 1_000}
+    assert f.evidence["late_in_profiled_steps_only"] is profiler_only
+    if profiler_only:
+        assert f.severity == "info" and f.estimate["saving_us_per_step"] == 0
+        assert f.title.startswith("Rank 1 arrives last most often in the profiled steps only")
+    else:
+        assert f.severity == "critical" and f.estimate["saving_us_per_step"] == 30_000
+        assert f.title.startswith("Rank 1 is the straggler")
 
 
 def rank0_validates_job(folder):

@@ -83,7 +83,7 @@ def wait_kind(trace: RankTrace, waits_ns: np.ndarray) -> tuple[str, float | None
 def _recommendation(names: set[str], pageable_h2d: bool, first_step_share: float, gpu: bool, kind: str,
                     wait_cpu: float | None, cpus: int | None, per_item: str | None = None, own_cpu: bool = False,
                     at_once: str | None = None, dataset: str | None = None, probed: str | None = None,
-                    no_core: bool = False) -> str:
+                    no_core: bool = False, dearer_handover: str | None = None) -> str:
     tips = []
     if at_once == "tensor_rows":
         tips.append(
@@ -109,11 +109,23 @@ def _recommendation(names: set[str], pageable_h2d: bool, first_step_share: float
             "rows with the batch's indices (a BatchSampler as the DataLoader's sampler with batch_size=None, or a "
             "__getitems__ on the dataset) and apply the same operators to the batch - which removes the per-item "
             "calls rather than moving them to workers")
+    elif per_item == "transforms":
+        tips.append(
+            "each batch is built item by item: every item converted from what the dataset holds in memory, one at a "
+            "time (torch's operators called once per item inside the waits, the Python around them in the rest): do "
+            "the fixed conversions once for the whole dataset (to a tensor, normalised, stored), and apply any random "
+            "augmentation to the whole batch at once - which removes the per-item work rather than moving it to "
+            "workers")
     multiprocess = any("MultiProcessing" in n for n in names)
     if at_once == "tensor_rows":
         pass  # no workers after the fix: nothing of theirs to tune
     elif per_item is not None and no_core:
         pass  # no core is left for a worker (the capture's host facts): the batch built at once is the fix
+    elif dearer_handover is not None and any("SingleProcess" in n for n in names):
+        # a worker would cost the loop more to take each batch from than building it costs now: not advised (was:
+        # "set num_workers" beside a replay of a worker that gained nothing, on a LeNet loop whose 0.7 ms waits a
+        # worker's 1.37 ms hand-over, probed on the host, would have made longer)
+        tips.append(f"DataLoader workers would not help: {dearer_handover}")
     elif any("SingleProcess" in n for n in names):
         tips.append(
             "the DataLoader runs in the training process (num_workers=0): set num_workers to the "
@@ -288,6 +300,11 @@ def analyze_loader(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
         probed = (f"its waits, median {float(np.median(frame['dur_ns'])) / 1e6:.2f} ms, are what the capture measured "
                   f"a ready batch's hand-over to cost on this host, {probe_ns / 1e6:.2f} ms"
                   if probe_ns and waits_as_probed(trace, frame["dur_ns"].to_numpy()) else None)
+        median_wait_ns = float(np.median(frame["dur_ns"]))
+        dearer = (f"taking a batch from one costs {probe_ns / 1e6:.2f} ms on this host (the capture's probe), more "
+                  f"than building it in the training process, {median_wait_ns / 1e6:.2f} ms (the waits' median)"
+                  if probe_ns and probe_ns >= median_wait_ns and not any("MultiProcessing" in n for n in names)
+                  else None)
         # the workers' dataset priced as the batch indexed at once (whatif.fixes.plan_loader: the same test)
         at_once = batch_at_once(trace, frame["dur_ns"].to_numpy()) if in_memory is not None else None
         dataset = ((trace.meta.capture or {}).get("dataloader") or {}).get("dataset_class")
@@ -318,6 +335,8 @@ def analyze_loader(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
                     "per_item_indexing": (per_item == "indexing") if main_thread(trace) is not None else None,
                     # ... or indexed, then worked on by torch's operators per item (noise added to each row)
                     "per_item_tensor_ops": (per_item == "tensor_ops") if main_thread(trace) is not None else None,
+                    # ... or each item converted from the dataset's memory one at a time (made a tensor, normalised)
+                    "per_item_transforms": (per_item == "transforms") if main_thread(trace) is not None else None,
                     # the workers' dataset as the capture read it: its items rows of tensors in memory
                     "dataset_in_memory": in_memory,
                     "advice_if_no_gain": (
@@ -327,7 +346,7 @@ def analyze_loader(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
                         "Building the batch at once would not make the step faster here"
                         + ("" if no_core else ", nor would a DataLoader worker on a free core")
                         + ": replayed, the step gains less than 3%; look at the step's other findings."
-                        if per_item == "tensor_ops" else
+                        if per_item in ("tensor_ops", "transforms") else
                         "Indexing the batch at once in the training process would not make the step faster here: "
                         "replayed without the waits, the step gains less than 3%; look at the step's other findings."
                         if at_once is not None else
@@ -359,7 +378,8 @@ def analyze_loader(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
                 },
                 recommendation=_recommendation(names, pageable, float(first), trace.has_gpu, kind, wait_cpu, cpus,
                                                per_item, own_cpu, at_once,
-                                               dataset if isinstance(dataset, str) else None, probed, no_core),
+                                               dataset if isinstance(dataset, str) else None, probed, no_core,
+                                               dearer),
                 impact_us=float(basis_ns) / 1000.0,
                 # on a CPU run the training loader's waits over the run, where the capture timed them: of those a fix
                 # removes what it removes of the window's

@@ -88,6 +88,8 @@ def rank_summary(r: RankTrace) -> RankSummary:
     def ints(col: str) -> list[int | None]:
         return [None if pd.isna(v) else int(v) for v in frame[col]]
 
+    profiled_cpu_us, unprofiled_cpu_us, unprofiled = _cpu_per_step(r)
+
     return RankSummary(
         rank=r.rank,
         steps=steps,
@@ -107,7 +109,37 @@ def rank_summary(r: RankTrace) -> RankSummary:
         step=_issued_in_step(r, frame),
         exposed_start_ns=[int(v) for v in exposed[0]] if exposed is not None else None,
         exposed_end_ns=[int(v) for v in exposed[1]] if exposed is not None else None,
+        cpu_us_per_profiled_step=profiled_cpu_us,
+        cpu_us_per_unprofiled_step=unprofiled_cpu_us,
+        unprofiled_steps=unprofiled,
     )
+
+
+#: fewest ordinary steps, profiled and not, whose CPU time per step stands for each
+_MIN_CPU_STEPS = 3
+
+
+def _cpu_per_step(r: RankTrace) -> tuple[float | None, float | None, int]:
+    """The training thread's mean CPU time per step (us) over the run's profiled steps and over its ordinary
+    unprofiled ones, and how many of those, from the capture's step timings (the process's CPU where the thread's was
+    not recorded). Ordinary: not the run's first step (start-up), no trace writing, validation, compile or checkpoint
+    in it - work the profiled steps may not share."""
+    rs = r.run_steps
+    if rs is None or rs.empty:
+        return None, None, 0
+    col = "oncpu_ns" if "oncpu_ns" in rs and rs["oncpu_ns"].notna().all() else "cpu_ns"
+    if col not in rs:
+        return None, None, 0
+    cpu = rs[col].to_numpy(float)
+    ordinary = ~np.isnan(cpu) & (rs["step"].to_numpy() > 0)
+    for other in ("capture_busy_ns", "validation_ns", "compile_ns", "checkpoint_ns"):
+        if other in rs:
+            ordinary &= ~(np.nan_to_num(rs[other].to_numpy(float)) > 0)
+    profiled = rs["profiled"].to_numpy(bool)
+    on, off = ordinary & profiled, ordinary & ~profiled
+    if on.sum() < _MIN_CPU_STEPS or off.sum() < _MIN_CPU_STEPS:
+        return None, None, int(off.sum())
+    return float(cpu[on].mean()) / 1000.0, float(cpu[off].mean()) / 1000.0, int(off.sum())
 
 
 def _issued_in_step(r: RankTrace, frame: pd.DataFrame) -> list[int]:
@@ -294,7 +326,14 @@ def straggler_finding(summaries: list[RankSummary], m: Matching, a: Arrivals, co
     doubt = (f" - but the GPU activity of rank{'s' if len(incomplete) > 1 else ''} "
              f"{', '.join(map(str, incomplete))} is incomplete in the trace, so arrivals are not reliable"
              if incomplete else "")
-    held = bool(incomplete) or ((not often or by_chance) and own_work is None)
+    # lateness the run's other steps do not show: where the straggler's extra CPU time in the profiled steps explains
+    # its lateness but its ordinary unprofiled steps take no more CPU than the others', the profiler slowed it, not the
+    # run (was: claimed, so a DDP job whose rank 0 ran 65 ms of CPU per profiled step against 34 ms outside the window,
+    # while the other rank's steps were alike in both, had rank 0 "the straggler, cause compute": both readers and
+    # their consensus read it as the capture's cost, info)
+    profiler_only = (None if own_work is not None or incomplete
+                     else _profiled_only(by_rank[slow], [by_rank[a.ranks[j]] for j in others], cost_per_step_us))
+    held = bool(incomplete) or ((not often or by_chance) and own_work is None) or profiler_only is not None
     return Finding(
         id="straggler",
         # a rank last not much more often than the others, or as often as chance would make any rank, is not told
@@ -303,6 +342,8 @@ def straggler_finding(summaries: list[RankSummary], m: Matching, a: Arrivals, co
         ceiling_reason=(
             None
             if incomplete or not held
+            else profiler_only
+            if profiler_only is not None
             else f"it is the last in {last_k} of {considered} of them, fewer than {needed} ({floor:.0%}: "
             f"{odds:g} times as often as each of its group's other {group_size - 1} "
             f"rank{'s' if group_size > 2 else ''}): lateness that moves between ranks (a loaded or noisy host), "
@@ -313,7 +354,9 @@ def straggler_finding(summaries: list[RankSummary], m: Matching, a: Arrivals, co
         ),
         rank=int(slow),
         title=(
-            (f"Rank {slow} arrives last most often" if held and not incomplete else f"Rank {slow} is the straggler")
+            (f"Rank {slow} arrives last most often in the profiled steps only" if profiler_only is not None
+             else f"Rank {slow} arrives last most often" if held and not incomplete
+             else f"Rank {slow} is the straggler")
             + f": it arrives last at {last_share:.0%} of the {considered} {of_kind}collectives of its "
             f"groups in which a rank waited"
             + (f" ({int(own_work[1].sum())} of them from validation or a checkpoint only it runs)" if own_work else "")
@@ -344,12 +387,40 @@ def straggler_finding(summaries: list[RankSummary], m: Matching, a: Arrivals, co
             "mean_step_us": round(mean_step_us, 3),
             "clock_skew_us": skews,
             "components_us_per_step": {str(s.rank): s.components_us for s in summaries},
+            # the training thread's CPU per step over the run's profiled and ordinary unprofiled steps (None: too
+            # few timed), and whether the lateness is the profiler's (its extra CPU shows in the profiled steps only)
+            "cpu_us_per_profiled_step": {str(s.rank): _round(s.cpu_us_per_profiled_step) for s in summaries},
+            "cpu_us_per_unprofiled_step": {str(s.rank): _round(s.cpu_us_per_unprofiled_step) for s in summaries},
+            "late_in_profiled_steps_only": profiler_only is not None,
         },
         recommendation=advice,
         impact_us=cost_per_step_us * n_steps,
         # where the others waited, on the straggler's own clock: the estimate places its saving in those steps
         extra={"late_arrivals_ns": _late_arrivals(a, i, m.skew_ns.get(int(slow)), counted)},
     )
+
+
+def _round(value: float | None) -> float | None:
+    return round(value, 3) if value is not None else None
+
+
+def _profiled_only(slow: RankSummary, others: list[RankSummary], lateness_us: float) -> str | None:
+    """Why the straggler's lateness is the profiler's, not the run's: its training thread's extra CPU per profiled step
+    over the others' (median) explains at least half its lateness, while over the run's ordinary unprofiled steps its
+    excess is under a quarter of it; None where that is not so or the capture did not time enough steps."""
+    mine_on, mine_off = slow.cpu_us_per_profiled_step, slow.cpu_us_per_unprofiled_step
+    theirs = [(o.cpu_us_per_profiled_step, o.cpu_us_per_unprofiled_step) for o in others]
+    known = [(on, off) for on, off in theirs if on is not None and off is not None]
+    if mine_on is None or mine_off is None or not known or lateness_us <= 0:
+        return None
+    their_on = float(np.median([on for on, _ in known]))
+    their_off = float(np.median([off for _, off in known]))
+    if mine_on - their_on < 0.5 * lateness_us or mine_off - their_off >= 0.25 * lateness_us:
+        return None
+    return (f"its training thread ran {mine_on / 1000:.1f} ms on CPU per profiled step against the others' "
+            f"{their_on / 1000:.1f} ms, but {mine_off / 1000:.1f} ms against {their_off / 1000:.1f} ms over the run's "
+            f"{slow.unprofiled_steps} ordinary unprofiled steps: its lateness is the profiler's cost in this window, "
+            "not the run's")
 
 
 def _partners_wait_us(a: Arrivals, partners: np.ndarray, rows: np.ndarray, n_steps: int) -> float:

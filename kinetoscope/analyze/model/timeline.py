@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from kinetoscope.analyze.model import intervals as iv
+from kinetoscope.analyze.model.hostfacts import count
 from kinetoscope.analyze.model.trace import RankTrace, trace_view
 from kinetoscope.analyze.model.units import us
 
@@ -635,7 +636,20 @@ PER_ITEM_TENSOR_MIN_SHARE = 0.5
 _ATEN_RE = re.compile(r"^aten::")
 
 
-def _per_item_ops(trace: RankTrace, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, ...] | None:
+#: ... or, where the items are not indexed out of tensors (an image stored as bytes in memory, made a PIL image, then
+#: ToTensor and Normalize: no ``aten::select``), operators called once per item (as many times as the batch has items,
+#: or more) hold at least this share of the waits, and the dataset's tensors hold the batch's content (per item, at
+#: least a fifth of the bytes of the batch the capture's probe handed over: uint8 pixels become float32, four times
+#: their bytes, and labels the dataset may keep as Python numbers add to the batch's): each
+#: item converted from memory one at a time, the Python around each conversion in the rest of the wait. Not file
+#: reads or decoding (the content is in memory), and not a per-batch operator (called fewer times than the items)
+PER_ITEM_TRANSFORM_MIN_SHARE = 0.2
+#: bytes a dataset holds per item, at least, against a batch's bytes per item, for its content to be in memory
+IN_MEMORY_MIN_BYTES_RATIO = 0.2
+
+
+def _per_item_ops(trace: RankTrace, starts: np.ndarray, ends: np.ndarray,
+                  per_item_min: int = PER_ITEM_MIN_SELECTS) -> tuple[np.ndarray, ...] | None:
     """Per wait (``starts``/``ends``) on the training thread, from its torch operators that no other operator holds
     (a collate's ``pad_sequence`` holds its own selects): its ``aten::select`` count, the time its indexing operators
     cover, the time those called once a batch cover (fewer than ``PER_ITEM_MIN_SELECTS`` times in the wait: the
@@ -667,7 +681,7 @@ def _per_item_ops(trace: RankTrace, starts: np.ndarray, ends: np.ndarray) -> tup
         i = is_indexing[lo:hi][inside]
         indexing[k] = iv.measure(iv.union(s_[i], e_[i]))
         kinds, counts = np.unique(n_, return_counts=True)
-        many = np.isin(n_, kinds[counts >= PER_ITEM_MIN_SELECTS])
+        many = np.isin(n_, kinds[counts >= per_item_min])
         per_batch[k] = iv.measure(iv.union(s_[~many], e_[~many]))
         per_item[k] = iv.measure(iv.union(s_[many], e_[many]))
     return selects, indexing, per_batch, per_item
@@ -678,7 +692,9 @@ def per_item_batch(trace: RankTrace, starts: np.ndarray, ends: np.ndarray) -> tu
     in memory: ("indexing", ...) where the per-item work is the indexing (a ``TensorDataset``'s ``__getitem__`` per
     item, then ``default_collate``'s ``torch.stack``), ("tensor_ops", ...) where it is the indexing and then torch's
     operators on each item (a dataset of its own adding noise to its rows: ``PER_ITEM_TENSOR_MIN_SHARE`` of the waits
-    in operators called per item), with each wait's once-a-batch operators' time (ns: the collate's stack, a
+    in operators called per item), ("transforms", ...) where each item is converted from memory one at a time (an
+    image stored in memory made a tensor and normalised per item: ``_per_item_transforms``), with each wait's
+    once-a-batch operators' time (ns: the collate's stack, a
     ``pin_memory``), which building the batch at once still spends; None where neither (decoding, Python, NumPy: work
     the trace does not show as torch's). Read from the operators the trace recorded inside the waits on the training
     thread, those no other operator holds. Not where the capture read the dataset and it holds no tensors (indexing
@@ -689,13 +705,34 @@ def per_item_batch(trace: RankTrace, starts: np.ndarray, ends: np.ndarray) -> tu
         return None
     selects, indexing, per_batch, per_item = found
     if float(selects.mean()) < PER_ITEM_MIN_SELECTS:
-        return None
+        return _per_item_transforms(trace, starts, ends, total)
     if indexing.sum() / total >= PER_ITEM_MIN_SHARE:
         return "indexing", per_batch
     tensors = ((trace.meta.capture or {}).get("dataloader") or {}).get("dataset_tensors")
     if per_item.sum() / total >= PER_ITEM_TENSOR_MIN_SHARE and not (isinstance(tensors, int) and tensors < 1):
         return "tensor_ops", per_batch
     return None
+
+
+def _per_item_transforms(trace: RankTrace, starts: np.ndarray, ends: np.ndarray,
+                         total: float) -> tuple[str, np.ndarray] | None:
+    """("transforms", each wait's once-a-batch operators' time) where each item is converted from memory one at a time
+    (``PER_ITEM_TRANSFORM_MIN_SHARE``); None where not, or where the batch size, the dataset's bytes or the batch's
+    (the capture's hand-over probe) are not recorded."""
+    dl = (trace.meta.capture or {}).get("dataloader") or {}
+    probe = dl.get("handover_probe")
+    batch, held, items = count(dl.get("batch_size"), 2), count(dl.get("dataset_tensor_bytes")), count(
+        dl.get("dataset_items"))
+    batch_bytes = count(probe.get("batch_bytes")) if isinstance(probe, dict) else None
+    if batch is None or held is None or items is None or batch_bytes is None:
+        return None
+    if held / items < IN_MEMORY_MIN_BYTES_RATIO * batch_bytes / batch:
+        return None
+    found = _per_item_ops(trace, starts, ends, per_item_min=batch)
+    if found is None:
+        return None
+    _, _, per_batch, per_item = found
+    return ("transforms", per_batch) if per_item.sum() / total >= PER_ITEM_TRANSFORM_MIN_SHARE else None
 
 
 #: the process's CPU works through at least this share of a wait for a worker's batch: the wait is the hand-over

@@ -147,12 +147,15 @@ def plan_loader(trace: RankTrace, g: ReplayGraph, params: dict[str, Any]) -> Pla
             # collate's copy is the most it gives (was: only more workers replayed, worth nothing on a host whose
             # ranks fill its CPUs, where two readers and their consensus priced the batch built at once). With a core
             # free for a worker, both are replayed and the estimate keeps the one worth more
+            what = ("rows of tensors in memory indexed, then torch's operators on each item" if kind == "tensor_ops"
+                    else "each item converted from what the dataset holds in memory (torch's operators once per item, "
+                    "the Python around them)")
             at_once = Plan(edits, "replay: the batch built at once",
-                           (f"each wait builds its batch item by item: rows of tensors in memory indexed, then torch's "
-                            f"operators on each item; building the batch at once leaves the collate's copy "
-                            f"({per_batch:.2f} ms a batch, measured inside the waits) and removes the rest",
-                            "the same operators on the whole batch cost less than one call per item, by how much is "
-                            "not measured: this is a bound"),
+                           (f"each wait builds its batch item by item: {what}; building the batch at once leaves the "
+                            f"collate's copy ({per_batch:.2f} ms a batch, measured inside the waits) and removes the "
+                            "rest",
+                            "the same work done once for the dataset or on the whole batch costs less than one call "
+                            "per item, by how much is not measured: this is a bound"),
                            bound="upper")
             if no_core_for_a_worker(trace):
                 return at_once
@@ -668,6 +671,12 @@ def _plan_straggler(trace: RankTrace, g: ReplayGraph, finding: Finding, p: dict[
              f"rank {ev.get('rank')}'s cause ({ev.get('cause')}) removed: the others' waits for it at collectives "
              "shrink by its lateness" + (", at most its measured excess" if known else
                                          " (its cause is not in the trace: the others' whole wait, at most)"))
+    if ev.get("late_in_profiled_steps_only"):
+        # the run's ordinary steps show no excess to remove: the window's lateness is the profiler's cost
+        return plan_from_measure("straggler", 0.0, "measured: the run's unprofiled steps",
+                                 (f"rank {ev.get('rank')}'s extra CPU time shows in the profiled steps only: outside "
+                                  "the window its steps take no more than the others', so a fix of its cause gives "
+                                  "the run nothing the profiler's own cost does not",))
     plan = plan_from_measure("straggler", straggler_saving_us(ev) * 1000, "measured: collective waits", (cause,),
                              bound=None if known else "upper")
     # the saving lies where the others waited: by the straggler's own step holding each late arrival
