@@ -139,7 +139,8 @@ HELD_OUT = ((3, "third", "captures of public training code"),
             (33, "thirty-third", "twelve more programs, with the host advice of 646cd43"),
             (34, "thirty-fourth", "twelve more programs, on the capture code of ef104c9"),
             (35, "thirty-fifth", "twelve more programs, on this stop's final rule"),
-            (36, "thirty-sixth", "twelve more programs, on this stop's final code"))
+            (36, "thirty-sixth", "twelve more programs, on this stop's final code"),
+            (37, "thirty-seventh", "twelve more programs, after the thirty-sixth's two rules"))
 #: the first set read by a third expert reconciling the two readings
 FIRST_CONSENSUS = 13
 
