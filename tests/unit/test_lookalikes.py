@@ -290,6 +290,28 @@ def test_overlap_on_a_host_all_ranks_share_gives_no_more_than_the_cores_compute_
     assert len(found(rep, "exposed_comm")) == 2
 
 
+def test_a_job_whose_size_only_the_manifest_records_shares_its_host_as_the_launcher_counted(tmp_path):
+    """The job's size from the capture's manifest where the trace has no distributedInfo: the same 2-rank gloo job on
+    2 CPUs with 1 torch thread per rank, its traces without the job's size. Was: the overlap replay read the trace's
+    size alone, so each rank counted both CPUs as its own (the host advice read the manifest's)."""
+    import json
+
+    for rank in (0, 1):
+        out = tmp_path / "job"
+        b = TraceBuilder(rank=rank)
+        b.top.pop("distributedInfo")  # the rank from the file's name; the job's size from nowhere in the trace
+        _captured(out, _gloo_steps(b), rank, {"cpus": 2, "cpus_on_host": 2, "torch_threads": 1, "ranks_on_host": 2},
+                  5_000_000)
+        manifest = out / f"rank-{rank}.manifest.json"
+        manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "world_size": 2}))
+    rep = build_report(load_trace(tmp_path / "job"))
+    fs = found(rep, "exposed_comm")
+    assert len(fs) == 2
+    for f in fs:
+        assert f.estimate.details["cpu_room_us_per_step"] == 0 and f.severity == "info"
+        assert "1.00 of the host's 2 CPUs" in f.estimate.assumptions[-1]
+
+
 @pytest.mark.parametrize("cpu_ms, saving_us, severity", [(9.0, 1_000.0, "warning"), (9.8, 200.0, "info")])
 def test_overlap_on_a_cpu_run_gives_no_more_than_the_cpus_have_free(tmp_path, cpu_ms, saving_us, severity):
     """The same gloo job, captured: the process on its one CPU 9 ms of each 10 ms step over the run. Overlapped, the

@@ -16,7 +16,7 @@ import pandas as pd
 from kinetoscope.analyze.model import intervals as iv
 from kinetoscope.analyze.model.commroles import collective_roles
 from kinetoscope.analyze.model.findings import Finding
-from kinetoscope.analyze.model.hostfacts import count, no_core_for_a_worker, ranks_sharing
+from kinetoscope.analyze.model.hostfacts import count, no_core_for_a_worker, ranks_sharing, world_size
 from kinetoscope.analyze.model.phases import evaluation_steps, evaluation_waits
 from kinetoscope.analyze.model.timeline import (
     HANDOVER_CPU_SHARE,
@@ -116,10 +116,10 @@ def _cores_together(host: dict[str, Any], cpus: int) -> tuple[float, str]:
     return float(measured), f"all busy, they do {measured:.2f} cores' work (measured by the capture)"
 
 
-def _ranks_on_host(host: dict[str, Any], world_size: int | None) -> tuple[int, str]:
+def _ranks_on_host(host: dict[str, Any], world: int | None) -> tuple[int, str]:
     """(how many ranks share this rank's CPUs, what the estimate says of it): ``hostfacts.ranks_sharing``, with 1
     where the launcher's count is not recorded, said (each rank then counts every CPU as its own)."""
-    ranks, said = ranks_sharing(host, world_size)
+    ranks, said = ranks_sharing(host, world)
     if ranks is None:
         return 1, "how many ranks share this host is not recorded: this rank counts every CPU as its own"
     return ranks, said
@@ -192,7 +192,7 @@ def _plan_workers(trace: RankTrace, g: ReplayGraph, params: dict[str, Any], item
     single = any("SingleProcess" in n for n in names) and not any("MultiProcessing" in n for n in names)
     host, dl = _facts(trace)
     cpus, threads = host.get("cpus"), host.get("torch_threads")
-    ranks, ranks_said = _ranks_on_host(host, trace.meta.world_size)
+    ranks, ranks_said = _ranks_on_host(host, world_size(trace))
     waits = (g.wait_end[items] - g.wait_start[items]).astype(float)
     steps_ns = (g.step_end - g.step_start).astype(float)
     n = g.steps
@@ -570,14 +570,14 @@ def cpu_room(trace: RankTrace) -> tuple[float, str] | None:
     known = ~np.isnan(cpu) & ~np.isnan(wall)
     if not known.any() or float(wall[known].sum()) <= 0:
         return None
-    ranks, ranks_said = _ranks_on_host(host, trace.meta.world_size)
+    ranks, ranks_said = _ranks_on_host(host, world_size(trace))
     together, said = _cores_together(host, cpus)
     cores = together / ranks
     busy = float(cpu[known].sum()) / cores / float(wall[known].sum())
     room = max(0.0, 1.0 - busy)
     share = f"{cores:.2f} of the host's {cpus} CPUs" if ranks > 1 else f"its {cpus} CPUs"
     said_all = said + (f"; {ranks_said}" if ranks_said else "")
-    threads, world, here = count(host.get("torch_threads")), count(trace.meta.world_size, 2), \
+    threads, world, here = count(host.get("torch_threads")), count(world_size(trace), 2), \
         count(host.get("ranks_on_host"))
     if threads is not None and world is not None and here is not None and here >= world:
         # every rank of the job on this host: its collectives move data through these CPUs (gloo's copies and
