@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -88,7 +89,6 @@ def rank_summary(r: RankTrace) -> RankSummary:
     def ints(col: str) -> list[int | None]:
         return [None if pd.isna(v) else int(v) for v in frame[col]]
 
-    profiled_cpu_us, unprofiled_cpu_us, unprofiled = _cpu_per_step(r)
 
     return RankSummary(
         rank=r.rank,
@@ -109,9 +109,7 @@ def rank_summary(r: RankTrace) -> RankSummary:
         step=_issued_in_step(r, frame),
         exposed_start_ns=[int(v) for v in exposed[0]] if exposed is not None else None,
         exposed_end_ns=[int(v) for v in exposed[1]] if exposed is not None else None,
-        cpu_us_per_profiled_step=profiled_cpu_us,
-        cpu_us_per_unprofiled_step=unprofiled_cpu_us,
-        unprofiled_steps=unprofiled,
+        step_cpu_us=_cpu_per_step(r),
     )
 
 
@@ -119,27 +117,31 @@ def rank_summary(r: RankTrace) -> RankSummary:
 _MIN_CPU_STEPS = 3
 
 
-def _cpu_per_step(r: RankTrace) -> tuple[float | None, float | None, int]:
-    """The training thread's mean CPU time per step (us) over the run's profiled steps and over its ordinary
-    unprofiled ones, and how many of those, from the capture's step timings (the process's CPU where the thread's was
-    not recorded). Ordinary: not the run's first step (start-up), no trace writing, validation, compile or checkpoint
-    in it - work the profiled steps may not share."""
+def _cpu_per_step(r: RankTrace) -> dict[str, dict[str, float]]:
+    """CPU time per step (us) by measure - the training thread's ("thread"), the process's ("process") - as its median
+    over the run's profiled steps and over its ordinary unprofiled ones, with how many of those, from the capture's
+    step timings (``RankSummary.step_cpu_us``). Ordinary: not the run's first step (start-up), no trace writing,
+    validation, compile or checkpoint in it - work the profiled steps may not share. Medians: a step of work of its
+    own (a save only one rank makes, unmarked) is not the rank's usual step."""
     rs = r.run_steps
     if rs is None or rs.empty:
-        return None, None, 0
-    col = "oncpu_ns" if "oncpu_ns" in rs and rs["oncpu_ns"].notna().all() else "cpu_ns"
-    if col not in rs:
-        return None, None, 0
-    cpu = rs[col].to_numpy(float)
-    ordinary = ~np.isnan(cpu) & (rs["step"].to_numpy() > 0)
+        return {}
+    usual = rs["step"].to_numpy() > 0
     for other in ("capture_busy_ns", "validation_ns", "compile_ns", "checkpoint_ns"):
         if other in rs:
-            ordinary &= ~(np.nan_to_num(rs[other].to_numpy(float)) > 0)
+            usual &= ~(np.nan_to_num(rs[other].to_numpy(float)) > 0)
     profiled = rs["profiled"].to_numpy(bool)
-    on, off = ordinary & profiled, ordinary & ~profiled
-    if on.sum() < _MIN_CPU_STEPS or off.sum() < _MIN_CPU_STEPS:
-        return None, None, int(off.sum())
-    return float(cpu[on].mean()) / 1000.0, float(cpu[off].mean()) / 1000.0, int(off.sum())
+    out: dict[str, dict[str, float]] = {}
+    for measure, col in (("thread", "oncpu_ns"), ("process", "cpu_ns")):
+        if col not in rs:
+            continue
+        cpu = rs[col].to_numpy(float)
+        known = usual & ~np.isnan(cpu)
+        on, off = known & profiled, known & ~profiled
+        if on.sum() >= _MIN_CPU_STEPS and off.sum() >= _MIN_CPU_STEPS:
+            out[measure] = {"profiled_us": float(np.median(cpu[on])) / 1000.0,
+                            "unprofiled_us": float(np.median(cpu[off])) / 1000.0, "unprofiled_steps": int(off.sum())}
+    return out
 
 
 def _issued_in_step(r: RankTrace, frame: pd.DataFrame) -> list[int]:
@@ -327,13 +329,23 @@ def straggler_finding(summaries: list[RankSummary], m: Matching, a: Arrivals, co
              f"{', '.join(map(str, incomplete))} is incomplete in the trace, so arrivals are not reliable"
              if incomplete else "")
     # lateness the run's other steps do not show: where the straggler's extra CPU time in the profiled steps explains
-    # its lateness but its ordinary unprofiled steps take no more CPU than the others', the profiler slowed it, not the
-    # run (was: claimed, so a DDP job whose rank 0 ran 65 ms of CPU per profiled step against 34 ms outside the window,
-    # while the other rank's steps were alike in both, had rank 0 "the straggler, cause compute": both readers and
-    # their consensus read it as the capture's cost, info)
-    profiler_only = (None if own_work is not None or incomplete
-                     else _profiled_only(by_rank[slow], [by_rank[a.ranks[j]] for j in others], cost_per_step_us))
-    held = bool(incomplete) or ((not often or by_chance) and own_work is None) or profiler_only is not None
+    # its lateness, its extra CPU over the run's ordinary unprofiled steps is what fixing it gives over the run, and
+    # where that is under a quarter of the lateness the profiler slowed it, not the run (was: the window's lateness
+    # alone, so a DDP job whose rank 0 ran 62 ms of CPU per profiled step against 35 ms outside the window, while the
+    # other rank's steps were alike in both, had rank 0 "the straggler, cause compute", worth 22%: both readers and
+    # their consensus read it as the capture's cost, information)
+    run_cpu = (None if own_work is not None or incomplete
+               else _run_cpu(by_rank[slow], [by_rank[a.ranks[j]] for j in others], cost_per_step_us))
+    profiler_only = run_cpu is not None and run_cpu.profiler_only
+    if run_cpu is not None:
+        advice = (f"Most of rank {slow}'s lateness in the profiled steps is the profiler's: over the run's "
+                  f"{run_cpu.steps} ordinary unprofiled steps its {run_cpu.measure}'s CPU is "
+                  f"{run_cpu.mine_off_us / 1000:.1f} ms a step against the others' {run_cpu.theirs_off_us / 1000:.1f} "
+                  "ms. " + ("What remains is its own: " + advice if run_cpu.excess_us > 0 else
+                            "Nothing in the run to fix; to see its steps as they run, profile with lighter options "
+                            "(no stacks, shapes or memory) or profile every rank alike.")
+                  if profiler_only else advice)
+    held = bool(incomplete) or ((not often or by_chance) and own_work is None)
     return Finding(
         id="straggler",
         # a rank last not much more often than the others, or as often as chance would make any rank, is not told
@@ -342,8 +354,6 @@ def straggler_finding(summaries: list[RankSummary], m: Matching, a: Arrivals, co
         ceiling_reason=(
             None
             if incomplete or not held
-            else profiler_only
-            if profiler_only is not None
             else f"it is the last in {last_k} of {considered} of them, fewer than {needed} ({floor:.0%}: "
             f"{odds:g} times as often as each of its group's other {group_size - 1} "
             f"rank{'s' if group_size > 2 else ''}): lateness that moves between ranks (a loaded or noisy host), "
@@ -354,7 +364,7 @@ def straggler_finding(summaries: list[RankSummary], m: Matching, a: Arrivals, co
         ),
         rank=int(slow),
         title=(
-            (f"Rank {slow} arrives last most often in the profiled steps only" if profiler_only is not None
+            (f"Rank {slow} arrives last most often in the profiled steps" if profiler_only
              else f"Rank {slow} arrives last most often" if held and not incomplete
              else f"Rank {slow} is the straggler")
             + f": it arrives last at {last_share:.0%} of the {considered} {of_kind}collectives of its "
@@ -363,6 +373,10 @@ def straggler_finding(summaries: list[RankSummary], m: Matching, a: Arrivals, co
             + ", "
             f"and the others wait {cost_per_step_us / 1000:.2f} ms per step for it"
             + (f" (cause: {cause})" if cause != "unknown" else "")
+            + (f"; over the run's {run_cpu.steps} ordinary unprofiled steps its {run_cpu.measure}'s CPU is "
+               f"{run_cpu.mine_off_us / 1000:.1f} ms a step against the others' {run_cpu.theirs_off_us / 1000:.1f} ms"
+               + (": most of its lateness in the window is the profiler's" if profiler_only else "")
+               if run_cpu is not None else "")
             + doubt
         ),
         evidence={
@@ -387,11 +401,15 @@ def straggler_finding(summaries: list[RankSummary], m: Matching, a: Arrivals, co
             "mean_step_us": round(mean_step_us, 3),
             "clock_skew_us": skews,
             "components_us_per_step": {str(s.rank): s.components_us for s in summaries},
-            # the training thread's CPU per step over the run's profiled and ordinary unprofiled steps (None: too
-            # few timed), and whether the lateness is the profiler's (its extra CPU shows in the profiled steps only)
-            "cpu_us_per_profiled_step": {str(s.rank): _round(s.cpu_us_per_profiled_step) for s in summaries},
-            "cpu_us_per_unprofiled_step": {str(s.rank): _round(s.cpu_us_per_unprofiled_step) for s in summaries},
-            "late_in_profiled_steps_only": profiler_only is not None,
+            # where the straggler's extra CPU in the profiled steps explains its lateness: the measure compared (the
+            # training thread's where every rank's was timed, else the process's), each rank's median CPU per profiled
+            # and ordinary unprofiled step, the straggler's excess over the others' in the unprofiled ones (what a fix
+            # gives over the run: the estimate's cap), and whether most of its lateness is the profiler's
+            "cpu_measure": run_cpu.measure if run_cpu else None,
+            "cpu_us_per_profiled_step": run_cpu.profiled_us if run_cpu else None,
+            "cpu_us_per_unprofiled_step": run_cpu.unprofiled_us if run_cpu else None,
+            "run_cpu_excess_us_per_step": round(run_cpu.excess_us, 3) if run_cpu else None,
+            "late_in_profiled_steps_only": profiler_only,
         },
         recommendation=advice,
         impact_us=cost_per_step_us * n_steps,
@@ -400,27 +418,40 @@ def straggler_finding(summaries: list[RankSummary], m: Matching, a: Arrivals, co
     )
 
 
-def _round(value: float | None) -> float | None:
-    return round(value, 3) if value is not None else None
+@dataclass(frozen=True)
+class _RunCpu:
+    """The straggler's CPU per step against the others', over the run's profiled and ordinary unprofiled steps."""
+
+    measure: str  # "thread" (the training thread's) or "process"
+    profiled_us: dict[str, float]  # rank: median CPU per profiled step
+    unprofiled_us: dict[str, float]  # rank: median CPU per ordinary unprofiled step
+    steps: int  # the straggler's ordinary unprofiled steps
+    mine_off_us: float
+    theirs_off_us: float  # the others' median
+    excess_us: float  # the straggler's excess over the others' in the unprofiled steps, at least 0
+    profiler_only: bool  # that excess is under a quarter of its lateness in the window
 
 
-def _profiled_only(slow: RankSummary, others: list[RankSummary], lateness_us: float) -> str | None:
-    """Why the straggler's lateness is the profiler's, not the run's: its training thread's extra CPU per profiled step
-    over the others' (median) explains at least half its lateness, while over the run's ordinary unprofiled steps its
-    excess is under a quarter of it; None where that is not so or the capture did not time enough steps."""
-    mine_on, mine_off = slow.cpu_us_per_profiled_step, slow.cpu_us_per_unprofiled_step
-    theirs = [(o.cpu_us_per_profiled_step, o.cpu_us_per_unprofiled_step) for o in others]
-    known = [(on, off) for on, off in theirs if on is not None and off is not None]
-    if mine_on is None or mine_off is None or not known or lateness_us <= 0:
+def _run_cpu(slow: RankSummary, others: list[RankSummary], lateness_us: float) -> _RunCpu | None:
+    """Where the straggler's extra CPU per profiled step over the others' (median) explains at least half its lateness,
+    its CPU against theirs over the run's ordinary unprofiled steps, on one measure for every rank (the training
+    thread's where each rank's was timed, else the process's); None where its lateness is not its CPU, or the capture
+    did not time enough steps."""
+    ranks = [slow, *others]
+    measure = next((m for m in ("thread", "process") if all(m in r.step_cpu_us for r in ranks)), None)
+    if measure is None or not others or lateness_us <= 0:
         return None
-    their_on = float(np.median([on for on, _ in known]))
-    their_off = float(np.median([off for _, off in known]))
-    if mine_on - their_on < 0.5 * lateness_us or mine_off - their_off >= 0.25 * lateness_us:
+    mine, theirs = slow.step_cpu_us[measure], [o.step_cpu_us[measure] for o in others]
+    their_on = float(np.median([t["profiled_us"] for t in theirs]))
+    their_off = float(np.median([t["unprofiled_us"] for t in theirs]))
+    if mine["profiled_us"] - their_on < 0.5 * lateness_us:
         return None
-    return (f"its training thread ran {mine_on / 1000:.1f} ms on CPU per profiled step against the others' "
-            f"{their_on / 1000:.1f} ms, but {mine_off / 1000:.1f} ms against {their_off / 1000:.1f} ms over the run's "
-            f"{slow.unprofiled_steps} ordinary unprofiled steps: its lateness is the profiler's cost in this window, "
-            "not the run's")
+    excess = mine["unprofiled_us"] - their_off
+    return _RunCpu(measure=measure,
+                   profiled_us={str(r.rank): round(r.step_cpu_us[measure]["profiled_us"], 3) for r in ranks},
+                   unprofiled_us={str(r.rank): round(r.step_cpu_us[measure]["unprofiled_us"], 3) for r in ranks},
+                   steps=int(mine["unprofiled_steps"]), mine_off_us=mine["unprofiled_us"], theirs_off_us=their_off,
+                   excess_us=max(excess, 0.0), profiler_only=excess < 0.25 * lateness_us)
 
 
 def _partners_wait_us(a: Arrivals, partners: np.ndarray, rows: np.ndarray, n_steps: int) -> float:

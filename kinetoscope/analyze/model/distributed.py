@@ -78,12 +78,11 @@ class RankSummary:
     #: lists of interval starts and ends; None where the trace cannot tell it
     exposed_start_ns: list[int] | None = None
     exposed_end_ns: list[int] | None = None
-    #: the training thread's CPU time per step (us; the process's where the thread's was not recorded), over the run's
-    #: profiled steps and over its other ordinary steps (no trace writing, validation, compile or checkpoint; not the
-    #: first), from the capture's step timings; None where fewer than 3 such steps were timed
-    cpu_us_per_profiled_step: float | None = None
-    cpu_us_per_unprofiled_step: float | None = None
-    unprofiled_steps: int = 0
+    #: CPU time per step from the capture's step timings, by measure ("thread": the training thread's, "process": the
+    #: process's): its median over the run's profiled steps ("profiled_us") and over its other ordinary steps
+    #: ("unprofiled_us": no trace writing, validation, compile or checkpoint; not the first), and how many of those
+    #: ("unprofiled_steps"); a measure is absent where fewer than 3 steps of either kind timed it
+    step_cpu_us: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)

@@ -648,8 +648,12 @@ PER_ITEM_TRANSFORM_MIN_SHARE = 0.2
 IN_MEMORY_MIN_BYTES_RATIO = 0.2
 
 
-def _per_item_ops(trace: RankTrace, starts: np.ndarray, ends: np.ndarray,
-                  per_item_min: int = PER_ITEM_MIN_SELECTS) -> tuple[np.ndarray, ...] | None:
+#: operators that index or collate a batch, or hand one over: never a conversion of an item, however often called
+_NOT_CONVERSION = _INDEXING | frozenset({"aten::pin_memory", "aten::_pin_memory", "aten::set_", "aten::copy_"})
+
+
+def _per_item_ops(trace: RankTrace, starts: np.ndarray, ends: np.ndarray, per_item_min: int = PER_ITEM_MIN_SELECTS,
+                  never_per_item: frozenset[str] = frozenset()) -> tuple[np.ndarray, ...] | None:
     """Per wait (``starts``/``ends``) on the training thread, from its torch operators that no other operator holds
     (a collate's ``pad_sequence`` holds its own selects): its ``aten::select`` count, the time its indexing operators
     cover, the time those called once a batch cover (fewer than ``PER_ITEM_MIN_SELECTS`` times in the wait: the
@@ -681,7 +685,7 @@ def _per_item_ops(trace: RankTrace, starts: np.ndarray, ends: np.ndarray,
         i = is_indexing[lo:hi][inside]
         indexing[k] = iv.measure(iv.union(s_[i], e_[i]))
         kinds, counts = np.unique(n_, return_counts=True)
-        many = np.isin(n_, kinds[counts >= per_item_min])
+        many = np.isin(n_, kinds[counts >= per_item_min]) & ~np.isin(n_, list(never_per_item))
         per_batch[k] = iv.measure(iv.union(s_[~many], e_[~many]))
         per_item[k] = iv.measure(iv.union(s_[many], e_[many]))
     return selects, indexing, per_batch, per_item
@@ -714,21 +718,30 @@ def per_item_batch(trace: RankTrace, starts: np.ndarray, ends: np.ndarray) -> tu
     return None
 
 
-def _per_item_transforms(trace: RankTrace, starts: np.ndarray, ends: np.ndarray,
-                         total: float) -> tuple[str, np.ndarray] | None:
-    """("transforms", each wait's once-a-batch operators' time) where each item is converted from memory one at a time
-    (``PER_ITEM_TRANSFORM_MIN_SHARE``); None where not, or where the batch size, the dataset's bytes or the batch's
-    (the capture's hand-over probe) are not recorded."""
+def transforms_judged(trace: RankTrace) -> tuple[int, float] | None:
+    """(the batch size, the dataset's bytes per item over a batch's per item) where items converted one at a time can
+    be judged (``_per_item_transforms``): a loader in the training process (``num_workers`` 0), of at least 2 items a
+    batch, whose dataset's bytes and a probed batch's the capture recorded; None where not."""
     dl = (trace.meta.capture or {}).get("dataloader") or {}
     probe = dl.get("handover_probe")
     batch, held, items = count(dl.get("batch_size"), 2), count(dl.get("dataset_tensor_bytes")), count(
         dl.get("dataset_items"))
     batch_bytes = count(probe.get("batch_bytes")) if isinstance(probe, dict) else None
-    if batch is None or held is None or items is None or batch_bytes is None:
+    if count(dl.get("num_workers"), 0) != 0 or batch is None or held is None or items is None or batch_bytes is None:
         return None
-    if held / items < IN_MEMORY_MIN_BYTES_RATIO * batch_bytes / batch:
+    return batch, (held / items) / (batch_bytes / batch)
+
+
+def _per_item_transforms(trace: RankTrace, starts: np.ndarray, ends: np.ndarray,
+                         total: float) -> tuple[str, np.ndarray] | None:
+    """("transforms", each wait's once-a-batch operators' time) where each item is converted from memory one at a time
+    (``PER_ITEM_TRANSFORM_MIN_SHARE``): operators other than indexing, collating or handing over, called at least once
+    per item; None where not, or where it cannot be judged (``transforms_judged``)."""
+    judged = transforms_judged(trace)
+    tensor_rows = ((trace.meta.capture or {}).get("dataloader") or {}).get("dataset_getitem") == "tensor_rows"
+    if judged is None or judged[1] < IN_MEMORY_MIN_BYTES_RATIO or tensor_rows:  # a TensorDataset converts nothing
         return None
-    found = _per_item_ops(trace, starts, ends, per_item_min=batch)
+    found = _per_item_ops(trace, starts, ends, per_item_min=judged[0], never_per_item=_NOT_CONVERSION)
     if found is None:
         return None
     _, _, per_batch, per_item = found

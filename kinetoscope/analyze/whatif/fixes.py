@@ -671,14 +671,16 @@ def _plan_straggler(trace: RankTrace, g: ReplayGraph, finding: Finding, p: dict[
              f"rank {ev.get('rank')}'s cause ({ev.get('cause')}) removed: the others' waits for it at collectives "
              "shrink by its lateness" + (", at most its measured excess" if known else
                                          " (its cause is not in the trace: the others' whole wait, at most)"))
-    if ev.get("late_in_profiled_steps_only"):
-        # the run's ordinary steps show no excess to remove: the window's lateness is the profiler's cost
-        return plan_from_measure("straggler", 0.0, "measured: the run's unprofiled steps",
-                                 (f"rank {ev.get('rank')}'s extra CPU time shows in the profiled steps only: outside "
-                                  "the window its steps take no more than the others', so a fix of its cause gives "
-                                  "the run nothing the profiler's own cost does not",))
-    plan = plan_from_measure("straggler", straggler_saving_us(ev) * 1000, "measured: collective waits", (cause,),
-                             bound=None if known else "upper")
+    cap = ev.get("run_cpu_excess_us_per_step")
+    if cap is not None and float(cap) < _uncapped_saving_us(ev):
+        # the run's ordinary steps show less excess than the window's lateness: that is what a fix gives the run
+        cause += (f", at most its extra CPU over the others' in the run's ordinary unprofiled steps "
+                  f"({float(cap) / 1000:.2f} ms a step: the rest of its lateness in the window is the profiler's)")
+    plan = plan_from_measure("straggler", straggler_saving_us(ev) * 1000,
+                             "measured: collective waits" + (", capped by the run's unprofiled steps"
+                                                             if cap is not None and float(cap) < _uncapped_saving_us(ev)
+                                                             else ""),
+                             (cause,), bound=None if known else "upper")
     # the saving lies where the others waited: by the straggler's own step holding each late arrival
     late = finding.extra.get("late_arrivals_ns")
     if late and g.steps:
@@ -769,7 +771,15 @@ def edited_by(finding: Finding, plan: Plan) -> str:
 def straggler_saving_us(evidence: dict[str, Any]) -> float:
     """What fixing the straggler's cause gives the others per step (us): their wait for it, at most the straggler's
     measured excess in that cause; a validation only it runs is sharded across its group (``group_size`` ranks,
-    the advice), which keeps each rank's 1/n share of it in the step."""
+    the advice), which keeps each rank's 1/n share of it in the step. Where its lateness is its CPU and the capture
+    timed the run's other steps, at most its extra CPU over the others' there (``run_cpu_excess_us_per_step``): the
+    rest of its lateness in the window is the profiler's. The one place ``analyze`` and ``batch`` price it."""
+    cap = evidence.get("run_cpu_excess_us_per_step")
+    saving = _uncapped_saving_us(evidence)
+    return min(saving, float(cap)) if cap is not None else saving
+
+
+def _uncapped_saving_us(evidence: dict[str, Any]) -> float:
     wait = float(evidence.get("others_wait_us_per_step") or 0)
     excess = evidence.get("cause_excess_us_per_step")
     if evidence.get("cause") == "unknown" or excess is None:  # what explains it is not in the trace: its whole wait
