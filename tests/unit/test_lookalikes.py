@@ -1107,7 +1107,8 @@ def test_a_straggler_slowed_by_untraced_work_on_its_own_thread_is_worth_the_othe
     assert f.estimate["saving_us_per_step"] == 30_000 and "bound" not in f.estimate
 
 
-def straggler_with_run_cpu(path, unprofiled_cpu_ms, *, rank0_heavy_step=False, rank1_first_thread_cpu=True):
+def straggler_with_run_cpu(path, unprofiled_cpu_ms, *, rank0_heavy_step=False, rank1_first_thread_cpu=True,
+                           profiled_cpu_ms=36):
     """Two CPU ranks, 20 timed steps of 40 ms, the last 6 profiled: rank 1 computes 35 ms a step in the window to rank
     0's 5, and rank 0 waits 30 ms a step for it at the all-reduce. The capture timed each rank's training thread on
     the CPU: rank 0 6 ms a step throughout (but 400 ms in unprofiled step 5, unmarked, with ``rank0_heavy_step``),
@@ -1126,7 +1127,8 @@ def straggler_with_run_cpu(path, unprofiled_cpu_ms, *, rank0_heavy_step=False, r
         b.write(path / f"rank-{rank}.step-{n - window}-{n - 1}.pt.trace.json")
         (path / f"rank-{rank}.manifest.json").write_text(json.dumps({"manifest_version": 2, "rank": rank}))
         profiled = [False] * (n - window) + [True] * window
-        oncpu = [(36 if p else unprofiled_cpu_ms) * 1_000_000 if rank == 1 else 6_000_000 for p in profiled]
+        oncpu = [(profiled_cpu_ms if p else unprofiled_cpu_ms) * 1_000_000 if rank == 1 else 6_000_000
+                 for p in profiled]
         if rank == 0 and rank0_heavy_step:
             oncpu[5] = 400_000_000
         process = [c + 20_000_000 for c in oncpu]
@@ -1145,10 +1147,10 @@ def test_a_stragglers_worth_is_its_extra_cpu_over_the_runs_unprofiled_steps(tmp_
     """Was: a DDP job whose rank 0 ran 62 ms of CPU per profiled step against 35 ms outside the window, where its
     partner's steps were alike in both, was "the straggler, cause compute", worth 22% (the thirty-sixth set's
     ddp_rank1_editdist_2rank; both readers and their consensus: the profiler's cost, information). Rank 1's extra CPU
-    in the profiled steps (30 ms) explains its 30 ms lateness; over the run's 13 ordinary unprofiled steps (not the
-    first) its excess over rank 0's 6 ms is what fixing it gives: nothing at 6 ms (information), 5 ms at 11 ms (12.5%
-    of the 40 ms step, a warning; under a quarter of its lateness, so most of that is the profiler's), 16 ms at 22 ms
-    and the whole 30 ms at 36 ms (critical)."""
+    in the profiled steps (30 ms) explains its 30 ms lateness; the share of that excess its 13 ordinary unprofiled
+    steps (not the first) keep over rank 0's 6 ms is the share of the lateness fixing it gives: nothing at 6 ms
+    (information), a sixth - 5 ms - at 11 ms (12.5% of the 40 ms step, a warning; under a quarter, so most of its
+    lateness is the profiler's), 16 ms at 22 ms and the whole 30 ms at 36 ms (critical)."""
     straggler_with_run_cpu(tmp_path, unprofiled_cpu_ms)
     (f,) = found(load_dir(tmp_path), "straggler")
     assert f.rank == 1 and f.evidence["cause"] == "compute"
@@ -1169,6 +1171,20 @@ def test_a_stragglers_worth_is_its_extra_cpu_over_the_runs_unprofiled_steps(tmp_
                                          "lighter options (no stacks, shapes or memory) or profile every rank alike.")
     elif unprofiled_cpu_ms == 11:
         assert "What remains is its own: Rank 1's operators take longer" in f.recommendation
+
+
+def test_a_stragglers_run_share_scales_its_lateness_not_its_cpu(tmp_path):
+    """Under contention a rank's work takes more wall time than CPU time (the in-sample ddp_straggler's 30 ms
+    busy-wait, 22 ms of CPU a profiled step): rank 1 here runs 26 ms of CPU per profiled step to rank 0's 6 (20 ms,
+    two thirds of its 30 ms lateness) and 22 ms per unprofiled step (16 ms): the run keeps 80% of its excess, so a fix
+    is worth 80% of the others' 30 ms wait, 24 ms a step - not the 16 ms of CPU (was, capped by it: a warning where
+    the readers of ddp_straggler read critical)."""
+    straggler_with_run_cpu(tmp_path, 22, profiled_cpu_ms=26)
+    (f,) = found(load_dir(tmp_path), "straggler")
+    assert f.evidence["run_cpu_excess_us_per_step"] == 16_000
+    assert f.evidence["run_keeps_share_of_window_excess"] == 0.8
+    assert f.estimate["saving_us_per_step"] == 24_000 and f.severity == "critical"
+    assert f.evidence["late_in_profiled_steps_only"] is False
 
 
 def test_one_heavy_step_of_a_partner_does_not_make_a_straggler_the_profilers(tmp_path):

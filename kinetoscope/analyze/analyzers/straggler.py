@@ -329,11 +329,11 @@ def straggler_finding(summaries: list[RankSummary], m: Matching, a: Arrivals, co
              f"{', '.join(map(str, incomplete))} is incomplete in the trace, so arrivals are not reliable"
              if incomplete else "")
     # lateness the run's other steps do not show: where the straggler's extra CPU time in the profiled steps explains
-    # its lateness, its extra CPU over the run's ordinary unprofiled steps is what fixing it gives over the run, and
-    # where that is under a quarter of the lateness the profiler slowed it, not the run (was: the window's lateness
-    # alone, so a DDP job whose rank 0 ran 62 ms of CPU per profiled step against 35 ms outside the window, while the
-    # other rank's steps were alike in both, had rank 0 "the straggler, cause compute", worth 22%: both readers and
-    # their consensus read it as the capture's cost, information)
+    # its lateness, the share of that excess the run's ordinary unprofiled steps keep is the share of its lateness a
+    # fix gives over the run, and where they keep under a quarter the profiler slowed it, not the run (was: the
+    # window's lateness alone, so a DDP job whose rank 0 ran 62 ms of CPU per profiled step against 35 ms outside the
+    # window, while the other rank's steps were alike in both, had rank 0 "the straggler, cause compute", worth 22%:
+    # both readers and their consensus read it as the capture's cost, information)
     run_cpu = (None if own_work is not None or incomplete
                else _run_cpu(by_rank[slow], [by_rank[a.ranks[j]] for j in others], cost_per_step_us))
     profiler_only = run_cpu is not None and run_cpu.profiler_only
@@ -403,12 +403,14 @@ def straggler_finding(summaries: list[RankSummary], m: Matching, a: Arrivals, co
             "components_us_per_step": {str(s.rank): s.components_us for s in summaries},
             # where the straggler's extra CPU in the profiled steps explains its lateness: the measure compared (the
             # training thread's where every rank's was timed, else the process's), each rank's median CPU per profiled
-            # and ordinary unprofiled step, the straggler's excess over the others' in the unprofiled ones (what a fix
-            # gives over the run: the estimate's cap), and whether most of its lateness is the profiler's
+            # and ordinary unprofiled step, the straggler's excess over the others' in the unprofiled ones, the share
+            # of its excess in the profiled steps they keep (the share of its lateness a fix gives over the run: the
+            # estimate scales by it), and whether most of its lateness is the profiler's
             "cpu_measure": run_cpu.measure if run_cpu else None,
             "cpu_us_per_profiled_step": run_cpu.profiled_us if run_cpu else None,
             "cpu_us_per_unprofiled_step": run_cpu.unprofiled_us if run_cpu else None,
             "run_cpu_excess_us_per_step": round(run_cpu.excess_us, 3) if run_cpu else None,
+            "run_keeps_share_of_window_excess": run_cpu.kept if run_cpu else None,
             "late_in_profiled_steps_only": profiler_only,
         },
         recommendation=advice,
@@ -429,7 +431,8 @@ class _RunCpu:
     mine_off_us: float
     theirs_off_us: float  # the others' median
     excess_us: float  # the straggler's excess over the others' in the unprofiled steps, at least 0
-    profiler_only: bool  # that excess is under a quarter of its lateness in the window
+    kept: float  # the share of its excess in the profiled steps that the unprofiled ones keep (0 to 1)
+    profiler_only: bool  # they keep under a quarter of it: most of its lateness in the window is the profiler's
 
 
 def _run_cpu(slow: RankSummary, others: list[RankSummary], lateness_us: float) -> _RunCpu | None:
@@ -444,14 +447,20 @@ def _run_cpu(slow: RankSummary, others: list[RankSummary], lateness_us: float) -
     mine, theirs = slow.step_cpu_us[measure], [o.step_cpu_us[measure] for o in others]
     their_on = float(np.median([t["profiled_us"] for t in theirs]))
     their_off = float(np.median([t["unprofiled_us"] for t in theirs]))
-    if mine["profiled_us"] - their_on < 0.5 * lateness_us:
+    in_window = mine["profiled_us"] - their_on
+    if in_window < 0.5 * lateness_us:
         return None
     excess = mine["unprofiled_us"] - their_off
+    # CPU time against CPU time: under contention a rank's work takes more wall time than CPU time (a busy-wait of
+    # 30 ms wall, 22 ms on the CPU), so the run keeps the share of the window's excess its own steps show, which
+    # scales the window's lateness (was: the run's excess itself as the cap, so such a rank, 42 ms late a step, was
+    # worth 17 ms of CPU, a warning where the readers read critical)
+    kept = min(max(excess, 0.0) / in_window, 1.0)
     return _RunCpu(measure=measure,
                    profiled_us={str(r.rank): round(r.step_cpu_us[measure]["profiled_us"], 3) for r in ranks},
                    unprofiled_us={str(r.rank): round(r.step_cpu_us[measure]["unprofiled_us"], 3) for r in ranks},
                    steps=int(mine["unprofiled_steps"]), mine_off_us=mine["unprofiled_us"], theirs_off_us=their_off,
-                   excess_us=max(excess, 0.0), profiler_only=excess < 0.25 * lateness_us)
+                   excess_us=max(excess, 0.0), kept=kept, profiler_only=kept < 0.25)
 
 
 def _partners_wait_us(a: Arrivals, partners: np.ndarray, rows: np.ndarray, n_steps: int) -> float:

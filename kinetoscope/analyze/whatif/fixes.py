@@ -671,16 +671,16 @@ def _plan_straggler(trace: RankTrace, g: ReplayGraph, finding: Finding, p: dict[
              f"rank {ev.get('rank')}'s cause ({ev.get('cause')}) removed: the others' waits for it at collectives "
              "shrink by its lateness" + (", at most its measured excess" if known else
                                          " (its cause is not in the trace: the others' whole wait, at most)"))
-    cap = ev.get("run_cpu_excess_us_per_step")
-    if cap is not None and float(cap) < _uncapped_saving_us(ev):
-        # the run's ordinary steps show less excess than the window's lateness: that is what a fix gives the run
-        cause += (f", at most its extra CPU over the others' in the run's ordinary unprofiled steps "
-                  f"({float(cap) / 1000:.2f} ms a step: the rest of its lateness in the window is the profiler's)")
-    plan = plan_from_measure("straggler", straggler_saving_us(ev) * 1000,
-                             "measured: collective waits" + (", capped by the run's unprofiled steps"
-                                                             if cap is not None and float(cap) < _uncapped_saving_us(ev)
-                                                             else ""),
-                             (cause,), bound=None if known else "upper")
+    share = ev.get("run_keeps_share_of_window_excess")
+    kept = float(share) if share is not None else None
+    scaled = kept is not None and kept < 1.0
+    if kept is not None and scaled:
+        # the run's ordinary steps keep less of its extra CPU than the window shows: that share of it is the run's
+        cause += (f", scaled by the share of its extra CPU in the profiled steps that the run's ordinary unprofiled "
+                  f"steps keep ({kept:.0%}: the rest of its lateness in the window is the profiler's)")
+    method = "measured: collective waits" + (", scaled by the run's unprofiled steps" if scaled else "")
+    plan = plan_from_measure("straggler", straggler_saving_us(ev) * 1000, method, (cause,),
+                             bound=None if known else "upper")
     # the saving lies where the others waited: by the straggler's own step holding each late arrival
     late = finding.extra.get("late_arrivals_ns")
     if late and g.steps:
@@ -772,11 +772,12 @@ def straggler_saving_us(evidence: dict[str, Any]) -> float:
     """What fixing the straggler's cause gives the others per step (us): their wait for it, at most the straggler's
     measured excess in that cause; a validation only it runs is sharded across its group (``group_size`` ranks,
     the advice), which keeps each rank's 1/n share of it in the step. Where its lateness is its CPU and the capture
-    timed the run's other steps, at most its extra CPU over the others' there (``run_cpu_excess_us_per_step``): the
-    rest of its lateness in the window is the profiler's. The one place ``analyze`` and ``batch`` price it."""
-    cap = evidence.get("run_cpu_excess_us_per_step")
+    timed the run's other steps, scaled by the share of its extra CPU in the window those keep
+    (``run_keeps_share_of_window_excess``): the rest of its lateness in the window is the profiler's. The one place
+    ``analyze`` and ``batch`` price it."""
+    kept = evidence.get("run_keeps_share_of_window_excess")
     saving = _uncapped_saving_us(evidence)
-    return min(saving, float(cap)) if cap is not None else saving
+    return saving * min(max(float(kept), 0.0), 1.0) if kept is not None else saving
 
 
 def _uncapped_saving_us(evidence: dict[str, Any]) -> float:
