@@ -140,7 +140,8 @@ HELD_OUT = ((3, "third", "captures of public training code"),
             (34, "thirty-fourth", "twelve more programs, on the capture code of ef104c9"),
             (35, "thirty-fifth", "twelve more programs, on this stop's final rule"),
             (36, "thirty-sixth", "twelve more programs, on this stop's final code"),
-            (37, "thirty-seventh", "twelve more programs, after the thirty-sixth's two rules"))
+            (37, "thirty-seventh", "twelve more programs, after the thirty-sixth's two rules"),
+            (38, "thirty-eighth", "twelve more programs, after the review of those rules"))
 #: the first set read by a third expert reconciling the two readings
 FIRST_CONSENSUS = 13
 
