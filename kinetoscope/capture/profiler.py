@@ -38,6 +38,7 @@ from kinetoscope.capture.dist import RankInfo, rank_info, ranks_on_host
 from kinetoscope.capture.handover import not_measured, probe_handover
 from kinetoscope.capture.hangwatch import DEFAULT_FR_ENTRIES, HangWatch, arm_flight_recorder
 from kinetoscope.capture.hooks import is_data_loader_iterator
+from kinetoscope.capture.hostmem import memory_facts
 from kinetoscope.capture.loop import MARKS_VERSION, STEP_LISTS, STEP_SOURCE_WHY, LoopRecorder, WindowMarks
 from kinetoscope.capture.output import (
     BusyClock,
@@ -723,7 +724,8 @@ def _host_facts(world_size: int) -> dict[str, Any]:
     many cores' worth of work they do together (None here: measured after the manifest is first written, see
     ``Profiler._probe_cores``), torch's intra-op threads and how many of the job's ranks share the host (the
     launcher's word; None: not said): what a what-if needs to judge whether DataLoader workers would compete with
-    the training for cores."""
+    the training for cores; and the memory the process may use (the host's, its cgroup's limit where lower), what CPU
+    memory growth is judged against."""
     try:
         cpus: int | None = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
@@ -736,7 +738,7 @@ def _host_facts(world_size: int) -> dict[str, Any]:
         except Exception:  # noqa: BLE001
             threads = None
     return {"cpus": cpus, "cpus_on_host": os.cpu_count(), "cores_effective": None, "torch_threads": threads,
-            "ranks_on_host": ranks_on_host(world_size)}
+            "ranks_on_host": ranks_on_host(world_size), **memory_facts()}
 
 
 def profile_loop(

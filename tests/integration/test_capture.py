@@ -412,6 +412,33 @@ def test_a_probe_thread_that_cannot_start_leaves_none_waiting(monkeypatch):
     assert time.perf_counter() - t < 2 and not calls[0].is_alive()  # the started one was released, not left waiting
 
 
+def test_the_manifest_records_the_memory_the_process_may_use(monkeypatch, tmp_path):
+    """The host's memory and the cgroup's limit where lower go into the manifest's ``host``, what CPU memory growth is
+    judged against; where the platform says neither, both are null (not 0)."""
+    from kinetoscope.capture import hostmem, profiler
+    from kinetoscope.capture.dist import RankInfo
+
+    def host():
+        out = tmp_path / f"m{len(list(tmp_path.iterdir()))}"
+        p = profiler.Profiler(out)
+        p.out_dir.mkdir()
+        p.rank = RankInfo(0, 2, 0, "environment")  # a job's rank: no cores probe
+        p._write_sidecars()
+        return json.loads((out / "rank-0.manifest.json").read_text())["host"]
+
+    monkeypatch.setattr(hostmem, "physical_memory_bytes", lambda: 16 << 30)
+    monkeypatch.setattr(hostmem, "cgroup_memory_limit_bytes", lambda: 4 << 30)
+    got = host()
+    assert (got["memory_bytes"], got["memory_limit_bytes"]) == (16 << 30, 4 << 30)
+    monkeypatch.setattr(hostmem, "cgroup_memory_limit_bytes", lambda: 32 << 30)  # above the host's: no limit
+    got = host()
+    assert (got["memory_bytes"], got["memory_limit_bytes"]) == (16 << 30, None)
+    monkeypatch.setattr(hostmem, "physical_memory_bytes", lambda: None)
+    monkeypatch.setattr(hostmem, "cgroup_memory_limit_bytes", lambda: None)
+    got = host()
+    assert (got["memory_bytes"], got["memory_limit_bytes"]) == (None, None)
+
+
 def test_the_cores_probe_runs_only_in_a_job_of_one_process_that_ends_normally(monkeypatch, tmp_path):
     """The ranks of a job end together: each would measure the others' probes, so none probes; nor does a run
     ending early (a signal, a crash), which should go at once. A probe that fails, or is interrupted, leaves the

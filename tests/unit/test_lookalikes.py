@@ -918,6 +918,45 @@ def test_a_worker_is_advised_where_its_prefetch_absorbs_long_waits(tmp_path):
     assert "workers would not help" not in f.recommendation and "set num_workers" in f.recommendation
 
 
+@pytest.mark.parametrize(("host", "world", "steps_to_oom", "severity", "said"), [
+    ({"memory_bytes": 16 << 30}, None, 2023, "critical", "the host's memory"),
+    ({"memory_bytes": 16 << 30, "memory_limit_bytes": 4 << 30}, None, 487, "critical", "the process's memory limit"),
+    ({"memory_bytes": 16 << 30, "ranks_on_host": 2}, 2, 999, "critical", "the host's memory, shared by 2 ranks"),
+    ({"memory_bytes": 1 << 50}, None, None, "info", None),
+    ({}, None, None, "warning", None),
+])
+def test_cpu_memory_growth_is_judged_against_the_host_memory_the_capture_recorded(tmp_path, host, world, steps_to_oom,
+                                                                                 severity, said):
+    """Was: a loop keeping every step's attention maps attached grew 6.75 MiB a step on a 23 GiB host (out of memory
+    in ~3,400 steps) and read as a warning, "the device's memory is not recorded" (the thirty-ninth set's
+    keep_attn_main_tx; two readers and their consensus: critical). Twelve CPU steps each allocating 8 MiB never
+    freed, from 100 MiB: 196 MiB at the last step end. Against 16 GiB: (16,384 - 196) / 8 = 2,023 steps, critical
+    (fitted on 12 steps); against a 4 GiB cgroup limit, 487; two ranks sharing the host, 8 GiB each: 999; a 1 PiB
+    host has room for more than a run of 100,000 steps (information); unrecorded: a warning, which says so."""
+    import json
+
+    b = TraceBuilder()
+    for i in range(12):
+        t = i * 10_000
+        b.step(i, t, 10_000).op("aten::linear", t + 100, 5_000)
+        b.memory(t + 200, 8 << 20, allocated=(100 << 20) + (i + 1) * (8 << 20), device_type=0)
+    b.write(tmp_path / "rank-0.step-0-11.pt.trace.json")
+    (tmp_path / "rank-0.manifest.json").write_text(json.dumps({
+        "manifest_version": 2, "rank": 0, "host": {"cpus": 2, **host},
+        **({"world_size": world} if world else {})}))
+    (f,) = found(load_dir(tmp_path), "memory_growth")
+    assert f.evidence["growth_bytes_per_step"] == 8 << 20
+    if host.get("memory_bytes") == 1 << 50:
+        assert f.evidence["steps_to_out_of_memory"] > 100_000
+    else:
+        assert f.evidence["steps_to_out_of_memory"] == steps_to_oom
+    assert f.severity == severity
+    if said:
+        assert f.title.endswith(f"out of memory in ~{steps_to_oom:,} steps ({said})")
+    elif not host:
+        assert f.title.endswith("the host's memory is not recorded")
+
+
 def test_a_capture_busy_in_nearly_every_step_keeps_them_and_says_so(tmp_path):
     """Writing overlapped 11 of 12 steps: one step left would measure nothing, so every step stays, and that is said."""
     rep = export_job(tmp_path, [0] + [1_000] * 11)
