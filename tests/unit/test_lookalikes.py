@@ -921,9 +921,15 @@ def test_a_worker_is_advised_where_its_prefetch_absorbs_long_waits(tmp_path):
 @pytest.mark.parametrize(("host", "world", "steps_to_oom", "severity", "said"), [
     ({"memory_bytes": 16 << 30}, None, 2023, "critical", "the host's memory"),
     ({"memory_bytes": 16 << 30, "memory_limit_bytes": 4 << 30}, None, 487, "critical", "the process's memory limit"),
-    ({"memory_bytes": 16 << 30, "ranks_on_host": 2}, 2, 999, "critical", "the host's memory, shared by 2 ranks"),
+    ({"memory_bytes": 16 << 30, "ranks_on_host": 2}, 2, 999, "critical",
+     "the host's memory, shared by 2 ranks growing alike"),
+    # pinned to CPUs of their own: pinning does not divide memory
+    ({"memory_bytes": 16 << 30, "ranks_on_host": 2, "cpus": 1, "cpus_on_host": 2}, 2, 999, "critical",
+     "the host's memory, shared by 2 ranks growing alike"),
     ({"memory_bytes": 1 << 50}, None, None, "info", None),
     ({}, None, None, "warning", None),
+    ({"memory_bytes": 16 << 30}, 2, None, "warning", None),  # how many ranks share the host: not recorded
+    ({"memory_bytes": 128 << 20}, None, None, "warning", None),  # under what the trace already counts
 ])
 def test_cpu_memory_growth_is_judged_against_the_host_memory_the_capture_recorded(tmp_path, host, world, steps_to_oom,
                                                                                  severity, said):
@@ -932,7 +938,10 @@ def test_cpu_memory_growth_is_judged_against_the_host_memory_the_capture_recorde
     keep_attn_main_tx; two readers and their consensus: critical). Twelve CPU steps each allocating 8 MiB never
     freed, from 100 MiB: 196 MiB at the last step end. Against 16 GiB: (16,384 - 196) / 8 = 2,023 steps, critical
     (fitted on 12 steps); against a 4 GiB cgroup limit, 487; two ranks sharing the host, 8 GiB each: 999; a 1 PiB
-    host has room for more than a run of 100,000 steps (information); unrecorded: a warning, which says so."""
+    host has room for more than a run of 100,000 steps (information); unrecorded: a warning, which says so - as where
+    how many ranks share the host is not recorded, or where the rank's share is under what the trace already counts
+    (ranks that do not use it alike: not projected, never a negative count). Ranks pinned to CPUs of their own still
+    share the host's memory (a fresh reviewer's cases)."""
     import json
 
     b = TraceBuilder()
@@ -942,7 +951,7 @@ def test_cpu_memory_growth_is_judged_against_the_host_memory_the_capture_recorde
         b.memory(t + 200, 8 << 20, allocated=(100 << 20) + (i + 1) * (8 << 20), device_type=0)
     b.write(tmp_path / "rank-0.step-0-11.pt.trace.json")
     (tmp_path / "rank-0.manifest.json").write_text(json.dumps({
-        "manifest_version": 2, "rank": 0, "host": {"cpus": 2, **host},
+        "manifest_version": 2, "rank": 0, "host": {"cpus": 2, "cpus_on_host": 2, **host},
         **({"world_size": world} if world else {})}))
     (f,) = found(load_dir(tmp_path), "memory_growth")
     assert f.evidence["growth_bytes_per_step"] == 8 << 20
@@ -955,6 +964,35 @@ def test_cpu_memory_growth_is_judged_against_the_host_memory_the_capture_recorde
         assert f.title.endswith(f"out of memory in ~{steps_to_oom:,} steps ({said})")
     elif not host:
         assert f.title.endswith("the host's memory is not recorded")
+    elif world == 2:
+        assert f.title.endswith("how many of the job's ranks share the host's memory is not recorded")
+    elif host.get("memory_bytes") == 128 << 20:
+        assert f.title.endswith("the host's memory: 128.0 MiB, under the 196.0 MiB the trace already counts, so not "
+                                "projected")
+
+
+@pytest.mark.parametrize("recorded", [True, False])
+def test_a_small_cpu_leak_counts_against_a_small_host_as_on_a_device(tmp_path, recorded):
+    """The growth floor a device's memory lowers, the host's lowers too: 512 KiB a step from 100 MiB over twelve
+    steps is under the 1 MiB bar, but against a 4 GiB limit it takes a tenth of it within 100,000 steps - out of memory
+    in (4,096 - 106) / 0.5 = 7,980 steps, critical (was: no finding, where the same growth on a 4 GiB GPU was critical).
+    Without the host's memory recorded, the 1 MiB bar stands: no finding."""
+    import json
+
+    b = TraceBuilder()
+    for i in range(12):
+        t = i * 10_000
+        b.step(i, t, 10_000).op("aten::linear", t + 100, 5_000)
+        b.memory(t + 200, 512 << 10, allocated=(100 << 20) + (i + 1) * (512 << 10), device_type=0)
+    b.write(tmp_path / "rank-0.step-0-11.pt.trace.json")
+    host = {"cpus": 2, **({"memory_bytes": 16 << 30, "memory_limit_bytes": 4 << 30} if recorded else {})}
+    (tmp_path / "rank-0.manifest.json").write_text(json.dumps({"manifest_version": 2, "rank": 0, "host": host}))
+    fs = found(load_dir(tmp_path), "memory_growth")
+    if recorded:
+        (f,) = fs
+        assert f.evidence["steps_to_out_of_memory"] == 7_980 and f.severity == "critical"
+    else:
+        assert not fs
 
 
 def test_a_capture_busy_in_nearly_every_step_keeps_them_and_says_so(tmp_path):
@@ -1224,6 +1262,20 @@ def test_a_stragglers_run_share_scales_its_lateness_not_its_cpu(tmp_path):
     assert f.evidence["run_keeps_share_of_window_excess"] == 0.8
     assert f.estimate["saving_us_per_step"] == 24_000 and f.severity == "critical"
     assert f.evidence["late_in_profiled_steps_only"] is False
+
+
+def test_lateness_its_cpu_explains_only_in_part_is_not_called_the_profilers(tmp_path):
+    """Rank 1's extra CPU per profiled step (16 ms: 22 to rank 0's 6) explains only half its 30 ms lateness, and none of
+    it outside the window: the rest (I/O, a sleep) is not seen outside the window, so the finding does not call its
+    lateness the profiler's, nor say there is nothing to fix (a fresh reviewer's case); its estimate, scaled alike,
+    says what it took."""
+    straggler_with_run_cpu(tmp_path, 6, profiled_cpu_ms=22)
+    (f,) = found(load_dir(tmp_path), "straggler")
+    assert f.evidence["lateness_cpu_share"] == round(16 / 30, 4)
+    assert f.evidence["late_in_profiled_steps_only"] is False
+    assert f.title.startswith("Rank 1 is the straggler") and "profiler" not in f.title
+    assert "Nothing in the run to fix" not in f.recommendation
+    assert "is taken to scale alike: the trace cannot show it outside the window" in f.estimate["assumptions"][0]
 
 
 def test_one_heavy_step_of_a_partner_does_not_make_a_straggler_the_profilers(tmp_path):

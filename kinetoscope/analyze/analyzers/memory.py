@@ -11,7 +11,7 @@ import pandas as pd
 from kinetoscope.analyze.model.analysis import AnalysisResult, register
 from kinetoscope.analyze.model.config import AnalysisConfig
 from kinetoscope.analyze.model.findings import Finding
-from kinetoscope.analyze.model.hostfacts import count, ranks_sharing, world_size
+from kinetoscope.analyze.model.hostfacts import count, world_size
 from kinetoscope.analyze.model.results import Memory, MemoryDevice, MemoryResult
 from kinetoscope.analyze.model.timeline import step_at, window
 from kinetoscope.analyze.model.trace import RankTrace
@@ -242,7 +242,7 @@ def _device_metrics(
     slope = alloc_growth["slope"]
     device_type = int(group["device_type"].iloc[0])
     device_id = int(group["device_id"].iloc[0])
-    floor = growth_floor(config, _total_memory(trace, device_id) if device_type != 0 else None)
+    floor = growth_floor(config, _total_memory(trace, device_id) if device_type != 0 else host_memory_share(trace)[0])
     metrics: dict[str, Any] = {
         "device": device_label(device_type, device_id),
         "basis": basis,
@@ -300,22 +300,24 @@ def _total_memory(trace: RankTrace, device_id: int) -> int | None:
     return None
 
 
-def host_memory_share(trace: RankTrace) -> tuple[int, str] | None:
-    """(the bytes of host memory this rank may use, how the capture knows): the host's memory or the process's
-    cgroup limit where lower, as the capture recorded them (``host.memory_bytes``, ``host.memory_limit_bytes``),
-    shared by the job's ranks on the host (``hostfacts.ranks_sharing``, each growing alike); None where not recorded
-    (captures before they were, traces from elsewhere) or where the ranks sharing it are not known."""
+def host_memory_share(trace: RankTrace) -> tuple[int | None, str]:
+    """(the bytes of host memory this rank may use, what is said of them): the host's memory or the process's cgroup
+    limit where lower, as the capture recorded them (``host.memory_bytes``, ``host.memory_limit_bytes``), shared by
+    the job's ranks on the host as the launcher counted them, each taken to grow alike (pinned to CPUs of their own or
+    not: pinning does not divide memory); None, and why, where not recorded (captures before they were, traces from
+    elsewhere) or where how many ranks share the host is not."""
     host = (trace.meta.capture or {}).get("host") or {}
     physical, limit = count(host.get("memory_bytes")), count(host.get("memory_limit_bytes"))
     if physical is None and limit is None:
-        return None
+        return None, "the host's memory is not recorded"
     total = min(v for v in (physical, limit) if v is not None)
-    ranks, _ = ranks_sharing(host, world_size(trace))
+    world = world_size(trace)
+    ranks = 1 if world is None or world <= 1 else count(host.get("ranks_on_host"))
     if ranks is None:
-        return None
+        return None, "how many of the job's ranks share the host's memory is not recorded"
     what = "the process's memory limit" if limit is not None and (physical is None or limit < physical) \
         else "the host's memory"
-    return total // ranks, what + (f", shared by {ranks} ranks" if ranks > 1 else "")
+    return total // ranks, what + (f", shared by {ranks} ranks growing alike" if ranks > 1 else "")
 
 
 @register("memory", "Memory growth")
@@ -352,14 +354,26 @@ def analyze_memory(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
 
 def _steps_to_oom(
     trace: RankTrace, m: dict[str, Any], device_type: int, device_id: int, slope: float
-) -> tuple[int | None, int | None]:
+) -> tuple[int | None, int | None, str]:
+    """(the memory judged against, the steps until it runs out, what the title says of them)."""
     # the CPU's allocations against the host's memory the capture recorded (was: not judged, so a loop keeping every
     # step's attention maps attached, 6.75 MiB a step on a 23 GiB host - out of memory in ~3,400 steps - was a
     # warning, "the device's memory is not recorded"; two readers and their consensus: critical)
-    host = host_memory_share(trace) if device_type == 0 else None
-    total = _total_memory(trace, device_id) if device_type != 0 else host[0] if host else None
-    headroom = (total - (m["peak_reserved_bytes"] or m["peak_allocated_bytes"])) if total else None
-    return total, (int(headroom / slope) if headroom is not None and slope > 0 else None)
+    if device_type != 0:
+        total, said = _total_memory(trace, device_id), ""
+        if total is None:
+            return None, None, "the device's memory is not recorded"
+    else:
+        total, said = host_memory_share(trace)
+        if total is None:
+            return None, None, said
+    peak = m["peak_reserved_bytes"] or m["peak_allocated_bytes"]
+    if total - peak <= 0:  # the ranks do not share it alike (the CPU's counts start when profiling does)
+        return total, None, (f"{said or 'the device'}: {_size(total)}, under the {_size(peak)} the trace already "
+                             "counts, so not projected")
+    steps = int((total - peak) / slope) if slope > 0 else None
+    return total, steps, (f"out of memory in ~{steps:,} steps" + (f" ({said})" if said else "")
+                          if steps is not None else "")
 
 
 def _memory_findings(
@@ -391,15 +405,12 @@ def _growth_finding(
 ) -> Finding:
     slope = m["growth_bytes_per_step"]
     n = m["steps_fitted"]
-    total, steps_to_oom = _steps_to_oom(trace, m, device_type, device_id, slope)
+    total, steps_to_oom, projected = _steps_to_oom(trace, m, device_type, device_id, slope)
     critical = (steps_to_oom is not None and steps_to_oom <= config.memory_critical_steps_to_oom
                 and n >= config.memory_critical_min_steps)
     # against the device's memory: a run of memory_leak_horizon_steps fails on it, or it has room for far longer
     roomy = steps_to_oom is not None and steps_to_oom > config.memory_leak_horizon_steps
-    host = host_memory_share(trace) if device_type == 0 else None
-    oom = (f"; out of memory in ~{steps_to_oom:,} steps" + (f" ({host[1]})" if host else "")
-           if steps_to_oom is not None
-           else "; the host's memory is not recorded" if device_type == 0 else "; the device's memory is not recorded")
+    oom = f"; {projected}" if projected else ""
     # blocks freed on a thread the profiler does not record (DDP's buckets on gloo's) leave the CPU allocator's total
     # in the trace growing; those the trace shows (allocated again at an address still held live) are a lower bound
     # on them, and blocks like them (same thread, same size) still live at the trace's end most likely went the same
@@ -464,7 +475,7 @@ def _reserved_finding(
 ) -> Finding:
     slope = m["reserved_growth_bytes_per_step"]
     n = m["steps_fitted"]
-    total, steps_to_oom = _steps_to_oom(trace, m, device_type, device_id, slope)
+    total, steps_to_oom, _ = _steps_to_oom(trace, m, device_type, device_id, slope)
     return Finding(
         id="reserved_memory_growth",
         severity="warning",

@@ -411,6 +411,7 @@ def straggler_finding(summaries: list[RankSummary], m: Matching, a: Arrivals, co
             "cpu_us_per_unprofiled_step": run_cpu.unprofiled_us if run_cpu else None,
             "run_cpu_excess_us_per_step": round(run_cpu.excess_us, 3) if run_cpu else None,
             "run_keeps_share_of_window_excess": run_cpu.kept if run_cpu else None,
+            "lateness_cpu_share": round(run_cpu.cpu_share, 4) if run_cpu else None,
             "late_in_profiled_steps_only": profiler_only,
         },
         recommendation=advice,
@@ -432,7 +433,10 @@ class _RunCpu:
     theirs_off_us: float  # the others' median
     excess_us: float  # the straggler's excess over the others' in the unprofiled steps, at least 0
     kept: float  # the share of its excess in the profiled steps that the unprofiled ones keep (0 to 1)
-    profiler_only: bool  # they keep under a quarter of it: most of its lateness in the window is the profiler's
+    cpu_share: float  # the share of its lateness its extra CPU in the profiled steps explains (1/2 to 1)
+    # they keep under a quarter of it, and its CPU explains three quarters of its lateness or more: most of its
+    # lateness in the window is the profiler's (where less, what else it waits for is not known outside the window)
+    profiler_only: bool
 
 
 def _run_cpu(slow: RankSummary, others: list[RankSummary], lateness_us: float) -> _RunCpu | None:
@@ -460,7 +464,8 @@ def _run_cpu(slow: RankSummary, others: list[RankSummary], lateness_us: float) -
                    profiled_us={str(r.rank): round(r.step_cpu_us[measure]["profiled_us"], 3) for r in ranks},
                    unprofiled_us={str(r.rank): round(r.step_cpu_us[measure]["unprofiled_us"], 3) for r in ranks},
                    steps=int(mine["unprofiled_steps"]), mine_off_us=mine["unprofiled_us"], theirs_off_us=their_off,
-                   excess_us=max(excess, 0.0), kept=kept, profiler_only=kept < 0.25)
+                   excess_us=max(excess, 0.0), kept=kept, cpu_share=min(in_window / lateness_us, 1.0),
+                   profiler_only=kept < 0.25 and in_window >= 0.75 * lateness_us)
 
 
 def _partners_wait_us(a: Arrivals, partners: np.ndarray, rows: np.ndarray, n_steps: int) -> float:

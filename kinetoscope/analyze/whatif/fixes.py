@@ -676,8 +676,13 @@ def _plan_straggler(trace: RankTrace, g: ReplayGraph, finding: Finding, p: dict[
     scaled = kept is not None and kept < 1.0
     if kept is not None and scaled:
         # the run's ordinary steps keep less of its extra CPU than the window shows: that share of it is the run's
+        cpu = ev.get("lateness_cpu_share")
         cause += (f", scaled by the share of its extra CPU in the profiled steps that the run's ordinary unprofiled "
-                  f"steps keep ({kept:.0%}: the rest of its lateness in the window is the profiler's)")
+                  f"steps keep ({kept:.0%}: the rest of its lateness in the window is the profiler's, or CPU time lost "
+                  "to contention)"
+                  + (f"; the part of its lateness its CPU does not explain ({1 - float(cpu):.0%}) is taken to scale "
+                     "alike: the trace cannot show it outside the window"
+                     if cpu is not None and float(cpu) < 1 else ""))
     method = "measured: collective waits" + (", scaled by the run's unprofiled steps" if scaled else "")
     plan = plan_from_measure("straggler", straggler_saving_us(ev) * 1000, method, (cause,),
                              bound=None if known else "upper")
