@@ -142,7 +142,9 @@ HELD_OUT = ((3, "third", "captures of public training code"),
             (36, "thirty-sixth", "twelve more programs, on this stop's final code"),
             (37, "thirty-seventh", "twelve more programs, after the thirty-sixth's two rules"),
             (38, "thirty-eighth", "twelve more programs, after the review of those rules"),
-            (39, "thirty-ninth", "twelve more programs, on the final straggler rule"))
+            (39, "thirty-ninth", "twelve more programs, on the final straggler rule"),
+            (40, "fortieth", "twelve more programs, on the scaled straggler and host memory"),
+            (41, "forty-first", "twelve more programs, with the host's memory recorded"))
 #: the first set read by a third expert reconciling the two readings
 FIRST_CONSENSUS = 13
 

@@ -800,15 +800,18 @@ def test_a_batch_of_few_items_is_not_per_item_indexing(tmp_path):
     assert f.estimate["method"] == "replay: DataLoader queue simulation"
 
 
-def per_item_transform_loader(per_item_op_us):
+def per_item_transform_loader(per_item_op_us, random=False):
     """Six 10 ms steps; each starts with a 2 ms wait in a single-process DataLoader that converts 4 items one at a
     time (per item ``aten::to``, ``aten::div`` and ``aten::sub``, ``per_item_op_us`` each, the Python around them
-    untraced) and stacks them (200 us), then 7.5 ms of compute. No item is indexed out of a tensor (no select)."""
+    untraced; with ``random``, an ``aten::randint`` of 5 us first: an augmentation's parameter) and stacks them
+    (200 us), then 7.5 ms of compute. No item is indexed out of a tensor (no select)."""
     b = TraceBuilder()
     for i in range(6):
         t = i * 10_000
         b.step(i, t, 10_000).loader(t, 2_000)
         for k in range(4):
+            if random:
+                b.op("aten::randint", t + 92 + k * 400, 5)
             for j, name in enumerate(("aten::to", "aten::div", "aten::sub")):
                 b.op(name, t + 100 + k * 400 + j * (per_item_op_us + 10), per_item_op_us)
         b.op("aten::stack", t + 1_700, 200)
@@ -816,10 +819,11 @@ def per_item_transform_loader(per_item_op_us):
     return b
 
 
-@pytest.mark.parametrize(("per_item_op_us", "bytes_per_item", "transforms"),
-                         [(50, 3_072, True), (50, 8, False), (30, 3_072, False)])
+@pytest.mark.parametrize(("per_item_op_us", "bytes_per_item", "transforms", "random"),
+                         [(50, 3_072, True, False), (50, 3_072, True, True), (50, 8, False, False),
+                          (30, 3_072, False, False)])
 def test_items_converted_one_at_a_time_from_memory_are_told_to_convert_once(tmp_path, per_item_op_us, bytes_per_item,
-                                                                            transforms):
+                                                                            transforms, random):
     """Was: a LeNet loop of batch 4 (the thirty-sixth set's pl_cnn_cifar_b4) whose main-process loader made each image,
     held in memory as uint8 bytes, a PIL image, then ToTensor and Normalize - 23% of its run - was priced only as a
     worker, which the capture's probe of a 1.37 ms hand-over against 0.7 ms waits made worth nothing (info), and told
@@ -830,10 +834,13 @@ def test_items_converted_one_at_a_time_from_memory_are_told_to_convert_once(tmp_
     converting once keeps the stack's 200 us and removes 1.8 ms of each 10 ms step (an upper bound: 18%, a warning
     at half credit). A worker is not advised: its hand-over (3 ms) is more than the wait (2 ms). With 8 bytes an item
     (a labels tensor) the content is not in memory, and with 30 us the operators hold 18% (under the 20% bar): both
-    are judged by the workers' replay."""
+    are judged by the workers' replay. Torch drawing no random number inside the waits, the conversion is the same
+    every epoch: done once, the saving is no bound (was: a bound at half credit, where three sets' readers and their
+    consensus read such tutorials' loaders critical); with an ``aten::randint`` per item (an augmentation) it stays
+    a bound."""
     import json
 
-    per_item_transform_loader(per_item_op_us).write(tmp_path / "rank-0.step-0-5.pt.trace.json")
+    per_item_transform_loader(per_item_op_us, random).write(tmp_path / "rank-0.step-0-5.pt.trace.json")
     (tmp_path / "rank-0.manifest.json").write_text(json.dumps({
         "manifest_version": 2, "rank": 0, "host": {"cpus": 2, "torch_threads": 1},
         "dataloader": {"num_workers": 0, "batch_size": 4, "dataset_getitem": "custom", "dataset_tensors": 1,
@@ -850,8 +857,9 @@ def test_items_converted_one_at_a_time_from_memory_are_told_to_convert_once(tmp_
         assert f.recommendation.startswith("each batch is built item by item: every item converted from what the "
                                            "dataset holds in memory")
         assert f.estimate["method"] == "replay: the batch built at once"
-        assert f.estimate["saving_us_per_step"] == 1_800 and f.estimate["bound"] == "upper"
-        assert (f.worth.fraction, f.worth.basis) == (0.18, "upper bound")
+        assert f.estimate["saving_us_per_step"] == 1_800
+        assert f.estimate.get("bound") == ("upper" if random else None)
+        assert (f.worth.fraction, f.worth.basis) == (0.18, "upper bound" if random else "estimate")
         assert f.severity == "warning"
     else:
         assert f.estimate["method"] == "replay: DataLoader queue simulation"
@@ -1341,6 +1349,39 @@ def rank0_validates_job(folder):
         b.write(folder / f"rank-{rank}.step-0-7.pt.trace.json")  # a capture's window: its manifest is read
         (folder / f"rank-{rank}.manifest.json").write_text(json.dumps(
             {"manifest_version": 2, "rank": rank, "loop": {"marks": 2, "recorded": ["validation", "checkpoint"]}}))
+
+
+def test_buckets_in_flight_together_after_a_ranks_own_evaluation_all_follow_it(tmp_path):
+    """Was: of two gradient buckets in flight together after rank 0's own evaluation, only the first read as following
+    it (the second started 0.4 ms later, while the first was still in flight), so a recurring cause needed two
+    evaluations in the window, and a DDP job whose rank 0 alone evaluated every 8 steps - rank 1 waiting 93 ms at both
+    buckets, 17% of the run - was left as lateness that moves (the forty-first set; both readers and their consensus:
+    the straggler, a warning). Two CPU ranks, 10 steps of 20 ms, two buckets a step (arriving 5.2 and 5.6 ms in, ending
+    at 14 and 15 ms); the late rank alternates (1 ms, rank 1 in even steps, rank 0 in odd) and in step 4 rank 0 first
+    evaluates 60 ms alone (marked): last at 12 of 20 buckets, under two in three, but both buckets after its
+    evaluation count as its own work, which its partner's 60 ms wait there makes the cause."""
+    import json
+
+    for rank in (0, 1):
+        b = TraceBuilder(rank=rank, world_size=2)
+        t = 0
+        for s in range(10):
+            val = 60_000 if s == 4 else 0
+            b.step(s, t, 20_000 + val)
+            late = (1_000 if (s % 2 == 0) == (rank == 1) else 0) + (val if rank == 0 else 0)
+            if rank == 0 and val:
+                b.op("kinetoscope::validation", t + 50, val - 100, cat="kinetoscope", module="model", batches=10)
+            b.op("aten::linear", t + 100 + (val if rank == 0 else 0), 4_000 + late - (val if rank == 0 else 0))
+            for arrive, end in ((5_200, 14_000), (5_600, 15_000)):
+                b.op("gloo:all_reduce", t + arrive + late, end + val - arrive - late, cat="user_annotation", tid=300)
+            t += 20_000 + val
+        b.write(tmp_path / f"rank-{rank}.step-0-9.pt.trace.json")
+        (tmp_path / f"rank-{rank}.manifest.json").write_text(json.dumps(
+            {"manifest_version": 2, "rank": rank, "loop": {"marks": 2, "recorded": ["validation", "checkpoint"]}}))
+    (f,) = found(load_dir(tmp_path), "straggler")
+    assert f.rank == 0 and f.evidence["cause"] == "validation"
+    assert f.evidence["last_after_its_own_marked_work"] == 2
+    assert f.evidence["last_to_arrive_share"] == 0.6 and f.severity == "warning"
 
 
 def test_collectives_whose_ends_gloo_records_apart_are_still_matched(tmp_path):

@@ -159,17 +159,21 @@ def _issued_in_step(r: RankTrace, frame: pd.DataFrame) -> list[int]:
 
 
 def _after_marked(frame: pd.DataFrame, marks: iv.Intervals, start_ns: int) -> list[bool]:
-    """Per collective (the frame's order): whether the rank's time since its previous collective ended (the window's
-    start for the first), up to this one's end, holds validation or checkpoint work."""
+    """Per collective (the frame's order): whether the rank's time since the last of its collectives that ended before
+    this one started (the window's start for none), up to this one's end, holds validation or checkpoint work."""
     if frame.empty or not marks[0].size:
         return [False] * len(frame)
     starts = frame["ts_ns"].to_numpy(np.int64)
     ends = frame["end_ns"].to_numpy(np.int64)
-    order = np.argsort(starts, kind="stable")
-    reach = np.maximum.accumulate(ends[order])  # the latest end among collectives started so far
-    since = np.empty(len(frame), np.int64)
-    since[order] = np.concatenate(([start_ns], reach[:-1]))
-    since = np.minimum(since, starts)  # collectives in flight together: from this one's own start at least
+    # since the latest end of a collective that ended before this one started (one that did started before it): the
+    # buckets in flight together after a rank's own evaluation all follow it (was: since the latest end among those
+    # started before, so a DDP rank's second bucket, started 0.4 ms after the first and ending after it, read as not
+    # following the evaluation that held both back 93 ms: one collective of its own work, under the two a recurring
+    # cause needs, and a straggler the consensus claimed was left as lateness that moves)
+    done = np.sort(ends)
+    at = np.searchsorted(done, starts, side="right") - 1
+    since = np.where(at >= 0, done[np.clip(at, 0, None)], start_ns)
+    since = np.minimum(since, starts)
     return [bool(v) for v in iv.overlap_each(since, ends, marks) > 0]
 
 

@@ -718,6 +718,30 @@ def per_item_batch(trace: RankTrace, starts: np.ndarray, ends: np.ndarray) -> tu
     return None
 
 
+#: torch's operators that draw random numbers for an item (an augmentation's parameters, noise, dropout); not a
+#: sampler's shuffle at an epoch's start (``randperm``, and ``random_`` for its seed)
+_RANDOM_RE = re.compile(r"^aten::(?:rand|randn|randint|bernoulli|normal|uniform|multinomial|exponential"
+                        r"|geometric|cauchy|log_normal|poisson|rrelu|dropout|native_dropout|feature_dropout)(?:_|\b|$)")
+
+
+def draws_random(trace: RankTrace, starts: np.ndarray, ends: np.ndarray) -> bool | None:
+    """Whether torch drew random numbers on the training thread inside the waits (``starts``/``ends``): an
+    augmentation whose parameters torch draws (torchvision's random transforms do); None where the thread is not
+    known. Randomness drawn in Python or NumPy leaves no trace here."""
+    tid = main_thread(trace)
+    if tid is None:
+        return None
+    ev = trace.events
+    ops = ev[kind_mask(ev, ("cpu_op",)) & _tid_mask(ev, {tid}) & name_mask(ev, _RANDOM_RE)]
+    if ops.empty or not len(starts):
+        return False
+    at = ops["ts_ns"].to_numpy(np.int64)
+    order = np.argsort(starts)
+    k = np.searchsorted(starts[order], at, side="right") - 1
+    inside = (k >= 0) & (at < ends[order][np.clip(k, 0, None)])
+    return bool(inside.any())
+
+
 def transforms_judged(trace: RankTrace) -> tuple[int, float] | None:
     """(the batch size, the dataset's bytes per item over a batch's per item) where items converted one at a time can
     be judged (``_per_item_transforms``): a loader in the training process (``num_workers`` 0), of at least 2 items a
