@@ -144,7 +144,8 @@ HELD_OUT = ((3, "third", "captures of public training code"),
             (38, "thirty-eighth", "twelve more programs, after the review of those rules"),
             (39, "thirty-ninth", "twelve more programs, on the final straggler rule"),
             (40, "fortieth", "twelve more programs, on the scaled straggler and host memory"),
-            (41, "forty-first", "twelve more programs, with the host's memory recorded"))
+            (41, "forty-first", "twelve more programs, with the host's memory recorded"),
+            (42, "forty-second", "twelve more programs, on this stop's final code"))
 #: the first set read by a third expert reconciling the two readings
 FIRST_CONSENSUS = 13
 
