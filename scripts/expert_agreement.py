@@ -145,7 +145,8 @@ HELD_OUT = ((3, "third", "captures of public training code"),
             (39, "thirty-ninth", "twelve more programs, on the final straggler rule"),
             (40, "fortieth", "twelve more programs, on the scaled straggler and host memory"),
             (41, "forty-first", "twelve more programs, with the host's memory recorded"),
-            (42, "forty-second", "twelve more programs, on this stop's final code"))
+            (42, "forty-second", "twelve more programs, on this stop's final code"),
+            (43, "forty-third", "twelve more programs, on the final code after its CI"))
 #: the first set read by a third expert reconciling the two readings
 FIRST_CONSENSUS = 13
 
