@@ -926,6 +926,20 @@ def test_a_worker_is_advised_where_its_prefetch_absorbs_long_waits(tmp_path):
     assert "workers would not help" not in f.recommendation and "set num_workers" in f.recommendation
 
 
+def cpu_leak_capture(path, per_step, manifest):
+    """A capture of twelve CPU steps, each allocating ``per_step`` bytes never freed from 100 MiB, with rank 0's
+    manifest holding ``manifest`` (its host, the job's size)."""
+    import json
+
+    b = TraceBuilder()
+    for i in range(12):
+        t = i * 10_000
+        b.step(i, t, 10_000).op("aten::linear", t + 100, 5_000)
+        b.memory(t + 200, per_step, allocated=(100 << 20) + (i + 1) * per_step, device_type=0)
+    b.write(path / "rank-0.step-0-11.pt.trace.json")
+    (path / "rank-0.manifest.json").write_text(json.dumps({"manifest_version": 2, "rank": 0, **manifest}))
+
+
 @pytest.mark.parametrize(("host", "world", "steps_to_oom", "severity", "said"), [
     ({"memory_bytes": 16 << 30}, None, 2023, "critical", "the host's memory"),
     ({"memory_bytes": 16 << 30, "memory_limit_bytes": 4 << 30}, None, 487, "critical", "the process's memory limit"),
@@ -950,17 +964,8 @@ def test_cpu_memory_growth_is_judged_against_the_host_memory_the_capture_recorde
     how many ranks share the host is not recorded, or where the rank's share is under what the trace already counts
     (ranks that do not use it alike: not projected, never a negative count). Ranks pinned to CPUs of their own still
     share the host's memory (a fresh reviewer's cases)."""
-    import json
-
-    b = TraceBuilder()
-    for i in range(12):
-        t = i * 10_000
-        b.step(i, t, 10_000).op("aten::linear", t + 100, 5_000)
-        b.memory(t + 200, 8 << 20, allocated=(100 << 20) + (i + 1) * (8 << 20), device_type=0)
-    b.write(tmp_path / "rank-0.step-0-11.pt.trace.json")
-    (tmp_path / "rank-0.manifest.json").write_text(json.dumps({
-        "manifest_version": 2, "rank": 0, "host": {"cpus": 2, "cpus_on_host": 2, **host},
-        **({"world_size": world} if world else {})}))
+    cpu_leak_capture(tmp_path, 8 << 20, {"host": {"cpus": 2, "cpus_on_host": 2, **host},
+                                         **({"world_size": world} if world else {})})
     (f,) = found(load_dir(tmp_path), "memory_growth")
     assert f.evidence["growth_bytes_per_step"] == 8 << 20
     if host.get("memory_bytes") == 1 << 50:
@@ -985,16 +990,8 @@ def test_a_small_cpu_leak_counts_against_a_small_host_as_on_a_device(tmp_path, r
     steps is under the 1 MiB bar, but against a 4 GiB limit it takes a tenth of it within 100,000 steps - out of memory
     in (4,096 - 106) / 0.5 = 7,980 steps, critical (was: no finding, where the same growth on a 4 GiB GPU was critical).
     Without the host's memory recorded, the 1 MiB bar stands: no finding."""
-    import json
-
-    b = TraceBuilder()
-    for i in range(12):
-        t = i * 10_000
-        b.step(i, t, 10_000).op("aten::linear", t + 100, 5_000)
-        b.memory(t + 200, 512 << 10, allocated=(100 << 20) + (i + 1) * (512 << 10), device_type=0)
-    b.write(tmp_path / "rank-0.step-0-11.pt.trace.json")
     host = {"cpus": 2, **({"memory_bytes": 16 << 30, "memory_limit_bytes": 4 << 30} if recorded else {})}
-    (tmp_path / "rank-0.manifest.json").write_text(json.dumps({"manifest_version": 2, "rank": 0, "host": host}))
+    cpu_leak_capture(tmp_path, 512 << 10, {"host": host})
     fs = found(load_dir(tmp_path), "memory_growth")
     if recorded:
         (f,) = fs

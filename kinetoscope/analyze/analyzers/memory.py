@@ -11,7 +11,7 @@ import pandas as pd
 from kinetoscope.analyze.model.analysis import AnalysisResult, register
 from kinetoscope.analyze.model.config import AnalysisConfig
 from kinetoscope.analyze.model.findings import Finding
-from kinetoscope.analyze.model.hostfacts import count, world_size
+from kinetoscope.analyze.model.hostfacts import host_memory_share
 from kinetoscope.analyze.model.results import Memory, MemoryDevice, MemoryResult
 from kinetoscope.analyze.model.timeline import step_at, window
 from kinetoscope.analyze.model.trace import RankTrace
@@ -298,26 +298,6 @@ def _total_memory(trace: RankTrace, device_id: int) -> int | None:
         if p.get("id") == device_id and isinstance(p.get("totalGlobalMem"), int):
             return int(p["totalGlobalMem"])
     return None
-
-
-def host_memory_share(trace: RankTrace) -> tuple[int | None, str]:
-    """(the bytes of host memory this rank may use, what is said of them): the host's memory or the process's cgroup
-    limit where lower, as the capture recorded them (``host.memory_bytes``, ``host.memory_limit_bytes``), shared by
-    the job's ranks on the host as the launcher counted them, each taken to grow alike (pinned to CPUs of their own or
-    not: pinning does not divide memory); None, and why, where not recorded (captures before they were, traces from
-    elsewhere) or where how many ranks share the host is not."""
-    host = (trace.meta.capture or {}).get("host") or {}
-    physical, limit = count(host.get("memory_bytes")), count(host.get("memory_limit_bytes"))
-    if physical is None and limit is None:
-        return None, "the host's memory is not recorded"
-    total = min(v for v in (physical, limit) if v is not None)
-    world = world_size(trace)
-    ranks = 1 if world is None or world <= 1 else count(host.get("ranks_on_host"))
-    if ranks is None:
-        return None, "how many of the job's ranks share the host's memory is not recorded"
-    what = "the process's memory limit" if limit is not None and (physical is None or limit < physical) \
-        else "the host's memory"
-    return total // ranks, what + (f", shared by {ranks} ranks growing alike" if ranks > 1 else "")
 
 
 @register("memory", "Memory growth")

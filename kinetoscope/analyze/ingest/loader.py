@@ -47,6 +47,7 @@ from kinetoscope.analyze.ingest.limits import (
 from kinetoscope.analyze.ingest.parser import launched_kernels, parse_bytes
 from kinetoscope.analyze.ingest.raw import RawColumns, from_parsed
 from kinetoscope.analyze.model.graphs import capture_table
+from kinetoscope.analyze.model.hostfacts import count
 from kinetoscope.analyze.model.schema import LAUNCH_KERNEL_COLUMNS
 from kinetoscope.analyze.model.timeline import CAPTURE_BEGIN_RE
 from kinetoscope.analyze.model.trace import RankTrace, Trace, training_children
@@ -298,10 +299,8 @@ def _capture_facts(manifest_bytes: bytes | None) -> dict[str, Any]:
     # one odd host field (a string, a bool, a list) is dropped, not the others with it
     host = {k: v for k, v in (facts.host or {}).items()
             if v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))}
-    world = facts.world_size if isinstance(facts.world_size, int) and not isinstance(facts.world_size, bool) \
-        and facts.world_size >= 1 else None
     return {k: v for k, v in (("host", host), ("dataloader", _dataloader_facts(facts.dataloader)),
-                              ("loop", _loop_facts(facts.loop)), ("world_size", world)) if v}
+                              ("loop", _loop_facts(facts.loop)), ("world_size", count(facts.world_size))) if v}
 
 
 #: the hand-over probe's numbers (capture/handover.py): kept when each is a non-negative int or null

@@ -1,4 +1,5 @@
-"""What the capture recorded of the host a rank ran on, read once for every analysis that sizes work to its CPUs.
+"""What the capture recorded of the host a rank ran on, read once for every analysis that sizes work to its CPUs
+or judges memory against it.
 
 The manifest is JSON data written by a training job's capture: every count here is checked to be a whole number in
 its range (never a bool, a float or a string), and what was not recorded is ``None``, never a default that reads as
@@ -75,3 +76,23 @@ def job_threads(trace: RankTrace) -> tuple[int | None, bool | None]:
         return None, None
     sized = ranks * (threads + workers)
     return sized, sized <= cpus
+
+
+def host_memory_share(trace: RankTrace) -> tuple[int | None, str]:
+    """(the bytes of host memory this rank may use, what is said of them): the host's memory or the process's cgroup
+    limit where lower, as the capture recorded them (``host.memory_bytes``, ``host.memory_limit_bytes``), shared by
+    the job's ranks on the host as the launcher counted them, each taken to grow alike (pinned to CPUs of their own or
+    not: pinning does not divide memory); None, and why, where not recorded (captures before they were, traces from
+    elsewhere) or where how many ranks share the host is not."""
+    host = (trace.meta.capture or {}).get("host") or {}
+    physical, limit = count(host.get("memory_bytes")), count(host.get("memory_limit_bytes"))
+    if physical is None and limit is None:
+        return None, "the host's memory is not recorded"
+    total = min(v for v in (physical, limit) if v is not None)
+    world = world_size(trace)
+    ranks = 1 if world is None or world <= 1 else count(host.get("ranks_on_host"))
+    if ranks is None:
+        return None, "how many of the job's ranks share the host's memory is not recorded"
+    what = "the process's memory limit" if limit is not None and (physical is None or limit < physical) \
+        else "the host's memory"
+    return total // ranks, what + (f", shared by {ranks} ranks growing alike" if ranks > 1 else "")

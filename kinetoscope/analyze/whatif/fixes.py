@@ -681,9 +681,9 @@ def _plan_straggler(trace: RankTrace, g: ReplayGraph, finding: Finding, p: dict[
              "shrink by its lateness" + (", at most its measured excess" if known else
                                          " (its cause is not in the trace: the others' whole wait, at most)"))
     share = ev.get("run_keeps_share_of_window_excess")
-    kept = float(share) if share is not None else None
-    scaled = kept is not None and kept < 1.0
-    if kept is not None and scaled:
+    kept = float(share) if share is not None else 1.0
+    scaled = kept < 1.0
+    if scaled:
         # the run's ordinary steps keep less of its extra CPU than the window shows: that share of it is the run's
         cpu = ev.get("lateness_cpu_share")
         cause += (f", scaled by the share of its extra CPU in the profiled steps that the run's ordinary unprofiled "
