@@ -8,12 +8,17 @@ the windows' traces) once per step, at the step boundary (``close_step``): a few
 only for the steps a window records.
 
 Rules (issue 28's contract, with two changes, said here and in docs/report.md):
-* a loader is "train" when at least half of its batches are followed by a ``backward()`` before that loader's
-  next batch; "eval" when none are and its batches were taken with grad disabled or a root module in eval mode
+* a loader is "train" when at least half of its batches not taken for evaluation are followed by a
+  ``backward()`` before that loader's next batch (change, marks version 3: was half of all its batches, so a loader
+  an evaluator iterates too - Ignite's evaluator over the training loader - was "unknown" and its training waits
+  were nobody's); "eval" when none are and its batches were taken with grad disabled or a root module in eval mode
   more often than not; "unknown" otherwise (no batches yet included). Change: a batch taken with grad disabled,
   or while a root module is in an eval stretch that has seen no backward, is never "followed" - else the last
   batch of each validation pass, followed by the next training step's backward, would make every validation
   loader "unknown" (and a one-batch validation loader "train").
+* each wait is the training loop's or the evaluation's by its batch (marks version 3): a batch taken for evaluation
+  (grad disabled, or an eval stretch with no backward yet) is an evaluation wait whatever its loader's role; the
+  other waits are the training loop's on a "train" loader, and nobody's on an "unknown" one.
 * a validation stretch runs from a root module's outermost ``.eval()``/``.train(False)`` to its next outermost
   ``.train()`` with no ``backward()`` or optimizer step in between; one still open when the recorder finishes (a
   final evaluation) ends there.
@@ -39,7 +44,9 @@ from kinetoscope.capture._safety import warn_once
 from kinetoscope.capture.hooks import KINDS, LoopListener
 
 #: version of the marks contract written into the manifest's ``loop`` object
-MARKS_VERSION = 2  # 2: a step's validation/compile/checkpoint time is on its wall's clock (1: could exceed it)
+#: 2: a step's validation/compile/checkpoint time is on its wall's clock (1: could exceed it); 3: waits split by
+#: batch (taken for evaluation or not), a loader's role counts its batches not taken for evaluation
+MARKS_VERSION = 3
 PREFIX = "kinetoscope::"
 #: steps.json's per-step lists of loop marks (beside step_wall_ns, data_wait_ns, ...)
 STEP_LISTS = ("train_data_wait_ns", "eval_data_wait_ns", "validation_ns", "compile_ns", "checkpoint_ns",
@@ -62,11 +69,14 @@ class _Loader:
     followed: int = 0
     #: next() calls that returned a batch with grad disabled or a root module in eval mode
     evalish: int = 0
+    #: batches taken for evaluation: with grad disabled, or in an eval stretch that has seen no backward (never
+    #: "followed"; an evaluator iterating the training loader takes these)
+    for_evaluation: int = 0
 
     def role(self) -> str:
         if self.batches == 0:
             return "unknown"
-        if 2 * self.followed >= self.batches:
+        if self.followed and 2 * self.followed >= self.batches - self.for_evaluation:
             return "train"
         if self.followed == 0 and 2 * self.evalish > self.batches:
             return "eval"
@@ -159,8 +169,9 @@ class LoopRecorder:
         self._ends: list[int] = []
         self._rows: dict[str, list[int]] = {k: [] for k in (
             "validation_ns", "compile_ns", "checkpoint_ns", "backward_calls", "optimizer_steps")}
-        #: per loader, its training-thread waits in each step
+        #: per loader, its training-thread waits in each step; and those of its batches taken for evaluation
         self._waits: dict[int, list[int]] = {}
+        self._eval_waits: dict[int, list[int]] = {}
 
     def begin_steps(self, start_unix_ns: int) -> None:
         """The first step starts now (a new ``Profiler``): per-step lists start over, totals go on."""
@@ -178,8 +189,9 @@ class LoopRecorder:
             self._ends.append(end_unix_ns)
             for values in self._rows.values():
                 values.append(0)
-            for values in self._waits.values():
-                values.append(0)
+            for per_loader in (self._waits, self._eval_waits):
+                for values in per_loader.values():
+                    values.append(0)
         self._step_start = end_unix_ns
         out = StepLoop()
         for event in events:
@@ -218,11 +230,13 @@ class LoopRecorder:
         _, t1, wait, cpu, thread_cpu, tid, it, batch, grad, exhausted = e
         lid = hooks.iterator_loader(it)
         loader = self._loaders.setdefault(lid, _Loader())
+        for_evaluation = (not grad) or any(not s.trained for s in self._stretches.values())
         if not exhausted:
             loader.batches += 1
             in_eval = bool(self._stretches)
             loader.evalish += (not grad) or in_eval
-            if grad and not any(not s.trained for s in self._stretches.values()):
+            loader.for_evaluation += for_evaluation
+            if not for_evaluation:
                 self._awaiting.add(lid)
             else:
                 self._awaiting.discard(lid)
@@ -240,15 +254,16 @@ class LoopRecorder:
             out.iterator = it
             i = self._step_of(t1)
             if i >= 0:
-                waits = self._waits.get(lid)
-                if waits is None:
-                    waits = self._waits[lid] = [0] * len(self._starts)
-                waits[i] += wait
+                for per_loader in (self._waits, self._eval_waits) if for_evaluation else (self._waits,):
+                    waits = per_loader.get(lid)
+                    if waits is None:
+                        waits = per_loader[lid] = [0] * len(self._starts)
+                    waits[i] += wait
             if not exhausted:
                 for s in self._stretches.values():
                     s.batches += 1
                     s.loaders[lid] = s.loaders.get(lid, 0) + 1
-        args: dict[str, Any] = {"loader": lid, "role": None, "batch": int(batch)}
+        args: dict[str, Any] = {"loader": lid, "role": None, "batch": int(batch), "evaluation": bool(for_evaluation)}
         if exhausted:
             args["exhausted"] = True
         self._keep(keep, "data_wait", t0, t1, tid, args)
@@ -434,7 +449,8 @@ class LoopRecorder:
         for lid in sorted(self._loaders):
             loader = self._loaders[lid]
             loaders.append({"loader": lid, "role": roles[lid], "batches": loader.batches,
-                            "batches_followed_by_backward": loader.followed, **hooks.loader_config(lid)})
+                            "batches_followed_by_backward": loader.followed,
+                            "batches_for_evaluation": loader.for_evaluation, **hooks.loader_config(lid)})
         return {
             "marks": MARKS_VERSION,
             "recorded": recorded,
@@ -480,10 +496,17 @@ class LoopRecorder:
         roles = self.roles()
 
         def waits(role: str) -> list[int]:
+            """A train loader's waits less its batches taken for evaluation; an eval loader's waits and every
+            loader's batches taken for evaluation."""
             total = [0] * n
             for lid, values in self._waits.items():
-                if roles.get(lid) == role:
-                    total = [a + b for a, b in zip(total, values, strict=False)]
+                taken = self._eval_waits.get(lid, [0] * n)
+                if role == "train":
+                    part = [a - b for a, b in zip(values, taken, strict=False)] if roles.get(lid) == "train" else None
+                else:
+                    part = values if roles.get(lid) == "eval" else taken
+                if part is not None:
+                    total = [a + b for a, b in zip(total, part, strict=False)]
             return total
 
         def row(kind: str, name: str) -> list[int] | None:

@@ -119,14 +119,14 @@ def test_capture_writes_the_loop_into_the_manifest(auto):
     validation = loop.pop("validation")
     checkpoint = loop.pop("checkpoint")
     assert loop == {
-        "marks": 2, "recorded": ALL_KINDS, "step_source": "optimizer",
+        "marks": 3, "recorded": ALL_KINDS, "step_source": "optimizer",
         "step_source_why": "a step ends at each optimizer.step(), any optimizer's",
         # every one of the 32 train batches is followed by its backward(); the validation loader's 6 (two passes
-        # of 3) by none, all taken in eval mode with grad disabled
-        "loaders": [{"loader": 0, "role": "train", "batches": 32, "batches_followed_by_backward": 32, **LOADER,
-                     **TRAIN_DATASET},
-                    {"loader": 1, "role": "eval", "batches": 6, "batches_followed_by_backward": 0, **LOADER,
-                     **VAL_DATASET}],
+        # of 3) by none, all taken in eval mode with grad disabled: for evaluation
+        "loaders": [{"loader": 0, "role": "train", "batches": 32, "batches_followed_by_backward": 32,
+                     "batches_for_evaluation": 0, **LOADER, **TRAIN_DATASET},
+                    {"loader": 1, "role": "eval", "batches": 6, "batches_followed_by_backward": 0,
+                     "batches_for_evaluation": 6, **LOADER, **VAL_DATASET}],
         "backward_calls": 32, "optimizer_steps": 8, "optimizers": 1,  # accumulation 4
         # no Python child process started (no DataLoader workers): 0, not null
         "child_processes": {"started": 0, "targets": [], "training_in_children": False, "dataloader_workers": 0,
@@ -162,10 +162,10 @@ def test_capture_splices_the_windows_marks(auto):
     waits = marks(events, "data_wait")
     # window: steps 2-4 (optimizer steps 3-5 and the batches 12-23 before them), and the validation after step 3
     train = [m["args"] for m in waits if m["args"]["loader"] == 0]
-    assert train == [{"loader": 0, "role": "train", "batch": b} for b in range(12, 24)]
+    assert train == [{"loader": 0, "role": "train", "batch": b, "evaluation": False} for b in range(12, 24)]
     assert [m["args"] for m in waits if m["args"]["loader"] == 1] == [
-        {"loader": 1, "role": "eval", "batch": 0}, {"loader": 1, "role": "eval", "batch": 1},
-        {"loader": 1, "role": "eval", "batch": 2}, {"loader": 1, "role": "eval", "batch": 3, "exhausted": True}]
+        {"loader": 1, "role": "eval", "batch": k, "evaluation": True} for k in range(3)] + [
+        {"loader": 1, "role": "eval", "batch": 3, "evaluation": True, "exhausted": True}]
     assert [m["args"]["micro_step"] for m in marks(events, "backward")] == [1, 2, 3, 4] * 3
     assert {m["args"]["thread"] for m in marks(events, "backward")} == {"main"}
     assert [m["args"] for m in marks(events, "optimizer_step")] == [{"backward_calls": 4, "optimizer": 0}] * 3
@@ -216,6 +216,7 @@ def test_the_analysis_reads_the_marks(auto):
     assert (r.events["kind"].iloc[r.marks["row"]] == "mark").all() and int((r.events["kind"] == "mark").sum()) == 33
     waits = r.marks[r.marks["name"] == "kinetoscope::data_wait"]
     assert waits["loader"].tolist() == [0] * 4 + [1] * 4 + [0] * 8 and set(waits["role"]) == {"train", "eval"}
+    assert waits["evaluation"].tolist() == [False] * 4 + [True] * 4 + [False] * 8  # taken with grad disabled
     assert r.marks.loc[r.marks["name"] == "kinetoscope::backward", "micro_step"].tolist() == [1, 2, 3, 4] * 3
     # the run's steps less those in which the capture wrote its trace
     kept = [i for i, b in enumerate(steps["capture_busy_ns"]) if not b]
@@ -309,7 +310,7 @@ def test_profile_loop_times_each_wait_once(tmp_path):
     events = trace_events(out)
     for k in (2, 3, 4):
         inside = [m for m in marks(events, "data_wait") if in_step(events, k, m)]
-        assert [m["args"] for m in inside] == [{"loader": 0, "role": "train", "batch": k}]
+        assert [m["args"] for m in inside] == [{"loader": 0, "role": "train", "batch": k, "evaluation": False}]
         assert steps["data_wait_ns"][k] == round(inside[0]["dur"] * 1000)
 
 
@@ -390,6 +391,10 @@ def test_the_marks_role_rule():
 
     assert _Loader(batches=4, followed=2).role() == "train"
     assert _Loader(batches=4, followed=1, evalish=4).role() == "unknown"
+    # batches taken for evaluation leave the count: 3 of 4 training batches followed (was "unknown": 3 of 8)
+    assert _Loader(batches=8, followed=3, evalish=4, for_evaluation=4).role() == "train"
+    assert _Loader(batches=8, followed=1, evalish=4, for_evaluation=4).role() == "unknown"
+    assert _Loader(batches=4, followed=0, evalish=4, for_evaluation=4).role() == "eval"
     assert _Loader(batches=4, followed=0, evalish=3).role() == "eval"
     assert _Loader(batches=4, followed=0, evalish=2).role() == "unknown"
     assert _Loader().role() == "unknown"
@@ -524,6 +529,53 @@ def test_real_worker_restarts_are_recorded(how):
     assert (workers["starts"], workers["stops"], workers["restarts"]) == expected
     assert (workers["restart_total_ns"] > 0) is (how != "persistent")
     assert {m[4]["workers"] for m in marks_ if m[0].startswith("workers_")} == {2}
+
+
+def test_an_evaluator_over_the_training_loader_leaves_its_training_waits_the_loops():
+    """Ignite's shape (was: its one loader "unknown", 93 of 188 batches followed by a backward, and every step's
+    train_data_wait_ns 0 while the loop waited 5.6-11 ms a step). Events fed by hand (ns), one loader: two training
+    steps take a batch (waits 100 and 200) and run backward; the third step's evaluator, in an eval stretch with grad
+    disabled, takes four batches of the same loader (waits 1000, 100, 100, 1600) and a training batch after it (300)
+    is followed by a backward. The loader is "train" (3 of its 3 training batches followed; was "unknown": 3 of 7);
+    the training waits are 100, 200, 300 and the evaluation's 2800, per step; the marks say which batch was taken for
+    evaluation."""
+    import torch
+
+    from kinetoscope.capture import loop
+
+    rec = loop.LoopRecorder()
+    rec.attach()
+    try:
+        tid = rec.training_thread
+        module = torch.nn.Linear(1, 1)
+        it = iter(torch.utils.data.DataLoader([1, 2]))
+        it._kinetoscope_loader = 0
+        rec.begin_steps(0)
+        rec.pending[:] = [("W", 200, 100, 0, 0, tid, it, 0, True, False), ("B", 300, 400, tid)]
+        rec.close_step(1000, record=True, keep=True)
+        rec.pending[:] = [("W", 1300, 200, 0, 0, tid, it, 1, True, False), ("B", 1400, 1500, tid)]
+        rec.close_step(2000, record=True, keep=True)
+        rec.pending[:] = [("M", 2100, tid, id(module), "Linear", False),
+                          ("W", 3200, 1000, 0, 0, tid, it, 0, False, False),
+                          ("W", 3400, 100, 0, 0, tid, it, 1, False, False),
+                          ("W", 3600, 100, 0, 0, tid, it, 2, False, False),
+                          ("W", 5300, 1600, 0, 0, tid, it, 3, False, False),
+                          ("M", 5400, tid, id(module), "Linear", True),
+                          ("W", 5800, 300, 0, 0, tid, it, 2, True, False), ("B", 5900, 6000, tid)]
+        rec.close_step(7000, record=True, keep=True)
+        assert rec.roles() == {0: "train"}
+        lists = rec.step_lists(3)
+        assert lists["train_data_wait_ns"] == [100, 200, 300]
+        assert lists["eval_data_wait_ns"] == [0, 0, 2800]
+        entry = rec.manifest("optimizer")["loaders"][0]
+        assert (entry["role"], entry["batches"], entry["batches_followed_by_backward"],
+                entry["batches_for_evaluation"]) == ("train", 7, 3, 4)
+        waits = [m for m in rec.take_marks(0, 7000) if m[0] == "data_wait"]
+        assert [(m[4]["batch"], m[4]["evaluation"]) for m in waits] == [
+            (0, False), (1, False), (0, True), (1, True), (2, True), (3, True), (2, False)]
+        assert {m[4]["role"] for m in waits} == {"train"}
+    finally:
+        rec.detach()
 
 
 def test_the_next_that_stops_the_workers_waits_for_no_data():

@@ -1617,9 +1617,11 @@ def test_alike_steps_have_no_outliers(tmp_path):
 
 
 # --- what the capture knows: a validation loader's waits are not the training loop's --------------
-def marked_trace(tmp_path, manifest_roles=None):
+def marked_trace(tmp_path, manifest_roles=None, *, shared=False):
     """Training steps of 1 ms, each waiting 100 us for the training loader (0); step 3 also runs a validation pass
-    of 5 batches from loader 1, each waiting 900 us (the capture marks each wait with its loader and role)."""
+    of 5 batches from loader 1, each waiting 900 us (the capture marks each wait with its loader and role).
+    ``shared``: the validation pass iterates loader 0 too (Ignite's evaluator over the training loader), its marks
+    saying each batch was taken for evaluation (loop marks version 3)."""
     import json
 
     b = TraceBuilder()
@@ -1635,7 +1637,11 @@ def marked_trace(tmp_path, manifest_roles=None):
             b.op("kinetoscope::validation", t + 950, 5_000, cat="kinetoscope", module="Net", batches=5, loader=1)
             for k in range(5):
                 v = t + 950 + k * 1_000
-                b.op("kinetoscope::data_wait", v, 900, cat="kinetoscope", loader=1, role="eval", batch=k)
+                if shared:
+                    b.op("kinetoscope::data_wait", v, 900, cat="kinetoscope", loader=0, role="train", batch=k,
+                         evaluation=True)
+                else:
+                    b.op("kinetoscope::data_wait", v, 900, cat="kinetoscope", loader=1, role="eval", batch=k)
                 b.loader(v, 900)
                 b.op("aten::linear", v + 900, 90)
         t += dur
@@ -1658,6 +1664,43 @@ def test_a_validation_loaders_waits_are_not_the_training_loops(tmp_path):
     assert stall.evidence["loader_time_us"] == 600 and stall.severity == "info"
     (f,) = found(rep, "outlier_steps")
     assert f.evidence["outliers"][0]["holds"] == "validation"
+
+
+def test_batches_an_evaluator_takes_from_the_training_loader_are_not_training_waits(tmp_path):
+    """Ignite's evaluator runs over the training loader: the waits the capture marked as taken for evaluation are the
+    evaluation's, whatever the loader's role (was: 6 x 100 + 5 x 900 us of training waits)."""
+    rep = build_report(load_trace(marked_trace(tmp_path, shared=True)))
+    loader = rep.ranks[0]["loader"]
+    assert loader["time_us"] == 6 * 100 and loader["eval_loader_wait_us"] == 5 * 900
+
+
+@pytest.mark.parametrize("version", [2, 3])
+def test_an_old_captures_shared_loader_leaves_its_training_waits_unknown_not_zero(tmp_path, version):
+    """Was: an Ignite run's one loader ended "unknown" (its evaluator iterated it too), steps.json's
+    train_data_wait_ns read 0 in every step, and the loader was worth 0 over a run where the loop waited 19.5% of it.
+    A loader that trained but ended "unknown" (before marks version 3, any loader an evaluator iterated too) leaves
+    the training waits unknown, and the run's are every wait less the steps holding validation (said). 10 steps of
+    10 ms, each waiting 2 ms; step 5 holds a 50 ms validation whose waits are 30 ms (60 ms wall): 9 x 2 ms of 150 ms."""
+    import json
+
+    marked_trace(tmp_path, manifest_roles={0: "unknown", 1: "eval"})
+    manifest = json.loads((tmp_path / "rank-0.manifest.json").read_text())
+    manifest["loop"]["marks"] = version
+    manifest["loop"]["loaders"][0].update(batches=20, batches_followed_by_backward=5)
+    (tmp_path / "rank-0.manifest.json").write_text(json.dumps(manifest))
+    wall, wait, validation = [10_000_000] * 10, [2_000_000] * 10, [0] * 10
+    wall[5], wait[5], validation[5] = 60_000_000, 30_000_000, 50_000_000
+    (tmp_path / "rank-0.steps.json").write_text(json.dumps({
+        "rank": 0, "unit": "ns", "step_wall_ns": wall, "data_wait_ns": wait, "profiled": [True] * 10,
+        "train_data_wait_ns": [0] * 10, "eval_data_wait_ns": [0] * 10, "validation_ns": validation}))
+    trace = load_trace(tmp_path)
+    run = build_report(trace).ranks[0]["loader"]["run"]
+    notes = [w for w in trace.ranks[0].meta.warnings if "training loader's waits are not known" in w]
+    assert run["data_wait_us"] == 18_000 and run["data_wait_fraction"] == 0.12
+    assert run["data_wait_of"] == "every DataLoader wait on the training thread, less the 1 step holding validation"
+    assert notes == ["the training loader's waits are not known: loader 0 trained but ended of unknown role (under "
+                     "half of the batches not taken for evaluation were followed by a backward), so steps.json's "
+                     "train_data_wait_ns, which counts train loaders only, is not read"]
 
 
 def test_the_manifests_final_role_wins_over_the_marks(tmp_path):

@@ -187,7 +187,13 @@ def _whole_run(trace: RankTrace, window_wait_ns: int) -> LoaderRun | None:
         return None
     wall = int(rs["wall_ns"].sum())
     train = _recorded_sum(rs, "train_data_wait_ns")
-    wait: float | None = train if train is not None else float(rs["data_wait_ns"].sum())
+    # without the training loader's own waits, steps that hold validation are left out: their waits are mostly the
+    # evaluation's (was: an Ignite run's evaluator over the training loader)
+    in_validation = (rs["validation_ns"].fillna(0).to_numpy(np.float64) > 0 if train is None and "validation_ns" in rs
+                     else np.zeros(len(rs), dtype=bool))
+    wait: float | None = (train if train is not None
+                          else float(rs["data_wait_ns"].to_numpy(np.float64)[~in_validation].sum()))
+    left_out = int(in_validation.sum())
     loop = (trace.meta.capture or {}).get("loop") or {}
     recorded = loop.get("recorded")
     # a capture that timed no waits (the Profiler API before it recorded them) reads 0 beside waits in its trace:
@@ -204,7 +210,7 @@ def _whole_run(trace: RankTrace, window_wait_ns: int) -> LoaderRun | None:
     recurring = None
     if wait is not None and isinstance(starts, int):
         column = "train_data_wait_ns" if train is not None else "data_wait_ns"
-        longest = np.sort(rs[column].fillna(0).to_numpy(np.float64))[::-1][:starts]
+        longest = np.sort(rs[column].fillna(0).to_numpy(np.float64)[~in_validation])[::-1][:starts]
         recurring = wait - float(longest.sum())
     return LoaderRun(
         steps=int(len(rs)),
@@ -212,8 +218,10 @@ def _whole_run(trace: RankTrace, window_wait_ns: int) -> LoaderRun | None:
         data_wait_us=us(wait),
         data_wait_fraction=frac(wait, wall),
         data_wait_of=("the training loader's waits (the capture told loaders apart)" if train is not None
-                      else "every DataLoader wait on the training thread" if wait is not None
-                      else "not recorded by this capture"),
+                      else "not recorded by this capture" if wait is None
+                      else f"every DataLoader wait on the training thread, less the {left_out} step"
+                           f"{'s' if left_out != 1 else ''} holding validation" if left_out
+                      else "every DataLoader wait on the training thread"),
         validation_us=us(validation),
         validation_fraction=frac(validation, wall),
         eval_data_wait_us=us(eval_wait),

@@ -200,6 +200,9 @@ def _rank_from_raw(raw: RawColumns, size: int, path: TraceFile, *, default_rank:
     run_steps, bounded = _marks_within_walls(run_steps, (capture.get("loop") or {}).get("marks"))
     if bounded:
         notes += (bounded,)
+    run_steps, shared = _shared_loader_waits(run_steps, capture.get("loop") or {})
+    if shared:
+        notes += (shared,)
     run_steps, own = _without_capture_steps(run_steps, windows)
     if own:
         notes += (own,)
@@ -352,6 +355,27 @@ def _marks_within_walls(run_steps: pd.DataFrame | None, marks_version: int | Non
     return fixed, (f"{n} step{'s' if n != 1 else ''} of steps.json read more validation, compile or checkpoint time "
                    "than wall time (loop marks version 1 counted the capture's bookkeeping at each step boundary): "
                    "bounded by the step's wall")
+
+
+def _shared_loader_waits(run_steps: pd.DataFrame | None, loop: dict[str, Any]) -> tuple[pd.DataFrame | None,
+                                                                                          str | None]:
+    """steps.json's ``train_data_wait_ns`` counts the waits of loaders whose final role is "train". A loader that
+    trained (some of its batches were followed by a backward) but ended "unknown" holds training waits in no list,
+    and the column would read 0 where the loop waited: such a capture's training waits are not known. The column is
+    made null (the analysis falls back on every wait, less the steps holding validation) and a note says why (was: an
+    Ignite run, whose evaluator iterated the training loader too, read 0 for 19.5% of its run in training waits;
+    marks version 3 no longer makes that loader "unknown", but an unknown loader that trained still can be)."""
+    if run_steps is None or "train_data_wait_ns" not in run_steps or run_steps["train_data_wait_ns"].isna().all():
+        return run_steps, None
+    shared = [x for x in loop.get("loaders") or [] if isinstance(x, dict) and x.get("role") == "unknown"
+              and isinstance(x.get("batches_followed_by_backward"), int) and x["batches_followed_by_backward"] > 0]
+    if not shared:
+        return run_steps, None
+    names = ", ".join(str(x.get("loader")) for x in shared)
+    return run_steps.assign(train_data_wait_ns=np.nan), (
+        f"the training loader's waits are not known: loader{'s' if len(shared) != 1 else ''} {names} trained but "
+        "ended of unknown role (under half of the batches not taken for evaluation were followed by a backward), so "
+        "steps.json's train_data_wait_ns, which counts train loaders only, is not read")
 
 
 #: run_steps columns of the loop marks: nanoseconds (float64, NaN where not recorded) and counts (Int64, <NA>)

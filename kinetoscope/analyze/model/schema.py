@@ -95,6 +95,9 @@ MARK_COLUMNS: tuple[Column, ...] = (
     Column("role", "category", "data_wait: the loader's role when the window was written (train/eval/unknown)"),
     Column("batch", "Int64", "data_wait: the batch's index within its iterator"),
     Column("exhausted", "boolean", "data_wait: the next() that ended the iterator (StopIteration)"),
+    Column("evaluation", "boolean", "data_wait: the batch was taken for evaluation (grad disabled, or a root module "
+                                    "in an eval stretch with no backward yet), whatever its loader's role; <NA>: "
+                                    "marks before version 3"),
     Column("module", "category", "validation: the class of the root module in eval mode"),
     Column("batches", "Int64", "validation: the data waits inside the stretch"),
     Column("micro_step", "Int64", "backward: its 1-based index within the current optimizer step"),

@@ -181,15 +181,18 @@ def loader_roles(trace: RankTrace) -> dict[int, str]:
 
 @trace_view
 def other_role_waits(trace: RankTrace) -> pd.DataFrame:
-    """The capture's data-wait marks of loaders that are not the training loop's (validation, evaluation): their
+    """The capture's data-wait marks of loaders that are not the training loop's (validation, evaluation), and of
+    batches the capture saw taken for evaluation from any loader (an evaluator over the training loader): their
     waits are no training data wait."""
     marks = trace.marks
     if marks.empty:
         return trace.events.iloc[0:0]
     roles = loader_roles(trace)
     waits = marks[(marks["name"] == "kinetoscope::data_wait").to_numpy()]
-    other = [roles.get(int(x)) == "eval" if not pd.isna(x) else False for x in waits["loader"]]
-    return trace.events.iloc[waits["row"].to_numpy()[np.asarray(other, dtype=bool)]]
+    other = np.asarray([roles.get(int(x)) == "eval" if not pd.isna(x) else False for x in waits["loader"]], dtype=bool)
+    if "evaluation" in waits:
+        other |= waits["evaluation"].fillna(False).to_numpy(dtype=bool)
+    return trace.events.iloc[waits["row"].to_numpy()[other]]
 
 
 @trace_view
