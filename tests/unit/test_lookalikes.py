@@ -2538,19 +2538,6 @@ def test_a_ranks_run_queue_wait_is_hidden_while_it_waits_for_later_ranks():
     assert runqueue_less_waits(f, 10_000.0, shared_us=10_000.0) is f
 
 
-@pytest.mark.parametrize("other, alike", [(0.0264, True), (0.01505, True), (0.015, False), (None, False)])
-def test_a_rank_starved_alike_under_the_bar_still_shares_the_hosts_fix(other, alike):
-    """Was: an FSDP2 rank losing 3.01% of its run to the run queue had its loss taken as hidden behind its waits for
-    the other rank, which lost 2.64% (under the 3% bar, so "not starved"): information, where both readers read a
-    warning. Another rank losing at least half this rank's share is starved alike (a host fix speeds both): nothing
-    is taken off. 0.01505 is just over half of 0.0301, 0.015 just under; an unmeasured rank says nothing."""
-    from kinetoscope.analyze.report.builder import _starved_alike
-
-    f = Finding(id="host_oversubscribed", rank=0, title="waited", evidence={"run_lost_fraction": 0.0301},
-                recommendation="", impact_us=1.0)
-    assert _starved_alike(f, {0: 0.0301, 1: other}) is alike
-
-
 @pytest.mark.parametrize("wait_us, saving_us", [(20_000.0, 1_000.0), (27_000.0, 300.0)])
 def test_exposure_less_waits_is_still_bounded_by_the_cpus_free_share(wait_us, saving_us):
     """A gloo rank exposed 30 ms over a 10-step window (3 ms a step) whose CPUs have 1 ms a step free: worth 1 ms.

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from kinetoscope.analyze.model.trace import RankTrace
 
 
@@ -98,14 +96,3 @@ def host_memory_share(trace: RankTrace) -> tuple[int | None, str]:
     what = "the process's memory limit" if limit is not None and (physical is None or limit < physical) \
         else "the host's memory"
     return total // ranks, what + (f", shared by {ranks} ranks growing alike" if ranks > 1 else "")
-
-
-def runqueue_share(trace: RankTrace) -> float | None:
-    """The training thread's run-queue wait over the run's wall (the capture's per-step counts, the steps the
-    analysis keeps), None where a step lacks its count or there is none."""
-    rs = trace.run_steps
-    if rs is None or rs.empty or "runqueue_wait_ns" not in rs:
-        return None
-    wait = rs["runqueue_wait_ns"].to_numpy(np.float64)
-    wall = float(rs["wall_ns"].sum())
-    return float(wait.sum()) / wall if wall > 0 and not np.isnan(wait).any() else None

@@ -263,7 +263,6 @@ def _exposure_less_waits(trace: Trace, findings: list[Finding], job: dict[str, A
     barrier its slowest rank sets; was: the least total wait of any rank stayed, so a one-bucket DDP job whose ranks
     took turns being late by 10-30 ms was told overlap would win 5% of its run, where its all-reduce takes under a
     millisecond with both ranks there)."""
-    from kinetoscope.analyze.model.hostfacts import runqueue_share
     from kinetoscope.analyze.report.exposure import runqueue_less_waits, without_waits
 
     ranks = [r for r in (job.get("collectives") or {}).get("ranks", []) if r.get("wait_us") is not None]
@@ -281,7 +280,6 @@ def _exposure_less_waits(trace: Trace, findings: list[Finding], job: dict[str, A
     # ranks losing time to the run queue over the run (measured): a host whose CPUs every rank lacks
     starved = {f.rank for f in findings if f.id == "host_oversubscribed" and f.evidence.get("measured")
                and _run_or_window_share(f) >= config.host_runqueue_min_fraction}
-    shares = {r.rank: runqueue_share(r) for r in trace.ranks}
     out = []
     for f in findings:
         if (f.id == "exposed_comm" and f.rank is not None and exposed_waits.get(f.rank)
@@ -290,11 +288,9 @@ def _exposure_less_waits(trace: Trace, findings: list[Finding], job: dict[str, A
             out.append(f if g is f else _judged_again(g, trace.rank(f.rank), float(g.evidence.get("window_us") or 0),
                                                       config))
         elif (f.id == "host_oversubscribed" and f.rank is not None and waits.get(f.rank) and f.evidence.get("measured")
-              and not (starved - {f.rank}) and not _starved_alike(f, shares)
-              and any(r.rank == f.rank for r in trace.ranks)):
+              and not (starved - {f.rank}) and any(r.rank == f.rank for r in trace.ranks)):
             # the ranks it waits for lose no time to the run queue: its own loss hides behind their lateness (where
-            # they are starved too, a fix of the shared host speeds them as well: nothing is taken off; was: an
-            # FSDP2 rank losing 3.0% of its run was information because the other lost 2.6%, under the bar)
+            # they are starved too, a fix of the shared host speeds them as well: nothing is taken off)
             g = runqueue_less_waits(f, waits[f.rank], shared_us=shared)
             r = trace.rank(f.rank)
             out.append(f if g is f else _judged_again(g, r, window(r).dur_ns / 1000.0, config))
@@ -313,13 +309,6 @@ def _judged_again(f: Finding, r: RankTrace, window_us: float, config: AnalysisCo
     run = replace(first, mean_step_us=mean, window_us=window_us) if isinstance(first, RunTime) \
         else _run_of(r, mean, window_us)
     return judge(f, run, config)
-
-
-def _starved_alike(f: Finding, shares: dict[int, float | None]) -> bool:
-    """Another rank loses at least half as much of its run to the run queue as ``f``'s does (measured): the host
-    starves them alike, whether or not the other's share reaches the bar."""
-    mine = _run_or_window_share(f)
-    return mine > 0 and any(s is not None and s >= mine / 2 for rank, s in shares.items() if rank != f.rank)
 
 
 def _run_or_window_share(f: Finding) -> float:
