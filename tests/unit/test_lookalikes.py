@@ -867,6 +867,53 @@ def test_items_converted_one_at_a_time_from_memory_are_told_to_convert_once(tmp_
         assert f.recommendation.startswith("More DataLoader workers would not make the step faster here")
 
 
+@pytest.mark.parametrize(("lift_us", "thread_cpu", "python"), [(5, 0.95, True), (5, 0.5, False), (40, 0.95, False)])
+def test_items_built_in_python_per_item_are_told_to_build_them_at_once(tmp_path, lift_us, thread_cpu, python):
+    """Was: a loop parsing a CSV line per item in a main-process loader (the forty-fourth set's
+    main_csvline_keep_logits_mlp: 26% of its window, 24% of its run) was priced only as a worker, whose probed
+    hand-over cost as much as each wait: worth 3%, information, where two readers and their consensus would parse once
+    (a warning). Six 10 ms steps, each a 2 ms wait whose batch of 32 items is made by a ``torch.tensor`` per item (an
+    ``aten::lift_fresh`` of ``lift_us``) and a 100 us stack; the rest of the wait is Python the trace does not break
+    down. The training thread computes through ``thread_cpu`` of its waits (the capture's per-step CPU times). With
+    5 us, torch's operators hold 13% of each wait (32 x 5 + 100 us): on a CPU through 95% of them, each item is built in
+    Python, and building the batch at once keeps the stack's 100 us: 1.9 ms of each 10 ms step, 19%, an upper bound
+    (half credit: a warning). Through 50% of them the loop waits for something else (a file, a lock): not judged
+    so; with 40 us torch holds 69% (1,380 us): torch's work, not Python's. Both are the workers' replay's, worth
+    nothing (a 3 ms hand-over against 2 ms waits)."""
+    import json
+
+    b = TraceBuilder()
+    for i in range(6):
+        t = i * 10_000
+        b.step(i, t, 10_000).loader(t, 2_000)
+        for k in range(32):
+            b.op("aten::lift_fresh", t + 50 + k * 55, lift_us)
+        b.op("aten::stack", t + 1_850, 100).op("aten::linear", t + 2_100, 7_500)
+    b.write(tmp_path / "rank-0.step-0-5.pt.trace.json")
+    (tmp_path / "rank-0.manifest.json").write_text(json.dumps({
+        "manifest_version": 2, "rank": 0, "host": {"cpus": 2, "torch_threads": 1},
+        "dataloader": {"num_workers": 0, "batch_size": 32, "dataset_getitem": "custom", "dataset_tensors": 0,
+                       "handover_probe": {"median_ns": 3_000_000, "batch_bytes": 8_704}}}))
+    steps_json(tmp_path, wall=[10_000_000] * 6, wait=[2_000_000] * 6, wait_cpu=[2_000_000] * 6,
+               cpu=[9_000_000] * 6)
+    steps = json.loads((tmp_path / "rank-0.steps.json").read_text())
+    steps["data_wait_thread_cpu_ns"] = [int(2_000_000 * thread_cpu)] * 6
+    (tmp_path / "rank-0.steps.json").write_text(json.dumps(steps))
+    (f,) = found(load_dir(tmp_path), "loader_stall")
+    assert f.evidence["per_item_python"] is python
+    assert f.evidence["per_item_tensor_ops"] is False
+    if python:
+        assert f.recommendation.startswith("each batch is built item by item in the training thread by the "
+                                           "Dataset's __getitem__")
+        assert f.estimate["method"] == "replay: the batch built at once"
+        assert f.estimate["saving_us_per_step"] == 1_900 and f.estimate.get("bound") == "upper"
+        assert (f.worth.fraction, f.worth.basis) == (0.19, "upper bound")
+        assert f.severity == "warning"
+    else:
+        assert f.estimate["method"] == "replay: DataLoader queue simulation"
+        assert f.estimate["saving_us_per_step"] == 0 and f.severity == "info"
+
+
 @pytest.mark.parametrize(("case", "transforms"), [("tensor_rows", False), ("batch_of_two", False),
                                                   ("workers", None), ("no_probe", None)])
 def test_indexing_collating_or_workers_are_not_items_converted_one_at_a_time(tmp_path, case, transforms):

@@ -28,6 +28,7 @@ from kinetoscope.analyze.model.timeline import (
     other_role_waits,
     per_item_batch,
     probed_handover_ns,
+    python_judged,
     transforms_judged,
     wait_cpu_share,
     waits_as_probed,
@@ -117,6 +118,15 @@ def _recommendation(names: set[str], pageable_h2d: bool, first_step_share: float
             "the fixed conversions once for the whole dataset (to a tensor, normalised, stored), and apply any random "
             "augmentation to the whole batch at once - which removes the per-item work rather than moving it to "
             "workers")
+    elif per_item == "python":
+        tips.append(
+            "each batch is built item by item in the training thread by the Dataset's __getitem__, in work the trace "
+            "does not show as torch's (Python: parsing, tokenising, building lists and small tensors; or a library's "
+            "C code): do what is the same every epoch once for the whole dataset (parse or tokenise it up front, "
+            "vectorised, and keep the tensors), and what is not on the whole batch at once (a __getitems__ on the "
+            "dataset, or a collate_fn) - which removes the per-item calls rather than moving them to a worker (what "
+            "that work costs done at once is not in the trace: the estimate, every wait but the collate's removed, is "
+            "a bound)")
     multiprocess = any("MultiProcessing" in n for n in names)
     if at_once == "tensor_rows":
         pass  # no workers after the fix: nothing of theirs to tune
@@ -350,6 +360,9 @@ def analyze_loader(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
                     # ... or each item converted from the dataset's memory one at a time (made a tensor, normalised)
                     "per_item_transforms": (per_item == "transforms") if main_thread(trace) is not None and (
                         per_item is not None or transforms_judged(trace) is not None) else None,
+                    # ... or each item computed by __getitem__ in the training thread, in work not torch's (Python)
+                    "per_item_python": (per_item == "python") if main_thread(trace) is not None and (
+                        per_item is not None or python_judged(trace)) else None,
                     # the workers' dataset as the capture read it: its items rows of tensors in memory
                     "dataset_in_memory": in_memory,
                     "advice_if_no_gain": (
@@ -359,7 +372,7 @@ def analyze_loader(trace: RankTrace, config: AnalysisConfig) -> AnalysisResult:
                         "Building the batch at once would not make the step faster here"
                         + ("" if no_core else ", nor would a DataLoader worker on a free core")
                         + ": replayed, the step gains less than 3%; look at the step's other findings."
-                        if per_item in ("tensor_ops", "transforms") else
+                        if per_item in ("tensor_ops", "transforms", "python") else
                         "Indexing the batch at once in the training process would not make the step faster here: "
                         "replayed without the waits, the step gains less than 3%; look at the step's other findings."
                         if at_once is not None else

@@ -706,9 +706,18 @@ def per_item_batch(trace: RankTrace, starts: np.ndarray, ends: np.ndarray) -> tu
     the trace does not show as torch's). Read from the operators the trace recorded inside the waits on the training
     thread, those no other operator holds. Not where the capture read the dataset and it holds no tensors (indexing
     then is of something the loader built: a tokenizer's output)."""
-    found = _per_item_ops(trace, starts, ends)
     total = float((ends - starts).sum())
-    if found is None or not total:
+    if not total:
+        return None
+    return _per_item_tensors(trace, starts, ends, total) or _per_item_python(trace, starts, ends, total)
+
+
+def _per_item_tensors(trace: RankTrace, starts: np.ndarray, ends: np.ndarray,
+                      total: float) -> tuple[str, np.ndarray] | None:
+    """("indexing" | "tensor_ops" | "transforms", ...) of ``per_item_batch``: the batch built item by item by torch's
+    operators on tensors in memory; None where not."""
+    found = _per_item_ops(trace, starts, ends)
+    if found is None:
         return None
     selects, indexing, per_batch, per_item = found
     if float(selects.mean()) < PER_ITEM_MIN_SELECTS:
@@ -719,6 +728,50 @@ def per_item_batch(trace: RankTrace, starts: np.ndarray, ends: np.ndarray) -> tu
     if per_item.sum() / total >= PER_ITEM_TENSOR_MIN_SHARE and not (isinstance(tensors, int) and tensors < 1):
         return "tensor_ops", per_batch
     return None
+
+
+#: a main-process loader's waits are its ``__getitem__``'s own work, item by item on the training thread, where that
+#: thread is on a CPU through at least this share of them (the capture's per-step CPU times: computing, not reading a
+#: file or waiting for one) ...
+PYTHON_PER_ITEM_MIN_CPU = 0.75
+#: ... and torch's operators hold under this share of them: the rest is Python (parsing text, building lists,
+#: tokenising) or a library's C code (decoding) around them, which the trace does not break down
+PYTHON_PER_ITEM_MAX_TORCH = 0.5
+
+
+def python_judged(trace: RankTrace) -> int | None:
+    """The batch size where a batch built item by item in ``__getitem__``'s own work can be judged
+    (``_per_item_python``): a loader in the training process of at least 2 items a batch, not a ``TensorDataset``,
+    whose waits' CPU on the training thread the capture timed; None where not."""
+    dl = (trace.meta.capture or {}).get("dataloader") or {}
+    batch = count(dl.get("batch_size"), 2)
+    if count(dl.get("num_workers"), 0) != 0 or batch is None or dl.get("dataset_getitem") == "tensor_rows":
+        return None
+    cpu, own = wait_cpu_share(trace)
+    return batch if cpu is not None and own else None
+
+
+def _per_item_python(trace: RankTrace, starts: np.ndarray, ends: np.ndarray,
+                     total: float) -> tuple[str, np.ndarray] | None:
+    """("python", each wait's once-a-batch operators' time) where a loader in the training process (``num_workers``
+    0, at least 2 items a batch, as the capture recorded it; not a ``TensorDataset``) builds each batch in its
+    ``__getitem__``, item by item, in work the trace does not show as torch's: the training thread computes through
+    ``PYTHON_PER_ITEM_MIN_CPU`` of the waits or more, and torch's operators hold under ``PYTHON_PER_ITEM_MAX_TORCH``
+    of them. What that work costs done once for the dataset or on the whole batch is not in the trace (parsing text
+    once, vectorised, is far cheaper than per item; a random augmentation can only move to the batch): the caller's
+    estimate is a bound. Was: only more workers were priced, so a loop parsing a CSV line per item through 26% of its
+    window, on a host where a worker's hand-over costs as much, was worth 3% (information; two readers and their
+    consensus: a warning). None where not, or not recorded (a trace from elsewhere)."""
+    batch = python_judged(trace)
+    if batch is None or (wait_cpu_share(trace)[0] or 0.0) < PYTHON_PER_ITEM_MIN_CPU:
+        return None
+    found = _per_item_ops(trace, starts, ends, per_item_min=batch)
+    if found is None:  # no torch operator inside at all: nothing once a batch either
+        return "python", np.zeros(len(starts))
+    _, _, per_batch, per_item = found
+    if (per_batch.sum() + per_item.sum()) / total >= PYTHON_PER_ITEM_MAX_TORCH:
+        return None
+    return "python", per_batch
 
 
 #: torch's operators that draw random numbers for an item (an augmentation's parameters, noise, dropout); not a

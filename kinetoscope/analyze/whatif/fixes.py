@@ -149,6 +149,8 @@ def plan_loader(trace: RankTrace, g: ReplayGraph, params: dict[str, Any]) -> Pla
             # ranks fill its CPUs, where two readers and their consensus priced the batch built at once). With a core
             # free for a worker, both are replayed and the estimate keeps the one worth more
             what = ("rows of tensors in memory indexed, then torch's operators on each item" if kind == "tensor_ops"
+                    else "the dataset's __getitem__ computing each item on the training thread, in work the trace "
+                    "does not show as torch's (Python, a library's C code)" if kind == "python"
                     else "each item converted from what the dataset holds in memory (torch's operators once per item, "
                     "the Python around them)")
             # items converted with no random number drawn inside the waits: the same conversion every epoch, done once
