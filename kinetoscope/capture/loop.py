@@ -18,7 +18,10 @@ Rules (issue 28's contract, with two changes, said here and in docs/report.md):
   loader "unknown" (and a one-batch validation loader "train").
 * each wait is the training loop's or the evaluation's by its batch (marks version 3): a batch taken for evaluation
   (grad disabled, or an eval stretch with no backward yet) is an evaluation wait whatever its loader's role; the
-  other waits are the training loop's on a "train" loader, and nobody's on an "unknown" one.
+  other waits are the training loop's on a "train" loader, and nobody's on an "unknown" one. A batch taken for
+  evaluation that a ``backward()`` follows with no training batch taken in between (the latest such batch, of any
+  loader) was trained on after all (``with torch.no_grad(): batch = next(it)``, or ``model.train()`` called after
+  ``next()``): it is followed, and neither taken for evaluation nor an evaluation wait.
 * a validation stretch runs from a root module's outermost ``.eval()``/``.train(False)`` to its next outermost
   ``.train()`` with no ``backward()`` or optimizer step in between; one still open when the recorder finishes (a
   final evaluation) ends there.
@@ -84,6 +87,18 @@ class _Loader:
 
 
 @dataclass
+class _Pending:
+    """A loader's latest batch, not yet followed by a ``backward()``: whether it was taken for evaluation, when (the
+    recorder's count of batches), and where its wait went (the recorded step, -1: none; its mark's args)."""
+
+    for_evaluation: bool
+    order: int
+    step: int = -1
+    wait_ns: int = 0
+    args: dict[str, Any] | None = None
+
+
+@dataclass
 class _Stretch:
     t0: int
     module: str
@@ -114,7 +129,9 @@ class LoopRecorder:
         #: the kinds the hooks could record, as they were installed
         self._recordable: frozenset[str] = frozenset()
         self._loaders: dict[int, _Loader] = {}
-        self._awaiting: set[int] = set()
+        #: per loader, its latest batch while no backward() has followed it
+        self._awaiting: dict[int, _Pending] = {}
+        self._taken = 0
         self._stretches: dict[int, _Stretch] = {}
         #: the optimizers seen stepping (their numbers in the process, ``hooks.optimizer_id``), in the order first seen
         self._optimizers: list[int] = []
@@ -236,10 +253,10 @@ class LoopRecorder:
             in_eval = bool(self._stretches)
             loader.evalish += (not grad) or in_eval
             loader.for_evaluation += for_evaluation
-            if not for_evaluation:
-                self._awaiting.add(lid)
-            else:
-                self._awaiting.discard(lid)
+            self._taken += 1
+            if not for_evaluation:  # a training batch: evaluation batches still waiting were not trained on
+                self._awaiting = {k: v for k, v in self._awaiting.items() if not v.for_evaluation}
+            pending = self._awaiting[lid] = _Pending(for_evaluation, self._taken)
         t0 = t1 - wait
         if exhausted:  # the next() that ended a non-persistent iterator stopped its workers: not a wait for data
             stopping = min(self._stopping.pop(lid, 0), wait)
@@ -259,6 +276,8 @@ class LoopRecorder:
                     if waits is None:
                         waits = per_loader[lid] = [0] * len(self._starts)
                     waits[i] += wait
+                if not exhausted:
+                    pending.step, pending.wait_ns = i, wait
             if not exhausted:
                 for s in self._stretches.values():
                     s.batches += 1
@@ -266,20 +285,39 @@ class LoopRecorder:
         args: dict[str, Any] = {"loader": lid, "role": None, "batch": int(batch), "evaluation": bool(for_evaluation)}
         if exhausted:
             args["exhausted"] = True
+        else:
+            pending.args = args
         self._keep(keep, "data_wait", t0, t1, tid, args)
 
     def _on_B(self, e: tuple[Any, ...], out: StepLoop, keep: bool) -> None:
         _, t0, t1, tid = e
         self.backward_calls += 1
         self._micro += 1
-        for lid in self._awaiting:
+        training = [lid for lid, p in self._awaiting.items() if not p.for_evaluation]
+        for lid in training:
             self._loaders[lid].followed += 1
+        if not training and self._awaiting:
+            # no training batch waits for it: the latest batch, though taken with grad disabled or before the module's
+            # .train(), is the one trained on (`with torch.no_grad(): next(it)`; `model.train()` after `next()`)
+            self._trained_after_all(*max(self._awaiting.items(), key=lambda kv: kv[1].order))
         self._awaiting.clear()
         for s in self._stretches.values():
             s.trained = True
         self._count("backward_calls", t1)
         self._keep(keep, "backward", t0, t1, tid, {"micro_step": self._micro,
                                                     "thread": "main" if tid == self.training_thread else "other"})
+
+    def _trained_after_all(self, lid: int, p: _Pending) -> None:
+        """A batch taken for evaluation that a backward() followed with no training batch between: a training batch
+        after all - followed, no longer for evaluation, its wait the training loop's and its mark saying so."""
+        loader = self._loaders[lid]
+        loader.followed += 1
+        loader.for_evaluation -= 1
+        taken = self._eval_waits.get(lid)
+        if taken is not None and 0 <= p.step < len(taken):
+            taken[p.step] -= p.wait_ns
+        if p.args is not None:
+            p.args["evaluation"] = False
 
     def _on_O(self, e: tuple[Any, ...], out: StepLoop, keep: bool) -> None:
         _, t0, t1, tid, opt = e

@@ -578,6 +578,73 @@ def test_an_evaluator_over_the_training_loader_leaves_its_training_waits_the_loo
         rec.detach()
 
 
+def test_a_batch_taken_without_grad_then_trained_on_is_a_training_batch():
+    """A reviewer's case: ``with torch.no_grad(): x, y = next(it)``, then forward, backward and step, every batch (was:
+    the loader "eval", train_data_wait_ns 0 while the loop waited 67% of its run). Events fed by hand (ns), three
+    steps, each a batch taken with grad disabled (waits 100, 200, 300) and a backward: the batch a backward follows
+    with no training batch between was trained on - the loader is "train", its waits the training loop's, its marks
+    not for evaluation."""
+    import torch
+
+    from kinetoscope.capture import loop
+
+    rec = loop.LoopRecorder()
+    rec.attach()
+    try:
+        tid = rec.training_thread
+        it = iter(torch.utils.data.DataLoader([1, 2]))
+        it._kinetoscope_loader = 0
+        rec.begin_steps(0)
+        for k, wait in enumerate((100, 200, 300)):
+            t = k * 1000
+            rec.pending[:] = [("W", t + 400, wait, 0, 0, tid, it, k, False, False), ("B", t + 500, t + 600, tid)]
+            rec.close_step(t + 1000, record=True, keep=True)
+        assert rec.roles() == {0: "train"}
+        lists = rec.step_lists(3)
+        assert lists["train_data_wait_ns"] == [100, 200, 300] and lists["eval_data_wait_ns"] == [0, 0, 0]
+        entry = rec.manifest("optimizer")["loaders"][0]
+        assert (entry["batches_followed_by_backward"], entry["batches_for_evaluation"]) == (3, 0)
+        assert [m[4]["evaluation"] for m in rec.take_marks(0, 3000) if m[0] == "data_wait"] == [False] * 3
+    finally:
+        rec.detach()
+
+
+def test_a_training_batch_taken_before_model_train_is_training_and_the_last_validation_batch_is_not():
+    """A reviewer's case: a validation pass (module in eval mode, loader 1: two batches of 1000 and 2000 ns, grad
+    disabled), then the next training step takes loader 0's batch (500 ns) before calling ``model.train()`` - inside
+    the eval stretch, so taken for evaluation - and runs its backward. That batch is the latest before the backward:
+    training after all (was: its wait, a worker restart's, went to eval_data_wait_ns). The validation loader's last
+    batch, also waiting when the backward came, is not: loader 1 stays "eval", its 3000 ns the evaluation's."""
+    import torch
+
+    from kinetoscope.capture import loop
+
+    rec = loop.LoopRecorder()
+    rec.attach()
+    try:
+        tid = rec.training_thread
+        module = torch.nn.Linear(1, 1)
+        train, val = iter(torch.utils.data.DataLoader([1, 2])), iter(torch.utils.data.DataLoader([1, 2]))
+        train._kinetoscope_loader, val._kinetoscope_loader = 0, 1
+        rec.begin_steps(0)
+        rec.pending[:] = [("W", 200, 100, 0, 0, tid, train, 0, True, False), ("B", 300, 400, tid)]
+        rec.close_step(1000, record=True, keep=True)
+        rec.pending[:] = [("M", 1100, tid, id(module), "Linear", False),
+                          ("W", 2200, 1000, 0, 0, tid, val, 0, False, False),
+                          ("W", 4300, 2000, 0, 0, tid, val, 1, False, False),
+                          ("W", 4900, 500, 0, 0, tid, train, 1, True, False),
+                          ("M", 5000, tid, id(module), "Linear", True), ("B", 5100, 5200, tid)]
+        rec.close_step(6000, record=True, keep=True)
+        assert rec.roles() == {0: "train", 1: "eval"}
+        lists = rec.step_lists(2)
+        assert lists["train_data_wait_ns"] == [100, 500] and lists["eval_data_wait_ns"] == [0, 3000]
+        marks = [(m[4]["loader"], m[4]["batch"], m[4]["evaluation"]) for m in rec.take_marks(0, 6000)
+                 if m[0] == "data_wait"]
+        assert marks == [(0, 0, False), (1, 0, True), (1, 1, True), (0, 1, False)]
+    finally:
+        rec.detach()
+
+
 def test_the_next_that_stops_the_workers_waits_for_no_data():
     """Events fed by hand (ns): loader 0's last next() runs [1000, 1600] and raises StopIteration after stopping the
     workers [1100, 1500]: its wait for data is 600 - 400 = 200 ns (was: 600, the shutdown read as a data wait); an

@@ -867,8 +867,10 @@ def test_items_converted_one_at_a_time_from_memory_are_told_to_convert_once(tmp_
         assert f.recommendation.startswith("More DataLoader workers would not make the step faster here")
 
 
-@pytest.mark.parametrize(("lift_us", "thread_cpu", "python"), [(5, 0.95, True), (5, 0.5, False), (40, 0.95, False)])
-def test_items_built_in_python_per_item_are_told_to_build_them_at_once(tmp_path, lift_us, thread_cpu, python):
+@pytest.mark.parametrize(("lift_us", "thread_cpu", "python", "case"),
+                         [(5, 0.95, True, None), (5, 0.5, False, None), (40, 0.95, False, None),
+                          (5, 0.5, False, "busy_evaluation"), (5, 0.95, None, "collate"), (5, 0.95, None, "iterable")])
+def test_items_built_in_python_per_item_are_told_to_build_them_at_once(tmp_path, lift_us, thread_cpu, python, case):
     """Was: a loop parsing a CSV line per item in a main-process loader (the forty-fourth set's
     main_csvline_keep_logits_mlp: 26% of its window, 24% of its run) was priced only as a worker, whose probed
     hand-over cost as much as each wait: worth 3%, information, where two readers and their consensus would parse once
@@ -879,7 +881,10 @@ def test_items_built_in_python_per_item_are_told_to_build_them_at_once(tmp_path,
     Python, and building the batch at once keeps the stack's 100 us: 1.9 ms of each 10 ms step, 19%, an upper bound
     (half credit: a warning). Through 50% of them the loop waits for something else (a file, a lock): not judged
     so; with 40 us torch holds 69% (1,380 us): torch's work, not Python's. Both are the workers' replay's, worth
-    nothing (a 3 ms hand-over against 2 ms waits)."""
+    nothing (a 3 ms hand-over against 2 ms waits). A reviewer's cases: a seventh step holding an evaluation whose 30 ms
+    of waits compute throughout does not make the training loader's 50% read as computing (the share is over steps
+    without evaluation: was 85%, judged Python); a loader with a ``collate_fn`` of its own (where the work may be,
+    once a batch) or over an iterable dataset (no ``__getitem__``) is not judged at all (``null``)."""
     import json
 
     b = TraceBuilder()
@@ -892,12 +897,23 @@ def test_items_built_in_python_per_item_are_told_to_build_them_at_once(tmp_path,
     b.write(tmp_path / "rank-0.step-0-5.pt.trace.json")
     (tmp_path / "rank-0.manifest.json").write_text(json.dumps({
         "manifest_version": 2, "rank": 0, "host": {"cpus": 2, "torch_threads": 1},
-        "dataloader": {"num_workers": 0, "batch_size": 32, "dataset_getitem": "custom", "dataset_tensors": 0,
+        "dataloader": {"num_workers": 0, "batch_size": 32,
+                       "dataset_getitem": None if case == "iterable" else "custom", "dataset_tensors": 0,
+                       "collate": "custom" if case == "collate" else "default",
                        "handover_probe": {"median_ns": 3_000_000, "batch_bytes": 8_704}}}))
     steps_json(tmp_path, wall=[10_000_000] * 6, wait=[2_000_000] * 6, wait_cpu=[2_000_000] * 6,
                cpu=[9_000_000] * 6)
     steps = json.loads((tmp_path / "rank-0.steps.json").read_text())
     steps["data_wait_thread_cpu_ns"] = [int(2_000_000 * thread_cpu)] * 6
+    if case == "busy_evaluation":
+        for key, value in (("step_wall_ns", 60_000_000), ("data_wait_ns", 30_000_000), ("step_cpu_ns", 59_000_000),
+                           ("data_wait_cpu_ns", 30_000_000), ("workers_cpu_ns", None), ("profiled", False),
+                           ("data_wait_thread_cpu_ns", 30_000_000)):
+            steps[key].append(value)
+        steps["validation_ns"] = [0] * 6 + [50_000_000]
+        steps["eval_data_wait_ns"] = [0] * 6 + [30_000_000]
+        steps["train_data_wait_ns"] = [2_000_000] * 6 + [0]
+        steps["runqueue_wait_ns"], steps["oncpu_ns"] = None, None
     (tmp_path / "rank-0.steps.json").write_text(json.dumps(steps))
     (f,) = found(load_dir(tmp_path), "loader_stall")
     assert f.evidence["per_item_python"] is python
@@ -1722,12 +1738,14 @@ def test_batches_an_evaluator_takes_from_the_training_loader_are_not_training_wa
 
 
 @pytest.mark.parametrize("version", [2, 3])
-def test_an_old_captures_shared_loader_leaves_its_training_waits_unknown_not_zero(tmp_path, version):
+def test_a_shared_loader_of_unknown_role_leaves_its_training_waits_unknown_not_zero(tmp_path, version):
     """Was: an Ignite run's one loader ended "unknown" (its evaluator iterated it too), steps.json's
     train_data_wait_ns read 0 in every step, and the loader was worth 0 over a run where the loop waited 19.5% of it.
     A loader that trained but ended "unknown" (before marks version 3, any loader an evaluator iterated too) leaves
-    the training waits unknown, and the run's are every wait less the steps holding validation (said). 10 steps of
-    10 ms, each waiting 2 ms; step 5 holds a 50 ms validation whose waits are 30 ms (60 ms wall): 9 x 2 ms of 150 ms."""
+    the training waits unknown (said). 10 steps of 10 ms, each waiting 2 ms for a training batch; step 5 also holds a
+    50 ms validation whose waits are 28 ms (60 ms wall, 30 ms of waits). Marks version 3 split each wait by its batch:
+    every wait less the 28 ms taken for evaluation, 20 ms of 150 ms. Before, the steps holding validation are left out,
+    their training wait with them: 18 ms, a lower bound."""
     import json
 
     marked_trace(tmp_path, manifest_roles={0: "unknown", 1: "eval"})
@@ -1735,19 +1753,46 @@ def test_an_old_captures_shared_loader_leaves_its_training_waits_unknown_not_zer
     manifest["loop"]["marks"] = version
     manifest["loop"]["loaders"][0].update(batches=20, batches_followed_by_backward=5)
     (tmp_path / "rank-0.manifest.json").write_text(json.dumps(manifest))
-    wall, wait, validation = [10_000_000] * 10, [2_000_000] * 10, [0] * 10
+    wall, wait, validation, evaluation = [10_000_000] * 10, [2_000_000] * 10, [0] * 10, [0] * 10
     wall[5], wait[5], validation[5] = 60_000_000, 30_000_000, 50_000_000
+    if version == 3:
+        evaluation[5] = 28_000_000
     (tmp_path / "rank-0.steps.json").write_text(json.dumps({
         "rank": 0, "unit": "ns", "step_wall_ns": wall, "data_wait_ns": wait, "profiled": [True] * 10,
-        "train_data_wait_ns": [0] * 10, "eval_data_wait_ns": [0] * 10, "validation_ns": validation}))
+        "train_data_wait_ns": [0] * 10, "eval_data_wait_ns": evaluation, "validation_ns": validation}))
     trace = load_trace(tmp_path)
     run = build_report(trace).ranks[0]["loader"]["run"]
     notes = [w for w in trace.ranks[0].meta.warnings if "training loader's waits are not known" in w]
-    assert run["data_wait_us"] == 18_000 and run["data_wait_fraction"] == 0.12
-    assert run["data_wait_of"] == "every DataLoader wait on the training thread, less the 1 step holding validation"
     assert notes == ["the training loader's waits are not known: loader 0 trained but ended of unknown role (under "
                      "half of the batches not taken for evaluation were followed by a backward), so steps.json's "
                      "train_data_wait_ns, which counts train loaders only, is not read"]
+    if version == 3:
+        assert run["data_wait_us"] == 20_000 and run["data_wait_fraction"] == pytest.approx(20 / 150)
+        assert run["data_wait_of"] == ("every DataLoader wait on the training thread less the batches the capture saw "
+                                       "taken for evaluation")
+    else:
+        assert run["data_wait_us"] == 18_000 and run["data_wait_fraction"] == 0.12
+        assert run["data_wait_of"] == ("every DataLoader wait on the training thread, less the 1 step holding "
+                                       "validation (their training waits too: a lower bound)")
+
+
+def test_a_shared_loaders_run_waits_are_unknown_where_every_step_holds_validation(tmp_path):
+    """Before marks version 3, with every step holding validation, nothing is left to read: the run's training waits
+    are not known (null), never 0."""
+    import json
+
+    marked_trace(tmp_path, manifest_roles={0: "unknown", 1: "eval"})
+    manifest = json.loads((tmp_path / "rank-0.manifest.json").read_text())
+    manifest["loop"]["marks"] = 2
+    manifest["loop"]["loaders"][0].update(batches=20, batches_followed_by_backward=5)
+    (tmp_path / "rank-0.manifest.json").write_text(json.dumps(manifest))
+    (tmp_path / "rank-0.steps.json").write_text(json.dumps({
+        "rank": 0, "unit": "ns", "step_wall_ns": [10_000_000] * 4, "data_wait_ns": [5_000_000] * 4,
+        "profiled": [True] * 4, "train_data_wait_ns": [0] * 4, "eval_data_wait_ns": [0] * 4,
+        "validation_ns": [4_000_000] * 4}))
+    run = build_report(load_trace(tmp_path)).ranks[0]["loader"]["run"]
+    assert run["data_wait_us"] is None and run["data_wait_fraction"] is None
+    assert run["data_wait_of"] == "not known: every step holds validation"
 
 
 def test_the_manifests_final_role_wins_over_the_marks(tmp_path):

@@ -197,13 +197,21 @@ def _whole_run(trace: RankTrace, window_wait_ns: int) -> LoaderRun | None:
         return None
     wall = int(rs["wall_ns"].sum())
     train = _recorded_sum(rs, "train_data_wait_ns")
-    # without the training loader's own waits, steps that hold validation are left out: their waits are mostly the
-    # evaluation's (was: an Ignite run's evaluator over the training loader)
-    in_validation = (rs["validation_ns"].fillna(0).to_numpy(np.float64) > 0 if train is None and "validation_ns" in rs
-                     else np.zeros(len(rs), dtype=bool))
-    wait: float | None = (train if train is not None
-                          else float(rs["data_wait_ns"].to_numpy(np.float64)[~in_validation].sum()))
+    # without the training loader's own waits (a loader that trained ended "unknown"): every wait less the
+    # evaluation's - where the capture split each wait by its batch (loop marks 3), less each step's evaluation
+    # waits; before, less the steps that hold validation, whose waits are mostly the evaluation's (was: an Ignite
+    # run's evaluator over the training loader read as the loop's wait)
+    version = ((trace.meta.capture or {}).get("loop") or {}).get("marks")
+    split = (train is None and isinstance(version, int) and version >= 3 and "eval_data_wait_ns" in rs
+             and not rs["eval_data_wait_ns"].isna().any())
+    in_validation = (rs["validation_ns"].fillna(0).to_numpy(np.float64) > 0
+                     if train is None and not split and "validation_ns" in rs else np.zeros(len(rs), dtype=bool))
+    per_step = rs["data_wait_ns"].to_numpy(np.float64) - (
+        rs["eval_data_wait_ns"].to_numpy(np.float64) if split else 0.0)
     left_out = int(in_validation.sum())
+    wait: float | None = (train if train is not None
+                          else None if left_out == len(rs)
+                          else float(np.clip(per_step[~in_validation], 0, None).sum()))
     loop = (trace.meta.capture or {}).get("loop") or {}
     recorded = loop.get("recorded")
     # a capture that timed no waits (the Profiler API before it recorded them) reads 0 beside waits in its trace:
@@ -218,9 +226,11 @@ def _whole_run(trace: RankTrace, window_wait_ns: int) -> LoaderRun | None:
     # judged the 2.2% left, info)
     starts = (loop.get("workers") or {}).get("starts") if "workers" in (recorded or ()) else 0
     recurring = None
-    if wait is not None and isinstance(starts, int):
-        column = "train_data_wait_ns" if train is not None else "data_wait_ns"
-        longest = np.sort(rs[column].fillna(0).to_numpy(np.float64)[~in_validation])[::-1][:starts]
+    # where steps were left out, a worker start may lie in one: which waits are starts is not known
+    if wait is not None and isinstance(starts, int) and not (left_out and starts):
+        waits = (rs["train_data_wait_ns"].fillna(0).to_numpy(np.float64) if train is not None
+                 else np.clip(per_step[~in_validation], 0, None))
+        longest = np.sort(waits)[::-1][:starts]
         recurring = wait - float(longest.sum())
     return LoaderRun(
         steps=int(len(rs)),
@@ -228,9 +238,13 @@ def _whole_run(trace: RankTrace, window_wait_ns: int) -> LoaderRun | None:
         data_wait_us=us(wait),
         data_wait_fraction=frac(wait, wall),
         data_wait_of=("the training loader's waits (the capture told loaders apart)" if train is not None
-                      else "not recorded by this capture" if wait is None
+                      else "not recorded by this capture" if wait is None and not left_out
+                      else "not known: every step holds validation" if wait is None
+                      else "every DataLoader wait on the training thread less the batches the capture saw taken for "
+                           "evaluation" if split
                       else f"every DataLoader wait on the training thread, less the {left_out} step"
-                           f"{'s' if left_out != 1 else ''} holding validation" if left_out
+                           f"{'s' if left_out != 1 else ''} holding validation (their training waits too: a lower "
+                           "bound)" if left_out
                       else "every DataLoader wait on the training thread"),
         validation_us=us(validation),
         validation_fraction=frac(validation, wall),

@@ -700,12 +700,13 @@ def per_item_batch(trace: RankTrace, starts: np.ndarray, ends: np.ndarray) -> tu
     item, then ``default_collate``'s ``torch.stack``), ("tensor_ops", ...) where it is the indexing and then torch's
     operators on each item (a dataset of its own adding noise to its rows: ``PER_ITEM_TENSOR_MIN_SHARE`` of the waits
     in operators called per item), ("transforms", ...) where each item is converted from memory one at a time (an
-    image stored in memory made a tensor and normalised per item: ``_per_item_transforms``), with each wait's
-    once-a-batch operators' time (ns: the collate's stack, a
-    ``pin_memory``), which building the batch at once still spends; None where neither (decoding, Python, NumPy: work
-    the trace does not show as torch's). Read from the operators the trace recorded inside the waits on the training
-    thread, those no other operator holds. Not where the capture read the dataset and it holds no tensors (indexing
-    then is of something the loader built: a tokenizer's output)."""
+    image stored in memory made a tensor and normalised per item: ``_per_item_transforms``), ("python", ...) where
+    the loop's own ``__getitem__`` builds each item in work the trace does not show as torch's (parsing, tokenising,
+    decoding: ``_per_item_python``), with each wait's once-a-batch operators' time (ns: the collate's stack, a
+    ``pin_memory``), which building the batch at once still spends; None where none of these. Read from the
+    operators the trace recorded inside the waits on the training thread, those no other operator holds. Not
+    "tensor_ops" where the capture read the dataset and it holds no tensors (indexing then is of something the loader
+    built: a tokenizer's output)."""
     total = float((ends - starts).sum())
     if not total:
         return None
@@ -739,33 +740,58 @@ PYTHON_PER_ITEM_MIN_CPU = 0.75
 PYTHON_PER_ITEM_MAX_TORCH = 0.5
 
 
-def python_judged(trace: RankTrace) -> int | None:
-    """The batch size where a batch built item by item in ``__getitem__``'s own work can be judged
-    (``_per_item_python``): a loader in the training process of at least 2 items a batch, not a ``TensorDataset``,
-    whose waits' CPU on the training thread the capture timed; None where not."""
+def python_judged(trace: RankTrace) -> tuple[int, float] | None:
+    """(the batch size, the training thread's CPU share of the training loader's waits) where a batch built item by
+    item in ``__getitem__``'s own work can be judged (``_per_item_python``): a loader in the training process of at
+    least 2 items a batch over a map-style dataset of its own (``dataset_getitem`` "custom": not a
+    ``TensorDataset``, not an iterable dataset, which has no ``__getitem__``), collated by PyTorch's collate (a
+    ``collate_fn`` of its own may be where the work is, once a batch), whose waits' CPU on the training thread the
+    capture timed in steps holding no evaluation; None where not."""
     dl = (trace.meta.capture or {}).get("dataloader") or {}
     batch = count(dl.get("batch_size"), 2)
-    if count(dl.get("num_workers"), 0) != 0 or batch is None or dl.get("dataset_getitem") == "tensor_rows":
+    if (count(dl.get("num_workers"), 0) != 0 or batch is None or dl.get("dataset_getitem") != "custom"
+            or dl.get("collate") == "custom"):
         return None
-    cpu, own = wait_cpu_share(trace)
-    return batch if cpu is not None and own else None
+    cpu = training_wait_cpu_share(trace)
+    return (batch, cpu) if cpu is not None else None
+
+
+def training_wait_cpu_share(trace: RankTrace) -> float | None:
+    """The training thread's CPU per ns of its data waits (the capture's per-step times), over the run's steps after
+    the first that hold no evaluation (no validation time, no evaluation loader's wait: their waits are not the
+    training loader's; was: over every step, so an evaluation loader's busy waits could make a training loader
+    waiting on a file read as computing); None where not recorded, or no such step waited."""
+    rs = trace.run_steps
+    if rs is None or "data_wait_thread_cpu_ns" not in rs or rs["data_wait_thread_cpu_ns"].isna().all():
+        return None
+    rs = rs.iloc[1:] if len(rs) > 2 else rs
+    keep = np.ones(len(rs), dtype=bool)
+    for column in ("validation_ns", "eval_data_wait_ns"):
+        if column in rs:
+            keep &= rs[column].fillna(0).to_numpy(np.float64) == 0
+    wait = rs["data_wait_ns"].to_numpy(np.float64)[keep]
+    cpu = rs["data_wait_thread_cpu_ns"].to_numpy(np.float64)[keep]
+    known = ~np.isnan(cpu)
+    total = float(wait[known].sum())
+    return float(cpu[known].sum()) / total if total > 0 else None
 
 
 def _per_item_python(trace: RankTrace, starts: np.ndarray, ends: np.ndarray,
                      total: float) -> tuple[str, np.ndarray] | None:
-    """("python", each wait's once-a-batch operators' time) where a loader in the training process (``num_workers``
-    0, at least 2 items a batch, as the capture recorded it; not a ``TensorDataset``) builds each batch in its
-    ``__getitem__``, item by item, in work the trace does not show as torch's: the training thread computes through
-    ``PYTHON_PER_ITEM_MIN_CPU`` of the waits or more, and torch's operators hold under ``PYTHON_PER_ITEM_MAX_TORCH``
-    of them. What that work costs done once for the dataset or on the whole batch is not in the trace (parsing text
-    once, vectorised, is far cheaper than per item; a random augmentation can only move to the batch): the caller's
-    estimate is a bound. Was: only more workers were priced, so a loop parsing a CSV line per item through 26% of its
-    window, on a host where a worker's hand-over costs as much, was worth 3% (information; two readers and their
-    consensus: a warning). None where not, or not recorded (a trace from elsewhere)."""
-    batch = python_judged(trace)
-    if batch is None or (wait_cpu_share(trace)[0] or 0.0) < PYTHON_PER_ITEM_MIN_CPU:
+    """("python", each wait's once-a-batch operators' time) where a loader in the training process (``python_judged``:
+    ``num_workers`` 0, at least 2 items a batch, a map-style dataset of its own, PyTorch's collate) builds each batch
+    in its ``__getitem__``, item by item, in work the trace does not show as torch's: the training thread computes
+    through ``PYTHON_PER_ITEM_MIN_CPU`` of the training loader's waits or more, and torch's operators hold under
+    ``PYTHON_PER_ITEM_MAX_TORCH`` of them. What that work costs done once for the dataset or on the whole batch is
+    not in the trace (parsing text once, vectorised, is far cheaper than per item; a random augmentation can only
+    move to the batch): the caller's estimate is a bound. Was: only more workers were priced, so a loop parsing a CSV
+    line per item through 26% of its window, on a host where a worker's hand-over costs as much, was worth 3%
+    (information; two readers and their consensus: a warning). None where not, or not recorded (a trace from
+    elsewhere)."""
+    judged = python_judged(trace)
+    if judged is None or judged[1] < PYTHON_PER_ITEM_MIN_CPU:
         return None
-    found = _per_item_ops(trace, starts, ends, per_item_min=batch)
+    found = _per_item_ops(trace, starts, ends, per_item_min=judged[0])
     if found is None:  # no torch operator inside at all: nothing once a batch either
         return "python", np.zeros(len(starts))
     _, _, per_batch, per_item = found
