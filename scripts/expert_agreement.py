@@ -150,7 +150,8 @@ HELD_OUT = ((3, "third", "captures of public training code"),
             (44, "forty-fourth", "twelve more programs, with loader waits told by batch"),
             (45, "forty-fifth", "twelve more programs, on the per-item Python rule"),
             (46, "forty-sixth", "twelve more programs, after a fresh review's fixes"),
-            (47, "forty-seventh", "twelve more programs, on this stop's final code"))
+            (47, "forty-seventh", "twelve more programs, before this stop's last rule"),
+            (48, "forty-eighth", "twelve more programs, on this stop's final code"))
 #: the first set read by a third expert reconciling the two readings
 FIRST_CONSENSUS = 13
 
