@@ -10,6 +10,7 @@ step holds which event, counts, roles, and that a measured time is 0 exactly whe
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import os
@@ -531,6 +532,29 @@ def test_real_worker_restarts_are_recorded(how):
     assert {m[4]["workers"] for m in marks_ if m[0].startswith("workers_")} == {2}
 
 
+@contextlib.contextmanager
+def fed_recorder():
+    """A loop recorder whose events the test feeds by hand (``rec.pending``), its first step starting at 0."""
+    from kinetoscope.capture import loop
+
+    rec = loop.LoopRecorder()
+    rec.attach()
+    try:
+        rec.begin_steps(0)
+        yield rec
+    finally:
+        rec.detach()
+
+
+def tagged_iterator(loader: int):
+    """Any DataLoader iterator, tagged as loader ``loader``'s (how the hooks number loaders)."""
+    import torch
+
+    it = iter(torch.utils.data.DataLoader([1, 2]))
+    it._kinetoscope_loader = loader
+    return it
+
+
 def test_an_evaluator_over_the_training_loader_leaves_its_training_waits_the_loops():
     """Ignite's shape (was: its one loader "unknown", 93 of 188 batches followed by a backward, and every step's
     train_data_wait_ns 0 while the loop waited 5.6-11 ms a step). Events fed by hand (ns), one loader: two training
@@ -541,16 +565,10 @@ def test_an_evaluator_over_the_training_loader_leaves_its_training_waits_the_loo
     evaluation."""
     import torch
 
-    from kinetoscope.capture import loop
-
-    rec = loop.LoopRecorder()
-    rec.attach()
-    try:
+    with fed_recorder() as rec:
         tid = rec.training_thread
         module = torch.nn.Linear(1, 1)
-        it = iter(torch.utils.data.DataLoader([1, 2]))
-        it._kinetoscope_loader = 0
-        rec.begin_steps(0)
+        it = tagged_iterator(0)
         rec.pending[:] = [("W", 200, 100, 0, 0, tid, it, 0, True, False), ("B", 300, 400, tid)]
         rec.close_step(1000, record=True, keep=True)
         rec.pending[:] = [("W", 1300, 200, 0, 0, tid, it, 1, True, False), ("B", 1400, 1500, tid)]
@@ -574,8 +592,6 @@ def test_an_evaluator_over_the_training_loader_leaves_its_training_waits_the_loo
         assert [(m[4]["batch"], m[4]["evaluation"]) for m in waits] == [
             (0, False), (1, False), (0, True), (1, True), (2, True), (3, True), (2, False)]
         assert {m[4]["role"] for m in waits} == {"train"}
-    finally:
-        rec.detach()
 
 
 def test_a_batch_taken_without_grad_then_trained_on_is_a_training_batch():
@@ -584,17 +600,9 @@ def test_a_batch_taken_without_grad_then_trained_on_is_a_training_batch():
     steps, each a batch taken with grad disabled (waits 100, 200, 300) and a backward: the batch a backward follows
     with no training batch between was trained on - the loader is "train", its waits the training loop's, its marks
     not for evaluation."""
-    import torch
-
-    from kinetoscope.capture import loop
-
-    rec = loop.LoopRecorder()
-    rec.attach()
-    try:
+    with fed_recorder() as rec:
         tid = rec.training_thread
-        it = iter(torch.utils.data.DataLoader([1, 2]))
-        it._kinetoscope_loader = 0
-        rec.begin_steps(0)
+        it = tagged_iterator(0)
         for k, wait in enumerate((100, 200, 300)):
             t = k * 1000
             rec.pending[:] = [("W", t + 400, wait, 0, 0, tid, it, k, False, False), ("B", t + 500, t + 600, tid)]
@@ -605,8 +613,6 @@ def test_a_batch_taken_without_grad_then_trained_on_is_a_training_batch():
         entry = rec.manifest("optimizer")["loaders"][0]
         assert (entry["batches_followed_by_backward"], entry["batches_for_evaluation"]) == (3, 0)
         assert [m[4]["evaluation"] for m in rec.take_marks(0, 3000) if m[0] == "data_wait"] == [False] * 3
-    finally:
-        rec.detach()
 
 
 def test_a_training_batch_taken_before_model_train_is_training_and_the_last_validation_batch_is_not():
@@ -617,16 +623,10 @@ def test_a_training_batch_taken_before_model_train_is_training_and_the_last_vali
     batch, also waiting when the backward came, is not: loader 1 stays "eval", its 3000 ns the evaluation's."""
     import torch
 
-    from kinetoscope.capture import loop
-
-    rec = loop.LoopRecorder()
-    rec.attach()
-    try:
+    with fed_recorder() as rec:
         tid = rec.training_thread
         module = torch.nn.Linear(1, 1)
-        train, val = iter(torch.utils.data.DataLoader([1, 2])), iter(torch.utils.data.DataLoader([1, 2]))
-        train._kinetoscope_loader, val._kinetoscope_loader = 0, 1
-        rec.begin_steps(0)
+        train, val = tagged_iterator(0), tagged_iterator(1)
         rec.pending[:] = [("W", 200, 100, 0, 0, tid, train, 0, True, False), ("B", 300, 400, tid)]
         rec.close_step(1000, record=True, keep=True)
         rec.pending[:] = [("M", 1100, tid, id(module), "Linear", False),
@@ -641,8 +641,6 @@ def test_a_training_batch_taken_before_model_train_is_training_and_the_last_vali
         marks = [(m[4]["loader"], m[4]["batch"], m[4]["evaluation"]) for m in rec.take_marks(0, 6000)
                  if m[0] == "data_wait"]
         assert marks == [(0, 0, False), (1, 0, True), (1, 1, True), (0, 1, False)]
-    finally:
-        rec.detach()
 
 
 def test_the_next_that_stops_the_workers_waits_for_no_data():

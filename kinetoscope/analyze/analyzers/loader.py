@@ -201,7 +201,8 @@ def _whole_run(trace: RankTrace, window_wait_ns: int) -> LoaderRun | None:
     # evaluation's - where the capture split each wait by its batch (loop marks 3), less each step's evaluation
     # waits; before, less the steps that hold validation, whose waits are mostly the evaluation's (was: an Ignite
     # run's evaluator over the training loader read as the loop's wait)
-    version = ((trace.meta.capture or {}).get("loop") or {}).get("marks")
+    loop = (trace.meta.capture or {}).get("loop") or {}
+    version = loop.get("marks")
     split = (train is None and isinstance(version, int) and version >= 3 and "eval_data_wait_ns" in rs
              and not rs["eval_data_wait_ns"].isna().any())
     in_validation = (rs["validation_ns"].fillna(0).to_numpy(np.float64) > 0
@@ -212,7 +213,6 @@ def _whole_run(trace: RankTrace, window_wait_ns: int) -> LoaderRun | None:
     wait: float | None = (train if train is not None
                           else None if left_out == len(rs)
                           else float(np.clip(per_step[~in_validation], 0, None).sum()))
-    loop = (trace.meta.capture or {}).get("loop") or {}
     recorded = loop.get("recorded")
     # a capture that timed no waits (the Profiler API before it recorded them) reads 0 beside waits in its trace:
     # that 0 is not a measurement

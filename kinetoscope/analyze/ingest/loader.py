@@ -362,9 +362,10 @@ def _shared_loader_waits(run_steps: pd.DataFrame | None, loop: dict[str, Any]) -
     """steps.json's ``train_data_wait_ns`` counts the waits of loaders whose final role is "train". A loader that
     trained (some of its batches were followed by a backward) but ended "unknown" holds training waits in no list,
     and the column would read 0 where the loop waited: such a capture's training waits are not known. The column is
-    made null (the analysis falls back on every wait, less the steps holding validation) and a note says why (was: an
-    Ignite run, whose evaluator iterated the training loader too, read 0 for 19.5% of its run in training waits;
-    marks version 3 no longer makes that loader "unknown", but an unknown loader that trained still can be)."""
+    made null (the analysis falls back on every wait less the evaluation's: ``analyzers.loader._whole_run``) and a
+    note says why (was: an Ignite run, whose evaluator iterated the training loader too, read 0 for 19.5% of its run
+    in training waits; marks version 3 no longer makes that loader "unknown", but an unknown loader that trained
+    still can be)."""
     if run_steps is None or "train_data_wait_ns" not in run_steps or run_steps["train_data_wait_ns"].isna().all():
         return run_steps, None
     shared = [x for x in loop.get("loaders") or [] if isinstance(x, dict) and x.get("role") == "unknown"

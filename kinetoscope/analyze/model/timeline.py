@@ -583,14 +583,34 @@ def wait_cpu_share(trace: RankTrace) -> tuple[float | None, bool]:
     is the training thread's own (the capture records it apart: its work taking each batch over) rather than the
     process's (every thread, a pin-memory thread's too: captures before the thread's was recorded); None where
     neither is recorded."""
-    rs = trace.run_steps
-    if rs is not None and "data_wait_thread_cpu_ns" in rs and not rs["data_wait_thread_cpu_ns"].isna().all():
-        rs = rs.iloc[1:] if len(rs) > 2 else rs
-        wait, cpu = rs["data_wait_ns"].to_numpy(float), rs["data_wait_thread_cpu_ns"].to_numpy(float)
-        known = ~np.isnan(cpu)
-        total = float(wait[known].sum())
-        return (float(cpu[known].sum()) / total if total > 0 else None), True
+    if _thread_wait_cpu_recorded(trace):
+        return _thread_wait_cpu(trace, training_only=False), True
     return cpu_shares(trace)[0], False
+
+
+def _thread_wait_cpu_recorded(trace: RankTrace) -> bool:
+    rs = trace.run_steps
+    return rs is not None and "data_wait_thread_cpu_ns" in rs and not rs["data_wait_thread_cpu_ns"].isna().all()
+
+
+def _thread_wait_cpu(trace: RankTrace, *, training_only: bool) -> float | None:
+    """The training thread's CPU per ns of its data waits (the capture's per-step times) over the run's steps after
+    the first; ``training_only``: only those holding no evaluation (no validation time, no evaluation loader's wait).
+    None where no such step waited, or the steps are not recorded."""
+    rs = trace.run_steps
+    if rs is None:
+        return None
+    rs = rs.iloc[1:] if len(rs) > 2 else rs
+    keep = np.ones(len(rs), dtype=bool)
+    if training_only:
+        for column in ("validation_ns", "eval_data_wait_ns"):
+            if column in rs:
+                keep &= rs[column].fillna(0).to_numpy(np.float64) == 0
+    wait = rs["data_wait_ns"].to_numpy(np.float64)[keep]
+    cpu = rs["data_wait_thread_cpu_ns"].to_numpy(np.float64)[keep]
+    known = ~np.isnan(cpu)
+    total = float(wait[known].sum())
+    return float(cpu[known].sum()) / total if total > 0 else None
 
 
 def in_memory_dataset(trace: RankTrace) -> str | None:
@@ -761,19 +781,7 @@ def training_wait_cpu_share(trace: RankTrace) -> float | None:
     the first that hold no evaluation (no validation time, no evaluation loader's wait: their waits are not the
     training loader's; was: over every step, so an evaluation loader's busy waits could make a training loader
     waiting on a file read as computing); None where not recorded, or no such step waited."""
-    rs = trace.run_steps
-    if rs is None or "data_wait_thread_cpu_ns" not in rs or rs["data_wait_thread_cpu_ns"].isna().all():
-        return None
-    rs = rs.iloc[1:] if len(rs) > 2 else rs
-    keep = np.ones(len(rs), dtype=bool)
-    for column in ("validation_ns", "eval_data_wait_ns"):
-        if column in rs:
-            keep &= rs[column].fillna(0).to_numpy(np.float64) == 0
-    wait = rs["data_wait_ns"].to_numpy(np.float64)[keep]
-    cpu = rs["data_wait_thread_cpu_ns"].to_numpy(np.float64)[keep]
-    known = ~np.isnan(cpu)
-    total = float(wait[known].sum())
-    return float(cpu[known].sum()) / total if total > 0 else None
+    return _thread_wait_cpu(trace, training_only=True) if _thread_wait_cpu_recorded(trace) else None
 
 
 def _per_item_python(trace: RankTrace, starts: np.ndarray, ends: np.ndarray,
