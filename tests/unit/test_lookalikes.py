@@ -290,6 +290,70 @@ def test_overlap_on_a_host_all_ranks_share_gives_no_more_than_the_cores_compute_
     assert len(found(rep, "exposed_comm")) == 2
 
 
+def _fsdp_steps(b, state_bytes):
+    """``_gloo_steps`` with FSDP2's own work on the training thread each step: ``FSDP::pre_forward`` over 2.0-3.0 ms
+    (its ``fsdp::all_gather_copy_in`` nested at 2.1-2.3 ms) and ``FSDP::post_backward_reduce`` over 5.0-7.0 ms: 3 ms
+    a step, 12 ms of the 40 ms window; the CPU allocator's total at ``state_bytes`` at each step's start."""
+    _gloo_steps(b)
+    for i in range(4):
+        t = i * 10_000
+        b.op("FSDP::pre_forward", t + 2_000, 1_000, cat="user_annotation")
+        b.op("fsdp::all_gather_copy_in", t + 2_100, 200)
+        b.op("FSDP::post_backward_reduce", t + 5_000, 2_000, cat="user_annotation")
+        b.memory(t + 50, 1024, allocated=state_bytes, device_type=0, device_id=-1)
+    return b
+
+
+@pytest.mark.parametrize("state_mib, priced", [(10, True), (3_000, False)])
+def test_fsdp_on_a_host_its_ranks_fill_is_priced_as_replicated_where_its_state_fits(tmp_path, state_mib, priced):
+    """Six FSDP2 programs on 2 ranks of this 2-CPU host ran 31-42% faster as DDP (their FSDP spans held 25-39% of
+    their profiled windows), where overlap was worth nothing. Both ranks of a job on one host of 2 CPUs and 16 GiB (8
+    GiB a rank), 1 torch thread a rank, FSDP2's own spans 3 ms of each 10 ms step on the training thread, every rank's
+    waits for the other nil. With 10 MiB of state (x 2 ranks: 0.24% of 8 GiB) replicating takes those 3 ms off a step:
+    30%, an estimate, critical. With 3,000 MiB (73% of 8 GiB, over the quarter that leaves room) sharding may be what
+    makes the state fit: overlap alone, worth nothing. Was: overlap alone, worth nothing, everywhere."""
+    host = {"cpus": 2, "cpus_on_host": 2, "torch_threads": 1, "ranks_on_host": 2, "memory_bytes": 16 * 2**30}
+    for rank in (0, 1):
+        _captured(tmp_path / "job", _fsdp_steps(TraceBuilder(rank=rank, world_size=2), state_mib * 2**20), rank, host,
+                  5_000_000)
+    rep = build_report(load_trace(tmp_path / "job"))
+    fs = found(rep, "exposed_comm")
+    assert len(fs) == 2
+    for f in fs:
+        ev = f.evidence
+        assert ev["sharding_us"] == 4 * 3_000 and ev["sharding_fraction_of_window"] == pytest.approx(0.3)
+        assert ev["state_peak_bytes"] == state_mib * 2**20 and ev["memory_share_bytes"] == 8 * 2**30
+        assert ev["replicate_instead"] is priced
+        assert ev["replicate_why"] == (
+            f"the peak memory the trace records ({state_mib:,.1f} MiB) times the job's 2 ranks is "
+            f"{state_mib * 2 / 8192:.2%} of this rank's 8.0 GiB (the host's memory, shared by 2 ranks growing alike)"
+            + ("" if priced else ", over the 25% that leaves room: sharding may be what makes it fit"))
+        if priced:
+            assert f.estimate.saving_us_per_step == pytest.approx(3_000.0) and f.estimate.bound is None
+            assert f.estimate.details["replicate_us_per_step"] == 3_000.0
+            assert "limited_by" not in f.estimate.details
+            assert f.severity == "critical" and "replicate instead of sharding" in f.recommendation
+        else:
+            assert f.estimate.saving_us_per_step == 0.0 and f.estimate.bound == "upper" and f.severity == "info"
+            assert "replicate" not in f.recommendation
+
+
+def test_fsdp_whose_memory_the_trace_does_not_record_is_not_priced_as_replicated(tmp_path):
+    """The same job without the allocator's events (profile_memory off): whether its state fits unsharded is not known,
+    so replicating is not priced (``null``), and the evidence says why."""
+    host = {"cpus": 2, "cpus_on_host": 2, "torch_threads": 1, "ranks_on_host": 2, "memory_bytes": 16 * 2**30}
+    for rank in (0, 1):
+        b = _fsdp_steps(TraceBuilder(rank=rank, world_size=2), 2**20)
+        b.events = [e for e in b.events if e.get("name") != "[memory]"]
+        _captured(tmp_path / "job", b, rank, host, 5_000_000)
+    rep = build_report(load_trace(tmp_path / "job"))
+    for f in found(rep, "exposed_comm"):
+        assert f.evidence["sharding_us"] == 12_000 and f.evidence["replicate_instead"] is None
+        assert f.evidence["replicate_why"] == ("the trace records no CPU memory (profile_memory off): whether the "
+                                               "state fits unsharded is not known")
+        assert f.estimate.saving_us_per_step == 0.0 and f.severity == "info"
+
+
 def test_a_job_whose_size_only_the_manifest_records_shares_its_host_as_the_launcher_counted(tmp_path):
     """The job's size from the capture's manifest where the trace has no distributedInfo: the same 2-rank gloo job on
     2 CPUs with 1 torch thread per rank, its traces without the job's size. Was: the overlap replay read the trace's

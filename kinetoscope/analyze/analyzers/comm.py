@@ -11,12 +11,13 @@ import pandas as pd
 
 from kinetoscope.analyze.model import intervals as iv
 from kinetoscope.analyze.model.analysis import AnalysisResult, register
-from kinetoscope.analyze.model.collectives import Exposure, exposure
+from kinetoscope.analyze.model.collectives import Exposure, exposure, sharding_said
 from kinetoscope.analyze.model.config import AnalysisConfig
 from kinetoscope.analyze.model.findings import Finding
+from kinetoscope.analyze.model.hostfacts import count, host_memory_share, world_size
 from kinetoscope.analyze.model.pipeline import pipeline_stage
 from kinetoscope.analyze.model.results import Comm, CommResult, OpTime
-from kinetoscope.analyze.model.timeline import window
+from kinetoscope.analyze.model.timeline import main_thread, window
 from kinetoscope.analyze.model.trace import RankTrace
 from kinetoscope.analyze.model.units import frac, us
 
@@ -43,6 +44,71 @@ _OVERLAP_ADVICE = {
 }
 
 
+#: the record_function names FSDP2 (``fully_shard``) gives its own work on the training thread: its hooks, its
+#: all-gathers' copy-in/out and waits, its reduce-scatters (FSDP1's ``FullyShardedDataParallel.forward`` holds the
+#: module's compute too, and FSDP1 was not measured: not read)
+_FSDP2_PREFIXES = ("FSDP::", "fsdp::")
+
+_REPLICATE_ADVICE = (
+    "every rank of this job runs on this host and its whole state fits each rank's memory many times over: "
+    "replicate instead of sharding - DistributedDataParallel (one all-reduce of the gradients, in buckets, instead of "
+    "FSDP's all-gathers in forward and backward and its reduce-scatters, with their per-module hooks and copies; on "
+    "this host class six FSDP2 programs ran 31-42% faster as DDP), or fully_shard(..., reshard_after_forward=False) "
+    "and fewer, larger units")
+
+
+def _sharding(trace: RankTrace, config: AnalysisConfig, w: Any) -> dict[str, Any]:
+    """FSDP2's own time on the training thread in the window (a union of its spans: hooks, all-gather copies and
+    waits, reduce-scatters) and whether replicating the model instead (DDP) is a fix the trace supports: a CPU run
+    (gloo) whose ranks all run on this host, with the peak memory the trace records, times the job's ranks, at most
+    ``replicate_max_memory_share`` of this rank's share of the host's memory (the unsharded state fits many times
+    over). ``sharding_us`` None where the trace holds no FSDP2 span; ``replicate_instead`` None where a fact it rests
+    on is not recorded (``replicate_why`` says which)."""
+    ev = trace.events
+    tid = main_thread(trace)
+    names = ev["name"].cat.categories if hasattr(ev["name"], "cat") else pd.Index(ev["name"].unique())
+    hit = names[pd.Index(names).astype(str).str.startswith(_FSDP2_PREFIXES)]
+    if tid is None or not len(hit):
+        return {"sharding_us": None}
+    mine = ev[(ev["name"].isin(hit) & (ev["tid"].astype(str) == tid)).to_numpy()]
+    if mine.empty:
+        return {"sharding_us": None}
+    spans = iv.clip(iv.union(mine["ts_ns"].to_numpy(), mine["end_ns"].to_numpy()), w.start_ns, w.end_ns)
+    sharding_ns = iv.measure(spans)
+    out: dict[str, Any] = {"sharding_us": us(sharding_ns), "sharding_fraction_of_window": frac(sharding_ns, w.dur_ns),
+                           "replicate_instead": None, "replicate_why": None}
+    host = (trace.meta.capture or {}).get("host") or {}
+    world, here = world_size(trace), count(host.get("ranks_on_host"))
+    share, what = host_memory_share(trace)
+    mem = trace.memory
+    cpu = mem[(mem["device_type"] == 0).to_numpy()] if len(mem) else mem
+    inside = cpu[((cpu["ts_ns"] >= w.start_ns) & (cpu["ts_ns"] <= w.end_ns)).to_numpy()] if len(cpu) else cpu
+    peak = inside["total_allocated_bytes"].dropna()
+    peak_bytes = int(peak.max()) if len(peak) else None
+    out["state_peak_bytes"] = peak_bytes
+    out["memory_share_bytes"] = share
+    if trace.has_gpu:
+        out.update(replicate_instead=False, replicate_why="a run with a GPU: replicating was measured on CPU runs only")
+    elif world is None or world < 2 or here is None:
+        out["replicate_why"] = "how many of the job's ranks run on this host is not recorded"
+    elif here < world:
+        out.update(replicate_instead=False, replicate_why=f"{here} of the job's {world} ranks run on this host: the "
+                   "collectives cross hosts, which replicating was not measured against")
+    elif share is None:
+        out["replicate_why"] = what
+    elif peak_bytes is None:
+        out["replicate_why"] = ("the trace records no CPU memory (profile_memory off): whether the state fits "
+                                "unsharded is not known")
+    else:
+        fits = peak_bytes * world <= config.replicate_max_memory_share * share
+        out.update(replicate_instead=fits, replicate_why=(
+            f"the peak memory the trace records ({peak_bytes / 2**20:,.1f} MiB) times the job's {world} ranks is "
+            f"{peak_bytes * world / share:.2%} of this rank's {share / 2**30:,.1f} GiB ({what})"
+            + ("" if fits else f", over the {config.replicate_max_memory_share:.0%} that leaves room: sharding may "
+               "be what makes it fit")))
+    return out
+
+
 def _exposed_finding(trace: RankTrace, config: AnalysisConfig, w: Any, exposed: iv.Intervals, comm_ns: int,
                      by_op: dict[str, int], where: str, unknown_ns: int = 0) -> Finding | None:
     exposed_ns = iv.measure(exposed)
@@ -57,12 +123,14 @@ def _exposed_finding(trace: RankTrace, config: AnalysisConfig, w: Any, exposed: 
                                                   strict=True)]
     parts = ", ".join(f"{op} {ns / w.dur_ns:.1%}" for op, ns in by_op.items() if ns)
     advice = [_OVERLAP_ADVICE[op] for op in by_op if by_op[op] and op in _OVERLAP_ADVICE]
+    sharding = _sharding(trace, config, w) if where == "host" else {"sharding_us": None}
+    replicate = bool(sharding.get("replicate_instead"))
     return Finding(
         id="exposed_comm",
         rank=trace.rank,
         title=(
             f"Communication not overlapped with compute takes {exposed_ns / w.dur_ns:.0%} of the "
-            f"{w.dur_ns / 1e6:.1f} ms window ({parts})"
+            f"{w.dur_ns / 1e6:.1f} ms window ({parts})" + sharding_said(sharding)
         ),
         evidence={
             "exposed_us": us(exposed_ns),
@@ -79,9 +147,12 @@ def _exposed_finding(trace: RankTrace, config: AnalysisConfig, w: Any, exposed: 
                 if where == "gpu"
                 else " on the training process's compute threads"
             ),
+            **sharding,
         },
         recommendation=(
-            "Overlap communication with compute: "
+            (f"FSDP's own work holds the training thread {sharding['sharding_fraction_of_window']:.0%} of the window: "
+             + _REPLICATE_ADVICE + ". Otherwise, o" if replicate else "O")
+            + "verlap communication with compute: "
             + "; ".join(
                 advice or ["issue collectives asynchronously and wait for them only where their result is needed"]
             )

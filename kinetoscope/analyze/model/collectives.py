@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
@@ -243,3 +243,10 @@ def host_compute(trace: RankTrace, comm_threads: set[str], w: Window) -> iv.Inte
     starts = np.concatenate([b[0] for b in busy]) if busy else np.zeros(0, np.int64)
     ends = np.concatenate([b[1] for b in busy]) if busy else np.zeros(0, np.int64)
     return iv.clip(iv.union(starts, ends), w.start_ns, w.end_ns)
+
+
+def sharding_said(evidence: dict[str, Any]) -> str:
+    """What a title adds where replicating is priced: FSDP's own share of the window on the training thread."""
+    share = evidence.get("sharding_fraction_of_window")
+    return (f"; FSDP's own work holds the training thread {share:.0%} of it, and the job's state fits each rank "
+            "unsharded" if evidence.get("replicate_instead") and share is not None else "")

@@ -46,6 +46,11 @@ class AnalysisConfig:
     #: Collectives not overlapped with compute for this share of the window are worth looking at (the same bar as
     #: the DataLoader's and the GPU's idle).
     exposed_comm_min_fraction: float = 0.05
+    #: FSDP's sharding is a fix the trace can price away (replicate: DDP) only where the job's whole state fits each
+    #: rank unsharded with room: the peak memory the trace records, times the job's ranks, at most this share of the
+    #: rank's share of the host's memory (activations and the allocator's slack take the rest; a quarter leaves the
+    #: state room to grow 4x before replication would not fit).
+    replicate_max_memory_share: float = 0.25
     #: A pipeline stage waiting for its neighbours this share of its mean step is worth looking at (the bar of the
     #: other waits). GPipe and 1F1B leave (p - 1) / (m + p - 1) of the schedule idle: 4 stages need 57 microbatches
     #: to bring it under 5%.
@@ -164,6 +169,7 @@ _FRACTIONS = frozenset(
         "overlap_min_fraction",
         "copy_min_fraction",
         "exposed_comm_min_fraction",
+        "replicate_max_memory_share",
         "pipeline_bubble_min_fraction",
         "memory_leak_device_share",
         "allocator_min_fraction",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from kinetoscope.analyze.model.collectives import sharding_said
 from kinetoscope.analyze.model.config import AnalysisConfig
 from kinetoscope.analyze.model.estimate import Estimate
 from kinetoscope.analyze.model.findings import Finding
@@ -41,10 +42,20 @@ def without_waits(finding: Finding, wait_us: float, config: AnalysisConfig, shar
         cap = bound[1]
         saving = min(left, cap)
         details["exposed_us_per_step"] = round(left, 3)
-        if left < cap:
-            details.pop("limited_by", None)  # the exposure left, not the cores, decides it now
         note = (f"its {wait_us / 1000:,.2f} ms of waiting for other ranks in the window is not exposure overlap can "
                 "hide (it is the late ranks' cost)")
+        replicate = details.get("replicate_us_per_step")
+        steps = int(ev.get("steps") or 0)
+        if isinstance(replicate, (int, float)) and steps:
+            # replicated (DDP), the rank still waits for later ranks at its all-reduce: that wait stays
+            replicate_left = max(float(replicate) - wait_us / steps, 0.0)
+            details["replicate_us_per_step"] = round(replicate_left, 3)
+            if replicate_left > saving:
+                saving = replicate_left
+                note = (f"its {wait_us / 1000:,.2f} ms of waiting for other ranks in the window would stay, "
+                        "replicated: DDP's all-reduce waits for late ranks as FSDP's collectives do")
+        if left < cap:
+            details.pop("limited_by", None)  # the exposure left, not the cores, decides it now
         estimate = replace(_with_saving(estimate, saving, note), details=details)
     elif estimate is not None and before > 0:
         estimate = _scaled(estimate, keep, f"its {wait_us / 1000:,.2f} ms of waiting for other ranks in "
@@ -58,7 +69,8 @@ def without_waits(finding: Finding, wait_us: float, config: AnalysisConfig, shar
     title = (f"Communication not overlapped with compute takes {exposed / window:.0%} of the {window / 1000:.1f} ms "
              f"window once its {wait_us / 1000:,.2f} ms waiting for other ranks is left out (collectives matched "
              "across the job" + (f"; the {(all_wait - wait_us) / 1000:,.2f} ms every rank waits stays in"
-                                 if all_wait > wait_us else "") + ")" if window else finding.title)
+                                 if all_wait > wait_us else "") + ")" + sharding_said(ev) if window
+             else finding.title)
     return replace(finding, evidence=ev, title=title, impact_us=exposed, estimate=estimate, worth=None,
                    severity="info")
 
