@@ -354,6 +354,22 @@ def test_fsdp_whose_memory_the_trace_does_not_record_is_not_priced_as_replicated
         assert f.estimate.saving_us_per_step == 0.0 and f.severity == "info"
 
 
+def test_fsdp_across_hosts_is_not_priced_as_replicated(tmp_path):
+    """The same job with each rank on a host of its own (the launcher counted 1 rank per host): its collectives cross
+    hosts, which replicating was not measured against - not priced, and said (``False``, not ``null``: known)."""
+    host = {"cpus": 2, "cpus_on_host": 2, "torch_threads": 1, "ranks_on_host": 1, "memory_bytes": 16 * 2**30}
+    for rank in (0, 1):
+        _captured(tmp_path / "job", _fsdp_steps(TraceBuilder(rank=rank, world_size=2), 2**20), rank, host, 5_000_000)
+    rep = build_report(load_trace(tmp_path / "job"))
+    fs = found(rep, "exposed_comm")
+    assert len(fs) == 2
+    for f in fs:
+        assert f.evidence["sharding_us"] == 12_000 and f.evidence["replicate_instead"] is False
+        assert f.evidence["replicate_why"] == ("1 of the job's 2 ranks run on this host: the collectives cross hosts, "
+                                               "which replicating was not measured against")
+        assert "replicate_us_per_step" not in f.estimate.details and "replicate" not in f.recommendation
+
+
 def test_a_job_whose_size_only_the_manifest_records_shares_its_host_as_the_launcher_counted(tmp_path):
     """The job's size from the capture's manifest where the trace has no distributedInfo: the same 2-rank gloo job on
     2 CPUs with 1 torch thread per rank, its traces without the job's size. Was: the overlap replay read the trace's

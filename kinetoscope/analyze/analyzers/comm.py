@@ -89,7 +89,12 @@ def _sharding(trace: RankTrace, config: AnalysisConfig, w: Any) -> dict[str, Any
     out["memory_share_bytes"] = share
     if trace.has_gpu:
         out.update(replicate_instead=False, replicate_why="a run with a GPU: replicating was measured on CPU runs only")
-    elif world is None or world < 2 or here is None:
+    elif world is None:
+        out["replicate_why"] = "the job's size is not recorded"
+    elif world < 2:
+        out.update(replicate_instead=False, replicate_why="a job of one rank: FSDP shards across nothing, and "
+                   "dropping it was not measured")
+    elif here is None:
         out["replicate_why"] = "how many of the job's ranks run on this host is not recorded"
     elif here < world:
         out.update(replicate_instead=False, replicate_why=f"{here} of the job's {world} ranks run on this host: the "
