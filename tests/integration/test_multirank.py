@@ -192,9 +192,10 @@ def test_fsdp2_on_a_host_its_ranks_fill_is_priced_as_replicated_on_a_real_captur
     """A real FSDP2 character LM on 2 ranks of a 2-CPU host (the forty-eighth held-out set, bundled): FSDP2's own spans
     on the training thread (a union of ``FSDP::``/``fsdp::`` events clipped to the window, computed apart from the tool
     from the raw events) hold 367,035.24 us of rank 0's 1,084,554.01 us window and 333,658.87 us of rank 1's
-    1,085,854.19 us; the state (28-30 MiB at its peak) fits 6 GiB a rank many times over. Replicated (DDP), a step
-    saves that time, less the rank's waits for the other (those stay): both ranks critical. Measured on the program
-    itself, unprofiled: 81 ms a step as written, 54 ms as DDP. Was: overlap alone, worth nothing with no core free."""
+    1,085,854.19 us; the state (28-30 MiB at its peak) fits the 11.8 GiB each rank may use many times over.
+    Replicated (DDP), a step saves that time, less the rank's waits for the other (those stay): both ranks critical.
+    Measured on the program itself, unprofiled (five alternating pairs): 78.5 ms a step as written, 54.0 ms as DDP.
+    Was: overlap alone, worth nothing with no core free."""
     rep = build_report(load_trace(ROOT / "sample_traces" / "heldout48" / "fsdp2_gru_charlm_2rank"))
     fs = {f.rank: f for f in rep.findings if f.id == "exposed_comm"}
     assert sorted(fs) == [0, 1]
@@ -202,8 +203,23 @@ def test_fsdp2_on_a_host_its_ranks_fill_is_priced_as_replicated_on_a_real_captur
         f = fs[rank]
         ev = f.evidence
         assert ev["sharding_us"] == pytest.approx(union_us, abs=0.05)
-        assert ev["replicate_instead"] is True and ev["memory_share_bytes"] == 25_276_203_008 // 2
+        assert ev["replicate_instead"] is True and ev["host_memory_per_rank_bytes"] == 25_276_203_008 // 2
         per_step = union_us / 10 - ev["waiting_for_other_ranks_us"] / 10
         assert f.estimate.saving_us_per_step == pytest.approx(per_step, abs=0.01)
         assert f.estimate.bound is None and f.severity == "critical"
         assert f.recommendation.startswith("FSDP's own work holds the training thread")
+        assert "bucket_cap_mb" not in f.recommendation  # its reduce-scatters run as gloo all-reduces: no DDP knobs
+
+
+def test_whatif_prices_replicating_fsdp2_as_the_report_does(tmp_path):
+    """``kinetoscope whatif --fix exposed_comm`` on the same capture: each rank's fix together is the report's fix
+    alone (FSDP's own time less the rank's waits for the other). Was: together 36.70 ms a step on rank 0 (the waits
+    kept), alone 31.64 ms."""
+    job = ROOT / "sample_traces" / "heldout48" / "fsdp2_gru_charlm_2rank"
+    out = subprocess.run([sys.executable, "-m", "kinetoscope", "whatif", str(job), "--fix", "exposed_comm", "--format",
+                          "json"], capture_output=True, text=True, check=True)
+    doc = json.loads(out.stdout)
+    rep = build_report(load_trace(ROOT / "sample_traces" / "heldout48" / "fsdp2_gru_charlm_2rank"))
+    alone = {f.rank: f.estimate.saving_us_per_step for f in rep.findings if f.id == "exposed_comm"}
+    together = {r["rank"]: r["together"]["saving_us_per_step"] for r in doc["ranks"]}
+    assert together == pytest.approx(alone, abs=0.01)

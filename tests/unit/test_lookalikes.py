@@ -322,7 +322,7 @@ def test_fsdp_on_a_host_its_ranks_fill_is_priced_as_replicated_where_its_state_f
     for f in fs:
         ev = f.evidence
         assert ev["sharding_us"] == 4 * 3_000 and ev["sharding_fraction_of_window"] == pytest.approx(0.3)
-        assert ev["state_peak_bytes"] == state_mib * 2**20 and ev["memory_share_bytes"] == 8 * 2**30
+        assert ev["state_peak_bytes"] == state_mib * 2**20 and ev["host_memory_per_rank_bytes"] == 8 * 2**30
         assert ev["replicate_instead"] is priced
         assert ev["replicate_why"] == (
             f"the peak memory the trace records ({state_mib:,.1f} MiB) times the job's 2 ranks is "
@@ -349,8 +349,8 @@ def test_fsdp_whose_memory_the_trace_does_not_record_is_not_priced_as_replicated
     rep = build_report(load_trace(tmp_path / "job"))
     for f in found(rep, "exposed_comm"):
         assert f.evidence["sharding_us"] == 12_000 and f.evidence["replicate_instead"] is None
-        assert f.evidence["replicate_why"] == ("the trace records no CPU memory (profile_memory off): whether the "
-                                               "state fits unsharded is not known")
+        assert f.evidence["replicate_why"] == ("the trace records no CPU allocator total (profile_memory off, or "
+                                               "totals not written): whether the state fits unsharded is not known")
         assert f.estimate.saving_us_per_step == 0.0 and f.severity == "info"
 
 
@@ -368,6 +368,31 @@ def test_fsdp_across_hosts_is_not_priced_as_replicated(tmp_path):
         assert f.evidence["replicate_why"] == ("1 of the job's 2 ranks run on this host: the collectives cross hosts, "
                                                "which replicating was not measured against")
         assert "replicate_us_per_step" not in f.estimate.details and "replicate" not in f.recommendation
+
+
+def test_fsdp_on_a_host_its_ranks_leave_cores_free_is_not_priced_as_replicated(tmp_path):
+    """The same job on 16 CPUs, 1 torch thread a rank: 14 CPUs free while it computes, a host the measurement never
+    saw - replicating is not priced (``False``, said) and the advice does not lead with it; overlap has room there
+    and is priced as before (an upper bound). Was: replicating priced (critical) on any host holding every rank."""
+    host = {"cpus": 16, "cpus_on_host": 16, "torch_threads": 1, "ranks_on_host": 2, "memory_bytes": 16 * 2**30}
+    for rank in (0, 1):
+        _captured(tmp_path / "job", _fsdp_steps(TraceBuilder(rank=rank, world_size=2), 2**20), rank, host, 5_000_000)
+    rep = build_report(load_trace(tmp_path / "job"))
+    fs = found(rep, "exposed_comm")
+    assert len(fs) == 2
+    for f in fs:
+        assert f.evidence["replicate_instead"] is False
+        assert f.evidence["replicate_why"] == ("the job's 2 ranks of 1 torch thread(s) leave 14 of the 16 CPUs free: "
+                                               "replicating was measured on hosts the ranks fill")
+        assert f.estimate.bound == "upper" and "replicate" not in f.recommendation
+        assert f.estimate.method == "measured: exposed communication"
+
+
+def test_a_job_without_fsdp_has_no_sharding_evidence(tmp_path):
+    """A gloo job without FSDP2 spans: the sharding keys are absent, not ``null`` (null would read as unknown)."""
+    rep = report_of(tmp_path, _gloo_steps(TraceBuilder()))
+    (f,) = found(rep, "exposed_comm")
+    assert not {"sharding_us", "replicate_instead", "replicate_why"} & set(f.evidence)
 
 
 def test_a_job_whose_size_only_the_manifest_records_shares_its_host_as_the_launcher_counted(tmp_path):
@@ -2880,3 +2905,41 @@ def test_a_loader_fix_made_on_every_rank_is_worth_the_jobs_saving():
                        f("sync_in_loop", 1, 0.2, "info")]
     alone = [f("loader_stall", 0, 0.008, "info")]
     assert judge_as_job(alone, DEFAULT_CONFIG) == alone
+
+
+def test_the_fix_worth_more_once_the_waits_are_known_keeps_its_own_method_and_bound():
+    """An FSDP2 rank's two fixes after the job's matching: 10 steps, 60 ms a step exposed, 30 ms of free cores a step,
+    FSDP's own time 40 ms a step, 200 ms of waiting for later ranks in the window. Overlap keeps 40 ms of exposure a
+    step, 30 ms at most (an upper bound); replicating keeps 40 - 20 = 20 ms (an estimate): overlap is worth more, and
+    the estimate is overlap's - its method, its bound, the cores' limit. Was: the saving was overlap's while the method
+    and the missing bound still said replicating."""
+    import dataclasses
+
+    from kinetoscope.analyze.model.collectives import (
+        OVERLAP_ASSUMPTION,
+        OVERLAP_METHOD,
+        REPLICATE_ASSUMPTION,
+        REPLICATE_METHOD,
+    )
+    from kinetoscope.analyze.model.config import AnalysisConfig
+    from kinetoscope.analyze.model.estimate import Estimate
+    from kinetoscope.analyze.model.findings import Finding
+    from kinetoscope.analyze.report.exposure import without_waits
+
+    est = Estimate(step_us_after=60_000.0, saving_us_per_step=40_000.0, saving_fraction=0.4, method=REPLICATE_METHOD,
+                   assumptions=(REPLICATE_ASSUMPTION, "fits"), bound=None,
+                   details={"exposed_us_per_step": 60_000.0, "cpu_room_us_per_step": 30_000.0,
+                            "overlap_limited_by": "no more cores", "sharding_us_per_step": 40_000.0,
+                            "replicate_us_per_step": 40_000.0})
+    f = Finding(id="exposed_comm", rank=0, title="t", recommendation="r", estimate=est,
+                evidence={"exposed_us": 600_000.0, "window_us": 1_000_000.0, "steps": 10, "replicate_why": "fits"})
+    g = without_waits(f, 200_000.0, AnalysisConfig())
+    e = g.estimate
+    assert e.saving_us_per_step == pytest.approx(30_000.0) and e.bound == "upper" and e.method == OVERLAP_METHOD
+    assert e.assumptions[:2] == (OVERLAP_ASSUMPTION, "no more cores") and e.details["limited_by"] == "no more cores"
+    assert (e.details["exposed_us_per_step"], e.details["replicate_us_per_step"]) == (40_000.0, 20_000.0)
+    # the same rank with 55 ms of FSDP's own time a step: replicating keeps 55 - 20 = 35 ms, more than overlap's 30
+    est2 = dataclasses.replace(est, details={**est.details, "sharding_us_per_step": 55_000.0})
+    e2 = without_waits(dataclasses.replace(f, estimate=est2), 200_000.0, AnalysisConfig()).estimate
+    assert e2.saving_us_per_step == pytest.approx(35_000.0) and e2.bound is None and e2.method == REPLICATE_METHOD
+    assert "limited_by" not in e2.details

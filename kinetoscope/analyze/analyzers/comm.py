@@ -60,25 +60,26 @@ _REPLICATE_ADVICE = (
 def _sharding(trace: RankTrace, config: AnalysisConfig, w: Any) -> dict[str, Any]:
     """FSDP2's own time on the training thread in the window (a union of its spans: hooks, all-gather copies and
     waits, reduce-scatters) and whether replicating the model instead (DDP) is a fix the trace supports: a CPU run
-    (gloo) whose ranks all run on this host, with the peak memory the trace records, times the job's ranks, at most
-    ``replicate_max_memory_share`` of this rank's share of the host's memory (the unsharded state fits many times
-    over). ``sharding_us`` None where the trace holds no FSDP2 span; ``replicate_instead`` None where a fact it rests
-    on is not recorded (``replicate_why`` says which)."""
+    (gloo) whose ranks all run on this host and fill its CPUs with their torch threads, with the peak memory the
+    trace records, times the job's ranks, at most ``replicate_max_memory_share`` of this rank's share of the host's
+    memory (the unsharded state fits many times over). Empty where the trace holds no FSDP2 span on the training
+    thread; ``replicate_instead`` None where a fact it rests on is not recorded (``replicate_why`` says which)."""
     ev = trace.events
     tid = main_thread(trace)
     names = ev["name"].cat.categories if hasattr(ev["name"], "cat") else pd.Index(ev["name"].unique())
     hit = names[pd.Index(names).astype(str).str.startswith(_FSDP2_PREFIXES)]
     if tid is None or not len(hit):
-        return {"sharding_us": None}
+        return {}
     mine = ev[(ev["name"].isin(hit) & (ev["tid"].astype(str) == tid)).to_numpy()]
     if mine.empty:
-        return {"sharding_us": None}
+        return {}
     spans = iv.clip(iv.union(mine["ts_ns"].to_numpy(), mine["end_ns"].to_numpy()), w.start_ns, w.end_ns)
     sharding_ns = iv.measure(spans)
     out: dict[str, Any] = {"sharding_us": us(sharding_ns), "sharding_fraction_of_window": frac(sharding_ns, w.dur_ns),
                            "replicate_instead": None, "replicate_why": None}
     host = (trace.meta.capture or {}).get("host") or {}
     world, here = world_size(trace), count(host.get("ranks_on_host"))
+    cpus, threads = count(host.get("cpus")), count(host.get("torch_threads"))
     share, what = host_memory_share(trace)
     mem = trace.memory
     cpu = mem[(mem["device_type"] == 0).to_numpy()] if len(mem) else mem
@@ -86,7 +87,7 @@ def _sharding(trace: RankTrace, config: AnalysisConfig, w: Any) -> dict[str, Any
     peak = inside["total_allocated_bytes"].dropna()
     peak_bytes = int(peak.max()) if len(peak) else None
     out["state_peak_bytes"] = peak_bytes
-    out["memory_share_bytes"] = share
+    out["host_memory_per_rank_bytes"] = share
     if trace.has_gpu:
         out.update(replicate_instead=False, replicate_why="a run with a GPU: replicating was measured on CPU runs only")
     elif world is None:
@@ -99,11 +100,17 @@ def _sharding(trace: RankTrace, config: AnalysisConfig, w: Any) -> dict[str, Any
     elif here < world:
         out.update(replicate_instead=False, replicate_why=f"{here} of the job's {world} ranks run on this host: the "
                    "collectives cross hosts, which replicating was not measured against")
+    elif cpus is None or threads is None:
+        out["replicate_why"] = "the CPUs it may run on or its torch threads are not recorded"
+    elif threads * here < cpus:
+        out.update(replicate_instead=False, replicate_why=(
+            f"the job's {here} ranks of {threads} torch thread(s) leave {cpus - threads * here} of the {cpus} CPUs "
+            "free: replicating was measured on hosts the ranks fill"))
     elif share is None:
         out["replicate_why"] = what
     elif peak_bytes is None:
-        out["replicate_why"] = ("the trace records no CPU memory (profile_memory off): whether the state fits "
-                                "unsharded is not known")
+        out["replicate_why"] = ("the trace records no CPU allocator total (profile_memory off, or totals not "
+                                "written): whether the state fits unsharded is not known")
     else:
         fits = peak_bytes * world <= config.replicate_max_memory_share * share
         out.update(replicate_instead=fits, replicate_why=(
@@ -128,8 +135,10 @@ def _exposed_finding(trace: RankTrace, config: AnalysisConfig, w: Any, exposed: 
                                                   strict=True)]
     parts = ", ".join(f"{op} {ns / w.dur_ns:.1%}" for op, ns in by_op.items() if ns)
     advice = [_OVERLAP_ADVICE[op] for op in by_op if by_op[op] and op in _OVERLAP_ADVICE]
-    sharding = _sharding(trace, config, w) if where == "host" else {"sharding_us": None}
+    sharding = _sharding(trace, config, w) if where == "host" else {}
     replicate = bool(sharding.get("replicate_instead"))
+    if sharding:  # FSDP's reduce-scatters run as gloo all-reduces: DDP's knobs are not its
+        advice = [_OVERLAP_ADVICE[op] for op in ("allgather", "reducescatter")]
     return Finding(
         id="exposed_comm",
         rank=trace.rank,

@@ -5,8 +5,15 @@ loss hides behind its waits for later ranks that are not starved themselves."""
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
-from kinetoscope.analyze.model.collectives import sharding_said
+from kinetoscope.analyze.model.collectives import (
+    OVERLAP_ASSUMPTION,
+    OVERLAP_METHOD,
+    REPLICATE_ASSUMPTION,
+    REPLICATE_METHOD,
+    sharding_said,
+)
 from kinetoscope.analyze.model.config import AnalysisConfig
 from kinetoscope.analyze.model.estimate import Estimate
 from kinetoscope.analyze.model.findings import Finding
@@ -37,25 +44,17 @@ def without_waits(finding: Finding, wait_us: float, config: AnalysisConfig, shar
         return finding
     exposed = max(before - wait_us, 0.0)
     keep = exposed / before if before > 0 else 0.0
-    if estimate is not None and bound is not None:
+    if estimate is not None and "sharding_us_per_step" in details and "exposed_us_per_step" in details:
+        estimate, details = _replicate_or_overlap(estimate, details, ev, keep, wait_us)
+    elif estimate is not None and bound is not None:
         left = bound[0] * keep
         cap = bound[1]
         saving = min(left, cap)
         details["exposed_us_per_step"] = round(left, 3)
-        note = (f"its {wait_us / 1000:,.2f} ms of waiting for other ranks in the window is not exposure overlap can "
-                "hide (it is the late ranks' cost)")
-        replicate = details.get("replicate_us_per_step")
-        steps = int(ev.get("steps") or 0)
-        if isinstance(replicate, (int, float)) and steps:
-            # replicated (DDP), the rank still waits for later ranks at its all-reduce: that wait stays
-            replicate_left = max(float(replicate) - wait_us / steps, 0.0)
-            details["replicate_us_per_step"] = round(replicate_left, 3)
-            if replicate_left > saving:
-                saving = replicate_left
-                note = (f"its {wait_us / 1000:,.2f} ms of waiting for other ranks in the window would stay, "
-                        "replicated: DDP's all-reduce waits for late ranks as FSDP's collectives do")
         if left < cap:
             details.pop("limited_by", None)  # the exposure left, not the cores, decides it now
+        note = (f"its {wait_us / 1000:,.2f} ms of waiting for other ranks in the window is not exposure overlap can "
+                "hide (it is the late ranks' cost)")
         estimate = replace(_with_saving(estimate, saving, note), details=details)
     elif estimate is not None and before > 0:
         estimate = _scaled(estimate, keep, f"its {wait_us / 1000:,.2f} ms of waiting for other ranks in "
@@ -73,6 +72,37 @@ def without_waits(finding: Finding, wait_us: float, config: AnalysisConfig, shar
              else finding.title)
     return replace(finding, evidence=ev, title=title, impact_us=exposed, estimate=estimate, worth=None,
                    severity="info")
+
+
+def _replicate_or_overlap(estimate: Estimate, details: dict[str, Any], ev: dict[str, Any], keep: float,
+                          wait_us: float) -> tuple[Estimate, dict[str, Any]]:
+    """An FSDP2 rank's two fixes once its waits for later ranks are known, the one worth more kept with its own method,
+    bound and assumptions: overlap (its exposure less the waits, at most the cores' free share where known: an upper
+    bound) or replicating (FSDP's own time per step less the waits, which DDP's all-reduce waits too: an estimate)."""
+    exposed = float(details["exposed_us_per_step"]) * keep
+    room = details.get("cpu_room_us_per_step")
+    overlap = min(exposed, float(room)) if isinstance(room, (int, float)) else exposed
+    steps = int(ev.get("steps") or 0) or 1
+    replicate = max(float(details["sharding_us_per_step"]) - wait_us / steps, 0.0)
+    details.update(exposed_us_per_step=round(exposed, 3), replicate_us_per_step=round(replicate, 3))
+    why = details.get("overlap_limited_by")
+    if replicate > overlap:
+        details.pop("limited_by", None)
+        chosen = replace(estimate, method=REPLICATE_METHOD, bound=None,
+                         assumptions=(REPLICATE_ASSUMPTION, str(ev.get("replicate_why"))))
+        note = (f"its {wait_us / 1000:,.2f} ms of waiting for other ranks in the window would stay, replicated: DDP's "
+                "all-reduce waits for late ranks as FSDP's collectives do")
+        return replace(_with_saving(chosen, replicate, note), details=details), details
+    limited = isinstance(room, (int, float)) and exposed > float(room) and why is not None
+    if limited:
+        details["limited_by"] = why
+    else:
+        details.pop("limited_by", None)
+    chosen = replace(estimate, method=OVERLAP_METHOD, bound="upper",
+                     assumptions=(OVERLAP_ASSUMPTION, *((str(why),) if limited else ())))
+    note = (f"its {wait_us / 1000:,.2f} ms of waiting for other ranks in the window is not exposure overlap can hide "
+            "(it is the late ranks' cost)")
+    return replace(_with_saving(chosen, overlap, note), details=details), details
 
 
 def runqueue_less_waits(finding: Finding, wait_us: float, shared_us: float = 0.0) -> Finding:

@@ -14,6 +14,12 @@ import numpy as np
 import pandas as pd
 
 from kinetoscope.analyze.model import intervals as iv
+from kinetoscope.analyze.model.collectives import (
+    OVERLAP_ASSUMPTION,
+    OVERLAP_METHOD,
+    REPLICATE_ASSUMPTION,
+    REPLICATE_METHOD,
+)
 from kinetoscope.analyze.model.commroles import collective_roles
 from kinetoscope.analyze.model.findings import Finding
 from kinetoscope.analyze.model.hostfacts import count, no_core_for_a_worker, ranks_sharing, world_size
@@ -608,13 +614,13 @@ def cpu_room(trace: RankTrace) -> tuple[float, str] | None:
 
 
 def _plan_exposed_comm(trace: RankTrace, g: ReplayGraph, finding: Finding, p: dict[str, Any]) -> Plan | None:
-    exposed = finding.evidence.get("exposed_us")
+    ev = finding.evidence
+    exposed = ev.get("exposed_us")
     if exposed is None:
         return None
     per_step_ns = float(exposed) * 1000 / max(g.steps, 1)
-    assumptions = ["the collectives' exposed time overlaps compute (bucketing, prefetching, pipelining the step); "
-                   "what they spend waiting for other ranks, and what the next work needs from them before it can "
-                   "start, would stay: not something one rank's trace shows"]
+    overlap_ns = per_step_ns
+    assumptions = [OVERLAP_ASSUMPTION]
     details: dict[str, Any] = {}
     room = cpu_room(trace)
     if room is not None and g.steps:
@@ -623,32 +629,31 @@ def _plan_exposed_comm(trace: RankTrace, g: ReplayGraph, finding: Finding, p: di
         cap_ns = room[0] * float((g.step_end - g.step_start).mean())
         details = {"exposed_us_per_step": round(per_step_ns / 1000, 3), "cpu_room_us_per_step": round(cap_ns / 1000, 3)}
         if cap_ns < per_step_ns:
-            per_step_ns = cap_ns
+            overlap_ns = cap_ns
             assumptions.append(room[1])
             details["limited_by"] = room[1]
-    method = "measured: exposed communication"
+    saving_ns, method = overlap_ns, OVERLAP_METHOD
     bound: str | None = "upper"
-    sharding = finding.evidence.get("sharding_us")
-    if finding.evidence.get("replicate_instead") and sharding and g.steps:
-        # FSDP on a host whose ranks hold the whole state many times over: replicating (DDP) takes FSDP's own time on
-        # the training thread away (its all-gathers, reduce-scatters, hooks and copies) for one bucketed all-reduce
-        # (was: overlap only, worth nothing with no core free; six FSDP2 programs on 2 ranks of one 2-CPU host ran
-        # 31-42% faster as DDP, where FSDP's own spans held 25-39% of their profiled windows)
-        replicate_ns = float(sharding) * 1000 / g.steps
-        details["replicate_us_per_step"] = round(replicate_ns / 1000, 3)
-        if replicate_ns > per_step_ns:
-            per_step_ns, bound = replicate_ns, None
-            method = "measured: FSDP's own time on the training thread (replicated instead: DDP)"
-            assumptions = [
-                "the model replicated on every rank (DistributedDataParallel) instead of sharded: FSDP's own work on "
-                "the training thread goes - its hooks, its all-gathers' copies and waits, its reduce-scatters - and "
-                "DDP's bucketed all-reduce of the gradients takes its place; measured on six FSDP2 programs on 2 ranks "
-                "of one 2-CPU host: their FSDP spans held 25-39% of the profiled windows and DDP ran 31-42% faster "
-                "(an estimate, not a bound: DDP's all-reduce costs time FSDP's spans do not show, and FSDP's DTensor "
-                "optimizer step and its threads' CPU, which DDP also removes, are not in them)",
-                str(finding.evidence.get("replicate_why"))]
+    sharding = ev.get("sharding_us")
+    if ev.get("replicate_instead") and sharding and g.steps:
+        # FSDP on a host its ranks fill, whose state fits each rank many times over: replicating (DDP) takes FSDP's own
+        # time on the training thread away (its all-gathers, reduce-scatters, hooks and copies) for one bucketed
+        # all-reduce; the rank's waits for later ranks (where the job's matching has told them) stay (was: overlap
+        # only, worth nothing with no core free; six FSDP2 programs on 2 ranks of one 2-CPU host ran 31-42% faster
+        # as DDP, where FSDP's own spans held 25-39% of their profiled windows)
+        sharding_ns = float(sharding) * 1000 / g.steps
+        waits_ns = float(ev.get("waiting_for_other_ranks_us") or 0.0) * 1000 / g.steps
+        replicate_ns = max(sharding_ns - waits_ns, 0.0)
+        details.setdefault("exposed_us_per_step", round(per_step_ns / 1000, 3))
+        details.update(sharding_us_per_step=round(sharding_ns / 1000, 3), replicate_us_per_step=round(replicate_ns /
+                                                                                                       1000, 3))
+        if "limited_by" in details:
+            details["overlap_limited_by"] = details["limited_by"]
+        if replicate_ns > overlap_ns:
+            saving_ns, method, bound = replicate_ns, REPLICATE_METHOD, None
+            assumptions = [REPLICATE_ASSUMPTION, str(ev.get("replicate_why"))]
             details.pop("limited_by", None)
-    plan = plan_from_measure("comm", per_step_ns, method, tuple(assumptions), bound=bound)
+    plan = plan_from_measure("comm", saving_ns, method, tuple(assumptions), bound=bound)
     if details:
         plan = replace(plan, extra=details)
     # the saving lies in the steps that hold the exposure (an epoch's end with a test pass's collectives)
