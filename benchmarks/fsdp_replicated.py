@@ -73,11 +73,17 @@ def run(program: Path, work: Path, timeout_s: float) -> float | None:
     out.unlink(missing_ok=True)
     env = {**os.environ, "FSDP_REPLICATED_OUT": str(out), "PYTHONPATH": str(work)}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(program)]
+    err = ""
     try:
-        subprocess.run(cmd, env=env, cwd=work, timeout=timeout_s, capture_output=True, check=False)
+        done = subprocess.run(cmd, env=env, cwd=work, timeout=timeout_s, capture_output=True, text=True, check=False)
+        err = done.stderr
     except subprocess.TimeoutExpired:
         pass  # a job that hangs at exit has reported already
-    return float(out.read_text().split()[0]) if out.exists() else None
+    if not out.exists():
+        tail = "\n".join(err.strip().splitlines()[-5:])
+        print(f"{program.name}: no step time reported{': ' + tail if tail else ''}", file=sys.stderr)
+        return None
+    return float(out.read_text().split()[0])
 
 
 def main() -> None:
