@@ -153,7 +153,8 @@ HELD_OUT = ((3, "third", "captures of public training code"),
             (47, "forty-seventh", "twelve more programs, before this stop's last rule"),
             (48, "forty-eighth", "twelve more programs, on this stop's final code"),
             (49, "forty-ninth", "twelve more programs, on the previous stop's final code"),
-            (50, "fiftieth", "twelve more programs, after FSDP's replication was measured"))
+            (50, "fiftieth", "twelve more programs, after FSDP's replication was measured"),
+            (51, "fifty-first", "twelve more programs, on this stop's final code after its CI"))
 #: the first set read by a third expert reconciling the two readings
 FIRST_CONSENSUS = 13
 
