@@ -304,6 +304,20 @@ def _fsdp_steps(b, state_bytes):
     return b
 
 
+def _fsdp_job(tmp_path, host_changes=None, state_bytes=2**20, memory=True):
+    """Both ranks of ``_fsdp_steps``'s job captured on one host of 2 CPUs and 16 GiB, 1 torch thread a rank (as
+    ``host_changes`` changes it), the CPU allocator's events left out where ``memory`` is False: its report's
+    ``exposed_comm`` findings."""
+    host = {"cpus": 2, "cpus_on_host": 2, "torch_threads": 1, "ranks_on_host": 2, "memory_bytes": 16 * 2**30,
+            **(host_changes or {})}
+    for rank in (0, 1):
+        b = _fsdp_steps(TraceBuilder(rank=rank, world_size=2), state_bytes)
+        if not memory:
+            b.events = [e for e in b.events if e.get("name") != "[memory]"]
+        _captured(tmp_path / "job", b, rank, host, 5_000_000)
+    return found(build_report(load_trace(tmp_path / "job")), "exposed_comm")
+
+
 @pytest.mark.parametrize("state_mib, priced", [(10, True), (3_000, False)])
 def test_fsdp_on_a_host_its_ranks_fill_is_priced_as_replicated_where_its_state_fits(tmp_path, state_mib, priced):
     """Six FSDP2 programs on 2 ranks of this 2-CPU host ran 31-42% faster as DDP (their FSDP spans held 25-39% of
@@ -312,12 +326,7 @@ def test_fsdp_on_a_host_its_ranks_fill_is_priced_as_replicated_where_its_state_f
     waits for the other nil. With 10 MiB of state (x 2 ranks: 0.24% of 8 GiB) replicating takes those 3 ms off a step:
     30%, an estimate, critical. With 3,000 MiB (73% of 8 GiB, over the quarter that leaves room) sharding may be what
     makes the state fit: overlap alone, worth nothing. Was: overlap alone, worth nothing, everywhere."""
-    host = {"cpus": 2, "cpus_on_host": 2, "torch_threads": 1, "ranks_on_host": 2, "memory_bytes": 16 * 2**30}
-    for rank in (0, 1):
-        _captured(tmp_path / "job", _fsdp_steps(TraceBuilder(rank=rank, world_size=2), state_mib * 2**20), rank, host,
-                  5_000_000)
-    rep = build_report(load_trace(tmp_path / "job"))
-    fs = found(rep, "exposed_comm")
+    fs = _fsdp_job(tmp_path, state_bytes=state_mib * 2**20)
     assert len(fs) == 2
     for f in fs:
         ev = f.evidence
@@ -341,13 +350,7 @@ def test_fsdp_on_a_host_its_ranks_fill_is_priced_as_replicated_where_its_state_f
 def test_fsdp_whose_memory_the_trace_does_not_record_is_not_priced_as_replicated(tmp_path):
     """The same job without the allocator's events (profile_memory off): whether its state fits unsharded is not known,
     so replicating is not priced (``null``), and the evidence says why."""
-    host = {"cpus": 2, "cpus_on_host": 2, "torch_threads": 1, "ranks_on_host": 2, "memory_bytes": 16 * 2**30}
-    for rank in (0, 1):
-        b = _fsdp_steps(TraceBuilder(rank=rank, world_size=2), 2**20)
-        b.events = [e for e in b.events if e.get("name") != "[memory]"]
-        _captured(tmp_path / "job", b, rank, host, 5_000_000)
-    rep = build_report(load_trace(tmp_path / "job"))
-    for f in found(rep, "exposed_comm"):
+    for f in _fsdp_job(tmp_path, memory=False):
         assert f.evidence["sharding_us"] == 12_000 and f.evidence["replicate_instead"] is None
         assert f.evidence["replicate_why"] == ("the trace records no CPU allocator total (profile_memory off, or "
                                                "totals not written): whether the state fits unsharded is not known")
@@ -357,11 +360,7 @@ def test_fsdp_whose_memory_the_trace_does_not_record_is_not_priced_as_replicated
 def test_fsdp_across_hosts_is_not_priced_as_replicated(tmp_path):
     """The same job with each rank on a host of its own (the launcher counted 1 rank per host): its collectives cross
     hosts, which replicating was not measured against - not priced, and said (``False``, not ``null``: known)."""
-    host = {"cpus": 2, "cpus_on_host": 2, "torch_threads": 1, "ranks_on_host": 1, "memory_bytes": 16 * 2**30}
-    for rank in (0, 1):
-        _captured(tmp_path / "job", _fsdp_steps(TraceBuilder(rank=rank, world_size=2), 2**20), rank, host, 5_000_000)
-    rep = build_report(load_trace(tmp_path / "job"))
-    fs = found(rep, "exposed_comm")
+    fs = _fsdp_job(tmp_path, {"ranks_on_host": 1})
     assert len(fs) == 2
     for f in fs:
         assert f.evidence["sharding_us"] == 12_000 and f.evidence["replicate_instead"] is False
@@ -374,11 +373,7 @@ def test_fsdp_on_a_host_its_ranks_leave_cores_free_is_not_priced_as_replicated(t
     """The same job on 16 CPUs, 1 torch thread a rank: 14 CPUs free while it computes, a host the measurement never
     saw - replicating is not priced (``False``, said) and the advice does not lead with it; overlap has room there
     and is priced as before (an upper bound). Was: replicating priced (critical) on any host holding every rank."""
-    host = {"cpus": 16, "cpus_on_host": 16, "torch_threads": 1, "ranks_on_host": 2, "memory_bytes": 16 * 2**30}
-    for rank in (0, 1):
-        _captured(tmp_path / "job", _fsdp_steps(TraceBuilder(rank=rank, world_size=2), 2**20), rank, host, 5_000_000)
-    rep = build_report(load_trace(tmp_path / "job"))
-    fs = found(rep, "exposed_comm")
+    fs = _fsdp_job(tmp_path, {"cpus": 16, "cpus_on_host": 16})
     assert len(fs) == 2
     for f in fs:
         assert f.evidence["replicate_instead"] is False

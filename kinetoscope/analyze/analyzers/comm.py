@@ -17,7 +17,7 @@ from kinetoscope.analyze.model.findings import Finding
 from kinetoscope.analyze.model.hostfacts import count, host_memory_share, world_size
 from kinetoscope.analyze.model.pipeline import pipeline_stage
 from kinetoscope.analyze.model.results import Comm, CommResult, OpTime
-from kinetoscope.analyze.model.timeline import main_thread, window
+from kinetoscope.analyze.model.timeline import category_mask, main_thread, window
 from kinetoscope.analyze.model.trace import RankTrace
 from kinetoscope.analyze.model.units import frac, us
 
@@ -66,11 +66,10 @@ def _sharding(trace: RankTrace, config: AnalysisConfig, w: Any) -> dict[str, Any
     thread; ``replicate_instead`` None where a fact it rests on is not recorded (``replicate_why`` says which)."""
     ev = trace.events
     tid = main_thread(trace)
-    names = ev["name"].cat.categories if hasattr(ev["name"], "cat") else pd.Index(ev["name"].unique())
-    hit = names[pd.Index(names).astype(str).str.startswith(_FSDP2_PREFIXES)]
-    if tid is None or not len(hit):
+    if tid is None:
         return {}
-    mine = ev[(ev["name"].isin(hit) & (ev["tid"].astype(str) == tid)).to_numpy()]
+    fsdp = category_mask(ev, "name", lambda name: str(name).startswith(_FSDP2_PREFIXES))
+    mine = ev[fsdp & (ev["tid"].astype(str) == tid).to_numpy()] if fsdp.any() else ev.iloc[:0]
     if mine.empty:
         return {}
     spans = iv.clip(iv.union(mine["ts_ns"].to_numpy(), mine["end_ns"].to_numpy()), w.start_ns, w.end_ns)
@@ -134,11 +133,11 @@ def _exposed_finding(trace: RankTrace, config: AnalysisConfig, w: Any, exposed: 
     by_step = [(int(t0), int(x)) for t0, x in zip(starts, iv.overlap_each(starts, steps["end_ns"].to_numpy(), exposed),
                                                   strict=True)]
     parts = ", ".join(f"{op} {ns / w.dur_ns:.1%}" for op, ns in by_op.items() if ns)
-    advice = [_OVERLAP_ADVICE[op] for op in by_op if by_op[op] and op in _OVERLAP_ADVICE]
     sharding = _sharding(trace, config, w) if where == "host" else {}
     replicate = bool(sharding.get("replicate_instead"))
-    if sharding:  # FSDP's reduce-scatters run as gloo all-reduces: DDP's knobs are not its
-        advice = [_OVERLAP_ADVICE[op] for op in ("allgather", "reducescatter")]
+    # FSDP's reduce-scatters run as gloo all-reduces: DDP's knobs are not its
+    ops = ("allgather", "reducescatter") if sharding else [op for op in by_op if by_op[op]]
+    advice = [_OVERLAP_ADVICE[op] for op in ops if op in _OVERLAP_ADVICE]
     return Finding(
         id="exposed_comm",
         rank=trace.rank,

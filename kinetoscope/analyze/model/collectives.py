@@ -266,3 +266,28 @@ REPLICATE_ASSUMPTION = (
     "programs on 2 ranks of one 2-CPU host: their FSDP spans held 25-39% of the profiled windows and DDP ran 31-42% "
     "faster (an estimate, not a bound: DDP's all-reduce costs time FSDP's spans do not show, and FSDP's DTensor "
     "optimizer step and its threads' CPU, which DDP also removes, are not in them)")
+
+
+@dataclass(frozen=True)
+class CommFix:
+    """``exposed_comm``'s fix worth more, per step, in the unit its caller gave: overlap (an upper bound, at most the
+    cores' free share where known, ``limited_by`` saying so where that decides) or replicating (an estimate)."""
+
+    saving: float
+    method: str
+    bound: str | None
+    assumptions: tuple[str, ...]
+    limited_by: str | None
+
+
+def comm_fix(exposed: float, room: float | None, room_why: str | None, sharding: float | None, waits: float,
+             replicate_why: str) -> CommFix:
+    """The fix worth more of a rank's exposed collectives per step: overlapping ``exposed`` (at most ``room``, the
+    cores' free share, where known), or - where ``sharding``, FSDP's own time, is given - replicating, which saves that
+    time less the rank's ``waits`` for later ranks (DDP's all-reduce waits for them too)."""
+    overlap = min(exposed, room) if room is not None else exposed
+    limited = room_why if room is not None and room < exposed else None
+    replicate = max(sharding - waits, 0.0) if sharding is not None else None
+    if replicate is not None and replicate > overlap:
+        return CommFix(replicate, REPLICATE_METHOD, None, (REPLICATE_ASSUMPTION, replicate_why), None)
+    return CommFix(overlap, OVERLAP_METHOD, "upper", (OVERLAP_ASSUMPTION, *((limited,) if limited else ())), limited)

@@ -7,13 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from kinetoscope.analyze.model.collectives import (
-    OVERLAP_ASSUMPTION,
-    OVERLAP_METHOD,
-    REPLICATE_ASSUMPTION,
-    REPLICATE_METHOD,
-    sharding_said,
-)
+from kinetoscope.analyze.model.collectives import comm_fix, sharding_said
 from kinetoscope.analyze.model.config import AnalysisConfig
 from kinetoscope.analyze.model.estimate import Estimate
 from kinetoscope.analyze.model.findings import Finding
@@ -76,33 +70,26 @@ def without_waits(finding: Finding, wait_us: float, config: AnalysisConfig, shar
 
 def _replicate_or_overlap(estimate: Estimate, details: dict[str, Any], ev: dict[str, Any], keep: float,
                           wait_us: float) -> tuple[Estimate, dict[str, Any]]:
-    """An FSDP2 rank's two fixes once its waits for later ranks are known, the one worth more kept with its own method,
-    bound and assumptions: overlap (its exposure less the waits, at most the cores' free share where known: an upper
-    bound) or replicating (FSDP's own time per step less the waits, which DDP's all-reduce waits too: an estimate)."""
+    """An FSDP2 rank's two fixes chosen again (``comm_fix``) once its waits for later ranks are known: overlap keeps
+    ``keep`` of its exposure, replicating loses the waits; the one worth more comes with its own method, bound and
+    assumptions."""
     exposed = float(details["exposed_us_per_step"]) * keep
     room = details.get("cpu_room_us_per_step")
-    overlap = min(exposed, float(room)) if isinstance(room, (int, float)) else exposed
-    steps = int(ev.get("steps") or 0) or 1
-    replicate = max(float(details["sharding_us_per_step"]) - wait_us / steps, 0.0)
-    details.update(exposed_us_per_step=round(exposed, 3), replicate_us_per_step=round(replicate, 3))
-    why = details.get("overlap_limited_by")
-    if replicate > overlap:
-        details.pop("limited_by", None)
-        chosen = replace(estimate, method=REPLICATE_METHOD, bound=None,
-                         assumptions=(REPLICATE_ASSUMPTION, str(ev.get("replicate_why"))))
-        note = (f"its {wait_us / 1000:,.2f} ms of waiting for other ranks in the window would stay, replicated: DDP's "
-                "all-reduce waits for late ranks as FSDP's collectives do")
-        return replace(_with_saving(chosen, replicate, note), details=details), details
-    limited = isinstance(room, (int, float)) and exposed > float(room) and why is not None
-    if limited:
-        details["limited_by"] = why
+    waits = wait_us / (int(ev.get("steps") or 0) or 1)
+    sharding = float(details["sharding_us_per_step"])
+    fix = comm_fix(exposed, float(room) if isinstance(room, (int, float)) else None, details.get("overlap_limited_by"),
+                   sharding, waits, str(ev.get("replicate_why")))
+    details.update(exposed_us_per_step=round(exposed, 3), replicate_us_per_step=round(max(sharding - waits, 0.0), 3))
+    if fix.limited_by is not None:
+        details["limited_by"] = fix.limited_by
     else:
         details.pop("limited_by", None)
-    chosen = replace(estimate, method=OVERLAP_METHOD, bound="upper",
-                     assumptions=(OVERLAP_ASSUMPTION, *((str(why),) if limited else ())))
-    note = (f"its {wait_us / 1000:,.2f} ms of waiting for other ranks in the window is not exposure overlap can hide "
+    note = (f"its {wait_us / 1000:,.2f} ms of waiting for other ranks in the window would stay, replicated: DDP's "
+            "all-reduce waits for late ranks as FSDP's collectives do" if fix.bound is None else
+            f"its {wait_us / 1000:,.2f} ms of waiting for other ranks in the window is not exposure overlap can hide "
             "(it is the late ranks' cost)")
-    return replace(_with_saving(chosen, overlap, note), details=details), details
+    chosen = replace(estimate, method=fix.method, bound=fix.bound, assumptions=fix.assumptions)
+    return replace(_with_saving(chosen, fix.saving, note), details=details), details
 
 
 def runqueue_less_waits(finding: Finding, wait_us: float, shared_us: float = 0.0) -> Finding:

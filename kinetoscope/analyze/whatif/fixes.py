@@ -14,12 +14,7 @@ import numpy as np
 import pandas as pd
 
 from kinetoscope.analyze.model import intervals as iv
-from kinetoscope.analyze.model.collectives import (
-    OVERLAP_ASSUMPTION,
-    OVERLAP_METHOD,
-    REPLICATE_ASSUMPTION,
-    REPLICATE_METHOD,
-)
+from kinetoscope.analyze.model.collectives import comm_fix
 from kinetoscope.analyze.model.commroles import collective_roles
 from kinetoscope.analyze.model.findings import Finding
 from kinetoscope.analyze.model.hostfacts import count, no_core_for_a_worker, ranks_sharing, world_size
@@ -619,41 +614,32 @@ def _plan_exposed_comm(trace: RankTrace, g: ReplayGraph, finding: Finding, p: di
     if exposed is None:
         return None
     per_step_ns = float(exposed) * 1000 / max(g.steps, 1)
-    overlap_ns = per_step_ns
-    assumptions = [OVERLAP_ASSUMPTION]
     details: dict[str, Any] = {}
     room = cpu_room(trace)
-    if room is not None and g.steps:
-        # a CPU run (gloo): overlap cannot give more than the CPUs have free (was: the whole exposure, so a rank busy
-        # on its CPU 95% of its step was told overlap would take 7% of its window off)
-        cap_ns = room[0] * float((g.step_end - g.step_start).mean())
+    # a CPU run (gloo): overlap cannot give more than the CPUs have free (was: the whole exposure, so a rank busy on its
+    # CPU 95% of its step was told overlap would take 7% of its window off)
+    cap_ns = room[0] * float((g.step_end - g.step_start).mean()) if room is not None and g.steps else None
+    if cap_ns is not None:
         details = {"exposed_us_per_step": round(per_step_ns / 1000, 3), "cpu_room_us_per_step": round(cap_ns / 1000, 3)}
-        if cap_ns < per_step_ns:
-            overlap_ns = cap_ns
-            assumptions.append(room[1])
-            details["limited_by"] = room[1]
-    saving_ns, method = overlap_ns, OVERLAP_METHOD
-    bound: str | None = "upper"
-    sharding = ev.get("sharding_us")
-    if ev.get("replicate_instead") and sharding and g.steps:
-        # FSDP on a host its ranks fill, whose state fits each rank many times over: replicating (DDP) takes FSDP's own
-        # time on the training thread away (its all-gathers, reduce-scatters, hooks and copies) for one bucketed
-        # all-reduce; the rank's waits for later ranks (where the job's matching has told them) stay (was: overlap
-        # only, worth nothing with no core free; six FSDP2 programs on 2 ranks of one 2-CPU host ran 31-42% faster
-        # as DDP, where FSDP's own spans held 25-39% of their profiled windows)
-        sharding_ns = float(sharding) * 1000 / g.steps
-        waits_ns = float(ev.get("waiting_for_other_ranks_us") or 0.0) * 1000 / g.steps
-        replicate_ns = max(sharding_ns - waits_ns, 0.0)
+    # FSDP on a host its ranks fill, whose state fits each rank many times over: replicating (DDP) takes FSDP's own
+    # time on the training thread away (its all-gathers, reduce-scatters, hooks and copies) for one bucketed
+    # all-reduce; the rank's waits for later ranks (where the job's matching has told them) stay (was: overlap only,
+    # worth nothing with no core free; six FSDP2 programs on 2 ranks of one 2-CPU host ran 31-42% faster as DDP,
+    # where FSDP's own spans held 25-39% of their profiled windows)
+    sharding = ev.get("sharding_us") if ev.get("replicate_instead") and g.steps else None
+    sharding_ns = float(sharding) * 1000 / g.steps if sharding else None
+    waits_ns = float(ev.get("waiting_for_other_ranks_us") or 0.0) * 1000 / max(g.steps, 1)
+    fix = comm_fix(per_step_ns, cap_ns, room[1] if room is not None else None, sharding_ns, waits_ns,
+                   str(ev.get("replicate_why")))
+    if sharding_ns is not None:
         details.setdefault("exposed_us_per_step", round(per_step_ns / 1000, 3))
-        details.update(sharding_us_per_step=round(sharding_ns / 1000, 3), replicate_us_per_step=round(replicate_ns /
-                                                                                                       1000, 3))
-        if "limited_by" in details:
-            details["overlap_limited_by"] = details["limited_by"]
-        if replicate_ns > overlap_ns:
-            saving_ns, method, bound = replicate_ns, REPLICATE_METHOD, None
-            assumptions = [REPLICATE_ASSUMPTION, str(ev.get("replicate_why"))]
-            details.pop("limited_by", None)
-    plan = plan_from_measure("comm", saving_ns, method, tuple(assumptions), bound=bound)
+        details.update(sharding_us_per_step=round(sharding_ns / 1000, 3),
+                       replicate_us_per_step=round(max(sharding_ns - waits_ns, 0.0) / 1000, 3))
+        if room is not None and cap_ns is not None and cap_ns < per_step_ns:
+            details["overlap_limited_by"] = room[1]  # the report chooses again once the job's waits are known
+    if fix.limited_by is not None:
+        details["limited_by"] = fix.limited_by
+    plan = plan_from_measure("comm", fix.saving, fix.method, fix.assumptions, bound=fix.bound)
     if details:
         plan = replace(plan, extra=details)
     # the saving lies in the steps that hold the exposure (an epoch's end with a test pass's collectives)
