@@ -124,3 +124,5 @@ class ManifestFacts(msgspec.Struct):
     dataloader: dict[str, Any] | None = None  # scalars, and the hand-over probe's object: checked by the reader
     loop: Any = None  # the loop marks' run totals (manifest_version 2): checked by the reader
     world_size: Any = None  # the job's ranks, as the launcher said: checked by the reader
+    steps_run: Any = None  # the steps the capture timed (``steps.json``'s length): checked by the reader
+    ended_by: Any = None  # what ended the process early (an exception's name, a signal); null: the run ended

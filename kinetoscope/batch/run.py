@@ -199,9 +199,15 @@ def run_batch(
 def _judged(finding: Finding, summaries: list[RankSummary], config: AnalysisConfig) -> Finding:
     """The job-level finding judged by the one severity policy, as ``analyze`` judges it, from what the stored
     summaries hold: the others' wait for the straggler per step against its rank's mean step (was: stored with the
-    finding's default, info, whatever it was worth). The run's step timings are not in the summaries: the window's
-    mean step stands for the run, and the title says nothing more than analyze's."""
+    finding's default, info, whatever it was worth). A straggler by the run's step counts is worth its cost over the
+    run the summaries' step timings hold; for one by its arrivals the window's mean step stands for the run, and the
+    title says nothing more than analyze's."""
     mine = next((s for s in summaries if s.rank == finding.rank), None)
+    if finding.run_cost_us is not None and mine is not None and mine.run_step_us:
+        # a straggler by the run's step counts: worth what the run timed, as analyze judges it
+        walls = [w for w in mine.run_step_us if w is not None]
+        return judge(finding, RunTime(mean_step_us=mine.mean_step_us, run_steps=len(walls),
+                                      run_wall_us=float(sum(walls)), window_us=mine.window_us), config)
     saving = straggler_saving_us(finding.evidence)
     if mine is None or not mine.mean_step_us or saving is None:
         return judge(finding, RunTime(mean_step_us=None, run_steps=None, run_wall_us=None,

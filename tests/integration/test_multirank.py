@@ -211,6 +211,24 @@ def test_fsdp2_on_a_host_its_ranks_fill_is_priced_as_replicated_on_a_real_captur
         assert "bucket_cap_mb" not in f.recommendation  # its reduce-scatters run as gloo all-reduces: no DDP knobs
 
 
+def test_a_rank_with_more_steps_over_uneven_shards_is_the_straggler_on_a_real_capture():
+    """A real DDP job under Join over uneven shards (the fifty-first held-out set, bundled): rank 0 ran 40 steps, rank
+    1 52. Computed apart from the tool from rank-1.steps.json: its steps 40-51 took 82,635.68 us; its ordinary steps
+    (not step 0, not the capture's steps 25-27) have a median of 7,845.8115 us; equal shards (46 each) leave it 6 of
+    them: 82,635.68 - 6 x 7,845.8115 = 35,560.811 us saved of its 397,241.132 us run (the capture's steps left out):
+    8.95%, a warning. Its consensus read a warning at 7.8% (ordinary steps by their mean). Was: no straggler - the
+    window's arrivals are lateness that moves."""
+    rep = build_report(load_trace(ROOT / "sample_traces" / "heldout51" / "ddp_uneven_shards_mlp_2rank"))
+    (f,) = [f for f in rep.findings if f.id == "straggler"]
+    ev = f.evidence
+    assert f.rank == 1 and ev["cause"] == "uneven_steps" and ev["steps_by_rank"] == {"0": 40, "1": 52}
+    assert ev["extra_steps_us"] == pytest.approx(82_635.68, abs=0.001)
+    assert ev["usual_step_us"] == pytest.approx(7_845.8115, abs=0.001)
+    assert ev["saving_us"] == pytest.approx(35_560.811, abs=0.002)
+    assert ev["run_us"] == pytest.approx(397_241.132, abs=0.001)
+    assert f.worth.fraction == pytest.approx(35_560.811 / 397_241.132, abs=1e-6) and f.severity == "warning"
+
+
 def test_whatif_prices_replicating_fsdp2_as_the_report_does(tmp_path):
     """``kinetoscope whatif --fix exposed_comm`` on the same capture: each rank's fix together is the report's fix
     alone (FSDP's own time less the rank's waits for the other). Was: together 36.70 ms a step on rank 0 (the waits

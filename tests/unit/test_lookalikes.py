@@ -1483,6 +1483,82 @@ def test_batch_prices_a_straggler_by_the_runs_unprofiled_steps_as_analyze_does(t
     assert straggler_saving_us(f.evidence) == 0
 
 
+def uneven_shards_job(path, *, steps=(40, 52), ended_by=(None, None), with_run=True):
+    """Two CPU ranks under DDP's Join over uneven shards: each computes 5 ms and all-reduces in the 6 profiled steps
+    (steps 20-25), arriving together. The capture timed every step of each run: a 30 ms first step, 10 ms steps, and -
+    past rank 0's 40 - rank 1's last 12 at 7 ms (alone, its partner shadowing its collectives untimed). Each manifest
+    says how many steps the capture timed and what ended the run early (``ended_by``; none without ``with_run``)."""
+    import json
+
+    window = 6
+    for rank in (0, 1):
+        b = TraceBuilder(rank=rank, world_size=2)
+        for s in range(window):
+            t = s * 10_000
+            b.step(20 + s, t, 10_000).op("aten::linear", t + 100, 5_000)
+            b.op("gloo:all_reduce", t + 5_200, 3_000, cat="user_annotation", tid=300)
+        b.write(path / f"rank-{rank}.step-20-25.pt.trace.json")
+        n = steps[rank]
+        walls = [30_000_000] + [10_000_000] * (min(n, 40) - 1) + [7_000_000] * (n - 40)
+        manifest = {"manifest_version": 2, "rank": rank}
+        if with_run:
+            manifest |= {"steps_run": n, "ended_by": ended_by[rank]}
+        (path / f"rank-{rank}.manifest.json").write_text(json.dumps(manifest))
+        (path / f"rank-{rank}.steps.json").write_text(json.dumps({
+            "rank": rank, "unit": "ns", "step_wall_ns": walls, "data_wait_ns": [0] * n,
+            "profiled": [20 <= k < 26 for k in range(n)]}))
+
+
+def test_a_rank_whose_run_has_more_steps_holds_the_job(tmp_path):
+    """Was: a DDP job over uneven shards (rank 0 40 batches, rank 1 52) under Join had no straggler - the window's
+    steps are alike on both ranks, and only rank 1's steps.json times the 12 steps it ran alone (the fifty-first set's
+    ddp_uneven_shards_mlp_2rank; its consensus: a warning, about 7.8% of the run). Here rank 1's last 12 steps take
+    84 ms; equal shards give each rank 46 steps, so rank 1 would still run 6 of them at its ordinary 10 ms: 24 ms
+    saved of its 504 ms run (30 + 39 x 10 + 84), 4.76%: a warning."""
+    uneven_shards_job(tmp_path)
+    (f,) = found(load_dir(tmp_path), "straggler")
+    assert f.rank == 1 and f.evidence["cause"] == "uneven_steps"
+    assert f.evidence["steps_by_rank"] == {"0": 40, "1": 52}
+    assert f.evidence["extra_steps"] == 12 and f.evidence["extra_steps_us"] == 84_000
+    assert f.evidence["usual_step_us"] == 10_000 and f.evidence["even_steps"] == 46
+    assert f.evidence["saving_us"] == 24_000 and f.evidence["run_us"] == 504_000
+    assert f.worth.fraction == pytest.approx(24 / 504) and f.worth.basis == "estimate" and f.worth.scope == "run"
+    assert f.severity == "warning"
+    assert f.title == ("Rank 1 is the straggler: its run has 12 more steps than the shortest of the other ranks' (52 "
+                       "against rank 0: 40); its last 12 took 84.0 ms (17% of its run) while the others had ended "
+                       "their loops")
+    assert "DistributedSampler" in f.recommendation
+
+
+@pytest.mark.parametrize(("steps", "ended_by", "with_run"),
+                         [((40, 41), (None, None), True),  # one step more: a last partial batch
+                          ((40, 52), ("RuntimeError", None), True),  # rank 0's run ended by an exception
+                          ((40, 52), (None, None), False)])  # a manifest that does not say how the run ended
+def test_step_counts_that_do_not_show_uneven_shards_make_no_straggler(tmp_path, steps, ended_by, with_run):
+    """Ranks whose counts differ by one step, a rank whose run an exception ended, or manifests that do not say how
+    the runs ended: no straggler by the step counts (the window's arrivals are even)."""
+    uneven_shards_job(tmp_path, steps=steps, ended_by=ended_by, with_run=with_run)
+    assert not found(load_dir(tmp_path), "straggler")
+
+
+def test_batch_prices_a_straggler_by_step_counts_as_analyze_does(tmp_path):
+    """The job's summaries stored and read back, as ``batch`` does: the same rank, worth and severity as analyze."""
+    import json
+
+    from kinetoscope.analyze.analyzers.straggler import job_analysis, rank_summary
+    from kinetoscope.analyze.model.config import AnalysisConfig
+    from kinetoscope.analyze.model.distributed import RankSummary
+    from kinetoscope.batch.run import _judged
+
+    uneven_shards_job(tmp_path)
+    trace = load_trace(tmp_path)
+    stored = [RankSummary.from_dict(json.loads(json.dumps(rank_summary(r).to_dict()))) for r in trace.ranks]
+    _, _, f = job_analysis(stored, AnalysisConfig())
+    assert f is not None
+    judged = _judged(f, stored, AnalysisConfig())
+    assert judged.rank == 1 and judged.worth.fraction == pytest.approx(24 / 504) and judged.severity == "warning"
+
+
 def rank0_validates_job(folder):
     """Two CPU ranks on gloo, 8 steps, two gradient buckets in flight together in each step. Rank 0 computes 6 ms to
     rank 1's 5 (it arrives 1 ms later every step) and in step 3 runs a 99.95 ms validation first (marked by the

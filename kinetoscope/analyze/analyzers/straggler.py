@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -110,6 +110,7 @@ def rank_summary(r: RankTrace) -> RankSummary:
         exposed_start_ns=[int(v) for v in exposed[0]] if exposed is not None else None,
         exposed_end_ns=[int(v) for v in exposed[1]] if exposed is not None else None,
         step_cpu_us=_cpu_per_step(r),
+        **_run_walls(r),
     )
 
 
@@ -117,19 +118,46 @@ def rank_summary(r: RankTrace) -> RankSummary:
 _MIN_CPU_STEPS = 3
 
 
-def _cpu_per_step(r: RankTrace) -> dict[str, dict[str, float]]:
-    """CPU time per step (us) by measure - the training thread's ("thread"), the process's ("process") - as its median
-    over the run's profiled steps and over its ordinary unprofiled ones, with how many of those, from the capture's
-    step timings (``RankSummary.step_cpu_us``). Ordinary: not the run's first step (start-up), no trace writing,
-    validation, compile or checkpoint in it - work the profiled steps may not share. Medians: a step of work of its
-    own (a save only one rank makes, unmarked) is not the rank's usual step."""
-    rs = r.run_steps
-    if rs is None or rs.empty:
-        return {}
+def _usual(rs: pd.DataFrame) -> np.ndarray:
+    """Which of the run's timed steps are ordinary: not the run's first (start-up), no trace writing, validation,
+    compile or checkpoint in it - work other steps may not share."""
     usual = rs["step"].to_numpy() > 0
     for other in ("capture_busy_ns", "validation_ns", "compile_ns", "checkpoint_ns"):
         if other in rs:
             usual &= ~(np.nan_to_num(rs[other].to_numpy(float)) > 0)
+    return usual
+
+
+def _run_walls(r: RankTrace) -> dict[str, Any]:
+    """Every step of the run the capture timed, by step number (wall us; None where left out of the run's measures),
+    and the median of its ordinary steps (``RankSummary.run_step_us``, ``run_usual_step_us``): only where the capture
+    says the run ended as written (no exception or signal ended it) and counts the steps it timed."""
+    rs = r.run_steps
+    run = (r.meta.capture or {}).get("run") or {}
+    n = run.get("steps_run")
+    if rs is None or rs.empty or not isinstance(n, int) or run.get("ended_by") is not None:
+        return {}
+    steps = rs["step"].to_numpy(np.int64)
+    if steps.min() < 0 or steps.max() >= n:  # the manifest does not count the steps timed: not read
+        return {}
+    walls: list[float | None] = [None] * n
+    for k, wall in zip(steps.tolist(), (rs["wall_ns"].to_numpy(float) / 1000.0).tolist(), strict=True):
+        walls[k] = round(wall, 3)
+    usual = _usual(rs)
+    return {"run_step_us": walls,
+            "run_usual_step_us": float(np.median(rs["wall_ns"].to_numpy(float)[usual])) / 1000.0 if usual.any()
+            else None}
+
+
+def _cpu_per_step(r: RankTrace) -> dict[str, dict[str, float]]:
+    """CPU time per step (us) by measure - the training thread's ("thread"), the process's ("process") - as its median
+    over the run's profiled steps and over its ordinary unprofiled ones (``_usual``), with how many of those, from the
+    capture's step timings (``RankSummary.step_cpu_us``). Medians: a step of work of its own (a save only one rank
+    makes, unmarked) is not the rank's usual step."""
+    rs = r.run_steps
+    if rs is None or rs.empty:
+        return {}
+    usual = _usual(rs)
     profiled = rs["profiled"].to_numpy(bool)
     out: dict[str, dict[str, float]] = {}
     for measure, col in (("thread", "oncpu_ns"), ("process", "cpu_ns")):
@@ -541,10 +569,81 @@ def _cause(slow: RankSummary, others: list[RankSummary], lateness_us: float,
     return best, best_excess
 
 
+def uneven_steps_finding(summaries: list[RankSummary], config: AnalysisConfig) -> Finding | None:
+    """The rank whose run holds more steps than the others' - uneven shards under ``Join``, or any loop that gives
+    one rank more batches - from every rank's step timings over the run: the job lasts as long as that rank's loop,
+    while the others shadow its extra steps' collectives (or wait at the end) untimed. Worth, over its run: its steps
+    past the fewest any rank ran, less the steps equal shards would still give it at its ordinary step (the ranks'
+    total split evenly). None where a rank's run is not known to have ended as written, the counts differ by fewer
+    than ``uneven_steps_min_extra``, or equal shards would not shorten it."""
+    if len(summaries) < 2 or any(s.run_step_us is None or s.run_usual_step_us is None for s in summaries):
+        return None
+    counts = {s.rank: len(s.run_step_us or ()) for s in summaries}
+    fewest, most = min(counts.values()), max(counts.values())
+    if most - fewest < config.uneven_steps_min_extra:
+        return None
+    # the rank with the most steps, the longest tail among those that tie
+    slow = max((s for s in summaries if counts[s.rank] == most),
+               key=lambda s: sum(w if w is not None else float(s.run_usual_step_us or 0) for w in
+                                 (s.run_step_us or [])[fewest:]))
+    usual = float(slow.run_usual_step_us or 0.0)
+    walls = slow.run_step_us or []
+    tail_us = sum(w if w is not None else usual for w in walls[fewest:])
+    even = sum(counts.values()) / len(counts)
+    cost_us = tail_us - (even - fewest) * usual
+    if cost_us <= 0:
+        return None
+    run_us = sum(w for w in walls if w is not None)
+    extra = most - fewest
+    others = ", ".join(f"rank {r}: {n}" for r, n in sorted(counts.items()) if r != slow.rank)
+    return Finding(
+        id="straggler",
+        rank=int(slow.rank),
+        title=(f"Rank {slow.rank} is the straggler: its run has {extra} more steps than the shortest of the other "
+               f"ranks' ({most} against {others}); its last {extra} took {tail_us / 1000:.1f} ms "
+               f"({tail_us / run_us:.0%} of its run) while the others had ended their loops"
+               if run_us > 0 else f"Rank {slow.rank} is the straggler: its run has {extra} more steps"),
+        evidence={
+            "rank": int(slow.rank),
+            "cause": "uneven_steps",
+            "steps_by_rank": {str(r): n for r, n in sorted(counts.items())},
+            "extra_steps": extra,
+            "extra_steps_us": round(tail_us, 3),
+            "usual_step_us": round(usual, 3),
+            "even_steps": round(even, 3),
+            "saving_us": round(cost_us, 3),
+            "run_us": round(run_us, 3),
+            "others_wait_us_per_step": None,
+            "cause_excess_us_per_step": None,
+        },
+        recommendation=(f"Give every rank the same number of batches: rank {slow.rank}'s data holds more than the "
+                        "others', so the job runs on after their loops end (under DDP's Join the others shadow its "
+                        "collectives). Shard with a DistributedSampler over the whole dataset (it pads the shards "
+                        "to one length), or cut each rank's shard to the shortest (drop_last); the estimate spreads "
+                        f"the ranks' {sum(counts.values())} steps evenly, {even:g} each, at rank {slow.rank}'s "
+                        f"ordinary step ({usual / 1000:.2f} ms)."),
+        run_cost_us=cost_us,
+    )
+
+
+def _with_uneven(found: Finding | None, uneven: Finding | None) -> Finding | None:
+    """The job's straggler: the one its collectives name where it is claimed; else a rank whose run has more steps
+    than the others', with what the collectives said of the window kept in its evidence."""
+    if uneven is None:
+        return found
+    if found is not None and found.ceiling != "info":
+        return replace(found, evidence={**found.evidence, "uneven_steps": {
+            k: uneven.evidence[k] for k in ("steps_by_rank", "extra_steps", "extra_steps_us", "saving_us")}})
+    if found is None:
+        return uneven
+    return replace(uneven, evidence={**uneven.evidence, "window_lateness": found.title})
+
+
 def job_analysis(
     summaries: list[RankSummary], config: AnalysisConfig
 ) -> tuple[Collectives, pd.DataFrame, Finding | None]:
-    """The job-level result from per-rank summaries: metrics, the matched collectives, the straggler."""
+    """The job-level result from per-rank summaries: metrics, the matched collectives, the straggler (by the
+    collectives' arrivals, else by the run's step counts)."""
     m = match(summaries)
     a = arrivals(summaries, m)
     metrics = job_metrics(summaries, m, a)
@@ -553,7 +652,8 @@ def job_analysis(
         "waited_for_rank": pd.array([a.ranks[i] if i >= 0 else None for i in a.last], dtype="Int64"),
         "max_wait_us": np.nanmax(a.wait_ns, axis=1) / 1000.0 if len(a.wait_ns) else np.zeros(0),
     })
-    return metrics, table, straggler_finding(summaries, m, a, config)
+    return metrics, table, _with_uneven(straggler_finding(summaries, m, a, config),
+                                        uneven_steps_finding(summaries, config))
 
 
 @register("collectives", "Collectives across ranks", scope="job", per_rank=rank_summary, reduce=job_analysis)

@@ -26,7 +26,9 @@ from kinetoscope.sources import version_of
 TABLES = ("events", "memory", "counters", "flows", "instants", "steps", "run_steps", "comm_args", "marks", "shapes",
           "graph_captures", "launch_kernels")
 #: the tables' layout: part of the key, so a cache written by an older layout is a miss, never misread
-FORMAT = 8  # 8: marks.evaluation; 7: run_steps without the capture's own steps, capture_busy_ns
+#: 9: the capture facts' run (steps_run, ended_by); 8: marks.evaluation; 7: run_steps without the capture's own steps,
+#: capture_busy_ns
+FORMAT = 9
 
 
 def key_for(path: TraceFile, default_rank: int) -> str:

@@ -303,7 +303,17 @@ def _capture_facts(manifest_bytes: bytes | None) -> dict[str, Any]:
     host = {k: v for k, v in (facts.host or {}).items()
             if v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))}
     return {k: v for k, v in (("host", host), ("dataloader", _dataloader_facts(facts.dataloader)),
-                              ("loop", _loop_facts(facts.loop)), ("world_size", count(facts.world_size))) if v}
+                              ("loop", _loop_facts(facts.loop)), ("world_size", count(facts.world_size)),
+                              ("run", _run_facts(facts))) if v}
+
+
+def _run_facts(facts: ManifestFacts) -> dict[str, Any] | None:
+    """How the run ended, as the capture wrote it when the process stopped: the steps it timed, and what ended it
+    early (an exception's name, a signal; None where the run ended); None where the manifest does not say."""
+    steps = facts.steps_run
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
+        return None
+    return {"steps_run": steps, "ended_by": facts.ended_by if isinstance(facts.ended_by, str) else None}
 
 
 #: the hand-over probe's numbers (capture/handover.py): kept when each is a non-negative int or null

@@ -144,6 +144,10 @@ class AnalysisConfig:
     #: 10% likely by chance: lateness that moves, not a straggler; 7 of 8 is 3.5%, 18 of 20 0.02%). The usual 5%:
     #: 1% left a real straggler of a short window (7 of 8 collectives, two readers: warning) unclaimed.
     straggler_chance_max: float = 0.05
+    #: Straggler by data: a rank whose run holds at least this many more steps than another's (uneven shards under
+    #: DDP's Join: a 2-rank job with 40 and 52 batches ran rank 1's last 12 alone, 20% of its run; two readers and
+    #: their consensus: a warning); one step more (a last partial batch) is left to the collectives' reading.
+    uneven_steps_min_extra: int = 2
 
     def __post_init__(self) -> None:
         for f in fields(self):

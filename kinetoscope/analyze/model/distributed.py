@@ -83,6 +83,13 @@ class RankSummary:
     #: ("unprofiled_us": no trace writing, validation, compile or checkpoint; not the first), and how many of those
     #: ("unprofiled_steps"); a measure is absent where fewer than 3 steps of either kind timed it
     step_cpu_us: dict[str, dict[str, float]] = field(default_factory=dict)
+    #: every step of the run the capture timed (``steps.json``), by step number from 0: its wall time (us), None for
+    #: a step left out of the run's measures (the capture's own trace writing); None where the run did not end as it
+    #: was written (a crash, a signal, a manifest that does not count the steps timed) or no steps were timed
+    run_step_us: list[float | None] | None = None
+    #: the median wall time of the run's ordinary steps (not the first; no trace writing, validation, compile or
+    #: checkpoint), us; None with ``run_step_us``
+    run_usual_step_us: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)

@@ -685,6 +685,8 @@ def _plan_recompile(trace: RankTrace, g: ReplayGraph, finding: Finding, p: dict[
 
 def _plan_straggler(trace: RankTrace, g: ReplayGraph, finding: Finding, p: dict[str, Any]) -> Plan | None:
     ev = finding.evidence
+    if ev.get("cause") == "uneven_steps":  # its extra steps run after the window's: worth what the run timed
+        return None
     excess = ev.get("cause_excess_us_per_step")
     known = ev.get("cause") != "unknown" and excess is not None
     n = straggler_shards(ev)
