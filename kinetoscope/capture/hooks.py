@@ -5,7 +5,10 @@ releases them, and the last release puts every patched function back (or, where 
 our wrapper in place as a plain pass-through). What is patched: ``_BaseDataLoaderIter.__next__`` (the wait, timed)
 and ``DataLoader.__iter__`` (which loader an iterator belongs to), ``_MultiProcessingDataLoaderIter.__init__`` and
 ``_shutdown_workers`` (starting and stopping a loader's worker processes, timed), ``torch.nn.Module.train`` (the
-outermost call only: ``train()`` recurses into the children), ``torch.autograd.backward`` (outermost calls: a
+outermost call only: ``train()`` recurses into the children), ``torch.no_grad`` and ``torch.inference_mode``'s
+``__enter__``/``__exit__`` (a thread's outermost grad-off stretch: while it lasts, a global module forward pre-hook
+counts the calls of the first module it sees whose parameters an optimizer that has stepped holds, and is removed at
+the second), ``torch.autograd.backward`` (outermost calls: a
 reentrant checkpoint's inner backward is part of its outer one), the global optimizer step hooks, dynamo's compile
 start/end callbacks (registered once torch._dynamo is imported: ``torch.compile`` is wrapped to do it, as importing
 dynamo up front costs ~1.5 s), ``torch.save`` and, once imported,
@@ -96,6 +99,9 @@ class _Hooks:
         #: root modules put in eval mode by an outermost .eval()/.train(False), until seen training again: a trainer
         #: may restore training mode by setting ``module.training`` itself (Lightning does), with no call to see
         self.in_eval: dict[int, weakref.ref[Any]] = {}
+        #: the ids of the parameters the optimizers seen stepping hold (a grad-off forward of one of their modules is
+        #: the trained model's), rebuilt when an optimizer is first seen
+        self.optimized: frozenset[int] = frozenset()
 
     def recording(self) -> bool:
         """Whether the patches record now: installed, and this thread not in a ``quiet()`` stretch (a probe's)."""
@@ -141,6 +147,12 @@ class _Hooks:
                     self.recordable.add(kind)
             except Exception as exc:  # noqa: BLE001 - a torch without this hook: that kind is not recorded
                 warn_once(f"loop hook {kind}", f"cannot record {kind} marks ({type(exc).__name__}: {exc})")
+        if "validation" in self.recordable:
+            try:
+                self._patch_grad_off(torch)
+            except Exception as exc:  # noqa: BLE001 - eval-mode stretches are still recorded
+                warn_once("loop hook grad off", "cannot record grad-off evaluations (no_grad, inference_mode) "
+                          f"({type(exc).__name__}: {exc})")
         try:
             self._patch_process_start()
             self.recordable.add(CHILD_PROCESS)
@@ -428,6 +440,92 @@ class _Hooks:
                 for r in self.recorders:
                     r.pending.append(event)
 
+    # --- grad-off stretches -----------------------------------------------------------------------
+    def _patch_grad_off(self, torch: Any) -> None:
+        from torch.autograd import grad_mode
+
+        for cls in (grad_mode.no_grad, grad_mode.inference_mode):
+            self._patch(cls, "__enter__", self._make_enter)
+            self._patch(cls, "__exit__", self._make_exit)
+
+    def _make_enter(self, original: Any) -> Any:
+        hooks = self
+
+        @functools.wraps(original)
+        def __enter__(self: Any) -> Any:
+            out = original(self)
+            local = hooks.local
+            depth: int = getattr(local, "grad_off_depth", 0)
+            local.grad_off_depth = depth + 1
+            if depth == 0 and hooks.live and not hooks.in_optimizer_step and not hooks.in_backward \
+                    and not getattr(local, "quiet", False):
+                hooks.grad_off_began()
+            return out
+
+        return __enter__
+
+    def _make_exit(self, original: Any) -> Any:
+        hooks = self
+
+        @functools.wraps(original)
+        def __exit__(self: Any, *exc: Any) -> Any:
+            local = hooks.local
+            depth: int = getattr(local, "grad_off_depth", 0)
+            if depth > 0:
+                local.grad_off_depth = depth - 1
+                if depth == 1:
+                    hooks.grad_off_ended()
+            return original(self, *exc)
+
+        return __exit__
+
+    def grad_off_began(self) -> None:
+        """A thread's outermost grad-off stretch begins: count the forward calls of the first module run in it whose
+        parameters an optimizer holds (the trained model's), with a global forward pre-hook removed at the second."""
+        try:
+            from torch.nn.modules.module import register_module_forward_pre_hook
+
+            tid = threading.get_native_id()
+            stretch: dict[str, Any] = {"t0": time.time_ns(), "tid": tid, "root": None, "calls": 0, "handle": None}
+            optimized = self.optimized
+
+            def pre(module: Any, args: Any) -> None:
+                if threading.get_native_id() != tid:
+                    return
+                if stretch["root"] is None:
+                    first = next(module.parameters(), None)
+                    if first is None or id(first) not in optimized:
+                        return
+                    stretch["root"] = module
+                elif module is not stretch["root"]:
+                    return
+                stretch["calls"] += 1
+                if stretch["calls"] >= 2 and stretch["handle"] is not None:
+                    stretch["handle"].remove()
+                    stretch["handle"] = None
+
+            stretch["handle"] = register_module_forward_pre_hook(pre) if optimized else None
+            self.local.grad_off = stretch
+        except Exception as exc:  # noqa: BLE001
+            warn_once("loop grad off", f"a grad-off stretch not recorded ({type(exc).__name__}: {exc})")
+
+    def grad_off_ended(self) -> None:
+        """The stretch ends: where the trained model's forward ran twice or more in it, an evaluation (a "G" event)."""
+        stretch = getattr(self.local, "grad_off", None)
+        if stretch is None:
+            return
+        self.local.grad_off = None
+        try:
+            if stretch["handle"] is not None:
+                stretch["handle"].remove()
+            if stretch["calls"] >= 2 and self.live:
+                root = stretch["root"]
+                event = ("G", stretch["t0"], time.time_ns(), stretch["tid"], type(root).__name__, stretch["calls"])
+                for r in self.recorders:
+                    r.pending.append(event)
+        except Exception as exc:  # noqa: BLE001
+            warn_once("loop grad off", f"a grad-off stretch not recorded ({type(exc).__name__}: {exc})")
+
     # --- backward and optimizer steps ----------------------------------------------------------
     def _patch_backward(self, torch: Any) -> bool:
         hooks = self
@@ -478,7 +576,10 @@ class _Hooks:
                 t1 = time.time_ns()
                 self.in_optimizer_step = max(0, self.in_optimizer_step - 1)
                 t0 = self.opt_started.pop() if self.opt_started else t1
+                known = self.next_optimizer
                 oid = self.optimizer_id(optimizer)
+                if self.next_optimizer != known:  # first seen stepping: its parameters are the trained model's
+                    self.optimized = self.optimized | {id(p) for g in optimizer.param_groups for p in g["params"]}
                 event = ("O", t0, t1, threading.get_native_id(), oid)
                 for r in self.recorders:
                     r.pending.append(event)

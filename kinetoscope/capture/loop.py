@@ -24,7 +24,12 @@ Rules (issue 28's contract, with two changes, said here and in docs/report.md):
   ``next()``): it is followed, and neither taken for evaluation nor an evaluation wait.
 * a validation stretch runs from a root module's outermost ``.eval()``/``.train(False)`` to its next outermost
   ``.train()`` with no ``backward()`` or optimizer step in between; one still open when the recorder finishes (a
-  final evaluation) ends there.
+  final evaluation) ends there. Change: a thread's outermost ``torch.no_grad()``/``torch.inference_mode()``
+  stretch in which the trained model (a module whose parameters an optimizer that has stepped holds) runs its
+  forward twice or more, outside any eval stretch and with no ``backward()`` or optimizer step inside, is a
+  validation stretch too (``grad_off: true``): an evaluation loop that never calls ``.eval()`` (was: unmarked, so a
+  rank probing its model alone every 5 steps, its partner waiting for it, was lateness that moves). One forward
+  under no_grad (a pseudo-label, a teacher, a target network) is part of the training step, not marked.
 * DataLoader workers: each multi-process iterator's start (its construction) and stop (``_shutdown_workers``) is a
   ``kinetoscope::workers_start``/``workers_stop`` span; a start of a loader whose workers were started before is a
   restart (what ``persistent_workers=True`` avoids), and ``restart_total_ns`` is the time of the restarts and of the
@@ -140,6 +145,10 @@ class LoopRecorder:
         self.optimizer_steps = 0
         self._validation = {"stretches": 0, "batches": 0}
         self._validation_spans: list[tuple[int, int]] = []
+        #: batches taken on the training thread with grad disabled, not yet counted in a grad-off stretch: (time,
+        #: loader); and when the latest backward or optimizer step ended (a grad-off stretch holding one trains)
+        self._grad_off_batches: list[tuple[int, int]] = []
+        self._trained_at = -1
         self._compile = {"compiles": 0, "recompiles": 0}
         self._compile_spans: list[tuple[int, int]] = []
         #: compilations of a frame compiled before (compile id F/N, N >= 1): what fixing the recompiles removes
@@ -282,6 +291,8 @@ class LoopRecorder:
                 for s in self._stretches.values():
                     s.batches += 1
                     s.loaders[lid] = s.loaders.get(lid, 0) + 1
+                if not grad and not self._stretches:
+                    self._grad_off_batches.append((t1, lid))
         args: dict[str, Any] = {"loader": lid, "role": None, "batch": int(batch), "evaluation": bool(for_evaluation)}
         if exhausted:
             args["exhausted"] = True
@@ -303,9 +314,16 @@ class LoopRecorder:
         self._awaiting.clear()
         for s in self._stretches.values():
             s.trained = True
+        self._trained(t1)
         self._count("backward_calls", t1)
         self._keep(keep, "backward", t0, t1, tid, {"micro_step": self._micro,
                                                     "thread": "main" if tid == self.training_thread else "other"})
+
+    def _trained(self, t1: int) -> None:
+        """A backward or optimizer step ended at ``t1``: a grad-off stretch holding it trains, and no batch taken
+        before it is a later stretch's."""
+        self._trained_at = max(self._trained_at, t1)
+        self._grad_off_batches.clear()
 
     def _trained_after_all(self, lid: int, p: _Pending) -> None:
         """A batch taken for evaluation that a backward() followed with no training batch between: a training batch
@@ -323,6 +341,7 @@ class LoopRecorder:
         _, t0, t1, tid, opt = e
         for s in self._stretches.values():
             s.trained = True
+        self._trained(t1)
         if opt not in self._optimizers:
             self._optimizers.append(opt)
         # every optimizer's steps count (a GAN's two, one per layer): was only the first optimizer seen stepping
@@ -341,13 +360,28 @@ class LoopRecorder:
         if stretch is not None and not stretch.trained:
             self._validation_done(stretch, t, tid, keep)
 
-    def _validation_done(self, s: _Stretch, t1: int, tid: int, keep: bool) -> None:
+    def _on_G(self, e: tuple[Any, ...], out: StepLoop, keep: bool) -> None:
+        """A grad-off stretch in which the trained model ran its forward twice or more: an evaluation, unless an eval
+        stretch already holds it or a backward or optimizer step ran inside it."""
+        _, t0, t1, tid, name, _forwards = e
+        batches = [(t, lid) for t, lid in self._grad_off_batches if t0 <= t <= t1]
+        self._grad_off_batches = [b for b in self._grad_off_batches if b[0] > t1]
+        if self._stretches or self._trained_at >= t0:
+            return
+        s = _Stretch(t0, name, batches=len(batches))
+        for _, lid in batches:
+            s.loaders[lid] = s.loaders.get(lid, 0) + 1
+        self._validation_done(s, t1, tid, keep, {"grad_off": True})
+
+    def _validation_done(self, s: _Stretch, t1: int, tid: int, keep: bool,
+                         more: dict[str, Any] | None = None) -> None:
         self._validation["stretches"] += 1
         self._validation["batches"] += s.batches
         self._validation_spans.append((s.t0, t1))
         self._spread("validation_ns", s.t0, t1)
         loader = max(s.loaders, key=lambda k: (s.loaders[k], -k)) if s.loaders else None
-        self._keep(keep, "validation", s.t0, t1, tid, {"module": s.module, "batches": s.batches, "loader": loader})
+        self._keep(keep, "validation", s.t0, t1, tid,
+                   {"module": s.module, "batches": s.batches, "loader": loader, **(more or {})})
 
     def _on_C(self, e: tuple[Any, ...], out: StepLoop, keep: bool) -> None:
         _, t0, t1, tid, cid, trigger = e

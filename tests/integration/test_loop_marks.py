@@ -665,3 +665,84 @@ def test_the_next_that_stops_the_workers_waits_for_no_data():
         assert out.data_wait_ns == 250
     finally:
         rec.detach()
+
+
+def test_a_grad_off_loop_of_the_trained_models_forward_is_an_evaluation():
+    """The forty-ninth set's ddp_rank0_probe_eval_mlp_2rank: every 5 steps rank 0 alone ran its model over a probe set
+    in 8 chunks under ``torch.no_grad()``, with no ``.eval()`` and no DataLoader - unmarked, so its partner's waits for
+    it read as lateness that moves. Real hooks, one process: after the optimizer's first step, a no_grad stretch of the
+    trained model's forward 8 times is one ``G`` event; one forward under no_grad (a pseudo-label) gives none; a stretch
+    whose second forward runs after a nested no_grad's first gives one (the outermost stretch counts); a frozen
+    teacher's forwards (parameters no optimizer holds) give none; inference_mode's two forwards of the trained model
+    give one."""
+    import torch
+
+    from kinetoscope.capture import loop
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    teacher = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.ones(3, 4)
+    rec = loop.LoopRecorder()
+    rec.attach()
+    try:
+        with torch.no_grad():  # before any optimizer step: whose model it is, is not known yet
+            model(x), model(x)
+        model(x).sum().backward()
+        opt.step()
+        with torch.no_grad():
+            for _ in range(8):
+                model(x)
+        with torch.no_grad():  # one forward: part of a training step
+            model(x)
+        with torch.no_grad():
+            with torch.no_grad():  # nested: the outermost stretch counts
+                model(x)
+            model(x)
+        with torch.no_grad():
+            teacher(x), teacher(x)
+        with torch.inference_mode():
+            model(x), model(x)
+        grad_off = [e for e in rec.pending if e[0] == "G"]
+    finally:
+        rec.detach()
+    # the count stops at two (the hook is removed there: an evaluation pays for two calls, not all of its modules')
+    assert [(e[4], e[5]) for e in grad_off] == [("Sequential", 2)] * 3
+    assert torch.is_grad_enabled()
+
+
+def test_a_grad_off_evaluation_is_a_validation_stretch_unless_it_trains_or_an_eval_stretch_holds_it():
+    """Events fed by hand (ns): a grad-off stretch of the trained model's forwards in step 2 (1200-1700), taking two
+    batches of loader 1 with grad disabled, is a validation stretch - a mark with ``grad_off``, 500 ns of that step's
+    validation_ns, the manifest's stretches and batches. One inside an eval stretch (already one), or holding a
+    backward, is not; one after that backward is."""
+    import torch
+
+    with fed_recorder() as rec:
+        tid = rec.training_thread
+        module = torch.nn.Linear(1, 1)
+        train, val = tagged_iterator(0), tagged_iterator(1)
+        rec.pending[:] = [("W", 200, 100, 0, 0, tid, train, 0, True, False), ("B", 300, 400, tid)]
+        rec.close_step(1000, record=True, keep=True)
+        rec.pending[:] = [("W", 1100, 50, 0, 0, tid, train, 1, True, False), ("B", 1150, 1180, tid),
+                          ("W", 1300, 100, 0, 0, tid, val, 0, False, False),
+                          ("W", 1500, 100, 0, 0, tid, val, 1, False, False),
+                          ("G", 1200, 1700, tid, "Sequential", 8)]
+        rec.close_step(2000, record=True, keep=True)
+        # an eval stretch holding a grad-off one; then a grad-off stretch with a backward inside it
+        rec.pending[:] = [("W", 2100, 50, 0, 0, tid, train, 2, True, False), ("B", 2150, 2180, tid),
+                          ("M", 2200, tid, id(module), "Linear", False), ("G", 2300, 2400, tid, "Linear", 2),
+                          ("M", 2500, tid, id(module), "Linear", True),
+                          ("B", 2700, 2800, tid), ("G", 2600, 2900, tid, "Sequential", 2)]
+        rec.close_step(3000, record=True, keep=True)
+        rec.pending[:] = [("G", 3100, 3200, tid, "Sequential", 2)]  # after that backward: an evaluation
+        rec.close_step(4000, record=True, keep=True)
+        lists = rec.step_lists(4)
+        assert lists["validation_ns"] == [0, 500, 300, 100]
+        marks = [m for m in rec.take_marks(0, 4000) if m[0] == "validation"]
+        assert [(m[1], m[2], m[4]) for m in marks] == [
+            (1200, 1700, {"module": "Sequential", "batches": 2, "loader": 1, "grad_off": True}),
+            (2200, 2500, {"module": "Linear", "batches": 0, "loader": None}),
+            (3100, 3200, {"module": "Sequential", "batches": 0, "loader": None, "grad_off": True})]
+        assert rec.manifest("optimizer")["validation"]["stretches"] == 3
+        assert rec.manifest("optimizer")["validation"]["batches"] == 2
