@@ -8,10 +8,10 @@ and ``DataLoader.__iter__`` (which loader an iterator belongs to), ``_MultiProce
 outermost call only: ``train()`` recurses into the children), ``torch.no_grad`` and ``torch.inference_mode``'s
 ``__enter__``/``__exit__`` (a thread's outermost grad-off stretch: while it lasts, a global module forward pre-hook
 counts the calls of the first module it sees whose parameters an optimizer that has stepped holds, and is removed at
-the second), ``torch.autograd.backward`` (outermost calls: a
-reentrant checkpoint's inner backward is part of its outer one), the global optimizer step hooks, dynamo's compile
-start/end callbacks (registered once torch._dynamo is imported: ``torch.compile`` is wrapped to do it, as importing
-dynamo up front costs ~1.5 s), ``torch.save`` and, once imported,
+the second; not where ``torch.compile`` is in use, whose frames would trace the hook), ``torch.autograd.backward``
+(outermost calls: a reentrant checkpoint's inner backward is part of its outer one), the global optimizer step
+hooks, dynamo's compile start/end callbacks (registered once torch._dynamo is imported: ``torch.compile`` is wrapped
+to do it, as importing dynamo up front costs ~1.5 s), ``torch.save`` and, once imported,
 ``torch.distributed.checkpoint.save``/``async_save``, and ``multiprocessing``'s ``Process.start`` (the Python child
 processes the script starts).
 
@@ -77,6 +77,9 @@ class _Hooks:
         self.opt_started: list[int] = []
         self.compile_started: dict[str, int] = {}
         self.dynamo_registered = False
+        #: torch.compile was called, or dynamo compiled a frame: the process compiles, and no global module hook is
+        #: registered (it would be traced into the compiled frames)
+        self.compile_used = False
         self.dcp_patched = False
         self.at_fork = False
         self.grad_enabled: Callable[[], bool] = lambda: True
@@ -102,6 +105,8 @@ class _Hooks:
         #: the ids of the parameters the optimizers seen stepping hold (a grad-off forward of one of their modules is
         #: the trained model's), rebuilt when an optimizer is first seen
         self.optimized: frozenset[int] = frozenset()
+        #: module -> whether its first parameter is one of those (the verdict kept while no new optimizer steps)
+        self.trained_modules: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
 
     def recording(self) -> bool:
         """Whether the patches record now: installed, and this thread not in a ``quiet()`` stretch (a probe's)."""
@@ -457,7 +462,10 @@ class _Hooks:
             local = hooks.local
             depth: int = getattr(local, "grad_off_depth", 0)
             local.grad_off_depth = depth + 1
+            # grad really off (not inference_mode(False)); never where torch.compile is in use: a global module hook
+            # would be traced into the compiled frames (graph breaks, recompiles of the user's model)
             if depth == 0 and hooks.live and not hooks.in_optimizer_step and not hooks.in_backward \
+                    and not hooks.compile_used and not hooks.grad_enabled() \
                     and not getattr(local, "quiet", False):
                 hooks.grad_off_began()
             return out
@@ -483,18 +491,25 @@ class _Hooks:
         """A thread's outermost grad-off stretch begins: count the forward calls of the first module run in it whose
         parameters an optimizer holds (the trained model's), with a global forward pre-hook removed at the second."""
         try:
+            import torch
             from torch.nn.modules.module import register_module_forward_pre_hook
 
+            compiling = torch.compiler.is_compiling
             tid = threading.get_native_id()
             stretch: dict[str, Any] = {"t0": time.time_ns(), "tid": tid, "root": None, "calls": 0, "handle": None}
-            optimized = self.optimized
+            optimized, trained = self.optimized, self.trained_modules
 
             def pre(module: Any, args: Any) -> None:
-                if threading.get_native_id() != tid:
+                if threading.get_native_id() != tid or compiling():
                     return
                 if stretch["root"] is None:
-                    first = next(module.parameters(), None)
-                    if first is None or id(first) not in optimized:
+                    verdict = trained.get(module)
+                    if verdict is None:  # once per module: a frozen teacher's modules are not looked at again
+                        first = next(module.parameters(), None)
+                        verdict = first is not None and id(first) in optimized
+                        with contextlib.suppress(TypeError):
+                            trained[module] = verdict
+                    if not verdict:
                         return
                     stretch["root"] = module
                 elif module is not stretch["root"]:
@@ -580,6 +595,7 @@ class _Hooks:
                 oid = self.optimizer_id(optimizer)
                 if self.next_optimizer != known:  # first seen stepping: its parameters are the trained model's
                     self.optimized = self.optimized | {id(p) for g in optimizer.param_groups for p in g["params"]}
+                    self.trained_modules = weakref.WeakKeyDictionary()
                 event = ("O", t0, t1, threading.get_native_id(), oid)
                 for r in self.recorders:
                     r.pending.append(event)
@@ -653,6 +669,7 @@ class _Hooks:
         def make(original: Any) -> Any:
             @functools.wraps(original)
             def compile(*args: Any, **kwargs: Any) -> Any:
+                hooks.compile_used = True
                 out = original(*args, **kwargs)  # imports dynamo; compiling happens at the first call of ``out``
                 if hooks.live and not hooks.dynamo_registered:
                     hooks._register_dynamo()
@@ -688,6 +705,7 @@ class _Hooks:
         return True
 
     def _compile_start(self, args: Any) -> None:
+        self.compile_used = True
         if self.live:
             self.compile_started[str(getattr(args, "compile_id", ""))] = time.time_ns()
 

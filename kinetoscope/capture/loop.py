@@ -28,8 +28,12 @@ Rules (issue 28's contract, with two changes, said here and in docs/report.md):
   stretch in which the trained model (a module whose parameters an optimizer that has stepped holds) runs its
   forward twice or more, outside any eval stretch and with no ``backward()`` or optimizer step inside, is a
   validation stretch too (``grad_off: true``): an evaluation loop that never calls ``.eval()`` (was: unmarked, so a
-  rank probing its model alone every 5 steps, its partner waiting for it, was lateness that moves). One forward
-  under no_grad (a pseudo-label, a teacher, a target network) is part of the training step, not marked.
+  rank probing its model alone every 5 steps, its partner waiting for it, was lateness that moves). Not marked: one
+  forward under no_grad (a pseudo-label, a teacher, a target network); a stretch an eval stretch holds or that
+  holds a mode change (``@torch.no_grad()`` around ``model.eval()``: already one); one taken while a training batch
+  still waits for its backward (MixMatch's label guesses), or followed by a backward before the next training batch
+  or optimizer step (a rollout: its outputs feed the step; so a loop with no DataLoader marks none); none where
+  ``torch.compile`` is in use (the hook would be traced into its frames).
 * DataLoader workers: each multi-process iterator's start (its construction) and stop (``_shutdown_workers``) is a
   ``kinetoscope::workers_start``/``workers_stop`` span; a start of a loader whose workers were started before is a
   restart (what ``persistent_workers=True`` avoids), and ``restart_total_ns`` is the time of the restarts and of the
@@ -149,6 +153,9 @@ class LoopRecorder:
         #: loader); and when the latest backward or optimizer step ended (a grad-off stretch holding one trains)
         self._grad_off_batches: list[tuple[int, int]] = []
         self._trained_at = -1
+        #: when the latest module mode change was seen; grad-off stretches not yet told apart (``_on_G``)
+        self._mode_at = -1
+        self._grad_off_pending: list[tuple[_Stretch, int, int, bool]] = []
         self._compile = {"compiles": 0, "recompiles": 0}
         self._compile_spans: list[tuple[int, int]] = []
         #: compilations of a frame compiled before (compile id F/N, N >= 1): what fixing the recompiles removes
@@ -265,6 +272,7 @@ class LoopRecorder:
             self._taken += 1
             if not for_evaluation:  # a training batch: evaluation batches still waiting were not trained on
                 self._awaiting = {k: v for k, v in self._awaiting.items() if not v.for_evaluation}
+                self._grad_off_settled(True)
             pending = self._awaiting[lid] = _Pending(for_evaluation, self._taken)
         t0 = t1 - wait
         if exhausted:  # the next() that ended a non-persistent iterator stopped its workers: not a wait for data
@@ -314,16 +322,18 @@ class LoopRecorder:
         self._awaiting.clear()
         for s in self._stretches.values():
             s.trained = True
-        self._trained(t1)
+        self._trained(t1, backward=True)
         self._count("backward_calls", t1)
         self._keep(keep, "backward", t0, t1, tid, {"micro_step": self._micro,
                                                     "thread": "main" if tid == self.training_thread else "other"})
 
-    def _trained(self, t1: int) -> None:
-        """A backward or optimizer step ended at ``t1``: a grad-off stretch holding it trains, and no batch taken
-        before it is a later stretch's."""
+    def _trained(self, t1: int, backward: bool) -> None:
+        """A backward (``backward``) or optimizer step ended at ``t1``: a grad-off stretch holding it trains, no batch
+        taken before it is a later stretch's, and the stretches waiting are the step's own work (a backward came
+        first) or evaluations (an optimizer step did)."""
         self._trained_at = max(self._trained_at, t1)
         self._grad_off_batches.clear()
+        self._grad_off_settled(not backward)
 
     def _trained_after_all(self, lid: int, p: _Pending) -> None:
         """A batch taken for evaluation that a backward() followed with no training batch between: a training batch
@@ -341,7 +351,7 @@ class LoopRecorder:
         _, t0, t1, tid, opt = e
         for s in self._stretches.values():
             s.trained = True
-        self._trained(t1)
+        self._trained(t1, backward=False)
         if opt not in self._optimizers:
             self._optimizers.append(opt)
         # every optimizer's steps count (a GAN's two, one per layer): was only the first optimizer seen stepping
@@ -353,6 +363,7 @@ class LoopRecorder:
 
     def _on_M(self, e: tuple[Any, ...], out: StepLoop, keep: bool) -> None:
         _, t, tid, module, name, mode = e
+        self._mode_at = max(self._mode_at, t)
         if not mode:
             self._stretches.setdefault(module, _Stretch(t, name))
             return
@@ -361,17 +372,27 @@ class LoopRecorder:
             self._validation_done(stretch, t, tid, keep)
 
     def _on_G(self, e: tuple[Any, ...], out: StepLoop, keep: bool) -> None:
-        """A grad-off stretch in which the trained model ran its forward twice or more: an evaluation, unless an eval
-        stretch already holds it or a backward or optimizer step ran inside it."""
+        """A grad-off stretch in which the trained model ran its forward twice or more: an evaluation - unless an eval
+        stretch holds it or began or ended inside it (already one: ``@torch.no_grad()`` around ``model.eval()``), a
+        backward or optimizer step ran inside it, or a training batch taken before it still waits for its backward
+        (the step's own forward work: pseudo-labels, MixMatch's label guesses). Decided at the next training batch
+        or optimizer step: a backward first means its outputs fed the step (a rollout), and it is dropped."""
         _, t0, t1, tid, name, _forwards = e
         batches = [(t, lid) for t, lid in self._grad_off_batches if t0 <= t <= t1]
         self._grad_off_batches = [b for b in self._grad_off_batches if b[0] > t1]
-        if self._stretches or self._trained_at >= t0:
+        if (self._stretches or self._trained_at >= t0 or self._mode_at >= t0
+                or any(not p.for_evaluation for p in self._awaiting.values())):
             return
         s = _Stretch(t0, name, batches=len(batches))
         for _, lid in batches:
             s.loaders[lid] = s.loaders.get(lid, 0) + 1
-        self._validation_done(s, t1, tid, keep, {"grad_off": True})
+        self._grad_off_pending.append((s, t1, tid, keep))
+
+    def _grad_off_settled(self, evaluation: bool) -> None:
+        """The grad-off stretches waiting to be told apart: evaluations (``evaluation``), else the step's own work."""
+        pending, self._grad_off_pending = self._grad_off_pending, []
+        for s, t1, tid, keep in pending if evaluation else ():
+            self._validation_done(s, t1, tid, keep, {"grad_off": True})
 
     def _validation_done(self, s: _Stretch, t1: int, tid: int, keep: bool,
                          more: dict[str, Any] | None = None) -> None:
@@ -463,7 +484,9 @@ class LoopRecorder:
 
     # --- the end, and what is written --------------------------------------------------------------------
     def finish(self, end_unix_ns: int, *, keep: bool) -> None:
-        """The recording ends: eval stretches still open (a final evaluation) end here."""
+        """The recording ends: eval stretches still open (a final evaluation) end here, and grad-off stretches no
+        backward followed are evaluations."""
+        self._grad_off_settled(True)
         for module in list(self._stretches):
             s = self._stretches.pop(module)
             if not s.trained:

@@ -711,11 +711,15 @@ def test_a_grad_off_loop_of_the_trained_models_forward_is_an_evaluation():
     assert torch.is_grad_enabled()
 
 
-def test_a_grad_off_evaluation_is_a_validation_stretch_unless_it_trains_or_an_eval_stretch_holds_it():
-    """Events fed by hand (ns): a grad-off stretch of the trained model's forwards in step 2 (1200-1700), taking two
-    batches of loader 1 with grad disabled, is a validation stretch - a mark with ``grad_off``, 500 ns of that step's
-    validation_ns, the manifest's stretches and batches. One inside an eval stretch (already one), or holding a
-    backward, is not; one after that backward is."""
+def test_a_grad_off_evaluation_is_a_validation_stretch_unless_it_belongs_to_a_step_or_is_one_already():
+    """Events fed by hand (ns). Step 2 (1000-2000): a training batch and its backward, then a grad-off stretch of the
+    trained model's forwards (1200-1700) taking two batches of loader 1 with grad disabled; step 3's training batch
+    (2100) tells it apart: an evaluation - a mark with ``grad_off``, 500 ns of step 2's validation_ns, the manifest's
+    stretches and batches. Not evaluations: in step 3, one an eval stretch holds (2300-2400: the eval stretch is the
+    mark), one holding a mode change (2550-2700: ``@torch.no_grad()`` around ``model.eval()``; was counted twice), one
+    holding a backward; in step 4, one taken while a training batch waits for its backward (MixMatch's label guesses)
+    and one a backward follows before any training batch (a rollout). The last, in step 5, is settled when the
+    recording ends: an evaluation."""
     import torch
 
     with fed_recorder() as rec:
@@ -727,22 +731,28 @@ def test_a_grad_off_evaluation_is_a_validation_stretch_unless_it_trains_or_an_ev
         rec.pending[:] = [("W", 1100, 50, 0, 0, tid, train, 1, True, False), ("B", 1150, 1180, tid),
                           ("W", 1300, 100, 0, 0, tid, val, 0, False, False),
                           ("W", 1500, 100, 0, 0, tid, val, 1, False, False),
-                          ("G", 1200, 1700, tid, "Sequential", 8)]
+                          ("G", 1200, 1700, tid, "Sequential", 2)]
         rec.close_step(2000, record=True, keep=True)
-        # an eval stretch holding a grad-off one; then a grad-off stretch with a backward inside it
         rec.pending[:] = [("W", 2100, 50, 0, 0, tid, train, 2, True, False), ("B", 2150, 2180, tid),
                           ("M", 2200, tid, id(module), "Linear", False), ("G", 2300, 2400, tid, "Linear", 2),
                           ("M", 2500, tid, id(module), "Linear", True),
-                          ("B", 2700, 2800, tid), ("G", 2600, 2900, tid, "Sequential", 2)]
+                          ("M", 2600, tid, id(module), "Linear", False), ("M", 2650, tid, id(module), "Linear", True),
+                          ("G", 2550, 2700, tid, "Sequential", 2),
+                          ("B", 2750, 2800, tid), ("G", 2720, 2900, tid, "Sequential", 2)]
         rec.close_step(3000, record=True, keep=True)
-        rec.pending[:] = [("G", 3100, 3200, tid, "Sequential", 2)]  # after that backward: an evaluation
+        rec.pending[:] = [("W", 3100, 50, 0, 0, tid, train, 3, True, False), ("G", 3200, 3300, tid, "Sequential", 2),
+                          ("B", 3400, 3500, tid), ("G", 3600, 3700, tid, "Sequential", 2), ("B", 3800, 3900, tid)]
         rec.close_step(4000, record=True, keep=True)
-        lists = rec.step_lists(4)
-        assert lists["validation_ns"] == [0, 500, 300, 100]
-        marks = [m for m in rec.take_marks(0, 4000) if m[0] == "validation"]
+        rec.pending[:] = [("G", 4100, 4300, tid, "Sequential", 2)]
+        rec.close_step(5000, record=True, keep=True)
+        rec.finish(5000, keep=True)
+        lists = rec.step_lists(5)
+        assert lists["validation_ns"] == [0, 500, 300 + 50, 0, 200]
+        marks = [m for m in rec.take_marks(0, 5000) if m[0] == "validation"]
         assert [(m[1], m[2], m[4]) for m in marks] == [
             (1200, 1700, {"module": "Sequential", "batches": 2, "loader": 1, "grad_off": True}),
             (2200, 2500, {"module": "Linear", "batches": 0, "loader": None}),
-            (3100, 3200, {"module": "Sequential", "batches": 0, "loader": None, "grad_off": True})]
-        assert rec.manifest("optimizer")["validation"]["stretches"] == 3
+            (2600, 2650, {"module": "Linear", "batches": 0, "loader": None}),
+            (4100, 4300, {"module": "Sequential", "batches": 0, "loader": None, "grad_off": True})]
+        assert rec.manifest("optimizer")["validation"]["stretches"] == 4
         assert rec.manifest("optimizer")["validation"]["batches"] == 2
