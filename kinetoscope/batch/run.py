@@ -203,11 +203,10 @@ def _judged(finding: Finding, summaries: list[RankSummary], config: AnalysisConf
     run the summaries' step timings hold; for one by its arrivals the window's mean step stands for the run, and the
     title says nothing more than analyze's."""
     mine = next((s for s in summaries if s.rank == finding.rank), None)
-    if finding.run_cost_us is not None and mine is not None and mine.run_step_us:
+    if finding.run_cost_us is not None and mine is not None and mine.run_wall_us:
         # a straggler by the run's step counts: worth what the run timed, as analyze judges it
-        walls = [w for w in mine.run_step_us if w is not None]
-        return judge(finding, RunTime(mean_step_us=mine.mean_step_us, run_steps=len(walls),
-                                      run_wall_us=float(sum(walls)), window_us=mine.window_us), config)
+        return judge(finding, RunTime(mean_step_us=mine.mean_step_us, run_steps=mine.run_timed_steps,
+                                      run_wall_us=float(mine.run_wall_us), window_us=mine.window_us), config)
     saving = straggler_saving_us(finding.evidence)
     if mine is None or not mine.mean_step_us or saving is None:
         return judge(finding, RunTime(mean_step_us=None, run_steps=None, run_wall_us=None,
@@ -256,7 +255,9 @@ def _cross_rank(
             "id": finding.id, "severity": finding.severity, "title": finding.title, "impact_us": finding.impact_us,
             "evidence_json": json.dumps(finding.evidence, default=str),
             # the job-level straggler: the others' wait for it per step, what its cause's removal gives back
-            "saving_us_per_step": straggler_saving_us(finding.evidence), "step_us_after": None,
+            # (by the run's step counts: none in the window, its saving over the run in its evidence)
+            "saving_us_per_step": None if finding.evidence.get("cause") == "uneven_steps"
+            else straggler_saving_us(finding.evidence), "step_us_after": None,
             "estimate_json": None}]
         write_rows(root, "findings", _job_key(job), findings)
         write_rows(

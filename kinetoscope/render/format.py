@@ -80,7 +80,8 @@ def worth(estimate: Mapping[str, Any] | None, judged: Worth | None = None) -> st
     line = _estimate_line(estimate)
     if judged is not None and judged.scope == "run" and judged.fraction is not None:
         over = f"over the run: {judged.fraction:.1%} of {judged.of}"
-        return f"{line}; {over}" if line else f"fix this: measured over the run, not estimated from the window; {over}"
+        return (f"{line}; {over}" if line
+                else f"fix this: from the capture's timings over the run, not the window's; {over}")
     return line
 
 

@@ -291,7 +291,8 @@ def render_whatif(source: str, wanted: list[str], ranks: list[dict[str, Any]]) -
         else:
             out.append(f"Rank {r['rank']}: no complete steps: nothing to replay")
         for f in r["fixes"]:
-            line = worth(f["estimate"]) or "fix this: not estimated (not a time cost, or nothing the replay can change)"
+            line = worth(f["estimate"]) or ("fix this: not estimated by the replay (not a time cost, nothing the "
+                                            "replay can change, or a cost outside the window: see analyze)")
             out.append(f"  {f['id']:<22} {line}")
             why = _gains_less(f)
             if why:

@@ -26,6 +26,7 @@ from kinetoscope.analyze.model.config import AnalysisConfig
 from kinetoscope.analyze.model.copies import h2d_copies
 from kinetoscope.analyze.model.distributed import (
     COMPONENTS,
+    RUN_TAIL_MAX,
     Arrivals,
     Matching,
     RankSummary,
@@ -72,14 +73,13 @@ def rank_summary(r: RankTrace) -> RankSummary:
     work = gpu_work(r)
     compute = work[(work["kind"] == "kernel").to_numpy() & ~work.index.isin(frame.index)]
     copies = h2d_copies(r) if r.has_gpu else work.iloc[0:0]
+    # a CPU run computes on the host (its operators on the training thread); what runs inside validation or
+    # checkpoint marks is theirs, not the step's own
+    own_compute = iv.subtract(intervals_of(compute, w) if r.has_gpu else _cpu_compute(r, w), other_work)
     components: dict[str, float | None] = {
         "input": iv.measure(intervals_of(loader_spans(r), w)) / 1000.0 / per,
         "copy": iv.measure(intervals_of(copies, w)) / 1000.0 / per if r.has_gpu else None,
-        # a CPU run computes on the host (its operators on the training thread); what runs inside validation or
-        # checkpoint marks is theirs, not the step's own
-        "compute": iv.measure(iv.subtract(intervals_of(compute, w) if r.has_gpu else _cpu_compute(r, w), other_work))
-        / 1000.0
-        / per,
+        "compute": iv.measure(own_compute) / 1000.0 / per,
         "host": iv.measure(iv.subtract(host_busy(r), other_work)) / 1000.0 / per if r.has_gpu else None,
         "untraced": iv.measure(iv.subtract(_untraced(r, w), iv.merge(comm_set, other_work))) / 1000.0 / per
         if steps else None,
@@ -111,7 +111,25 @@ def rank_summary(r: RankTrace) -> RankSummary:
         exposed_end_ns=[int(v) for v in exposed[1]] if exposed is not None else None,
         step_cpu_us=_cpu_per_step(r),
         **_run_walls(r),
+        **_by_step(r, own_compute),
     )
+
+
+def _by_step(r: RankTrace, compute: iv.Intervals) -> dict[str, Any]:
+    """Per ProfilerStep of the window (``RankSummary.step_numbers``): the rank's compute in it (us) and its training
+    thread's run-queue wait in it from the capture's step timings (us; None where not recorded)."""
+    steps = r.steps
+    if steps.empty:
+        return {}
+    numbers = [int(v) for v in steps["step"]]
+    comp = iv.overlap_each(steps["start_ns"].to_numpy(np.int64), steps["end_ns"].to_numpy(np.int64), compute)
+    rq: list[float | None] = [None] * len(numbers)
+    rs = r.run_steps
+    if rs is not None and "runqueue_wait_ns" in rs:
+        by = dict(zip(rs["step"].tolist(), rs["runqueue_wait_ns"].to_numpy(float).tolist(), strict=True))
+        rq = [None if (v := by.get(n)) is None or math.isnan(v) else v / 1000.0 for n in numbers]
+    return {"step_numbers": numbers, "compute_us_by_step": [round(float(c) / 1000.0, 3) for c in comp],
+            "runqueue_us_by_step": rq}
 
 
 #: fewest ordinary steps, profiled and not, whose CPU time per step stands for each
@@ -129,24 +147,27 @@ def _usual(rs: pd.DataFrame) -> np.ndarray:
 
 
 def _run_walls(r: RankTrace) -> dict[str, Any]:
-    """Every step of the run the capture timed, by step number (wall us; None where left out of the run's measures),
-    and the median of its ordinary steps (``RankSummary.run_step_us``, ``run_usual_step_us``): only where the capture
-    says the run ended as written (no exception or signal ended it) and counts the steps it timed."""
+    """The run the capture timed (``RankSummary.run_steps`` ... ``run_tail_us``): only where the capture says the run
+    ended as written (no exception or signal ended it) and counts the steps it timed, and some were ordinary."""
     rs = r.run_steps
     run = (r.meta.capture or {}).get("run") or {}
     n = run.get("steps_run")
     if rs is None or rs.empty or not isinstance(n, int) or run.get("ended_by") is not None:
         return {}
     steps = rs["step"].to_numpy(np.int64)
-    if steps.min() < 0 or steps.max() >= n:  # the manifest does not count the steps timed: not read
-        return {}
-    walls: list[float | None] = [None] * n
-    for k, wall in zip(steps.tolist(), (rs["wall_ns"].to_numpy(float) / 1000.0).tolist(), strict=True):
-        walls[k] = round(wall, 3)
     usual = _usual(rs)
-    return {"run_step_us": walls,
-            "run_usual_step_us": float(np.median(rs["wall_ns"].to_numpy(float)[usual])) / 1000.0 if usual.any()
-            else None}
+    if steps.min() < 0 or steps.max() >= n or not usual.any():  # the manifest does not count the steps timed
+        return {}
+    walls_us = rs["wall_ns"].to_numpy(float) / 1000.0
+    first = max(n - RUN_TAIL_MAX, 0)
+    tail: list[float | None] = [None] * (n - first)
+    for k, wall in zip(steps.tolist(), walls_us.tolist(), strict=True):
+        if k >= first:
+            tail[k - first] = round(wall, 3)
+    loop = (r.meta.capture or {}).get("loop") or {}
+    return {"run_steps": n, "run_timed_steps": len(rs), "run_wall_us": round(float(walls_us.sum()), 3),
+            "run_usual_step_us": float(np.median(walls_us[usual])), "run_tail_us": tail,
+            "run_step_source": f"{loop.get('step_source')}, optimizers: {loop.get('optimizers')}"}
 
 
 def _cpu_per_step(r: RankTrace) -> dict[str, dict[str, float]]:
@@ -271,6 +292,9 @@ def straggler_finding(summaries: list[RankSummary], m: Matching, a: Arrivals, co
     bar_us = config.straggler_min_spread_fraction * mean_step_us
     # rank index: (the others' wait per step (us) at those collectives, those collectives)
     explained: dict[int, tuple[float, np.ndarray]] = {}
+    # rank index, where what explains it is compute the trace shows it ran alone: (those steps, its extra compute in
+    # them, us per step on average)
+    extra_work: dict[int, tuple[list[int], float]] = {}
     # collectives where only one rank arrives from validation or a checkpoint: work the others do not share
     alone = ((marked & member).sum(axis=1) == 1) if marked is not None else np.zeros(len(a.last), bool)
     for i in range(len(a.ranks)):
@@ -296,6 +320,18 @@ def straggler_finding(summaries: list[RankSummary], m: Matching, a: Arrivals, co
         own = cost_rows & marked[:, i] & alone if marked is not None else np.zeros(len(a.last), bool)
         if int(own.sum()) >= 2 and (own_us := _partners_wait_us(a, partners, own, n_steps)) >= bar_us:
             explained[i] = (own_us, own)
+        else:
+            # no such marks, but the trace shows the work: in a few of the window's steps (two or more, at most half)
+            # it ran compute its partners did not, enough to explain their waits there - an evaluation without
+            # .eval(), a metric pass, work on one rank only - lateness with a cause, however rarely it is last (was:
+            # lateness that moves, so a rank evaluating alone every 5th step, its partner waiting 229 ms each time,
+            # 62% of the window, was information; two readers and their consensus: critical)
+            rows_x, steps_x, extra_x = _extra_work(a, by_rank, i, partners, cost_rows)
+            window_steps = len(by_rank[a.ranks[i]].step_numbers)
+            if (2 <= len(steps_x) and 2 * len(steps_x) <= window_steps
+                    and (own_us := _partners_wait_us(a, partners, rows_x, n_steps)) >= bar_us):
+                explained[i] = (own_us, rows_x)
+                extra_work[i] = (steps_x, extra_x)
         if ((share >= config.straggler_min_last_share or i in explained)
                 and (best is None or cost_us > best[0])):
             best = (cost_us, i, share, int(mine.sum()))
@@ -320,6 +356,7 @@ def straggler_finding(summaries: list[RankSummary], m: Matching, a: Arrivals, co
                  math.ceil(config.straggler_min_last_share * considered))
     by_chance = chance >= config.straggler_chance_max
     own_work = explained.get(i)
+    own_extra = extra_work.get(i) if own_work is not None else None
     if own_work is not None and (not often or by_chance):
         # told for its own work alone: the rest of its lateness moves between ranks, and sharding that work does not
         # remove it - what the claim rests on is what it costs, explains and a fix places (was: all of its lateness)
@@ -355,6 +392,13 @@ def straggler_finding(summaries: list[RankSummary], m: Matching, a: Arrivals, co
         "checkpoint time explains "
         "it: check what runs outside the profiled threads on its node.",
     }[cause]
+    if own_extra is not None and cause == "compute":
+        advice = (f"Rank {slow} runs compute the others do not in step{'s' if len(own_extra[0]) > 1 else ''} "
+                  f"{', '.join(f'#{k}' for k in own_extra[0])} ({own_extra[1] / 1000:.1f} ms more than theirs there), "
+                  "and they wait for it at the next collective: work on one rank only (an evaluation - also one "
+                  "run without model.eval() -, metrics, logging). Share it across the ranks (a DistributedSampler "
+                  "over the evaluation data, its results reduced), run it less often, or after the others' "
+                  "collective.")
     # a collective kernel's start is the rank's arrival only when the trace shows everything queued before it
     incomplete = sorted(s.rank for s in summaries if s.unknown_fraction > config.missing_activity_max_fraction)
     doubt = (f" - but the GPU activity of rank{'s' if len(incomplete) > 1 else ''} "
@@ -366,7 +410,7 @@ def straggler_finding(summaries: list[RankSummary], m: Matching, a: Arrivals, co
     # window's lateness alone, so a DDP job whose rank 0 ran 62 ms of CPU per profiled step against 35 ms outside the
     # window, while the other rank's steps were alike in both, had rank 0 "the straggler, cause compute", worth 22%:
     # both readers and their consensus read it as the capture's cost, information)
-    run_cpu = (None if own_work is not None or incomplete
+    run_cpu = (None if (own_work is not None and own_extra is None) or incomplete
                else _run_cpu(by_rank[slow], [by_rank[a.ranks[j]] for j in others], cost_per_step_us))
     profiler_only = run_cpu is not None and run_cpu.profiler_only
     if run_cpu is not None:
@@ -401,7 +445,11 @@ def straggler_finding(summaries: list[RankSummary], m: Matching, a: Arrivals, co
              else f"Rank {slow} is the straggler")
             + f": it arrives last at {last_share:.0%} of the {considered} {of_kind}collectives of its "
             f"groups in which a rank waited"
-            + (f" ({int(own_work[1].sum())} of them from validation or a checkpoint only it runs)" if own_work else "")
+            + ("" if not own_work else
+               f" ({int(own_work[1].sum())} of them from validation or a checkpoint only it runs)" if own_extra is None
+               else f" ({int(own_work[1].sum())} of them in step{'s' if len(own_extra[0]) > 1 else ''} "
+               f"{', '.join(f'#{k}' for k in own_extra[0])}, where it ran {own_extra[1] / 1000:.1f} ms of compute "
+               "the others did not)")
             + ", "
             f"and the others wait {cost_per_step_us / 1000:.2f} ms per step for it"
             + (f" (cause: {cause})" if cause != "unknown" else "")
@@ -423,8 +471,14 @@ def straggler_finding(summaries: list[RankSummary], m: Matching, a: Arrivals, co
             "collectives_with_a_wait": with_wait,
             "last_this_often_by_chance": round(chance, 4),
             # collectives it reached last from validation or a checkpoint only it ran, and the others' wait there
-            "last_after_its_own_marked_work": int(own_work[1].sum()) if own_work else 0,
-            "others_wait_after_its_own_marked_work_us_per_step": round(own_work[0], 3) if own_work else None,
+            "last_after_its_own_marked_work": int(own_work[1].sum()) if own_work and own_extra is None else 0,
+            "others_wait_after_its_own_marked_work_us_per_step": round(own_work[0], 3)
+            if own_work and own_extra is None else None,
+            # where the trace shows the work instead: the steps it ran compute the others did not, how much (us per
+            # such step, beyond theirs and its run-queue wait), and what the others waited for it there
+            "extra_work_steps": own_extra[0] if own_extra else None,
+            "extra_work_us_per_step": round(own_extra[1], 3) if own_extra else None,
+            "others_wait_after_its_extra_work_us_per_step": round(own_work[0], 3) if own_work and own_extra else None,
             "group_size": group_size,
             "collectives_considered": considered,
             "matched_collectives": int(len(a.last)),
@@ -500,6 +554,57 @@ def _run_cpu(slow: RankSummary, others: list[RankSummary], lateness_us: float) -
                    profiler_only=kept < 0.25 and in_window >= 0.75 * lateness_us)
 
 
+#: a rank's compute in a step beyond its partners' (median) explains their waits for it at that step's collectives when
+#: it is at least this share of those waits ...
+EXTRA_WORK_EXPLAINS = 0.75
+#: ... and at least this share of the partners' own compute in the step: the same work slowed on a loaded host is a
+#: few tens of percent slower, not half again (a rank 13% slower in compute on the same work, last in 60% of 80
+#: collectives, is lateness that moves: two readers)
+EXTRA_WORK_MIN_SHARE = 0.5
+
+
+def _extra_work(a: Arrivals, by_rank: dict[int, RankSummary], i: int, partners: np.ndarray,
+                rows: np.ndarray) -> tuple[np.ndarray, list[int], float]:
+    """Of the collectives ``rows`` (those rank ``i`` came last to), the ones in window steps where it ran compute its
+    partners did not: its compute there beyond their median, less its run-queue wait beyond theirs (waiting for a CPU
+    is not work), is at least ``EXTRA_WORK_EXPLAINS`` of their wait for it in that step and ``EXTRA_WORK_MIN_SHARE`` of
+    their compute. Returns (those collectives, those steps, its mean extra compute in them, us)."""
+    none: tuple[np.ndarray, list[int], float] = (np.zeros(len(a.last), bool), [], 0.0)
+    me = by_rank.get(a.ranks[i])
+    if a.step is None or me is None or len(me.compute_us_by_step) != len(me.step_numbers) or not me.step_numbers:
+        return none
+
+    def per_step(s: RankSummary) -> tuple[dict[int, float], dict[int, float]]:
+        if len(s.compute_us_by_step) != len(s.step_numbers):
+            return {}, {}
+        rq = s.runqueue_us_by_step if len(s.runqueue_us_by_step) == len(s.step_numbers) else []
+        return (dict(zip(s.step_numbers, s.compute_us_by_step, strict=True)),
+                {n: v for n, v in zip(s.step_numbers, rq, strict=True) if v is not None})
+
+    mine, my_rq = per_step(me)
+    theirs = [per_step(by_rank[a.ranks[j]]) for j in np.flatnonzero(partners) if a.ranks[j] in by_rank]
+    found = np.zeros(len(a.last), bool)
+    steps: list[int] = []
+    extras: list[float] = []
+    labels = np.asarray(a.step)
+    for st in sorted({int(v) for v in labels[rows] if v >= 0}):
+        comp = [c[st] for c, _ in theirs if st in c]
+        if st not in mine or not comp:
+            continue
+        base = float(np.median(comp))
+        extra = mine[st] - base
+        if st in my_rq:
+            rq = [q[st] for _, q in theirs if st in q]
+            extra -= max(my_rq[st] - (float(np.median(rq)) if rq else 0.0), 0.0)
+        in_step = rows & (labels == st)
+        waited_us = float(np.mean([a.new_wait_ns(int(j), in_step).sum() for j in np.flatnonzero(partners)])) / 1000.0
+        if waited_us > 0 and extra >= EXTRA_WORK_EXPLAINS * waited_us and extra >= EXTRA_WORK_MIN_SHARE * base:
+            found |= in_step
+            steps.append(st)
+            extras.append(extra)
+    return found, steps, (float(np.mean(extras)) if extras else 0.0)
+
+
 def _partners_wait_us(a: Arrivals, partners: np.ndarray, rows: np.ndarray, n_steps: int) -> float:
     """What a rank's partners waited at ``rows`` (the collectives it arrived last at), per partner and step (us)."""
     waited_ns = [float(a.new_wait_ns(int(j), rows).sum()) for j in np.flatnonzero(partners)]
@@ -570,58 +675,81 @@ def _cause(slow: RankSummary, others: list[RankSummary], lateness_us: float,
 
 
 def uneven_steps_finding(summaries: list[RankSummary], config: AnalysisConfig) -> Finding | None:
-    """The rank whose run holds more steps than the others' - uneven shards under ``Join``, or any loop that gives
-    one rank more batches - from every rank's step timings over the run: the job lasts as long as that rank's loop,
-    while the others shadow its extra steps' collectives (or wait at the end) untimed. Worth, over its run: its steps
-    past the fewest any rank ran, less the steps equal shards would still give it at its ordinary step (the ranks'
-    total split evenly). None where a rank's run is not known to have ended as written, the counts differ by fewer
-    than ``uneven_steps_min_extra``, or equal shards would not shorten it."""
-    if len(summaries) < 2 or any(s.run_step_us is None or s.run_usual_step_us is None for s in summaries):
+    """The ranks whose runs hold more steps than the others' - uneven shards under ``Join``, or any loop that gives
+    some ranks more batches - from every rank's step timings over the run: the job lasts as long as their loops,
+    while the others shadow their extra steps' collectives (or wait at the end) untimed. Worth, over the run of the
+    one whose extra steps took longest: those steps past the fewest any rank ran, less the steps equal shards would
+    still give it at its ordinary step (the ranks' total split evenly), and at most how much longer its run was than
+    any other rank's (ranks that do not step together end together however their counts differ). None where a
+    rank's run is not known to have ended as written, the ranks step on different optimizers, the counts differ by
+    fewer than ``uneven_steps_min_extra``, or equal shards would not shorten it."""
+    if len(summaries) < 2 or any(s.run_steps is None or s.run_usual_step_us is None or s.run_wall_us is None
+                                 or s.run_tail_us is None for s in summaries):
         return None
-    counts = {s.rank: len(s.run_step_us or ()) for s in summaries}
+    if len({s.run_step_source for s in summaries}) > 1:  # a step is not the same thing on every rank
+        return None
+    counts = {s.rank: int(s.run_steps or 0) for s in summaries}
     fewest, most = min(counts.values()), max(counts.values())
     if most - fewest < config.uneven_steps_min_extra:
         return None
-    # the rank with the most steps, the longest tail among those that tie
-    slow = max((s for s in summaries if counts[s.rank] == most),
-               key=lambda s: sum(w if w is not None else float(s.run_usual_step_us or 0) for w in
-                                 (s.run_step_us or [])[fewest:]))
+    extra = most - fewest
+
+    def tail_us(s: RankSummary) -> float:
+        """Its steps past the fewest any rank ran (us): the walls kept, the usual step for the rest."""
+        usual, kept = float(s.run_usual_step_us or 0.0), s.run_tail_us or []
+        past = int(s.run_steps or 0) - fewest
+        known = kept[-past:] if past <= len(kept) else kept
+        return sum(w if w is not None else usual for w in known) + (past - len(known)) * usual
+
+    top = [s for s in summaries if counts[s.rank] == most]
+    slow = max(top, key=tail_us)
     usual = float(slow.run_usual_step_us or 0.0)
-    walls = slow.run_step_us or []
-    tail_us = sum(w if w is not None else usual for w in walls[fewest:])
+    extra_us = tail_us(slow)
     even = sum(counts.values()) / len(counts)
-    cost_us = tail_us - (even - fewest) * usual
+    longer_us = float(slow.run_wall_us or 0.0) - max(float(s.run_wall_us or 0.0) for s in summaries
+                                                     if counts[s.rank] < most)
+    cost_us = min(extra_us - (even - fewest) * usual, longer_us)
     if cost_us <= 0:
         return None
-    run_us = sum(w for w in walls if w is not None)
-    extra = most - fewest
-    others = ", ".join(f"rank {r}: {n}" for r, n in sorted(counts.items()) if r != slow.rank)
+    run_us = float(slow.run_wall_us or 0.0)
+    low = sorted(r for r, n in counts.items() if n == fewest)
+
+    def who(ranks: list[int], cap: bool) -> str:
+        word = ("Rank" if cap else "rank") + ("s" if len(ranks) > 1 else "")
+        return f"{word} {', '.join(str(r) for r in ranks)}"
+
+    many = len(top) > 1
+    them = who(sorted(s.rank for s in top), True)
     return Finding(
         id="straggler",
         rank=int(slow.rank),
-        title=(f"Rank {slow.rank} is the straggler: its run has {extra} more steps than the shortest of the other "
-               f"ranks' ({most} against {others}); its last {extra} took {tail_us / 1000:.1f} ms "
-               f"({tail_us / run_us:.0%} of its run) while the others had ended their loops"
-               if run_us > 0 else f"Rank {slow.rank} is the straggler: its run has {extra} more steps"),
+        title=(f"{them} {'are the stragglers' if many else 'is the straggler'}: "
+               f"{'each ran' if many else 'it ran'} {most} steps, {extra} more than {who(low, False)} ({fewest}), "
+               f"and the job ran on after the ranks with fewer steps had ended their loops: rank {slow.rank}'s last "
+               f"{extra} took {extra_us / 1000:.1f} ms" + (f" ({extra_us / run_us:.0%} of its run)" if run_us > 0
+                                                           else "")),
         evidence={
             "rank": int(slow.rank),
             "cause": "uneven_steps",
             "steps_by_rank": {str(r): n for r, n in sorted(counts.items())},
+            "ranks_with_most_steps": sorted(int(s.rank) for s in top),
             "extra_steps": extra,
-            "extra_steps_us": round(tail_us, 3),
+            "extra_steps_us": round(extra_us, 3),
             "usual_step_us": round(usual, 3),
             "even_steps": round(even, 3),
+            "longer_than_other_ranks_us": round(longer_us, 3),
             "saving_us": round(cost_us, 3),
             "run_us": round(run_us, 3),
             "others_wait_us_per_step": None,
             "cause_excess_us_per_step": None,
         },
-        recommendation=(f"Give every rank the same number of batches: rank {slow.rank}'s data holds more than the "
-                        "others', so the job runs on after their loops end (under DDP's Join the others shadow its "
-                        "collectives). Shard with a DistributedSampler over the whole dataset (it pads the shards "
-                        "to one length), or cut each rank's shard to the shortest (drop_last); the estimate spreads "
-                        f"the ranks' {sum(counts.values())} steps evenly, {even:g} each, at rank {slow.rank}'s "
-                        f"ordinary step ({usual / 1000:.2f} ms)."),
+        recommendation=(f"Give every rank the same number of batches: {who(sorted(s.rank for s in top), False)}' "
+                        f"data hold{'' if many else 's'} more than {who(low, False)}'s, so the job runs on after "
+                        "their loops end (under DDP's Join the others shadow its collectives). Shard with a "
+                        "DistributedSampler over the whole dataset (it pads the shards to one length), or cut each "
+                        f"rank's shard to the shortest (drop_last); the estimate spreads the ranks' "
+                        f"{sum(counts.values())} steps evenly, {even:g} each, at rank {slow.rank}'s ordinary step "
+                        f"({usual / 1000:.2f} ms)."),
         run_cost_us=cost_us,
     )
 

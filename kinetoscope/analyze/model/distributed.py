@@ -46,6 +46,10 @@ COMPONENTS = ("input", "copy", "compute", "host", "untraced", "validation", "che
 NO_WAIT_NS = 1000
 
 
+#: the most step walls a rank's summary keeps from the end of its run (``RankSummary.run_tail_us``)
+RUN_TAIL_MAX = 4096
+
+
 @dataclass
 class RankSummary:
     """What the job-level analysis needs from one rank: small, JSON-serialisable."""
@@ -83,13 +87,24 @@ class RankSummary:
     #: ("unprofiled_us": no trace writing, validation, compile or checkpoint; not the first), and how many of those
     #: ("unprofiled_steps"); a measure is absent where fewer than 3 steps of either kind timed it
     step_cpu_us: dict[str, dict[str, float]] = field(default_factory=dict)
-    #: every step of the run the capture timed (``steps.json``), by step number from 0: its wall time (us), None for
-    #: a step left out of the run's measures (the capture's own trace writing); None where the run did not end as it
-    #: was written (a crash, a signal, a manifest that does not count the steps timed) or no steps were timed
-    run_step_us: list[float | None] | None = None
-    #: the median wall time of the run's ordinary steps (not the first; no trace writing, validation, compile or
-    #: checkpoint), us; None with ``run_step_us``
+    #: the run the capture timed (``steps.json``), where it ended as it was written (no crash or signal; a manifest
+    #: that counts the steps timed), else None: its steps (``run_steps``), those kept in the run's measures and their
+    #: wall time (us; the capture's own trace writing left out), the median wall of its ordinary steps (not the
+    #: first; no trace writing, validation, compile or checkpoint), and the walls of its last ``RUN_TAIL_MAX`` steps
+    #: at most, in order (us; None for a step left out): bounded, whatever the run's length
+    run_steps: int | None = None
+    run_timed_steps: int | None = None
+    run_wall_us: float | None = None
     run_usual_step_us: float | None = None
+    run_tail_us: list[float | None] | None = None
+    #: what ends a step on this rank, and how many optimizers stepped (the manifest's loop facts): ranks whose steps
+    #: are not alike (a probe's optimizer stepping on one rank only) are not compared by their counts
+    run_step_source: str | None = None
+    #: the window's ProfilerSteps (their numbers), and per step the rank's compute in it (the ``compute`` component's
+    #: time, us) and its training thread's run-queue wait (us, from the capture's step timings; None: not recorded)
+    step_numbers: list[int] = field(default_factory=list)
+    compute_us_by_step: list[float] = field(default_factory=list)
+    runqueue_us_by_step: list[float | None] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
