@@ -154,7 +154,9 @@ HELD_OUT = ((3, "third", "captures of public training code"),
             (48, "forty-eighth", "twelve more programs, on this stop's final code"),
             (49, "forty-ninth", "twelve more programs, on the previous stop's final code"),
             (50, "fiftieth", "twelve more programs, after FSDP's replication was measured"),
-            (51, "fifty-first", "twelve more programs, on this stop's final code after its CI"))
+            (51, "fifty-first", "twelve more programs, on this stop's final code after its CI"),
+            (52, "fifty-second", "twelve more programs, with grad-off evaluations marked"),
+            (53, "fifty-third", "twelve more programs, after the fifty-second's straggler rule"))
 #: the first set read by a third expert reconciling the two readings
 FIRST_CONSENSUS = 13
 
