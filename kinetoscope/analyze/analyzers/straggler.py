@@ -111,25 +111,54 @@ def rank_summary(r: RankTrace) -> RankSummary:
         exposed_end_ns=[int(v) for v in exposed[1]] if exposed is not None else None,
         step_cpu_us=_cpu_per_step(r),
         **_run_walls(r),
-        **_by_step(r, own_compute),
+        **_before_each(frame, own_compute, _compute_starts(r, compute), w.start_ns),
+        **_runqueue_by_step(r),
     )
 
 
-def _by_step(r: RankTrace, compute: iv.Intervals) -> dict[str, Any]:
-    """Per ProfilerStep of the window (``RankSummary.step_numbers``): the rank's compute in it (us) and its training
-    thread's run-queue wait in it from the capture's step timings (us; None where not recorded)."""
+def _compute_starts(r: RankTrace, kernels: pd.DataFrame) -> np.ndarray:
+    """When each of the rank's compute events started (sorted, ns): its kernels on a GPU run, its training thread's
+    operators on a CPU run (communication and containers left out)."""
+    if r.has_gpu:
+        return np.sort(kernels["ts_ns"].to_numpy(np.int64))
+    ev = r.events
+    tid = main_thread(r)
+    if tid is None:
+        return np.zeros(0, np.int64)
+    ops = ev[kind_mask(ev, ("cpu_op",)) & (ev["tid"] == tid).to_numpy(bool) & ~name_mask(ev, _NOT_COMPUTE_RE)]
+    return np.sort(ops["ts_ns"].to_numpy(np.int64))
+
+
+def _before_each(frame: pd.DataFrame, compute: iv.Intervals, starts: np.ndarray,
+                 window_start_ns: int) -> dict[str, Any]:
+    """Per collective (the frame's order): the rank's compute time (us) and compute events started, since the last of
+    its collectives that ended before this one started (the window's start for none), up to this one's start
+    (``RankSummary.compute_before_us``, ``ops_before``)."""
+    if frame.empty:
+        return {}
+    begin = frame["ts_ns"].to_numpy(np.int64)
+    done = np.sort(frame["end_ns"].to_numpy(np.int64))
+    at = np.searchsorted(done, begin, side="right") - 1
+    since = np.minimum(np.where(at >= 0, done[np.clip(at, 0, None)], window_start_ns), begin)
+    spent = iv.overlap_each(since, begin, compute)
+    count = np.searchsorted(starts, begin, side="left") - np.searchsorted(starts, since, side="left")
+    return {"compute_before_us": [round(float(v) / 1000.0, 3) for v in spent],
+            "ops_before": [int(v) for v in count]}
+
+
+def _runqueue_by_step(r: RankTrace) -> dict[str, Any]:
+    """Per ProfilerStep of the window (``RankSummary.step_numbers``): the training thread's run-queue wait in it from
+    the capture's step timings (us; None where not recorded)."""
     steps = r.steps
     if steps.empty:
         return {}
     numbers = [int(v) for v in steps["step"]]
-    comp = iv.overlap_each(steps["start_ns"].to_numpy(np.int64), steps["end_ns"].to_numpy(np.int64), compute)
     rq: list[float | None] = [None] * len(numbers)
     rs = r.run_steps
     if rs is not None and "runqueue_wait_ns" in rs:
         by = dict(zip(rs["step"].tolist(), rs["runqueue_wait_ns"].to_numpy(float).tolist(), strict=True))
         rq = [None if (v := by.get(n)) is None or math.isnan(v) else v / 1000.0 for n in numbers]
-    return {"step_numbers": numbers, "compute_us_by_step": [round(float(c) / 1000.0, 3) for c in comp],
-            "runqueue_us_by_step": rq}
+    return {"step_numbers": numbers, "runqueue_us_by_step": rq}
 
 
 #: fewest ordinary steps, profiled and not, whose CPU time per step stands for each
@@ -355,7 +384,9 @@ def straggler_finding(summaries: list[RankSummary], m: Matching, a: Arrivals, co
     needed = max(math.ceil(odds * considered / (odds + group_size - 1)),
                  math.ceil(config.straggler_min_last_share * considered))
     by_chance = chance >= config.straggler_chance_max
-    own_work = explained.get(i)
+    # more than one rank late after work of its own (each at its own steps): whose work holds the job is not one
+    # rank's - that lateness moves between them (a reviewer's case: ranks 0 and 1 each working alone in two steps)
+    own_work = None if len(extra_work) > 1 and i in extra_work else explained.get(i)
     own_extra = extra_work.get(i) if own_work is not None else None
     if own_work is not None and (not often or by_chance):
         # told for its own work alone: the rest of its lateness moves between ranks, and sharding that work does not
@@ -396,9 +427,9 @@ def straggler_finding(summaries: list[RankSummary], m: Matching, a: Arrivals, co
         advice = (f"Rank {slow} runs compute the others do not in step{'s' if len(own_extra[0]) > 1 else ''} "
                   f"{', '.join(f'#{k}' for k in own_extra[0])} ({own_extra[1] / 1000:.1f} ms more than theirs there), "
                   "and they wait for it at the next collective: work on one rank only (an evaluation - also one "
-                  "run without model.eval() -, metrics, logging). Share it across the ranks (a DistributedSampler "
-                  "over the evaluation data, its results reduced), run it less often, or after the others' "
-                  "collective.")
+                  "run without model.eval() -, metrics, logging, a save). Share it across the ranks (a "
+                  "DistributedSampler over the evaluation data, its results reduced), run it less often, or "
+                  "asynchronously.")
     # a collective kernel's start is the rank's arrival only when the trace shows everything queued before it
     incomplete = sorted(s.rank for s in summaries if s.unknown_fraction > config.missing_activity_max_fraction)
     doubt = (f" - but the GPU activity of rank{'s' if len(incomplete) > 1 else ''} "
@@ -554,55 +585,61 @@ def _run_cpu(slow: RankSummary, others: list[RankSummary], lateness_us: float) -
                    profiler_only=kept < 0.25 and in_window >= 0.75 * lateness_us)
 
 
-#: a rank's compute in a step beyond its partners' (median) explains their waits for it at that step's collectives when
-#: it is at least this share of those waits ...
+#: the compute a rank did before arriving at a collective, beyond what its partners did before theirs (their median),
+#: explains their wait for it there when it is at least this share of that wait ...
 EXTRA_WORK_EXPLAINS = 0.75
-#: ... and at least this share of the partners' own compute in the step: the same work slowed on a loaded host is a
-#: few tens of percent slower, not half again (a rank 13% slower in compute on the same work, last in 60% of 80
-#: collectives, is lateness that moves: two readers)
+#: ... and at least this share of the partners' own compute there ...
 EXTRA_WORK_MIN_SHARE = 0.5
+#: ... and it ran more compute operators or kernels than they did, by at least this share of theirs and this many:
+#: work they did not do, not the same work slowed (a longer batch, a contended core: the same calls, each longer)
+EXTRA_WORK_MIN_OPS_SHARE = 0.1
+EXTRA_WORK_MIN_OPS = 3
 
 
 def _extra_work(a: Arrivals, by_rank: dict[int, RankSummary], i: int, partners: np.ndarray,
                 rows: np.ndarray) -> tuple[np.ndarray, list[int], float]:
-    """Of the collectives ``rows`` (those rank ``i`` came last to), the ones in window steps where it ran compute its
-    partners did not: its compute there beyond their median, less its run-queue wait beyond theirs (waiting for a CPU
-    is not work), is at least ``EXTRA_WORK_EXPLAINS`` of their wait for it in that step and ``EXTRA_WORK_MIN_SHARE`` of
-    their compute. Returns (those collectives, those steps, its mean extra compute in them, us)."""
+    """Of the collectives ``rows`` (those rank ``i`` came last to), the ones it reached after work its partners did not
+    do (``EXTRA_WORK_*``): its compute since its previous collective beyond theirs - less its run-queue wait in that
+    step beyond theirs, where the capture timed it - and more calls than theirs. Not in the run's first step (a start
+    of its own: warm-up, lazy set-up). Returns (those collectives, the steps holding them, its mean extra compute
+    in those steps, us)."""
     none: tuple[np.ndarray, list[int], float] = (np.zeros(len(a.last), bool), [], 0.0)
     me = by_rank.get(a.ranks[i])
-    if a.step is None or me is None or len(me.compute_us_by_step) != len(me.step_numbers) or not me.step_numbers:
+    if a.step is None or a.index is None or me is None or len(me.compute_before_us) != len(me.start_ns):
         return none
 
-    def per_step(s: RankSummary) -> tuple[dict[int, float], dict[int, float]]:
-        if len(s.compute_us_by_step) != len(s.step_numbers):
-            return {}, {}
-        rq = s.runqueue_us_by_step if len(s.runqueue_us_by_step) == len(s.step_numbers) else []
-        return (dict(zip(s.step_numbers, s.compute_us_by_step, strict=True)),
-                {n: v for n, v in zip(s.step_numbers, rq, strict=True) if v is not None})
+    def runqueue(s: RankSummary) -> dict[int, float]:
+        if len(s.runqueue_us_by_step) != len(s.step_numbers):
+            return {}
+        return {n: v for n, v in zip(s.step_numbers, s.runqueue_us_by_step, strict=True) if v is not None}
 
-    mine, my_rq = per_step(me)
-    theirs = [per_step(by_rank[a.ranks[j]]) for j in np.flatnonzero(partners) if a.ranks[j] in by_rank]
-    found = np.zeros(len(a.last), bool)
-    steps: list[int] = []
-    extras: list[float] = []
+    others = [j for j in np.flatnonzero(partners) if a.ranks[j] in by_rank]
+    my_rq, their_rq = runqueue(me), [runqueue(by_rank[a.ranks[j]]) for j in others]
     labels = np.asarray(a.step)
-    for st in sorted({int(v) for v in labels[rows] if v >= 0}):
-        comp = [c[st] for c, _ in theirs if st in c]
-        if st not in mine or not comp:
+    found = np.zeros(len(a.last), bool)
+    extra_by_step: dict[int, float] = {}
+    for row in np.flatnonzero(rows):
+        st, k = int(labels[row]), int(a.index[row, i])
+        if st <= 0 or k < 0:  # not the run's first step (ProfilerStep#0): warm-up, lazy set-up, autotuning
             continue
-        base = float(np.median(comp))
-        extra = mine[st] - base
+        theirs = [(float(s.compute_before_us[x]), int(s.ops_before[x])) for j in others
+                  if (x := int(a.index[row, j])) >= 0 and len((s := by_rank[a.ranks[j]]).compute_before_us) > x]
+        if not theirs:
+            continue
+        base = float(np.median([c for c, _ in theirs]))
+        base_ops = float(np.median([n for _, n in theirs]))
+        extra = float(me.compute_before_us[k]) - base
         if st in my_rq:
-            rq = [q[st] for _, q in theirs if st in q]
+            rq = [q[st] for q in their_rq if st in q]
             extra -= max(my_rq[st] - (float(np.median(rq)) if rq else 0.0), 0.0)
-        in_step = rows & (labels == st)
-        waited_us = float(np.mean([a.new_wait_ns(int(j), in_step).sum() for j in np.flatnonzero(partners)])) / 1000.0
-        if waited_us > 0 and extra >= EXTRA_WORK_EXPLAINS * waited_us and extra >= EXTRA_WORK_MIN_SHARE * base:
-            found |= in_step
-            steps.append(st)
-            extras.append(extra)
-    return found, steps, (float(np.mean(extras)) if extras else 0.0)
+        surplus = int(me.ops_before[k]) - base_ops
+        waited_ns = float(np.mean([a.wait_ns[row, j] for j in others if not np.isnan(a.wait_ns[row, j])] or [0.0]))
+        if (waited_ns > 0 and extra >= EXTRA_WORK_EXPLAINS * waited_ns / 1000.0 and extra >= EXTRA_WORK_MIN_SHARE * base
+                and surplus >= max(EXTRA_WORK_MIN_OPS, EXTRA_WORK_MIN_OPS_SHARE * base_ops)):
+            found[row] = True
+            extra_by_step[st] = extra_by_step.get(st, 0.0) + extra
+    steps = sorted(extra_by_step)
+    return found, steps, (float(np.mean([extra_by_step[st] for st in steps])) if steps else 0.0)
 
 
 def _partners_wait_us(a: Arrivals, partners: np.ndarray, rows: np.ndarray, n_steps: int) -> float:
@@ -725,7 +762,8 @@ def uneven_steps_finding(summaries: list[RankSummary], config: AnalysisConfig) -
         rank=int(slow.rank),
         title=(f"{them} {'are the stragglers' if many else 'is the straggler'}: "
                f"{'each ran' if many else 'it ran'} {most} steps, {extra} more than {who(low, False)} ({fewest}), "
-               f"and the job ran on after the ranks with fewer steps had ended their loops: rank {slow.rank}'s last "
+               f"and the job ran on after {who(low, False)} had ended {'their loops' if len(low) > 1 else 'its loop'}: "
+               f"rank {slow.rank}'s last "
                f"{extra} took {extra_us / 1000:.1f} ms" + (f" ({extra_us / run_us:.0%} of its run)" if run_us > 0
                                                            else "")),
         evidence={
@@ -743,9 +781,10 @@ def uneven_steps_finding(summaries: list[RankSummary], config: AnalysisConfig) -
             "others_wait_us_per_step": None,
             "cause_excess_us_per_step": None,
         },
-        recommendation=(f"Give every rank the same number of batches: {who(sorted(s.rank for s in top), False)}' "
-                        f"data hold{'' if many else 's'} more than {who(low, False)}'s, so the job runs on after "
-                        "their loops end (under DDP's Join the others shadow its collectives). Shard with a "
+        recommendation=(f"Give every rank the same number of batches: the data of "
+                        f"{who(sorted(s.rank for s in top), False)} hold{'' if many else 's'} more than that of "
+                        f"{who(low, False)}, so the job runs on after the others' loops end (under DDP's Join they "
+                        "shadow the longer ranks' collectives). Shard with a "
                         "DistributedSampler over the whole dataset (it pads the shards to one length), or cut each "
                         f"rank's shard to the shortest (drop_last); the estimate spreads the ranks' "
                         f"{sum(counts.values())} steps evenly, {even:g} each, at rank {slow.rank}'s ordinary step "

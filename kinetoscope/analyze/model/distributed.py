@@ -100,10 +100,14 @@ class RankSummary:
     #: what ends a step on this rank, and how many optimizers stepped (the manifest's loop facts): ranks whose steps
     #: are not alike (a probe's optimizer stepping on one rank only) are not compared by their counts
     run_step_source: str | None = None
-    #: the window's ProfilerSteps (their numbers), and per step the rank's compute in it (the ``compute`` component's
-    #: time, us) and its training thread's run-queue wait (us, from the capture's step timings; None: not recorded)
+    #: per collective (the lists' order): the rank's compute (the ``compute`` component's time, us) and its compute
+    #: operators or kernels started (a count) since its previous collective ended (or the window began) up to this
+    #: one's start - the work it did before it arrived
+    compute_before_us: list[float] = field(default_factory=list)
+    ops_before: list[int] = field(default_factory=list)
+    #: the window's ProfilerSteps (their numbers), and per step its training thread's run-queue wait (us, from the
+    #: capture's step timings; None: not recorded)
     step_numbers: list[int] = field(default_factory=list)
-    compute_us_by_step: list[float] = field(default_factory=list)
     runqueue_us_by_step: list[float | None] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -386,6 +390,8 @@ class Arrivals:
     #: per rank (columns' order): its exposed collective time (``RankSummary.exposed_start_ns``) on the aligned clock,
     #: None where its trace cannot tell it
     exposed: list[iv.Intervals | None] | None = None
+    #: collectives x ranks: the collective's index in that rank's own lists (-1 where the rank is not in it)
+    index: np.ndarray | None = None
 
     def _wait_pieces(self, col: int, rows: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Rank ``col``'s wait intervals, [own arrival, last arrival], per collective of ``rows`` (all rows where
@@ -457,6 +463,7 @@ def arrivals(summaries: list[RankSummary], m: Matching) -> Arrivals:
     all_ranks = sorted(by_rank)
     col = {r: i for i, r in enumerate(all_ranks)}
     groups, ops, arr_rows, wait_rows, last, transfer, marked_rows, step_rows = [], [], [], [], [], [], [], []
+    index_rows = []
     for gm in m.groups:
         if len(gm.ranks) < 2 or not len(gm.index):
             continue
@@ -465,6 +472,7 @@ def arrivals(summaries: list[RankSummary], m: Matching) -> Arrivals:
             continue
         for row in gm.index:
             arrival = np.full(len(all_ranks), np.nan)
+            own = np.full(len(all_ranks), -1, dtype=np.int64)
             marked = np.zeros(len(all_ranks), bool)
             step = -1
             ends = []
@@ -474,6 +482,7 @@ def arrivals(summaries: list[RankSummary], m: Matching) -> Arrivals:
                 s = by_rank[r]
                 skew = m.skew_ns[r] or 0
                 arrival[col[r]] = s.start_ns[row[j]] - skew
+                own[col[r]] = int(row[j])
                 marked[col[r]] = bool(s.after_marked[row[j]]) if len(s.after_marked) > row[j] else False
                 if step < 0 and len(s.step) > row[j]:
                     step = int(s.step[row[j]])
@@ -481,6 +490,7 @@ def arrivals(summaries: list[RankSummary], m: Matching) -> Arrivals:
                 durs.append(s.end_ns[row[j]] - s.start_ns[row[j]])
             latest = np.nanmax(arrival)
             arr_rows.append(arrival)
+            index_rows.append(own)
             marked_rows.append(marked)
             step_rows.append(step)
             wait_rows.append(latest - arrival)
@@ -505,7 +515,8 @@ def arrivals(summaries: list[RankSummary], m: Matching) -> Arrivals:
                     wait_ns=np.vstack(wait_rows) if wait_rows else np.zeros((0, n)),
                     last=np.asarray(last, dtype=np.int64), transfer_ns=np.asarray(transfer, dtype=np.float64),
                     after_marked=np.vstack(marked_rows) if marked_rows else np.zeros((0, n), bool),
-                    step=np.asarray(step_rows, dtype=np.int64), exposed=exposed)
+                    step=np.asarray(step_rows, dtype=np.int64), exposed=exposed,
+                    index=np.vstack(index_rows) if index_rows else np.zeros((0, n), np.int64))
 
 
 def job_metrics(summaries: list[RankSummary], m: Matching, a: Arrivals) -> Collectives:

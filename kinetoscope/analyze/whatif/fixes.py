@@ -690,7 +690,9 @@ def _plan_straggler(trace: RankTrace, g: ReplayGraph, finding: Finding, p: dict[
     excess = ev.get("cause_excess_us_per_step")
     known = ev.get("cause") != "unknown" and excess is not None
     n = straggler_shards(ev)
-    cause = (f"rank {ev.get('rank')}'s validation sharded across its group's {n} ranks: the others' waits for it at "
+    work = ("validation sharded" if ev.get("cause") == "validation"
+            else "work of its own (the trace shows it doing alone) shared")
+    cause = (f"rank {ev.get('rank')}'s {work} across its group's {n} ranks: the others' waits for it at "
              f"collectives shrink by its lateness, at most its measured excess, and every rank then runs its 1/{n} "
              "share of it, which stays in the step" if n else
              f"rank {ev.get('rank')}'s cause ({ev.get('cause')}) removed: the others' waits for it at collectives "
@@ -824,10 +826,11 @@ def _uncapped_saving_us(evidence: dict[str, Any]) -> float:
 
 
 def straggler_shards(evidence: dict[str, Any]) -> int | None:
-    """The ranks a straggler's validation would be sharded across (its group's size); None where the cause is not
-    validation or the size is not known."""
+    """The ranks a straggler's validation, or work of its own the trace shows it doing alone, would be shared across
+    (its group's size); None where it is neither, or the size is not known."""
     n = count(evidence.get("group_size"), 2)
-    return n if evidence.get("cause") == "validation" else None
+    # validation, or work of its own the trace shows it doing alone: the advice shares it across the group
+    return n if evidence.get("cause") == "validation" or evidence.get("extra_work_steps") else None
 
 
 def params_for(fid: str, params: dict[str, dict[str, Any]] | None) -> dict[str, Any]:
