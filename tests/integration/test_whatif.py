@@ -181,9 +181,9 @@ def test_workers_serving_a_tensor_dataset_are_priced_as_the_batch_indexed_at_onc
                                            "already in memory: index the whole batch at once in the training process")
         assert "raise num_workers" not in f.recommendation and "more workers" not in f.recommendation
     else:
-        assert ("the training loader's 2 workers serve a dataset (Rows) whose waits are the hand-over of ready batches "
-                "(2 tensors in memory, 2.3 KiB; its collate_fn not recorded, read as PyTorch's, read by the "
-                "capture)") in est["assumptions"][0]
+        assert ("the training loader's 2 workers serve a dataset (Rows) whose waits are not the workers' own work "
+                "(the hand-over of ready batches, or workers mostly idle) (2 tensors in memory, 2.3 KiB; its "
+                "collate_fn not recorded, read as PyTorch's, read by the capture)") in est["assumptions"][0]
         assert f.recommendation.startswith(
             "the dataset (Rows) holds its items as tensors in memory: if its __getitem__'s per-item work can be "
             "done on a whole batch at once")

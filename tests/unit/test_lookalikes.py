@@ -1069,6 +1069,45 @@ def test_indexing_collating_or_workers_are_not_items_converted_one_at_a_time(tmp
     assert f.estimate["method"] != "replay: the batch built at once"
 
 
+@pytest.mark.parametrize(("workers_cpu_ms", "method", "severity"),
+                         [(0.36, "replay: the batch indexed at once in the training process", "warning"),
+                          (3.0, "replay: DataLoader queue simulation", None)])
+def test_idle_workers_over_rows_in_memory_are_priced_as_the_batch_indexed_at_once(tmp_path, workers_cpu_ms, method,
+                                                                                   severity):
+    """Was: a loop waiting 1.0 ms of each 4.5 ms step on 1 worker over a dataset class of its own holding two arrays in
+    memory, the worker 8% busy, its waits 1.4 times the probe's 0.71 ms hand-over and the loop idle through 54% of
+    them, was told more workers would not help, at information (the fifty-fourth set's h54_workers_valckpt; two
+    readers and their consensus: index the batch at once in the training process, a warning). With its rows in memory
+    an idle worker waits for no storage: the batch indexed at once removes each wait, a bound (its per-item work there
+    is not known): 1.0 ms of 4.5, 22%, credited at half: a warning. A worker busy 67% of each batch (3 ms of CPU a
+    4.5 ms step) does the work the loop waits for: more workers are replayed, not the batch indexed at once."""
+    import json
+
+    b = TraceBuilder()
+    for i in range(12):
+        t = i * 4_500
+        b.step(18 + i, t, 4_500).loader(t, 1_000, multiprocess=True).op("aten::linear", t + 1_100, 3_000)
+    b.write(tmp_path / "rank-0.step-18-29.pt.trace.json")
+    n = 30
+    (tmp_path / "rank-0.manifest.json").write_text(json.dumps({
+        "manifest_version": 2, "rank": 0, "host": {"cpus": 2, "torch_threads": 1},
+        "dataloader": {"num_workers": 1, "prefetch_factor": 2, "batch_size": 64, "dataset_class": "Records",
+                       "dataset_getitem": "custom", "dataset_tensors": 2, "dataset_items": 8_000,
+                       "dataset_tensor_bytes": 2_112_000, "collate": "default",
+                       "handover_probe": {"median_ns": 710_000, "batch_bytes": 16_896, "workers": 1}}}))
+    (tmp_path / "rank-0.steps.json").write_text(json.dumps({
+        "rank": 0, "unit": "ns", "step_wall_ns": [4_500_000] * n, "data_wait_ns": [1_000_000] * n,
+        "data_wait_cpu_ns": [460_000] * n, "data_wait_thread_cpu_ns": [460_000] * n,
+        "step_cpu_ns": [4_000_000] * n, "workers_cpu_ns": [int(workers_cpu_ms * 1e6)] * n,
+        "profiled": [k >= 18 for k in range(n)]}))
+    (f,) = found(load_dir(tmp_path), "loader_stall")
+    assert f.evidence["dataset_in_memory"] == "custom"
+    assert f.estimate["method"] == method
+    if severity is not None:
+        assert f.severity == severity
+        assert f.estimate["bound"] == "upper" and f.estimate["saving_us_per_step"] == 1_000
+
+
 def test_a_worker_is_advised_where_its_prefetch_absorbs_long_waits(tmp_path):
     """Waits of 0.5 ms, and 60 ms in two steps of ten: their median is under a worker's 1 ms hand-over, their mean
     (12.4 ms) is not - a worker prefetching ahead absorbs the long ones, which its replay credits. The advice asks for

@@ -184,7 +184,8 @@ def plan_loader(trace: RankTrace, g: ReplayGraph, params: dict[str, Any]) -> Pla
                      else f", {held / 2**20:.1f} MiB" if held >= 2**20 / 10 else f", {held / 1024:.1f} KiB")
                     + ("" if dl.get("collate") is not None else "; its collate_fn not recorded, read as PyTorch's"))
             what = ("a TensorDataset" if in_memory == "tensor_rows" else
-                    f"a dataset ({dl.get('dataset_class')}) whose waits are the hand-over of ready batches")
+                    f"a dataset ({dl.get('dataset_class')}) whose waits are not the workers' own work (the hand-over "
+                    "of ready batches, or workers mostly idle)")
             rest = ("the one indexing copy it still makes is not measured" if in_memory == "tensor_rows" else
                     "its __getitem__'s per-item work, done on the whole batch at once in the training process, is not "
                     "known")
