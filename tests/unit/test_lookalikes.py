@@ -2679,14 +2679,15 @@ def late_rank_job(tmp_path, ranks, steps, late_rank):
     return build_report(load_trace(tmp_path / "job"))
 
 
-def extra_work_job(path, *, preempted=False, slower=False, both=False, after=False):
+def extra_work_job(path, *, preempted=False, slower=False, both=False, after=False, always_late=False):
     """Two CPU ranks, 12 steps: each computes 5 ms (``aten::linear``) and all-reduces; in even steps rank 0 arrives
     1 ms after rank 1, in odd ones rank 1 after rank 0 (lateness that moves). In steps 3 and 8 rank 0 alone first runs
     an evaluation's forward, 100 ms in 8 operators (conv2d and relu in turn; nothing marks it), and rank 1 waits for
     it; those steps last 140 ms, the others 40. With ``preempted`` the capture timed rank 0's training thread waiting
     100 ms for a CPU in each of those steps; with ``slower`` rank 0 runs no more operators but its ``aten::linear``
     takes 105 ms there (a longer batch, a contended core); with ``both`` rank 1 does the same in steps 5 and 10; with
-    ``after`` rank 0 is late by 100 ms of untraced time and runs its 8 operators after the all-reduce instead."""
+    ``after`` rank 0 is late by 100 ms of untraced time and runs its 8 operators after the all-reduce instead; with
+    ``always_late`` rank 0 also arrives 10 ms late in every step (a slower rank, last at every collective)."""
     import json
 
     own_steps = {0: (3, 8), 1: (5, 10) if both else ()}
@@ -2702,7 +2703,7 @@ def extra_work_job(path, *, preempted=False, slower=False, both=False, after=Fal
                 at = t + 5_150 if not after else t + 138_000
                 for k in range(8):
                     b.op("aten::conv2d" if k % 2 == 0 else "aten::relu", at + k * 12_500, 12_500)
-            jitter = 1_000 if rank == s % 2 else 0
+            jitter = 10_000 if always_late and rank == 0 else 1_000 if rank == s % 2 else 0
             arrive = t + 5_200 + (100_000 if mine else 0) + jitter
             b.op("gloo:all_reduce", arrive, t + 37_000 + late - arrive, cat="user_annotation", tid=300)
             t += step
@@ -2739,6 +2740,19 @@ def test_a_rank_that_runs_work_of_its_own_in_a_few_steps_is_the_straggler(tmp_pa
     assert f.recommendation.startswith("Rank 0 runs compute the others do not in steps #3, #8 (100.0 ms more")
     assert f.estimate["saving_us_per_step"] == pytest.approx(200_000 / 12 / 2, abs=0.01)
     assert f.severity == "warning"
+
+
+def test_a_straggler_by_its_arrivals_is_not_told_of_work_of_its_own(tmp_path):
+    """A reviewer's case: a rank last at every collective (given longer sequences, or a slower core) that also ran
+    more calls in a few steps is the straggler by its arrivals; the claim does not rest on those steps - not named in
+    its title, not advised as work to share, not priced at 1/n (was: "compute the others did not" in 4 steps, the
+    advice to share it, its saving halved)."""
+    extra_work_job(tmp_path, always_late=True)
+    (f,) = found(load_dir(tmp_path), "straggler")
+    assert f.rank == 0 and f.evidence["last_to_arrive_share"] == 1.0
+    assert f.evidence["extra_work_steps"] is None and "the others did not" not in f.title
+    assert not f.recommendation.startswith("Rank 0 runs compute the others do not")
+    assert f.severity == "critical"
 
 
 @pytest.mark.parametrize("case", ["preempted", "slower", "both", "after"])

@@ -387,6 +387,11 @@ def straggler_finding(summaries: list[RankSummary], m: Matching, a: Arrivals, co
     # more than one rank late after work of its own (each at its own steps): whose work holds the job is not one
     # rank's - that lateness moves between them (a reviewer's case: ranks 0 and 1 each working alone in two steps)
     own_work = None if len(extra_work) > 1 and i in extra_work else explained.get(i)
+    if own_work is not None and i in extra_work and often and not by_chance:
+        # claimed by its arrivals: work of its own in a few steps is not what the claim rests on (a reviewer's case:
+        # a rank given sequences three times as long, last at all 12 collectives, was told of "compute the others did
+        # not" in 4 steps, advised to share it, and priced at half)
+        own_work = None
     own_extra = extra_work.get(i) if own_work is not None else None
     if own_work is not None and (not often or by_chance):
         # told for its own work alone: the rest of its lateness moves between ranks, and sharding that work does not
