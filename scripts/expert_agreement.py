@@ -157,7 +157,8 @@ HELD_OUT = ((3, "third", "captures of public training code"),
             (51, "fifty-first", "twelve more programs, on this stop's final code after its CI"),
             (52, "fifty-second", "twelve more programs, with grad-off evaluations marked"),
             (53, "fifty-third", "twelve more programs, after the fifty-second's straggler rule"),
-            (54, "fifty-fourth", "twelve more programs, after the second review of that rule"))
+            (54, "fifty-fourth", "twelve more programs, after the second review of that rule"),
+            (55, "fifty-fifth", "twelve more programs, on this stop's final code after its CI"))
 #: the first set read by a third expert reconciling the two readings
 FIRST_CONSENSUS = 13
 
