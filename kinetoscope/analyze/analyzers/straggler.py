@@ -119,14 +119,8 @@ def rank_summary(r: RankTrace) -> RankSummary:
 def _compute_starts(r: RankTrace, kernels: pd.DataFrame) -> np.ndarray:
     """When each of the rank's compute events started (sorted, ns): its kernels on a GPU run, its training thread's
     operators on a CPU run (communication and containers left out)."""
-    if r.has_gpu:
-        return np.sort(kernels["ts_ns"].to_numpy(np.int64))
-    ev = r.events
-    tid = main_thread(r)
-    if tid is None:
-        return np.zeros(0, np.int64)
-    ops = ev[kind_mask(ev, ("cpu_op",)) & (ev["tid"] == tid).to_numpy(bool) & ~name_mask(ev, _NOT_COMPUTE_RE)]
-    return np.sort(ops["ts_ns"].to_numpy(np.int64))
+    ops = kernels if r.has_gpu else _compute_ops(r)
+    return np.sort(ops["ts_ns"].to_numpy(np.int64)) if ops is not None else np.zeros(0, np.int64)
 
 
 def _before_each(frame: pd.DataFrame, compute: iv.Intervals, starts: np.ndarray,
@@ -137,9 +131,7 @@ def _before_each(frame: pd.DataFrame, compute: iv.Intervals, starts: np.ndarray,
     if frame.empty:
         return {}
     begin = frame["ts_ns"].to_numpy(np.int64)
-    done = np.sort(frame["end_ns"].to_numpy(np.int64))
-    at = np.searchsorted(done, begin, side="right") - 1
-    since = np.minimum(np.where(at >= 0, done[np.clip(at, 0, None)], window_start_ns), begin)
+    since = _since_previous(begin, frame["end_ns"].to_numpy(np.int64), window_start_ns)
     spent = iv.overlap_each(since, begin, compute)
     count = np.searchsorted(starts, begin, side="left") - np.searchsorted(starts, since, side="left")
     return {"compute_before_us": [round(float(v) / 1000.0, 3) for v in spent],
@@ -248,20 +240,32 @@ def _after_marked(frame: pd.DataFrame, marks: iv.Intervals, start_ns: int) -> li
     # started before, so a DDP rank's second bucket, started 0.4 ms after the first and ending after it, read as not
     # following the evaluation that held both back 93 ms: one collective of its own work, under the two a recurring
     # cause needs, and a straggler the consensus claimed was left as lateness that moves)
-    done = np.sort(ends)
-    at = np.searchsorted(done, starts, side="right") - 1
-    since = np.where(at >= 0, done[np.clip(at, 0, None)], start_ns)
-    since = np.minimum(since, starts)
+    since = _since_previous(starts, ends, start_ns)
     return [bool(v) for v in iv.overlap_each(since, ends, marks) > 0]
 
 
-def _cpu_compute(r: RankTrace, w: Any) -> iv.Intervals:
-    """A CPU run's compute: the training thread's operators (communication and containers left out)."""
+def _since_previous(starts: np.ndarray, ends: np.ndarray, window_start_ns: int) -> np.ndarray:
+    """Per collective: the latest end of the rank's collectives that ended before it started (the window's start for
+    none), at most its own start."""
+    done = np.sort(ends)
+    at = np.searchsorted(done, starts, side="right") - 1
+    return np.minimum(np.where(at >= 0, done[np.clip(at, 0, None)], window_start_ns), starts)
+
+
+def _compute_ops(r: RankTrace) -> pd.DataFrame | None:
+    """The training thread's operators, communication and containers left out; None without a training thread."""
     ev = r.events
     tid = main_thread(r)
     if tid is None:
+        return None
+    return ev[kind_mask(ev, ("cpu_op",)) & (ev["tid"] == tid).to_numpy(bool) & ~name_mask(ev, _NOT_COMPUTE_RE)]
+
+
+def _cpu_compute(r: RankTrace, w: Any) -> iv.Intervals:
+    """A CPU run's compute: the training thread's operators (``_compute_ops``)."""
+    ops = _compute_ops(r)
+    if ops is None:
         return iv.EMPTY
-    ops = ev[kind_mask(ev, ("cpu_op",)) & (ev["tid"] == tid).to_numpy(bool) & ~name_mask(ev, _NOT_COMPUTE_RE)]
     return iv.clip(iv.union(ops["ts_ns"].to_numpy(), ops["end_ns"].to_numpy()), w.start_ns, w.end_ns)
 
 
