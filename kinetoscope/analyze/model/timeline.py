@@ -233,6 +233,13 @@ def _first_batches(trace: RankTrace) -> pd.DataFrame:
     return _mark_events(trace, "kinetoscope::data_wait", first)
 
 
+def worker_starts_ns(trace: RankTrace) -> np.ndarray:
+    """When each start of a loader's worker processes that the capture marked ended (ns, sorted; none in a trace
+    from elsewhere): batches after it come from new workers."""
+    starts = _mark_events(trace, "kinetoscope::workers_start")
+    return np.sort(starts["end_ns"].to_numpy(np.int64)) if len(starts) else np.zeros(0, dtype=np.int64)
+
+
 def _workers_stopping(trace: RankTrace) -> pd.DataFrame:
     return _mark_events(trace, "kinetoscope::workers_stop")
 
@@ -947,6 +954,24 @@ def workers_busy_share(trace: RankTrace) -> float | None:
         return None
     per_batch = workers * float(steps["dur_ns"].mean())
     return wcpu / per_batch if per_batch > 0 else None
+
+
+def steps_workers_idle(trace: RankTrace) -> set[int]:
+    """The window's steps (their numbers) through which the DataLoader workers burned no CPU at all, from the
+    capture's per-step record of their CPU (their batches were made: a wait in such a step took one that was ready),
+    where the workers are otherwise busy with their batches (``workers_busy_share`` at least
+    ``WORKERS_BUSY_MIN_SHARE``: workers that mostly wait for storage or the network may sleep through a step loading
+    one); empty where not recorded, or where the capture's profiled steps are not the trace's."""
+    rs = trace.run_steps
+    busy = workers_busy_share(trace)
+    if rs is None or "workers_cpu_ns" not in rs or busy is None or busy < WORKERS_BUSY_MIN_SHARE:
+        return set()
+    profiled = rs[rs["profiled"].to_numpy(bool)]
+    numbers = set(int(x) for x in trace.steps["step"].to_numpy()) if "step" in trace.steps else set()
+    if not len(profiled) or not set(int(x) for x in profiled["step"]) <= numbers:
+        return set()
+    idle = profiled["workers_cpu_ns"].to_numpy(float) == 0.0
+    return set(int(x) for x in profiled["step"].to_numpy()[idle])
 
 
 def handoff_ns(waits: np.ndarray) -> float:

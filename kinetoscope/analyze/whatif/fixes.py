@@ -34,7 +34,9 @@ from kinetoscope.analyze.model.timeline import (
     name_mask,
     other_loader_spans,
     per_item_batch,
+    steps_workers_idle,
     wait_cpu_share,
+    worker_starts_ns,
     workers_busy_share,
     workers_cpu_per_step,
 )
@@ -47,7 +49,7 @@ from kinetoscope.analyze.whatif.graph import (
     PINNED_GBPS_DEFAULT,
     ReplayGraph,
 )
-from kinetoscope.analyze.whatif.loader_queue import LoaderFix, infer_worker_loads
+from kinetoscope.analyze.whatif.loader_queue import LoaderFix, infer_worker_loads, stalled
 from kinetoscope.analyze.whatif.replay import Edits, wait_edits
 
 
@@ -96,6 +98,20 @@ def _window_waits(g: ReplayGraph, trace: RankTrace | None = None) -> np.ndarray:
     return np.flatnonzero(inside)
 
 
+
+
+def _fresh_batches(trace: RankTrace, g: ReplayGraph, items: np.ndarray, k: int) -> np.ndarray:
+    """Which of the waits ``items`` take a batch whose worker's previous batch came before the loader's workers were
+    last started (the first ``k`` batches after a start the capture marked): the queue cannot time their loading."""
+    starts = worker_starts_ns(trace)
+    fresh = np.zeros(len(items), dtype=bool)
+    if not len(starts):
+        return fresh
+    at = g.wait_start[items]
+    era = np.searchsorted(starts, at, side="right")  # how many starts came before each wait
+    for i in range(len(items)):
+        fresh[i] = era[i] > 0 and int(np.sum(era[:i] == era[i])) < k
+    return fresh
 
 
 def _facts(trace: RankTrace) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -217,16 +233,13 @@ def _plan_workers(trace: RankTrace, g: ReplayGraph, params: dict[str, Any], item
     load_cpu, comp_cpu = cpu_shares(trace)
     # the loop's own CPU through its waits (the training thread's, where recorded apart): taking batches over
     taking_cpu, own_cpu = wait_cpu_share(trace)
+    workers_before = isinstance(before, int) and not isinstance(before, bool) and before > 0
+    before_prefetch = int(dl.get("prefetch_factor") or 2)
     if single:
         load = waits  # loading runs inline: each wait is one batch's loading
         assumptions.append("num_workers=0 before: each recorded wait is one batch's full loading time")
-    elif isinstance(before, int) and before > 0:
-        before_prefetch = int(dl.get("prefetch_factor") or 2)
-        load = infer_worker_loads(g.wait_start[items], g.wait_end[items], before, before_prefetch)
-        assumptions.append(f"num_workers={before}, prefetch_factor={before_prefetch} before (capture manifest): each "
-                           f"batch's loading time inferred from when it became ready and when its worker could start "
-                           f"it (mean {load.mean() / 1e6:.1f} ms per batch per worker; batches ready before the loop "
-                           "asked for them count as free: their loading is not in the trace)")
+    elif workers_before:
+        load = np.zeros(len(items))  # inferred below, once the hand-over is known
     else:
         load = None
         assumptions.append("num_workers unknown (no capture manifest naming the DataLoader's configuration): assumes "
@@ -302,11 +315,34 @@ def _plan_workers(trace: RankTrace, g: ReplayGraph, params: dict[str, Any], item
         assumptions.append(f"a batch from a worker costs the loop {HANDOFF_PRIOR_NS / 1e6:.1f} ms to take (typical "
                            f"DataLoader hand-over; this trace had no workers to measure it, and the capture did not "
                            f"measure it{why})")
+    ready = None
+    if workers_before:
+        # batches that were ready: with a hand-over the capture measured on the host, a wait within its spread
+        # (``loader_queue.stalled``); a wait in a step through which the workers burned no CPU (their batches made)
+        idle = steps_workers_idle(trace)
+        ready = np.zeros(len(items), dtype=bool)
+        if probe_used and params.get("handoff_ms") is None:
+            ready |= ~stalled(waits, float(handoff))
+        if idle:
+            step_of = np.clip(np.searchsorted(g.step_start, g.wait_start[items], side="right") - 1, 0, g.steps - 1)
+            number_at = dict(zip(trace.steps["start_ns"].to_numpy(np.int64).tolist(),
+                                 trace.steps["step"].to_numpy().tolist(), strict=False))
+            ready |= np.asarray([number_at.get(int(g.step_start[k])) in idle for k in step_of], dtype=bool)
+        # each batch's loading inferred with the hand-over the estimate uses (was: one read from the waits alone, 0
+        # where every wait was alike, so a ready batch's 0.9 ms hand-over read as a worker late by it)
+        load = infer_worker_loads(g.wait_start[items], g.wait_end[items], int(before), before_prefetch,  # type: ignore[arg-type]
+                                  handoff=float(handoff), fresh=_fresh_batches(trace, g, items, int(before)),  # type: ignore[arg-type]
+                                  ready=ready if ready is not None and ready.any() else None)
+        assumptions.insert(0, f"num_workers={before}, prefetch_factor={before_prefetch} before (capture manifest): "
+                              f"each batch's loading time inferred from when it became ready and when its worker "
+                              f"could start it (mean {load.mean() / 1e6:.1f} ms per batch per worker; batches ready "
+                              "before the loop asked for them count as free: their loading is not in the trace)")
     if load is None:
         fix = LoaderFix(items=items, load_ns=np.zeros(len(items)), workers=1, prefetch=prefetch, handoff_ns=handoff)
     else:
         assert target is not None  # both branches above that leave a load set a target
-        fix = LoaderFix(items=items, load_ns=load, workers=int(target), prefetch=prefetch, handoff_ns=handoff)
+        fix = LoaderFix(items=items, load_ns=load, workers=int(target), prefetch=prefetch, handoff_ns=handoff,
+                        ready=ready if ready is not None and ready.any() else None)
     floor = 0.0
     waiting = False
     if single and cpus and load_cpu is not None and comp_cpu is not None:

@@ -24,6 +24,9 @@ class LoaderFix:
     prefetch: int
     #: a ready batch's hand-over to the training process (ns)
     handoff_ns: int
+    #: the waits whose batch was ready (within the spread of a hand-over the capture measured on the host, or in a
+    #: step through which the workers burned no CPU): they stay as recorded; None where nothing tells them apart
+    ready: np.ndarray | None = None
 
 
 def simulate_loader(fix: LoaderFix, compute_ns: np.ndarray, rounds: int = 8) -> np.ndarray:
@@ -64,24 +67,32 @@ def stalled(waits: np.ndarray, handoff: float) -> np.ndarray:
     return waits > 2.0 * handoff + 500_000.0
 
 
-def infer_worker_loads(asked: np.ndarray, taken: np.ndarray, k: int, prefetch: int) -> np.ndarray:
+def infer_worker_loads(asked: np.ndarray, taken: np.ndarray, k: int, prefetch: int, handoff: float | None = None,
+                       fresh: np.ndarray | None = None, ready: np.ndarray | None = None) -> np.ndarray:
     """Each batch's loading time in its worker, inverted from the training loop's waits under the same queue
     model as ``simulate_loader``: batch b is ready when the loop got it (if it had to wait) and its worker
     could start it when its previous batch (b - k) was done and batch b - k * prefetch had been taken. A
     batch that was ready before the loop asked for it loaded in at most the time it had (taken as 0).
-    In a steadily stalled loader this is exactly k steps per batch."""
+    In a steadily stalled loader this is exactly k steps per batch. ``handoff``: a ready batch's hand-over where
+    known better than the waits tell (the capture's probe, where every wait is alike); ``fresh``: batches whose
+    worker's previous batch belongs to an earlier iterator (its workers were started again in between), whose
+    loading the queue cannot time (was: timed from the old iterator's batch, so the batch after a restart loaded in
+    77 ms, and more workers were worth it); ``ready``: batches known to have been ready, whatever their wait."""
     n = len(asked)
     depth = max(1, k * prefetch)
     waits = taken - asked
-    handoff = handoff_ns(waits)
+    if handoff is None or not handoff:
+        handoff = handoff_ns(waits)
     waited = stalled(waits, handoff)
+    if ready is not None:
+        waited &= ~ready
     ready = np.where(waited, taken - handoff, asked).astype(float)  # a batch not waited for: ready by then at most
     load = np.full(n, np.nan)
     for b in range(n):
         free = ready[b - k] if b >= k else np.nan
         gate = float(taken[b - depth]) if b >= depth else np.nan
         start = np.nanmax([free, gate]) if not (np.isnan(free) and np.isnan(gate)) else np.nan
-        if not np.isnan(start):
+        if not np.isnan(start) and not (fresh is not None and fresh[b]):
             # a batch ready before it was asked for loaded in somewhere between 0 and the time it had; the trace
             # cannot say where: taken as 0 (optimistic; a stalled loader's batches are all waited for)
             load[b] = max(ready[b] - start, 0.0) if waited[b] else 0.0
