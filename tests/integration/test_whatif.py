@@ -489,27 +489,93 @@ def test_waits_within_the_probed_hand_overs_spread_are_ready_batches(tmp_path):
     assert (f.evidence["wait_kind"], f.severity, f.worth.fraction) == ("handover", "info", 0.0)
 
 
-@pytest.mark.parametrize("idle_step_cpu_ns, step_us_after", [(0, 10_000), (8_000_000, 9_750)])
-def test_a_stall_in_a_step_the_workers_slept_through_took_a_ready_batch(tmp_path, idle_step_cpu_ns, step_us_after):
-    """Was: a 3.5 ms wait at the end of an epoch, in a step through which the one worker burned no CPU (it had made
-    every batch of the epoch), was read as the worker falling behind and 2 workers were worth 7% of the run (the
-    consensus: the worker kept up, information). 2 workers busy 40% of the time a batch takes them; 12 steps of 10 ms,
-    each opening with a 1 ms wait (ready batches: the hand-over) but step 7's, 4 ms. Where the workers burned no CPU
-    through step 7, its batch was ready: 64 workers change nothing, 10 ms. Where they worked through it (8 ms), its
-    batch was late: with 64 workers it is ready, the wait is the 1 ms hand-over, (11 x 10 + 7) / 12 = 9.75 ms."""
+@pytest.mark.parametrize("stall_step, stall_workers_cpu_ns, step_us_after", [
+    (11, 0, 10_000), (11, 8_000_000, 9_750), (7, 0, 9_750)])
+def test_a_stall_in_a_step_the_workers_slept_through_took_a_ready_batch(tmp_path, stall_step, stall_workers_cpu_ns,
+                                                                          step_us_after):
+    """Was: a 3.5 ms wait at the end of an epoch, for its last batch, in a step through which the one worker burned no
+    CPU (it had made every batch of the epoch), was read as the worker falling behind and 2 workers were worth 7% of
+    the run (the consensus: the worker kept up, information). 2 workers (prefetch 2) busy 40% of the time a batch
+    takes them; 12 steps of 10 ms, each opening with a 1 ms wait (ready batches: the hand-over) but one, 4 ms; the
+    capture's marks number the batches 0 to 11 and the next() after the window ends the iterator at 12. Step 11's
+    batch (index 10) is one of its last 4 (2 x 2: every index was with a worker by then): where the workers burned no
+    CPU through that step, they had nothing left to make, the batch was ready, and 64 workers change nothing: 10 ms.
+    Where they worked through it (8 ms), it was late: with 64 workers it is ready, the wait the 1 ms hand-over, (11 x
+    10 + 7) / 12 = 9.75 ms. Step 7's batch (index 6) had 5 more to come: workers idle through it were waiting for
+    something (storage), not done - late, 9.75 ms (was: any wait in an idle step read as ready, 25 ms ones too)."""
     b = TraceBuilder()
     for k in range(12):
-        wait = 4_000 if k + 1 == 7 else 1_000
+        wait = 4_000 if k + 1 == stall_step else 1_000
         b.step(k + 1, 10_000 * k, 10_000).loader(10_000 * k, wait, multiprocess=True)
+        b.op("kinetoscope::data_wait", 10_000 * k, wait, cat="kinetoscope", loader=0, role="train", batch=k)
+    b.op("kinetoscope::data_wait", 120_000, 50, cat="kinetoscope", loader=0, role="train", batch=12, exhausted=True)
     out = _captured(tmp_path, b, {"num_workers": 2, "prefetch_factor": 2}, {"cpus": 64, "torch_threads": 1})
+    manifest = json.loads((out / "rank-0.manifest.json").read_text())
+    manifest["loop"] = {"marks": 3, "recorded": ["data_wait", "workers"],
+                        "loaders": [{"loader": 0, "role": "train", "num_workers": 2}]}
+    (out / "rank-0.manifest.json").write_text(json.dumps(manifest))
     n = 14
     workers = [8_000_000] * n
-    workers[7] = idle_step_cpu_ns
+    workers[stall_step] = stall_workers_cpu_ns
     (out / "rank-0.steps.json").write_text(json.dumps({
         "step_wall_ns": [10_000_000] * n, "data_wait_ns": [1_250_000] * n,
         "profiled": [False] + [True] * 12 + [False], "step_cpu_ns": [9_000_000] * n,
         "data_wait_cpu_ns": [200_000] * n, "data_wait_thread_cpu_ns": [200_000] * n, "workers_cpu_ns": workers}))
     est = whatif.estimate(load_trace(out).ranks[0], finding("loader_stall"), {"num_workers": 64})
+    assert est["step_us_after"] == pytest.approx(step_us_after, abs=1)
+
+
+def test_waits_the_loop_sat_idle_through_beyond_the_probes_spread_are_stalls(tmp_path):
+    """A wait is the probed hand-over's only within its spread: 2 workers, 12 steps of 2 ms, each opening with a
+    1.0 ms wait the training thread is on a CPU for 0.1 ms of; the probe measured 0.30 ms (0.28-0.35 ms). 1.0 ms is
+    2.9 times the probe's 90th percentile, and the loop sat idle through 90% of it: the workers were late (was: ready,
+    under twice the median and half a millisecond, and worth nothing). With 4 workers each wait is the 0.30 ms
+    hand-over: 2.0 - 1.0 + 0.3 = 1.3 ms a step; over the run the waits are half of it, and the fix removes 70% of
+    them: 35%, critical."""
+    b = waiting_steps(2_000, 1_000, multiprocess=True)
+    probe = {"median_ns": 300_000, "p10_ns": 280_000, "p90_ns": 350_000, "samples": 20, "batch_bytes": 33_024,
+             "workers": 1, "why": None}
+    out = _captured(tmp_path, b, {"num_workers": 2, "prefetch_factor": 2, "handover_probe": probe},
+                    {"cpus": 64, "torch_threads": 1})
+    n = 14
+    (out / "rank-0.steps.json").write_text(json.dumps({
+        "step_wall_ns": [2_000_000] * n, "data_wait_ns": [1_000_000] * n, "profiled": [False] + [True] * 12 + [False],
+        "step_cpu_ns": [1_100_000] * n, "data_wait_cpu_ns": [100_000] * n, "data_wait_thread_cpu_ns": [100_000] * n,
+        "workers_cpu_ns": [1_500_000] * n}))
+    est = whatif.estimate(load_trace(out).ranks[0], finding("loader_stall"), {"num_workers": 4})
+    assert est["step_us_after"] == pytest.approx(1_300, abs=1)
+    (f,) = [f for f in build_report(load_trace(out)).findings if f.id == "loader_stall"]
+    assert (f.severity, f.worth.fraction) == ("critical", 0.35)
+
+
+@pytest.mark.parametrize("whose, step_us_after", [(1, 11_666.667), (0, 10_000)])
+def test_only_the_training_loaders_worker_start_makes_its_batches_new(tmp_path, whose, step_us_after):
+    """Was: any loader's workers starting (a validation loader's, loader 1) made the training loader's next batches
+    untimed, so its measured 30 ms stall was replaced by a guess that two workers hide. 1 persistent worker, prefetch
+    2, 12 steps of 9.8 ms of compute after a 0.2 ms wait (the hand-over), but step 6's 30 ms wait. Loader 1's start
+    leaves the stall timed: batch 5's worker was free once batch 4 was ready (asked for, 10 ms before batch 5 was),
+    so it loaded in 10 + 29.8 = 39.8 ms. With 2 workers (prefetch 1) it starts once batch 3 is taken, 19.8 ms before
+    the loop asks for it: it waits 20 ms + 0.2 ms instead of 30 ms, 9.8 ms saved of the 149.8 ms window, (149.8 -
+    9.8) / 12 = 11.67 ms a step. The training loader's own start in step 5 leaves batch 5 with no earlier batch of its
+    worker to time it from: it loads at the one worker's pace, the window's batches apart, (140.0 - 0.2) / 11 = 12.7
+    ms, which the second worker hides: every wait the 0.2 ms hand-over, (149.8 - 29.8) / 12 = 10 ms a step."""
+    b = TraceBuilder()
+    t = 0
+    for k in range(12):
+        wait = 30_000 if k + 1 == 6 else 200
+        dur = 9_800 + wait
+        b.step(k + 1, t, dur).loader(t, wait, multiprocess=True)
+        if k + 1 == 5:
+            b.op("kinetoscope::workers_start", t + 3_000, 1_000, cat="kinetoscope", loader=whose, workers=1,
+                 restart=whose == 0)
+        t += dur
+    out = _captured(tmp_path, b, {"num_workers": 1, "prefetch_factor": 2, "persistent_workers": True})
+    manifest = json.loads((out / "rank-0.manifest.json").read_text())
+    manifest["loop"] = {"marks": 3, "recorded": ["data_wait", "workers"],
+                        "loaders": [{"loader": 0, "role": "train", "num_workers": 1},
+                                    {"loader": 1, "role": "eval", "num_workers": 1}]}
+    (out / "rank-0.manifest.json").write_text(json.dumps(manifest))
+    est = whatif.estimate(load_trace(out).ranks[0], finding("loader_stall"), {"num_workers": 2, "prefetch_factor": 1})
     assert est["step_us_after"] == pytest.approx(step_us_after, abs=1)
 
 

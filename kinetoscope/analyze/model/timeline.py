@@ -234,10 +234,53 @@ def _first_batches(trace: RankTrace) -> pd.DataFrame:
 
 
 def worker_starts_ns(trace: RankTrace) -> np.ndarray:
-    """When each start of a loader's worker processes that the capture marked ended (ns, sorted; none in a trace
-    from elsewhere): batches after it come from new workers."""
-    starts = _mark_events(trace, "kinetoscope::workers_start")
+    """When each start of the training loader's worker processes that the capture marked ended (ns, sorted; none
+    where the capture recorded no loader's role, and in a trace from elsewhere): batches after it come from new
+    workers (was: any loader's, so a validation loader's workers starting made the training loader's stalled batch
+    untimed)."""
+    marks = trace.marks
+    training = {loader for loader, role in loader_roles(trace).items() if role == "train"}
+    if marks.empty or not training:
+        return np.zeros(0, dtype=np.int64)
+    pick = ((marks["name"] == "kinetoscope::workers_start").to_numpy()
+            & marks["loader"].isin(list(training)).fillna(False).to_numpy(dtype=bool))
+    starts = trace.events.iloc[marks["row"].to_numpy()[pick]]
     return np.sort(starts["end_ns"].to_numpy(np.int64)) if len(starts) else np.zeros(0, dtype=np.int64)
+
+
+def batches_left(trace: RankTrace, starts_ns: np.ndarray, ends_ns: np.ndarray) -> np.ndarray:
+    """For each wait [``starts_ns``, ``ends_ns``], how many batches its iterator still had to hand out after the one
+    it took, from the capture's data-wait marks (a batch's index within its iterator, and the ``next()`` that ended
+    the iterator, whose index is the iterator's batch count); NaN where no mark covers the wait or its iterator's end
+    is not in the trace."""
+    out = np.full(len(starts_ns), np.nan)
+    marks = trace.marks
+    if marks.empty or not len(starts_ns):
+        return out
+    waits = marks[(marks["name"] == "kinetoscope::data_wait").to_numpy()]
+    if waits.empty:
+        return out
+    ev = trace.events.iloc[waits["row"].to_numpy()]
+    frame = pd.DataFrame({"ts": ev["ts_ns"].to_numpy(np.int64), "end": ev["end_ns"].to_numpy(np.int64),
+                          "loader": waits["loader"].to_numpy(), "batch": waits["batch"].to_numpy(),
+                          "exhausted": waits["exhausted"].fillna(False).to_numpy(dtype=bool)}).sort_values("ts")
+    frame["left"] = np.nan
+    for _, group in frame.groupby("loader", dropna=True, sort=False):
+        batch = pd.to_numeric(group["batch"], errors="coerce").to_numpy(float)
+        # an iterator runs from a batch 0 to the next one; its end is the mark of the next() that ended it
+        era = np.cumsum(np.r_[True, batch[1:] <= batch[:-1]] | np.isnan(batch))
+        for e in np.unique(era):
+            rows = np.flatnonzero(era == e)
+            ended = group["exhausted"].to_numpy()[rows]
+            if ended.any():
+                count = batch[rows[np.flatnonzero(ended)[0]]]
+                frame.loc[group.index[rows], "left"] = count - batch[rows] - 1
+    ts, end, left = frame["ts"].to_numpy(), frame["end"].to_numpy(), frame["left"].to_numpy(float)
+    mid = (np.asarray(starts_ns, dtype=np.int64) + np.asarray(ends_ns, dtype=np.int64)) // 2
+    at = np.searchsorted(ts, mid, side="right") - 1
+    inside = (at >= 0) & (end[np.maximum(at, 0)] >= mid)
+    out[inside] = left[at[inside]]
+    return out
 
 
 def _workers_stopping(trace: RankTrace) -> pd.DataFrame:
@@ -956,19 +999,28 @@ def workers_busy_share(trace: RankTrace) -> float | None:
     return wcpu / per_batch if per_batch > 0 else None
 
 
-def steps_workers_idle(trace: RankTrace) -> set[int]:
-    """The window's steps (their numbers) through which the DataLoader workers burned no CPU at all, from the
-    capture's per-step record of their CPU (their batches were made: a wait in such a step took one that was ready),
-    where the workers are otherwise busy with their batches (``workers_busy_share`` at least
-    ``WORKERS_BUSY_MIN_SHARE``: workers that mostly wait for storage or the network may sleep through a step loading
-    one); empty where not recorded, or where the capture's profiled steps are not the trace's."""
+def _profiled_rows(trace: RankTrace) -> pd.DataFrame | None:
+    """The capture's step timings of the window's steps (``steps.json`` rows marked profiled), where their numbers
+    are the trace's ProfilerStep numbers; None where not recorded or they are not (another window's rows)."""
     rs = trace.run_steps
-    busy = workers_busy_share(trace)
-    if rs is None or "workers_cpu_ns" not in rs or busy is None or busy < WORKERS_BUSY_MIN_SHARE:
-        return set()
+    if rs is None or "profiled" not in rs:
+        return None
     profiled = rs[rs["profiled"].to_numpy(bool)]
     numbers = set(int(x) for x in trace.steps["step"].to_numpy()) if "step" in trace.steps else set()
     if not len(profiled) or not set(int(x) for x in profiled["step"]) <= numbers:
+        return None
+    return profiled
+
+
+def steps_workers_idle(trace: RankTrace) -> set[int]:
+    """The window's steps (their numbers) through which the DataLoader workers burned no CPU at all, from the
+    capture's per-step record of their CPU, where the workers are otherwise busy with their batches
+    (``workers_busy_share`` at least ``WORKERS_BUSY_MIN_SHARE``: workers that mostly wait for storage or the network
+    may sleep through a step loading one); empty where not recorded, or where the capture's profiled steps are not
+    the trace's. A worker idle in a step made no batch then: it had made them, or it waited for something."""
+    profiled = _profiled_rows(trace)
+    busy = workers_busy_share(trace)
+    if profiled is None or "workers_cpu_ns" not in profiled or busy is None or busy < WORKERS_BUSY_MIN_SHARE:
         return set()
     idle = profiled["workers_cpu_ns"].to_numpy(float) == 0.0
     return set(int(x) for x in profiled["step"].to_numpy()[idle])

@@ -21,9 +21,11 @@ from kinetoscope.analyze.model.hostfacts import count, no_core_for_a_worker, ran
 from kinetoscope.analyze.model.phases import evaluation_steps, evaluation_waits
 from kinetoscope.analyze.model.timeline import (
     HANDOVER_CPU_SHARE,
+    HANDOVER_PROBE_RATIO,
     WORKERS_BUSY_MIN_SHARE,
     _tid_mask,
     batch_at_once,
+    batches_left,
     cpu_shares,
     draws_random,
     handoff_ns,
@@ -49,7 +51,7 @@ from kinetoscope.analyze.whatif.graph import (
     PINNED_GBPS_DEFAULT,
     ReplayGraph,
 )
-from kinetoscope.analyze.whatif.loader_queue import LoaderFix, infer_worker_loads, stalled
+from kinetoscope.analyze.whatif.loader_queue import LoaderFix, infer_worker_loads
 from kinetoscope.analyze.whatif.replay import Edits, wait_edits
 
 
@@ -317,17 +319,30 @@ def _plan_workers(trace: RankTrace, g: ReplayGraph, params: dict[str, Any], item
                            f"measure it{why})")
     ready = None
     if workers_before:
-        # batches that were ready: with a hand-over the capture measured on the host, a wait within its spread
-        # (``loader_queue.stalled``); a wait in a step through which the workers burned no CPU (their batches made)
-        idle = steps_workers_idle(trace)
+        # waits that took a batch already made, which more workers cannot make readier: with a hand-over the capture
+        # measured on the host, a wait within its spread (its 90th percentile, by HANDOVER_PROBE_RATIO: was twice
+        # its median and half a millisecond, so 1.0 ms waits the loop sat idle through, against a 0.30-0.35 ms
+        # probe, read as ready); a wait in a step through which the workers, busy otherwise, burned no CPU, for one
+        # of the last batches its iterator had (every index handed to a worker: they had nothing left to make. Was:
+        # any wait in such a step, so 25 ms waits while workers slept on storage read as ready). A hand-over given by
+        # hand replaces both
         ready = np.zeros(len(items), dtype=bool)
-        if probe_used and params.get("handoff_ms") is None:
-            ready |= ~stalled(waits, float(handoff))
-        if idle:
+        if params.get("handoff_ms") is None:
+            if probe_used and probe is not None:
+                p90 = probe.get("p90_ns")
+                probe_spread = float(p90) if isinstance(p90, (int, float)) and not isinstance(p90, bool) and p90 > 0 \
+                    else float(probed)  # type: ignore[arg-type]
+                ready |= waits <= HANDOVER_PROBE_RATIO * probe_spread
             step_of = np.clip(np.searchsorted(g.step_start, g.wait_start[items], side="right") - 1, 0, g.steps - 1)
             number_at = dict(zip(trace.steps["start_ns"].to_numpy(np.int64).tolist(),
                                  trace.steps["step"].to_numpy().tolist(), strict=False))
-            ready |= np.asarray([number_at.get(int(g.step_start[k])) in idle for k in step_of], dtype=bool)
+            number = [number_at.get(int(g.step_start[k])) for k in step_of]
+            idle = steps_workers_idle(trace)
+            if idle:
+                left = batches_left(trace, g.wait_start[items], g.wait_end[items])
+                with np.errstate(invalid="ignore"):
+                    last = left < int(before) * before_prefetch  # type: ignore[arg-type]
+                ready |= np.array([n in idle for n in number], dtype=np.bool_) & last
         # each batch's loading inferred with the hand-over the estimate uses (was: one read from the waits alone, 0
         # where every wait was alike, so a ready batch's 0.9 ms hand-over read as a worker late by it)
         load = infer_worker_loads(g.wait_start[items], g.wait_end[items], int(before), before_prefetch,  # type: ignore[arg-type]
