@@ -1026,6 +1026,25 @@ def steps_workers_idle(trace: RankTrace) -> set[int]:
     return set(int(x) for x in profiled["step"].to_numpy()[idle])
 
 
+def steps_taking_over(trace: RankTrace) -> set[int]:
+    """The window's steps (their numbers) whose data waits the training thread worked through for
+    ``HANDOVER_CPU_SHARE`` of their time or more (the capture's per-step CPU through the waits: the thread's own where
+    recorded, else the process's): taking the batch over (unpickling, collating), not waiting for a worker still
+    making it - the test ``handover_waits`` makes of the run, step by step. Empty where not recorded."""
+    profiled = _profiled_rows(trace)
+    if profiled is None:
+        return set()
+    column = ("data_wait_thread_cpu_ns" if "data_wait_thread_cpu_ns" in profiled
+              and not profiled["data_wait_thread_cpu_ns"].isna().all() else "data_wait_cpu_ns")
+    if column not in profiled:
+        return set()
+    wait = profiled["data_wait_ns"].to_numpy(float)
+    cpu = profiled[column].to_numpy(float)
+    with np.errstate(invalid="ignore"):
+        working = (wait > 0) & (cpu >= HANDOVER_CPU_SHARE * wait)
+    return set(int(x) for x in profiled["step"].to_numpy()[working])
+
+
 def handoff_ns(waits: np.ndarray) -> float:
     """What taking a batch that is already prepared costs the loop: the median of the short waits (at most a
     quarter of the longest) where at least a quarter of the waits are short, so those batches were evidently
