@@ -574,6 +574,25 @@ def test_a_wait_the_loop_worked_through_took_a_ready_batch(tmp_path):
     assert estimate(tmp_path / "idle", 600_000)["step_us_after"] == pytest.approx(9_300, abs=1)
 
 
+def test_one_long_stall_among_hand_overs_is_not_the_workers_keeping_up(tmp_path):
+    """Was: without the capture's CPU times or a probe, eleven 0.2 ms waits and one 30 ms wait read as "the workers
+    keep up (the waits are alike and short, batches were ready): more workers will not help" - 11 of 12 waits short,
+    though the stall held 30 of the 32.2 ms waited - beside a replay with more workers worth a fifth of the run. The
+    waits alone tell the hand-over by the time in stalls, not their count: 93% here, so which it is cannot be told
+    without the capture's CPU times, and the advice says so."""
+    b = TraceBuilder()
+    t = 0
+    for k in range(12):
+        wait = 30_000 if k + 1 == 6 else 200
+        b.step(k + 1, t, 9_800 + wait).loader(t, wait, multiprocess=True)
+        t += 9_800 + wait
+    out = _captured(tmp_path, b, {"num_workers": 1, "prefetch_factor": 2, "persistent_workers": True})
+    (f,) = [f for f in build_report(load_trace(out)).findings if f.id == "loader_stall"]
+    assert f.evidence["wait_kind"] == "unknown"
+    assert "more workers will not help" not in f.recommendation
+    assert "cannot be told without the capture's CPU times" in f.recommendation
+
+
 @pytest.mark.parametrize("whose, step_us_after", [(1, 11_666.667), (0, 10_000)])
 def test_only_the_training_loaders_worker_start_makes_its_batches_new(tmp_path, whose, step_us_after):
     """Was: any loader's workers starting (a validation loader's, loader 1) made the training loader's next batches

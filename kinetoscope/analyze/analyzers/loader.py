@@ -29,6 +29,7 @@ from kinetoscope.analyze.model.timeline import (
     per_item_batch,
     probed_handover_ns,
     python_judged,
+    stall_time_share,
     transforms_judged,
     wait_cpu_share,
     waits_as_probed,
@@ -77,7 +78,7 @@ def wait_kind(trace: RankTrace, waits_ns: np.ndarray) -> tuple[str, float | None
             return "idle_workers", load_cpu, own
         return "starved", load_cpu, own
     handoff = handoff_ns(waits_ns)
-    if handoff and float(np.mean(waits_ns > 2.0 * handoff + 500_000.0)) < 0.25:  # ready batches, few stalls
+    if handoff and stall_time_share(waits_ns, handoff) < 0.25:  # ready batches, little time in stalls
         return "handover", None, False
     return "unknown", None, False
 
