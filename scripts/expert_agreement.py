@@ -158,7 +158,9 @@ HELD_OUT = ((3, "third", "captures of public training code"),
             (52, "fifty-second", "twelve more programs, with grad-off evaluations marked"),
             (53, "fifty-third", "twelve more programs, after the fifty-second's straggler rule"),
             (54, "fifty-fourth", "twelve more programs, after the second review of that rule"),
-            (55, "fifty-fifth", "twelve more programs, on this stop's final code after its CI"))
+            (55, "fifty-fifth", "twelve more programs, on this stop's final code after its CI"),
+            (56, "fifty-sixth", "twelve more programs, after the loader replay's ready batches"),
+            (57, "fifty-seventh", "twelve more programs, after that rule's review"))
 #: the first set read by a third expert reconciling the two readings
 FIRST_CONSENSUS = 13
 
