@@ -24,8 +24,8 @@ class LoaderFix:
     prefetch: int
     #: a ready batch's hand-over to the training process (ns)
     handoff_ns: int
-    #: the waits whose batch was ready (within the spread of a hand-over the capture measured on the host, or in a
-    #: step through which the workers burned no CPU): they stay as recorded; None where nothing tells them apart
+    #: the waits whose batch was ready (``fixes._plan_workers`` says how the trace shows it): they stay as recorded;
+    #: None where nothing tells them apart
     ready: np.ndarray | None = None
 
 

@@ -220,9 +220,9 @@ def apply(trace: RankTrace, g: ReplayGraph, edits: Edits, iterations: int = 3) -
     for _ in range(iterations):
         waits = simulate_loader(fix, compute) if fix.load_ns.any() else np.full(len(fix.items), float(fix.handoff_ns))
         if fix.ready is not None:
-            # batches that were ready (waits within the probed hand-over's spread) stay as recorded: more workers
-            # cannot make a ready batch readier (was: each credited down to the probe's median, so waits of 0.95 ms
-            # against a probed 0.70 ms were worth 4% of a run with more workers)
+            # batches that were ready stay as recorded: more workers cannot make a ready batch readier (was: each
+            # credited down to the assumed hand-over, so waits of 0.95 ms against a probed 0.70 ms were worth 4% of a
+            # run with more workers)
             waits = np.where(fix.ready, own, waits)
         waits = np.minimum(waits, own)  # a fix never makes a wait longer (it would not be applied)
         e = Edits(dict(edits.item_dur), set(edits.item_free), dict(edits.op_dur), edits.floor_step_ns,
