@@ -160,7 +160,8 @@ HELD_OUT = ((3, "third", "captures of public training code"),
             (54, "fifty-fourth", "twelve more programs, after the second review of that rule"),
             (55, "fifty-fifth", "twelve more programs, on this stop's final code after its CI"),
             (56, "fifty-sixth", "twelve more programs, after the loader replay's ready batches"),
-            (57, "fifty-seventh", "twelve more programs, after that rule's review"))
+            (57, "fifty-seventh", "twelve more programs, after that rule's review"),
+            (58, "fifty-eighth", "twelve more programs, on this stop's final code after its CI"))
 #: the first set read by a third expert reconciling the two readings
 FIRST_CONSENSUS = 13
 
