@@ -239,13 +239,12 @@ def worker_starts_ns(trace: RankTrace) -> np.ndarray:
     workers (was: any loader's, so a validation loader's workers starting made the training loader's stalled batch
     untimed)."""
     marks = trace.marks
-    training = {loader for loader, role in loader_roles(trace).items() if role == "train"}
+    training = [loader for loader, role in loader_roles(trace).items() if role == "train"]
     if marks.empty or not training:
         return np.zeros(0, dtype=np.int64)
-    pick = ((marks["name"] == "kinetoscope::workers_start").to_numpy()
-            & marks["loader"].isin(list(training)).fillna(False).to_numpy(dtype=bool))
-    starts = trace.events.iloc[marks["row"].to_numpy()[pick]]
-    return np.sort(starts["end_ns"].to_numpy(np.int64)) if len(starts) else np.zeros(0, dtype=np.int64)
+    starts = _mark_events(trace, "kinetoscope::workers_start",
+                          marks["loader"].isin(training).fillna(False).to_numpy(dtype=bool))
+    return np.sort(starts["end_ns"].to_numpy(np.int64))
 
 
 def batches_left(trace: RankTrace, starts_ns: np.ndarray, ends_ns: np.ndarray) -> np.ndarray:

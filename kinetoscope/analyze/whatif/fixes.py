@@ -36,6 +36,7 @@ from kinetoscope.analyze.model.timeline import (
     name_mask,
     other_loader_spans,
     per_item_batch,
+    step_at,
     steps_taking_over,
     steps_workers_idle,
     wait_cpu_share,
@@ -110,10 +111,11 @@ def _fresh_batches(trace: RankTrace, g: ReplayGraph, items: np.ndarray, k: int) 
     fresh = np.zeros(len(items), dtype=bool)
     if not len(starts):
         return fresh
-    at = g.wait_start[items]
-    era = np.searchsorted(starts, at, side="right")  # how many starts came before each wait
-    for i in range(len(items)):
-        fresh[i] = era[i] > 0 and int(np.sum(era[:i] == era[i])) < k
+    era = np.searchsorted(starts, g.wait_start[items], side="right")  # how many starts came before each wait
+    seen: dict[int, int] = {}  # waits so far after each start
+    for i, e in enumerate(era.tolist()):
+        fresh[i] = e > 0 and seen.get(e, 0) < k
+        seen[e] = seen.get(e, 0) + 1
     return fresh
 
 
@@ -336,18 +338,14 @@ def _plan_workers(trace: RankTrace, g: ReplayGraph, params: dict[str, Any], item
                 probe_spread = float(p90) if isinstance(p90, (int, float)) and not isinstance(p90, bool) and p90 > 0 \
                     else float(probed)  # type: ignore[arg-type]
                 ready |= waits <= HANDOVER_PROBE_RATIO * probe_spread
-            step_of = np.clip(np.searchsorted(g.step_start, g.wait_start[items], side="right") - 1, 0, g.steps - 1)
-            number_at = dict(zip(trace.steps["start_ns"].to_numpy(np.int64).tolist(),
-                                 trace.steps["step"].to_numpy().tolist(), strict=False))
-            number = [number_at.get(int(g.step_start[k])) for k in step_of]
-            taking_over = steps_taking_over(trace)
-            ready |= np.array([n in taking_over for n in number], dtype=np.bool_)
+            number = step_at(trace, g.wait_start[items])
+            ready |= np.isin(number, list(steps_taking_over(trace)))
             idle = steps_workers_idle(trace)
             if idle:
                 left = batches_left(trace, g.wait_start[items], g.wait_end[items])
                 with np.errstate(invalid="ignore"):
                     last = left < int(before) * before_prefetch  # type: ignore[arg-type]
-                ready |= np.array([n in idle for n in number], dtype=np.bool_) & last
+                ready |= np.isin(number, list(idle)) & last
         # each batch's loading inferred with the hand-over the estimate uses (was: one read from the waits alone, 0
         # where every wait was alike, so a ready batch's 0.9 ms hand-over read as a worker late by it)
         load = infer_worker_loads(g.wait_start[items], g.wait_end[items], int(before), before_prefetch,  # type: ignore[arg-type]

@@ -81,8 +81,7 @@ def infer_worker_loads(asked: np.ndarray, taken: np.ndarray, k: int, prefetch: i
     n = len(asked)
     depth = max(1, k * prefetch)
     waits = taken - asked
-    if handoff is None or not handoff:
-        handoff = handoff_ns(waits)
+    handoff = handoff or handoff_ns(waits)
     waited = stalled(waits, handoff)
     if ready is not None:
         waited &= ~ready
