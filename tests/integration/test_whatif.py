@@ -127,6 +127,24 @@ def _step_times(out: Path, *, cpu_ns: int, wait_cpu_ns: int, n: int = 14) -> Non
         "step_cpu_ns": [cpu_ns] * n, "data_wait_cpu_ns": [wait_cpu_ns] * n}))
 
 
+def _probe(median_ns: int, p10_ns: int, p90_ns: int, batch_bytes: int = 33_024) -> dict:
+    """The capture's measure of a ready batch's hand-over on the host (``dataloader.handover_probe``)."""
+    return {"median_ns": median_ns, "p10_ns": p10_ns, "p90_ns": p90_ns, "samples": 20, "batch_bytes": batch_bytes,
+            "workers": 1, "why": None}
+
+
+def _window_times(out: Path, *, wall_ns: int, wait_ns: int, cpu_ns: int, wait_cpu_ns: int,
+                  workers_cpu_ns: int | list[int]) -> None:
+    """The capture's step timings of a run of 14 steps whose 12 middle ones are the window's (profiled): each step's
+    wall, wait, process CPU, the training thread's CPU through the wait and the workers' CPU."""
+    n = 14
+    (out / "rank-0.steps.json").write_text(json.dumps({
+        "step_wall_ns": [wall_ns] * n, "data_wait_ns": [wait_ns] * n, "profiled": [False] + [True] * 12 + [False],
+        "step_cpu_ns": [cpu_ns] * n, "data_wait_cpu_ns": [wait_cpu_ns] * n,
+        "data_wait_thread_cpu_ns": [wait_cpu_ns] * n,
+        "workers_cpu_ns": workers_cpu_ns if isinstance(workers_cpu_ns, list) else [workers_cpu_ns] * n}))
+
+
 def test_more_workers_for_a_steadily_stalled_loader(tmp_path):
     """2 workers, 20 ms steps: 10 ms waiting for data, 10 ms of compute. A stalled loader delivers one batch
     per step, so each worker takes 2 steps = 40 ms per batch. With 4 workers a batch is ready every 10 ms,
@@ -474,15 +492,11 @@ def test_waits_within_the_probed_hand_overs_spread_are_ready_batches(tmp_path):
     through which the training thread's CPU is busy 0.60 ms: every batch was ready, so 4 workers give the same 4 ms
     step, and the finding is information, worth nothing over the run."""
     b = waiting_steps(4_000, 950, multiprocess=True)
-    probe = {"median_ns": 700_000, "p10_ns": 650_000, "p90_ns": 1_000_000, "samples": 20, "batch_bytes": 33_024,
-             "workers": 1, "why": None}
-    out = _captured(tmp_path, b, {"num_workers": 2, "prefetch_factor": 2, "handover_probe": probe},
+    out = _captured(tmp_path, b, {"num_workers": 2, "prefetch_factor": 2,
+                                  "handover_probe": _probe(700_000, 650_000, 1_000_000)},
                     {"cpus": 2, "torch_threads": 1})
-    n = 14
-    (out / "rank-0.steps.json").write_text(json.dumps({
-        "step_wall_ns": [4_000_000] * n, "data_wait_ns": [950_000] * n, "profiled": [False] + [True] * 12 + [False],
-        "step_cpu_ns": [3_800_000] * n, "data_wait_cpu_ns": [600_000] * n, "data_wait_thread_cpu_ns": [600_000] * n,
-        "workers_cpu_ns": [1_400_000] * n}))
+    _window_times(out, wall_ns=4_000_000, wait_ns=950_000, cpu_ns=3_800_000, wait_cpu_ns=600_000,
+                  workers_cpu_ns=1_400_000)
     est = whatif.estimate(load_trace(out).ranks[0], finding("loader_stall"), {"num_workers": 4})
     assert est["step_us_after"] == 4_000 and est["saving_us_per_step"] == 0
     (f,) = [f for f in build_report(load_trace(out)).findings if f.id == "loader_stall"]
@@ -514,13 +528,10 @@ def test_a_stall_in_a_step_the_workers_slept_through_took_a_ready_batch(tmp_path
     manifest["loop"] = {"marks": 3, "recorded": ["data_wait", "workers"],
                         "loaders": [{"loader": 0, "role": "train", "num_workers": 2}]}
     (out / "rank-0.manifest.json").write_text(json.dumps(manifest))
-    n = 14
-    workers = [8_000_000] * n
+    workers = [8_000_000] * 14
     workers[stall_step] = stall_workers_cpu_ns
-    (out / "rank-0.steps.json").write_text(json.dumps({
-        "step_wall_ns": [10_000_000] * n, "data_wait_ns": [1_250_000] * n,
-        "profiled": [False] + [True] * 12 + [False], "step_cpu_ns": [9_000_000] * n,
-        "data_wait_cpu_ns": [200_000] * n, "data_wait_thread_cpu_ns": [200_000] * n, "workers_cpu_ns": workers}))
+    _window_times(out, wall_ns=10_000_000, wait_ns=1_250_000, cpu_ns=9_000_000, wait_cpu_ns=200_000,
+                  workers_cpu_ns=workers)
     est = whatif.estimate(load_trace(out).ranks[0], finding("loader_stall"), {"num_workers": 64})
     assert est["step_us_after"] == pytest.approx(step_us_after, abs=1)
 
@@ -533,15 +544,11 @@ def test_waits_the_loop_sat_idle_through_beyond_the_probes_spread_are_stalls(tmp
     hand-over: 2.0 - 1.0 + 0.3 = 1.3 ms a step; over the run the waits are half of it, and the fix removes 70% of
     them: 35%, critical."""
     b = waiting_steps(2_000, 1_000, multiprocess=True)
-    probe = {"median_ns": 300_000, "p10_ns": 280_000, "p90_ns": 350_000, "samples": 20, "batch_bytes": 33_024,
-             "workers": 1, "why": None}
-    out = _captured(tmp_path, b, {"num_workers": 2, "prefetch_factor": 2, "handover_probe": probe},
+    out = _captured(tmp_path, b, {"num_workers": 2, "prefetch_factor": 2,
+                                  "handover_probe": _probe(300_000, 280_000, 350_000)},
                     {"cpus": 64, "torch_threads": 1})
-    n = 14
-    (out / "rank-0.steps.json").write_text(json.dumps({
-        "step_wall_ns": [2_000_000] * n, "data_wait_ns": [1_000_000] * n, "profiled": [False] + [True] * 12 + [False],
-        "step_cpu_ns": [1_100_000] * n, "data_wait_cpu_ns": [100_000] * n, "data_wait_thread_cpu_ns": [100_000] * n,
-        "workers_cpu_ns": [1_500_000] * n}))
+    _window_times(out, wall_ns=2_000_000, wait_ns=1_000_000, cpu_ns=1_100_000, wait_cpu_ns=100_000,
+                  workers_cpu_ns=1_500_000)
     est = whatif.estimate(load_trace(out).ranks[0], finding("loader_stall"), {"num_workers": 4})
     assert est["step_us_after"] == pytest.approx(1_300, abs=1)
     (f,) = [f for f in build_report(load_trace(out)).findings if f.id == "loader_stall"]
@@ -558,16 +565,11 @@ def test_a_wait_the_loop_worked_through_took_a_ready_batch(tmp_path):
     to the probe's median); with 0.6 ms of the thread's CPU in each wait (37.5%) they were late: 9.3 ms."""
     def estimate(folder: Path, thread_cpu_ns: int) -> dict:
         b = waiting_steps(10_000, 1_600, multiprocess=True)
-        probe = {"median_ns": 900_000, "p10_ns": 860_000, "p90_ns": 1_070_000, "samples": 20,
-                 "batch_bytes": 1 << 20, "workers": 1, "why": None}
-        out = _captured(folder, b, {"num_workers": 2, "prefetch_factor": 2, "handover_probe": probe},
+        out = _captured(folder, b, {"num_workers": 2, "prefetch_factor": 2,
+                                    "handover_probe": _probe(900_000, 860_000, 1_070_000, 1 << 20)},
                         {"cpus": 64, "torch_threads": 1})
-        n = 14
-        (out / "rank-0.steps.json").write_text(json.dumps({
-            "step_wall_ns": [10_000_000] * n, "data_wait_ns": [1_600_000] * n,
-            "profiled": [False] + [True] * 12 + [False], "step_cpu_ns": [9_800_000] * n,
-            "data_wait_cpu_ns": [thread_cpu_ns] * n, "data_wait_thread_cpu_ns": [thread_cpu_ns] * n,
-            "workers_cpu_ns": [7_500_000] * n}))
+        _window_times(out, wall_ns=10_000_000, wait_ns=1_600_000, cpu_ns=9_800_000, wait_cpu_ns=thread_cpu_ns,
+                      workers_cpu_ns=7_500_000)
         return whatif.estimate(load_trace(out).ranks[0], finding("loader_stall"), {"num_workers": 4})
 
     assert estimate(tmp_path / "taking", 1_200_000)["step_us_after"] == pytest.approx(10_000, abs=1)
