@@ -161,7 +161,11 @@ HELD_OUT = ((3, "third", "captures of public training code"),
             (55, "fifty-fifth", "twelve more programs, on this stop's final code after its CI"),
             (56, "fifty-sixth", "twelve more programs, after the loader replay's ready batches"),
             (57, "fifty-seventh", "twelve more programs, after that rule's review"),
-            (58, "fifty-eighth", "twelve more programs, on this stop's final code after its CI"))
+            (58, "fifty-eighth", "twelve more programs, on this stop's final code after its CI"),
+            (59, "fifty-ninth", "twelve more programs, on the previous stop's final code, unchanged"),
+            (60, "sixtieth", "twelve more programs, on the same code"),
+            (61, "sixty-first", "twelve more programs, on the same code"),
+            (62, "sixty-second", "twelve more programs, on the same code"))
 #: the first set read by a third expert reconciling the two readings
 FIRST_CONSENSUS = 13
 
