@@ -165,7 +165,10 @@ HELD_OUT = ((3, "third", "captures of public training code"),
             (59, "fifty-ninth", "twelve more programs, on the previous stop's final code, unchanged"),
             (60, "sixtieth", "twelve more programs, on the same code"),
             (61, "sixty-first", "twelve more programs, on the same code"),
-            (62, "sixty-second", "twelve more programs, on the same code"))
+            (62, "sixty-second", "twelve more programs, on the same code"),
+            (63, "sixty-third", "twelve more programs, on the same code"),
+            (64, "sixty-fourth", "twelve more programs, on the same code"),
+            (65, "sixty-fifth", "twelve more programs, on the same code"))
 #: the first set read by a third expert reconciling the two readings
 FIRST_CONSENSUS = 13
 
