@@ -346,11 +346,13 @@ def _plan_workers(trace: RankTrace, g: ReplayGraph, params: dict[str, Any], item
                 with np.errstate(invalid="ignore"):
                     last = left < int(before) * before_prefetch  # type: ignore[arg-type]
                 ready |= np.isin(number, list(idle)) & last
+        if not ready.any():  # no ready batch: every wait is the workers', as without the tests
+            ready = None
         # each batch's loading inferred with the hand-over the estimate uses (was: one read from the waits alone, 0
         # where every wait was alike, so a ready batch's 0.9 ms hand-over read as a worker late by it)
         load = infer_worker_loads(g.wait_start[items], g.wait_end[items], int(before), before_prefetch,  # type: ignore[arg-type]
                                   handoff=float(handoff), fresh=_fresh_batches(trace, g, items, int(before)),  # type: ignore[arg-type]
-                                  ready=ready if ready is not None and ready.any() else None)
+                                  ready=ready)
         assumptions.insert(0, f"num_workers={before}, prefetch_factor={before_prefetch} before (capture manifest): "
                               f"each batch's loading time inferred from when it became ready and when its worker "
                               f"could start it (mean {load.mean() / 1e6:.1f} ms per batch per worker; batches ready "
@@ -360,7 +362,7 @@ def _plan_workers(trace: RankTrace, g: ReplayGraph, params: dict[str, Any], item
     else:
         assert target is not None  # both branches above that leave a load set a target
         fix = LoaderFix(items=items, load_ns=load, workers=int(target), prefetch=prefetch, handoff_ns=handoff,
-                        ready=ready if ready is not None and ready.any() else None)
+                        ready=ready)
     floor = 0.0
     waiting = False
     if single and cpus and load_cpu is not None and comp_cpu is not None:
